@@ -1,0 +1,17 @@
+//! Herald's domain: what a channel, an offset, a message and a lease are.
+//!
+//! This crate knows nothing of HTTP, SQL, files or the clock: it holds the
+//! types every other crate agrees on and the rules for validating client
+//! input. Everything here is pure and cheap to test.
+
+mod channel;
+mod idempotency;
+mod lease;
+mod message;
+mod time;
+
+pub use channel::{ChannelHead, ChannelName, InvalidChannelName, MAX_CHANNEL_NAME_BYTES};
+pub use idempotency::{IdempotencyKey, InvalidIdempotencyKey, MAX_IDEMPOTENCY_KEY_BYTES};
+pub use lease::{Candidate, FencingToken, Lease, LeaseInfo, DEFAULT_LEASE_NAME};
+pub use message::{Appended, Message, NewMessage, Offset};
+pub use time::format_rfc3339_ms;

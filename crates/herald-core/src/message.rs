@@ -1,0 +1,67 @@
+use std::sync::Arc;
+
+use serde::ser::SerializeStruct;
+use serde::{Serialize, Serializer};
+use serde_json::value::RawValue;
+
+use crate::{format_rfc3339_ms, ChannelName, IdempotencyKey};
+
+/// A message's position in its channel: 1 for the first message, then
+/// contiguous, never reused.
+pub type Offset = u64;
+
+/// A stored message, as history and subscriptions deliver it.
+///
+/// Serializes to `{"offset": u64, "data": <JSON>, "published_at": "<RFC 3339>"}`.
+#[derive(Debug, Clone)]
+pub struct Message {
+    /// The message's offset in its channel.
+    pub offset: Offset,
+    /// The JSON value the publisher sent, kept as its exact text.
+    pub data: Arc<RawValue>,
+    /// Commit time in milliseconds since the Unix epoch, from the storage's clock.
+    pub published_at_ms: i64,
+}
+
+impl Serialize for Message {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut st = s.serialize_struct("Message", 3)?;
+        st.serialize_field("offset", &self.offset)?;
+        st.serialize_field("data", &*self.data)?;
+        st.serialize_field("published_at", &format_rfc3339_ms(self.published_at_ms))?;
+        st.end()
+    }
+}
+
+impl PartialEq for Message {
+    fn eq(&self, other: &Self) -> bool {
+        self.offset == other.offset
+            && self.data.get() == other.data.get()
+            && self.published_at_ms == other.published_at_ms
+    }
+}
+
+/// A message a publisher asks to append, validated, before it has an offset.
+#[derive(Debug, Clone)]
+pub struct NewMessage {
+    /// Target channel.
+    pub channel: ChannelName,
+    /// The JSON value to store, as its exact text.
+    pub data: Arc<RawValue>,
+    /// Optional key that makes the publish idempotent per channel.
+    pub idempotency_key: Option<IdempotencyKey>,
+}
+
+/// The outcome of appending one [`NewMessage`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Appended {
+    /// The channel written.
+    pub channel: ChannelName,
+    /// The offset the message has (the original one for a duplicate).
+    pub offset: Offset,
+    /// Commit time in ms since the Unix epoch (the original one for a duplicate).
+    pub published_at_ms: i64,
+    /// `true` when the idempotency key was already used on this channel and
+    /// nothing was added.
+    pub duplicate: bool,
+}

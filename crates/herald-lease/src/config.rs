@@ -1,0 +1,134 @@
+use std::time::Duration;
+
+/// Timing of the writer lease. Defaults follow the design: ttl 30 s, safety
+/// margin 5 s, renewal every ttl/6 (5 s), failed renewals retried every 1 s,
+/// standbys try to acquire every 1 s.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseConfig {
+    /// Lease name (`writer`).
+    pub name: String,
+    /// How long a renewal extends the lease, on the storage's clock.
+    pub ttl: Duration,
+    /// How long before expiry the holder gives up: the safety deadline is
+    /// the last successful renewal's send instant + `ttl` − `safety_margin`.
+    pub safety_margin: Duration,
+    /// Period between renewals while they succeed.
+    pub renew_interval: Duration,
+    /// Period between retries after a failed renewal.
+    pub retry_interval: Duration,
+    /// How long one renewal attempt may take before the client abandons it
+    /// (the backend's statement timeout + 1 s). An abandoned attempt never
+    /// moves the safety deadline, even if it later commits.
+    pub renew_attempt_timeout: Duration,
+    /// Period between a standby's acquisition attempts.
+    pub acquire_interval: Duration,
+}
+
+/// Why a [`LeaseConfig`] is unusable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LeaseConfigError {
+    /// The margin leaves no time to renew.
+    #[error("lease safety margin ({margin:?}) must be shorter than the ttl ({ttl:?})")]
+    MarginTooLarge {
+        /// The ttl.
+        ttl: Duration,
+        /// The margin.
+        margin: Duration,
+    },
+    /// The holder would reach its safety deadline before its first renewal.
+    #[error("renew interval ({interval:?}) must be shorter than ttl - safety margin ({window:?})")]
+    IntervalTooLong {
+        /// The renew interval.
+        interval: Duration,
+        /// ttl − safety margin.
+        window: Duration,
+    },
+    /// A period is zero.
+    #[error("{0} must be greater than zero")]
+    Zero(&'static str),
+}
+
+impl LeaseConfig {
+    /// The design's defaults for `ttl` and `safety_margin`: renew every
+    /// ttl/6, retry every 1 s, attempts abandoned after 6 s (a 5 s statement
+    /// timeout + 1 s), acquire every 1 s.
+    pub fn new(ttl: Duration, safety_margin: Duration) -> Self {
+        Self {
+            name: herald_core::DEFAULT_LEASE_NAME.to_owned(),
+            ttl,
+            safety_margin,
+            renew_interval: ttl / 6,
+            retry_interval: Duration::from_secs(1),
+            renew_attempt_timeout: Duration::from_secs(6),
+            acquire_interval: Duration::from_secs(1),
+        }
+    }
+
+    /// Checks the relations between the periods.
+    ///
+    /// # Errors
+    /// [`LeaseConfigError`] names the first broken rule.
+    pub fn validate(&self) -> Result<(), LeaseConfigError> {
+        for (name, d) in [
+            ("lease ttl", self.ttl),
+            ("renew interval", self.renew_interval),
+            ("retry interval", self.retry_interval),
+            ("renew attempt timeout", self.renew_attempt_timeout),
+            ("acquire interval", self.acquire_interval),
+        ] {
+            if d.is_zero() {
+                return Err(LeaseConfigError::Zero(name));
+            }
+        }
+        if self.safety_margin >= self.ttl {
+            return Err(LeaseConfigError::MarginTooLarge {
+                ttl: self.ttl,
+                margin: self.safety_margin,
+            });
+        }
+        let window = self.ttl - self.safety_margin;
+        if self.renew_interval >= window {
+            return Err(LeaseConfigError::IntervalTooLong {
+                interval: self.renew_interval,
+                window,
+            });
+        }
+        Ok(())
+    }
+
+    /// ttl − safety margin: how long after a successful renewal was sent the
+    /// holder may still write.
+    pub fn safe_window(&self) -> Duration {
+        self.ttl.saturating_sub(self.safety_margin)
+    }
+}
+
+impl Default for LeaseConfig {
+    fn default() -> Self {
+        Self::new(Duration::from_secs(30), Duration::from_secs(5))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_follow_the_design() {
+        let c = LeaseConfig::default();
+        assert_eq!(c.renew_interval, Duration::from_secs(5));
+        assert_eq!(c.safe_window(), Duration::from_secs(25));
+        assert_eq!(c.validate(), Ok(()));
+    }
+
+    #[test]
+    fn rejects_inconsistent_timings() {
+        let c = LeaseConfig::new(Duration::from_secs(5), Duration::from_secs(5));
+        assert!(matches!(c.validate(), Err(LeaseConfigError::MarginTooLarge { .. })));
+        let mut c = LeaseConfig::default();
+        c.renew_interval = Duration::from_secs(25);
+        assert!(matches!(c.validate(), Err(LeaseConfigError::IntervalTooLong { .. })));
+        c.renew_interval = Duration::ZERO;
+        assert_eq!(c.validate(), Err(LeaseConfigError::Zero("renew interval")));
+    }
+}

@@ -1,0 +1,25 @@
+//! The lease supervisor: one implementation of the writer lease's timing
+//! policy for every storage backend.
+//!
+//! A node runs one [`Supervisor`]. As a standby it tries to acquire the lease
+//! every acquire interval. As holder it renews every renew interval, retries
+//! a failed renewal every second, and keeps a **safety deadline**: the send
+//! instant of the last successful renewal + ttl − safety margin, measured on
+//! a clock that never goes back and keeps counting through suspend
+//! ([`BootClock`]). The **watchdog** stops the node when the deadline passes
+//! without a successful renewal; a renewal that finds the lease lost stops it
+//! at once. On drain the supervisor releases the lease.
+//!
+//! The storage side (lock modes, fencing) is `herald-storage`; the design is
+//! in `docs/storage.md`. Time is read only through [`Clock`] and waited on
+//! only through tokio's timer, so tests run under a paused clock.
+
+mod clock;
+mod config;
+mod state;
+mod supervisor;
+
+pub use clock::{BootClock, Clock, TokioClock};
+pub use config::{LeaseConfig, LeaseConfigError};
+pub use state::{LeaseHandle, LeaseState, StopReason, WatchdogRecord};
+pub use supervisor::{Exit, Supervisor};

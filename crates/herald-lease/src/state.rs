@@ -1,0 +1,151 @@
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use herald_core::{FencingToken, Lease, LeaseInfo};
+use tokio::sync::{mpsc, watch};
+
+use crate::Clock;
+
+/// Where the node stands with the lease. Published by the supervisor on a
+/// `watch` channel; read through [`LeaseHandle`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum LeaseState {
+    /// The supervisor has not finished its first acquisition attempt.
+    Starting,
+    /// Another node holds the lease, or nobody does and this node could not
+    /// acquire it yet. `holder` is the last lease row this node read.
+    Standby {
+        /// The lease as last read, if the storage answered.
+        holder: Option<LeaseInfo>,
+    },
+    /// This node holds the lease and may write until `safety_deadline`.
+    Holder {
+        /// The acquisition's proof, presented in every fenced write.
+        lease: Lease,
+        /// Instant on the supervisor's [`Clock`] after which this node must
+        /// assume it lost the lease.
+        safety_deadline: Duration,
+    },
+    /// The supervisor has ended; the node must not write any more.
+    Stopped {
+        /// Why it ended.
+        reason: StopReason,
+    },
+}
+
+/// Why the supervisor ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StopReason {
+    /// Drain or start-up failure: the supervisor stopped on request and,
+    /// if it was holder, released the lease (`released` says whether the
+    /// release reached the storage).
+    Drained {
+        /// `true` when the lease was held and the release succeeded.
+        released: bool,
+    },
+    /// The safety deadline passed without a successful renewal.
+    Watchdog(WatchdogRecord),
+    /// A renewal or a fenced write found the lease held by another token.
+    LeaseLost {
+        /// The token this node had.
+        token: FencingToken,
+    },
+}
+
+/// What the watchdog logs when it stops the node: the facts an operator
+/// needs to tell a hung database from a hung node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WatchdogRecord {
+    /// The fencing token that was lost.
+    pub token: FencingToken,
+    /// Wall-clock time at which the last successful renewal (or the
+    /// acquisition) was sent.
+    pub last_renewal_sent_at: SystemTime,
+    /// How long after the safety deadline the watchdog actually ran (a large
+    /// value means the node itself was paused or starved).
+    pub watchdog_late_by: Duration,
+    /// If a renewal attempt was in flight, how long it had been running.
+    pub attempt_in_flight_for: Option<Duration>,
+    /// The error of the last failed renewal attempt, if any.
+    pub last_renewal_error: Option<String>,
+}
+
+/// A cheap, cloneable view of the supervisor for the rest of the node.
+#[derive(Clone)]
+pub struct LeaseHandle {
+    state: watch::Receiver<LeaseState>,
+    clock: Arc<dyn Clock>,
+    lost: mpsc::UnboundedSender<FencingToken>,
+}
+
+impl LeaseHandle {
+    pub(crate) fn new(
+        state: watch::Receiver<LeaseState>,
+        clock: Arc<dyn Clock>,
+        lost: mpsc::UnboundedSender<FencingToken>,
+    ) -> Self {
+        Self { state, clock, lost }
+    }
+
+    /// The state now.
+    pub fn state(&self) -> LeaseState {
+        self.state.borrow().clone()
+    }
+
+    /// A receiver that sees every state change.
+    pub fn subscribe(&self) -> watch::Receiver<LeaseState> {
+        self.state.clone()
+    }
+
+    /// The lease to present in a fenced write, or `None` when this node must
+    /// not write: not holder, stopped, or past the safety deadline on the
+    /// clock even if the watchdog has not run yet.
+    pub fn writable_lease(&self) -> Option<Lease> {
+        match &*self.state.borrow() {
+            LeaseState::Holder {
+                lease,
+                safety_deadline,
+            } if self.clock.now() < *safety_deadline => Some(lease.clone()),
+            _ => None,
+        }
+    }
+
+    /// `true` while this node is holder (same rule as
+    /// [`LeaseHandle::writable_lease`]).
+    pub fn is_holder(&self) -> bool {
+        self.writable_lease().is_some()
+    }
+
+    /// Time left before the safety deadline, while holder.
+    pub fn time_to_deadline(&self) -> Option<Duration> {
+        match &*self.state.borrow() {
+            LeaseState::Holder {
+                safety_deadline, ..
+            } => Some(safety_deadline.saturating_sub(self.clock.now())),
+            _ => None,
+        }
+    }
+
+    /// Tells the supervisor that a fenced write with `token` found the lease
+    /// lost; the supervisor stops the node at once if `token` is current.
+    pub fn report_lease_lost(&self, token: FencingToken) {
+        // The supervisor may already be gone, in which case it stopped anyway.
+        let _ = self.lost.send(token);
+    }
+
+    /// Waits until the state satisfies `pred`, and returns that state.
+    /// Returns `None` if the supervisor is gone without reaching it.
+    pub async fn wait_for(&self, mut pred: impl FnMut(&LeaseState) -> bool) -> Option<LeaseState> {
+        let mut rx = self.state.clone();
+        let r = rx.wait_for(|s| pred(s)).await.ok().map(|s| s.clone());
+        r
+    }
+}
+
+impl std::fmt::Debug for LeaseHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseHandle")
+            .field("state", &*self.state.borrow())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,22 @@
+//! Herald's storage: one trait, [`Storage`], that every backend implements,
+//! and the embedded SQLite backend ([`sqlite::SqliteStorage`]).
+//!
+//! The contract of every method, and above all of the writer lease, is in
+//! `docs/storage.md` (the design it follows is the writer-lease brief). In
+//! short: exactly one node at a time holds the lease; every acquisition gets
+//! a larger fencing token; every write transaction proves, inside itself,
+//! that the writer's token is still current and that the lease has not
+//! expired on the storage's clock, or it fails with [`Error::LeaseLost`].
+//!
+//! The crate knows nothing of HTTP or of the lease's timing policy (when to
+//! renew, when to give up): that is `herald-lease`.
+
+mod error;
+pub mod sqlite;
+mod traits;
+
+#[cfg(feature = "conformance")]
+pub mod conformance;
+
+pub use error::{Error, Result};
+pub use traits::{Acquire, ChangeFeed, LeaseStore, Page, Storage, TakeoverReason};

@@ -1,0 +1,157 @@
+use std::time::Duration;
+
+use async_trait::async_trait;
+use herald_core::{
+    Appended, Candidate, ChannelHead, ChannelName, Lease, LeaseInfo, Message, NewMessage, Offset,
+};
+
+use crate::Result;
+
+/// Why an acquisition was possible.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TakeoverReason {
+    /// The lease row did not exist yet.
+    Fresh,
+    /// The previous holder released the lease (drain).
+    Released,
+    /// The lease had expired on the storage's clock.
+    Expired,
+    /// The storage proved that the previous holder's process is gone (on
+    /// SQLite: its session lock file is no longer locked).
+    HolderGone,
+}
+
+/// The outcome of [`LeaseStore::acquire`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Acquire {
+    /// This candidate is now holder with a new, larger fencing token.
+    Acquired {
+        /// The proof to present in renewals and fenced writes.
+        lease: Lease,
+        /// Why the lease was free.
+        reason: TakeoverReason,
+    },
+    /// Another holder is current; nothing changed.
+    Held(LeaseInfo),
+}
+
+/// The lease operations, the part of [`Storage`] the lease supervisor needs.
+///
+/// All expiry times are computed on the storage's clock (`now + ttl`), never
+/// on the node's.
+#[async_trait]
+pub trait LeaseStore: Send + Sync + 'static {
+    /// Tries to become holder of `candidate.lease_name` for `ttl`.
+    ///
+    /// Succeeds when the lease row is absent, released, expired, or (where
+    /// the backend can prove it) its holder's process is gone. Every success
+    /// increments the fencing token, also for the node that held it before.
+    /// The decision is taken after every lock it waits on is held.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached or a
+    /// lock wait timed out; the caller retries on its acquire period.
+    async fn acquire(&self, candidate: &Candidate, ttl: Duration) -> Result<Acquire>;
+
+    /// Extends the lease to `now + ttl` on the storage's clock, if `lease`'s
+    /// holder and token are current and it has not expired, judged after any
+    /// lock wait. Never waits behind a fenced write.
+    ///
+    /// # Errors
+    /// [`crate::Error::LeaseLost`] when zero rows matched (other token, other
+    /// holder, or expired); [`crate::Error::Unavailable`] on timeouts.
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<()>;
+
+    /// Gives the lease up so that another node can acquire it at once.
+    /// Does nothing when `lease` is no longer current.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn release(&self, lease: &Lease) -> Result<()>;
+
+    /// The lease as the storage sees it now; `None` if it was never acquired.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn lease_info(&self, name: &str) -> Result<Option<LeaseInfo>>;
+}
+
+/// One page of a channel's history.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Page {
+    /// The channel's head offset when the page was read (0 if it has no
+    /// messages).
+    pub head: Offset,
+    /// Messages with offsets above the requested `after`, in offset order.
+    pub messages: Vec<Message>,
+}
+
+/// A position in the storage's global commit order, and the channels whose
+/// head moved since the previous position (see [`Storage::changes_since`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChangeFeed {
+    /// Pass this to the next [`Storage::changes_since`] call.
+    pub cursor: u64,
+    /// Channels whose head moved, with their new head.
+    pub changed: Vec<ChannelHead>,
+}
+
+/// Herald's storage: lease, fenced writes and reads. One implementation per
+/// backend; every implementation passes the `conformance` suite.
+#[async_trait]
+pub trait Storage: LeaseStore {
+    /// The backend's name as shown in `/v1/status`: `"sqlite"` or `"postgres"`.
+    fn backend(&self) -> &'static str;
+
+    /// Appends `batch` in one fenced transaction (group commit).
+    ///
+    /// Inside the transaction the storage checks that `lease`'s token and
+    /// holder are current and that the lease has not expired, then gives each
+    /// message the next offset of its channel, in batch order. A message
+    /// whose idempotency key is already used on its channel (earlier, or in
+    /// the same batch) adds nothing and reports the original offset with
+    /// `duplicate: true`. Each stored message records the token that wrote
+    /// it. The returned vector has one entry per input, in input order, and
+    /// is returned only after the commit is durable.
+    ///
+    /// # Errors
+    /// [`crate::Error::LeaseLost`] when the fencing check fails;
+    /// [`crate::Error::Unavailable`] on timeouts. On any error nothing of the
+    /// batch was committed.
+    async fn append(&self, lease: &Lease, batch: &[NewMessage]) -> Result<Vec<Appended>>;
+
+    /// Up to `limit` messages of `channel` with offset > `after`, in offset
+    /// order, with the channel's head. An unknown channel has head 0 and no
+    /// messages.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn read(&self, channel: &ChannelName, after: Offset, limit: usize) -> Result<Page>;
+
+    /// Every channel with its head, ordered by name.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn channels(&self) -> Result<Vec<ChannelHead>>;
+
+    /// The channels whose head moved after position `cursor` of the global
+    /// commit order (0 = from the beginning), and the new position. A node
+    /// that does not write itself polls this to feed live subscriptions.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn changes_since(&self, cursor: u64) -> Result<ChangeFeed>;
+
+    /// The current end of the global commit order, for a node that starts
+    /// following changes now.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn change_cursor(&self) -> Result<u64>;
+
+    /// Checks that the storage answers (for `/readyz`).
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when it does not.
+    async fn ping(&self) -> Result<()>;
+}
