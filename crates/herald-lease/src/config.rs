@@ -124,10 +124,18 @@ mod tests {
     #[test]
     fn rejects_inconsistent_timings() {
         let c = LeaseConfig::new(Duration::from_secs(5), Duration::from_secs(5));
-        assert!(matches!(c.validate(), Err(LeaseConfigError::MarginTooLarge { .. })));
-        let mut c = LeaseConfig::default();
-        c.renew_interval = Duration::from_secs(25);
-        assert!(matches!(c.validate(), Err(LeaseConfigError::IntervalTooLong { .. })));
+        assert!(matches!(
+            c.validate(),
+            Err(LeaseConfigError::MarginTooLarge { .. })
+        ));
+        let mut c = LeaseConfig {
+            renew_interval: Duration::from_secs(25),
+            ..LeaseConfig::default()
+        };
+        assert!(matches!(
+            c.validate(),
+            Err(LeaseConfigError::IntervalTooLong { .. })
+        ));
         c.renew_interval = Duration::ZERO;
         assert_eq!(c.validate(), Err(LeaseConfigError::Zero("renew interval")));
     }

@@ -1,14 +1,23 @@
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
-use herald_core::Candidate;
-use herald_storage::LeaseStore;
+use herald_core::{Candidate, FencingToken, Lease};
+use herald_storage::{Acquire, Error as StorageError, LeaseStore};
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
 
-use crate::{Clock, LeaseConfig, LeaseHandle, StopReason};
+use crate::{Clock, LeaseConfig, LeaseHandle, LeaseState, StopReason, WatchdogRecord};
 
 /// What the supervisor's task returns: why it ended.
 pub type Exit = StopReason;
+
+/// Longest the watchdog sleeps between two looks at the clock. Tokio's timer
+/// runs on `CLOCK_MONOTONIC`, which stops during suspend; waking this often
+/// lets the watchdog notice a suspend (seen on [`crate::BootClock`]) quickly.
+const WATCHDOG_TICK: Duration = Duration::from_millis(250);
 
 /// Runs the lease's timing policy for one node (see the crate docs).
 #[derive(Debug)]
@@ -17,7 +26,9 @@ pub struct Supervisor;
 impl Supervisor {
     /// Starts the supervisor task: standby until it acquires, then holder
     /// until drain (`shutdown` cancelled), the watchdog, or a lost lease.
-    /// On drain it releases the lease if it holds it.
+    /// On drain it releases the lease if it holds it. The task's result says
+    /// why it ended; the watchdog's and a lost lease's are also published as
+    /// [`LeaseState::Stopped`] the moment they happen.
     pub fn start(
         store: Arc<dyn LeaseStore>,
         candidate: Candidate,
@@ -25,7 +36,380 @@ impl Supervisor {
         clock: Arc<dyn Clock>,
         shutdown: CancellationToken,
     ) -> (LeaseHandle, JoinHandle<Exit>) {
-        let _ = (store, candidate, config, clock, shutdown);
-        unimplemented!("supervisor")
+        let (state_tx, state_rx) = watch::channel(LeaseState::Starting);
+        let (lost_tx, lost_rx) = mpsc::unbounded_channel();
+        let handle = LeaseHandle::new(state_rx, clock.clone(), lost_tx);
+        let run = Run {
+            store,
+            candidate,
+            config,
+            clock,
+            shutdown,
+            state: Arc::new(state_tx),
+            lost: lost_rx,
+        };
+        (handle, tokio::spawn(run.run()))
     }
+}
+
+/// The supervisor task's state.
+struct Run {
+    store: Arc<dyn LeaseStore>,
+    candidate: Candidate,
+    config: LeaseConfig,
+    clock: Arc<dyn Clock>,
+    shutdown: CancellationToken,
+    /// Shared with the watchdog task, which may publish `Stopped` on its own.
+    state: Arc<watch::Sender<LeaseState>>,
+    /// Tokens of fenced writes that found the lease lost.
+    lost: mpsc::UnboundedReceiver<FencingToken>,
+}
+
+/// What the renewal loop tells the watchdog about the attempt in flight.
+#[derive(Debug, Default)]
+struct Progress {
+    /// Clock instant at which the current attempt was sent, if one is running.
+    in_flight_since: Option<Duration>,
+    /// Wall-clock time at which the last successful renewal was sent.
+    last_success_wall: Option<SystemTime>,
+    /// The last failed attempt's error.
+    last_error: Option<String>,
+}
+
+impl Run {
+    async fn run(mut self) -> Exit {
+        let exit = match self.standby().await {
+            Some(lease) => self.holder(lease).await,
+            None => StopReason::Drained { released: false },
+        };
+        self.stop(exit.clone());
+        exit
+    }
+
+    /// Tries to acquire every acquire interval. Returns the lease once
+    /// acquired with the clock instant its acquisition was sent, or `None`
+    /// on shutdown.
+    async fn standby(&mut self) -> Option<(Lease, Duration)> {
+        loop {
+            if self.shutdown.is_cancelled() {
+                return None;
+            }
+            let sent = self.clock.now();
+            let attempt = tokio::time::timeout(
+                self.config.renew_attempt_timeout,
+                self.store.acquire(&self.candidate, self.config.ttl),
+            );
+            let outcome = tokio::select! {
+                r = attempt => r,
+                () = self.shutdown.cancelled() => return None,
+            };
+            match outcome {
+                Ok(Ok(Acquire::Acquired { lease, reason })) => {
+                    metrics::counter!("herald_lease_acquisitions_total", "reason" => format!("{reason:?}").to_lowercase()).increment(1);
+                    info!(
+                        node_id = %self.candidate.node_id,
+                        lease = %lease.name,
+                        token = lease.token.0,
+                        reason = ?reason,
+                        "acquired the lease; this node is now holder"
+                    );
+                    return Some((lease, sent));
+                }
+                Ok(Ok(Acquire::Held(info))) => {
+                    self.state.send_if_modified(|s| {
+                        let next = LeaseState::Standby {
+                            holder: Some(info.clone()),
+                        };
+                        let changed = *s != next;
+                        *s = next;
+                        changed
+                    });
+                }
+                Ok(Err(e)) => {
+                    warn!(node_id = %self.candidate.node_id, error = %e, "lease acquisition attempt failed");
+                    self.keep_standby();
+                }
+                Err(_) => {
+                    warn!(node_id = %self.candidate.node_id, timeout_ms = self.config.renew_attempt_timeout.as_millis() as u64, "lease acquisition attempt timed out");
+                    self.keep_standby();
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(self.config.acquire_interval) => {}
+                () = self.shutdown.cancelled() => return None,
+            }
+        }
+    }
+
+    /// Moves `Starting` to `Standby` without forgetting a known holder.
+    fn keep_standby(&self) {
+        self.state.send_if_modified(|s| match s {
+            LeaseState::Starting => {
+                *s = LeaseState::Standby { holder: None };
+                true
+            }
+            _ => false,
+        });
+    }
+
+    /// The holder's loop: renew, retry, watch the deadline, release on drain.
+    async fn holder(&mut self, (lease, acquired_sent): (Lease, Duration)) -> Exit {
+        let window = self.config.safe_window();
+        let progress = Arc::new(Mutex::new(Progress {
+            last_success_wall: Some(
+                SystemTime::now() - self.clock.now().saturating_sub(acquired_sent),
+            ),
+            ..Progress::default()
+        }));
+        self.state.send_replace(LeaseState::Holder {
+            lease: lease.clone(),
+            safety_deadline: acquired_sent + window,
+        });
+        metrics::gauge!("herald_lease_token").set(lease.token.0 as f64);
+        metrics::gauge!("herald_lease_role").set(1.0);
+        let watchdog = self.spawn_watchdog(lease.token, progress.clone());
+        let watchdog_fired = watchdog.fired.clone();
+
+        let mut next = Instant::now() + self.config.renew_interval;
+        let exit = loop {
+            tokio::select! {
+                () = tokio::time::sleep_until(next) => {}
+                () = self.shutdown.cancelled() => break self.release(&lease).await,
+                Some(token) = self.lost.recv() => {
+                    if token == lease.token {
+                        break self.lease_lost(&lease, "a fenced write found the lease lost");
+                    }
+                    continue;
+                }
+                () = watchdog_fired.cancelled() => break self.watchdog_exit(),
+            }
+            let sent = self.clock.now();
+            lock(&progress).in_flight_since = Some(sent);
+            let started = Instant::now();
+            let attempt = tokio::time::timeout(
+                self.config.renew_attempt_timeout,
+                self.store.renew(&lease, self.config.ttl),
+            );
+            let outcome = tokio::select! {
+                r = attempt => r,
+                () = self.shutdown.cancelled() => {
+                    lock(&progress).in_flight_since = None;
+                    break self.release(&lease).await;
+                }
+                () = watchdog_fired.cancelled() => break self.watchdog_exit(),
+            };
+            lock(&progress).in_flight_since = None;
+            metrics::histogram!("herald_lease_renewal_duration_seconds")
+                .record(started.elapsed().as_secs_f64());
+            match outcome {
+                Ok(Ok(())) => {
+                    metrics::counter!("herald_lease_renewals_total", "result" => "ok").increment(1);
+                    let deadline = sent + window;
+                    // The watchdog may have stopped the node while this
+                    // attempt was in flight; a late success never revives it.
+                    let extended = self.state.send_if_modified(|s| match s {
+                        LeaseState::Holder {
+                            lease: held,
+                            safety_deadline,
+                        } if held.token == lease.token => {
+                            *safety_deadline = (*safety_deadline).max(deadline);
+                            true
+                        }
+                        _ => false,
+                    });
+                    if !extended {
+                        break self.watchdog_exit();
+                    }
+                    {
+                        let mut p = lock(&progress);
+                        p.last_success_wall =
+                            Some(SystemTime::now() - self.clock.now().saturating_sub(sent));
+                        p.last_error = None;
+                    }
+                    next = Instant::now() + self.config.renew_interval;
+                }
+                Ok(Err(StorageError::LeaseLost { .. })) => {
+                    metrics::counter!("herald_lease_renewals_total", "result" => "lost")
+                        .increment(1);
+                    break self.lease_lost(&lease, "a renewal found the lease lost");
+                }
+                Ok(Err(e)) => {
+                    metrics::counter!("herald_lease_renewals_total", "result" => "error")
+                        .increment(1);
+                    warn!(node_id = %lease.holder, token = lease.token.0, error = %e, "lease renewal failed; retrying");
+                    lock(&progress).last_error = Some(e.to_string());
+                    next = Instant::now() + self.config.retry_interval;
+                }
+                Err(_) => {
+                    metrics::counter!("herald_lease_renewals_total", "result" => "timeout")
+                        .increment(1);
+                    let msg = format!(
+                        "renewal attempt abandoned after {} ms without an answer",
+                        self.config.renew_attempt_timeout.as_millis()
+                    );
+                    warn!(node_id = %lease.holder, token = lease.token.0, "{msg}; retrying");
+                    lock(&progress).last_error = Some(msg);
+                    next = Instant::now() + self.config.retry_interval;
+                }
+            }
+        };
+        watchdog.task.abort();
+        exit
+    }
+
+    fn spawn_watchdog(&self, token: FencingToken, progress: Arc<Mutex<Progress>>) -> Watchdog {
+        let fired = CancellationToken::new();
+        let task = tokio::spawn(watchdog(
+            self.state.clone(),
+            self.clock.clone(),
+            token,
+            progress,
+            fired.clone(),
+        ));
+        Watchdog { task, fired }
+    }
+
+    /// The exit after the watchdog task published `Stopped`.
+    fn watchdog_exit(&self) -> Exit {
+        match &*self.state.borrow() {
+            LeaseState::Stopped { reason } => reason.clone(),
+            other => {
+                // Unreachable by construction: only the watchdog stops a holder
+                // behind this loop's back.
+                error!(state = ?other, "watchdog signalled without a stopped state");
+                StopReason::Drained { released: false }
+            }
+        }
+    }
+
+    fn lease_lost(&self, lease: &Lease, why: &str) -> Exit {
+        let reason = StopReason::LeaseLost { token: lease.token };
+        self.stop(reason.clone());
+        error!(node_id = %lease.holder, lease = %lease.name, token = lease.token.0, "{why}; this node stops writing now");
+        reason
+    }
+
+    /// Releases the lease on drain. Writes are refused from this moment on.
+    async fn release(&self, lease: &Lease) -> Exit {
+        self.stop(StopReason::Drained { released: false });
+        let released = match tokio::time::timeout(
+            self.config.renew_attempt_timeout,
+            self.store.release(lease),
+        )
+        .await
+        {
+            Ok(Ok(())) => {
+                info!(node_id = %lease.holder, lease = %lease.name, token = lease.token.0, "released the lease");
+                true
+            }
+            Ok(Err(e)) => {
+                warn!(node_id = %lease.holder, token = lease.token.0, error = %e, "releasing the lease failed; it will expire instead");
+                false
+            }
+            Err(_) => {
+                warn!(node_id = %lease.holder, token = lease.token.0, "releasing the lease timed out; it will expire instead");
+                false
+            }
+        };
+        let reason = StopReason::Drained { released };
+        self.state.send_replace(LeaseState::Stopped {
+            reason: reason.clone(),
+        });
+        reason
+    }
+
+    /// Publishes `Stopped` unless already stopped (the first reason wins).
+    fn stop(&self, reason: StopReason) {
+        self.state.send_if_modified(|s| {
+            if matches!(s, LeaseState::Stopped { .. }) {
+                return false;
+            }
+            *s = LeaseState::Stopped { reason };
+            true
+        });
+        metrics::gauge!("herald_lease_role").set(0.0);
+    }
+}
+
+struct Watchdog {
+    task: JoinHandle<()>,
+    /// Cancelled by the watchdog when it stops the node.
+    fired: CancellationToken,
+}
+
+fn lock(p: &Mutex<Progress>) -> std::sync::MutexGuard<'_, Progress> {
+    // A panic while holding this lock cannot leave Progress inconsistent.
+    p.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The watchdog: a task of its own, so that a renewal stuck anywhere cannot
+/// delay it. It looks at the clock at the safety deadline (and at least every
+/// [`WATCHDOG_TICK`]) and stops the node once the deadline has passed.
+async fn watchdog(
+    state: Arc<watch::Sender<LeaseState>>,
+    clock: Arc<dyn Clock>,
+    token: FencingToken,
+    progress: Arc<Mutex<Progress>>,
+    fired: CancellationToken,
+) {
+    loop {
+        let deadline = match &*state.borrow() {
+            LeaseState::Holder {
+                lease,
+                safety_deadline,
+            } if lease.token == token => *safety_deadline,
+            _ => return,
+        };
+        let now = clock.now();
+        if now >= deadline {
+            let record = {
+                let p = lock(&progress);
+                WatchdogRecord {
+                    token,
+                    last_renewal_sent_at: p.last_success_wall.unwrap_or(SystemTime::UNIX_EPOCH),
+                    watchdog_late_by: now - deadline,
+                    attempt_in_flight_for: p.in_flight_since.map(|s| now.saturating_sub(s)),
+                    last_renewal_error: p.last_error.clone(),
+                }
+            };
+            let stopped = state.send_if_modified(|s| match s {
+                LeaseState::Holder { lease, .. } if lease.token == token => {
+                    *s = LeaseState::Stopped {
+                        reason: StopReason::Watchdog(record.clone()),
+                    };
+                    true
+                }
+                _ => false,
+            });
+            if stopped {
+                metrics::counter!("herald_lease_watchdog_stops_total").increment(1);
+                metrics::gauge!("herald_lease_role").set(0.0);
+                error!(
+                    token = token.0,
+                    last_renewal_sent_at = %humantime_rfc3339(record.last_renewal_sent_at),
+                    watchdog_late_by_ms = record.watchdog_late_by.as_millis() as u64,
+                    renewal_in_flight = record.attempt_in_flight_for.is_some(),
+                    renewal_in_flight_for_ms = record.attempt_in_flight_for.map(|d| d.as_millis() as u64),
+                    last_renewal_error = record.last_renewal_error.as_deref().unwrap_or("none"),
+                    "safety deadline passed without a successful renewal; the watchdog stops this node"
+                );
+                fired.cancel();
+            }
+            return;
+        }
+        tokio::time::sleep(
+            deadline
+                .saturating_sub(now)
+                .clamp(Duration::from_millis(1), WATCHDOG_TICK),
+        )
+        .await;
+    }
+}
+
+fn humantime_rfc3339(t: SystemTime) -> String {
+    let ms = t
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0);
+    herald_core::format_rfc3339_ms(ms)
 }
