@@ -1,1 +1,906 @@
-//! The conformance suite (to be written).
+//! The conformance suite: the cases every [`Storage`] backend must pass,
+//! unchanged.
+//!
+//! A backend's test file implements [`Harness`] (how to make `n` nodes that
+//! share one new, empty database) and expands
+//! [`conformance_tests!`](crate::conformance_tests) with it, which writes one
+//! `#[tokio::test]` per case:
+//!
+//! ```ignore
+//! struct MyHarness;
+//!
+//! #[async_trait::async_trait]
+//! impl herald_storage::conformance::Harness for MyHarness {
+//!     async fn cluster(&self, n: usize) -> herald_storage::conformance::Cluster {
+//!         // open `n` storages on one fresh database
+//!         # unimplemented!()
+//!     }
+//! }
+//!
+//! herald_storage::conformance_tests!(MyHarness);
+//! ```
+//!
+//! The test crate needs `tokio` (features `macros`, `rt-multi-thread`).
+//! Every case is also a public `async fn` taking `&dyn Harness`, so it can be
+//! run by hand. Cases that need a lease to expire use a ttl of 100 ms and
+//! poll [`crate::LeaseStore::lease_info`] until `expires_in_ms <= 0`; they never
+//! sleep a fixed time.
+
+use std::any::Any;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use herald_core::{
+    Appended, Candidate, ChannelHead, ChannelName, FencingToken, IdempotencyKey, Lease, NewMessage,
+    DEFAULT_LEASE_NAME,
+};
+use serde_json::value::RawValue;
+
+use crate::{Acquire, Error, Storage, TakeoverReason};
+
+/// Nodes that share one database, made by a [`Harness`].
+pub struct Cluster {
+    /// The nodes, each acting as a separate Herald process (its own
+    /// connections, and its own session where the backend has one).
+    pub nodes: Vec<Arc<dyn Storage>>,
+    /// Whatever must outlive the nodes (a temporary directory, a throwaway
+    /// database). Dropped after `nodes`.
+    pub guard: Box<dyn Any + Send + Sync>,
+}
+
+impl Cluster {
+    /// Node `i`.
+    ///
+    /// # Panics
+    /// When the cluster has fewer than `i + 1` nodes.
+    pub fn node(&self, i: usize) -> &Arc<dyn Storage> {
+        &self.nodes[i]
+    }
+}
+
+/// What a backend's tests provide to run the suite.
+#[async_trait]
+pub trait Harness: Send + Sync + 'static {
+    /// `n` storages sharing one new, empty database, each acting as a
+    /// separate node (process). Panics on failure: this is test code.
+    async fn cluster(&self, n: usize) -> Cluster;
+}
+
+/// Expands into one `#[tokio::test]` per conformance case, each running the
+/// case against a fresh [`Harness`](crate::conformance::Harness) made by
+/// evaluating `$harness`.
+///
+/// Use it at the top level of an integration test file; the test crate needs
+/// `tokio` with the `macros` and `rt-multi-thread` features.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($harness:expr) => {
+        $crate::conformance_tests!(@cases $harness;
+            acquire_fresh_gets_token_1_and_others_see_held,
+            renew_extends_expiry,
+            renew_with_wrong_token_or_holder_is_lost,
+            renew_after_expiry_is_lost,
+            release_lets_another_node_acquire_at_once,
+            reacquire_after_release_gets_larger_token,
+            tokens_only_grow,
+            takeover_after_expiry_has_reason_expired,
+            append_offsets_are_contiguous_across_batches,
+            append_interleaves_channels_in_one_batch,
+            idempotency_key_repeated_in_later_batch_is_duplicate,
+            idempotency_key_repeated_in_same_batch_is_duplicate,
+            idempotency_key_is_per_channel,
+            append_with_stale_lease_after_takeover_is_lost,
+            append_with_superseded_token_of_same_holder_is_lost,
+            append_after_expiry_is_lost,
+            read_pages_with_after_and_limit,
+            unknown_channel_reads_empty,
+            channels_are_sorted_with_heads,
+            changes_since_reports_exactly_the_moved_channels,
+            json_data_round_trips_byte_exactly,
+            concurrent_appends_never_duplicate_or_skip,
+            ping_answers,
+        );
+    };
+    (@cases $harness:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() {
+                let harness = $harness;
+                $crate::conformance::$case(&harness).await;
+            }
+        )*
+    };
+}
+
+/// Lease ttl for cases that do not wait for expiry, in ms (60 s).
+const LONG_TTL: Duration = Duration::from_secs(60);
+/// Lease ttl for cases that wait for expiry (100 ms).
+const SHORT_TTL: Duration = Duration::from_millis(100);
+/// Longest a case polls for an expiry before it fails (10 s).
+const EXPIRY_WAIT: Duration = Duration::from_secs(10);
+
+/// Candidate `i`: node id `node-<i>`, lease [`DEFAULT_LEASE_NAME`].
+fn candidate(i: usize) -> Candidate {
+    Candidate {
+        lease_name: DEFAULT_LEASE_NAME.to_owned(),
+        node_id: format!("node-{i}"),
+        advertise_url: format!("http://node-{i}.test:8080"),
+    }
+}
+
+fn channel(name: &str) -> ChannelName {
+    ChannelName::new(name).expect("valid test channel name")
+}
+
+fn json(text: &str) -> Arc<RawValue> {
+    Arc::from(RawValue::from_string(text.to_owned()).expect("valid test JSON"))
+}
+
+fn msg(ch: &str, data: &str) -> NewMessage {
+    NewMessage {
+        channel: channel(ch),
+        data: json(data),
+        idempotency_key: None,
+    }
+}
+
+fn keyed(ch: &str, data: &str, key: &str) -> NewMessage {
+    NewMessage {
+        idempotency_key: Some(IdempotencyKey::new(key).expect("valid test key")),
+        ..msg(ch, data)
+    }
+}
+
+/// Acquires for candidate `i` and expects success.
+async fn acquire(node: &Arc<dyn Storage>, i: usize, ttl: Duration) -> (Lease, TakeoverReason) {
+    match node.acquire(&candidate(i), ttl).await.expect("acquire") {
+        Acquire::Acquired { lease, reason } => (lease, reason),
+        Acquire::Held(info) => {
+            panic!("node-{i} expected to acquire, but the lease is held: {info:?}")
+        }
+    }
+}
+
+/// Polls until the lease has expired on the storage's clock.
+async fn wait_expired(node: &Arc<dyn Storage>, name: &str) {
+    let deadline = Instant::now() + EXPIRY_WAIT;
+    loop {
+        let info = node
+            .lease_info(name)
+            .await
+            .expect("lease_info")
+            .expect("lease exists");
+        if info.expires_in_ms <= 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "lease never expired: {info:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn assert_lost<T: std::fmt::Debug>(result: crate::Result<T>, lease: &Lease) {
+    match result {
+        Err(Error::LeaseLost { name, token }) => {
+            assert_eq!(name, lease.name);
+            assert_eq!(token, lease.token);
+        }
+        other => panic!("expected LeaseLost for {lease:?}, got {other:?}"),
+    }
+}
+
+fn offsets(appended: &[Appended]) -> Vec<u64> {
+    appended.iter().map(|a| a.offset).collect()
+}
+
+/// The first acquisition gets token 1 and reason `Fresh`; a second node then
+/// gets `Held` naming the holder; nothing changes by it.
+pub async fn acquire_fresh_gets_token_1_and_others_see_held(h: &dyn Harness) {
+    let c = h.cluster(2).await;
+    assert_eq!(
+        c.node(0).lease_info(DEFAULT_LEASE_NAME).await.unwrap(),
+        None
+    );
+
+    let (lease, reason) = acquire(c.node(0), 0, LONG_TTL).await;
+    assert_eq!(reason, TakeoverReason::Fresh);
+    assert_eq!(lease.token, FencingToken(1));
+    assert_eq!(lease.name, DEFAULT_LEASE_NAME);
+    assert_eq!(lease.holder, "node-0");
+    assert_eq!(lease.holder_url, "http://node-0.test:8080");
+
+    match c.node(1).acquire(&candidate(1), LONG_TTL).await.unwrap() {
+        Acquire::Held(info) => {
+            assert_eq!(info.holder.as_deref(), Some("node-0"));
+            assert_eq!(info.holder_url.as_deref(), Some("http://node-0.test:8080"));
+            assert_eq!(info.token, FencingToken(1));
+            assert!(info.is_held());
+        }
+        other => panic!("second node must see Held, got {other:?}"),
+    }
+    let info = c
+        .node(1)
+        .lease_info(DEFAULT_LEASE_NAME)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(info.holder.as_deref(), Some("node-0"));
+    assert_eq!(info.token, FencingToken(1));
+    assert!(
+        info.expires_in_ms > 0 && info.expires_in_ms <= 60_000,
+        "{info:?}"
+    );
+}
+
+/// A renewal with the current lease succeeds and pushes `expires_in_ms` up;
+/// the token stays.
+pub async fn renew_extends_expiry(h: &dyn Harness) {
+    let c = h.cluster(1).await;
+    let (lease, _) = acquire(c.node(0), 0, Duration::from_secs(5)).await;
+    let before = c.node(0).lease_info(&lease.name).await.unwrap().unwrap();
+    assert!(before.expires_in_ms <= 5_000, "{before:?}");
+
+    c.node(0).renew(&lease, LONG_TTL).await.unwrap();
+    let after = c.node(0).lease_info(&lease.name).await.unwrap().unwrap();
+    assert!(after.expires_in_ms > 5_000, "{after:?}");
+    assert!(after.expires_in_ms <= 60_000, "{after:?}");
+    assert_eq!(after.token, lease.token);
+    assert_eq!(after.holder.as_deref(), Some("node-0"));
+}
+
+/// A renewal with a wrong token or another holder's name is `LeaseLost` and
+/// extends nothing.
+pub async fn renew_with_wrong_token_or_holder_is_lost(h: &dyn Harness) {
+    let c = h.cluster(2).await;
+    let (lease, _) = acquire(c.node(0), 0, Duration::from_secs(5)).await;
+
+    let newer = Lease {
+        token: FencingToken(lease.token.0 + 1),
+        ..lease.clone()
+    };
+    assert_lost(c.node(0).renew(&newer, LONG_TTL).await, &newer);
+    let older = Lease {
+        token: FencingToken(0),
+        ..lease.clone()
+    };
+    assert_lost(c.node(0).renew(&older, LONG_TTL).await, &older);
+    let impostor = Lease {
+        holder: "node-1".to_owned(),
+        holder_url: "http://node-1.test:8080".to_owned(),
+        ..lease.clone()
+    };
+    assert_lost(c.node(1).renew(&impostor, LONG_TTL).await, &impostor);
+
+    let info = c.node(0).lease_info(&lease.name).await.unwrap().unwrap();
+    assert!(
+        info.expires_in_ms <= 5_000,
+        "a refused renewal extended the lease: {info:?}"
+    );
+    assert_eq!(info.holder.as_deref(), Some("node-0"));
+    assert_eq!(info.token, lease.token);
+}
+
+/// A renewal of an expired lease is `LeaseLost` and does not extend it,
+/// although nobody else took it.
+pub async fn renew_after_expiry_is_lost(h: &dyn Harness) {
+    let c = h.cluster(1).await;
+    let (lease, _) = acquire(c.node(0), 0, SHORT_TTL).await;
+    wait_expired(c.node(0), &lease.name).await;
+
+    assert_lost(c.node(0).renew(&lease, LONG_TTL).await, &lease);
+    let info = c.node(0).lease_info(&lease.name).await.unwrap().unwrap();
+    assert!(
+        info.expires_in_ms <= 0,
+        "an expired lease was extended: {info:?}"
+    );
+    assert!(!info.is_held());
+}
+
+/// After a release, another node acquires at once with token + 1 and reason
+/// `Released`; releasing the old lease again changes nothing.
+pub async fn release_lets_another_node_acquire_at_once(h: &dyn Harness) {
+    let c = h.cluster(2).await;
+    let (first, _) = acquire(c.node(0), 0, LONG_TTL).await;
+    c.node(0).release(&first).await.unwrap();
+
+    let info = c.node(1).lease_info(&first.name).await.unwrap().unwrap();
+    assert_eq!(info.holder, None);
+    assert_eq!(info.holder_url, None);
+    assert_eq!(info.token, first.token, "release must not change the token");
+    assert!(!info.is_held());
+
+    let (second, reason) = acquire(c.node(1), 1, LONG_TTL).await;
+    assert_eq!(reason, TakeoverReason::Released);
+    assert_eq!(second.token, FencingToken(first.token.0 + 1));
+    assert_eq!(second.holder, "node-1");
+
+    // A stale release is a no-op.
+    c.node(0).release(&first).await.unwrap();
+    let info = c.node(0).lease_info(&first.name).await.unwrap().unwrap();
+    assert_eq!(info.holder.as_deref(), Some("node-1"));
+    assert_eq!(info.token, second.token);
+    assert!(info.is_held());
+}
+
+/// The same node re-acquiring after its own release gets a larger token.
+pub async fn reacquire_after_release_gets_larger_token(h: &dyn Harness) {
+    let c = h.cluster(1).await;
+    let (first, _) = acquire(c.node(0), 0, LONG_TTL).await;
+    c.node(0).release(&first).await.unwrap();
+    let (second, reason) = acquire(c.node(0), 0, LONG_TTL).await;
+    assert_eq!(reason, TakeoverReason::Released);
+    assert!(second.token > first.token);
+    assert_eq!(second.token, FencingToken(first.token.0 + 1));
+}
+
+/// Over many acquire/release rounds by several nodes (including the same
+/// node twice in a row), every acquisition gets exactly the previous token
+/// + 1, and a refused acquisition changes no token.
+pub async fn tokens_only_grow(h: &dyn Harness) {
+    let c = h.cluster(3).await;
+    let order = [0, 0, 1, 2, 2, 1, 0, 2, 1, 1, 0, 0];
+    let mut last = 0;
+    for (round, &i) in order.iter().enumerate() {
+        let (lease, reason) = acquire(c.node(i), i, LONG_TTL).await;
+        let expected_reason = if round == 0 {
+            TakeoverReason::Fresh
+        } else {
+            TakeoverReason::Released
+        };
+        assert_eq!(reason, expected_reason, "round {round}");
+        assert_eq!(lease.token, FencingToken(last + 1), "round {round}");
+        last = lease.token.0;
+
+        let other = (i + 1) % 3;
+        assert!(matches!(
+            c.node(other)
+                .acquire(&candidate(other), LONG_TTL)
+                .await
+                .unwrap(),
+            Acquire::Held(_)
+        ));
+        let info = c
+            .node(other)
+            .lease_info(&lease.name)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            info.token, lease.token,
+            "a refused acquire changed the token"
+        );
+        c.node(i).release(&lease).await.unwrap();
+    }
+    let info = c
+        .node(0)
+        .lease_info(DEFAULT_LEASE_NAME)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(info.token, FencingToken(order.len() as u64));
+}
+
+/// A takeover of an expired lease has reason `Expired` and token + 1; the
+/// old holder's renewal is then `LeaseLost` and its acquire sees `Held`.
+pub async fn takeover_after_expiry_has_reason_expired(h: &dyn Harness) {
+    let c = h.cluster(2).await;
+    let (old, _) = acquire(c.node(0), 0, SHORT_TTL).await;
+    wait_expired(c.node(1), &old.name).await;
+
+    let (new, reason) = acquire(c.node(1), 1, LONG_TTL).await;
+    assert_eq!(reason, TakeoverReason::Expired);
+    assert_eq!(new.token, FencingToken(old.token.0 + 1));
+
+    assert_lost(c.node(0).renew(&old, LONG_TTL).await, &old);
+    match c.node(0).acquire(&candidate(0), LONG_TTL).await.unwrap() {
+        Acquire::Held(info) => assert_eq!(info.holder.as_deref(), Some("node-1")),
+        other => panic!("expected Held, got {other:?}"),
+    }
+}
+
+/// Offsets of one channel are 1..n, contiguous across batches, in batch
+/// order; the head follows.
+pub async fn append_offsets_are_contiguous_across_batches(h: &dyn Harness) {
+    let c = h.cluster(1).await;
+    let (lease, _) = acquire(c.node(0), 0, LONG_TTL).await;
+    let node = c.node(0);
+
+    let first = node
+        .append(
+            &lease,
+            &[msg("orders", "1"), msg("orders", "2"), msg("orders", "3")],
+        )
+        .await
+        .unwrap();
+    assert_eq!(offsets(&first), [1, 2, 3]);
+    assert!(first
+        .iter()
+        .all(|a| !a.duplicate && a.channel.as_str() == "orders"));
+    assert!(first.iter().all(|a| a.published_at_ms > 0));
+
+    let second = node
+        .append(&lease, &[msg("orders", "4"), msg("orders", "5")])
+        .await
+        .unwrap();
+    assert_eq!(offsets(&second), [4, 5]);
+    assert!(second[0].published_at_ms >= first[0].published_at_ms);
+
+    let page = node.read(&channel("orders"), 0, 100).await.unwrap();
+    assert_eq!(page.head, 5);
+    let got: Vec<_> = page
+        .messages
+        .iter()
+        .map(|m| (m.offset, m.data.get().to_owned()))
+        .collect();
+    let want: Vec<_> = (1..=5).map(|i| (i, i.to_string())).collect();
+    assert_eq!(got, want);
+    assert_eq!(page.messages[0].published_at_ms, first[0].published_at_ms);
+    assert_eq!(page.messages[4].published_at_ms, second[1].published_at_ms);
+    assert!(node.append(&lease, &[]).await.unwrap().is_empty());
+}
+
+/// One batch over several channels gives each channel its own contiguous
+/// offsets; the results come back in input order.
+pub async fn append_interleaves_channels_in_one_batch(h: &dyn Harness) {
+    let c = h.cluster(1).await;
+    let (lease, _) = acquire(c.node(0), 0, LONG_TTL).await;
+    let node = c.node(0);
+
+    let batch = [
+        msg("a", "\"a1\""),
+        msg("b", "\"b1\""),
+        msg("a", "\"a2\""),
+        msg("c", "\"c1\""),
+        msg("b", "\"b2\""),
+        msg("a", "\"a3\""),
+    ];
+    let out = node.append(&lease, &batch).await.unwrap();
+    let got: Vec<_> = out
+        .iter()
+        .map(|a| (a.channel.as_str().to_owned(), a.offset))
+        .collect();
+    let want = [("a", 1), ("b", 1), ("a", 2), ("c", 1), ("b", 2), ("a", 3)]
+        .map(|(ch, o)| (ch.to_owned(), o));
+    assert_eq!(got, want);
+
+    let out = node
+        .append(&lease, &[msg("b", "\"b3\""), msg("a", "\"a4\"")])
+        .await
+        .unwrap();
+    assert_eq!(offsets(&out), [3, 4]);
+
+    for (ch, n) in [("a", 4), ("b", 3), ("c", 1)] {
+        let page = node.read(&channel(ch), 0, 100).await.unwrap();
+        assert_eq!(page.head, n);
+        let data: Vec<_> = page
+            .messages
+            .iter()
+            .map(|m| m.data.get().to_owned())
+            .collect();
+        let want: Vec<_> = (1..=n).map(|i| format!("\"{ch}{i}\"")).collect();
+        assert_eq!(data, want, "channel {ch}");
+    }
+}
+
+/// A key used again in a later batch is a duplicate: original offset and
+/// time, nothing added, the original data kept.
+pub async fn idempotency_key_repeated_in_later_batch_is_duplicate(h: &dyn Harness) {
+    let c = h.cluster(1).await;
+    let (lease, _) = acquire(c.node(0), 0, LONG_TTL).await;
+    let node = c.node(0);
+
+    let first = node
+        .append(
+            &lease,
+            &[msg("pay", "0"), keyed("pay", "\"original\"", "order-42")],
+        )
+        .await
+        .unwrap();
+    assert_eq!(offsets(&first), [1, 2]);
+    assert!(!first[1].duplicate);
+
+    let again = node
+        .append(
+            &lease,
+            &[keyed("pay", "\"retry\"", "order-42"), msg("pay", "3")],
+        )
+        .await
+        .unwrap();
+    assert!(again[0].duplicate);
+    assert_eq!(again[0].offset, 2);
+    assert_eq!(again[0].published_at_ms, first[1].published_at_ms);
+    assert!(!again[1].duplicate);
+    assert_eq!(again[1].offset, 3, "a duplicate must not use up an offset");
+
+    let page = node.read(&channel("pay"), 0, 100).await.unwrap();
+    assert_eq!(page.head, 3);
+    let data: Vec<_> = page.messages.iter().map(|m| m.data.get()).collect();
+    assert_eq!(data, ["0", "\"original\"", "3"]);
+}
+
+/// A key repeated inside one batch: the second is a duplicate of the first.
+pub async fn idempotency_key_repeated_in_same_batch_is_duplicate(h: &dyn Harness) {
+    let c = h.cluster(1).await;
+    let (lease, _) = acquire(c.node(0), 0, LONG_TTL).await;
+    let node = c.node(0);
+
+    let out = node
+        .append(
+            &lease,
+            &[
+                keyed("q", "\"first\"", "k-1"),
+                keyed("q", "\"second\"", "k-1"),
+                msg("q", "\"third\""),
+                keyed("q", "\"fourth\"", "k-1"),
+            ],
+        )
+        .await
+        .unwrap();
+    let got: Vec<_> = out.iter().map(|a| (a.offset, a.duplicate)).collect();
+    assert_eq!(got, [(1, false), (1, true), (2, false), (1, true)]);
+    assert_eq!(out[1].published_at_ms, out[0].published_at_ms);
+
+    let page = node.read(&channel("q"), 0, 100).await.unwrap();
+    assert_eq!(page.head, 2);
+    let data: Vec<_> = page.messages.iter().map(|m| m.data.get()).collect();
+    assert_eq!(data, ["\"first\"", "\"third\""]);
+}
+
+/// Keys are per channel: another channel may use the same key.
+pub async fn idempotency_key_is_per_channel(h: &dyn Harness) {
+    let c = h.cluster(1).await;
+    let (lease, _) = acquire(c.node(0), 0, LONG_TTL).await;
+    let node = c.node(0);
+
+    let out = node
+        .append(&lease, &[keyed("x", "1", "same"), keyed("y", "2", "same")])
+        .await
+        .unwrap();
+    assert!(out.iter().all(|a| !a.duplicate && a.offset == 1));
+    let out = node
+        .append(&lease, &[keyed("z", "3", "same")])
+        .await
+        .unwrap();
+    assert!(!out[0].duplicate);
+    for ch in ["x", "y", "z"] {
+        assert_eq!(node.read(&channel(ch), 0, 10).await.unwrap().head, 1);
+    }
+}
+
+/// After another node took over (expiry), the old holder's fenced write is
+/// `LeaseLost` and commits nothing; the new holder continues the offsets.
+pub async fn append_with_stale_lease_after_takeover_is_lost(h: &dyn Harness) {
+    let c = h.cluster(2).await;
+    let (old, _) = acquire(c.node(0), 0, SHORT_TTL).await;
+    c.node(0).append(&old, &[msg("log", "1")]).await.unwrap();
+    let cursor = c.node(0).change_cursor().await.unwrap();
+    wait_expired(c.node(1), &old.name).await;
+    let (new, _) = acquire(c.node(1), 1, LONG_TTL).await;
+
+    let result = c
+        .node(0)
+        .append(&old, &[msg("log", "2"), msg("fresh", "1")])
+        .await;
+    assert_lost(result, &old);
+    let page = c.node(1).read(&channel("log"), 0, 10).await.unwrap();
+    assert_eq!(page.head, 1);
+    assert_eq!(page.messages.len(), 1);
+    assert_eq!(
+        c.node(1).read(&channel("fresh"), 0, 10).await.unwrap().head,
+        0
+    );
+    assert_eq!(c.node(1).change_cursor().await.unwrap(), cursor);
+
+    let out = c.node(1).append(&new, &[msg("log", "2")]).await.unwrap();
+    assert_eq!(offsets(&out), [2]);
+}
+
+/// A fenced write presenting a superseded token of the same holder (same
+/// node id, an earlier acquisition) is `LeaseLost`, and so is one that
+/// names another holder with the current token: the token and the holder
+/// are both checked.
+pub async fn append_with_superseded_token_of_same_holder_is_lost(h: &dyn Harness) {
+    let c = h.cluster(1).await;
+    let node = c.node(0);
+    let (first, _) = acquire(node, 0, LONG_TTL).await;
+    node.append(&first, &[msg("t", "1")]).await.unwrap();
+    node.release(&first).await.unwrap();
+    let (second, _) = acquire(node, 0, LONG_TTL).await;
+    assert_eq!(first.holder, second.holder);
+
+    assert_lost(node.append(&first, &[msg("t", "2")]).await, &first);
+    let impostor = Lease {
+        holder: "node-9".to_owned(),
+        ..second.clone()
+    };
+    assert_lost(node.append(&impostor, &[msg("t", "2")]).await, &impostor);
+    assert_eq!(node.read(&channel("t"), 0, 10).await.unwrap().head, 1);
+
+    let out = node.append(&second, &[msg("t", "2")]).await.unwrap();
+    assert_eq!(offsets(&out), [2]);
+}
+
+/// A fenced write after the lease expired is `LeaseLost` and commits
+/// nothing, although nobody else took the lease.
+pub async fn append_after_expiry_is_lost(h: &dyn Harness) {
+    let c = h.cluster(1).await;
+    let node = c.node(0);
+    let (lease, _) = acquire(node, 0, SHORT_TTL).await;
+    node.append(&lease, &[msg("e", "1")]).await.unwrap();
+    wait_expired(node, &lease.name).await;
+
+    assert_lost(node.append(&lease, &[msg("e", "2")]).await, &lease);
+    let page = node.read(&channel("e"), 0, 10).await.unwrap();
+    assert_eq!(page.head, 1);
+    assert_eq!(page.messages.len(), 1);
+}
+
+/// `read` pages with `after` and `limit` and always reports the head.
+pub async fn read_pages_with_after_and_limit(h: &dyn Harness) {
+    let c = h.cluster(2).await;
+    let (lease, _) = acquire(c.node(0), 0, LONG_TTL).await;
+    let batch: Vec<_> = (1..=10)
+        .map(|i| msg("p", &format!("{{\"n\":{i}}}")))
+        .collect();
+    c.node(0).append(&lease, &batch).await.unwrap();
+
+    // Read through the other node: reads see committed writes of any node.
+    let node = c.node(1);
+    let ch = channel("p");
+    let offsets_of =
+        |page: &crate::Page| page.messages.iter().map(|m| m.offset).collect::<Vec<_>>();
+
+    let page = node.read(&ch, 0, 3).await.unwrap();
+    assert_eq!(page.head, 10);
+    assert_eq!(offsets_of(&page), [1, 2, 3]);
+    assert_eq!(page.messages[0].data.get(), "{\"n\":1}");
+
+    let page = node.read(&ch, 3, 3).await.unwrap();
+    assert_eq!(offsets_of(&page), [4, 5, 6]);
+    assert_eq!(page.messages[2].data.get(), "{\"n\":6}");
+
+    let page = node.read(&ch, 8, 100).await.unwrap();
+    assert_eq!(offsets_of(&page), [9, 10]);
+    assert_eq!(page.head, 10);
+
+    let page = node.read(&ch, 10, 100).await.unwrap();
+    assert!(page.messages.is_empty());
+    assert_eq!(page.head, 10);
+
+    let page = node.read(&ch, u64::MAX, 100).await.unwrap();
+    assert!(page.messages.is_empty());
+
+    let page = node.read(&ch, 0, 0).await.unwrap();
+    assert!(page.messages.is_empty());
+    assert_eq!(page.head, 10);
+}
+
+/// An unknown channel has head 0 and no messages.
+pub async fn unknown_channel_reads_empty(h: &dyn Harness) {
+    let c = h.cluster(1).await;
+    let page = c
+        .node(0)
+        .read(&channel("nobody-here"), 0, 100)
+        .await
+        .unwrap();
+    assert_eq!(page.head, 0);
+    assert!(page.messages.is_empty());
+    assert!(c.node(0).channels().await.unwrap().is_empty());
+}
+
+/// `channels()` lists every channel with its head, ordered by name in byte
+/// order (the order of [`ChannelName`]'s `Ord`: digits, then upper case,
+/// then lower case).
+pub async fn channels_are_sorted_with_heads(h: &dyn Harness) {
+    let c = h.cluster(1).await;
+    let (lease, _) = acquire(c.node(0), 0, LONG_TTL).await;
+    let counts = [
+        ("zeta", 1),
+        ("alpha", 3),
+        ("Beta", 2),
+        ("9lives", 1),
+        ("alpha.2", 2),
+        ("alpha-2", 1),
+    ];
+    let batch: Vec<_> = counts
+        .iter()
+        .flat_map(|&(ch, n)| (0..n).map(move |i| msg(ch, &i.to_string())))
+        .collect();
+    c.node(0).append(&lease, &batch).await.unwrap();
+
+    let got = c.node(0).channels().await.unwrap();
+    let mut want: Vec<_> = counts
+        .iter()
+        .map(|&(ch, n)| ChannelHead {
+            name: channel(ch),
+            head: n,
+        })
+        .collect();
+    want.sort_by(|a, b| a.name.cmp(&b.name));
+    assert_eq!(got, want);
+}
+
+/// `changes_since` and `change_cursor` report exactly the channels whose head
+/// moved after a cursor, with their current head; a duplicate-only or
+/// refused write moves nothing.
+pub async fn changes_since_reports_exactly_the_moved_channels(h: &dyn Harness) {
+    let c = h.cluster(2).await;
+    let (lease, _) = acquire(c.node(0), 0, LONG_TTL).await;
+    let writer = c.node(0);
+    let follower = c.node(1);
+    let sorted = |mut v: Vec<ChannelHead>| {
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    };
+    let head = |ch: &str, head: u64| ChannelHead {
+        name: channel(ch),
+        head,
+    };
+
+    assert_eq!(follower.change_cursor().await.unwrap(), 0);
+    let empty = follower.changes_since(0).await.unwrap();
+    assert_eq!(empty.cursor, 0);
+    assert!(empty.changed.is_empty());
+
+    writer
+        .append(
+            &lease,
+            &[msg("a", "1"), keyed("b", "1", "k"), msg("a", "2")],
+        )
+        .await
+        .unwrap();
+    let feed = follower.changes_since(0).await.unwrap();
+    assert!(feed.cursor > 0);
+    assert_eq!(sorted(feed.changed), [head("a", 2), head("b", 1)]);
+    assert_eq!(follower.change_cursor().await.unwrap(), feed.cursor);
+    let c1 = feed.cursor;
+
+    let still = follower.changes_since(c1).await.unwrap();
+    assert_eq!(still.cursor, c1);
+    assert!(still.changed.is_empty());
+
+    writer
+        .append(&lease, &[msg("c", "1"), msg("b", "2")])
+        .await
+        .unwrap();
+    let feed = follower.changes_since(c1).await.unwrap();
+    assert!(feed.cursor > c1);
+    assert_eq!(sorted(feed.changed), [head("b", 2), head("c", 1)]);
+    let c2 = feed.cursor;
+    assert_eq!(follower.change_cursor().await.unwrap(), c2);
+
+    // Everything since the beginning, with current heads.
+    let all = follower.changes_since(0).await.unwrap();
+    assert_eq!(all.cursor, c2);
+    assert_eq!(
+        sorted(all.changed),
+        [head("a", 2), head("b", 2), head("c", 1)]
+    );
+
+    // A duplicate-only write and a refused write move nothing.
+    let dup = writer
+        .append(&lease, &[keyed("b", "9", "k")])
+        .await
+        .unwrap();
+    assert!(dup[0].duplicate);
+    let stale = Lease {
+        token: FencingToken(lease.token.0 + 7),
+        ..lease.clone()
+    };
+    assert_lost(writer.append(&stale, &[msg("d", "1")]).await, &stale);
+    let none = follower.changes_since(c2).await.unwrap();
+    assert_eq!(none.cursor, c2);
+    assert!(none.changed.is_empty());
+    assert_eq!(follower.change_cursor().await.unwrap(), c2);
+}
+
+/// Message data comes back as the exact JSON text sent: key order,
+/// whitespace inside, number spellings, escapes and non-ASCII text.
+pub async fn json_data_round_trips_byte_exactly(h: &dyn Harness) {
+    let c = h.cluster(1).await;
+    let (lease, _) = acquire(c.node(0), 0, LONG_TTL).await;
+    let big = format!("\"{}\"", "x".repeat(64 * 1024));
+    let texts: Vec<String> = [
+        r#"{"b":1,"a":[1.0e10,-0.0,1E-7,123456789012345678901234567890,2.50]}"#,
+        "{ \"spaced\" :  [ 1 ,\t2 ] ,\n  \"nested\": {\"deeper\": {\"deepest\": [[], {}]}} }",
+        r#""héllo wörld ✓ 😀 \"quoted\" \\ \u00e9 \n \ud83d\ude00""#,
+        r#"[true,false,null,0,-1,3.14159,2.5E+300]"#,
+        "42",
+        "null",
+        "\"\"",
+        r#"{"z":null,"a":"ordered as sent","m":{"é":"ü"}}"#,
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .chain([big])
+    .collect();
+    let batch: Vec<_> = texts.iter().map(|t| msg("json", t)).collect();
+    c.node(0).append(&lease, &batch).await.unwrap();
+
+    let page = c.node(0).read(&channel("json"), 0, 100).await.unwrap();
+    let got: Vec<_> = page
+        .messages
+        .iter()
+        .map(|m| m.data.get().to_owned())
+        .collect();
+    assert_eq!(got, texts);
+}
+
+/// Appends from many tasks at once with the same lease: every offset of a
+/// channel is used exactly once, 1..n with no gap, each batch's messages get
+/// consecutive offsets, and every message is stored exactly once.
+pub async fn concurrent_appends_never_duplicate_or_skip(h: &dyn Harness) {
+    const TASKS: usize = 8;
+    const BATCHES: usize = 15;
+    let c = h.cluster(1).await;
+    let (lease, _) = acquire(c.node(0), 0, LONG_TTL).await;
+
+    let mut tasks = Vec::new();
+    for t in 0..TASKS {
+        let node = Arc::clone(c.node(0));
+        let lease = lease.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut results = Vec::new();
+            for b in 0..BATCHES {
+                let size = 1 + (t + b) % 3;
+                let mut batch: Vec<_> = (0..size)
+                    .map(|i| msg("busy", &format!("{{\"t\":{t},\"b\":{b},\"i\":{i}}}")))
+                    .collect();
+                if b % 2 == 0 {
+                    batch.push(msg("side", &format!("{{\"t\":{t},\"b\":{b}}}")));
+                }
+                let out = node.append(&lease, &batch).await.expect("append");
+                assert_eq!(out.len(), batch.len());
+                results.push(out);
+            }
+            results
+        }));
+    }
+
+    let mut per_channel: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for task in tasks {
+        for out in task.await.expect("task") {
+            let busy: Vec<_> = out
+                .iter()
+                .filter(|a| a.channel.as_str() == "busy")
+                .map(|a| a.offset)
+                .collect();
+            assert!(
+                busy.windows(2).all(|w| w[1] == w[0] + 1),
+                "a batch's offsets are not consecutive: {busy:?}"
+            );
+            for a in out {
+                assert!(!a.duplicate);
+                per_channel
+                    .entry(a.channel.as_str().to_owned())
+                    .or_default()
+                    .push(a.offset);
+            }
+        }
+    }
+    for (ch, mut offs) in per_channel {
+        offs.sort_unstable();
+        let n = offs.len() as u64;
+        assert_eq!(offs, (1..=n).collect::<Vec<_>>(), "channel {ch}");
+        let page = c.node(0).read(&channel(&ch), 0, 10_000).await.unwrap();
+        assert_eq!(page.head, n);
+        let stored: BTreeSet<_> = page
+            .messages
+            .iter()
+            .map(|m| m.data.get().to_owned())
+            .collect();
+        assert_eq!(
+            stored.len() as u64,
+            n,
+            "channel {ch}: a message was stored twice"
+        );
+    }
+}
+
+/// `ping` answers and `backend` names the backend.
+pub async fn ping_answers(h: &dyn Harness) {
+    let c = h.cluster(1).await;
+    c.node(0).ping().await.unwrap();
+    assert!(!c.node(0).backend().is_empty());
+}

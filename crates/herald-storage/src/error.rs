@@ -27,10 +27,29 @@ pub enum Error {
     /// A file-system operation on the data directory failed.
     #[error("data directory: {0}")]
     Io(#[from] std::io::Error),
-    /// SQLite reported an error that is not one of the above.
+    /// SQLite reported an error that is not one of the above. (SQLite's
+    /// `SQLITE_BUSY` and `SQLITE_LOCKED` become [`Error::Unavailable`]
+    /// instead; see the `From<rusqlite::Error>` conversion.)
     #[error("sqlite: {0}")]
-    Sqlite(#[from] rusqlite::Error),
+    Sqlite(rusqlite::Error),
     /// Stored data could not be decoded (a bug or a damaged database).
     #[error("corrupt data: {0}")]
     Corrupt(String),
+}
+
+impl From<rusqlite::Error> for Error {
+    /// Classifies a SQLite error: `SQLITE_BUSY` (another connection holds
+    /// the lock longer than the busy timeout) and `SQLITE_LOCKED` (a
+    /// conflict inside one shared cache) are lock waits that may succeed on
+    /// a retry, so they become [`Error::Unavailable`]; see
+    /// <https://www.sqlite.org/rescode.html#busy>. Every other error stays
+    /// [`Error::Sqlite`].
+    fn from(e: rusqlite::Error) -> Self {
+        match e.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
+                Self::Unavailable(format!("database is locked: {e}"))
+            }
+            _ => Self::Sqlite(e),
+        }
+    }
 }

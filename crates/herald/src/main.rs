@@ -1,6 +1,13 @@
 //! The `herald` binary: the server and its command-line clients.
 
+mod bench;
+mod client;
+mod history;
+mod logging;
+mod publish;
 mod serve;
+mod status;
+mod tail;
 
 use std::process::ExitCode;
 
@@ -18,6 +25,19 @@ struct Cli {
 enum Command {
     /// Run the server.
     Serve(serve::ServeArgs),
+    /// Publish one message; prints the server's answer JSON.
+    Publish(publish::PublishArgs),
+    /// Print a channel's stored messages, one JSON per line.
+    History(history::HistoryArgs),
+    /// Follow a channel live, one JSON per line; reconnects by itself.
+    Tail(tail::TailArgs),
+    /// List the channels and their heads, one JSON per line.
+    Channels(status::InfoArgs),
+    /// Print the node's status.
+    Status(status::InfoArgs),
+    /// Load generators.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
 }
 
 #[tokio::main]
@@ -25,12 +45,68 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => serve::run(args).await,
+        Command::Publish(args) => publish::run(args).await,
+        Command::History(args) => history::run(args).await,
+        Command::Tail(args) => tail::run(args).await,
+        Command::Channels(args) => status::run_channels(args).await,
+        Command::Status(args) => status::run_status(args).await,
+        Command::Bench(command) => bench::run(command).await,
     };
     match result {
         Ok(code) => code,
+        // A reader that went away (`herald history c --all | head`) is no failure.
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("herald: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `true` when `e` comes from writing to a closed pipe.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn parses_client_commands() {
+        let cli = Cli::try_parse_from([
+            "herald",
+            "publish",
+            "--server",
+            "http://127.0.0.1:9",
+            "orders",
+            "{\"a\":1}",
+            "--idempotency-key",
+            "k-1",
+        ])
+        .unwrap();
+        assert!(matches!(cli.command, Command::Publish(_)));
+        assert!(Cli::try_parse_from(["herald", "publish", "bad name", "1"]).is_err());
+        assert!(
+            Cli::try_parse_from(["herald", "publish", "c", "1", "--idempotency-key", "a b"])
+                .is_err()
+        );
+        assert!(Cli::try_parse_from(["herald", "history", "c", "--limit", "1001"]).is_err());
+        assert!(Cli::try_parse_from(["herald", "history", "c", "--all", "--after", "5"]).is_ok());
+        assert!(Cli::try_parse_from(["herald", "tail", "c", "--server", "https://h"]).is_err());
+        assert!(Cli::try_parse_from(["herald", "bench", "publish", "--channels", "0"]).is_err());
+        assert!(
+            Cli::try_parse_from(["herald", "bench", "publish", "--json", "--size", "10"]).is_ok()
+        );
     }
 }

@@ -1,13 +1,299 @@
-//! `herald serve`: runs the server (wired up separately).
+//! `herald serve`: opens the storage, binds the listener, runs the lease
+//! supervisor and the HTTP server, and turns how they ended into the exit
+//! status (see [`ExitStatus`]).
 
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
 
-/// Flags of `herald serve`.
+use anyhow::Context;
+use herald_core::Candidate;
+use herald_lease::{BootClock, LeaseConfig, LeaseState, StopReason, Supervisor};
+use herald_server::ServerConfig;
+use herald_storage::sqlite::{SqliteOptions, SqliteStorage};
+use herald_storage::Storage;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::logging::LogFormat;
+
+/// Exit statuses of `herald serve`, documented in `docs/storage.md`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ExitStatus {
+    /// Drained on SIGTERM/SIGINT and released the lease.
+    Drained = 0,
+    /// Start-up failed (bad flag, storage, listener).
+    Failed = 1,
+    /// The watchdog stopped the node: the safety deadline passed without a
+    /// successful renewal.
+    Watchdog = 3,
+    /// A renewal or a fenced write found the lease held by another token.
+    LeaseLost = 4,
+    /// The drain did not finish within `--drain-timeout`; the node stopped
+    /// renewing and exited anyway.
+    DrainTimeout = 5,
+}
+
+impl From<ExitStatus> for ExitCode {
+    fn from(s: ExitStatus) -> Self {
+        ExitCode::from(s as u8)
+    }
+}
+
+/// Flags of `herald serve`. Each flag is also read from the environment
+/// variable `HERALD_<FLAG>`; durations are written `250ms`, `6s`, `2m`.
 #[derive(Debug, clap::Args)]
-pub(crate) struct ServeArgs {}
+pub(crate) struct ServeArgs {
+    /// Address to listen on (port 0 picks a free port; the log says which).
+    #[arg(long, env = "HERALD_LISTEN", default_value = "127.0.0.1:7700")]
+    listen: SocketAddr,
+    /// Directory of the embedded database (`herald.db`) and the node id.
+    #[arg(long, env = "HERALD_DATA_DIR", default_value = "./herald-data")]
+    data_dir: PathBuf,
+    /// This node's id (default: generated once and kept in the data dir).
+    #[arg(long, env = "HERALD_NODE_ID")]
+    node_id: Option<String>,
+    /// URL at which clients reach this node (default `http://<listen>`).
+    #[arg(long, env = "HERALD_ADVERTISE_URL")]
+    advertise_url: Option<String>,
+    /// How long a renewal extends the writer lease.
+    #[arg(long, env = "HERALD_LEASE_TTL", default_value = "30s", value_parser = parse_duration)]
+    lease_ttl: Duration,
+    /// The holder stops writing this long before the lease would expire.
+    #[arg(long, env = "HERALD_LEASE_SAFETY_MARGIN", default_value = "5s", value_parser = parse_duration)]
+    lease_safety_margin: Duration,
+    /// Period between renewals (default: ttl / 6).
+    #[arg(long, env = "HERALD_LEASE_RENEW_INTERVAL", value_parser = parse_duration)]
+    lease_renew_interval: Option<Duration>,
+    /// Period between a standby's attempts to acquire the lease.
+    #[arg(long, env = "HERALD_ACQUIRE_INTERVAL", default_value = "1s", value_parser = parse_duration)]
+    acquire_interval: Duration,
+    /// Longest a renewal may wait for the database; the client abandons an
+    /// attempt 1 s after this.
+    #[arg(long, env = "HERALD_RENEW_STATEMENT_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    renew_statement_timeout: Duration,
+    /// Largest accepted publish body, in bytes.
+    #[arg(long, env = "HERALD_MAX_MESSAGE_BYTES", default_value_t = 65_536)]
+    max_message_bytes: usize,
+    /// Capacity of the writer queue, in publish requests; a full queue
+    /// answers 503.
+    #[arg(long, env = "HERALD_QUEUE_CAPACITY", default_value_t = 4096)]
+    queue_capacity: usize,
+    /// Longest a drain (SIGTERM/SIGINT) may take before the node stops
+    /// renewing and exits with status 5.
+    #[arg(long, env = "HERALD_DRAIN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    drain_timeout: Duration,
+    /// Log format on stderr.
+    #[arg(long, env = "HERALD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Human)]
+    log_format: LogFormat,
+}
+
+/// Parses `250ms`, `6s`, `2m` (humantime's syntax).
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (write e.g. 250ms, 6s, 2m)"))
+}
 
 /// Runs the server until drain or a lease stop; the exit code tells which.
 pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    let _ = args;
-    Ok(ExitCode::SUCCESS)
+    crate::logging::init(args.log_format);
+    match start_and_run(args).await {
+        Ok(status) => Ok(status.into()),
+        Err(e) => {
+            error!(error = %format!("{e:#}"), "start-up failed");
+            Ok(ExitStatus::Failed.into())
+        }
+    }
+}
+
+async fn start_and_run(args: ServeArgs) -> anyhow::Result<ExitStatus> {
+    let mut lease_config = LeaseConfig::new(args.lease_ttl, args.lease_safety_margin);
+    if let Some(interval) = args.lease_renew_interval {
+        lease_config.renew_interval = interval;
+    }
+    lease_config.acquire_interval = args.acquire_interval;
+    lease_config.renew_attempt_timeout = args.renew_statement_timeout + Duration::from_secs(1);
+    lease_config.validate().context("lease timing")?;
+
+    let metrics = herald_server::install_metrics_recorder();
+    let _ = metrics;
+    let storage = SqliteStorage::open(
+        &args.data_dir,
+        SqliteOptions {
+            renew_statement_timeout: args.renew_statement_timeout,
+            ..SqliteOptions::default()
+        },
+    )
+    .await
+    .with_context(|| format!("opening the database in {}", args.data_dir.display()))?;
+    let storage: Arc<dyn Storage> = Arc::new(storage);
+    let node_id = match args.node_id {
+        Some(id) => id,
+        None => stable_node_id(&args.data_dir)?,
+    };
+
+    // Bind before acquiring: a node that cannot serve never takes the lease.
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    let advertise_url = args
+        .advertise_url
+        .unwrap_or_else(|| format!("http://{addr}"));
+    let server_config = ServerConfig {
+        node_id: node_id.clone(),
+        advertise_url: advertise_url.clone(),
+        max_message_bytes: args.max_message_bytes,
+        queue_capacity: args.queue_capacity,
+        ..ServerConfig::default()
+    };
+    server_config.validate().context("server settings")?;
+
+    let lease_shutdown = CancellationToken::new();
+    let (lease, supervisor) = Supervisor::start(
+        storage.clone(),
+        Candidate {
+            lease_name: lease_config.name.clone(),
+            node_id: node_id.clone(),
+            advertise_url: advertise_url.clone(),
+        },
+        lease_config,
+        Arc::new(BootClock),
+        lease_shutdown.clone(),
+    );
+    let server_shutdown = CancellationToken::new();
+    let mut server = tokio::spawn(herald_server::serve(
+        listener,
+        storage,
+        lease.clone(),
+        server_config,
+        server_shutdown.clone(),
+    ));
+    info!(
+        node_id = %node_id,
+        addr = %addr,
+        advertise_url = %advertise_url,
+        data_dir = %args.data_dir.display(),
+        backend = "sqlite",
+        "listening"
+    );
+
+    let mut states = lease.subscribe();
+    let stopped = async move {
+        let s = states
+            .wait_for(|s| {
+                matches!(
+                    s,
+                    LeaseState::Stopped {
+                        reason: StopReason::Watchdog(_) | StopReason::LeaseLost { .. }
+                    }
+                )
+            })
+            .await;
+        s.map(|s| s.clone()).ok()
+    };
+
+    tokio::select! {
+        () = shutdown_signal() => {
+            info!(node_id = %node_id, "drain requested");
+            let drain = async {
+                server_shutdown.cancel();
+                let served = (&mut server).await;
+                lease_shutdown.cancel();
+                let exit = supervisor.await;
+                (served, exit)
+            };
+            match tokio::time::timeout(args.drain_timeout, drain).await {
+                Ok((served, exit)) => {
+                    if let Ok(Err(e)) = served {
+                        warn!(node_id = %node_id, error = %e, "server ended with an error during drain");
+                    }
+                    info!(node_id = %node_id, exit = ?exit.ok(), "drained");
+                    Ok(ExitStatus::Drained)
+                }
+                Err(_) => {
+                    lease_shutdown.cancel();
+                    error!(node_id = %node_id, drain_timeout_ms = args.drain_timeout.as_millis() as u64, "drain did not finish in time; exiting without renewing");
+                    Ok(ExitStatus::DrainTimeout)
+                }
+            }
+        }
+        state = stopped => {
+            // The lease is gone: writes already fail. Close the server
+            // quickly so clients move to the new holder.
+            server_shutdown.cancel();
+            let _ = tokio::time::timeout(Duration::from_secs(2), &mut server).await;
+            Ok(match state {
+                Some(LeaseState::Stopped { reason: StopReason::Watchdog(_) }) => ExitStatus::Watchdog,
+                _ => ExitStatus::LeaseLost,
+            })
+        }
+        served = &mut server => {
+            lease_shutdown.cancel();
+            let exit = supervisor.await;
+            info!(node_id = %node_id, exit = ?exit.ok(), "lease supervisor stopped");
+            match served {
+                Ok(Ok(())) => Ok(ExitStatus::Drained),
+                Ok(Err(e)) => Err(anyhow::Error::new(e).context("server failed")),
+                Err(e) => Err(anyhow::Error::new(e).context("server task failed")),
+            }
+        }
+    }
+}
+
+/// The node id kept in `<data_dir>/node-id`, created on first use.
+fn stable_node_id(data_dir: &Path) -> anyhow::Result<String> {
+    let path = data_dir.join("node-id");
+    match std::fs::read_to_string(&path) {
+        Ok(id) if !id.trim().is_empty() => return Ok(id.trim().to_owned()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+    let id = format!("node-{:016x}", rand::random::<u64>());
+    let tmp = data_dir.join("node-id.tmp");
+    std::fs::write(&tmp, format!("{id}\n"))
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
+    Ok(id)
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            warn!(error = %e, "cannot watch SIGTERM; only SIGINT drains");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_take_the_documented_forms() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("6s"), Ok(Duration::from_secs(6)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("six").is_err());
+    }
+
+    #[test]
+    fn node_id_is_stable_across_restarts() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = stable_node_id(dir.path()).unwrap();
+        let second = stable_node_id(dir.path()).unwrap();
+        assert_eq!(first, second);
+        assert!(first.starts_with("node-"));
+    }
 }

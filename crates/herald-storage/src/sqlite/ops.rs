@@ -1,0 +1,422 @@
+//! The SQL of the SQLite backend: synchronous functions that run on a
+//! connection thread.
+//!
+//! "Now" is always read by SQLite, inside the statement that uses it, after
+//! every lock the statement's transaction waits on is held. SQLite keeps
+//! "now" the same for every use inside one `sqlite3_step()` call
+//! (<https://www.sqlite.org/lang_datefunc.html>, "the current time").
+
+use std::path::Path;
+use std::sync::Arc;
+
+use herald_core::{
+    Appended, Candidate, ChannelHead, ChannelName, FencingToken, Lease, LeaseInfo, Message,
+    NewMessage, Offset,
+};
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use serde_json::value::RawValue;
+
+use super::session;
+use crate::{Acquire, ChangeFeed, Error, Page, Result, TakeoverReason};
+
+/// SQLite's clock in ms since the Unix epoch (needs SQLite >= 3.42 for
+/// `'subsec'`).
+macro_rules! now_ms {
+    () => {
+        "CAST(unixepoch('subsec') * 1000 AS INTEGER)"
+    };
+}
+
+/// The error of a fencing check or renewal that matched no row.
+fn lost(lease: &Lease) -> Error {
+    Error::LeaseLost {
+        name: lease.name.clone(),
+        token: lease.token,
+    }
+}
+
+/// A presented token as SQLite stores it; a token that does not fit in an
+/// `i64` cannot be current.
+fn sql_token(lease: &Lease) -> Result<i64> {
+    i64::try_from(lease.token.0).map_err(|_| lost(lease))
+}
+
+fn to_u64(value: i64, what: &str) -> Result<u64> {
+    u64::try_from(value).map_err(|_| Error::Corrupt(format!("{what} is negative: {value}")))
+}
+
+fn to_token(value: i64) -> Result<FencingToken> {
+    to_u64(value, "fencing token").map(FencingToken)
+}
+
+fn to_channel(name: String) -> Result<ChannelName> {
+    ChannelName::new(name).map_err(|e| Error::Corrupt(format!("stored channel name: {e}")))
+}
+
+fn to_json(text: String) -> Result<Arc<RawValue>> {
+    RawValue::from_string(text)
+        .map(Arc::from)
+        .map_err(|e| Error::Corrupt(format!("stored message data is not JSON: {e}")))
+}
+
+/// An offset or cursor as an SQLite integer; values above `i64::MAX` are
+/// beyond everything stored, and `i64::MAX` is too.
+fn sql_position(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// The current lease row, for [`Acquire::Held`] and `lease_info`.
+const LEASE_INFO_SQL: &str = concat!(
+    "SELECT name, holder, holder_url, token, expires_at_ms - ",
+    now_ms!(),
+    " FROM storage_leases WHERE name = ?1"
+);
+
+fn read_lease_info(conn: &Connection, name: &str) -> Result<Option<LeaseInfo>> {
+    let row = conn
+        .prepare_cached(LEASE_INFO_SQL)?
+        .query_row([name], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, Option<String>>(1)?,
+                r.get::<_, Option<String>>(2)?,
+                r.get::<_, i64>(3)?,
+                r.get::<_, i64>(4)?,
+            ))
+        })
+        .optional()?;
+    row.map(|(name, holder, holder_url, token, expires_in_ms)| {
+        Ok(LeaseInfo {
+            name,
+            holder,
+            holder_url,
+            token: to_token(token)?,
+            expires_in_ms,
+        })
+    })
+    .transpose()
+}
+
+/// The lease as the storage sees it now.
+pub(super) fn lease_info(conn: &mut Connection, name: &str) -> Result<Option<LeaseInfo>> {
+    read_lease_info(conn, name)
+}
+
+/// One `BEGIN IMMEDIATE` transaction: the lease row is read, and the
+/// decision taken, only once the database write lock is held.
+pub(super) fn acquire(
+    conn: &mut Connection,
+    sessions_dir: &Path,
+    own_session: &str,
+    candidate: &Candidate,
+    ttl_ms: i64,
+) -> Result<Acquire> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let current = tx
+        .prepare_cached(concat!(
+            "SELECT holder, holder_session, expires_at_ms <= ",
+            now_ms!(),
+            " FROM storage_leases WHERE name = ?1"
+        ))?
+        .query_row([&candidate.lease_name], |r| {
+            Ok((
+                r.get::<_, Option<String>>(0)?,
+                r.get::<_, Option<String>>(1)?,
+                r.get::<_, bool>(2)?,
+            ))
+        })
+        .optional()?;
+    let (reason, previous) = match current {
+        None => (TakeoverReason::Fresh, None),
+        Some((None, _, _)) => (TakeoverReason::Released, None),
+        Some((Some(holder), _, true)) => (TakeoverReason::Expired, Some(holder)),
+        Some((Some(holder), Some(session), false))
+            if session != own_session && session::is_gone(sessions_dir, &session) =>
+        {
+            (TakeoverReason::HolderGone, Some(holder))
+        }
+        Some(_) => {
+            let info = read_lease_info(&tx, &candidate.lease_name)?.ok_or_else(|| {
+                Error::Corrupt("the lease row vanished inside a transaction".to_owned())
+            })?;
+            return Ok(Acquire::Held(info));
+        }
+    };
+    let token: i64 = tx
+        .prepare_cached(concat!(
+            "INSERT INTO storage_leases (name, holder, holder_url, holder_session, token,",
+            " expires_at_ms, acquired_at_ms, renewed_at_ms)",
+            " VALUES (?1, ?2, ?3, ?4, 1, ",
+            now_ms!(),
+            " + ?5, ",
+            now_ms!(),
+            ", ",
+            now_ms!(),
+            ") ON CONFLICT (name) DO UPDATE SET holder = excluded.holder,",
+            " holder_url = excluded.holder_url, holder_session = excluded.holder_session,",
+            " token = storage_leases.token + 1, expires_at_ms = excluded.expires_at_ms,",
+            " acquired_at_ms = excluded.acquired_at_ms, renewed_at_ms = excluded.renewed_at_ms",
+            " RETURNING token"
+        ))?
+        .query_row(
+            params![
+                candidate.lease_name,
+                candidate.node_id,
+                candidate.advertise_url,
+                own_session,
+                ttl_ms
+            ],
+            |r| r.get(0),
+        )?;
+    tx.commit()?;
+    let token = to_token(token)?;
+    let lease = Lease {
+        name: candidate.lease_name.clone(),
+        holder: candidate.node_id.clone(),
+        holder_url: candidate.advertise_url.clone(),
+        token,
+    };
+    tracing::info!(
+        lease = %lease.name,
+        token = token.0,
+        holder = %lease.holder,
+        previous_holder = previous.as_deref().unwrap_or(""),
+        reason = ?reason,
+        "writer lease acquired"
+    );
+    Ok(Acquire::Acquired { lease, reason })
+}
+
+/// `BEGIN IMMEDIATE` (the only wait, bounded by the connection's busy
+/// timeout), then the guarded `UPDATE`, whose clock is read after the lock
+/// is held: a lease that expired during the wait is lost, not extended.
+pub(super) fn renew(conn: &mut Connection, lease: &Lease, ttl_ms: i64) -> Result<()> {
+    let token = sql_token(lease)?;
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let updated = tx
+        .prepare_cached(concat!(
+            "UPDATE storage_leases SET expires_at_ms = ",
+            now_ms!(),
+            " + ?4, renewed_at_ms = ",
+            now_ms!(),
+            " WHERE name = ?1 AND holder = ?2 AND token = ?3 AND expires_at_ms > ",
+            now_ms!()
+        ))?
+        .execute(params![lease.name, lease.holder, token, ttl_ms])?;
+    if updated == 0 {
+        drop(tx);
+        tracing::warn!(
+            lease = %lease.name,
+            token = lease.token.0,
+            holder = %lease.holder,
+            "writer lease lost: renewal matched no current lease"
+        );
+        return Err(lost(lease));
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+/// Clears the holder if `lease` is current; the token stays.
+pub(super) fn release(conn: &mut Connection, lease: &Lease) -> Result<()> {
+    let Ok(token) = sql_token(lease) else {
+        return Ok(());
+    };
+    let updated = conn
+        .prepare_cached(concat!(
+            "UPDATE storage_leases SET holder = NULL, holder_url = NULL, holder_session = NULL,",
+            " expires_at_ms = ",
+            now_ms!(),
+            " WHERE name = ?1 AND holder = ?2 AND token = ?3"
+        ))?
+        .execute(params![lease.name, lease.holder, token])?;
+    tracing::info!(
+        lease = %lease.name,
+        token = lease.token.0,
+        holder = %lease.holder,
+        released = updated > 0,
+        "writer lease release"
+    );
+    Ok(())
+}
+
+/// The fenced write: one `BEGIN IMMEDIATE` transaction that first proves the
+/// lease current and unexpired, then appends the batch in order.
+pub(super) fn append(
+    conn: &mut Connection,
+    lease: &Lease,
+    batch: &[NewMessage],
+) -> Result<Vec<Appended>> {
+    let token = sql_token(lease)?;
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    // The fencing check. It also reads the batch's commit time.
+    let now: Option<i64> = tx
+        .prepare_cached(concat!(
+            "SELECT ",
+            now_ms!(),
+            " FROM storage_leases WHERE name = ?1 AND holder = ?2 AND token = ?3",
+            " AND expires_at_ms > ",
+            now_ms!()
+        ))?
+        .query_row(params![lease.name, lease.holder, token], |r| r.get(0))
+        .optional()?;
+    let Some(now) = now else {
+        drop(tx);
+        tracing::warn!(
+            lease = %lease.name,
+            token = lease.token.0,
+            holder = %lease.holder,
+            "writer lease lost: fenced write refused"
+        );
+        return Err(lost(lease));
+    };
+
+    let mut out = Vec::with_capacity(batch.len());
+    {
+        let mut find_key = tx.prepare_cached(
+            "SELECT \"offset\", published_at_ms FROM messages \
+             WHERE channel = ?1 AND idempotency_key = ?2",
+        )?;
+        let mut bump_head = tx.prepare_cached(
+            "INSERT INTO channels (name, head, created_at_ms) VALUES (?1, 1, ?2) \
+             ON CONFLICT (name) DO UPDATE SET head = head + 1 RETURNING head",
+        )?;
+        let mut insert = tx.prepare_cached(
+            "INSERT INTO messages (channel, \"offset\", data, published_at_ms, idempotency_key, token) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        )?;
+        for message in batch {
+            let channel = message.channel.as_str();
+            let key = message.idempotency_key.as_ref().map(|k| k.as_str());
+            if let Some(key) = key {
+                // Sees this transaction's own inserts: covers keys used
+                // earlier in the same batch too.
+                let original = find_key
+                    .query_row(params![channel, key], |r| {
+                        Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
+                    })
+                    .optional()?;
+                if let Some((offset, published_at_ms)) = original {
+                    out.push(Appended {
+                        channel: message.channel.clone(),
+                        offset: to_u64(offset, "offset")?,
+                        published_at_ms,
+                        duplicate: true,
+                    });
+                    continue;
+                }
+            }
+            let offset: i64 = bump_head.query_row(params![channel, now], |r| r.get(0))?;
+            insert.execute(params![
+                channel,
+                offset,
+                message.data.get(),
+                now,
+                key,
+                token
+            ])?;
+            out.push(Appended {
+                channel: message.channel.clone(),
+                offset: to_u64(offset, "offset")?,
+                published_at_ms: now,
+                duplicate: false,
+            });
+        }
+    }
+    tx.commit()?;
+    Ok(out)
+}
+
+/// A page of one channel, read in one snapshot with the channel's head.
+pub(super) fn read(
+    conn: &mut Connection,
+    channel: &ChannelName,
+    after: Offset,
+    limit: usize,
+) -> Result<Page> {
+    let tx = conn.transaction()?;
+    let head: i64 = tx
+        .prepare_cached("SELECT head FROM channels WHERE name = ?1")?
+        .query_row([channel.as_str()], |r| r.get(0))
+        .optional()?
+        .unwrap_or(0);
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let mut messages = Vec::new();
+    {
+        let mut stmt = tx.prepare_cached(
+            "SELECT \"offset\", data, published_at_ms FROM messages \
+             WHERE channel = ?1 AND \"offset\" > ?2 ORDER BY \"offset\" LIMIT ?3",
+        )?;
+        let mut rows = stmt.query(params![channel.as_str(), sql_position(after), limit])?;
+        while let Some(row) = rows.next()? {
+            messages.push(Message {
+                offset: to_u64(row.get(0)?, "offset")?,
+                data: to_json(row.get(1)?)?,
+                published_at_ms: row.get(2)?,
+            });
+        }
+    }
+    tx.commit()?;
+    Ok(Page {
+        head: to_u64(head, "head")?,
+        messages,
+    })
+}
+
+/// Every channel with its head, by name in byte order.
+pub(super) fn channels(conn: &mut Connection) -> Result<Vec<ChannelHead>> {
+    let mut stmt = conn.prepare_cached("SELECT name, head FROM channels ORDER BY name")?;
+    let mut rows = stmt.query([])?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        out.push(ChannelHead {
+            name: to_channel(row.get(0)?)?,
+            head: to_u64(row.get(1)?, "head")?,
+        });
+    }
+    Ok(out)
+}
+
+/// The channels with a message whose id is above `cursor`, with their
+/// current head (in the same snapshot), ordered by name; the new cursor is
+/// the largest id seen, or `cursor` when nothing moved.
+pub(super) fn changes_since(conn: &mut Connection, cursor: u64) -> Result<ChangeFeed> {
+    let tx = conn.transaction()?;
+    let mut new_cursor = cursor;
+    let mut changed = Vec::new();
+    {
+        let mut stmt = tx.prepare_cached(
+            "SELECT c.name, c.head, m.last_id \
+             FROM (SELECT channel, MAX(id) AS last_id FROM messages WHERE id > ?1 GROUP BY channel) m \
+             JOIN channels c ON c.name = m.channel ORDER BY c.name",
+        )?;
+        let mut rows = stmt.query([sql_position(cursor)])?;
+        while let Some(row) = rows.next()? {
+            changed.push(ChannelHead {
+                name: to_channel(row.get(0)?)?,
+                head: to_u64(row.get(1)?, "head")?,
+            });
+            new_cursor = new_cursor.max(to_u64(row.get(2)?, "message id")?);
+        }
+    }
+    tx.commit()?;
+    Ok(ChangeFeed {
+        cursor: new_cursor,
+        changed,
+    })
+}
+
+/// The largest message id, 0 when there is none.
+pub(super) fn change_cursor(conn: &mut Connection) -> Result<u64> {
+    let id: i64 = conn
+        .prepare_cached("SELECT COALESCE(MAX(id), 0) FROM messages")?
+        .query_row([], |r| r.get(0))?;
+    to_u64(id, "message id")
+}
+
+/// A trivial query that touches the database file.
+pub(super) fn ping(conn: &mut Connection) -> Result<()> {
+    conn.prepare_cached("SELECT COUNT(*) FROM storage_leases")?
+        .query_row([], |r| r.get::<_, i64>(0))?;
+    Ok(())
+}

@@ -1,0 +1,406 @@
+//! Facts of the SQLite backend that the shared conformance suite cannot
+//! state: durability settings, the file layout, session locks (HolderGone)
+//! and concurrent opens. A second `SqliteStorage` on the same directory
+//! stands for a second process.
+
+use std::path::Path;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use herald_core::{Candidate, ChannelName, FencingToken, Lease, NewMessage, DEFAULT_LEASE_NAME};
+use herald_storage::sqlite::{SqliteOptions, SqliteStorage, DATABASE_FILE, SESSIONS_DIR};
+use herald_storage::{Acquire, Error, LeaseStore, Storage, TakeoverReason};
+use rusqlite::Connection;
+use serde_json::value::RawValue;
+
+fn candidate(node: &str) -> Candidate {
+    Candidate {
+        lease_name: DEFAULT_LEASE_NAME.to_owned(),
+        node_id: node.to_owned(),
+        advertise_url: format!("http://{node}.test:8080"),
+    }
+}
+
+fn msg(channel: &str, data: &str) -> NewMessage {
+    NewMessage {
+        channel: ChannelName::new(channel).unwrap(),
+        data: Arc::from(RawValue::from_string(data.to_owned()).unwrap()),
+        idempotency_key: None,
+    }
+}
+
+async fn open(dir: &Path) -> SqliteStorage {
+    SqliteStorage::open(dir, SqliteOptions::default())
+        .await
+        .unwrap()
+}
+
+async fn acquire(storage: &SqliteStorage, node: &str, ttl: Duration) -> (Lease, TakeoverReason) {
+    match storage.acquire(&candidate(node), ttl).await.unwrap() {
+        Acquire::Acquired { lease, reason } => (lease, reason),
+        Acquire::Held(info) => panic!("{node} expected to acquire, held: {info:?}"),
+    }
+}
+
+fn raw(dir: &Path) -> Connection {
+    let conn = Connection::open(dir.join(DATABASE_FILE)).unwrap();
+    conn.busy_timeout(Duration::from_secs(5)).unwrap();
+    conn
+}
+
+fn session_files(dir: &Path) -> Vec<String> {
+    let mut names: Vec<_> = std::fs::read_dir(dir.join(SESSIONS_DIR))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    names
+}
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+#[tokio::test]
+async fn data_survives_drop_and_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("nested/data");
+    let storage = open(&data_dir).await;
+    let (lease, _) = acquire(&storage, "node-a", MINUTE).await;
+    storage
+        .append(&lease, &[msg("keep", r#"{"v": 1.0e10}"#), msg("keep", "2")])
+        .await
+        .unwrap();
+    drop(storage);
+
+    let storage = open(&data_dir).await;
+    let page = storage
+        .read(&ChannelName::new("keep").unwrap(), 0, 10)
+        .await
+        .unwrap();
+    assert_eq!(page.head, 2);
+    assert_eq!(page.messages[0].data.get(), r#"{"v": 1.0e10}"#);
+    let info = storage
+        .lease_info(DEFAULT_LEASE_NAME)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(info.token, FencingToken(1));
+    // The token survives too: the next acquisition continues from it.
+    let (lease, reason) = acquire(&storage, "node-a", MINUTE).await;
+    assert_eq!(reason, TakeoverReason::HolderGone);
+    assert_eq!(lease.token, FencingToken(2));
+    let out = storage.append(&lease, &[msg("keep", "3")]).await.unwrap();
+    assert_eq!(out[0].offset, 3);
+}
+
+#[tokio::test]
+async fn wal_and_synchronous_full_are_in_force() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = SqliteOptions {
+        readers: 2,
+        busy_timeout: Duration::from_millis(1234),
+        renew_statement_timeout: Duration::from_millis(2345),
+    };
+    let storage = SqliteStorage::open(dir.path(), options).await.unwrap();
+    let pragmas = storage.pragmas().await.unwrap();
+    for (role, p) in [
+        ("writer", &pragmas.writer),
+        ("renewal", &pragmas.renewal),
+        ("reader", &pragmas.reader),
+    ] {
+        assert_eq!(p.journal_mode, "wal", "{role}");
+        assert_eq!(p.synchronous, 2, "{role}: synchronous must be FULL (2)");
+    }
+    assert_eq!(pragmas.writer.busy_timeout_ms, 1234);
+    assert_eq!(pragmas.reader.busy_timeout_ms, 1234);
+    assert_eq!(pragmas.renewal.busy_timeout_ms, 2345);
+    assert!(pragmas.reader.query_only);
+    assert!(!pragmas.writer.query_only);
+
+    // WAL is a property of the file: any other connection sees it.
+    let mode: String = raw(dir.path())
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "wal");
+}
+
+#[tokio::test]
+async fn stored_token_column_holds_the_writers_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = open(dir.path()).await;
+    let b = open(dir.path()).await;
+    let (first, _) = acquire(&a, "node-a", MINUTE).await;
+    a.append(&first, &[msg("t", "1"), msg("u", "1")])
+        .await
+        .unwrap();
+    a.release(&first).await.unwrap();
+    let (second, _) = acquire(&b, "node-b", MINUTE).await;
+    b.append(&second, &[msg("t", "2")]).await.unwrap();
+
+    let rows: Vec<(String, i64, i64)> = raw(dir.path())
+        .prepare(r#"SELECT channel, "offset", token FROM messages ORDER BY id"#)
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let want = [("t", 1, 1), ("u", 1, 1), ("t", 2, 2)].map(|(c, o, t)| (c.to_owned(), o, t));
+    assert_eq!(rows, want);
+}
+
+#[tokio::test]
+async fn dropped_holder_is_gone_and_taken_over_before_expiry() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = open(dir.path()).await;
+    let b = open(dir.path()).await;
+    let a_session = a.session_id().to_owned();
+    let (lease, _) = acquire(&a, "node-a", MINUTE).await;
+    a.append(&lease, &[msg("x", "1")]).await.unwrap();
+    assert_eq!(session_files(dir.path()).len(), 2);
+    drop(a);
+
+    let before = b.lease_info(DEFAULT_LEASE_NAME).await.unwrap().unwrap();
+    assert!(before.expires_in_ms > 50_000, "not expired: {before:?}");
+    let (taken, reason) = acquire(&b, "node-b", MINUTE).await;
+    assert_eq!(reason, TakeoverReason::HolderGone);
+    assert_eq!(taken.token, FencingToken(2));
+    assert_eq!(
+        session_files(dir.path()),
+        [format!("{}.lock", b.session_id())]
+    );
+    assert!(!session_files(dir.path()).contains(&format!("{a_session}.lock")));
+
+    // The old lease is fenced off.
+    match b.append(&lease, &[msg("x", "2")]).await {
+        Err(Error::LeaseLost { .. }) => {}
+        other => panic!("expected LeaseLost, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn holder_with_live_session_is_not_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = open(dir.path()).await;
+    let b = open(dir.path()).await;
+    let (lease, _) = acquire(&a, "node-a", MINUTE).await;
+
+    match b.acquire(&candidate("node-b"), MINUTE).await.unwrap() {
+        Acquire::Held(info) => {
+            assert_eq!(info.holder.as_deref(), Some("node-a"));
+            assert_eq!(info.token, lease.token);
+        }
+        other => panic!("expected Held, got {other:?}"),
+    }
+    // Our own session is never considered gone either.
+    assert!(matches!(
+        a.acquire(&candidate("node-c"), MINUTE).await.unwrap(),
+        Acquire::Held(_)
+    ));
+    assert_eq!(session_files(dir.path()).len(), 2);
+}
+
+#[tokio::test]
+async fn session_file_is_locked_while_open_and_removed_on_drop() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = open(dir.path()).await;
+    let id = storage.session_id().to_owned();
+    assert_eq!(id.len(), 32);
+    assert!(id.bytes().all(|b| b.is_ascii_hexdigit()));
+    let path = dir.path().join(SESSIONS_DIR).join(format!("{id}.lock"));
+    let probe = std::fs::File::open(&path).unwrap();
+    assert!(matches!(
+        probe.try_lock(),
+        Err(std::fs::TryLockError::WouldBlock)
+    ));
+    drop(storage);
+    assert!(!path.exists());
+    drop(probe);
+
+    // A stale file of a crashed process is swept at the next open.
+    let stale = dir
+        .path()
+        .join(SESSIONS_DIR)
+        .join(format!("{:032x}.lock", 5));
+    std::fs::write(&stale, "pid 0\n").unwrap();
+    let storage = open(dir.path()).await;
+    assert!(!stale.exists());
+    assert_eq!(
+        session_files(dir.path()),
+        [format!("{}.lock", storage.session_id())]
+    );
+}
+
+/// Many opens of one new directory at the same instant, each on its own
+/// thread and runtime (as separate processes would): all succeed and the
+/// migration is applied exactly once.
+#[test]
+fn concurrent_opens_all_migrate_fine() {
+    const ROUNDS: usize = 30;
+    const OPENS: usize = 12;
+    for _ in 0..ROUNDS {
+        let dir = tempfile::tempdir().unwrap();
+        let barrier = Arc::new(Barrier::new(OPENS));
+        let threads: Vec<_> = (0..OPENS)
+            .map(|_| {
+                let barrier = Arc::clone(&barrier);
+                let path = dir.path().to_path_buf();
+                std::thread::spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .unwrap();
+                    barrier.wait();
+                    rt.block_on(async {
+                        let options = SqliteOptions {
+                            readers: 1,
+                            ..SqliteOptions::default()
+                        };
+                        let storage = SqliteStorage::open(&path, options).await?;
+                        storage.ping().await
+                    })
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().unwrap().expect("concurrent open");
+        }
+        let applied: Vec<i64> = raw(dir.path())
+            .prepare("SELECT version FROM refinery_schema_history ORDER BY version")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(applied, [1]);
+    }
+}
+
+#[tokio::test]
+async fn write_lock_held_elsewhere_makes_append_unavailable_not_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = SqliteOptions {
+        busy_timeout: Duration::from_millis(200),
+        ..SqliteOptions::default()
+    };
+    let storage = SqliteStorage::open(dir.path(), options).await.unwrap();
+    let (lease, _) = acquire(&storage, "node-a", MINUTE).await;
+
+    let blocker = raw(dir.path());
+    blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let started = Instant::now();
+    match storage.append(&lease, &[msg("x", "1")]).await {
+        Err(Error::Unavailable(_)) => {}
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    assert!(started.elapsed() >= Duration::from_millis(150));
+    blocker.execute_batch("ROLLBACK").unwrap();
+
+    let out = storage.append(&lease, &[msg("x", "1")]).await.unwrap();
+    assert_eq!(out[0].offset, 1);
+}
+
+/// A renewal blocked on the write lock settles with an error within its
+/// statement timeout (+ slack), and a later attempt succeeds once the lock
+/// is gone.
+#[tokio::test]
+async fn blocked_renewal_settles_within_timeout_then_succeeds() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = SqliteOptions {
+        renew_statement_timeout: Duration::from_millis(300),
+        ..SqliteOptions::default()
+    };
+    let storage = SqliteStorage::open(dir.path(), options).await.unwrap();
+    let (lease, _) = acquire(&storage, "node-a", MINUTE).await;
+
+    let blocker = raw(dir.path());
+    blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let started = Instant::now();
+    match storage.renew(&lease, MINUTE).await {
+        Err(Error::Unavailable(_)) => {}
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(250), "{waited:?}");
+    assert!(waited < Duration::from_millis(1300), "{waited:?}");
+    blocker.execute_batch("ROLLBACK").unwrap();
+
+    storage.renew(&lease, MINUTE).await.unwrap();
+}
+
+/// A renewal that waited for the write lock past the lease's expiry is
+/// LeaseLost and extends nothing: the expiry is judged after the wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_waiting_past_expiry_does_not_extend() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = open(dir.path()).await;
+    let (lease, _) = acquire(&storage, "node-a", Duration::from_millis(300)).await;
+
+    let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+    let path = dir.path().to_path_buf();
+    let holder = std::thread::spawn(move || {
+        let conn = raw(&path);
+        conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+        locked_tx.send(()).unwrap();
+        std::thread::sleep(Duration::from_millis(800));
+        conn.execute_batch("COMMIT").unwrap();
+    });
+    locked_rx.recv().unwrap();
+    let info = storage
+        .lease_info(DEFAULT_LEASE_NAME)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        info.expires_in_ms > 0,
+        "must still be valid when the renewal starts: {info:?}"
+    );
+
+    let started = Instant::now();
+    match storage.renew(&lease, MINUTE).await {
+        Err(Error::LeaseLost { token, .. }) => assert_eq!(token, lease.token),
+        other => panic!("expected LeaseLost, got {other:?}"),
+    }
+    assert!(
+        started.elapsed() >= Duration::from_millis(500),
+        "the renewal did not wait"
+    );
+    holder.join().unwrap();
+    let info = storage
+        .lease_info(DEFAULT_LEASE_NAME)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        info.expires_in_ms <= 0,
+        "expired lease was extended: {info:?}"
+    );
+}
+
+/// The schema is as documented: the lease's time columns are in no index
+/// (so no unique index), and the partial unique index on idempotency keys
+/// exists.
+#[tokio::test]
+async fn schema_has_the_documented_indexes() {
+    let dir = tempfile::tempdir().unwrap();
+    let _storage = open(dir.path()).await;
+    let conn = raw(dir.path());
+    let lease_index_columns: Vec<String> = conn
+        .prepare(
+            "SELECT ii.name FROM pragma_index_list('storage_leases') il, \
+             pragma_index_info(il.name) ii",
+        )
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(lease_index_columns, ["name"]);
+    let (unique, partial): (bool, bool) = conn
+        .query_row(
+            "SELECT \"unique\", partial FROM pragma_index_list('messages') \
+             WHERE name = 'messages_idempotency_key'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert!(unique && partial);
+}

@@ -1,0 +1,449 @@
+//! The HTTP client the command-line subcommands share: the `--server` flag,
+//! JSON requests, and decoding of the server's `{"error": {...}}` bodies into
+//! a typed [`ApiError`].
+
+use std::fmt;
+use std::time::Duration;
+
+use herald_core::{ChannelName, IdempotencyKey};
+use reqwest::header::{HeaderMap, RETRY_AFTER};
+use reqwest::{Response, Url};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+/// Server URL used when neither `--server` nor `HERALD_SERVER` is given.
+pub(crate) const DEFAULT_SERVER: &str = "http://127.0.0.1:7700";
+
+/// Total timeout of one request of `publish`, `history`, `channels` and `status`.
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Timeout of the TCP connect phase of every request.
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Longest part of a non-JSON error body quoted in an error message, in bytes.
+const MAX_QUOTED_BODY_BYTES: usize = 200;
+
+/// The `--server` flag every client subcommand takes.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct ServerArg {
+    /// Base URL of the Herald server (plain HTTP).
+    #[arg(
+        long,
+        env = "HERALD_SERVER",
+        default_value = DEFAULT_SERVER,
+        value_name = "URL",
+        value_parser = parse_server_url
+    )]
+    pub(crate) server: Url,
+}
+
+/// Parses and checks a `--server` value: an `http://` URL with a host and
+/// no query or fragment.
+pub(crate) fn parse_server_url(s: &str) -> Result<Url, String> {
+    let url = Url::parse(s).map_err(|e| format!("not a URL: {e}"))?;
+    match url.scheme() {
+        "http" => {}
+        "https" => return Err("https is not supported by this build; use http://".into()),
+        other => return Err(format!("unsupported scheme {other:?}; use http://")),
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err("the URL has no host".into());
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err("the URL must not have a query or a fragment".into());
+    }
+    Ok(url)
+}
+
+/// Parses a channel name argument with the server's own rules.
+pub(crate) fn parse_channel(s: &str) -> Result<ChannelName, herald_core::InvalidChannelName> {
+    ChannelName::new(s)
+}
+
+/// Parses an `--idempotency-key` argument with the server's own rules.
+pub(crate) fn parse_idempotency_key(
+    s: &str,
+) -> Result<IdempotencyKey, herald_core::InvalidIdempotencyKey> {
+    IdempotencyKey::new(s)
+}
+
+/// Path of a channel's messages resource.
+pub(crate) fn messages_path(channel: &ChannelName) -> String {
+    format!("/v1/channels/{channel}/messages")
+}
+
+/// Path of a channel's SSE stream.
+pub(crate) fn events_path(channel: &ChannelName) -> String {
+    format!("/v1/channels/{channel}/events")
+}
+
+/// An error answer of the server: its status and `{"error": {...}}` body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ApiError {
+    /// HTTP status code.
+    pub(crate) status: u16,
+    /// The body's `error.code`, or `http_<status>` when the body has none.
+    pub(crate) code: String,
+    /// The body's `error.message`, or what the body held instead.
+    pub(crate) message: String,
+    /// The `Retry-After` header in seconds, when present.
+    pub(crate) retry_after: Option<Duration>,
+    /// For `not_holder`: the URL of the node that holds the writer lease.
+    pub(crate) holder_url: Option<String>,
+}
+
+impl ApiError {
+    /// `true` when the same request may succeed later: 408, 429 and 5xx.
+    pub(crate) fn is_retryable(&self) -> bool {
+        self.status == 408 || self.status == 429 || self.status >= 500
+    }
+}
+
+impl fmt::Display for ApiError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {} (HTTP {})", self.code, self.message, self.status)?;
+        if let Some(url) = &self.holder_url {
+            write!(f, "; the writer is {url}")?;
+        }
+        if let Some(after) = self.retry_after {
+            write!(f, "; retry after {} s", after.as_secs())?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+/// Why a request failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ClientError {
+    /// The server answered with an error status.
+    #[error(transparent)]
+    Api(#[from] ApiError),
+    /// The request did not get an answer: connect, timeout, or a broken body.
+    #[error("request to {url} failed: {}", describe_transport(.error))]
+    Transport {
+        /// The URL requested.
+        url: String,
+        /// What reqwest reported.
+        error: reqwest::Error,
+    },
+    /// The server answered 2xx with a body that is not what the API promises.
+    #[error("unexpected answer from {url}: {detail}")]
+    Decode {
+        /// The URL requested.
+        url: String,
+        /// What was wrong with it.
+        detail: String,
+    },
+}
+
+impl ClientError {
+    /// A short label for counting errors: the API error code, or `timeout`,
+    /// `connect`, `transport`, `bad_response`.
+    pub(crate) fn code(&self) -> String {
+        match self {
+            Self::Api(e) => e.code.clone(),
+            Self::Transport { error, .. } if error.is_timeout() => "timeout".into(),
+            Self::Transport { error, .. } if error.is_connect() => "connect".into(),
+            Self::Transport { .. } => "transport".into(),
+            Self::Decode { .. } => "bad_response".into(),
+        }
+    }
+
+    /// `true` when the same request may succeed later (transport errors and
+    /// retryable statuses).
+    pub(crate) fn is_retryable(&self) -> bool {
+        match self {
+            Self::Api(e) => e.is_retryable(),
+            Self::Transport { .. } => true,
+            Self::Decode { .. } => false,
+        }
+    }
+}
+
+/// A transport error in a few words: its kind and its innermost cause
+/// (reqwest's own text repeats the URL).
+fn describe_transport(error: &reqwest::Error) -> String {
+    let kind = if error.is_timeout() {
+        "timed out"
+    } else if error.is_connect() {
+        "cannot connect"
+    } else if error.is_body() || error.is_decode() {
+        "the answer broke off"
+    } else if error.is_builder() {
+        "bad request"
+    } else {
+        "no answer"
+    };
+    let mut root = std::error::Error::source(error);
+    while let Some(inner) = root.and_then(std::error::Error::source) {
+        root = Some(inner);
+    }
+    match root {
+        Some(cause) => format!("{kind}: {cause}"),
+        None => kind.to_owned(),
+    }
+}
+
+/// Builds the HTTP client for one-shot requests: keep-alive, with a total
+/// timeout per request.
+pub(crate) fn request_client(timeout: Duration) -> anyhow::Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .connect_timeout(CONNECT_TIMEOUT)
+        .timeout(timeout)
+        .build()?)
+}
+
+/// Builds the HTTP client for long-lived streams: no total timeout, but a
+/// read that waits longer than `idle` fails.
+pub(crate) fn stream_client(idle: Duration) -> anyhow::Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .connect_timeout(CONNECT_TIMEOUT)
+        .read_timeout(idle)
+        .build()?)
+}
+
+/// A Herald server's API, reached through one keep-alive HTTP client.
+#[derive(Debug, Clone)]
+pub(crate) struct Api {
+    http: reqwest::Client,
+    /// The server's base URL without a trailing `/`.
+    base: String,
+}
+
+impl Api {
+    /// An API client for the server at `base`.
+    pub(crate) fn new(base: &Url, http: reqwest::Client) -> Self {
+        Self {
+            http,
+            base: base.as_str().trim_end_matches('/').to_owned(),
+        }
+    }
+
+    /// The absolute URL of `path` (which starts with `/` and may hold a query).
+    pub(crate) fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// `GET path`, decoding a 2xx JSON body into `T`.
+    pub(crate) async fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        let url = self.url(path);
+        let resp = self.send(&url, self.http.get(&url)).await?;
+        decode_json(&url, resp).await
+    }
+
+    /// `GET path`, returning a 2xx body as text.
+    pub(crate) async fn get_text(&self, path: &str) -> Result<String, ClientError> {
+        let url = self.url(path);
+        let resp = self.send(&url, self.http.get(&url)).await?;
+        resp.text()
+            .await
+            .map_err(|error| ClientError::Transport { url, error })
+    }
+
+    /// `POST path` with `body` as JSON and an optional `Idempotency-Key`,
+    /// decoding a 2xx JSON answer into `T`.
+    pub(crate) async fn post_json<B, T>(
+        &self,
+        path: &str,
+        body: &B,
+        idempotency_key: Option<&IdempotencyKey>,
+    ) -> Result<T, ClientError>
+    where
+        B: Serialize + ?Sized,
+        T: DeserializeOwned,
+    {
+        let url = self.url(path);
+        let mut req = self.http.post(&url).json(body);
+        if let Some(key) = idempotency_key {
+            req = req.header("Idempotency-Key", key.as_str());
+        }
+        let resp = self.send(&url, req).await?;
+        decode_json(&url, resp).await
+    }
+
+    /// `GET path` for a streamed body (SSE), with `headers`; returns the
+    /// response once its status is 2xx.
+    pub(crate) async fn open_stream(
+        &self,
+        path: &str,
+        headers: HeaderMap,
+    ) -> Result<Response, ClientError> {
+        let url = self.url(path);
+        self.send(&url, self.http.get(&url).headers(headers)).await
+    }
+
+    /// Sends `req` and turns a non-2xx answer into [`ClientError::Api`].
+    async fn send(&self, url: &str, req: reqwest::RequestBuilder) -> Result<Response, ClientError> {
+        let resp = req.send().await.map_err(|error| ClientError::Transport {
+            url: url.to_owned(),
+            error,
+        })?;
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(resp);
+        }
+        let retry_after = parse_retry_after(resp.headers());
+        // A body that cannot be read still leaves the status to report.
+        let body = resp.bytes().await.unwrap_or_default();
+        Err(ClientError::Api(decode_error(
+            status.as_u16(),
+            retry_after,
+            &body,
+        )))
+    }
+}
+
+/// Reads a 2xx body and decodes it as JSON.
+async fn decode_json<T: DeserializeOwned>(url: &str, resp: Response) -> Result<T, ClientError> {
+    let body = resp.bytes().await.map_err(|error| ClientError::Transport {
+        url: url.to_owned(),
+        error,
+    })?;
+    serde_json::from_slice(&body).map_err(|e| ClientError::Decode {
+        url: url.to_owned(),
+        detail: e.to_string(),
+    })
+}
+
+/// The `Retry-After` header as a duration; only the delay-seconds form is
+/// understood (Herald sends no HTTP dates).
+pub(crate) fn parse_retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get(RETRY_AFTER)?.to_str().ok()?;
+    value.trim().parse::<u64>().ok().map(Duration::from_secs)
+}
+
+/// The `{"error": {...}}` envelope of error answers.
+#[derive(Deserialize)]
+struct ErrorEnvelope {
+    error: ErrorBody,
+}
+
+/// The fields of an error answer this client uses; others are ignored.
+#[derive(Deserialize)]
+struct ErrorBody {
+    code: String,
+    message: String,
+    #[serde(default)]
+    holder_url: Option<String>,
+}
+
+/// Decodes an error answer. A body that is not the API's error envelope (a
+/// proxy's page, say) becomes code `http_<status>` with the body's start as
+/// the message.
+pub(crate) fn decode_error(status: u16, retry_after: Option<Duration>, body: &[u8]) -> ApiError {
+    if let Ok(ErrorEnvelope { error }) = serde_json::from_slice::<ErrorEnvelope>(body) {
+        return ApiError {
+            status,
+            code: error.code,
+            message: error.message,
+            retry_after,
+            holder_url: error.holder_url,
+        };
+    }
+    let text = String::from_utf8_lossy(body);
+    let text = text.trim();
+    let message = if text.is_empty() {
+        reqwest::StatusCode::from_u16(status)
+            .ok()
+            .and_then(|s| s.canonical_reason())
+            .unwrap_or("no error body")
+            .to_owned()
+    } else {
+        let mut end = text.len().min(MAX_QUOTED_BODY_BYTES);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text[..end].to_owned()
+    };
+    ApiError {
+        status,
+        code: format!("http_{status}"),
+        message,
+        retry_after,
+        holder_url: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reqwest::header::HeaderValue;
+
+    #[test]
+    fn decodes_the_error_envelope() {
+        let body = br#"{"error":{"code":"not_holder","message":"this node is a follower","holder_url":"http://10.0.0.2:7700"}}"#;
+        let e = decode_error(409, None, body);
+        assert_eq!(e.code, "not_holder");
+        assert_eq!(e.message, "this node is a follower");
+        assert_eq!(e.holder_url.as_deref(), Some("http://10.0.0.2:7700"));
+        assert_eq!(
+            e.to_string(),
+            "not_holder: this node is a follower (HTTP 409); the writer is http://10.0.0.2:7700"
+        );
+        assert!(!e.is_retryable());
+    }
+
+    #[test]
+    fn falls_back_for_foreign_bodies() {
+        let e = decode_error(
+            502,
+            Some(Duration::from_secs(3)),
+            b"<html>Bad gateway</html>\n",
+        );
+        assert_eq!(e.code, "http_502");
+        assert_eq!(e.message, "<html>Bad gateway</html>");
+        assert_eq!(
+            e.to_string(),
+            "http_502: <html>Bad gateway</html> (HTTP 502); retry after 3 s"
+        );
+        assert!(e.is_retryable());
+
+        let e = decode_error(404, None, b"");
+        assert_eq!(e.message, "Not Found");
+
+        let long = "é".repeat(300);
+        let e = decode_error(500, None, long.as_bytes());
+        assert!(e.message.len() <= MAX_QUOTED_BODY_BYTES);
+        assert!(e.message.chars().all(|c| c == 'é'));
+    }
+
+    #[test]
+    fn parses_retry_after_seconds_only() {
+        let mut h = HeaderMap::new();
+        assert_eq!(parse_retry_after(&h), None);
+        h.insert(RETRY_AFTER, HeaderValue::from_static(" 2 "));
+        assert_eq!(parse_retry_after(&h), Some(Duration::from_secs(2)));
+        h.insert(
+            RETRY_AFTER,
+            HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"),
+        );
+        assert_eq!(parse_retry_after(&h), None);
+    }
+
+    #[test]
+    fn checks_server_urls() {
+        assert!(parse_server_url("http://127.0.0.1:7700").is_ok());
+        assert!(parse_server_url("http://example.test/herald/").is_ok());
+        assert!(parse_server_url("https://example.test")
+            .unwrap_err()
+            .contains("https"));
+        assert!(parse_server_url("ftp://example.test").is_err());
+        assert!(parse_server_url("127.0.0.1:7700").is_err());
+        assert!(parse_server_url("http://h/?x=1").is_err());
+    }
+
+    #[test]
+    fn joins_paths_onto_the_base() {
+        let client = reqwest::Client::new();
+        let api = Api::new(&Url::parse("http://h:1/").unwrap(), client.clone());
+        assert_eq!(api.url("/v1/status"), "http://h:1/v1/status");
+        let api = Api::new(&Url::parse("http://h:1/prefix/").unwrap(), client);
+        let ch = ChannelName::new("orders").unwrap();
+        assert_eq!(
+            api.url(&messages_path(&ch)),
+            "http://h:1/prefix/v1/channels/orders/messages"
+        );
+    }
+}

@@ -1,0 +1,698 @@
+//! `herald tail`: follows a channel live over SSE and prints each message as
+//! one JSON line. Reconnects by itself with backoff, resuming after the last
+//! offset printed, so the output has no gap and no repeat.
+
+use std::error::Error as StdError;
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use eventsource_stream::{Event, Eventsource};
+use futures::{Stream, StreamExt};
+use herald_core::ChannelName;
+use reqwest::header::{HeaderMap, HeaderValue, ACCEPT};
+use reqwest::Url;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::client::{self, Api, ClientError, ServerArg};
+use crate::history::{self, message_offset, one_line, Page};
+
+/// How many times in a row a skipped offset triggers a reconnect before the
+/// gap is accepted (the server no longer has those messages).
+const MAX_GAP_RESYNCS: u32 = 2;
+
+/// A connection that lasted this long counts as healthy: the backoff starts
+/// over after it ends.
+const HEALTHY_CONNECTION: Duration = Duration::from_secs(5);
+
+/// Flags of `herald tail`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct TailArgs {
+    #[command(flatten)]
+    server: ServerArg,
+    /// Channel to follow.
+    #[arg(value_parser = client::parse_channel)]
+    channel: ChannelName,
+    /// Print the messages after this offset, then follow (0: from the first
+    /// message). Without it, only messages published from now on.
+    #[arg(long, value_name = "N")]
+    after: Option<u64>,
+}
+
+/// Reconnect delays: `first`, doubling up to `max`.
+#[derive(Debug, Clone)]
+pub(crate) struct Backoff {
+    first: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    /// Delays starting at `first` and doubling up to `max`.
+    pub(crate) fn new(first: Duration, max: Duration) -> Self {
+        Self {
+            first,
+            max,
+            next: first,
+        }
+    }
+
+    /// The delay to wait now; the following one is twice as long, up to the cap.
+    pub(crate) fn next_delay(&mut self) -> Duration {
+        let delay = self.next;
+        self.next = self.next.saturating_mul(2).min(self.max);
+        delay
+    }
+
+    /// Starts the sequence over at `first`.
+    pub(crate) fn reset(&mut self) {
+        self.next = self.first;
+    }
+}
+
+impl Default for Backoff {
+    /// 100 ms doubling up to 5 s.
+    fn default() -> Self {
+        Self::new(Duration::from_millis(100), Duration::from_secs(5))
+    }
+}
+
+/// What to do with a message at some offset, given what was printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// The next offset: print it.
+    Print,
+    /// At or before the last printed offset: skip it.
+    Repeat,
+    /// Past the next offset: messages from `expected` on are missing.
+    Gap {
+        /// The offset that should have come.
+        expected: u64,
+    },
+}
+
+/// Resume bookkeeping: the last offset printed (or the start position).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Resume {
+    last: u64,
+}
+
+impl Resume {
+    /// Starts after offset `after` (0: before the first message).
+    pub(crate) fn new(after: u64) -> Self {
+        Self { last: after }
+    }
+
+    /// The last offset printed: what `Last-Event-ID` carries on reconnect.
+    pub(crate) fn last(&self) -> u64 {
+        self.last
+    }
+
+    /// Classifies a message at `offset`.
+    pub(crate) fn check(&self, offset: u64) -> Verdict {
+        if offset <= self.last {
+            Verdict::Repeat
+        } else if offset == self.last + 1 {
+            Verdict::Print
+        } else {
+            Verdict::Gap {
+                expected: self.last + 1,
+            }
+        }
+    }
+
+    /// Records that `offset` was printed.
+    pub(crate) fn advance(&mut self, offset: u64) {
+        self.last = self.last.max(offset);
+    }
+}
+
+/// Tunables of [`follow`].
+#[derive(Debug, Clone)]
+pub(crate) struct FollowConfig {
+    /// Reconnect delays.
+    pub(crate) backoff: Backoff,
+    /// A connection silent this long (no event, no heartbeat) is dropped.
+    pub(crate) idle_timeout: Duration,
+    /// Upper bound on a server's `Retry-After`.
+    pub(crate) max_retry_after: Duration,
+}
+
+impl Default for FollowConfig {
+    fn default() -> Self {
+        Self {
+            backoff: Backoff::default(),
+            idle_timeout: Duration::from_secs(60),
+            max_retry_after: Duration::from_secs(30),
+        }
+    }
+}
+
+/// How one SSE connection ended without an error.
+#[derive(Debug, PartialEq, Eq)]
+enum SessionEnd {
+    /// The server ended the stream (it does so when draining).
+    Closed,
+    /// A message skipped ahead of the next offset; a reconnect asks for the
+    /// missing ones.
+    Gap {
+        /// The offset that should have come.
+        expected: u64,
+        /// The offset that came.
+        got: u64,
+    },
+}
+
+/// How one SSE connection failed.
+#[derive(Debug)]
+enum SessionError {
+    /// Connecting failed or the server answered with an error status.
+    Client(ClientError),
+    /// The stream broke or held something that is not a message event.
+    Stream(String),
+    /// Writing the output failed: fatal.
+    Output(std::io::Error),
+}
+
+/// Counters of one SSE connection.
+#[derive(Debug, Default)]
+struct SessionStats {
+    /// Message events received, printed or not.
+    received: u64,
+}
+
+/// Follows `channel` on the server at `server`, writing each message as one
+/// JSON line to `out`, until `stop` is cancelled (then `Ok`) or a fatal
+/// error: an error answer that retrying cannot fix, or a failed write.
+///
+/// Starts after `after`, or after the channel's head at start when `None`.
+/// Dropped connections, server errors and a drained server lead to a
+/// reconnect with backoff, resuming with `Last-Event-ID` = the last offset
+/// printed; offsets at or below it are skipped.
+pub(crate) async fn follow<W: Write>(
+    server: &Url,
+    channel: &ChannelName,
+    after: Option<u64>,
+    out: &mut W,
+    config: FollowConfig,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    let api = Api::new(server, client::stream_client(config.idle_timeout)?);
+    let mut backoff = config.backoff.clone();
+    let start = match after {
+        Some(after) => after,
+        None => {
+            let head = tokio::select! {
+                () = stop.cancelled() => return Ok(()),
+                head = current_head(&api, channel, &mut backoff, &config) => head?,
+            };
+            backoff.reset();
+            head
+        }
+    };
+    let mut resume = Resume::new(start);
+    let mut first = true;
+    let mut gap_resyncs = 0;
+    loop {
+        let mut stats = SessionStats::default();
+        let started = Instant::now();
+        let result = tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            r = stream_once(&api, channel, first, &mut resume, &mut gap_resyncs, &mut stats, out) => r,
+        };
+        first = false;
+        if stats.received > 0 || started.elapsed() >= HEALTHY_CONNECTION {
+            backoff.reset();
+        }
+        let (reason, delay) = match result {
+            Ok(SessionEnd::Closed) => (
+                "the server ended the stream".to_owned(),
+                backoff.next_delay(),
+            ),
+            Ok(SessionEnd::Gap { expected, got }) => {
+                gap_resyncs += 1;
+                (
+                    format!("offset {got} came where {expected} was due"),
+                    Duration::ZERO,
+                )
+            }
+            Err(SessionError::Output(e)) => return Err(e.into()),
+            Err(SessionError::Client(ClientError::Api(e))) if !e.is_retryable() => {
+                return Err(ClientError::Api(e).into())
+            }
+            Err(SessionError::Client(e)) => {
+                let mut delay = backoff.next_delay();
+                if let ClientError::Api(api_error) = &e {
+                    if let Some(after) = api_error.retry_after {
+                        delay = delay.max(after.min(config.max_retry_after));
+                    }
+                }
+                (error_chain(&e), delay)
+            }
+            Err(SessionError::Stream(reason)) => (reason, backoff.next_delay()),
+        };
+        eprintln!(
+            "herald: tail: {reason}; reconnecting in {} ms after offset {}",
+            delay.as_millis(),
+            resume.last()
+        );
+        tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            () = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
+/// The channel's head now, retrying transient errors with `backoff`. An
+/// unknown channel (404) has head 0.
+async fn current_head(
+    api: &Api,
+    channel: &ChannelName,
+    backoff: &mut Backoff,
+    config: &FollowConfig,
+) -> anyhow::Result<u64> {
+    loop {
+        match api
+            .get_json::<Page>(&history::history_path(channel, 0, Some(1)))
+            .await
+        {
+            Ok(page) => return Ok(page.head),
+            Err(ClientError::Api(e)) if e.status == 404 => return Ok(0),
+            Err(e) if e.is_retryable() => {
+                let mut delay = backoff.next_delay();
+                if let ClientError::Api(api_error) = &e {
+                    if let Some(after) = api_error.retry_after {
+                        delay = delay.max(after.min(config.max_retry_after));
+                    }
+                }
+                eprintln!(
+                    "herald: tail: {}; retrying in {} ms",
+                    error_chain(&e),
+                    delay.as_millis()
+                );
+                tokio::time::sleep(delay).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Opens one SSE connection and prints its messages. The first connection
+/// asks with `?after=`, later ones with `Last-Event-ID`.
+async fn stream_once<W: Write>(
+    api: &Api,
+    channel: &ChannelName,
+    first: bool,
+    resume: &mut Resume,
+    gap_resyncs: &mut u32,
+    stats: &mut SessionStats,
+    out: &mut W,
+) -> Result<SessionEnd, SessionError> {
+    let mut headers = HeaderMap::new();
+    headers.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
+    let path = if first {
+        format!("{}?after={}", client::events_path(channel), resume.last())
+    } else {
+        headers.insert("Last-Event-ID", HeaderValue::from(resume.last()));
+        client::events_path(channel)
+    };
+    let response = api
+        .open_stream(&path, headers)
+        .await
+        .map_err(SessionError::Client)?;
+    pump(
+        response.bytes_stream().eventsource(),
+        resume,
+        gap_resyncs,
+        stats,
+        out,
+    )
+    .await
+}
+
+/// Prints the message events of `events` that come after `resume`, until
+/// the stream ends, breaks, or skips ahead (see [`MAX_GAP_RESYNCS`]).
+async fn pump<S, E, W>(
+    events: S,
+    resume: &mut Resume,
+    gap_resyncs: &mut u32,
+    stats: &mut SessionStats,
+    out: &mut W,
+) -> Result<SessionEnd, SessionError>
+where
+    S: Stream<Item = Result<Event, eventsource_stream::EventStreamError<E>>>,
+    E: StdError + 'static,
+    W: Write,
+{
+    let mut events = std::pin::pin!(events);
+    while let Some(event) = events.next().await {
+        let event = event.map_err(|e| {
+            SessionError::Stream(match &e {
+                eventsource_stream::EventStreamError::Transport(inner) => {
+                    format!("the stream broke: {}", error_chain(inner))
+                }
+                other => format!("the stream is not valid SSE: {other}"),
+            })
+        })?;
+        if event.event != "message" {
+            continue;
+        }
+        let offset = message_offset(&event.data)
+            .map_err(|e| SessionError::Stream(format!("a message event without an offset: {e}")))?;
+        stats.received += 1;
+        match resume.check(offset) {
+            Verdict::Repeat => continue,
+            Verdict::Gap { expected } if *gap_resyncs < MAX_GAP_RESYNCS => {
+                return Ok(SessionEnd::Gap {
+                    expected,
+                    got: offset,
+                });
+            }
+            Verdict::Gap { expected } => eprintln!(
+                "herald: tail: the server no longer has offsets {expected} to {}; continuing",
+                offset - 1
+            ),
+            Verdict::Print => {}
+        }
+        *gap_resyncs = 0;
+        writeln!(out, "{}", one_line(&event.data))
+            .and_then(|()| out.flush())
+            .map_err(SessionError::Output)?;
+        resume.advance(offset);
+    }
+    Ok(SessionEnd::Closed)
+}
+
+/// An error and its sources, joined with `: `.
+fn error_chain(e: &(dyn StdError + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// Runs `herald tail` until Ctrl-C.
+pub(crate) async fn run(args: TailArgs) -> anyhow::Result<ExitCode> {
+    let stop = CancellationToken::new();
+    let on_signal = stop.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            on_signal.cancel();
+        }
+    });
+    let mut out = std::io::stdout().lock();
+    follow(
+        &args.server.server,
+        &args.channel,
+        args.after,
+        &mut out,
+        FollowConfig::default(),
+        stop,
+    )
+    .await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_the_cap_and_resets() {
+        let mut b = Backoff::default();
+        let got: Vec<u128> = (0..9).map(|_| b.next_delay().as_millis()).collect();
+        assert_eq!(got, [100, 200, 400, 800, 1600, 3200, 5000, 5000, 5000]);
+        b.reset();
+        assert_eq!(b.next_delay(), Duration::from_millis(100));
+    }
+
+    #[test]
+    fn resume_prints_next_skips_repeats_flags_gaps() {
+        let mut r = Resume::new(0);
+        assert_eq!(r.check(1), Verdict::Print);
+        r.advance(1);
+        assert_eq!(r.check(1), Verdict::Repeat);
+        assert_eq!(r.check(0), Verdict::Repeat);
+        assert_eq!(r.check(2), Verdict::Print);
+        assert_eq!(r.check(4), Verdict::Gap { expected: 2 });
+        r.advance(4);
+        r.advance(3);
+        assert_eq!(r.last(), 4);
+    }
+
+    fn sse(
+        chunks: &[&str],
+    ) -> impl Stream<Item = Result<Event, eventsource_stream::EventStreamError<std::io::Error>>>
+    {
+        let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+            chunks.iter().map(|c| Ok(c.as_bytes().to_vec())).collect();
+        futures::stream::iter(chunks).eventsource()
+    }
+
+    fn msg(offset: u64) -> String {
+        format!(
+            "id: {offset}\nevent: message\ndata: {{\"offset\":{offset},\"data\":{{\"n\":{offset}}},\"published_at\":\"2026-01-01T00:00:00.000Z\"}}\n\n"
+        )
+    }
+
+    fn offsets(out: &[u8]) -> Vec<u64> {
+        String::from_utf8(out.to_vec())
+            .unwrap()
+            .lines()
+            .map(|l| message_offset(l).unwrap())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn pump_prints_in_order_and_skips_repeats() {
+        let (m1, m2, m3) = (msg(1), msg(2), msg(3));
+        // Chunks split mid-event, a heartbeat comment, another event type,
+        // and a replayed offset.
+        let text = format!(": hi\n\n{m1}{m2}event: other\ndata: x\n\n{m2}{m3}");
+        let (a, b) = text.split_at(30);
+        let mut resume = Resume::new(0);
+        let (mut gaps, mut stats, mut out) = (0, SessionStats::default(), Vec::new());
+        let end = pump(sse(&[a, b]), &mut resume, &mut gaps, &mut stats, &mut out)
+            .await
+            .unwrap();
+        assert_eq!(end, SessionEnd::Closed);
+        assert_eq!(offsets(&out), [1, 2, 3]);
+        assert_eq!(stats.received, 4);
+        assert_eq!(resume.last(), 3);
+        let first = String::from_utf8(out).unwrap();
+        assert!(
+            first.starts_with(r#"{"offset":1,"data":{"n":1},"published_at""#),
+            "{first}"
+        );
+    }
+
+    #[tokio::test]
+    async fn pump_stops_on_a_gap_then_accepts_it_after_resyncs() {
+        let text = format!("{}{}", msg(5), msg(6));
+        let mut resume = Resume::new(3);
+        let (mut gaps, mut stats, mut out) = (0, SessionStats::default(), Vec::new());
+        let end = pump(sse(&[&text]), &mut resume, &mut gaps, &mut stats, &mut out)
+            .await
+            .unwrap();
+        assert_eq!(
+            end,
+            SessionEnd::Gap {
+                expected: 4,
+                got: 5
+            }
+        );
+        assert!(out.is_empty());
+        let mut gaps = MAX_GAP_RESYNCS;
+        let end = pump(sse(&[&text]), &mut resume, &mut gaps, &mut stats, &mut out)
+            .await
+            .unwrap();
+        assert_eq!(end, SessionEnd::Closed);
+        assert_eq!(offsets(&out), [5, 6]);
+        assert_eq!(gaps, 0);
+    }
+
+    #[tokio::test]
+    async fn pump_rejects_message_events_without_offsets() {
+        let mut resume = Resume::new(0);
+        let (mut gaps, mut stats, mut out) = (0, SessionStats::default(), Vec::new());
+        let err = pump(
+            sse(&["data: {\"x\":1}\n\n"]),
+            &mut resume,
+            &mut gaps,
+            &mut stats,
+            &mut out,
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(err, SessionError::Stream(_)), "{err:?}");
+    }
+
+    /// A `Write` the test can read while `follow` runs.
+    #[derive(Clone, Default)]
+    struct Shared(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Shared {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Reads one request's head from `sock`.
+    async fn read_request(sock: &mut tokio::net::TcpStream) -> String {
+        let mut buf = Vec::new();
+        let mut byte = [0u8; 1];
+        while !buf.ends_with(b"\r\n\r\n") {
+            assert_eq!(sock.read(&mut byte).await.unwrap(), 1, "request cut short");
+            buf.push(byte[0]);
+        }
+        String::from_utf8(buf).unwrap().to_ascii_lowercase()
+    }
+
+    /// Answers one request with an SSE body, then closes the connection.
+    async fn answer_sse(sock: &mut tokio::net::TcpStream, body: &str) {
+        let head =
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
+        sock.write_all(head.as_bytes()).await.unwrap();
+        sock.write_all(body.as_bytes()).await.unwrap();
+        sock.shutdown().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn follow_resumes_after_drops_and_errors_without_gaps_or_repeats() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = Url::parse(&format!("http://{}", listener.local_addr().unwrap())).unwrap();
+        let server = tokio::spawn(async move {
+            let mut requests = Vec::new();
+            // 1: the first connection asks with ?after=, gets 1 and 2, then the stream ends.
+            let (mut s, _) = listener.accept().await.unwrap();
+            requests.push(read_request(&mut s).await);
+            answer_sse(&mut s, &format!("{}{}", msg(1), msg(2))).await;
+            // 2: an overloaded server.
+            let (mut s, _) = listener.accept().await.unwrap();
+            requests.push(read_request(&mut s).await);
+            let body = r#"{"error":{"code":"unavailable","message":"busy"}}"#;
+            let answer = format!(
+                "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            s.write_all(answer.as_bytes()).await.unwrap();
+            s.shutdown().await.unwrap();
+            // 3: a replay of 2, then a skip to 5.
+            let (mut s, _) = listener.accept().await.unwrap();
+            requests.push(read_request(&mut s).await);
+            answer_sse(&mut s, &format!("{}{}{}", msg(2), msg(3), msg(5))).await;
+            // 4: the resync delivers 4 and 5.
+            let (mut s, _) = listener.accept().await.unwrap();
+            requests.push(read_request(&mut s).await);
+            answer_sse(&mut s, &format!("{}{}", msg(4), msg(5))).await;
+            requests
+        });
+
+        let out = Shared::default();
+        let stop = CancellationToken::new();
+        let config = FollowConfig {
+            backoff: Backoff::new(Duration::from_millis(1), Duration::from_millis(10)),
+            ..FollowConfig::default()
+        };
+        let channel = ChannelName::new("orders").unwrap();
+        let follower = {
+            let (url, stop, mut out) = (url.clone(), stop.clone(), out.clone());
+            tokio::spawn(
+                async move { follow(&url, &channel, Some(0), &mut out, config, stop).await },
+            )
+        };
+        let requests = tokio::time::timeout(Duration::from_secs(10), server)
+            .await
+            .unwrap()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while offsets(&out.0.lock().unwrap()).len() < 5 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        stop.cancel();
+        follower.await.unwrap().unwrap();
+
+        assert_eq!(offsets(&out.0.lock().unwrap()), [1, 2, 3, 4, 5]);
+        assert!(
+            requests[0].starts_with("get /v1/channels/orders/events?after=0 "),
+            "{}",
+            requests[0]
+        );
+        assert!(!requests[0].contains("last-event-id"));
+        assert!(
+            requests[1].contains("last-event-id: 2\r\n"),
+            "{}",
+            requests[1]
+        );
+        assert!(
+            requests[2].contains("last-event-id: 2\r\n"),
+            "{}",
+            requests[2]
+        );
+        assert!(
+            requests[3].contains("last-event-id: 3\r\n"),
+            "{}",
+            requests[3]
+        );
+        assert!(requests
+            .iter()
+            .all(|r| r.contains("accept: text/event-stream")));
+    }
+
+    #[tokio::test]
+    async fn follow_gives_up_on_client_errors_and_stops_on_cancel() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = Url::parse(&format!("http://{}", listener.local_addr().unwrap())).unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            read_request(&mut s).await;
+            let body = r#"{"error":{"code":"invalid_offset","message":"after is not a number"}}"#;
+            let answer = format!(
+                "HTTP/1.1 400 Bad Request\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            s.write_all(answer.as_bytes()).await.unwrap();
+        });
+        let channel = ChannelName::new("c").unwrap();
+        let err = follow(
+            &url,
+            &channel,
+            Some(0),
+            &mut Vec::new(),
+            FollowConfig::default(),
+            CancellationToken::new(),
+        )
+        .await
+        .unwrap_err();
+        assert!(err.to_string().starts_with("invalid_offset: "), "{err}");
+
+        // Nothing listens: follow keeps retrying until cancelled.
+        let closed = Url::parse("http://127.0.0.1:1").unwrap();
+        let stop = CancellationToken::new();
+        stop.cancel();
+        follow(
+            &closed,
+            &channel,
+            None,
+            &mut Vec::new(),
+            FollowConfig::default(),
+            stop,
+        )
+        .await
+        .unwrap();
+    }
+}
