@@ -105,12 +105,12 @@ impl Run {
             };
             match outcome {
                 Ok(Ok(Acquire::Acquired { lease, reason })) => {
-                    metrics::counter!("herald_lease_acquisitions_total", "reason" => format!("{reason:?}").to_lowercase()).increment(1);
+                    metrics::counter!("herald_lease_acquisitions_total", "reason" => reason.as_str()).increment(1);
                     info!(
                         node_id = %self.candidate.node_id,
                         lease = %lease.name,
                         token = lease.token.0,
-                        reason = ?reason,
+                        reason = reason.as_str(),
                         "acquired the lease; this node is now holder"
                     );
                     return Some((lease, sent));

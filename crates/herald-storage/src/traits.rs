@@ -21,6 +21,19 @@ pub enum TakeoverReason {
     HolderGone,
 }
 
+impl TakeoverReason {
+    /// The reason as written in logs and metric labels: `fresh`, `released`,
+    /// `expired`, `holder_gone`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Fresh => "fresh",
+            Self::Released => "released",
+            Self::Expired => "expired",
+            Self::HolderGone => "holder_gone",
+        }
+    }
+}
+
 /// The outcome of [`LeaseStore::acquire`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Acquire {

@@ -181,7 +181,7 @@ pub(super) fn acquire(
         token = token.0,
         holder = %lease.holder,
         previous_holder = previous.as_deref().unwrap_or(""),
-        reason = ?reason,
+        reason = reason.as_str(),
         "writer lease acquired"
     );
     Ok(Acquire::Acquired { lease, reason })
