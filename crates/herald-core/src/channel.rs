@@ -112,8 +112,14 @@ mod tests {
         );
         assert_eq!(ChannelName::new("-a"), Err(InvalidChannelName::BadStart));
         assert_eq!(ChannelName::new(".a"), Err(InvalidChannelName::BadStart));
-        assert_eq!(ChannelName::new("a b"), Err(InvalidChannelName::BadChar(' ')));
-        assert_eq!(ChannelName::new("a/b"), Err(InvalidChannelName::BadChar('/')));
+        assert_eq!(
+            ChannelName::new("a b"),
+            Err(InvalidChannelName::BadChar(' '))
+        );
+        assert_eq!(
+            ChannelName::new("a/b"),
+            Err(InvalidChannelName::BadChar('/'))
+        );
         assert_eq!(ChannelName::new("é"), Err(InvalidChannelName::BadChar('é')));
     }
 }

@@ -62,7 +62,10 @@ mod tests {
     fn validates_keys() {
         assert!(IdempotencyKey::new("order-42/retry#1").is_ok());
         assert_eq!(IdempotencyKey::new(""), Err(InvalidIdempotencyKey::Empty));
-        assert_eq!(IdempotencyKey::new("a b"), Err(InvalidIdempotencyKey::BadChar));
+        assert_eq!(
+            IdempotencyKey::new("a b"),
+            Err(InvalidIdempotencyKey::BadChar)
+        );
         assert_eq!(
             IdempotencyKey::new("k".repeat(256)),
             Err(InvalidIdempotencyKey::TooLong(256))

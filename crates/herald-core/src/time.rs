@@ -17,6 +17,9 @@ mod tests {
     #[test]
     fn formats_with_millis() {
         assert_eq!(format_rfc3339_ms(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(format_rfc3339_ms(1_795_287_034_123), "2026-11-21T18:50:34.123Z");
+        assert_eq!(
+            format_rfc3339_ms(1_795_287_034_123),
+            "2026-11-21T18:50:34.123Z"
+        );
     }
 }

@@ -76,6 +76,9 @@ pub struct LeaseHandle {
     state: watch::Receiver<LeaseState>,
     clock: Arc<dyn Clock>,
     lost: mpsc::UnboundedSender<FencingToken>,
+    /// ttl − safety margin: the safety deadline minus this is the send
+    /// instant of the last successful renewal.
+    window: Duration,
 }
 
 impl LeaseHandle {
@@ -83,8 +86,14 @@ impl LeaseHandle {
         state: watch::Receiver<LeaseState>,
         clock: Arc<dyn Clock>,
         lost: mpsc::UnboundedSender<FencingToken>,
+        window: Duration,
     ) -> Self {
-        Self { state, clock, lost }
+        Self {
+            state,
+            clock,
+            lost,
+            window,
+        }
     }
 
     /// The state now.
@@ -122,6 +131,21 @@ impl LeaseHandle {
             LeaseState::Holder {
                 safety_deadline, ..
             } => Some(safety_deadline.saturating_sub(self.clock.now())),
+            _ => None,
+        }
+    }
+
+    /// While holder: time since the last successful renewal (or the
+    /// acquisition) was sent.
+    pub fn since_last_renewal(&self) -> Option<Duration> {
+        match &*self.state.borrow() {
+            LeaseState::Holder {
+                safety_deadline, ..
+            } => Some(
+                self.clock
+                    .now()
+                    .saturating_sub(safety_deadline.saturating_sub(self.window)),
+            ),
             _ => None,
         }
     }

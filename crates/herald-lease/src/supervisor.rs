@@ -38,7 +38,7 @@ impl Supervisor {
     ) -> (LeaseHandle, JoinHandle<Exit>) {
         let (state_tx, state_rx) = watch::channel(LeaseState::Starting);
         let (lost_tx, lost_rx) = mpsc::unbounded_channel();
-        let handle = LeaseHandle::new(state_rx, clock.clone(), lost_tx);
+        let handle = LeaseHandle::new(state_rx, clock.clone(), lost_tx, config.safe_window());
         let run = Run {
             store,
             candidate,
