@@ -1,1 +1,108 @@
-//! placeholder
+//! Herald's HTTP server: API v1, the group-commit writer, live
+//! subscriptions over SSE and WebSocket, and metrics.
+//!
+//! A node runs [`serve`] with a listener, a storage, the lease supervisor's
+//! [`LeaseHandle`] and a [`ServerConfig`]. Publishes go through one writer
+//! task per node (`writer.rs`): a bounded queue, batches of up to
+//! `max_batch` messages appended in one fenced transaction, answered only
+//! after the commit. Live subscribers follow a per-channel broadcast
+//! (`hub.rs`) fed by the writer on the holder and by the standby feed
+//! (`standby_feed.rs`) on a standby; `subscription.rs` turns history plus
+//! live notices into one gap-free, repeat-free sequence for SSE (`sse.rs`)
+//! and WebSocket (`ws.rs`). Every error becomes one JSON shape in
+//! `error.rs`.
+//!
+//! Invariants:
+//! - a publish is acknowledged only after `Storage::append` returned Ok,
+//!   which the storage does only after the commit;
+//! - only the holder writes: the writer asks `LeaseHandle::writable_lease`
+//!   before every batch, and the storage fences every write by token;
+//! - a subscriber sees every offset after its resume point exactly once, in
+//!   order;
+//! - the crate knows nothing of SQL or of the lease's timing policy.
+
+mod api;
+mod config;
+mod error;
+mod hub;
+mod metrics;
+mod role;
+mod sse;
+mod standby_feed;
+mod state;
+mod subscription;
+#[cfg(test)]
+mod testing;
+mod writer;
+mod ws;
+
+use std::sync::Arc;
+
+use herald_lease::LeaseHandle;
+use herald_storage::Storage;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub use config::ServerConfig;
+pub use error::{Error, Result};
+pub use metrics::install_metrics_recorder;
+pub use state::AppState;
+
+/// The HTTP API over `state`, without a socket (tests call it with
+/// `tower::ServiceExt::oneshot`). Routes and error codes: `docs/api.md`.
+pub fn app(state: AppState) -> axum::Router {
+    api::router(state)
+}
+
+/// Serves the API on `listener` until `shutdown` is cancelled, then drains:
+///
+/// 1. stops accepting connections (axum graceful shutdown) and answers new
+///    publishes with 503 `draining`;
+/// 2. ends every SSE stream (the body finishes) and closes every WebSocket
+///    with 1001 "going away" (RFC 6455 §7.4.1);
+/// 3. lets in-flight publishes finish: the writer closes its queue and
+///    commits (or fails, never acknowledges without storing) what is
+///    queued;
+/// 4. returns once every connection, session and background task ended.
+///
+/// The caller then stops the lease supervisor, which releases the lease.
+///
+/// # Errors
+/// [`Error::Config`] for an unusable config, [`Error::Storage`] when the
+/// storage does not answer at start, [`Error::Io`] when the listener fails.
+pub async fn serve(
+    listener: TcpListener,
+    storage: Arc<dyn Storage>,
+    lease: LeaseHandle,
+    config: ServerConfig,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    serve_with(listener, storage, Arc::new(lease), config, shutdown).await
+}
+
+/// [`serve`] with any lease view.
+pub(crate) async fn serve_with(
+    listener: TcpListener,
+    storage: Arc<dyn Storage>,
+    lease: Arc<dyn role::LeaseView>,
+    config: ServerConfig,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    // A child token: a listener failure stops this server's tasks without
+    // cancelling the caller's token.
+    let stop = shutdown.child_token();
+    let state = AppState::start_with(storage, lease, config, stop.clone()).await?;
+    let node_id = state.config().node_id.clone();
+    let local = listener.local_addr().ok();
+    tracing::info!(node_id = %node_id, addr = ?local, "serving");
+    let served = axum::serve(listener, app(state.clone()))
+        .with_graceful_shutdown(stop.clone().cancelled_owned())
+        .await;
+    stop.cancel();
+    state.stopped().await;
+    tracing::info!(node_id = %node_id, "server drained");
+    served.map_err(Error::Io)
+}
+
+#[cfg(test)]
+mod tests;

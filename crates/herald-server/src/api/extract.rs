@@ -1,0 +1,282 @@
+//! Extractors whose rejections come out as [`Error`], so that every bad
+//! request gets the JSON error shape.
+
+use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
+use axum::http::header::CONTENT_LENGTH;
+use axum::http::request::Parts;
+use axum::http::HeaderMap;
+use bytes::BytesMut;
+use futures::StreamExt;
+use herald_core::{ChannelName, IdempotencyKey, Offset};
+use serde::de::{self, DeserializeOwned, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer};
+use serde_json::error::Category;
+use serde_json::value::RawValue;
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::{AppState, Error};
+
+/// The `{channel}` path segment, validated.
+#[derive(Debug)]
+pub(crate) struct ChannelPath(pub(crate) ChannelName);
+
+impl<S: Send + Sync> FromRequestParts<S> for ChannelPath {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Error> {
+        let Path(name) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|r| Error::InvalidChannel(r.body_text()))?;
+        ChannelName::new(name)
+            .map(Self)
+            .map_err(|e| Error::InvalidChannel(e.to_string()))
+    }
+}
+
+/// Query parameters deserialized into `T`; any failure is `invalid_query`.
+#[derive(Debug)]
+pub(crate) struct ValidQuery<T>(pub(crate) T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ValidQuery<T> {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Error> {
+        Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Query(q)| Self(q))
+            .map_err(|r| Error::InvalidQuery(r.body_text()))
+    }
+}
+
+/// The publish body `{"data": <any JSON value>}`, with `data` kept as its
+/// exact text. Any or no `Content-Type` is accepted. A body (declared by
+/// `Content-Length` or streamed) over `max_message_bytes` is
+/// `payload_too_large`; it is read to its end (up to 8 MiB) before the
+/// answer, because clients that send the whole body before reading the
+/// answer would otherwise see a reset connection instead of the 413.
+#[derive(Debug)]
+pub(crate) struct PublishBody(pub(crate) Arc<RawValue>);
+
+/// Exactly the object `{"data": <value>}`: no other field, no repeat, and
+/// not an array (which serde's derived struct visitor would accept).
+struct Envelope {
+    data: Box<RawValue>,
+}
+
+impl<'de> Deserialize<'de> for Envelope {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_map(EnvelopeVisitor)
+    }
+}
+
+struct EnvelopeVisitor;
+
+impl<'de> Visitor<'de> for EnvelopeVisitor {
+    type Value = Envelope;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(r#"an object {"data": <any JSON value>}"#)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Envelope, A::Error> {
+        let mut data: Option<Box<RawValue>> = None;
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            if key != "data" {
+                return Err(de::Error::unknown_field(&key, &["data"]));
+            }
+            if data.is_some() {
+                return Err(de::Error::duplicate_field("data"));
+            }
+            data = Some(map.next_value()?);
+        }
+        data.map(|data| Envelope { data })
+            .ok_or_else(|| de::Error::missing_field("data"))
+    }
+}
+
+/// How much of an oversize body is still read (and discarded) so that the
+/// client, which may be busy writing it, sees the 413 answer rather than a
+/// connection reset; a larger body gets the 413 and the connection closes.
+const DRAIN_LIMIT: u64 = 8 * 1024 * 1024;
+
+/// How long reading the rest of an oversize body may take.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl FromRequest<AppState> for PublishBody {
+    type Rejection = Error;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, Error> {
+        let limit = state.config().max_message_bytes as u64;
+        let too_large = Error::PayloadTooLarge {
+            limit: state.config().max_message_bytes,
+        };
+        let declared = declared_length(req.headers());
+        if declared.is_some_and(|len| len > DRAIN_LIMIT) {
+            return Err(too_large);
+        }
+        let mut body = req.into_body().into_data_stream();
+        let mut buf = BytesMut::new();
+        let mut seen = 0u64;
+        if declared.is_none_or(|len| len <= limit) {
+            while let Some(chunk) = body.next().await {
+                let chunk =
+                    chunk.map_err(|e| Error::InvalidBody(format!("cannot read the body: {e}")))?;
+                seen += chunk.len() as u64;
+                if seen > limit {
+                    break;
+                }
+                buf.extend_from_slice(&chunk);
+            }
+            if seen <= limit {
+                return parse_publish_body(&buf).map(Self);
+            }
+        }
+        // Oversize: read the rest and discard it, bounded in bytes and time.
+        let _ = tokio::time::timeout(DRAIN_TIMEOUT, async {
+            while let Some(Ok(chunk)) = body.next().await {
+                seen += chunk.len() as u64;
+                if seen > DRAIN_LIMIT {
+                    break;
+                }
+            }
+        })
+        .await;
+        Err(too_large)
+    }
+}
+
+fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Parses `{"data": <value>}`: not JSON → `invalid_json`; JSON of another
+/// shape → `invalid_body`.
+pub(crate) fn parse_publish_body(bytes: &[u8]) -> Result<Arc<RawValue>, Error> {
+    match serde_json::from_slice::<Envelope>(bytes) {
+        Ok(envelope) => Ok(Arc::from(envelope.data)),
+        Err(e) => match e.classify() {
+            Category::Syntax | Category::Eof | Category::Io => {
+                Err(Error::InvalidJson(e.to_string()))
+            }
+            Category::Data => Err(Error::InvalidBody(e.to_string())),
+        },
+    }
+}
+
+/// The optional `Idempotency-Key` header, validated.
+pub(crate) fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, Error> {
+    let Some(value) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
+    let text = value.to_str().map_err(|_| {
+        Error::InvalidIdempotencyKey("idempotency key must be visible ASCII (0x21-0x7E)".to_owned())
+    })?;
+    IdempotencyKey::new(text)
+        .map(Some)
+        .map_err(|e| Error::InvalidIdempotencyKey(e.to_string()))
+}
+
+/// `?after=N` of the subscription routes.
+#[derive(Debug, Deserialize)]
+pub(crate) struct AfterQuery {
+    /// Deliver messages with offsets above this one (default 0: all).
+    pub(crate) after: Option<Offset>,
+}
+
+/// Where a subscription resumes: after the `Last-Event-ID` header's offset
+/// when present (WHATWG HTML, "Server-sent events"), else after
+/// `?after=N`, else from the beginning.
+pub(crate) fn resume_after(headers: &HeaderMap, query: &AfterQuery) -> Result<Offset, Error> {
+    match headers.get("last-event-id") {
+        Some(value) => value
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse::<Offset>().ok())
+            .ok_or(Error::InvalidLastEventId),
+        None => Ok(query.after.unwrap_or(0)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    #[test]
+    fn body_shapes() {
+        assert_eq!(
+            parse_publish_body(br#"{"data": {"a": [1, 2]}}"#)
+                .unwrap()
+                .get(),
+            r#"{"a": [1, 2]}"#
+        );
+        assert_eq!(
+            parse_publish_body(br#"{"data":null}"#).unwrap().get(),
+            "null"
+        );
+        for bad_json in [&b""[..], b"{", b"{\"data\": 1} x", b"nope"] {
+            assert!(
+                matches!(parse_publish_body(bad_json), Err(Error::InvalidJson(_))),
+                "{bad_json:?}"
+            );
+        }
+        for bad_body in [
+            &br#"{}"#[..],
+            br#"{"data":1,"x":2}"#,
+            br#"[1]"#,
+            br#""data""#,
+            br#"{"data":1,"data":2}"#,
+        ] {
+            assert!(
+                matches!(parse_publish_body(bad_body), Err(Error::InvalidBody(_))),
+                "{bad_body:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn last_event_id_wins_over_after() {
+        let mut h = HeaderMap::new();
+        let q = AfterQuery { after: Some(3) };
+        assert_eq!(resume_after(&h, &q).unwrap(), 3);
+        assert_eq!(resume_after(&h, &AfterQuery { after: None }).unwrap(), 0);
+        h.insert("last-event-id", HeaderValue::from_static("7"));
+        assert_eq!(resume_after(&h, &q).unwrap(), 7);
+        h.insert("last-event-id", HeaderValue::from_static("-1"));
+        assert!(matches!(
+            resume_after(&h, &q),
+            Err(Error::InvalidLastEventId)
+        ));
+        h.insert("last-event-id", HeaderValue::from_static("x"));
+        assert!(matches!(
+            resume_after(&h, &q),
+            Err(Error::InvalidLastEventId)
+        ));
+    }
+
+    #[test]
+    fn idempotency_keys() {
+        let mut h = HeaderMap::new();
+        assert!(idempotency_key(&h).unwrap().is_none());
+        h.insert("idempotency-key", HeaderValue::from_static("order-1"));
+        assert_eq!(idempotency_key(&h).unwrap().unwrap().as_str(), "order-1");
+        h.insert("idempotency-key", HeaderValue::from_static("a b"));
+        assert!(matches!(
+            idempotency_key(&h),
+            Err(Error::InvalidIdempotencyKey(_))
+        ));
+        h.insert("idempotency-key", HeaderValue::from_static(""));
+        assert!(matches!(
+            idempotency_key(&h),
+            Err(Error::InvalidIdempotencyKey(_))
+        ));
+    }
+}

@@ -1,0 +1,65 @@
+//! HTTP API v1: the router, its routes and the fallbacks that keep every
+//! error in the JSON error shape. The routes are documented in `docs/api.md`.
+
+mod extract;
+mod ops;
+mod publish;
+mod read;
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::get;
+use axum::Router;
+use tracing::Instrument;
+
+use crate::{sse, ws, AppState, Error};
+
+pub(crate) use extract::{resume_after, AfterQuery, ChannelPath, ValidQuery};
+
+/// Builds the router over `state`.
+pub(crate) fn router(state: AppState) -> Router {
+    let limit = state.config().max_message_bytes;
+    Router::new()
+        // The publish body extractor enforces `max_message_bytes` itself
+        // (and reads an oversize body to its end before answering 413);
+        // the layer bounds any standard body extractor on the route too.
+        .route(
+            "/v1/channels/{channel}/messages",
+            get(read::history)
+                .post(publish::publish)
+                .layer(DefaultBodyLimit::max(limit)),
+        )
+        .route("/v1/channels/{channel}/events", get(sse::events))
+        .route("/v1/channels/{channel}/ws", get(ws::upgrade))
+        .route("/v1/channels", get(read::channels))
+        .route("/v1/status", get(ops::status))
+        .route("/healthz", get(ops::healthz))
+        .route("/readyz", get(ops::readyz))
+        .route("/metrics", get(ops::metrics))
+        // After every route: it applies to the routes already added.
+        .method_not_allowed_fallback(method_not_allowed)
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(state.clone(), request_span))
+        .with_state(state)
+}
+
+/// Runs each request in a span that carries the node's id, so that every
+/// log record of a handler names the node.
+async fn request_span(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let span = tracing::debug_span!(
+        "request",
+        node_id = %state.config().node_id,
+        method = %request.method(),
+        path = %request.uri().path(),
+    );
+    next.run(request).instrument(span).await
+}
+
+async fn not_found() -> Error {
+    Error::NotFound
+}
+
+async fn method_not_allowed() -> Error {
+    Error::MethodNotAllowed
+}

@@ -1,0 +1,97 @@
+//! Operations routes: `/v1/status`, `/healthz`, `/readyz`, `/metrics`.
+
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::IntoResponse;
+use axum::Json;
+use herald_core::LeaseInfo;
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::role::{last_token, lease_name};
+use crate::writer::log_storage_error;
+use crate::{metrics, AppState, Error, Result};
+
+/// How long `/v1/status` waits for the lease row before showing `null`.
+const STATUS_LEASE_TIMEOUT: Duration = Duration::from_millis(500);
+/// How long `/readyz` waits for the storage's ping.
+const READY_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The node as `/v1/status` shows it.
+#[derive(Debug, Serialize)]
+pub(crate) struct Status {
+    node_id: String,
+    role: &'static str,
+    draining: bool,
+    backend: &'static str,
+    lease: Option<LeaseInfo>,
+}
+
+/// The node's id, role, drain flag, backend and the lease row (`null` when
+/// the storage does not answer within 500 ms).
+pub(crate) async fn status(State(state): State<AppState>) -> Json<Status> {
+    let shared = &state.shared;
+    let role = if shared.lease.is_holder() {
+        "holder"
+    } else {
+        "standby"
+    };
+    let name = lease_name(&shared.lease.state());
+    let lease =
+        match tokio::time::timeout(STATUS_LEASE_TIMEOUT, shared.storage.lease_info(&name)).await {
+            Ok(Ok(info)) => info,
+            Ok(Err(e)) => {
+                log_storage_error("lease_info", None, &e);
+                None
+            }
+            Err(_) => {
+                tracing::debug!("lease row not read within the status timeout");
+                None
+            }
+        };
+    Json(Status {
+        node_id: shared.config.node_id.clone(),
+        role,
+        draining: state.draining(),
+        backend: shared.storage.backend(),
+        lease,
+    })
+}
+
+/// Liveness: the process answers.
+pub(crate) async fn healthz() -> Json<Value> {
+    Json(json!({ "status": "ok" }))
+}
+
+/// Readiness: not draining, and the storage answers within 1 s.
+pub(crate) async fn readyz(State(state): State<AppState>) -> Result<Json<Value>> {
+    if state.draining() {
+        return Err(Error::Draining);
+    }
+    match tokio::time::timeout(READY_TIMEOUT, state.shared.storage.ping()).await {
+        Ok(Ok(())) => Ok(Json(json!({ "status": "ready" }))),
+        Ok(Err(e)) => {
+            log_storage_error("ping", None, &e);
+            Err(Error::StorageUnavailable)
+        }
+        Err(_) => {
+            tracing::warn!(
+                timeout_ms = READY_TIMEOUT.as_millis() as u64,
+                "storage ping timed out"
+            );
+            Err(Error::StorageUnavailable)
+        }
+    }
+}
+
+/// Prometheus text exposition format; the lease gauges are set first.
+pub(crate) async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    let shared = &state.shared;
+    metrics::lease(shared.lease.is_holder(), last_token(&shared.lease.state()));
+    (
+        [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        shared.metrics.render(),
+    )
+}

@@ -1,0 +1,74 @@
+//! `GET /v1/channels/{channel}/messages` and `GET /v1/channels`.
+
+use axum::extract::State;
+use axum::Json;
+use herald_core::{ChannelHead, ChannelName, Message, Offset};
+use serde::{Deserialize, Serialize};
+
+use crate::api::extract::{ChannelPath, ValidQuery};
+use crate::writer::log_storage_error;
+use crate::{AppState, Error, Result};
+
+/// `limit` of a history read when the query has none, in messages.
+pub(crate) const DEFAULT_LIMIT: usize = 100;
+/// Largest `limit` of a history read, in messages.
+pub(crate) const MAX_LIMIT: usize = 1000;
+
+/// `?after=N&limit=M`.
+#[derive(Debug, Deserialize)]
+pub(crate) struct HistoryQuery {
+    after: Option<Offset>,
+    limit: Option<usize>,
+}
+
+/// One page of a channel's history.
+#[derive(Debug, Serialize)]
+pub(crate) struct History {
+    channel: ChannelName,
+    head: Offset,
+    messages: Vec<Message>,
+}
+
+/// Up to `limit` messages after `after`, in offset order, with the head.
+pub(crate) async fn history(
+    State(state): State<AppState>,
+    ChannelPath(channel): ChannelPath,
+    ValidQuery(query): ValidQuery<HistoryQuery>,
+) -> Result<Json<History>> {
+    let after = query.after.unwrap_or(0);
+    let limit = query.limit.unwrap_or(DEFAULT_LIMIT);
+    if !(1..=MAX_LIMIT).contains(&limit) {
+        return Err(Error::InvalidQuery(format!(
+            "limit must be between 1 and {MAX_LIMIT}, got {limit}"
+        )));
+    }
+    let page = state
+        .shared
+        .storage
+        .read(&channel, after, limit)
+        .await
+        .map_err(|e| {
+            log_storage_error("read", Some(&channel), &e);
+            Error::StorageUnavailable
+        })?;
+    Ok(Json(History {
+        channel,
+        head: page.head,
+        messages: page.messages,
+    }))
+}
+
+/// Every channel with its head.
+#[derive(Debug, Serialize)]
+pub(crate) struct Channels {
+    channels: Vec<ChannelHead>,
+}
+
+/// Lists the channels, ordered by name.
+pub(crate) async fn channels(State(state): State<AppState>) -> Result<Json<Channels>> {
+    let channels = state.shared.storage.channels().await.map_err(|e| {
+        log_storage_error("channels", None, &e);
+        Error::StorageUnavailable
+    })?;
+    Ok(Json(Channels { channels }))
+}

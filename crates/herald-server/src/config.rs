@@ -1,0 +1,113 @@
+//! The server's settings.
+
+use std::time::Duration;
+
+use crate::{Error, Result};
+
+/// Settings of one node's HTTP server. Every field has a default (see
+/// [`ServerConfig::default`]); [`ServerConfig::validate`] checks them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// This node's id, shown in `/v1/status` and in every log record.
+    pub node_id: String,
+    /// The URL at which clients reach this node's HTTP API. The lease row
+    /// carries it so that standbys can point publishers to the holder; the
+    /// server itself only logs it.
+    pub advertise_url: String,
+    /// Largest accepted publish request body, in bytes (default 65 536).
+    /// A larger body is answered with 413 `payload_too_large`.
+    pub max_message_bytes: usize,
+    /// Capacity of the writer's queue, in publish requests (default 4 096).
+    /// A publish that finds it full is answered with 503 `queue_full`.
+    pub queue_capacity: usize,
+    /// Most messages committed in one storage transaction (group commit),
+    /// default 512.
+    pub max_batch: usize,
+    /// Interval between SSE comment heartbeats (default 15 s).
+    pub heartbeat: Duration,
+    /// How often a standby asks the storage which channels moved, to feed its
+    /// live subscribers (default 100 ms).
+    pub standby_poll_interval: Duration,
+    /// Notices buffered per channel for live subscribers (default 1 024). A
+    /// subscriber that falls further behind reads the missed messages from
+    /// the storage instead, so this bounds the memory a slow client costs.
+    pub subscriber_buffer: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            node_id: "herald-1".to_owned(),
+            advertise_url: "http://127.0.0.1:8080".to_owned(),
+            max_message_bytes: 64 * 1024,
+            queue_capacity: 4096,
+            max_batch: 512,
+            heartbeat: Duration::from_secs(15),
+            standby_poll_interval: Duration::from_millis(100),
+            subscriber_buffer: 1024,
+        }
+    }
+}
+
+impl ServerConfig {
+    /// Checks that every size and period is usable.
+    ///
+    /// # Errors
+    /// [`Error::Config`] names the first field that is zero or empty.
+    pub fn validate(&self) -> Result<()> {
+        let sizes = [
+            ("max_message_bytes", self.max_message_bytes),
+            ("queue_capacity", self.queue_capacity),
+            ("max_batch", self.max_batch),
+            ("subscriber_buffer", self.subscriber_buffer),
+        ];
+        for (name, value) in sizes {
+            if value == 0 {
+                return Err(Error::Config(format!("{name} must be greater than zero")));
+            }
+        }
+        let periods = [
+            ("heartbeat", self.heartbeat),
+            ("standby_poll_interval", self.standby_poll_interval),
+        ];
+        for (name, value) in periods {
+            if value.is_zero() {
+                return Err(Error::Config(format!("{name} must be greater than zero")));
+            }
+        }
+        if self.node_id.is_empty() {
+            return Err(Error::Config("node_id must not be empty".to_owned()));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_documented() {
+        let c = ServerConfig::default();
+        assert_eq!(c.max_message_bytes, 65_536);
+        assert_eq!(c.queue_capacity, 4096);
+        assert_eq!(c.max_batch, 512);
+        assert_eq!(c.heartbeat, Duration::from_secs(15));
+        assert_eq!(c.standby_poll_interval, Duration::from_millis(100));
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn rejects_zero_sizes_and_periods() {
+        let c = ServerConfig {
+            queue_capacity: 0,
+            ..ServerConfig::default()
+        };
+        assert!(matches!(c.validate(), Err(Error::Config(m)) if m.contains("queue_capacity")));
+        let c = ServerConfig {
+            heartbeat: Duration::ZERO,
+            ..ServerConfig::default()
+        };
+        assert!(matches!(c.validate(), Err(Error::Config(m)) if m.contains("heartbeat")));
+    }
+}

@@ -1,0 +1,169 @@
+//! Prometheus metrics: the process-wide recorder and the server's metric
+//! names.
+//!
+//! | name | type | labels | meaning |
+//! | --- | --- | --- | --- |
+//! | `herald_publishes_total` | counter | `result` | publish requests by outcome: `created`, `duplicate` or the error code |
+//! | `herald_publish_duration_seconds` | histogram | | time from request to answer of a publish, seconds |
+//! | `herald_writer_batch_messages` | histogram | | messages per group commit |
+//! | `herald_writer_queue_depth` | gauge | | publish requests waiting in the writer's queue |
+//! | `herald_subscribers` | gauge | `transport` (`sse`, `ws`) | live subscriptions |
+//! | `herald_lease_role` | gauge | | 1 while this node is holder, else 0 (set at scrape time) |
+//! | `herald_lease_token` | gauge | | fencing token as this node last saw it (set at scrape time) |
+
+use std::sync::OnceLock;
+
+use metrics::Unit;
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+pub(crate) const PUBLISHES: &str = "herald_publishes_total";
+pub(crate) const PUBLISH_DURATION: &str = "herald_publish_duration_seconds";
+pub(crate) const BATCH_MESSAGES: &str = "herald_writer_batch_messages";
+pub(crate) const QUEUE_DEPTH: &str = "herald_writer_queue_depth";
+pub(crate) const SUBSCRIBERS: &str = "herald_subscribers";
+pub(crate) const LEASE_ROLE: &str = "herald_lease_role";
+pub(crate) const LEASE_TOKEN: &str = "herald_lease_token";
+
+/// Upper bounds of the publish duration buckets, in seconds.
+const DURATION_BUCKETS: &[f64] = &[
+    0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Upper bounds of the batch size buckets, in messages.
+const BATCH_BUCKETS: &[f64] = &[
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0,
+];
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Installs the process-wide Prometheus recorder on the first call and
+/// returns a handle that renders the text exposition format; later calls
+/// return the same handle, so several servers in one process share it.
+///
+/// Histograms are rendered as real Prometheus histograms (`_bucket`,
+/// `_sum`, `_count`), never as summaries. If another recorder was installed
+/// globally before, the metrics go there and this handle renders only what
+/// is recorded into it (nothing); the conflict is logged.
+pub fn install_metrics_recorder() -> PrometheusHandle {
+    HANDLE
+        .get_or_init(|| {
+            let recorder = builder().build_recorder();
+            let handle = recorder.handle();
+            if let Err(e) = metrics::set_global_recorder(recorder) {
+                tracing::warn!(error = %e, "another metrics recorder is installed; /metrics will be empty");
+            }
+            describe();
+            handle
+        })
+        .clone()
+}
+
+fn builder() -> PrometheusBuilder {
+    let with_buckets = |b: PrometheusBuilder, name: &str, buckets: &[f64]| {
+        // Only an empty bucket list is refused; ours are constants.
+        b.set_buckets_for_metric(Matcher::Full(name.to_owned()), buckets)
+            .expect("bucket lists are not empty")
+    };
+    let b = PrometheusBuilder::new()
+        .set_buckets(DURATION_BUCKETS)
+        .expect("bucket lists are not empty");
+    let b = with_buckets(b, PUBLISH_DURATION, DURATION_BUCKETS);
+    with_buckets(b, BATCH_MESSAGES, BATCH_BUCKETS)
+}
+
+fn describe() {
+    describe_counter!(
+        PUBLISHES,
+        "Publish requests by outcome (created, duplicate or the error code)."
+    );
+    describe_histogram!(
+        PUBLISH_DURATION,
+        Unit::Seconds,
+        "Time from a publish request to its answer."
+    );
+    describe_histogram!(
+        BATCH_MESSAGES,
+        Unit::Count,
+        "Messages committed per storage transaction (group commit)."
+    );
+    describe_gauge!(
+        QUEUE_DEPTH,
+        Unit::Count,
+        "Publish requests waiting in the writer's queue."
+    );
+    describe_gauge!(SUBSCRIBERS, Unit::Count, "Live subscriptions by transport.");
+    describe_gauge!(
+        LEASE_ROLE,
+        "1 while this node holds the writer lease, else 0."
+    );
+    describe_gauge!(
+        LEASE_TOKEN,
+        "The writer lease's fencing token as this node last saw it."
+    );
+}
+
+/// Counts one publish outcome and its duration.
+pub(crate) fn publish_finished(result: &'static str, seconds: f64) {
+    counter!(PUBLISHES, "result" => result).increment(1);
+    histogram!(PUBLISH_DURATION).record(seconds);
+}
+
+/// Records the size of one committed batch.
+pub(crate) fn batch_committed(messages: usize) {
+    histogram!(BATCH_MESSAGES).record(messages as f64);
+}
+
+/// Sets the writer's queue depth.
+pub(crate) fn queue_depth(depth: usize) {
+    gauge!(QUEUE_DEPTH).set(depth as f64);
+}
+
+/// Sets the lease gauges (at scrape time).
+pub(crate) fn lease(holder: bool, token: u64) {
+    gauge!(LEASE_ROLE).set(if holder { 1.0 } else { 0.0 });
+    gauge!(LEASE_TOKEN).set(token as f64);
+}
+
+/// Counts one live subscription for as long as it lives.
+#[derive(Debug)]
+pub(crate) struct SubscriberGauge {
+    transport: &'static str,
+}
+
+impl SubscriberGauge {
+    /// Counts a new subscription on `transport` (`"sse"` or `"ws"`).
+    pub(crate) fn new(transport: &'static str) -> Self {
+        gauge!(SUBSCRIBERS, "transport" => transport).increment(1.0);
+        Self { transport }
+    }
+}
+
+impl Drop for SubscriberGauge {
+    fn drop(&mut self) {
+        gauge!(SUBSCRIBERS, "transport" => self.transport).decrement(1.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_sizes_render_as_a_histogram() {
+        let handle = install_metrics_recorder();
+        let again = install_metrics_recorder();
+        batch_committed(3);
+        let text = again.render();
+        assert!(
+            text.contains("herald_writer_batch_messages_bucket{le=\"4\"}"),
+            "{text}"
+        );
+        assert!(text.contains("herald_writer_batch_messages_sum"), "{text}");
+        assert!(
+            text.contains("herald_writer_batch_messages_count"),
+            "{text}"
+        );
+        drop(handle);
+    }
+}

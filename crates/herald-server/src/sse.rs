@@ -1,0 +1,65 @@
+//! `GET /v1/channels/{channel}/events`: a channel as Server-Sent Events
+//! (WHATWG HTML, "Server-sent events").
+//!
+//! Each message is one event: `id: <offset>`, `event: message`,
+//! `data: {"offset","data","published_at"}`. A comment line is sent every
+//! `heartbeat` so that proxies keep the connection open. The client resumes
+//! with the standard `Last-Event-ID` header (or `?after=N`). On drain the
+//! stream simply ends; an `EventSource` reconnects to another node and
+//! resumes where it stopped.
+
+use std::convert::Infallible;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use herald_core::Message;
+
+use crate::api::{resume_after, AfterQuery, ChannelPath, ValidQuery};
+use crate::subscription::Subscription;
+use crate::{AppState, Result};
+
+/// Tells nginx-style proxies not to buffer the stream.
+const X_ACCEL_BUFFERING: HeaderName = HeaderName::from_static("x-accel-buffering");
+
+/// Opens the event stream (see the module docs).
+pub(crate) async fn events(
+    State(state): State<AppState>,
+    ChannelPath(channel): ChannelPath,
+    headers: HeaderMap,
+    ValidQuery(query): ValidQuery<AfterQuery>,
+) -> Result<Response> {
+    let after = resume_after(&headers, &query)?;
+    let shared = &state.shared;
+    let sub =
+        Subscription::start(shared.storage.clone(), &shared.hub, channel, after, "sse").await?;
+    let stream = futures::stream::unfold(sub, |mut sub| async move {
+        match sub.next().await {
+            Ok(Some(message)) => Some((Ok::<_, Infallible>(event(&message)), sub)),
+            // Ended or failed (logged): finish the body; the client resumes.
+            Ok(None) | Err(_) => {
+                tracing::debug!(channel = %sub.channel(), "SSE stream ends");
+                None
+            }
+        }
+    })
+    .take_until(shared.shutdown.clone().cancelled_owned());
+    let sse = Sse::new(stream).keep_alive(KeepAlive::new().interval(shared.config.heartbeat));
+    Ok(([(X_ACCEL_BUFFERING, HeaderValue::from_static("no"))], sse).into_response())
+}
+
+/// One message as an SSE event.
+fn event(message: &Message) -> Event {
+    let data = serde_json::to_string(message).unwrap_or_else(|e| {
+        // Message's fields are a number, raw JSON and a string: this cannot
+        // fail; keep the stream going if it ever does.
+        tracing::error!(offset = message.offset, error = %e, "message did not serialize");
+        "null".to_owned()
+    });
+    Event::default()
+        .id(message.offset.to_string())
+        .event("message")
+        .data(data)
+}

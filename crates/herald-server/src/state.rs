@@ -1,0 +1,179 @@
+//! The node's shared state and its background tasks (writer, standby feed,
+//! metrics upkeep).
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use herald_lease::LeaseHandle;
+use herald_storage::Storage;
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use crate::hub::Hub;
+use crate::role::LeaseView;
+use crate::standby_feed::StandbyFeed;
+use crate::writer::{Writer, WriterHandle};
+use crate::{install_metrics_recorder, Result, ServerConfig};
+
+/// Interval of the metrics recorder's upkeep (draining histogram samples
+/// when nobody scrapes).
+const METRICS_UPKEEP: Duration = Duration::from_secs(5);
+
+/// Everything the handlers share: storage, lease view, writer queue, hub,
+/// settings and the drain signal. Cheap to clone.
+///
+/// Built by [`AppState::start`], which also starts the node's background
+/// tasks; they run until the `shutdown` token passed there is cancelled.
+#[derive(Clone)]
+pub struct AppState {
+    pub(crate) shared: Arc<Shared>,
+}
+
+/// The state behind [`AppState`].
+pub(crate) struct Shared {
+    /// Where messages and the lease live.
+    pub(crate) storage: Arc<dyn Storage>,
+    /// The node's role (holder or standby).
+    pub(crate) lease: Arc<dyn LeaseView>,
+    /// Settings.
+    pub(crate) config: ServerConfig,
+    /// The writer's queue.
+    pub(crate) writer: WriterHandle,
+    /// Live fan-out to subscribers.
+    pub(crate) hub: Arc<Hub>,
+    /// Cancelled when the node drains.
+    pub(crate) shutdown: CancellationToken,
+    /// Renders `/metrics`.
+    pub(crate) metrics: PrometheusHandle,
+    /// WebSocket sessions, which outlive their HTTP request; drain waits for
+    /// them to send their Close frame.
+    pub(crate) ws_sessions: TaskTracker,
+    /// Writer, standby feed and upkeep tasks, awaited by
+    /// [`AppState::stopped`].
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl AppState {
+    /// Validates `config`, reads the storage's change cursor and starts the
+    /// writer, the standby feed and the metrics upkeep. They stop when
+    /// `shutdown` is cancelled; [`AppState::stopped`] waits for that.
+    ///
+    /// # Errors
+    /// [`crate::Error::Config`] for an unusable config,
+    /// [`crate::Error::Storage`] when the storage does not answer.
+    pub async fn start(
+        storage: Arc<dyn Storage>,
+        lease: LeaseHandle,
+        config: ServerConfig,
+        shutdown: CancellationToken,
+    ) -> Result<Self> {
+        Self::start_with(storage, Arc::new(lease), config, shutdown).await
+    }
+
+    /// [`AppState::start`] with any lease view (tests drive it by hand).
+    pub(crate) async fn start_with(
+        storage: Arc<dyn Storage>,
+        lease: Arc<dyn LeaseView>,
+        config: ServerConfig,
+        shutdown: CancellationToken,
+    ) -> Result<Self> {
+        config.validate()?;
+        let metrics = install_metrics_recorder();
+        let cursor = storage.change_cursor().await?;
+        let hub = Hub::new(config.subscriber_buffer);
+        let (writer, writer_handle) = Writer::new(
+            Arc::clone(&storage),
+            Arc::clone(&lease),
+            Arc::clone(&hub),
+            config.queue_capacity,
+            config.max_batch,
+        );
+        let feed = StandbyFeed::new(
+            Arc::clone(&storage),
+            Arc::clone(&lease),
+            Arc::clone(&hub),
+            cursor,
+            config.standby_poll_interval,
+        );
+        // Every log record of these tasks carries the node's id.
+        let span = tracing::info_span!("herald", node_id = %config.node_id);
+        let tasks = vec![
+            tokio::spawn(writer.run(shutdown.clone()).instrument(span.clone())),
+            tokio::spawn(feed.run(shutdown.clone()).instrument(span)),
+            tokio::spawn(upkeep(metrics.clone(), shutdown.clone())),
+        ];
+        tracing::info!(
+            node_id = %config.node_id,
+            advertise_url = %config.advertise_url,
+            backend = storage.backend(),
+            "server state started"
+        );
+        Ok(Self {
+            shared: Arc::new(Shared {
+                storage,
+                lease,
+                config,
+                writer: writer_handle,
+                hub,
+                shutdown,
+                metrics,
+                ws_sessions: TaskTracker::new(),
+                tasks: Mutex::new(tasks),
+            }),
+        })
+    }
+
+    /// The settings this state was started with.
+    pub fn config(&self) -> &ServerConfig {
+        &self.shared.config
+    }
+
+    /// `true` once the node drains (its `shutdown` token is cancelled).
+    pub fn draining(&self) -> bool {
+        self.shared.shutdown.is_cancelled()
+    }
+
+    /// Waits until the background tasks have ended and every WebSocket
+    /// session has closed. Call it after cancelling the `shutdown` token
+    /// given to [`AppState::start`]; before that it waits for the drain.
+    /// Queued publishes are committed (or failed) before it returns.
+    pub async fn stopped(&self) {
+        self.shared.shutdown.cancelled().await;
+        let tasks = std::mem::take(
+            &mut *self
+                .shared
+                .tasks
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for task in tasks {
+            if let Err(e) = task.await {
+                tracing::error!(error = %e, "background task panicked");
+            }
+        }
+        self.shared.ws_sessions.close();
+        self.shared.ws_sessions.wait().await;
+    }
+}
+
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState")
+            .field("node_id", &self.shared.config.node_id)
+            .field("draining", &self.draining())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Drains histogram samples every [`METRICS_UPKEEP`] until drain.
+async fn upkeep(handle: PrometheusHandle, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(METRICS_UPKEEP) => handle.run_upkeep(),
+        }
+    }
+}

@@ -1,0 +1,364 @@
+//! Test doubles for unit tests: an in-memory [`Storage`] with knobs (hold
+//! appends, fail appends or reads, change the current token) and a lease
+//! view driven by hand.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use herald_core::{
+    Appended, Candidate, ChannelHead, ChannelName, FencingToken, Lease, LeaseInfo, Message,
+    NewMessage, Offset,
+};
+use herald_lease::LeaseState;
+use herald_storage::{Acquire, ChangeFeed, LeaseStore, Page, Storage, TakeoverReason};
+use tokio::sync::{watch, Notify, OwnedMutexGuard};
+
+#[derive(Default)]
+struct Mem {
+    channels: BTreeMap<String, Vec<Message>>,
+    keys: HashMap<(String, String), (Offset, i64)>,
+    /// (commit sequence number, channel, head after the commit)
+    changes: Vec<(u64, String, Offset)>,
+    seq: u64,
+    token: u64,
+    clock_ms: i64,
+    batch_sizes: Vec<usize>,
+}
+
+/// An in-memory storage that follows the `Storage` contract closely enough
+/// for the server's unit tests.
+pub(crate) struct MemoryStorage {
+    mem: Mutex<Mem>,
+    gate: Arc<tokio::sync::Mutex<()>>,
+    appends_started: AtomicUsize,
+    started: Notify,
+    fail_appends: AtomicBool,
+    fail_reads: AtomicBool,
+}
+
+impl MemoryStorage {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Self {
+            mem: Mutex::new(Mem {
+                token: 1,
+                clock_ms: 1_795_287_034_000,
+                ..Mem::default()
+            }),
+            gate: Arc::new(tokio::sync::Mutex::new(())),
+            appends_started: AtomicUsize::new(0),
+            started: Notify::new(),
+            fail_appends: AtomicBool::new(false),
+            fail_reads: AtomicBool::new(false),
+        })
+    }
+
+    /// While the guard lives, every `append` waits after it started.
+    pub(crate) async fn hold_appends(&self) -> OwnedMutexGuard<()> {
+        Arc::clone(&self.gate).lock_owned().await
+    }
+
+    /// Waits until `n` appends have started in total.
+    pub(crate) async fn wait_for_appends_started(&self, n: usize) {
+        loop {
+            let notified = self.started.notified();
+            if self.appends_started.load(Ordering::SeqCst) >= n {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    pub(crate) fn fail_appends(&self, on: bool) {
+        self.fail_appends.store(on, Ordering::SeqCst);
+    }
+
+    pub(crate) fn fail_reads(&self, on: bool) {
+        self.fail_reads.store(on, Ordering::SeqCst);
+    }
+
+    /// Makes `token` the current one, as a takeover by another node would.
+    pub(crate) fn set_current_token(&self, token: FencingToken) {
+        self.mem.lock().unwrap().token = token.0;
+    }
+
+    pub(crate) fn batch_sizes(&self) -> Vec<usize> {
+        self.mem.lock().unwrap().batch_sizes.clone()
+    }
+
+    pub(crate) fn head(&self, channel: &str) -> Offset {
+        let mem = self.mem.lock().unwrap();
+        mem.channels
+            .get(channel)
+            .and_then(|v| v.last())
+            .map_or(0, |m| m.offset)
+    }
+
+    /// Appends directly, as another node on the same database would.
+    pub(crate) fn append_as_other_node(&self, channel: &str, data: &str) -> Offset {
+        let mut mem = self.mem.lock().unwrap();
+        let msg = NewMessage {
+            channel: ChannelName::new(channel).unwrap(),
+            data: Arc::from(serde_json::value::RawValue::from_string(data.to_owned()).unwrap()),
+            idempotency_key: None,
+        };
+        Self::append_locked(&mut mem, &msg).offset
+    }
+
+    fn append_locked(mem: &mut Mem, msg: &NewMessage) -> Appended {
+        let name = msg.channel.as_str().to_owned();
+        if let Some(key) = &msg.idempotency_key {
+            if let Some(&(offset, at)) = mem.keys.get(&(name.clone(), key.as_str().to_owned())) {
+                return Appended {
+                    channel: msg.channel.clone(),
+                    offset,
+                    published_at_ms: at,
+                    duplicate: true,
+                };
+            }
+        }
+        mem.clock_ms += 1;
+        let at = mem.clock_ms;
+        let list = mem.channels.entry(name.clone()).or_default();
+        let offset = list.last().map_or(1, |m| m.offset + 1);
+        list.push(Message {
+            offset,
+            data: Arc::clone(&msg.data),
+            published_at_ms: at,
+        });
+        if let Some(key) = &msg.idempotency_key {
+            mem.keys
+                .insert((name.clone(), key.as_str().to_owned()), (offset, at));
+        }
+        mem.seq += 1;
+        let seq = mem.seq;
+        mem.changes.push((seq, name, offset));
+        Appended {
+            channel: msg.channel.clone(),
+            offset,
+            published_at_ms: at,
+            duplicate: false,
+        }
+    }
+}
+
+fn unavailable() -> herald_storage::Error {
+    herald_storage::Error::Unavailable("injected failure".to_owned())
+}
+
+#[async_trait]
+impl LeaseStore for MemoryStorage {
+    async fn acquire(
+        &self,
+        candidate: &Candidate,
+        _ttl: Duration,
+    ) -> herald_storage::Result<Acquire> {
+        let mut mem = self.mem.lock().unwrap();
+        mem.token += 1;
+        Ok(Acquire::Acquired {
+            lease: Lease {
+                name: candidate.lease_name.clone(),
+                holder: candidate.node_id.clone(),
+                holder_url: candidate.advertise_url.clone(),
+                token: FencingToken(mem.token),
+            },
+            reason: TakeoverReason::Fresh,
+        })
+    }
+
+    async fn renew(&self, lease: &Lease, _ttl: Duration) -> herald_storage::Result<()> {
+        let mem = self.mem.lock().unwrap();
+        if mem.token == lease.token.0 {
+            Ok(())
+        } else {
+            Err(herald_storage::Error::LeaseLost {
+                name: lease.name.clone(),
+                token: lease.token,
+            })
+        }
+    }
+
+    async fn release(&self, _lease: &Lease) -> herald_storage::Result<()> {
+        Ok(())
+    }
+
+    async fn lease_info(&self, name: &str) -> herald_storage::Result<Option<LeaseInfo>> {
+        let mem = self.mem.lock().unwrap();
+        Ok(Some(LeaseInfo {
+            name: name.to_owned(),
+            holder: Some("node-a".to_owned()),
+            holder_url: Some("http://node-a".to_owned()),
+            token: FencingToken(mem.token),
+            expires_in_ms: 30_000,
+        }))
+    }
+}
+
+#[async_trait]
+impl Storage for MemoryStorage {
+    fn backend(&self) -> &'static str {
+        "memory"
+    }
+
+    async fn append(
+        &self,
+        lease: &Lease,
+        batch: &[NewMessage],
+    ) -> herald_storage::Result<Vec<Appended>> {
+        self.appends_started.fetch_add(1, Ordering::SeqCst);
+        self.started.notify_waiters();
+        let _gate = self.gate.lock().await;
+        if self.fail_appends.load(Ordering::SeqCst) {
+            return Err(unavailable());
+        }
+        let mut mem = self.mem.lock().unwrap();
+        if mem.token != lease.token.0 {
+            return Err(herald_storage::Error::LeaseLost {
+                name: lease.name.clone(),
+                token: lease.token,
+            });
+        }
+        mem.batch_sizes.push(batch.len());
+        Ok(batch
+            .iter()
+            .map(|m| Self::append_locked(&mut mem, m))
+            .collect())
+    }
+
+    async fn read(
+        &self,
+        channel: &ChannelName,
+        after: Offset,
+        limit: usize,
+    ) -> herald_storage::Result<Page> {
+        if self.fail_reads.load(Ordering::SeqCst) {
+            return Err(unavailable());
+        }
+        let mem = self.mem.lock().unwrap();
+        let list = mem.channels.get(channel.as_str());
+        let head = list.and_then(|v| v.last()).map_or(0, |m| m.offset);
+        let messages = list
+            .map(|v| {
+                v.iter()
+                    .filter(|m| m.offset > after)
+                    .take(limit)
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(Page { head, messages })
+    }
+
+    async fn channels(&self) -> herald_storage::Result<Vec<ChannelHead>> {
+        let mem = self.mem.lock().unwrap();
+        Ok(mem
+            .channels
+            .iter()
+            .map(|(name, v)| ChannelHead {
+                name: ChannelName::new(name.clone()).unwrap(),
+                head: v.last().map_or(0, |m| m.offset),
+            })
+            .collect())
+    }
+
+    async fn changes_since(&self, cursor: u64) -> herald_storage::Result<ChangeFeed> {
+        let mem = self.mem.lock().unwrap();
+        let mut heads: BTreeMap<&str, Offset> = BTreeMap::new();
+        for (seq, name, head) in &mem.changes {
+            if *seq > cursor {
+                heads.insert(name, *head);
+            }
+        }
+        Ok(ChangeFeed {
+            cursor: mem.seq.max(cursor),
+            changed: heads
+                .into_iter()
+                .map(|(name, head)| ChannelHead {
+                    name: ChannelName::new(name).unwrap(),
+                    head,
+                })
+                .collect(),
+        })
+    }
+
+    async fn change_cursor(&self) -> herald_storage::Result<u64> {
+        Ok(self.mem.lock().unwrap().seq)
+    }
+
+    async fn ping(&self) -> herald_storage::Result<()> {
+        if self.fail_reads.load(Ordering::SeqCst) {
+            Err(unavailable())
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// A lease view whose state the test sets by hand. While `Holder`, the
+/// lease is writable (the safety deadline is not checked).
+pub(crate) struct FakeLease {
+    tx: watch::Sender<LeaseState>,
+    lost: Mutex<Vec<FencingToken>>,
+}
+
+impl FakeLease {
+    pub(crate) fn holder(token: FencingToken) -> Arc<Self> {
+        let (tx, _) = watch::channel(Self::holder_state(token));
+        Arc::new(Self {
+            tx,
+            lost: Mutex::new(Vec::new()),
+        })
+    }
+
+    pub(crate) fn holder_state(token: FencingToken) -> LeaseState {
+        LeaseState::Holder {
+            lease: Lease {
+                name: herald_core::DEFAULT_LEASE_NAME.to_owned(),
+                holder: "node-a".to_owned(),
+                holder_url: "http://node-a".to_owned(),
+                token,
+            },
+            safety_deadline: Duration::MAX,
+        }
+    }
+
+    pub(crate) fn set(&self, state: LeaseState) {
+        self.tx.send_replace(state);
+    }
+
+    pub(crate) fn set_standby(&self, holder_url: Option<&str>) {
+        self.set(LeaseState::Standby {
+            holder: Some(LeaseInfo {
+                name: herald_core::DEFAULT_LEASE_NAME.to_owned(),
+                holder: Some("node-b".to_owned()),
+                holder_url: holder_url.map(str::to_owned),
+                token: FencingToken(7),
+                expires_in_ms: 30_000,
+            }),
+        });
+    }
+
+    pub(crate) fn reported_lost(&self) -> Vec<FencingToken> {
+        self.lost.lock().unwrap().clone()
+    }
+}
+
+impl crate::role::LeaseView for FakeLease {
+    fn writable_lease(&self) -> Option<Lease> {
+        match &*self.tx.borrow() {
+            LeaseState::Holder { lease, .. } => Some(lease.clone()),
+            _ => None,
+        }
+    }
+    fn state(&self) -> LeaseState {
+        self.tx.borrow().clone()
+    }
+    fn subscribe(&self) -> watch::Receiver<LeaseState> {
+        self.tx.subscribe()
+    }
+    fn report_lease_lost(&self, token: FencingToken) {
+        self.lost.lock().unwrap().push(token);
+    }
+}

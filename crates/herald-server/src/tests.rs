@@ -1,0 +1,458 @@
+//! Router-level tests against the in-memory storage and a hand-driven
+//! lease (the end-to-end suite against SQLite and the real supervisor is in
+//! `tests/`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{header, HeaderMap, Request, StatusCode};
+use herald_core::FencingToken;
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+use crate::testing::{FakeLease, MemoryStorage};
+use crate::{app, serve_with, AppState, ServerConfig};
+
+struct Node {
+    storage: Arc<MemoryStorage>,
+    lease: Arc<FakeLease>,
+    state: AppState,
+    shutdown: CancellationToken,
+}
+
+impl Node {
+    async fn start(config: ServerConfig) -> Self {
+        let storage = MemoryStorage::new();
+        let lease = FakeLease::holder(FencingToken(1));
+        let shutdown = CancellationToken::new();
+        let state = AppState::start_with(storage.clone(), lease.clone(), config, shutdown.clone())
+            .await
+            .unwrap();
+        Self {
+            storage,
+            lease,
+            state,
+            shutdown,
+        }
+    }
+
+    async fn call(&self, request: Request<Body>) -> (StatusCode, HeaderMap, Value) {
+        let response = app(self.state.clone()).oneshot(request).await.unwrap();
+        let status = response.status();
+        let headers = response.headers().clone();
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 24)
+            .await
+            .unwrap();
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
+        };
+        (status, headers, body)
+    }
+
+    async fn get(&self, uri: &str) -> (StatusCode, HeaderMap, Value) {
+        self.call(Request::get(uri).body(Body::empty()).unwrap())
+            .await
+    }
+
+    async fn post(&self, uri: &str, body: impl Into<Body>) -> (StatusCode, HeaderMap, Value) {
+        self.call(Request::post(uri).body(body.into()).unwrap())
+            .await
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        self.state.stopped().await;
+    }
+}
+
+fn assert_error(status: StatusCode, body: &Value, want_status: StatusCode, code: &str) {
+    assert_eq!(status, want_status, "{body}");
+    assert_eq!(body["error"]["code"], code, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn publish_then_read_history() {
+    let node = Node::start(ServerConfig::default()).await;
+    for i in 1..=3u64 {
+        let (status, _, body) = node
+            .post(
+                "/v1/channels/orders/messages",
+                json!({ "data": { "n": i } }).to_string(),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        assert_eq!(body["channel"], "orders");
+        assert_eq!(body["offset"], i);
+        assert!(body["published_at"].as_str().unwrap().ends_with('Z'));
+    }
+    let (status, _, body) = node
+        .get("/v1/channels/orders/messages?after=1&limit=10")
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["head"], 3);
+    assert_eq!(body["messages"][0]["offset"], 2);
+    assert_eq!(body["messages"][0]["data"], json!({ "n": 2 }));
+    assert_eq!(body["messages"].as_array().unwrap().len(), 2);
+    let (_, _, body) = node.get("/v1/channels").await;
+    assert_eq!(
+        body,
+        json!({ "channels": [{ "name": "orders", "head": 3 }] })
+    );
+    node.stop().await;
+}
+
+#[tokio::test]
+async fn data_is_stored_as_sent() {
+    let node = Node::start(ServerConfig::default()).await;
+    let raw = r#"{"data": {"b": 1.50, "a": [true, null]}}"#;
+    let (status, _, _) = node.post("/v1/channels/raw/messages", raw).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let response = app(node.state.clone())
+        .oneshot(
+            Request::get("/v1/channels/raw/messages")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    let text = String::from_utf8(bytes.to_vec()).unwrap();
+    assert!(
+        text.contains(r#""data":{"b": 1.50, "a": [true, null]}"#),
+        "{text}"
+    );
+    node.stop().await;
+}
+
+#[tokio::test]
+async fn idempotency_key_answers_the_original() {
+    let node = Node::start(ServerConfig::default()).await;
+    let request = |data: &str| {
+        Request::post("/v1/channels/c/messages")
+            .header("idempotency-key", "k-1")
+            .body(Body::from(format!(r#"{{"data":{data}}}"#)))
+            .unwrap()
+    };
+    let (s1, _, b1) = node.call(request("1")).await;
+    let (s2, _, b2) = node.call(request("2")).await;
+    assert_eq!(s1, StatusCode::CREATED);
+    assert_eq!(s2, StatusCode::OK);
+    assert_eq!(b1, b2);
+    assert_eq!(node.storage.head("c"), 1);
+    let (status, _, body) = node
+        .call(
+            Request::post("/v1/channels/c/messages")
+                .header("idempotency-key", "has space")
+                .body(Body::from(r#"{"data":1}"#))
+                .unwrap(),
+        )
+        .await;
+    assert_error(
+        status,
+        &body,
+        StatusCode::BAD_REQUEST,
+        "invalid_idempotency_key",
+    );
+    assert_eq!(node.storage.head("c"), 1);
+    node.stop().await;
+}
+
+#[tokio::test]
+async fn bad_requests_have_the_error_shape_and_change_nothing() {
+    let config = ServerConfig {
+        max_message_bytes: 1024,
+        ..ServerConfig::default()
+    };
+    let node = Node::start(config).await;
+    let ok = r#"{"data":1}"#;
+    let cases: Vec<(Request<Body>, StatusCode, &str)> = vec![
+        (
+            Request::post("/v1/channels/-bad/messages")
+                .body(Body::from(ok))
+                .unwrap(),
+            StatusCode::BAD_REQUEST,
+            "invalid_channel",
+        ),
+        (
+            Request::post("/v1/channels/a%20b/messages")
+                .body(Body::from(ok))
+                .unwrap(),
+            StatusCode::BAD_REQUEST,
+            "invalid_channel",
+        ),
+        (
+            Request::post("/v1/channels/c/messages")
+                .body(Body::from("{"))
+                .unwrap(),
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+        ),
+        (
+            Request::post("/v1/channels/c/messages")
+                .body(Body::empty())
+                .unwrap(),
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+        ),
+        (
+            Request::post("/v1/channels/c/messages")
+                .body(Body::from("{}"))
+                .unwrap(),
+            StatusCode::BAD_REQUEST,
+            "invalid_body",
+        ),
+        (
+            Request::post("/v1/channels/c/messages")
+                .body(Body::from(r#"{"data":1,"x":1}"#))
+                .unwrap(),
+            StatusCode::BAD_REQUEST,
+            "invalid_body",
+        ),
+        (
+            Request::post("/v1/channels/c/messages")
+                .body(Body::from(format!(r#"{{"data":"{}"}}"#, "x".repeat(1100))))
+                .unwrap(),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+        ),
+        (
+            Request::post("/v1/channels/c/messages")
+                .header(header::CONTENT_LENGTH, "5000")
+                .body(Body::from(ok))
+                .unwrap(),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+        ),
+        (
+            Request::get("/v1/nope").body(Body::empty()).unwrap(),
+            StatusCode::NOT_FOUND,
+            "not_found",
+        ),
+        (
+            Request::delete("/v1/channels/c/messages")
+                .body(Body::empty())
+                .unwrap(),
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+        ),
+        (
+            Request::get("/v1/channels/c/messages?limit=0")
+                .body(Body::empty())
+                .unwrap(),
+            StatusCode::BAD_REQUEST,
+            "invalid_query",
+        ),
+        (
+            Request::get("/v1/channels/c/messages?limit=1001")
+                .body(Body::empty())
+                .unwrap(),
+            StatusCode::BAD_REQUEST,
+            "invalid_query",
+        ),
+        (
+            Request::get("/v1/channels/c/messages?after=x")
+                .body(Body::empty())
+                .unwrap(),
+            StatusCode::BAD_REQUEST,
+            "invalid_query",
+        ),
+        (
+            Request::get("/v1/channels/c/messages?after=-1")
+                .body(Body::empty())
+                .unwrap(),
+            StatusCode::BAD_REQUEST,
+            "invalid_query",
+        ),
+        (
+            Request::get("/v1/channels/c/events")
+                .header("last-event-id", "x")
+                .body(Body::empty())
+                .unwrap(),
+            StatusCode::BAD_REQUEST,
+            "invalid_last_event_id",
+        ),
+        (
+            Request::get("/v1/channels/c/ws")
+                .body(Body::empty())
+                .unwrap(),
+            StatusCode::BAD_REQUEST,
+            "invalid_upgrade",
+        ),
+    ];
+    for (request, status, code) in cases {
+        let what = format!("{} {}", request.method(), request.uri());
+        let (got, headers, body) = node.call(request).await;
+        assert_error(got, &body, status, code);
+        if code == "method_not_allowed" {
+            let allow = headers[header::ALLOW].to_str().unwrap();
+            assert!(
+                allow.contains("GET") && allow.contains("POST"),
+                "{what}: {allow}"
+            );
+        }
+    }
+    assert_eq!(node.storage.head("c"), 0);
+    let (status, _, body) = node.get("/v1/channels/c/messages?limit=1000").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, json!({ "channel": "c", "head": 0, "messages": [] }));
+    node.stop().await;
+}
+
+#[tokio::test]
+async fn a_standby_points_to_the_holder() {
+    let node = Node::start(ServerConfig::default()).await;
+    node.lease.set_standby(Some("http://holder:8080"));
+    let (status, headers, body) = node.post("/v1/channels/c/messages", r#"{"data":1}"#).await;
+    assert_error(status, &body, StatusCode::SERVICE_UNAVAILABLE, "not_holder");
+    assert_eq!(body["error"]["holder_url"], "http://holder:8080");
+    assert_eq!(headers[header::RETRY_AFTER], "1");
+    let (_, _, status_body) = node.get("/v1/status").await;
+    assert_eq!(status_body["role"], "standby");
+    assert_eq!(node.storage.head("c"), 0);
+    node.stop().await;
+}
+
+#[tokio::test]
+async fn a_full_queue_answers_queue_full() {
+    let config = ServerConfig {
+        queue_capacity: 1,
+        ..ServerConfig::default()
+    };
+    let node = Node::start(config).await;
+    let gate = node.storage.hold_appends().await;
+    let publish = |node: &Node| {
+        let router = app(node.state.clone());
+        tokio::spawn(async move {
+            router
+                .oneshot(
+                    Request::post("/v1/channels/q/messages")
+                        .body(Body::from(r#"{"data":1}"#))
+                        .unwrap(),
+                )
+                .await
+                .unwrap()
+        })
+    };
+    // The first publish is taken by the writer and blocks in append; the
+    // second fills the queue.
+    let first = publish(&node);
+    node.storage.wait_for_appends_started(1).await;
+    let second = publish(&node);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while node.state.shared.writer.queued() < 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "second publish never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let (status, headers, body) = node.post("/v1/channels/q/messages", r#"{"data":1}"#).await;
+    assert_error(status, &body, StatusCode::SERVICE_UNAVAILABLE, "queue_full");
+    assert_eq!(headers[header::RETRY_AFTER], "1");
+    drop(gate);
+    assert_eq!(first.await.unwrap().status(), StatusCode::CREATED);
+    assert_eq!(second.await.unwrap().status(), StatusCode::CREATED);
+    assert_eq!(node.storage.head("q"), 2);
+    node.stop().await;
+}
+
+#[tokio::test]
+async fn ops_routes() {
+    let node = Node::start(ServerConfig {
+        node_id: "n-1".to_owned(),
+        ..ServerConfig::default()
+    })
+    .await;
+    let (status, _, body) = node.get("/healthz").await;
+    assert_eq!((status, body), (StatusCode::OK, json!({ "status": "ok" })));
+    let (status, _, _) = node.get("/readyz").await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _, body) = node.get("/v1/status").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["node_id"], "n-1");
+    assert_eq!(body["role"], "holder");
+    assert_eq!(body["draining"], false);
+    assert_eq!(body["backend"], "memory");
+    assert_eq!(body["lease"]["name"], "writer");
+    assert_eq!(body["lease"]["token"], 1);
+    node.post("/v1/channels/m/messages", r#"{"data":1}"#).await;
+    let (status, headers, body) = node.get("/metrics").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(headers[header::CONTENT_TYPE]
+        .to_str()
+        .unwrap()
+        .starts_with("text/plain"));
+    let text = body.as_str().unwrap();
+    for name in [
+        "herald_publishes_total{result=\"created\"}",
+        "herald_publish_duration_seconds_bucket",
+        "herald_writer_batch_messages_sum",
+        "herald_writer_batch_messages_count",
+        "herald_lease_role",
+        "herald_lease_token",
+    ] {
+        assert!(text.contains(name), "{name} missing in:\n{text}");
+    }
+    node.storage.fail_reads(true);
+    let (status, _, body) = node.get("/readyz").await;
+    assert_error(
+        status,
+        &body,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "storage_unavailable",
+    );
+    node.storage.fail_reads(false);
+    node.shutdown.cancel();
+    let (status, _, body) = node.get("/readyz").await;
+    assert_error(status, &body, StatusCode::SERVICE_UNAVAILABLE, "draining");
+    let (status, _, body) = node.post("/v1/channels/m/messages", r#"{"data":1}"#).await;
+    assert_error(status, &body, StatusCode::SERVICE_UNAVAILABLE, "draining");
+    node.stop().await;
+}
+
+#[tokio::test]
+async fn real_listener_refuses_a_2_mib_body_with_json() {
+    let storage = MemoryStorage::new();
+    let lease = FakeLease::holder(FencingToken(1));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let shutdown = CancellationToken::new();
+    let server = tokio::spawn(serve_with(
+        listener,
+        storage.clone(),
+        lease,
+        ServerConfig::default(),
+        shutdown.clone(),
+    ));
+    let client = reqwest::Client::new();
+    let body = format!(r#"{{"data":"{}"}}"#, "x".repeat(2 << 20));
+    let response = client
+        .post(format!("{base}/v1/channels/big/messages"))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "payload_too_large");
+    assert_eq!(storage.head("big"), 0);
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}

@@ -1,0 +1,423 @@
+//! The node's one writer task: group commit of queued publishes.
+//!
+//! Handlers hand a validated message to the writer over a bounded queue
+//! ([`WriterHandle::submit`] never waits: a full queue is `queue_full`). The
+//! writer takes one request, then whatever else is already queued up to
+//! `max_batch`, and appends them in one fenced storage transaction under the
+//! lease it holds. Only after the storage returned (after the commit) does it
+//! fan the new messages out to live subscribers and answer each request. On
+//! any error nothing was committed and every request of the batch gets the
+//! error: no publish is ever acknowledged without being stored.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use herald_core::{Appended, ChannelName, Message, NewMessage};
+use herald_storage::Storage;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::hub::{Hub, Notice};
+use crate::role::{holder_url, LeaseView};
+use crate::{metrics, Error, Result};
+
+/// One publish waiting for the writer.
+#[derive(Debug)]
+pub(crate) struct PublishRequest {
+    message: NewMessage,
+    reply: oneshot::Sender<Result<Appended>>,
+}
+
+/// The handlers' end of the writer's queue.
+#[derive(Debug, Clone)]
+pub(crate) struct WriterHandle {
+    tx: mpsc::Sender<PublishRequest>,
+}
+
+impl WriterHandle {
+    /// Queues `message` without waiting; the receiver yields the outcome
+    /// once the writer has committed (or failed) its batch.
+    ///
+    /// # Errors
+    /// [`Error::QueueFull`] when the queue is full, [`Error::Draining`]
+    /// once the writer has closed its queue.
+    pub(crate) fn submit(
+        &self,
+        message: NewMessage,
+    ) -> Result<oneshot::Receiver<Result<Appended>>> {
+        let (reply, rx) = oneshot::channel();
+        match self.tx.try_send(PublishRequest { message, reply }) {
+            Ok(()) => Ok(rx),
+            Err(mpsc::error::TrySendError::Full(_)) => Err(Error::QueueFull),
+            Err(mpsc::error::TrySendError::Closed(_)) => Err(Error::Draining),
+        }
+    }
+
+    /// Requests waiting in the queue.
+    #[cfg(test)]
+    pub(crate) fn queued(&self) -> usize {
+        self.tx.max_capacity() - self.tx.capacity()
+    }
+}
+
+/// The writer task's state.
+pub(crate) struct Writer {
+    storage: Arc<dyn Storage>,
+    lease: Arc<dyn LeaseView>,
+    hub: Arc<Hub>,
+    rx: mpsc::Receiver<PublishRequest>,
+    max_batch: usize,
+}
+
+impl Writer {
+    /// A writer and its queue of `capacity` requests (at least 1); batches
+    /// hold at most `max_batch` messages (at least 1).
+    pub(crate) fn new(
+        storage: Arc<dyn Storage>,
+        lease: Arc<dyn LeaseView>,
+        hub: Arc<Hub>,
+        capacity: usize,
+        max_batch: usize,
+    ) -> (Self, WriterHandle) {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        let writer = Self {
+            storage,
+            lease,
+            hub,
+            rx,
+            max_batch: max_batch.max(1),
+        };
+        (writer, WriterHandle { tx })
+    }
+
+    /// Commits batches until `shutdown` is cancelled (or every handle is
+    /// gone), then closes the queue, so that new publishes get `draining`,
+    /// and commits (or fails) what is still queued before returning.
+    pub(crate) async fn run(mut self, shutdown: CancellationToken) {
+        loop {
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break,
+                first = self.rx.recv() => match first {
+                    Some(first) => self.commit_batch(first).await,
+                    None => return,
+                },
+            }
+        }
+        self.rx.close();
+        let mut drained = 0usize;
+        while let Some(first) = self.rx.recv().await {
+            drained += 1;
+            self.commit_batch(first).await;
+        }
+        metrics::queue_depth(0);
+        tracing::debug!(batches = drained, "writer drained its queue");
+    }
+
+    /// Takes `first` and what else is queued, up to `max_batch`, and commits
+    /// them in one transaction.
+    async fn commit_batch(&mut self, first: PublishRequest) {
+        let mut messages = Vec::with_capacity(self.max_batch.min(64));
+        let mut replies = Vec::with_capacity(self.max_batch.min(64));
+        messages.push(first.message);
+        replies.push(first.reply);
+        while messages.len() < self.max_batch {
+            match self.rx.try_recv() {
+                Ok(request) => {
+                    messages.push(request.message);
+                    replies.push(request.reply);
+                }
+                Err(_) => break,
+            }
+        }
+        metrics::queue_depth(self.rx.len());
+
+        let Some(lease) = self.lease.writable_lease() else {
+            let holder_url = holder_url(&self.lease.state());
+            tracing::debug!(messages = messages.len(), "not holder: batch refused");
+            for reply in replies {
+                let _ = reply.send(Err(Error::NotHolder {
+                    holder_url: holder_url.clone(),
+                }));
+            }
+            return;
+        };
+
+        match self.storage.append(&lease, &messages).await {
+            Ok(appended) if appended.len() == messages.len() => {
+                metrics::batch_committed(messages.len());
+                self.fan_out(&messages, &appended);
+                for (reply, outcome) in replies.into_iter().zip(appended) {
+                    // A dropped receiver means the client went away; the
+                    // message is stored all the same.
+                    let _ = reply.send(Ok(outcome));
+                }
+            }
+            Ok(appended) => {
+                tracing::error!(
+                    token = lease.token.0,
+                    sent = messages.len(),
+                    returned = appended.len(),
+                    "storage returned a result count different from the batch size"
+                );
+                for reply in replies {
+                    let _ = reply.send(Err(Error::Internal(
+                        "storage answered a batch incompletely".to_owned(),
+                    )));
+                }
+            }
+            Err(herald_storage::Error::LeaseLost { name, token }) => {
+                tracing::warn!(
+                    lease = %name,
+                    token = token.0,
+                    messages = messages.len(),
+                    "fenced write found the lease lost; batch failed"
+                );
+                self.lease.report_lease_lost(lease.token);
+                for reply in replies {
+                    let _ = reply.send(Err(Error::LeaseLost));
+                }
+            }
+            Err(e) => {
+                log_storage_error("append", None, &e);
+                for reply in replies {
+                    let _ = reply.send(Err(Error::StorageUnavailable));
+                }
+            }
+        }
+    }
+
+    /// Publishes the batch's new (non-duplicate) messages to the hub, one
+    /// notice per channel, in offset order.
+    fn fan_out(&self, messages: &[NewMessage], appended: &[Appended]) {
+        let mut by_channel: HashMap<&ChannelName, Vec<Message>> = HashMap::new();
+        for (new, outcome) in messages.iter().zip(appended) {
+            if outcome.duplicate {
+                continue;
+            }
+            by_channel.entry(&new.channel).or_default().push(Message {
+                offset: outcome.offset,
+                data: Arc::clone(&new.data),
+                published_at_ms: outcome.published_at_ms,
+            });
+        }
+        for (channel, mut committed) in by_channel {
+            committed.sort_by_key(|m| m.offset);
+            let head = committed.last().map_or(0, |m| m.offset);
+            self.hub.publish(Notice {
+                channel: channel.clone(),
+                head,
+                messages: committed,
+            });
+        }
+    }
+}
+
+/// Logs a storage failure where it is handled: WARN for a storage that did
+/// not answer (transient), ERROR for anything a human must look at.
+pub(crate) fn log_storage_error(
+    operation: &'static str,
+    channel: Option<&ChannelName>,
+    error: &herald_storage::Error,
+) {
+    let channel = channel.map(ChannelName::as_str);
+    match error {
+        herald_storage::Error::Unavailable(_) | herald_storage::Error::LeaseLost { .. } => {
+            tracing::warn!(operation, channel, error = %error, "storage unavailable");
+        }
+        _ => tracing::error!(operation, channel, error = %error, "storage failed"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use herald_core::FencingToken;
+    use serde_json::value::RawValue;
+
+    use super::*;
+    use crate::testing::{FakeLease, MemoryStorage};
+
+    fn new_message(channel: &str, data: &str, key: Option<&str>) -> NewMessage {
+        NewMessage {
+            channel: ChannelName::new(channel).unwrap(),
+            data: Arc::from(RawValue::from_string(data.to_owned()).unwrap()),
+            idempotency_key: key.map(|k| herald_core::IdempotencyKey::new(k).unwrap()),
+        }
+    }
+
+    struct Rig {
+        storage: Arc<MemoryStorage>,
+        lease: Arc<FakeLease>,
+        hub: Arc<Hub>,
+        handle: WriterHandle,
+        shutdown: CancellationToken,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    fn rig(capacity: usize, max_batch: usize) -> Rig {
+        let storage = MemoryStorage::new();
+        let lease = FakeLease::holder(FencingToken(1));
+        let hub = Hub::new(16);
+        let (writer, handle) = Writer::new(
+            storage.clone(),
+            lease.clone(),
+            hub.clone(),
+            capacity,
+            max_batch,
+        );
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(writer.run(shutdown.clone()));
+        Rig {
+            storage,
+            lease,
+            hub,
+            handle,
+            shutdown,
+            task,
+        }
+    }
+
+    #[tokio::test]
+    async fn queued_requests_commit_together_and_fan_out() {
+        let r = rig(16, 512);
+        let gate = r.storage.hold_appends().await;
+        let a = ChannelName::new("a").unwrap();
+        let mut live = r.hub.subscribe(&a);
+        // The first request is taken alone and blocks in append; the next
+        // five queue up behind it and must form one batch.
+        let first = r.handle.submit(new_message("a", "0", None)).unwrap();
+        r.storage.wait_for_appends_started(1).await;
+        let rest: Vec<_> = (1..=5)
+            .map(|i| {
+                r.handle
+                    .submit(new_message("a", &i.to_string(), None))
+                    .unwrap()
+            })
+            .collect();
+        drop(gate);
+        assert_eq!(first.await.unwrap().unwrap().offset, 1);
+        for (i, rx) in rest.into_iter().enumerate() {
+            let appended = rx.await.unwrap().unwrap();
+            assert_eq!(appended.offset, i as u64 + 2);
+            assert!(!appended.duplicate);
+        }
+        assert_eq!(r.storage.batch_sizes(), vec![1, 5]);
+        let n1 = live.recv().await.unwrap();
+        assert_eq!(n1.messages.len(), 1);
+        let n2 = live.recv().await.unwrap();
+        assert_eq!(n2.head, 6);
+        let offsets: Vec<_> = n2.messages.iter().map(|m| m.offset).collect();
+        assert_eq!(offsets, vec![2, 3, 4, 5, 6]);
+        assert_eq!(n2.messages[4].data.get(), "5");
+        r.shutdown.cancel();
+        r.task.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn full_queue_is_refused_at_once() {
+        let r = rig(1, 512);
+        let gate = r.storage.hold_appends().await;
+        let first = r.handle.submit(new_message("a", "1", None)).unwrap();
+        r.storage.wait_for_appends_started(1).await;
+        let second = r.handle.submit(new_message("a", "2", None)).unwrap();
+        let third = r.handle.submit(new_message("a", "3", None));
+        assert!(matches!(third, Err(Error::QueueFull)));
+        drop(gate);
+        assert_eq!(first.await.unwrap().unwrap().offset, 1);
+        assert_eq!(second.await.unwrap().unwrap().offset, 2);
+        r.shutdown.cancel();
+        r.task.await.unwrap();
+        assert_eq!(r.storage.head("a"), 2);
+    }
+
+    #[tokio::test]
+    async fn duplicates_answer_the_original_and_are_not_fanned_out() {
+        let r = rig(16, 512);
+        let a = ChannelName::new("a").unwrap();
+        let mut live = r.hub.subscribe(&a);
+        let one = r.handle.submit(new_message("a", "1", Some("k"))).unwrap();
+        let one = one.await.unwrap().unwrap();
+        let two = r.handle.submit(new_message("a", "2", Some("k"))).unwrap();
+        let two = two.await.unwrap().unwrap();
+        assert!(two.duplicate);
+        assert_eq!(
+            (two.offset, two.published_at_ms),
+            (one.offset, one.published_at_ms)
+        );
+        assert_eq!(live.recv().await.unwrap().head, 1);
+        // The duplicate produced no notice.
+        let more = tokio::time::timeout(Duration::from_millis(50), live.recv()).await;
+        assert!(more.is_err());
+        r.shutdown.cancel();
+        r.task.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_standby_writer_refuses_with_the_holder_url() {
+        let r = rig(16, 512);
+        r.lease.set_standby(Some("http://holder:7"));
+        let rx = r.handle.submit(new_message("a", "1", None)).unwrap();
+        match rx.await.unwrap() {
+            Err(Error::NotHolder { holder_url }) => {
+                assert_eq!(holder_url.as_deref(), Some("http://holder:7"));
+            }
+            other => panic!("expected not_holder, got {other:?}"),
+        }
+        assert_eq!(r.storage.head("a"), 0);
+        r.shutdown.cancel();
+        r.task.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_fenced_out_write_is_reported_and_fails() {
+        let r = rig(16, 512);
+        r.storage.set_current_token(FencingToken(2));
+        let rx = r.handle.submit(new_message("a", "1", None)).unwrap();
+        assert!(matches!(rx.await.unwrap(), Err(Error::LeaseLost)));
+        assert_eq!(r.lease.reported_lost(), vec![FencingToken(1)]);
+        assert_eq!(r.storage.head("a"), 0);
+        r.shutdown.cancel();
+        r.task.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn storage_failure_fails_the_batch() {
+        let r = rig(16, 512);
+        r.storage.fail_appends(true);
+        let rx = r.handle.submit(new_message("a", "1", None)).unwrap();
+        assert!(matches!(rx.await.unwrap(), Err(Error::StorageUnavailable)));
+        r.shutdown.cancel();
+        r.task.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn drain_commits_what_is_queued_then_refuses() {
+        let r = rig(16, 2);
+        let gate = r.storage.hold_appends().await;
+        let first = r.handle.submit(new_message("a", "1", None)).unwrap();
+        r.storage.wait_for_appends_started(1).await;
+        let queued: Vec<_> = (2..=5)
+            .map(|i| {
+                r.handle
+                    .submit(new_message("a", &i.to_string(), None))
+                    .unwrap()
+            })
+            .collect();
+        r.shutdown.cancel();
+        drop(gate);
+        assert_eq!(first.await.unwrap().unwrap().offset, 1);
+        for (i, rx) in queued.into_iter().enumerate() {
+            assert_eq!(rx.await.unwrap().unwrap().offset, i as u64 + 2);
+        }
+        r.task.await.unwrap();
+        assert!(matches!(
+            r.handle.submit(new_message("a", "6", None)),
+            Err(Error::Draining)
+        ));
+        // max_batch 2: the four queued requests took two transactions.
+        assert_eq!(r.storage.batch_sizes(), vec![1, 2, 2]);
+        assert_eq!(r.storage.head("a"), 5);
+    }
+}

@@ -1,0 +1,134 @@
+//! `GET /v1/channels/{channel}/ws`: a channel over WebSocket (RFC 6455).
+//!
+//! One text frame per message, `{"offset","data","published_at"}`, in
+//! offset order; resume with `?after=N` (or a `Last-Event-ID` header, as for
+//! SSE). The socket is read concurrently: pings are answered (by the
+//! protocol layer), a client Close ends the session, and data frames from
+//! the client are **ignored** (the route is read-only). Close codes (RFC
+//! 6455 §7.4.1): 1001 "going away" when the node drains, 1011 when the
+//! storage fails mid-stream (the client resumes from its last offset).
+
+use std::time::Duration;
+
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::ws::{close_code, CloseFrame, Message as Frame, WebSocket, WebSocketUpgrade};
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::Response;
+use futures::stream::{SplitSink, SplitStream};
+use futures::{SinkExt, StreamExt};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::api::{resume_after, AfterQuery, ChannelPath, ValidQuery};
+use crate::subscription::Subscription;
+use crate::{AppState, Error, Result};
+
+/// How long the server waits for a client to answer its Close frame, or to
+/// take a frame, while closing.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Validates the request, subscribes, and upgrades.
+pub(crate) async fn upgrade(
+    State(state): State<AppState>,
+    ChannelPath(channel): ChannelPath,
+    headers: HeaderMap,
+    ValidQuery(query): ValidQuery<AfterQuery>,
+    upgrade: std::result::Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Result<Response> {
+    let upgrade = upgrade.map_err(|r| Error::InvalidUpgrade(r.body_text()))?;
+    let after = resume_after(&headers, &query)?;
+    let shared = &state.shared;
+    let sub =
+        Subscription::start(shared.storage.clone(), &shared.hub, channel, after, "ws").await?;
+    let shutdown = shared.shutdown.clone();
+    let sessions = shared.ws_sessions.clone();
+    let span = tracing::debug_span!(
+        "ws",
+        node_id = %shared.config.node_id,
+        channel = %sub.channel(),
+        after,
+    );
+    Ok(upgrade.on_upgrade(move |socket| {
+        sessions.track_future(session(socket, sub, shutdown).instrument(span))
+    }))
+}
+
+/// Why a session ends.
+enum End {
+    /// The client closed or went away: nothing more to send.
+    ClientGone,
+    /// Send this Close frame, then wait briefly for the client's.
+    Close(u16, &'static str),
+}
+
+/// Runs one WebSocket session until the client leaves, the node drains, or
+/// the storage fails.
+async fn session(socket: WebSocket, mut sub: Subscription, shutdown: CancellationToken) {
+    let (mut tx, mut rx) = socket.split();
+    let end = loop {
+        tokio::select! {
+            biased;
+            () = shutdown.cancelled() => break End::Close(close_code::AWAY, "server is shutting down"),
+            incoming = rx.next() => match incoming {
+                Some(Ok(Frame::Close(_))) => {
+                    // Flushes the protocol's Close reply.
+                    let _ = tokio::time::timeout(CLOSE_TIMEOUT, tx.close()).await;
+                    break End::ClientGone;
+                }
+                // Pings are answered by the protocol layer; pongs and data
+                // frames are ignored.
+                Some(Ok(_)) => {}
+                None | Some(Err(_)) => break End::ClientGone,
+            },
+            next = sub.next() => match next {
+                Ok(Some(message)) => {
+                    let text = match serde_json::to_string(&message) {
+                        Ok(text) => text,
+                        Err(e) => {
+                            tracing::error!(offset = message.offset, error = %e, "message did not serialize");
+                            break End::Close(close_code::ERROR, "internal error");
+                        }
+                    };
+                    tokio::select! {
+                        sent = tx.send(Frame::Text(text.into())) => if sent.is_err() { break End::ClientGone },
+                        () = shutdown.cancelled() => break End::Close(close_code::AWAY, "server is shutting down"),
+                    }
+                }
+                Ok(None) => break End::Close(close_code::AWAY, "subscription ended"),
+                Err(_) => break End::Close(close_code::ERROR, "storage unavailable; resume later"),
+            },
+        }
+    };
+    if let End::Close(code, reason) = end {
+        close(tx, rx, code, reason).await;
+    }
+    tracing::debug!(channel = %sub.channel(), "WebSocket session ended");
+}
+
+/// Sends a Close frame and waits (bounded) for the client's Close reply.
+async fn close(
+    mut tx: SplitSink<WebSocket, Frame>,
+    mut rx: SplitStream<WebSocket>,
+    code: u16,
+    reason: &'static str,
+) {
+    let frame = Frame::Close(Some(CloseFrame {
+        code,
+        reason: reason.into(),
+    }));
+    if !matches!(
+        tokio::time::timeout(CLOSE_TIMEOUT, tx.send(frame)).await,
+        Ok(Ok(()))
+    ) {
+        return;
+    }
+    let _ = tokio::time::timeout(CLOSE_TIMEOUT, async {
+        while let Some(Ok(frame)) = rx.next().await {
+            if matches!(frame, Frame::Close(_)) {
+                break;
+            }
+        }
+    })
+    .await;
+}

@@ -1,0 +1,535 @@
+//! Shared helpers of the end-to-end tests: a node built as the binary
+//! builds it (SQLite storage in a temporary directory, the lease supervisor,
+//! `serve` on a real listener on 127.0.0.1:0), and small SSE and WebSocket
+//! clients.
+
+#![allow(dead_code, unreachable_pub, missing_docs)]
+
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use herald_core::{
+    Appended, Candidate, ChannelHead, ChannelName, Lease, LeaseInfo, Message, NewMessage, Offset,
+};
+use herald_lease::{BootClock, Exit, LeaseConfig, LeaseHandle, LeaseState, Supervisor};
+use herald_server::{serve, ServerConfig};
+use herald_storage::sqlite::{SqliteOptions, SqliteStorage};
+use herald_storage::{Acquire, ChangeFeed, LeaseStore, Page, Storage};
+use serde_json::Value;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// Longest any single wait in these tests may take before it fails.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// Awaits `f`, failing the test after [`WAIT`].
+pub async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(WAIT, f)
+        .await
+        .unwrap_or_else(|_| panic!("timed out: {what}"))
+}
+
+/// Which role `Node::start` waits for before serving.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Holder,
+    Standby,
+}
+
+/// One running node.
+pub struct Node {
+    pub node_id: String,
+    pub base: String,
+    pub ws_base: String,
+    pub storage: Arc<SqliteStorage>,
+    pub lease: LeaseHandle,
+    pub client: reqwest::Client,
+    /// Drains the server.
+    pub shutdown: CancellationToken,
+    server: Option<JoinHandle<herald_server::Result<()>>>,
+    lease_shutdown: CancellationToken,
+    supervisor: Option<JoinHandle<Exit>>,
+}
+
+impl Node {
+    /// A holder on a fresh data directory, default settings.
+    pub async fn holder(dir: &Path) -> Self {
+        Self::start(dir, "node-a", Role::Holder, ServerConfig::default()).await
+    }
+
+    /// Opens the storage in `dir`, starts the supervisor, waits for `role`,
+    /// then serves.
+    pub async fn start(dir: &Path, node_id: &str, role: Role, config: ServerConfig) -> Self {
+        Self::start_with(dir, node_id, role, config, |s| s).await
+    }
+
+    /// [`Node::start`], with the server's storage wrapped by `wrap` (the
+    /// supervisor always gets the plain one).
+    pub async fn start_with(
+        dir: &Path,
+        node_id: &str,
+        role: Role,
+        config: ServerConfig,
+        wrap: impl FnOnce(Arc<dyn Storage>) -> Arc<dyn Storage>,
+    ) -> Self {
+        let storage = Arc::new(
+            SqliteStorage::open(dir, SqliteOptions::default())
+                .await
+                .expect("open storage"),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let base = format!("http://{addr}");
+        let candidate = Candidate {
+            lease_name: herald_core::DEFAULT_LEASE_NAME.to_owned(),
+            node_id: node_id.to_owned(),
+            advertise_url: base.clone(),
+        };
+        let lease_shutdown = CancellationToken::new();
+        let (lease, supervisor) = Supervisor::start(
+            storage.clone() as Arc<dyn LeaseStore>,
+            candidate,
+            LeaseConfig::default(),
+            Arc::new(BootClock),
+            lease_shutdown.clone(),
+        );
+        let reached = within(
+            "lease role",
+            lease.wait_for(|s| match role {
+                Role::Holder => matches!(s, LeaseState::Holder { .. }),
+                Role::Standby => matches!(s, LeaseState::Standby { holder: Some(_) }),
+            }),
+        )
+        .await;
+        assert!(reached.is_some(), "supervisor ended before {role:?}");
+        let shutdown = CancellationToken::new();
+        let config = ServerConfig {
+            node_id: node_id.to_owned(),
+            advertise_url: base.clone(),
+            ..config
+        };
+        let server = tokio::spawn(serve(
+            listener,
+            wrap(storage.clone() as Arc<dyn Storage>),
+            lease.clone(),
+            config,
+            shutdown.clone(),
+        ));
+        Self {
+            node_id: node_id.to_owned(),
+            ws_base: format!("ws://{addr}"),
+            base,
+            storage,
+            lease,
+            client: reqwest::Client::new(),
+            shutdown,
+            server: Some(server),
+            lease_shutdown,
+            supervisor: Some(supervisor),
+        }
+    }
+
+    /// Drains the server and waits for `serve` to return Ok; the lease is
+    /// still held afterwards.
+    pub async fn drain(&mut self) {
+        self.shutdown.cancel();
+        if let Some(server) = self.server.take() {
+            within("serve returns after drain", server)
+                .await
+                .expect("serve task")
+                .expect("serve result");
+        }
+    }
+
+    /// Drains, then stops the supervisor (which releases the lease).
+    pub async fn stop(mut self) -> Exit {
+        self.drain().await;
+        self.lease_shutdown.cancel();
+        let supervisor = self.supervisor.take().unwrap();
+        within("supervisor stops", supervisor)
+            .await
+            .expect("supervisor task")
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// Publishes `data` and returns (status, body).
+    pub async fn publish(&self, channel: &str, data: Value) -> (u16, Value) {
+        let response = self
+            .client
+            .post(self.url(&format!("/v1/channels/{channel}/messages")))
+            .json(&serde_json::json!({ "data": data }))
+            .send()
+            .await
+            .expect("publish request");
+        let status = response.status().as_u16();
+        (
+            status,
+            response.json().await.expect("publish answer is JSON"),
+        )
+    }
+
+    /// GETs `path` and returns (status, body).
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        let response = self.client.get(self.url(path)).send().await.unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.expect("answer is JSON"))
+    }
+
+    /// The channel's head, read from the storage directly.
+    pub async fn head(&self, channel: &str) -> u64 {
+        self.storage
+            .read(&ChannelName::new(channel).unwrap(), 0, 1)
+            .await
+            .unwrap()
+            .head
+    }
+
+    /// Every stored message of `channel`, from the storage directly.
+    pub async fn stored(&self, channel: &str) -> Vec<Message> {
+        let channel = ChannelName::new(channel).unwrap();
+        let mut out: Vec<Message> = Vec::new();
+        loop {
+            let after = out.last().map_or(0, |m| m.offset);
+            let page = self.storage.read(&channel, after, 1000).await.unwrap();
+            let n = page.messages.len();
+            out.extend(page.messages);
+            if n < 1000 {
+                return out;
+            }
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // A failed test must not leave tasks or ports behind.
+        self.shutdown.cancel();
+        self.lease_shutdown.cancel();
+        if let Some(server) = self.server.take() {
+            server.abort();
+        }
+        if let Some(supervisor) = self.supervisor.take() {
+            supervisor.abort();
+        }
+    }
+}
+
+/// One parsed SSE event (WHATWG HTML, "Server-sent events").
+#[derive(Debug, Clone)]
+pub struct SseEvent {
+    pub id: Option<String>,
+    pub event: Option<String>,
+    pub data: String,
+}
+
+type ByteStream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
+
+/// A minimal SSE client over reqwest's byte stream.
+pub struct SseClient {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    stream: ByteStream,
+    buf: String,
+}
+
+impl SseClient {
+    /// Opens `url`, sending `Last-Event-ID` when given.
+    pub async fn connect(client: &reqwest::Client, url: &str, last_event_id: Option<&str>) -> Self {
+        let mut request = client.get(url).header("accept", "text/event-stream");
+        if let Some(id) = last_event_id {
+            request = request.header("last-event-id", id);
+        }
+        let response = within("SSE connect", request.send())
+            .await
+            .expect("SSE request");
+        Self {
+            status: response.status().as_u16(),
+            headers: response.headers().clone(),
+            stream: Box::pin(response.bytes_stream()),
+            buf: String::new(),
+        }
+    }
+
+    /// The next event (comments skipped); `None` when the stream ended.
+    pub async fn next_event(&mut self) -> Option<SseEvent> {
+        loop {
+            if let Some(end) = self.buf.find("\n\n") {
+                let block: String = self.buf.drain(..end + 2).collect();
+                let mut event = SseEvent {
+                    id: None,
+                    event: None,
+                    data: String::new(),
+                };
+                let mut has_field = false;
+                let mut data_lines: Vec<&str> = Vec::new();
+                for line in block.lines() {
+                    if line.is_empty() || line.starts_with(':') {
+                        continue;
+                    }
+                    has_field = true;
+                    let (field, value) = line.split_once(':').unwrap_or((line, ""));
+                    let value = value.strip_prefix(' ').unwrap_or(value);
+                    match field {
+                        "id" => event.id = Some(value.to_owned()),
+                        "event" => event.event = Some(value.to_owned()),
+                        "data" => data_lines.push(value),
+                        _ => {}
+                    }
+                }
+                event.data = data_lines.join("\n");
+                if has_field {
+                    return Some(event);
+                }
+                continue;
+            }
+            match self.stream.next().await {
+                Some(Ok(chunk)) => self
+                    .buf
+                    .push_str(std::str::from_utf8(&chunk).expect("UTF-8")),
+                Some(Err(_)) | None => return None,
+            }
+        }
+    }
+
+    /// The next message event's payload, with its id checked against the
+    /// payload's offset.
+    pub async fn next_message(&mut self) -> Option<Value> {
+        let event = self.next_event().await?;
+        assert_eq!(event.event.as_deref(), Some("message"));
+        let value: Value = serde_json::from_str(&event.data).expect("event data is JSON");
+        assert_eq!(
+            event.id.as_deref(),
+            Some(value["offset"].to_string().as_str())
+        );
+        Some(value)
+    }
+}
+
+/// Publishes `n` messages `{"i": k}` on `channel` one after another and
+/// checks that they got offsets `first..first+n`.
+pub async fn publish_n(node: &Node, channel: &str, first: u64, n: u64) {
+    for k in 0..n {
+        let (status, body) = node
+            .publish(channel, serde_json::json!({ "i": first + k }))
+            .await;
+        assert_eq!(status, 201, "{body}");
+        assert_eq!(body["offset"], first + k);
+    }
+}
+
+/// A small deterministic pseudo-random sequence (xorshift64*), seeded per
+/// test run; the seed is printed so a failure can be replayed.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn from_time() -> Self {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+            | 1;
+        println!("rng seed {seed}");
+        Self(seed)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n.max(1)
+    }
+}
+
+/// A storage whose history reads return late (by up to `max_delay`), to
+/// widen the window between a subscriber's history read and its switch to
+/// live notices, and to make live receivers lag behind while they read.
+/// Deliberate latency injection, not a wait for an event.
+pub struct SlowReads {
+    inner: Arc<dyn Storage>,
+    max_delay: Duration,
+    rng: std::sync::Mutex<Rng>,
+}
+
+impl SlowReads {
+    pub fn wrap(inner: Arc<dyn Storage>, max_delay: Duration) -> Arc<dyn Storage> {
+        Arc::new(Self {
+            inner,
+            max_delay,
+            rng: std::sync::Mutex::new(Rng::from_time()),
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl LeaseStore for SlowReads {
+    async fn acquire(
+        &self,
+        candidate: &Candidate,
+        ttl: Duration,
+    ) -> herald_storage::Result<Acquire> {
+        self.inner.acquire(candidate, ttl).await
+    }
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> herald_storage::Result<()> {
+        self.inner.renew(lease, ttl).await
+    }
+    async fn release(&self, lease: &Lease) -> herald_storage::Result<()> {
+        self.inner.release(lease).await
+    }
+    async fn lease_info(&self, name: &str) -> herald_storage::Result<Option<LeaseInfo>> {
+        self.inner.lease_info(name).await
+    }
+}
+
+#[async_trait::async_trait]
+impl Storage for SlowReads {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    async fn append(
+        &self,
+        lease: &Lease,
+        batch: &[NewMessage],
+    ) -> herald_storage::Result<Vec<Appended>> {
+        self.inner.append(lease, batch).await
+    }
+    async fn read(
+        &self,
+        channel: &ChannelName,
+        after: Offset,
+        limit: usize,
+    ) -> herald_storage::Result<Page> {
+        let page = self.inner.read(channel, after, limit).await?;
+        let micros = self.max_delay.as_micros() as u64;
+        let delay = self.rng.lock().unwrap().below(micros + 1);
+        tokio::time::sleep(Duration::from_micros(delay)).await;
+        Ok(page)
+    }
+    async fn channels(&self) -> herald_storage::Result<Vec<ChannelHead>> {
+        self.inner.channels().await
+    }
+    async fn changes_since(&self, cursor: u64) -> herald_storage::Result<ChangeFeed> {
+        self.inner.changes_since(cursor).await
+    }
+    async fn change_cursor(&self) -> herald_storage::Result<u64> {
+        self.inner.change_cursor().await
+    }
+    async fn ping(&self) -> herald_storage::Result<()> {
+        self.inner.ping().await
+    }
+}
+
+/// Holds every `append` until opened, and counts the appends that started.
+pub struct AppendGate {
+    open: watch::Sender<bool>,
+    started: watch::Sender<usize>,
+}
+
+impl AppendGate {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            open: watch::channel(false).0,
+            started: watch::channel(0).0,
+        })
+    }
+
+    /// Lets every held and future append through.
+    pub fn open(&self) {
+        self.open.send_replace(true);
+    }
+
+    /// Holds appends that start from now on.
+    pub fn close(&self) {
+        self.open.send_replace(false);
+    }
+
+    /// Appends started so far.
+    pub fn started(&self) -> usize {
+        *self.started.borrow()
+    }
+
+    /// Waits until `n` appends have started.
+    pub async fn wait_started(&self, n: usize) {
+        let mut started = self.started.subscribe();
+        within("appends start", started.wait_for(|s| *s >= n))
+            .await
+            .unwrap();
+    }
+
+    /// Wraps `inner` so that its appends wait for this gate.
+    pub fn wrap(self: &Arc<Self>, inner: Arc<dyn Storage>) -> Arc<dyn Storage> {
+        Arc::new(Gated {
+            inner,
+            gate: Arc::clone(self),
+        })
+    }
+}
+
+struct Gated {
+    inner: Arc<dyn Storage>,
+    gate: Arc<AppendGate>,
+}
+
+#[async_trait::async_trait]
+impl LeaseStore for Gated {
+    async fn acquire(
+        &self,
+        candidate: &Candidate,
+        ttl: Duration,
+    ) -> herald_storage::Result<Acquire> {
+        self.inner.acquire(candidate, ttl).await
+    }
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> herald_storage::Result<()> {
+        self.inner.renew(lease, ttl).await
+    }
+    async fn release(&self, lease: &Lease) -> herald_storage::Result<()> {
+        self.inner.release(lease).await
+    }
+    async fn lease_info(&self, name: &str) -> herald_storage::Result<Option<LeaseInfo>> {
+        self.inner.lease_info(name).await
+    }
+}
+
+#[async_trait::async_trait]
+impl Storage for Gated {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    async fn append(
+        &self,
+        lease: &Lease,
+        batch: &[NewMessage],
+    ) -> herald_storage::Result<Vec<Appended>> {
+        self.gate.started.send_modify(|s| *s += 1);
+        let mut open = self.gate.open.subscribe();
+        let _ = open.wait_for(|o| *o).await;
+        self.inner.append(lease, batch).await
+    }
+    async fn read(
+        &self,
+        channel: &ChannelName,
+        after: Offset,
+        limit: usize,
+    ) -> herald_storage::Result<Page> {
+        self.inner.read(channel, after, limit).await
+    }
+    async fn channels(&self) -> herald_storage::Result<Vec<ChannelHead>> {
+        self.inner.channels().await
+    }
+    async fn changes_since(&self, cursor: u64) -> herald_storage::Result<ChangeFeed> {
+        self.inner.changes_since(cursor).await
+    }
+    async fn change_cursor(&self) -> herald_storage::Result<u64> {
+        self.inner.change_cursor().await
+    }
+    async fn ping(&self) -> herald_storage::Result<()> {
+        self.inner.ping().await
+    }
+}

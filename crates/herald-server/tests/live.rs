@@ -1,0 +1,367 @@
+//! End-to-end tests of live subscriptions (SSE and WebSocket), the switch
+//! from history to live, and drain.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{publish_n, within, AppendGate, Node, Rng, Role, SlowReads, SseClient};
+use futures::{SinkExt, StreamExt};
+use herald_server::ServerConfig;
+use serde_json::{json, Value};
+use tokio::sync::watch;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::Message as Frame;
+
+type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+async fn ws_connect(node: &Node, path: &str) -> Ws {
+    let url = format!("{}{path}", node.ws_base);
+    let (ws, response) = within("WebSocket connect", tokio_tungstenite::connect_async(url))
+        .await
+        .expect("WebSocket handshake");
+    assert_eq!(response.status().as_u16(), 101);
+    ws
+}
+
+/// The next message frame's JSON; `None` when the socket closed (the close
+/// frame, if any, is returned through `closed`).
+async fn ws_next(ws: &mut Ws, closed: &mut Option<u16>) -> Option<Value> {
+    loop {
+        match ws.next().await? {
+            Ok(Frame::Text(text)) => {
+                return Some(serde_json::from_str(&text).expect("frame is JSON"))
+            }
+            Ok(Frame::Close(frame)) => {
+                *closed = frame.map(|f| u16::from(f.code));
+                // Keep reading: that sends the protocol's Close reply and
+                // sees the server end the connection.
+                while let Some(Ok(_)) = ws.next().await {}
+                return None;
+            }
+            Ok(_) => continue,
+            Err(_) => return None,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sse_resumes_from_last_event_id_or_after_then_goes_live() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::holder(dir.path()).await;
+    publish_n(&node, "news", 1, 5).await;
+    let url = node.url("/v1/channels/news/events");
+
+    let mut by_header =
+        SseClient::connect(&node.client, &format!("{url}?after=4"), Some("2")).await;
+    assert_eq!(by_header.status, 200);
+    assert!(by_header.headers["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
+    assert_eq!(by_header.headers["cache-control"], "no-cache");
+    assert_eq!(by_header.headers["x-accel-buffering"], "no");
+    let mut by_query = SseClient::connect(&node.client, &format!("{url}?after=4"), None).await;
+    let mut from_start = SseClient::connect(&node.client, &url, None).await;
+
+    for offset in 3..=5u64 {
+        let m = within("history", by_header.next_message()).await.unwrap();
+        assert_eq!(m["offset"], offset);
+        assert_eq!(m["data"], json!({ "i": offset }));
+        assert!(m["published_at"].is_string());
+    }
+    assert_eq!(
+        within("history", by_query.next_message()).await.unwrap()["offset"],
+        5
+    );
+    for offset in 1..=5u64 {
+        assert_eq!(
+            within("history", from_start.next_message()).await.unwrap()["offset"],
+            offset
+        );
+    }
+    publish_n(&node, "news", 6, 2).await;
+    for client in [&mut by_header, &mut by_query, &mut from_start] {
+        for offset in 6..=7u64 {
+            let m = within("live", client.next_message()).await.unwrap();
+            assert_eq!(m["offset"], offset);
+            assert_eq!(m["data"], json!({ "i": offset }));
+        }
+    }
+    let bad = SseClient::connect(&node.client, &url, Some("abc")).await;
+    assert_eq!(bad.status, 400);
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ws_resumes_answers_pings_and_closes() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::holder(dir.path()).await;
+    publish_n(&node, "ws", 1, 3).await;
+    let mut ws = ws_connect(&node, "/v1/channels/ws/ws?after=1").await;
+    let mut closed = None;
+    for offset in 2..=3u64 {
+        let m = within("history", ws_next(&mut ws, &mut closed))
+            .await
+            .unwrap();
+        assert_eq!(m["offset"], offset);
+        assert_eq!(m["data"], json!({ "i": offset }));
+    }
+    publish_n(&node, "ws", 4, 1).await;
+    assert_eq!(
+        within("live", ws_next(&mut ws, &mut closed)).await.unwrap()["offset"],
+        4
+    );
+
+    // Ping → Pong with the same payload; a data frame is ignored.
+    ws.send(Frame::Text("ignored".into())).await.unwrap();
+    ws.send(Frame::Ping(b"hello".to_vec().into()))
+        .await
+        .unwrap();
+    let pong = within("pong", ws.next())
+        .await
+        .expect("socket open")
+        .expect("frame");
+    let Frame::Pong(pong) = pong else {
+        panic!("expected a pong, got {pong:?}");
+    };
+    assert_eq!(&pong[..], b"hello");
+    publish_n(&node, "ws", 5, 1).await;
+    assert_eq!(
+        within("live after ping", ws_next(&mut ws, &mut closed))
+            .await
+            .unwrap()["offset"],
+        5
+    );
+
+    // A client Close is answered with a Close and the stream ends.
+    ws.close(None).await.unwrap();
+    let rest = within("close reply", async {
+        let mut frames = Vec::new();
+        while let Some(Ok(frame)) = ws.next().await {
+            frames.push(frame);
+        }
+        frames
+    })
+    .await;
+    assert!(
+        rest.iter().any(|f| matches!(f, Frame::Close(_))),
+        "{rest:?}"
+    );
+    node.stop().await;
+}
+
+/// Subscribers connect at random points while publishers run; each must
+/// see exactly `after+1..=final`, in order, once. With the default live
+/// buffer nobody lags, so this checks the switch itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_switch_from_history_to_live_loses_and_repeats_nothing() {
+    switch_scenario(ServerConfig::default().subscriber_buffer).await;
+}
+
+/// The same with a one-notice live buffer: subscribers lag while they read
+/// history and must catch up from the storage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_switch_with_lagging_subscribers_loses_and_repeats_nothing() {
+    switch_scenario(1).await;
+}
+
+async fn switch_scenario(subscriber_buffer: usize) {
+    const PUBLISHERS: u64 = 4;
+    const PER_PUBLISHER: u64 = 400;
+    const TOTAL: u64 = PUBLISHERS * PER_PUBLISHER;
+    const SUBSCRIBERS: usize = 16;
+    let dir = tempfile::tempdir().unwrap();
+    let config = ServerConfig {
+        subscriber_buffer,
+        ..ServerConfig::default()
+    };
+    // History reads that return late widen the switch window and make
+    // receivers lag while they read.
+    let node = Arc::new(
+        Node::start_with(dir.path(), "node-a", Role::Holder, config, |s| {
+            SlowReads::wrap(s, Duration::from_millis(3))
+        })
+        .await,
+    );
+    let mut rng = Rng::from_time();
+    // How many publishes were acknowledged so far.
+    let (progress_tx, progress) = watch::channel(0u64);
+    let progress_tx = Arc::new(progress_tx);
+
+    let mut subscribers = Vec::new();
+    for i in 0..SUBSCRIBERS {
+        let start_at = rng.below(TOTAL);
+        let after_fraction = rng.below(101);
+        let node = node.clone();
+        let mut progress = progress.clone();
+        subscribers.push(tokio::spawn(async move {
+            let seen_when_starting = *progress.wait_for(|n| *n >= start_at).await.unwrap();
+            let after = seen_when_starting * after_fraction / 100;
+            let path = "/v1/channels/switch";
+            let mut offsets = Vec::new();
+            if i % 2 == 0 {
+                let url = node.url(&format!("{path}/events"));
+                let mut sse = if i % 4 == 0 {
+                    SseClient::connect(&node.client, &url, Some(&after.to_string())).await
+                } else {
+                    SseClient::connect(&node.client, &format!("{url}?after={after}"), None).await
+                };
+                assert_eq!(sse.status, 200);
+                while offsets.last() != Some(&TOTAL) {
+                    let m = sse.next_message().await.expect("SSE stream ended early");
+                    offsets.push(m["offset"].as_u64().unwrap());
+                }
+            } else {
+                let mut ws = ws_connect(&node, &format!("{path}/ws?after={after}")).await;
+                let mut closed = None;
+                while offsets.last() != Some(&TOTAL) {
+                    let m = ws_next(&mut ws, &mut closed)
+                        .await
+                        .expect("WebSocket ended early");
+                    offsets.push(m["offset"].as_u64().unwrap());
+                }
+            }
+            (i, after, offsets)
+        }));
+    }
+
+    let mut publishers = Vec::new();
+    for p in 0..PUBLISHERS {
+        let node = node.clone();
+        let progress_tx = progress_tx.clone();
+        publishers.push(tokio::spawn(async move {
+            for n in 0..PER_PUBLISHER {
+                let (status, body) = node.publish("switch", json!({ "p": p, "n": n })).await;
+                assert_eq!(status, 201, "{body}");
+                progress_tx.send_modify(|c| *c += 1);
+            }
+        }));
+    }
+    for p in publishers {
+        within("publishers", p).await.unwrap();
+    }
+    assert_eq!(node.head("switch").await, TOTAL);
+    for s in subscribers {
+        let (i, after, offsets) = within("subscriber sees the final offset", s).await.unwrap();
+        let want: Vec<u64> = (after + 1..=TOTAL).collect();
+        assert_eq!(offsets, want, "subscriber {i} (after {after})");
+    }
+    Arc::into_inner(node)
+        .expect("no other holders")
+        .stop()
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_ends_streams_and_never_acknowledges_a_lost_publish() {
+    let dir = tempfile::tempdir().unwrap();
+    let gate = AppendGate::new();
+    let mut node = Node::start_with(
+        dir.path(),
+        "node-a",
+        Role::Holder,
+        ServerConfig::default(),
+        |s| gate.wrap(s),
+    )
+    .await;
+    gate.open();
+    publish_n(&node, "d", 1, 2).await;
+    let mut sse = SseClient::connect(&node.client, &node.url("/v1/channels/d/events"), None).await;
+    for offset in 1..=2u64 {
+        assert_eq!(
+            within("history", sse.next_message()).await.unwrap()["offset"],
+            offset
+        );
+    }
+    let mut ws = ws_connect(&node, "/v1/channels/d/ws").await;
+    let mut closed = None;
+    for offset in 1..=2u64 {
+        assert_eq!(
+            within("ws history", ws_next(&mut ws, &mut closed))
+                .await
+                .unwrap()["offset"],
+            offset
+        );
+    }
+
+    // Hold the writer in the middle of a commit, with publishes in flight.
+    gate.close();
+    let started_before = gate.started();
+    let mut publishes = Vec::new();
+    for k in 0..40u64 {
+        let client = node.client.clone();
+        let url = node.url("/v1/channels/d/messages");
+        publishes.push(tokio::spawn(async move {
+            let response = client
+                .post(&url)
+                .json(&json!({ "data": { "k": k } }))
+                .send()
+                .await;
+            match response {
+                Ok(r) => {
+                    let status = r.status().as_u16();
+                    let body: Value = r.json().await.unwrap_or(Value::Null);
+                    (k, Some(status), body)
+                }
+                Err(_) => (k, None, Value::Null),
+            }
+        }));
+    }
+    gate.wait_started(started_before + 1).await;
+    node.shutdown.cancel();
+
+    // While a commit is still held: the SSE body finishes and the
+    // WebSocket gets 1001 going away.
+    let end = within("SSE stream ends", sse.next_message()).await;
+    assert!(end.is_none(), "no message was committed yet, got {end:?}");
+    while within("WebSocket closes", ws_next(&mut ws, &mut closed))
+        .await
+        .is_some()
+    {}
+    assert_eq!(closed, Some(u16::from(CloseCode::Away)));
+
+    // Let the writer commit what it holds and what is queued.
+    gate.open();
+    node.drain().await;
+
+    let stored = node.stored("d").await;
+    let offsets: Vec<u64> = stored.iter().map(|m| m.offset).collect();
+    assert_eq!(offsets, (1..=stored.len() as u64).collect::<Vec<_>>());
+    let mut acknowledged = std::collections::BTreeSet::new();
+    let mut refused = 0;
+    for p in publishes {
+        let (k, status, body) = within("publish outcome", p).await.unwrap();
+        match status {
+            Some(201) => {
+                let offset = body["offset"].as_u64().unwrap();
+                let m = stored
+                    .iter()
+                    .find(|m| m.offset == offset)
+                    .unwrap_or_else(|| panic!("acknowledged offset {offset} is not stored"));
+                let data: Value = serde_json::from_str(m.data.get()).unwrap();
+                assert_eq!(data, json!({ "k": k }));
+                acknowledged.insert(offset);
+            }
+            Some(503) => {
+                refused += 1;
+                assert_eq!(body["error"]["code"], "draining", "{body}");
+            }
+            Some(other) => panic!("publish {k}: unexpected status {other}: {body}"),
+            None => {} // refused at the socket: the listener was closed
+        }
+    }
+    println!(
+        "drain: {} acknowledged, {refused} refused with draining",
+        acknowledged.len()
+    );
+    // The publish held in the commit was answered after the drain began,
+    // and nothing was stored without being acknowledged.
+    assert!(!acknowledged.is_empty());
+    let after_start: std::collections::BTreeSet<u64> =
+        offsets.into_iter().filter(|o| *o > 2).collect();
+    assert_eq!(after_start, acknowledged);
+    node.stop().await;
+}

@@ -1,0 +1,539 @@
+//! End-to-end scenarios against the real `herald` binary over HTTP: ordered
+//! offsets under concurrent publishers, history, SSE resume, idempotency,
+//! request validation, crash recovery after SIGKILL, standby takeover after
+//! SIGTERM, the command-line clients, the load generator, and drain.
+//!
+//! Set `HERALD_BIN` to run them against another build of the binary.
+
+mod support;
+
+use std::collections::{BTreeMap, HashSet};
+use std::os::unix::process::ExitStatusExt;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::ChildStdout;
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use support::{herald, within, Server, SseEnd, WAIT};
+
+/// Publishers of the concurrency scenario, and messages each.
+const CLIENTS: u64 = 8;
+const PER_CLIENT: u64 = 25;
+
+/// Parses one line of the command-line clients' output.
+fn json_line(line: &str) -> Value {
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
+}
+
+/// The next line `herald tail` prints, as JSON.
+async fn next_json_line(out: &mut Lines<BufReader<ChildStdout>>) -> Value {
+    let line = within("a line from herald tail", WAIT, out.next_line())
+        .await
+        .expect("read herald tail's output")
+        .expect("herald tail ended");
+    json_line(&line)
+}
+
+/// Scenarios 1 to 4 on one server: concurrent publishes get exactly the
+/// offsets 1..=200, history pages return them with their data, an SSE client
+/// resumes after `Last-Event-ID` with no gap or repeat, an idempotency key
+/// adds one message only, and malformed requests are refused without
+/// writing anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_history_sse_idempotency_and_validation() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_holder(dir.path()).await;
+    let api = server.api.clone();
+    let channel = "orders";
+
+    // 1. Eight concurrent publishers, 25 messages each.
+    let mut set = JoinSet::new();
+    for client in 0..CLIENTS {
+        let api = api.clone();
+        set.spawn(async move {
+            let mut acks = Vec::new();
+            for seq in 0..PER_CLIENT {
+                let data = json!({ "client": client, "seq": seq, "pad": "x".repeat(16) });
+                let offset = api.publish(channel, &data).await;
+                acks.push((offset, data));
+            }
+            acks
+        });
+    }
+    let mut acked: BTreeMap<u64, Value> = BTreeMap::new();
+    while let Some(acks) = set.join_next().await {
+        let acks = acks.expect("publisher task");
+        // One publisher's messages are sequential, so their offsets rise.
+        assert!(
+            acks.windows(2).all(|w| w[0].0 < w[1].0),
+            "one client's offsets are not increasing: {:?}",
+            acks.iter().map(|a| a.0).collect::<Vec<_>>()
+        );
+        for (offset, data) in acks {
+            assert!(
+                acked.insert(offset, data).is_none(),
+                "offset {offset} acknowledged twice"
+            );
+        }
+    }
+    let total = CLIENTS * PER_CLIENT;
+    assert_eq!(
+        acked.keys().copied().collect::<Vec<_>>(),
+        (1..=total).collect::<Vec<_>>(),
+        "the acknowledged offsets are not exactly 1..={total}"
+    );
+
+    // History, in pages smaller than the channel.
+    let (head, messages) = api.history_all(channel, 64).await;
+    assert_eq!(head, total);
+    assert_eq!(messages.len() as u64, total);
+    for (i, message) in messages.iter().enumerate() {
+        let offset = message["offset"].as_u64().expect("offset");
+        assert_eq!(offset, i as u64 + 1, "history out of order");
+        assert_eq!(
+            message["data"], acked[&offset],
+            "offset {offset} holds other data than its publisher was acknowledged for"
+        );
+        assert!(message["published_at"].is_string(), "{message}");
+    }
+    // The largest page size is accepted, one more is not.
+    let page = api.history_page(channel, 0, 1000).await;
+    assert_eq!(page["messages"].as_array().unwrap().len() as u64, total);
+    api.get(&format!("/v1/channels/{channel}/messages?limit=1001"))
+        .await
+        .assert_error(StatusCode::BAD_REQUEST, "invalid_query");
+
+    // 2. SSE resuming after Last-Event-ID 190: the stored tail, then live.
+    let mut sse = api.sse(channel, "", &[("Last-Event-ID", "190")]).await;
+    for want in 191..=total {
+        let (id, message) = sse.expect_message().await;
+        assert_eq!(id, want, "SSE gap or repeat");
+        assert_eq!(message["data"], acked[&want]);
+    }
+    let mut live = BTreeMap::new();
+    for n in 0..5 {
+        let data = json!({ "live": n });
+        let offset = api.publish(channel, &data).await;
+        live.insert(offset, data);
+    }
+    assert_eq!(
+        live.keys().copied().collect::<Vec<_>>(),
+        (total + 1..=total + 5).collect::<Vec<_>>()
+    );
+    for want in total + 1..=total + 5 {
+        let (id, message) = sse.expect_message().await;
+        assert_eq!(id, want, "SSE gap or repeat in the live part");
+        assert_eq!(message["data"], live[&want]);
+    }
+    // Nothing was repeated after 205: the next event is the next message.
+    let marker = api.publish(channel, &json!("marker")).await;
+    let (id, message) = sse.expect_message().await;
+    assert_eq!(id, marker);
+    assert_eq!(message["data"], "marker");
+    drop(sse);
+
+    // 3. The same Idempotency-Key twice: one message.
+    let before = api.head(channel).await;
+    let key = "order-4711";
+    let data = json!({ "order": 4711 });
+    let first = api.try_publish(channel, &data, Some(key)).await.unwrap();
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    let second = api.try_publish(channel, &data, Some(key)).await.unwrap();
+    assert_eq!(second.status, StatusCode::OK, "{second:?}");
+    assert_eq!(first.body["offset"], before + 1);
+    assert_eq!(second.body["offset"], first.body["offset"]);
+    assert_eq!(second.body["published_at"], first.body["published_at"]);
+    assert_eq!(api.head(channel).await, before + 1, "the head moved twice");
+    // The key is per channel: another channel takes it as new.
+    let other = api.try_publish("other", &data, Some(key)).await.unwrap();
+    assert_eq!(other.status, StatusCode::CREATED, "{other:?}");
+
+    // 4. Refused requests, each with the error shape, writing nothing.
+    let head_before = api.head(channel).await;
+    let channels_before = api.get("/v1/channels").await.body;
+    let good_body = br#"{"data":1}"#.to_vec();
+    for bad in ["bad%20name", "-x"] {
+        api.post_raw(bad, good_body.clone(), None)
+            .await
+            .unwrap()
+            .assert_error(StatusCode::BAD_REQUEST, "invalid_channel");
+    }
+    api.post_raw(channel, br#"{"data": "#.to_vec(), None)
+        .await
+        .unwrap()
+        .assert_error(StatusCode::BAD_REQUEST, "invalid_json");
+    let huge = format!(r#"{{"data":"{}"}}"#, "y".repeat(2 * 1024 * 1024));
+    api.post_raw(channel, huge.into_bytes(), None)
+        .await
+        .unwrap()
+        .assert_error(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large");
+    assert_eq!(
+        api.head(channel).await,
+        head_before,
+        "a refused write moved the head"
+    );
+    assert_eq!(
+        api.get("/v1/channels").await.body,
+        channels_before,
+        "a refused write created a channel"
+    );
+}
+
+/// Scenario 5: SIGKILL during a publishing burst loses no acknowledged
+/// message, and the restarted node's history is contiguous.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_during_a_burst_keeps_every_acknowledged_message() {
+    const PUBLISHERS: u64 = 6;
+    const KILL_AFTER: usize = 100;
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start_holder(dir.path()).await;
+    let channel = "burst";
+
+    let acked: Arc<Mutex<Vec<(u64, Value)>>> = Arc::default();
+    let count = Arc::new(AtomicUsize::new(0));
+    let progress = Arc::new(Notify::new());
+    let mut set = JoinSet::new();
+    for publisher in 0..PUBLISHERS {
+        let (api, acked, count, progress) = (
+            server.api.clone(),
+            acked.clone(),
+            count.clone(),
+            progress.clone(),
+        );
+        set.spawn(async move {
+            // Bounded, so a kill that never comes cannot loop forever.
+            for seq in 0..5_000u64 {
+                let data = json!({ "publisher": publisher, "seq": seq });
+                match api.try_publish(channel, &data, None).await {
+                    Ok(answer) if answer.status == StatusCode::CREATED => {
+                        let offset = answer.body["offset"].as_u64().expect("offset");
+                        acked.lock().unwrap().push((offset, data));
+                        count.fetch_add(1, Ordering::SeqCst);
+                        progress.notify_waiters();
+                    }
+                    // Refused or cut off: the server is gone.
+                    Ok(_) | Err(_) => return,
+                }
+            }
+        });
+    }
+    within("100 acknowledgements", Duration::from_secs(20), async {
+        loop {
+            let notified = progress.notified();
+            if count.load(Ordering::SeqCst) >= KILL_AFTER {
+                break;
+            }
+            notified.await;
+        }
+    })
+    .await;
+    server.sigkill();
+    let (status, _) = server.wait_exit(WAIT).await;
+    assert_eq!(status.signal(), Some(9), "{status:?}");
+    within("the publishers to stop", WAIT, async {
+        while let Some(done) = set.join_next().await {
+            done.expect("publisher task");
+        }
+    })
+    .await;
+    drop(server);
+
+    let acked = std::mem::take(&mut *acked.lock().unwrap());
+    assert!(
+        acked.len() >= KILL_AFTER,
+        "only {} acknowledged",
+        acked.len()
+    );
+    let mut by_offset = BTreeMap::new();
+    for (offset, data) in &acked {
+        assert!(
+            by_offset.insert(*offset, data.clone()).is_none(),
+            "offset {offset} acknowledged twice"
+        );
+    }
+    let max_acked = *by_offset.keys().last().unwrap();
+
+    let restarted = Server::start_holder(dir.path()).await;
+    let (head, messages) = restarted.api.history_all(channel, 1000).await;
+    assert!(
+        head >= max_acked,
+        "head {head} is below the acknowledged offset {max_acked}"
+    );
+    let offsets: Vec<u64> = messages
+        .iter()
+        .map(|m| m["offset"].as_u64().expect("offset"))
+        .collect();
+    assert_eq!(
+        offsets,
+        (1..=head).collect::<Vec<_>>(),
+        "history is not contiguous 1..=head"
+    );
+    for (offset, data) in &by_offset {
+        let stored = &messages[usize::try_from(*offset - 1).unwrap()];
+        assert_eq!(
+            &stored["data"], data,
+            "acknowledged offset {offset} lost or changed"
+        );
+    }
+    println!(
+        "sigkill: {} acknowledged (max offset {max_acked}), head after restart {head}",
+        acked.len()
+    );
+    // The restarted node goes on where the log ends.
+    assert_eq!(
+        restarted.api.publish(channel, &json!("after")).await,
+        head + 1
+    );
+}
+
+/// Scenario 6: a second node on the same data directory is a standby that
+/// points writers at the holder, and takes over soon after the holder
+/// drains on SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standby_takes_over_after_the_holder_drains() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = Server::start_holder(dir.path()).await;
+    let channel = "handover";
+    for n in 1..=3u64 {
+        assert_eq!(first.api.publish(channel, &json!({ "n": n })).await, n);
+    }
+
+    let second = Server::start(dir.path()).await;
+    assert_ne!(first.url, second.url);
+    let status = second.api.status().await;
+    assert_eq!(status["role"], "standby", "{status}");
+    // The standby refuses writes; once it has read the lease row, the answer
+    // names the holder.
+    let deadline = Instant::now() + WAIT;
+    let refused = loop {
+        let answer = second
+            .api
+            .try_publish(channel, &json!("to the standby"), None)
+            .await
+            .unwrap();
+        answer.assert_error(StatusCode::SERVICE_UNAVAILABLE, "not_holder");
+        if !answer.body["error"]["holder_url"].is_null() || Instant::now() >= deadline {
+            break answer;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        refused.body["error"]["holder_url"], first.url,
+        "{refused:?}"
+    );
+    assert_eq!(first.api.status().await["role"], "holder");
+    assert_eq!(second.api.status().await["role"], "standby");
+    assert_eq!(first.api.head(channel).await, 3, "the standby wrote");
+
+    first.sigterm();
+    let (status, exited) = first.wait_exit(WAIT).await;
+    assert_eq!(status.code(), Some(0), "the holder did not drain cleanly");
+
+    // Publish to the standby until it accepts.
+    let accepted = loop {
+        let answer = second
+            .api
+            .try_publish(channel, &json!({ "n": 4 }), None)
+            .await
+            .unwrap();
+        if answer.status == StatusCode::CREATED {
+            break answer;
+        }
+        answer.assert_error(StatusCode::SERVICE_UNAVAILABLE, "not_holder");
+        assert!(
+            exited.elapsed() < WAIT,
+            "the standby never took over: {answer:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let takeover = exited.elapsed();
+    println!(
+        "takeover: the standby accepted a write {} ms after the holder exited",
+        takeover.as_millis()
+    );
+    assert!(
+        takeover < Duration::from_secs(2),
+        "takeover took {takeover:?}"
+    );
+    assert_eq!(
+        accepted.body["offset"], 4,
+        "the new holder lost the log's end"
+    );
+    assert_eq!(second.api.status().await["role"], "holder");
+    let (head, messages) = second.api.history_all(channel, 1000).await;
+    assert_eq!(head, 4);
+    let data: Vec<Value> = messages.iter().map(|m| m["data"].clone()).collect();
+    assert_eq!(data, (1..=4).map(|n| json!({ "n": n })).collect::<Vec<_>>());
+}
+
+/// Scenario 7: `herald publish`, `herald history` and `herald tail`
+/// against a running server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn command_line_clients_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_holder(dir.path()).await;
+    let channel = "cli";
+
+    let cli = |args: &[&str]| {
+        let mut cmd = herald();
+        cmd.args(args).args(["--server", &server.url]);
+        cmd
+    };
+    for x in 1..=2 {
+        let out = within(
+            "herald publish",
+            WAIT,
+            cli(&["publish", channel, &format!(r#"{{"x":{x}}}"#)]).output(),
+        )
+        .await
+        .unwrap();
+        assert!(out.status.success(), "publish: {out:?}");
+        let answer = json_line(String::from_utf8(out.stdout).unwrap().trim());
+        assert_eq!(answer["channel"], channel);
+        assert_eq!(answer["offset"], x);
+    }
+
+    let out = within("herald history", WAIT, cli(&["history", channel]).output())
+        .await
+        .unwrap();
+    assert!(out.status.success(), "history: {out:?}");
+    let lines: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(json_line)
+        .collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    for (i, line) in lines.iter().enumerate() {
+        assert_eq!(line["offset"], i + 1);
+        assert_eq!(line["data"], json!({ "x": i + 1 }));
+    }
+
+    let mut tail = cli(&["tail", channel, "--after", "0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(tail.stdout.take().unwrap()).lines();
+    for x in 1..=2u64 {
+        let line = next_json_line(&mut out).await;
+        assert_eq!(line["offset"], x);
+        assert_eq!(line["data"], json!({ "x": x }));
+    }
+    // Published after tail caught up: printed live, in order.
+    for x in 3..=4u64 {
+        assert_eq!(server.api.publish(channel, &json!({ "x": x })).await, x);
+    }
+    for x in 3..=4u64 {
+        let line = next_json_line(&mut out).await;
+        assert_eq!(line["offset"], x);
+        assert_eq!(line["data"], json!({ "x": x }));
+    }
+    tail.start_kill().unwrap();
+    within("herald tail to exit", WAIT, tail.wait())
+        .await
+        .unwrap();
+}
+
+/// Scenario 8: `herald bench publish --json` reports a complete run, and
+/// the server holds every message it counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_publish_reports_a_complete_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_holder(dir.path()).await;
+    let out = within(
+        "herald bench publish",
+        Duration::from_secs(30),
+        herald()
+            .args(["bench", "publish", "--server", &server.url])
+            .args(["--messages", "300", "--concurrency", "8", "--size", "200"])
+            .arg("--json")
+            .output(),
+    )
+    .await
+    .unwrap();
+    assert!(out.status.success(), "bench: {out:?}");
+    let report = json_line(String::from_utf8(out.stdout).unwrap().trim());
+    assert_eq!(report["messages"], 300, "{report}");
+    assert_eq!(report["errors"], 0, "{report}");
+    assert!(
+        report["throughput_msgs_per_s"].as_f64().unwrap() > 0.0,
+        "{report}"
+    );
+    assert!(
+        report["throughput_mb_per_s"].as_f64().unwrap() > 0.0,
+        "{report}"
+    );
+    let latency = &report["latency_ms"];
+    let percentile = |name: &str| latency[name].as_f64().unwrap_or(0.0);
+    for name in ["p50", "p90", "p99", "p99.9", "max"] {
+        assert!(percentile(name) > 0.0, "{name} in {report}");
+    }
+    assert!(percentile("p50") <= percentile("p99"), "{report}");
+    assert!(percentile("p99") <= percentile("max"), "{report}");
+    println!(
+        "bench: {} msg/s, p50 {} ms, p99 {} ms",
+        report["throughput_msgs_per_s"],
+        percentile("p50"),
+        percentile("p99")
+    );
+
+    // The one bench channel holds exactly what was reported.
+    let run_id = report["run_id"].as_str().expect("run_id");
+    let channel = format!("bench-{run_id}-0");
+    let (head, messages) = server.api.history_all(&channel, 1000).await;
+    assert_eq!(head, 300);
+    assert_eq!(messages.len(), 300);
+    assert!(messages.iter().all(|m| m["data"] == "x".repeat(198)));
+}
+
+/// Drain: SIGTERM while an SSE subscriber is connected ends its response
+/// body, and the process exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_ends_sse_streams_and_exits_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start_holder(dir.path()).await;
+    let channel = "drain";
+    for n in 1..=3u64 {
+        server.api.publish(channel, &json!(n)).await;
+    }
+    let mut sse = server.api.sse(channel, "?after=0", &[]).await;
+    for want in 1..=3u64 {
+        assert_eq!(sse.expect_message().await.0, want);
+    }
+
+    let started = Instant::now();
+    server.sigterm();
+    let end = sse.next_message(WAIT).await;
+    assert_eq!(
+        end.err(),
+        Some(SseEnd::Closed),
+        "the stream did not end cleanly"
+    );
+    let (status, _) = server.wait_exit(WAIT).await;
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    println!(
+        "drain: exited {} ms after SIGTERM",
+        started.elapsed().as_millis()
+    );
+
+    // A new node on the directory becomes holder and finds the messages.
+    let next = Server::start_holder(dir.path()).await;
+    assert_eq!(next.api.head(channel).await, 3);
+    let seen: HashSet<u64> = next
+        .api
+        .history_all(channel, 1000)
+        .await
+        .1
+        .iter()
+        .map(|m| m["offset"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seen, (1..=3).collect());
+}
