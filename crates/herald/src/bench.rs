@@ -205,7 +205,11 @@ async fn run_publish(args: BenchPublishArgs) -> anyhow::Result<ExitCode> {
     ))?;
 
     let before = match scrape_batch_stats(&api).await {
-        Ok(stats) => stats,
+        // A server that has committed nothing yet has no histogram: zero.
+        Ok(stats) => Some(stats.unwrap_or(BatchStats {
+            sum: 0.0,
+            count: 0.0,
+        })),
         Err(ClientError::Api(_)) => None,
         Err(e) => return Err(anyhow::Error::new(e).context("cannot reach the server")),
     };
