@@ -1,5 +1,6 @@
 //! Herald's storage: one trait, [`Storage`], that every backend implements,
-//! and the embedded SQLite backend ([`sqlite::SqliteStorage`]).
+//! the embedded SQLite backend ([`sqlite::SqliteStorage`]) and the
+//! PostgreSQL backend ([`postgres::PostgresStorage`]).
 //!
 //! The contract of every method, and above all of the writer lease, is in
 //! `docs/storage.md` (the design it follows is the writer-lease brief). In
@@ -10,13 +11,20 @@
 //!
 //! The crate knows nothing of HTTP or of the lease's timing policy (when to
 //! renew, when to give up): that is `herald-lease`.
+//!
+//! The feature `testing` adds test support: the module `conformance` (the
+//! suite every backend passes unchanged) and the module `testing` (a
+//! throwaway PostgreSQL database per test).
 
 mod error;
+pub mod postgres;
 pub mod sqlite;
 mod traits;
 
-#[cfg(feature = "conformance")]
+#[cfg(feature = "testing")]
 pub mod conformance;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use error::{Error, Result};
 pub use traits::{Acquire, ChangeFeed, LeaseStore, Page, Storage, TakeoverReason};

@@ -1,0 +1,468 @@
+//! The SQL of the PostgreSQL backend, run on pool connections.
+//!
+//! Transactions are READ COMMITTED: every statement sees the rows committed
+//! before it started, so a statement that runs after a lock wait sees the
+//! latest committed version of the row it waited for (PostgreSQL
+//! documentation, "Transaction Isolation", "Read Committed Isolation
+//! Level"). "Now" is `clock_timestamp()`, the time when the function is
+//! called, not when the transaction started ("Date/Time Functions and
+//! Operators", "Current Date/Time").
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use deadpool_postgres::Object;
+use herald_core::{
+    Appended, Candidate, ChannelHead, ChannelName, FencingToken, Lease, LeaseInfo, Message,
+    NewMessage, Offset,
+};
+use serde_json::value::RawValue;
+use tokio_postgres::{GenericClient, IsolationLevel};
+
+use super::fenced_write_lock_key;
+use crate::{Acquire, ChangeFeed, Error, Page, Result, TakeoverReason};
+
+/// The error of a fencing check or renewal that matched no current lease.
+pub(super) fn lost(lease: &Lease) -> Error {
+    Error::LeaseLost {
+        name: lease.name.clone(),
+        token: lease.token,
+    }
+}
+
+/// A presented token as PostgreSQL stores it (`bigint`); a token that does
+/// not fit cannot be current.
+pub(super) fn sql_token(lease: &Lease) -> Result<i64> {
+    i64::try_from(lease.token.0).map_err(|_| lost(lease))
+}
+
+fn to_u64(value: i64, what: &str) -> Result<u64> {
+    u64::try_from(value).map_err(|_| Error::Corrupt(format!("{what} is negative: {value}")))
+}
+
+fn to_token(value: i64) -> Result<FencingToken> {
+    to_u64(value, "fencing token").map(FencingToken)
+}
+
+fn to_channel(name: String) -> Result<ChannelName> {
+    ChannelName::new(name).map_err(|e| Error::Corrupt(format!("stored channel name: {e}")))
+}
+
+fn to_json(text: String) -> Result<Arc<RawValue>> {
+    RawValue::from_string(text)
+        .map(Arc::from)
+        .map_err(|e| Error::Corrupt(format!("stored message data is not JSON: {e}")))
+}
+
+/// A `timestamptz` as whole milliseconds since the Unix epoch, rounded
+/// down (also before 1970).
+fn to_ms(time: SystemTime) -> i64 {
+    match time.duration_since(UNIX_EPOCH) {
+        Ok(after) => i64::try_from(after.as_millis()).unwrap_or(i64::MAX),
+        Err(before) => {
+            let before = before.duration();
+            let ms = before.as_millis() + u128::from(before.subsec_nanos() % 1_000_000 != 0);
+            i64::try_from(ms).map_or(i64::MIN, |ms| -ms)
+        }
+    }
+}
+
+/// An offset or cursor as a `bigint`; values above `i64::MAX` are beyond
+/// everything stored, and `i64::MAX` is too.
+fn sql_position(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// The current lease row, with the time left computed by the database and
+/// rounded up, so that it is <= 0 exactly when `expires_at <=
+/// clock_timestamp()`, the expiry test of every other statement.
+const LEASE_INFO_SQL: &str = "SELECT name, holder, holder_url, token, \
+     ceil((extract(epoch FROM expires_at) - extract(epoch FROM clock_timestamp())) * 1000)::bigint \
+     FROM storage_leases WHERE name = $1";
+
+async fn read_lease_info<C: GenericClient>(client: &C, name: &str) -> Result<Option<LeaseInfo>> {
+    let Some(row) = client.query_opt(LEASE_INFO_SQL, &[&name]).await? else {
+        return Ok(None);
+    };
+    Ok(Some(LeaseInfo {
+        name: row.try_get(0)?,
+        holder: row.try_get(1)?,
+        holder_url: row.try_get(2)?,
+        token: to_token(row.try_get(3)?)?,
+        expires_in_ms: row.try_get(4)?,
+    }))
+}
+
+/// The lease as the storage sees it now.
+pub(super) async fn lease_info(client: &Object, name: &str) -> Result<Option<LeaseInfo>> {
+    let client: &tokio_postgres::Client = client;
+    read_lease_info(client, name).await
+}
+
+/// Locks the lease row `FOR UPDATE`: conflicts with the `FOR KEY SHARE` of
+/// every fenced write in flight, so an acquire waits for all of them, and
+/// every fenced write that starts later waits for the acquire and then sees
+/// its new token.
+const LOCK_FOR_TAKEOVER_SQL: &str = "SELECT 1 FROM storage_leases WHERE name = $1 FOR UPDATE";
+
+/// The takeover decision, run after the row lock is held: the row is taken
+/// only when released or expired at this statement's clock reading.
+/// Returns the new token and the previous holder (NULL when released).
+const TAKE_OVER_SQL: &str = "UPDATE storage_leases AS l \
+     SET holder = $2, holder_url = $3, holder_session = NULL, token = l.token + 1, \
+         acquired_at = c.now, renewed_at = c.now, \
+         expires_at = c.now + $4::bigint * interval '1 millisecond' \
+     FROM (SELECT clock_timestamp() AS now) AS c, \
+          (SELECT holder AS previous_holder FROM storage_leases WHERE name = $1) AS p \
+     WHERE l.name = $1 AND (l.holder IS NULL OR l.expires_at <= c.now) \
+     RETURNING l.token, p.previous_holder";
+
+/// One transaction: `lock_timeout`, the lease row `FOR UPDATE` (inserting a
+/// blank row with token 0 first when there is none), then the decision in a
+/// statement of its own.
+pub(super) async fn acquire(
+    client: &mut Object,
+    candidate: &Candidate,
+    ttl_ms: i64,
+    lock_timeout: &str,
+) -> Result<Acquire> {
+    let name = candidate.lease_name.as_str();
+    let tx = client
+        .build_transaction()
+        .isolation_level(IsolationLevel::ReadCommitted)
+        .start()
+        .await?;
+    tx.execute(
+        "SELECT set_config('lock_timeout', $1, true)",
+        &[&lock_timeout],
+    )
+    .await?;
+    let lock = tx.prepare_cached(LOCK_FOR_TAKEOVER_SQL).await?;
+    let mut fresh = false;
+    if tx.query_opt(&lock, &[&name]).await?.is_none() {
+        // The blank row never becomes visible as such: the takeover below
+        // always matches it (holder NULL) in this same transaction. Another
+        // node inserting at the same time makes this wait for its commit,
+        // then do nothing.
+        let inserted = tx
+            .execute(
+                "INSERT INTO storage_leases \
+                 (name, holder, holder_url, holder_session, token, expires_at, acquired_at, renewed_at) \
+                 VALUES ($1, NULL, NULL, NULL, 0, clock_timestamp(), clock_timestamp(), clock_timestamp()) \
+                 ON CONFLICT (name) DO NOTHING",
+                &[&name],
+            )
+            .await?;
+        fresh = inserted == 1;
+        if tx.query_opt(&lock, &[&name]).await?.is_none() {
+            return Err(Error::Corrupt(format!(
+                "the lease row {name:?} vanished inside an acquire"
+            )));
+        }
+    }
+    let take_over = tx.prepare_cached(TAKE_OVER_SQL).await?;
+    let taken = tx
+        .query_opt(
+            &take_over,
+            &[&name, &candidate.node_id, &candidate.advertise_url, &ttl_ms],
+        )
+        .await?;
+    let Some(row) = taken else {
+        let info = read_lease_info(&*tx, name).await?.ok_or_else(|| {
+            Error::Corrupt(format!("the lease row {name:?} vanished inside an acquire"))
+        })?;
+        tx.rollback().await?;
+        return Ok(Acquire::Held(info));
+    };
+    let token = to_token(row.try_get(0)?)?;
+    let previous: Option<String> = row.try_get(1)?;
+    let reason = match (&previous, fresh) {
+        (_, true) => TakeoverReason::Fresh,
+        (None, false) => TakeoverReason::Released,
+        (Some(_), false) => TakeoverReason::Expired,
+    };
+    tx.commit().await?;
+    let lease = Lease {
+        name: name.to_owned(),
+        holder: candidate.node_id.clone(),
+        holder_url: candidate.advertise_url.clone(),
+        token,
+    };
+    tracing::info!(
+        lease = %lease.name,
+        token = token.0,
+        holder = %lease.holder,
+        previous_holder = previous.as_deref().unwrap_or(""),
+        reason = reason.as_str(),
+        "writer lease acquired"
+    );
+    Ok(Acquire::Acquired { lease, reason })
+}
+
+/// Clears the holder if `lease` is current; the token stays. One
+/// autocommitted `UPDATE`: it locks the row `FOR NO KEY UPDATE`, so it does
+/// not wait for fenced writes; a write in flight either finishes before a
+/// later acquire (which waits for it) or, if it starts after the release,
+/// finds no holder and fails.
+pub(super) async fn release(client: &Object, lease: &Lease) -> Result<()> {
+    let Ok(token) = sql_token(lease) else {
+        return Ok(());
+    };
+    let stmt = client
+        .prepare_cached(
+            "UPDATE storage_leases SET holder = NULL, holder_url = NULL, holder_session = NULL, \
+             expires_at = clock_timestamp() \
+             WHERE name = $1 AND holder = $2 AND token = $3",
+        )
+        .await?;
+    let updated = client
+        .execute(&stmt, &[&lease.name, &lease.holder, &token])
+        .await?;
+    tracing::info!(
+        lease = %lease.name,
+        token = lease.token.0,
+        holder = %lease.holder,
+        released = updated > 0,
+        "writer lease release"
+    );
+    Ok(())
+}
+
+/// Serializes the fenced writes of one lease until commit.
+const WRITE_LOCK_SQL: &str = "SELECT pg_advisory_xact_lock($1)";
+
+/// Holds the lease row against a takeover until commit; does not conflict
+/// with a renewal's `FOR NO KEY UPDATE`. This is where a fenced write may
+/// wait (for an acquire in progress).
+const LOCK_FOR_WRITE_SQL: &str = "SELECT 1 FROM storage_leases WHERE name = $1 FOR KEY SHARE";
+
+/// The fencing check, run after the row lock is held so that its clock
+/// reading is taken after any wait: holder and token current and not
+/// expired. Also reads the batch's commit time.
+const FENCING_CHECK_SQL: &str = "SELECT l.holder IS NOT DISTINCT FROM $2 AND l.token = $3 \
+         AND l.expires_at > c.now, c.now \
+     FROM storage_leases AS l, (SELECT clock_timestamp() AS now) AS c \
+     WHERE l.name = $1";
+
+/// The fenced write: one READ COMMITTED transaction that takes the lease's
+/// advisory lock, locks the lease row `FOR KEY SHARE`, checks the lease,
+/// then appends the batch in order and commits.
+pub(super) async fn append(
+    client: &mut Object,
+    lease: &Lease,
+    batch: &[NewMessage],
+) -> Result<Vec<Appended>> {
+    let token = sql_token(lease)?;
+    let tx = client
+        .build_transaction()
+        .isolation_level(IsolationLevel::ReadCommitted)
+        .start()
+        .await?;
+    let write_lock = tx.prepare_cached(WRITE_LOCK_SQL).await?;
+    tx.execute(&write_lock, &[&fenced_write_lock_key(&lease.name)])
+        .await?;
+    let lock_row = tx.prepare_cached(LOCK_FOR_WRITE_SQL).await?;
+    tx.query_opt(&lock_row, &[&lease.name]).await?;
+    let check = tx.prepare_cached(FENCING_CHECK_SQL).await?;
+    let checked = tx
+        .query_opt(&check, &[&lease.name, &lease.holder, &token])
+        .await?;
+    let now: SystemTime = match checked {
+        Some(row) if row.try_get::<_, bool>(0)? => row.try_get(1)?,
+        _ => {
+            tx.rollback().await?;
+            tracing::warn!(
+                lease = %lease.name,
+                token = lease.token.0,
+                holder = %lease.holder,
+                "writer lease lost: fenced write refused"
+            );
+            return Err(lost(lease));
+        }
+    };
+    let now_ms = to_ms(now);
+
+    let find_key = tx
+        .prepare_cached(
+            "SELECT \"offset\", published_at FROM messages \
+             WHERE channel = $1 AND idempotency_key = $2",
+        )
+        .await?;
+    let bump_head = tx
+        .prepare_cached(
+            "INSERT INTO channels (name, head, created_at) VALUES ($1, 1, $2) \
+             ON CONFLICT (name) DO UPDATE SET head = channels.head + 1 RETURNING head",
+        )
+        .await?;
+    let insert = tx
+        .prepare_cached(
+            "INSERT INTO messages \
+             (channel, \"offset\", data, published_at, idempotency_key, token) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .await?;
+    let mut out = Vec::with_capacity(batch.len());
+    for message in batch {
+        let channel = message.channel.as_str();
+        let key = message.idempotency_key.as_ref().map(|k| k.as_str());
+        if let Some(key) = key {
+            // Sees this transaction's own inserts: covers keys used earlier
+            // in the same batch too.
+            if let Some(row) = tx.query_opt(&find_key, &[&channel, &key]).await? {
+                out.push(Appended {
+                    channel: message.channel.clone(),
+                    offset: to_u64(row.try_get(0)?, "offset")?,
+                    published_at_ms: to_ms(row.try_get(1)?),
+                    duplicate: true,
+                });
+                continue;
+            }
+        }
+        // May wait on the channel's row lock; the lease row stays locked
+        // FOR KEY SHARE meanwhile, which a renewal does not wait for.
+        let offset: i64 = tx
+            .query_one(&bump_head, &[&channel, &now])
+            .await?
+            .try_get(0)?;
+        tx.execute(
+            &insert,
+            &[&channel, &offset, &message.data.get(), &now, &key, &token],
+        )
+        .await?;
+        out.push(Appended {
+            channel: message.channel.clone(),
+            offset: to_u64(offset, "offset")?,
+            published_at_ms: now_ms,
+            duplicate: false,
+        });
+    }
+    tx.commit().await?;
+    Ok(out)
+}
+
+/// A page of one channel with the channel's head, in one statement (one
+/// snapshot). The outer row always exists, so an empty page still carries
+/// the head.
+pub(super) async fn read(
+    client: &Object,
+    channel: &ChannelName,
+    after: Offset,
+    limit: usize,
+) -> Result<Page> {
+    let stmt = client
+        .prepare_cached(
+            "SELECT h.head, m.\"offset\", m.data, m.published_at \
+             FROM (SELECT COALESCE((SELECT head FROM channels WHERE name = $1), 0) AS head) AS h \
+             LEFT JOIN LATERAL ( \
+                 SELECT \"offset\", data, published_at FROM messages \
+                 WHERE channel = $1 AND \"offset\" > $2 ORDER BY \"offset\" LIMIT $3 \
+             ) AS m ON true \
+             ORDER BY m.\"offset\"",
+        )
+        .await?;
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let rows = client
+        .query(&stmt, &[&channel.as_str(), &sql_position(after), &limit])
+        .await?;
+    let mut head = 0;
+    let mut messages = Vec::with_capacity(rows.len());
+    for row in rows {
+        head = to_u64(row.try_get(0)?, "head")?;
+        let Some(offset) = row.try_get::<_, Option<i64>>(1)? else {
+            continue;
+        };
+        let published_at: SystemTime = row.try_get(3)?;
+        messages.push(Message {
+            offset: to_u64(offset, "offset")?,
+            data: to_json(row.try_get(2)?)?,
+            published_at_ms: to_ms(published_at),
+        });
+    }
+    Ok(Page { head, messages })
+}
+
+/// Every channel with its head, by name in byte order.
+pub(super) async fn channels(client: &Object) -> Result<Vec<ChannelHead>> {
+    let stmt = client
+        .prepare_cached("SELECT name, head FROM channels ORDER BY name COLLATE \"C\"")
+        .await?;
+    client
+        .query(&stmt, &[])
+        .await?
+        .into_iter()
+        .map(|row| {
+            Ok(ChannelHead {
+                name: to_channel(row.try_get(0)?)?,
+                head: to_u64(row.try_get(1)?, "head")?,
+            })
+        })
+        .collect()
+}
+
+/// The channels with a message whose id is above `cursor`, with their
+/// current head (same statement, same snapshot), ordered by name; the new
+/// cursor is the largest id seen, or `cursor` when nothing moved.
+///
+/// Ids are in commit order because the fenced writes of a lease are
+/// serialized by its advisory lock, held until after their commit is
+/// visible: a snapshot that sees id `n` sees every smaller id that will
+/// ever commit.
+pub(super) async fn changes_since(client: &Object, cursor: u64) -> Result<ChangeFeed> {
+    let stmt = client
+        .prepare_cached(
+            "SELECT c.name, c.head, m.last_id \
+             FROM (SELECT channel, MAX(id) AS last_id FROM messages WHERE id > $1 GROUP BY channel) AS m \
+             JOIN channels AS c ON c.name = m.channel \
+             ORDER BY c.name COLLATE \"C\"",
+        )
+        .await?;
+    let mut new_cursor = cursor;
+    let mut changed = Vec::new();
+    for row in client.query(&stmt, &[&sql_position(cursor)]).await? {
+        changed.push(ChannelHead {
+            name: to_channel(row.try_get(0)?)?,
+            head: to_u64(row.try_get(1)?, "head")?,
+        });
+        new_cursor = new_cursor.max(to_u64(row.try_get(2)?, "message id")?);
+    }
+    Ok(ChangeFeed {
+        cursor: new_cursor,
+        changed,
+    })
+}
+
+/// The largest message id, 0 when there is none.
+pub(super) async fn change_cursor(client: &Object) -> Result<u64> {
+    let stmt = client
+        .prepare_cached("SELECT COALESCE(MAX(id), 0)::bigint FROM messages")
+        .await?;
+    to_u64(
+        client.query_one(&stmt, &[]).await?.try_get(0)?,
+        "message id",
+    )
+}
+
+/// A trivial query that reads the schema.
+pub(super) async fn ping(client: &Object) -> Result<()> {
+    let stmt = client
+        .prepare_cached("SELECT COUNT(*) FROM storage_leases")
+        .await?;
+    client.query_one(&stmt, &[]).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn ms_round_down_on_both_sides_of_the_epoch() {
+        let at = |d: Duration| UNIX_EPOCH + d;
+        assert_eq!(to_ms(at(Duration::from_micros(1_500))), 1);
+        assert_eq!(to_ms(UNIX_EPOCH), 0);
+        assert_eq!(to_ms(UNIX_EPOCH - Duration::from_micros(1_500)), -2);
+        assert_eq!(to_ms(UNIX_EPOCH - Duration::from_millis(3)), -3);
+    }
+}

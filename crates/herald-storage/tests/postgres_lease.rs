@@ -1,0 +1,1021 @@
+//! The writer lease on PostgreSQL: the lock modes, timeouts and connections
+//! the shared conformance suite cannot state. Every test runs on a fresh
+//! database of the test cluster (`HERALD_TEST_DATABASE_URL`). A second
+//! `PostgresStorage` on the same database stands for a second node; a raw
+//! client (`TestDatabase::raw_client`) stands for "another session" that
+//! holds row locks; a second raw client watches `pg_stat_activity`.
+//!
+//! "Promptly" means well under the statement timeout of the storage under
+//! test, so that a renewal that waited for the lock it must not wait for
+//! fails the bound by a wide margin.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use herald_core::{Candidate, ChannelName, FencingToken, Lease, NewMessage};
+use herald_storage::postgres::{PostgresOptions, PostgresStorage};
+use herald_storage::testing::TestDatabase;
+use herald_storage::{Acquire, Error, LeaseStore, Storage, TakeoverReason};
+use serde_json::value::RawValue;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+use tokio_postgres::Client;
+
+const LEASE: &str = "writer";
+const MINUTE: Duration = Duration::from_secs(60);
+/// What "promptly" allows for a renewal that must not wait for anything.
+const PROMPT: Duration = Duration::from_millis(500);
+/// Longest any wait for a condition in these tests polls before failing.
+const WAIT_LIMIT: Duration = Duration::from_secs(15);
+
+fn candidate(node: &str) -> Candidate {
+    Candidate {
+        lease_name: LEASE.to_owned(),
+        node_id: node.to_owned(),
+        advertise_url: format!("http://{node}.test:8080"),
+    }
+}
+
+fn named(lease_name: &str, node: &str) -> Candidate {
+    Candidate {
+        lease_name: lease_name.to_owned(),
+        ..candidate(node)
+    }
+}
+
+fn msg(channel: &str, data: &str) -> NewMessage {
+    NewMessage {
+        channel: ChannelName::new(channel).unwrap(),
+        data: Arc::from(RawValue::from_string(data.to_owned()).unwrap()),
+        idempotency_key: None,
+    }
+}
+
+/// Options for these tests: a writer statement timeout long enough that a
+/// blocked fenced write stays blocked while a test looks at it.
+fn options() -> PostgresOptions {
+    PostgresOptions {
+        statement_timeout: Duration::from_secs(20),
+        idle_in_transaction_timeout: Duration::from_secs(20),
+        renew_statement_timeout: Duration::from_secs(3),
+        acquire_lock_timeout: Duration::from_secs(10),
+        pool_wait_timeout: Duration::from_secs(20),
+        ..PostgresOptions::default()
+    }
+}
+
+async fn node(url: &str, options: PostgresOptions) -> PostgresStorage {
+    PostgresStorage::connect(url, options).await.unwrap()
+}
+
+async fn acquire(
+    storage: &PostgresStorage,
+    c: &Candidate,
+    ttl: Duration,
+) -> (Lease, TakeoverReason) {
+    match storage.acquire(c, ttl).await.unwrap() {
+        Acquire::Acquired { lease, reason } => (lease, reason),
+        Acquire::Held(info) => panic!("{} expected to acquire, held: {info:?}", c.node_id),
+    }
+}
+
+fn assert_lost<T: std::fmt::Debug>(result: Result<T, Error>, lease: &Lease) {
+    match result {
+        Err(Error::LeaseLost { name, token }) => {
+            assert_eq!(name, lease.name);
+            assert_eq!(token, lease.token);
+        }
+        other => panic!(
+            "expected LeaseLost for token {}, got {other:?}",
+            lease.token
+        ),
+    }
+}
+
+/// Opens a transaction on `raw` that locks `channel`'s row FOR UPDATE.
+async fn lock_channel(raw: &Client, channel: &str) {
+    raw.batch_execute("BEGIN").await.unwrap();
+    let locked = raw
+        .query(
+            "SELECT 1 FROM channels WHERE name = $1 FOR UPDATE",
+            &[&channel],
+        )
+        .await
+        .unwrap();
+    assert_eq!(locked.len(), 1, "channel {channel} must exist to be locked");
+}
+
+/// Opens a transaction on `raw` that locks the lease row FOR UPDATE without
+/// changing it.
+async fn lock_lease_row(raw: &Client) {
+    raw.batch_execute("BEGIN").await.unwrap();
+    let locked = raw
+        .query(
+            "SELECT 1 FROM storage_leases WHERE name = $1 FOR UPDATE",
+            &[&LEASE],
+        )
+        .await
+        .unwrap();
+    assert_eq!(locked.len(), 1);
+}
+
+/// Waits until `n` sessions named `application` wait for a heavyweight
+/// lock (a row lock wait shows as a wait for the locker's transaction or
+/// for the tuple; an advisory lock wait as `advisory`).
+async fn wait_for_lock_waiters(monitor: &Client, application: &str, n: i64) {
+    let deadline = Instant::now() + WAIT_LIMIT;
+    loop {
+        let waiting: i64 = monitor
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND application_name = $1 \
+                 AND wait_event_type = 'Lock'",
+                &[&application],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{n} sessions of {application} never waited for a lock ({waiting} did)"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Polls until the lease has expired on the database clock.
+async fn wait_expired(storage: &PostgresStorage) {
+    let deadline = Instant::now() + WAIT_LIMIT;
+    loop {
+        let info = storage.lease_info(LEASE).await.unwrap().unwrap();
+        if info.expires_in_ms <= 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "lease never expired: {info:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// `expires_at` of the lease as microseconds since the epoch, read by a
+/// raw client.
+async fn expires_at_us(raw: &Client) -> i64 {
+    raw.query_one(
+        "SELECT (extract(epoch FROM expires_at) * 1000000)::bigint FROM storage_leases WHERE name = $1",
+        &[&LEASE],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// `(channel, offset, token)` of every message, in id (commit) order.
+async fn stored_messages(raw: &Client) -> Vec<(String, i64, i64)> {
+    raw.query(
+        "SELECT channel, \"offset\", token FROM messages ORDER BY id",
+        &[],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| (r.get(0), r.get(1), r.get(2)))
+    .collect()
+}
+
+/// A TCP proxy to the test server that can turn the connections open so
+/// far into black holes (nothing forwarded in either direction, no close
+/// passed on), as a network partition or a frozen server would. Connections
+/// opened later pass normally.
+struct Proxy {
+    addr: SocketAddr,
+    frozen_flags: Arc<Mutex<Vec<Arc<AtomicBool>>>>,
+    tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
+}
+
+impl Proxy {
+    async fn start(upstream: SocketAddr) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let frozen_flags: Arc<Mutex<Vec<Arc<AtomicBool>>>> = Arc::default();
+        let tasks: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let (flags, pumps) = (Arc::clone(&frozen_flags), Arc::clone(&tasks));
+        let accept = tokio::spawn(async move {
+            while let Ok((down, _)) = listener.accept().await {
+                let Ok(up) = TcpStream::connect(upstream).await else {
+                    continue;
+                };
+                let frozen = Arc::new(AtomicBool::new(false));
+                flags.lock().unwrap().push(Arc::clone(&frozen));
+                let (down_read, down_write) = down.into_split();
+                let (up_read, up_write) = up.into_split();
+                let mut pumps = pumps.lock().unwrap();
+                pumps.push(tokio::spawn(pump(down_read, up_write, Arc::clone(&frozen))));
+                pumps.push(tokio::spawn(pump(up_read, down_write, frozen)));
+            }
+        });
+        tasks.lock().unwrap().push(accept);
+        Proxy {
+            addr,
+            frozen_flags,
+            tasks,
+        }
+    }
+
+    /// Black-holes every connection opened so far.
+    fn freeze_existing(&self) {
+        for flag in self.frozen_flags.lock().unwrap().iter() {
+            flag.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        for task in self.tasks.lock().unwrap().drain(..) {
+            task.abort();
+        }
+    }
+}
+
+async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, frozen: Arc<AtomicBool>) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let read = from.read(&mut buf).await;
+        if frozen.load(Ordering::SeqCst) {
+            // Swallow this and everything after, including a close.
+            std::future::pending::<()>().await;
+        }
+        match read {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if to.write_all(&buf[..n]).await.is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    let _ = to.shutdown().await;
+}
+
+/// Design test 1: a renewal completes promptly while a fenced write holds
+/// the lease row (FOR KEY SHARE) and waits on a channel row lock held by
+/// another session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn renewal_is_prompt_while_a_fenced_write_waits_on_a_channel_lock() {
+    let db = TestDatabase::create().await;
+    let storage = node(db.url(), options()).await;
+    let (lease, _) = acquire(&storage, &candidate("node-a"), MINUTE).await;
+    storage.append(&lease, &[msg("busy", "1")]).await.unwrap();
+    // Opens the renewal connection: the bound below is about locks.
+    storage.renew(&lease, MINUTE).await.unwrap();
+    let raw = db.raw_client().await;
+    let monitor = db.raw_client().await;
+
+    lock_channel(&raw, "busy").await;
+    let writer = {
+        let (storage, lease) = (storage.clone(), lease.clone());
+        tokio::spawn(async move { storage.append(&lease, &[msg("busy", "2")]).await })
+    };
+    wait_for_lock_waiters(&monitor, "herald", 1).await;
+    let before = expires_at_us(&monitor).await;
+
+    let started = Instant::now();
+    let renewed = storage.renew(&lease, MINUTE).await;
+    let took = started.elapsed();
+    assert!(
+        renewed.is_ok(),
+        "renewal failed after {took:?}: {renewed:?}"
+    );
+    assert!(
+        took < PROMPT,
+        "renewal took {took:?} behind a fenced write, bound {PROMPT:?}"
+    );
+    assert!(
+        expires_at_us(&monitor).await > before,
+        "the lease was not extended"
+    );
+    assert!(
+        !writer.is_finished(),
+        "the fenced write should still be waiting"
+    );
+
+    raw.batch_execute("COMMIT").await.unwrap();
+    let out = writer.await.unwrap().unwrap();
+    assert_eq!(out[0].offset, 2);
+}
+
+/// Design test 2: a renewal completes promptly while every pool connection
+/// is taken by fenced writes queued on locks (one on the channel row lock,
+/// the others on the lease's advisory lock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn renewal_is_prompt_while_writers_hold_every_pool_connection() {
+    const POOL: usize = 4;
+    let db = TestDatabase::create().await;
+    let storage = node(
+        db.url(),
+        PostgresOptions {
+            pool_size: POOL,
+            ..options()
+        },
+    )
+    .await;
+    let (lease, _) = acquire(&storage, &candidate("node-a"), MINUTE).await;
+    storage.append(&lease, &[msg("busy", "0")]).await.unwrap();
+    storage.renew(&lease, MINUTE).await.unwrap();
+    let raw = db.raw_client().await;
+    let monitor = db.raw_client().await;
+
+    lock_channel(&raw, "busy").await;
+    let writers: Vec<_> = (0..POOL)
+        .map(|i| {
+            let (storage, lease) = (storage.clone(), lease.clone());
+            tokio::spawn(
+                async move { storage.append(&lease, &[msg("busy", &i.to_string())]).await },
+            )
+        })
+        .collect();
+    wait_for_lock_waiters(&monitor, "herald", POOL as i64).await;
+    // The premise: the pool has no connection left.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), storage.ping())
+            .await
+            .is_err(),
+        "the pool still had a free connection"
+    );
+
+    let started = Instant::now();
+    let renewed =
+        tokio::time::timeout(Duration::from_secs(10), storage.renew(&lease, MINUTE)).await;
+    let took = started.elapsed();
+    assert!(
+        matches!(renewed, Ok(Ok(()))),
+        "renewal failed after {took:?}: {renewed:?}"
+    );
+    assert!(
+        took < PROMPT,
+        "renewal took {took:?} with the pool full, bound {PROMPT:?}"
+    );
+
+    raw.batch_execute("COMMIT").await.unwrap();
+    let mut offsets = Vec::new();
+    for writer in writers {
+        offsets.push(writer.await.unwrap().unwrap()[0].offset);
+    }
+    offsets.sort_unstable();
+    assert_eq!(offsets, (2..=POOL as u64 + 1).collect::<Vec<_>>());
+}
+
+/// Design test 3, the server answers: a renewal blocked on the lease row
+/// (another session holds it FOR UPDATE) settles with an error within the
+/// renewal statement timeout + 1 s + slack, and a later attempt succeeds
+/// once the lock is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn renewal_blocked_on_the_lease_row_settles_in_time() {
+    let renew_timeout = Duration::from_millis(500);
+    let bound = renew_timeout + Duration::from_secs(1) + Duration::from_millis(300);
+    let db = TestDatabase::create().await;
+    let storage = node(
+        db.url(),
+        PostgresOptions {
+            renew_statement_timeout: renew_timeout,
+            ..options()
+        },
+    )
+    .await;
+    let (lease, _) = acquire(&storage, &candidate("node-a"), MINUTE).await;
+    let raw = db.raw_client().await;
+
+    lock_lease_row(&raw).await;
+    let started = Instant::now();
+    let blocked = storage.renew(&lease, MINUTE).await;
+    let took = started.elapsed();
+    assert!(
+        matches!(blocked, Err(Error::Unavailable(_))),
+        "expected Unavailable, got {blocked:?} after {took:?}"
+    );
+    assert!(took >= renew_timeout, "settled before it waited: {took:?}");
+    assert!(took < bound, "renewal took {took:?}, bound {bound:?}");
+
+    raw.batch_execute("COMMIT").await.unwrap();
+    let started = Instant::now();
+    storage.renew(&lease, MINUTE).await.unwrap();
+    assert!(started.elapsed() < PROMPT, "{:?}", started.elapsed());
+}
+
+/// Design test 3, the answer never comes: a renewal blocked on the lease
+/// row whose connection then goes silent (the server's statement-timeout
+/// error is lost, as in a partition) is abandoned by the client within the
+/// renewal statement timeout + 1 s + slack; once the lock is gone the next
+/// attempt succeeds at once on a fresh connection, not blocked by the hung
+/// one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn silent_renewal_is_abandoned_and_the_next_attempt_uses_a_fresh_connection() {
+    let renew_timeout = Duration::from_millis(500);
+    let bound = renew_timeout + Duration::from_secs(1) + Duration::from_millis(300);
+    let db = TestDatabase::create().await;
+    let direct = node(db.url(), options()).await;
+    let (lease, _) = acquire(&direct, &candidate("node-a"), MINUTE).await;
+    let proxy = Proxy::start(db.server_addr()).await;
+    let proxied = node(
+        &db.url_via(proxy.addr),
+        PostgresOptions {
+            renew_statement_timeout: renew_timeout,
+            ..options()
+        },
+    )
+    .await;
+    proxied.renew(&lease, MINUTE).await.unwrap();
+    let raw = db.raw_client().await;
+    let monitor = db.raw_client().await;
+
+    lock_lease_row(&raw).await;
+    let started = Instant::now();
+    let attempt = {
+        let (proxied, lease) = (proxied.clone(), lease.clone());
+        tokio::spawn(async move { proxied.renew(&lease, MINUTE).await })
+    };
+    wait_for_lock_waiters(&monitor, "herald-renewal", 1).await;
+    proxy.freeze_existing();
+
+    let settled = tokio::time::timeout(Duration::from_secs(10), attempt).await;
+    let took = started.elapsed();
+    let Ok(settled) = settled else {
+        panic!("renewal took over {took:?} without settling, bound {bound:?}");
+    };
+    let settled = settled.unwrap();
+    assert!(
+        matches!(settled, Err(Error::Unavailable(_))),
+        "expected Unavailable, got {settled:?} after {took:?}"
+    );
+    assert!(
+        took >= renew_timeout + Duration::from_secs(1) - Duration::from_millis(50),
+        "settled at {took:?}, before the client-side limit: the answer was not lost"
+    );
+    assert!(took < bound, "renewal took {took:?}, bound {bound:?}");
+
+    raw.batch_execute("COMMIT").await.unwrap();
+    let started = Instant::now();
+    let next = tokio::time::timeout(Duration::from_secs(10), proxied.renew(&lease, MINUTE)).await;
+    let took = started.elapsed();
+    assert!(matches!(next, Ok(Ok(()))), "{next:?} after {took:?}");
+    assert!(
+        took < PROMPT,
+        "the next renewal took {took:?}, bound {PROMPT:?}"
+    );
+}
+
+/// Design test 4: takeover safety. Node A's fenced write is in flight
+/// (blocked on a channel row lock) when A's lease expires; node B's acquire
+/// waits for that write; the write commits with A's token; B then acquires
+/// with token + 1; A's next fenced write fails as lease lost; and every
+/// stored message carries the token that held the lease when it committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn takeover_waits_for_the_fenced_write_in_flight() {
+    let db = TestDatabase::create().await;
+    let a = node(db.url(), options()).await;
+    let b = node(db.url(), options()).await;
+    let raw = db.raw_client().await;
+    let monitor = db.raw_client().await;
+
+    let (old, _) = acquire(&a, &candidate("node-a"), Duration::from_secs(1)).await;
+    a.append(&old, &[msg("log", "1")]).await.unwrap();
+    lock_channel(&raw, "log").await;
+    let in_flight = {
+        let (a, old) = (a.clone(), old.clone());
+        tokio::spawn(async move { a.append(&old, &[msg("log", "2")]).await })
+    };
+    wait_for_lock_waiters(&monitor, "herald", 1).await;
+    wait_expired(&b).await;
+
+    // Right after B's acquire returns, B's task looks at what is committed.
+    let observer = db.raw_client().await;
+    let takeover = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            let out = b.acquire(&candidate("node-b"), MINUTE).await;
+            (out, stored_messages(&observer).await)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(
+        !takeover.is_finished(),
+        "B's acquire returned while A's fenced write was still in flight: {:?}",
+        takeover.await.unwrap().0
+    );
+    assert!(!in_flight.is_finished());
+
+    raw.batch_execute("COMMIT").await.unwrap();
+    let written = in_flight.await.unwrap();
+    assert_eq!(written.unwrap()[0].offset, 2, "the write in flight commits");
+    let (taken, committed_before_takeover) = takeover.await.unwrap();
+    let (new, reason) = match taken.unwrap() {
+        Acquire::Acquired { lease, reason } => (lease, reason),
+        Acquire::Held(info) => panic!("B should take over the expired lease: {info:?}"),
+    };
+    assert_eq!(reason, TakeoverReason::Expired);
+    assert_eq!(new.token, FencingToken(old.token.0 + 1));
+    // A commit is visible before the committing transaction's locks are
+    // released, so a takeover that waited for the write sees it.
+    let t_old = old.token.0 as i64;
+    assert_eq!(
+        committed_before_takeover,
+        [("log".to_owned(), 1, t_old), ("log".to_owned(), 2, t_old)],
+        "the takeover completed before the write in flight committed"
+    );
+
+    assert_lost(a.append(&old, &[msg("log", "\"late\"")]).await, &old);
+    b.append(&new, &[msg("log", "3")]).await.unwrap();
+
+    let t_new = new.token.0 as i64;
+    assert_eq!(
+        stored_messages(&monitor).await,
+        [("log", 1, t_old), ("log", 2, t_old), ("log", 3, t_new)].map(|(c, o, t)| (
+            c.to_owned(),
+            o,
+            t
+        ))
+    );
+}
+
+/// Design test 5: a renewal never extends an expired lease, also after a
+/// lock wait that outlasted the expiry: another session holds the lease row
+/// FOR UPDATE past the expiry without changing it, then commits; the
+/// renewal that waited is lease lost and `expires_at` is unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn renewal_after_a_lock_wait_past_expiry_is_lost() {
+    let db = TestDatabase::create().await;
+    let storage = node(
+        db.url(),
+        PostgresOptions {
+            renew_statement_timeout: Duration::from_secs(10),
+            ..options()
+        },
+    )
+    .await;
+    let (lease, _) = acquire(&storage, &candidate("node-a"), Duration::from_secs(1)).await;
+    let raw = db.raw_client().await;
+    let monitor = db.raw_client().await;
+
+    lock_lease_row(&raw).await;
+    let left = storage
+        .lease_info(LEASE)
+        .await
+        .unwrap()
+        .unwrap()
+        .expires_in_ms;
+    assert!(
+        left > 300,
+        "the renewal must start well before expiry ({left} ms left)"
+    );
+    let renewal = {
+        let (storage, lease) = (storage.clone(), lease.clone());
+        tokio::spawn(async move { storage.renew(&lease, MINUTE).await })
+    };
+    wait_for_lock_waiters(&monitor, "herald-renewal", 1).await;
+    let before = expires_at_us(&monitor).await;
+    wait_expired(&storage).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    raw.batch_execute("COMMIT").await.unwrap();
+
+    let result = renewal.await.unwrap();
+    let after = expires_at_us(&monitor).await;
+    assert_eq!(
+        after, before,
+        "a renewal extended an expired lease: {result:?}"
+    );
+    assert_lost(result, &lease);
+    let info = storage.lease_info(LEASE).await.unwrap().unwrap();
+    assert!(info.expires_in_ms <= 0, "{info:?}");
+}
+
+/// Two nodes acquiring at the same instant elect exactly one holder, both
+/// on a lease row that does not exist yet and on a released one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn simultaneous_acquires_elect_exactly_one_holder() {
+    const ROUNDS: usize = 20;
+    let db = TestDatabase::create().await;
+    let nodes = [
+        node(db.url(), options()).await,
+        node(db.url(), options()).await,
+    ];
+
+    let race = |lease_name: String| {
+        let barrier = Arc::new(tokio::sync::Barrier::new(2));
+        let tasks: Vec<_> = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, storage)| {
+                let (storage, barrier) = (storage.clone(), Arc::clone(&barrier));
+                let c = named(&lease_name, &format!("node-{i}"));
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    storage.acquire(&c, MINUTE).await.unwrap()
+                })
+            })
+            .collect();
+        async move {
+            let mut won = Vec::new();
+            for task in tasks {
+                if let Acquire::Acquired { lease, reason } = task.await.unwrap() {
+                    won.push((lease, reason));
+                }
+            }
+            assert_eq!(won.len(), 1, "lease {lease_name}: {won:?}");
+            won.pop().unwrap()
+        }
+    };
+
+    for round in 0..ROUNDS {
+        let name = format!("fresh-{round}");
+        let (lease, reason) = race(name.clone()).await;
+        assert_eq!(reason, TakeoverReason::Fresh);
+        assert_eq!(lease.token, FencingToken(1));
+        let info = nodes[0].lease_info(&name).await.unwrap().unwrap();
+        assert_eq!(info.holder.as_deref(), Some(lease.holder.as_str()));
+    }
+    let mut last = 0;
+    for round in 0..ROUNDS {
+        let (lease, reason) = race(LEASE.to_owned()).await;
+        let expected = if round == 0 {
+            TakeoverReason::Fresh
+        } else {
+            TakeoverReason::Released
+        };
+        assert_eq!(reason, expected, "round {round}");
+        assert_eq!(lease.token, FencingToken(last + 1), "round {round}");
+        last = lease.token.0;
+        let winner = nodes
+            .iter()
+            .zip(["node-0", "node-1"])
+            .find(|(_, id)| *id == lease.holder)
+            .map(|(n, _)| n)
+            .unwrap();
+        winner.release(&lease).await.unwrap();
+    }
+}
+
+/// The fencing token grows by exactly one on every acquisition, over
+/// acquire, release and expiry rounds of two nodes (the same node
+/// re-acquiring included), and never otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fencing_token_only_grows_over_acquire_release_and_expiry() {
+    let db = TestDatabase::create().await;
+    let nodes = [
+        node(db.url(), options()).await,
+        node(db.url(), options()).await,
+    ];
+    let short = Duration::from_millis(150);
+    // (node, how the round ends)
+    let rounds = [
+        (0, "release"),
+        (0, "expire"),
+        (1, "expire"),
+        (1, "release"),
+        (0, "release"),
+        (1, "expire"),
+        (0, "expire"),
+        (0, "release"),
+    ];
+    let mut last = 0;
+    let mut ended_by = None;
+    for (round, &(i, end)) in rounds.iter().enumerate() {
+        let c = candidate(&format!("node-{i}"));
+        let (lease, reason) = acquire(&nodes[i], &c, short).await;
+        let expected = match ended_by {
+            None => TakeoverReason::Fresh,
+            Some("release") => TakeoverReason::Released,
+            Some(_) => TakeoverReason::Expired,
+        };
+        assert_eq!(reason, expected, "round {round}");
+        assert_eq!(lease.token, FencingToken(last + 1), "round {round}");
+        last = lease.token.0;
+
+        let other = 1 - i;
+        match nodes[other]
+            .acquire(&candidate(&format!("node-{other}")), short)
+            .await
+            .unwrap()
+        {
+            Acquire::Held(info) => assert_eq!(info.token, lease.token, "round {round}"),
+            acquired => panic!("round {round}: the lease was free: {acquired:?}"),
+        }
+        if end == "release" {
+            nodes[i].release(&lease).await.unwrap();
+        } else {
+            wait_expired(&nodes[i]).await;
+        }
+        let info = nodes[other].lease_info(LEASE).await.unwrap().unwrap();
+        assert_eq!(
+            info.token, lease.token,
+            "round {round}: ending changed the token"
+        );
+        ended_by = Some(end);
+    }
+}
+
+/// Several nodes connecting to a new database at the same time migrate it
+/// exactly once; connecting again later applies nothing more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn migrations_run_once_when_nodes_connect_at_once() {
+    const NODES: usize = 8;
+    let db = TestDatabase::create().await;
+    let url: Arc<str> = Arc::from(db.url());
+    let barrier = Arc::new(tokio::sync::Barrier::new(NODES));
+    let connects: Vec<_> = (0..NODES)
+        .map(|_| {
+            let (url, barrier) = (Arc::clone(&url), Arc::clone(&barrier));
+            tokio::spawn(async move {
+                barrier.wait().await;
+                PostgresStorage::connect(&url, PostgresOptions::default()).await
+            })
+        })
+        .collect();
+    let mut nodes = Vec::new();
+    for connect in connects {
+        nodes.push(connect.await.unwrap().expect("concurrent connect"));
+    }
+    let again = node(db.url(), PostgresOptions::default()).await;
+
+    let raw = db.raw_client().await;
+    let versions: Vec<i32> = raw
+        .query(
+            "SELECT version FROM refinery_schema_history ORDER BY version",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(versions, [1]);
+    let (lease, _) = acquire(&nodes[3], &candidate("node-3"), MINUTE).await;
+    nodes[5].append(&lease, &[msg("m", "1")]).await.unwrap();
+    assert_eq!(
+        again
+            .read(&ChannelName::new("m").unwrap(), 0, 10)
+            .await
+            .unwrap()
+            .head,
+        1
+    );
+}
+
+/// An acquire that cannot get the lease row within its lock timeout fails
+/// as unavailable (SQLSTATE 55P03), and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn acquire_gives_up_after_its_lock_timeout() {
+    let lock_timeout = Duration::from_millis(300);
+    let db = TestDatabase::create().await;
+    let a = node(db.url(), options()).await;
+    let b = node(
+        db.url(),
+        PostgresOptions {
+            acquire_lock_timeout: lock_timeout,
+            ..options()
+        },
+    )
+    .await;
+    let (lease, _) = acquire(&a, &candidate("node-a"), Duration::from_millis(100)).await;
+    wait_expired(&a).await;
+    let raw = db.raw_client().await;
+
+    lock_lease_row(&raw).await;
+    let started = Instant::now();
+    let result = b.acquire(&candidate("node-b"), MINUTE).await;
+    let took = started.elapsed();
+    match &result {
+        Err(Error::Unavailable(text)) => assert!(text.contains("55P03"), "{text}"),
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    assert!(
+        took >= lock_timeout && took < lock_timeout + PROMPT,
+        "{took:?}"
+    );
+
+    raw.batch_execute("COMMIT").await.unwrap();
+    let (new, reason) = acquire(&b, &candidate("node-b"), MINUTE).await;
+    assert_eq!(reason, TakeoverReason::Expired);
+    assert_eq!(new.token, FencingToken(lease.token.0 + 1));
+}
+
+/// A continuous stream of fenced writes by the old holder does not keep a
+/// takeover out for long: once the lease expires the holder's writes fail,
+/// the next acquire gets the row, and no write with the old token commits
+/// after the first write with the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn takeover_gets_in_under_a_continuous_stream_of_fenced_writes() {
+    const WRITERS: usize = 4;
+    let ttl = Duration::from_secs(1);
+    let db = TestDatabase::create().await;
+    let a = node(db.url(), options()).await;
+    let b = node(
+        db.url(),
+        PostgresOptions {
+            acquire_lock_timeout: Duration::from_millis(200),
+            ..options()
+        },
+    )
+    .await;
+    let (old, _) = acquire(&a, &candidate("node-a"), ttl).await;
+    let started = Instant::now();
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let (a, old) = (a.clone(), old.clone());
+            tokio::spawn(async move {
+                let mut committed = 0u32;
+                loop {
+                    match a.append(&old, &[msg("stream", &w.to_string())]).await {
+                        Ok(_) => committed += 1,
+                        Err(Error::LeaseLost { .. }) => return committed,
+                        Err(e) => panic!("writer {w}: {e}"),
+                    }
+                }
+            })
+        })
+        .collect();
+
+    let new = loop {
+        match b.acquire(&candidate("node-b"), MINUTE).await {
+            Ok(Acquire::Acquired { lease, .. }) => break lease,
+            Ok(Acquire::Held(_)) | Err(Error::Unavailable(_)) => {}
+            Err(e) => panic!("acquire: {e}"),
+        }
+        assert!(
+            started.elapsed() < ttl + Duration::from_secs(5),
+            "no takeover {:?} after the stream started",
+            started.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    b.append(&new, &[msg("stream", "\"new\"")]).await.unwrap();
+    let mut committed = 0;
+    for writer in writers {
+        committed += writer.await.unwrap();
+    }
+    assert!(committed > 0, "the stream wrote nothing");
+
+    let raw = db.raw_client().await;
+    let tokens: Vec<i64> = stored_messages(&raw)
+        .await
+        .into_iter()
+        .map(|m| m.2)
+        .collect();
+    let first_new = tokens
+        .iter()
+        .position(|&t| t == new.token.0 as i64)
+        .expect("the new holder's write");
+    assert!(
+        tokens[..first_new].iter().all(|&t| t == old.token.0 as i64)
+            && tokens[first_new..].iter().all(|&t| t == new.token.0 as i64),
+        "tokens out of commit order: {tokens:?}"
+    );
+}
+
+/// A writer frozen in the middle of its transaction (its connection goes
+/// silent) does not block a takeover forever: the server's statement and
+/// idle-in-transaction timeouts end its session and free the lease row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frozen_writer_does_not_block_a_takeover_forever() {
+    let db = TestDatabase::create().await;
+    let proxy = Proxy::start(db.server_addr()).await;
+    let a = node(
+        &db.url_via(proxy.addr),
+        PostgresOptions {
+            statement_timeout: Duration::from_millis(500),
+            idle_in_transaction_timeout: Duration::from_millis(500),
+            ..options()
+        },
+    )
+    .await;
+    let b = node(db.url(), options()).await;
+    let (old, _) = acquire(&a, &candidate("node-a"), Duration::from_secs(1)).await;
+    a.append(&old, &[msg("f", "1")]).await.unwrap();
+    let raw = db.raw_client().await;
+    let monitor = db.raw_client().await;
+
+    lock_channel(&raw, "f").await;
+    let frozen_write = {
+        let (a, old) = (a.clone(), old.clone());
+        tokio::spawn(async move { a.append(&old, &[msg("f", "2")]).await })
+    };
+    wait_for_lock_waiters(&monitor, "herald", 1).await;
+    proxy.freeze_existing();
+    raw.batch_execute("COMMIT").await.unwrap();
+    wait_expired(&b).await;
+
+    let started = Instant::now();
+    let new = loop {
+        match b.acquire(&candidate("node-b"), MINUTE).await {
+            Ok(Acquire::Acquired { lease, .. }) => break lease,
+            Ok(Acquire::Held(info)) => panic!("the lease expired, yet: {info:?}"),
+            Err(Error::Unavailable(_)) => {}
+            Err(e) => panic!("acquire: {e}"),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "takeover blocked"
+        );
+    };
+    assert_eq!(new.token, FencingToken(old.token.0 + 1));
+    frozen_write.abort();
+    let stored = stored_messages(&monitor).await;
+    assert_eq!(stored, [("f".to_owned(), 1, old.token.0 as i64)]);
+}
+
+/// Every kind of connection runs with the session settings of the options.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_have_their_session_settings() {
+    let db = TestDatabase::create().await;
+    let storage = node(
+        db.url(),
+        PostgresOptions {
+            statement_timeout: Duration::from_millis(4_000),
+            idle_in_transaction_timeout: Duration::from_millis(3_000),
+            renew_statement_timeout: Duration::from_millis(2_000),
+            client_connection_check_interval: Duration::from_millis(700),
+            ..PostgresOptions::default()
+        },
+    )
+    .await;
+    let settings = storage.session_settings().await.unwrap();
+    assert_eq!(settings.pool.statement_timeout, "4s");
+    assert_eq!(settings.pool.idle_in_transaction_session_timeout, "3s");
+    assert_eq!(settings.pool.application_name, "herald");
+    assert_eq!(settings.renewal.statement_timeout, "2s");
+    assert_eq!(settings.renewal.idle_in_transaction_session_timeout, "3s");
+    assert_eq!(settings.renewal.client_connection_check_interval, "700ms");
+    assert_eq!(settings.renewal.application_name, "herald-renewal");
+}
+
+/// The schema keeps the renewal's columns out of every unique index (so a
+/// renewal locks FOR NO KEY UPDATE and never waits for a fenced write),
+/// stores message data as text, and compares names by their bytes.
+#[tokio::test]
+async fn schema_keeps_renewal_columns_out_of_unique_indexes() {
+    let db = TestDatabase::create().await;
+    let _storage = node(db.url(), PostgresOptions::default()).await;
+    let raw = db.raw_client().await;
+    let keyed: Vec<String> = raw
+        .query(
+            "SELECT a.attname::text FROM pg_index i \
+             JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) \
+             WHERE i.indrelid = 'storage_leases'::regclass AND i.indisunique ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(keyed, ["name"]);
+    let columns: Vec<(String, String, Option<String>)> = raw
+        .query(
+            "SELECT table_name::text || '.' || column_name::text, data_type::text, \
+             collation_name::text FROM information_schema.columns \
+             WHERE (table_name, column_name) IN (('storage_leases', 'name'), \
+             ('channels', 'name'), ('messages', 'channel'), ('messages', 'data')) ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    let want = [
+        ("channels.name", "text", Some("C")),
+        ("messages.channel", "text", Some("C")),
+        ("messages.data", "text", None),
+        ("storage_leases.name", "text", Some("C")),
+    ]
+    .map(|(c, t, k)| (c.to_owned(), t.to_owned(), k.map(str::to_owned)));
+    assert_eq!(columns, want);
+}
+
+/// A server that cannot be reached is unavailable, within the connect
+/// timeout.
+#[tokio::test]
+async fn unreachable_server_is_unavailable() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    drop(listener);
+    let started = Instant::now();
+    let result = PostgresStorage::connect(
+        &format!("postgres://herald:secret-password@127.0.0.1:{port}/x"),
+        PostgresOptions {
+            connect_timeout: Duration::from_secs(2),
+            ..PostgresOptions::default()
+        },
+    )
+    .await;
+    match result {
+        Err(Error::Unavailable(text)) => assert!(!text.contains("secret-password"), "{text}"),
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(4));
+}
