@@ -12,6 +12,7 @@ use anyhow::Context;
 use herald_core::Candidate;
 use herald_lease::{BootClock, LeaseConfig, LeaseState, StopReason, Supervisor};
 use herald_server::ServerConfig;
+use herald_storage::postgres::{PostgresOptions, PostgresStorage};
 use herald_storage::sqlite::{SqliteOptions, SqliteStorage};
 use herald_storage::Storage;
 use tokio::net::TcpListener;
@@ -53,6 +54,14 @@ pub(crate) struct ServeArgs {
     /// Directory of the embedded database (`herald.db`) and the node id.
     #[arg(long, env = "HERALD_DATA_DIR", default_value = "./herald-data")]
     data_dir: PathBuf,
+    /// PostgreSQL URL (`postgres://user:password@host:port/dbname`). Without
+    /// it Herald uses the embedded SQLite database in the data dir.
+    #[arg(long = "database", env = "HERALD_DATABASE_URL", hide_env_values = true)]
+    database_url: Option<String>,
+    /// Connections in the PostgreSQL pool (reads and fenced writes); the
+    /// renewal has a connection of its own besides.
+    #[arg(long, env = "HERALD_POOL_SIZE", default_value_t = 10)]
+    pool_size: usize,
     /// This node's id (default: generated once and kept in the data dir).
     #[arg(long, env = "HERALD_NODE_ID")]
     node_id: Option<String>,
@@ -117,18 +126,8 @@ async fn start_and_run(args: ServeArgs) -> anyhow::Result<ExitStatus> {
     lease_config.renew_attempt_timeout = args.renew_statement_timeout + Duration::from_secs(1);
     lease_config.validate().context("lease timing")?;
 
-    let metrics = herald_server::install_metrics_recorder();
-    let _ = metrics;
-    let storage = SqliteStorage::open(
-        &args.data_dir,
-        SqliteOptions {
-            renew_statement_timeout: args.renew_statement_timeout,
-            ..SqliteOptions::default()
-        },
-    )
-    .await
-    .with_context(|| format!("opening the database in {}", args.data_dir.display()))?;
-    let storage: Arc<dyn Storage> = Arc::new(storage);
+    herald_server::install_metrics_recorder();
+    let (storage, backend) = open_storage(&args, &lease_config).await?;
     let node_id = match args.node_id {
         Some(id) => id,
         None => stable_node_id(&args.data_dir)?,
@@ -175,8 +174,7 @@ async fn start_and_run(args: ServeArgs) -> anyhow::Result<ExitStatus> {
         node_id = %node_id,
         addr = %addr,
         advertise_url = %advertise_url,
-        data_dir = %args.data_dir.display(),
-        backend = "sqlite",
+        backend = %backend,
         "listening"
     );
 
@@ -243,8 +241,55 @@ async fn start_and_run(args: ServeArgs) -> anyhow::Result<ExitStatus> {
     }
 }
 
+/// Opens the storage the flags select: PostgreSQL with `--database`, else
+/// SQLite in the data dir. Returns it with a description for the log (never
+/// a password).
+async fn open_storage(
+    args: &ServeArgs,
+    lease: &LeaseConfig,
+) -> anyhow::Result<(Arc<dyn Storage>, String)> {
+    match &args.database_url {
+        Some(url) => {
+            // Server-side timeouts of pool connections stay well under the
+            // ttl, so that a frozen writer's transaction cannot block a
+            // takeover for long.
+            let server_timeout = (lease.ttl / 3).min(Duration::from_secs(5));
+            let storage = PostgresStorage::connect(
+                url,
+                PostgresOptions {
+                    pool_size: args.pool_size,
+                    statement_timeout: server_timeout,
+                    idle_in_transaction_timeout: server_timeout,
+                    renew_statement_timeout: args.renew_statement_timeout,
+                    acquire_lock_timeout: lease.acquire_interval.min(Duration::from_secs(1)),
+                    ..PostgresOptions::default()
+                },
+            )
+            .await
+            .context("connecting to PostgreSQL")?;
+            let described = format!("postgres {}", storage.target());
+            Ok((Arc::new(storage), described))
+        }
+        None => {
+            let storage = SqliteStorage::open(
+                &args.data_dir,
+                SqliteOptions {
+                    renew_statement_timeout: args.renew_statement_timeout,
+                    ..SqliteOptions::default()
+                },
+            )
+            .await
+            .with_context(|| format!("opening the database in {}", args.data_dir.display()))?;
+            let described = format!("sqlite {}", storage.db_path().display());
+            Ok((Arc::new(storage), described))
+        }
+    }
+}
+
 /// The node id kept in `<data_dir>/node-id`, created on first use.
 fn stable_node_id(data_dir: &Path) -> anyhow::Result<String> {
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("creating {}", data_dir.display()))?;
     let path = data_dir.join("node-id");
     match std::fs::read_to_string(&path) {
         Ok(id) if !id.trim().is_empty() => return Ok(id.trim().to_owned()),
