@@ -24,6 +24,7 @@ pub(crate) const QUEUE_DEPTH: &str = "herald_writer_queue_depth";
 pub(crate) const SUBSCRIBERS: &str = "herald_subscribers";
 pub(crate) const LEASE_ROLE: &str = "herald_lease_role";
 pub(crate) const LEASE_TOKEN: &str = "herald_lease_token";
+pub(crate) const LEASE_SINCE_RENEWAL: &str = "herald_lease_seconds_since_renewal";
 
 /// Upper bounds of the publish duration buckets, in seconds.
 const DURATION_BUCKETS: &[f64] = &[
@@ -101,6 +102,29 @@ fn describe() {
         LEASE_TOKEN,
         "The writer lease's fencing token as this node last saw it."
     );
+    describe_gauge!(
+        LEASE_SINCE_RENEWAL,
+        Unit::Seconds,
+        "While holder: time since the last successful renewal was sent (NaN on a standby)."
+    );
+    // Emitted by the lease supervisor (herald-lease).
+    describe_counter!(
+        "herald_lease_renewals_total",
+        "Renewal attempts by result: ok, error, timeout (abandoned), lost."
+    );
+    describe_histogram!(
+        "herald_lease_renewal_duration_seconds",
+        Unit::Seconds,
+        "Time from sending a renewal to its answer or abandonment."
+    );
+    describe_counter!(
+        "herald_lease_acquisitions_total",
+        "Acquisitions of the writer lease by this node, by reason."
+    );
+    describe_counter!(
+        "herald_lease_watchdog_stops_total",
+        "Times the watchdog stopped this node at its safety deadline."
+    );
 }
 
 /// Counts one publish outcome and its duration.
@@ -120,9 +144,11 @@ pub(crate) fn queue_depth(depth: usize) {
 }
 
 /// Sets the lease gauges (at scrape time).
-pub(crate) fn lease(holder: bool, token: u64) {
+pub(crate) fn lease(holder: bool, token: u64, since_renewal: Option<std::time::Duration>) {
     gauge!(LEASE_ROLE).set(if holder { 1.0 } else { 0.0 });
     gauge!(LEASE_TOKEN).set(token as f64);
+    // Absent (NaN) on a standby: it renews nothing.
+    gauge!(LEASE_SINCE_RENEWAL).set(since_renewal.map_or(f64::NAN, |d| d.as_secs_f64()));
 }
 
 /// Counts one live subscription for as long as it lives.

@@ -19,6 +19,11 @@ pub(crate) trait LeaseView: Send + Sync + 'static {
     /// lost.
     fn report_lease_lost(&self, token: FencingToken);
 
+    /// While holder: time since the last successful renewal was sent.
+    fn since_last_renewal(&self) -> Option<std::time::Duration> {
+        None
+    }
+
     /// `true` while this node may write.
     fn is_holder(&self) -> bool {
         self.writable_lease().is_some()
@@ -37,6 +42,9 @@ impl LeaseView for LeaseHandle {
     }
     fn report_lease_lost(&self, token: FencingToken) {
         LeaseHandle::report_lease_lost(self, token);
+    }
+    fn since_last_renewal(&self) -> Option<std::time::Duration> {
+        LeaseHandle::since_last_renewal(self)
     }
 }
 

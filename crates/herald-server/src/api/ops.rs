@@ -26,6 +26,8 @@ pub(crate) struct Status {
     role: &'static str,
     draining: bool,
     backend: &'static str,
+    /// While holder: ms since the last successful renewal was sent.
+    since_last_renewal_ms: Option<u64>,
     lease: Option<LeaseInfo>,
 }
 
@@ -56,6 +58,10 @@ pub(crate) async fn status(State(state): State<AppState>) -> Json<Status> {
         role,
         draining: state.draining(),
         backend: shared.storage.backend(),
+        since_last_renewal_ms: shared
+            .lease
+            .since_last_renewal()
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
         lease,
     })
 }
@@ -89,7 +95,11 @@ pub(crate) async fn readyz(State(state): State<AppState>) -> Result<Json<Value>>
 /// Prometheus text exposition format; the lease gauges are set first.
 pub(crate) async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     let shared = &state.shared;
-    metrics::lease(shared.lease.is_holder(), last_token(&shared.lease.state()));
+    metrics::lease(
+        shared.lease.is_holder(),
+        last_token(&shared.lease.state()),
+        shared.lease.since_last_renewal(),
+    );
     (
         [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
         shared.metrics.render(),

@@ -1,6 +1,8 @@
 //! Helpers of the scenario tests: the `herald` binary run as a child
 //! process (killed when its guard is dropped), a small HTTP client for the
-//! API, an SSE reader, and bounded waits.
+//! API, an SSE reader, and bounded waits. Each test binary uses a part of
+//! them.
+#![allow(dead_code)]
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -70,6 +72,11 @@ impl Server {
     /// Starts `herald serve` on `data_dir` and returns once its log says
     /// which address it bound.
     pub(crate) async fn start(data_dir: &Path) -> Self {
+        Self::start_with(data_dir, &[]).await
+    }
+
+    /// Like [`Server::start`], with more `herald serve` flags.
+    pub(crate) async fn start_with(data_dir: &Path, extra: &[&str]) -> Self {
         let mut child = herald()
             .arg("serve")
             .arg("--listen")
@@ -78,6 +85,7 @@ impl Server {
             .arg(data_dir)
             .arg("--log-format")
             .arg("json")
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -153,6 +161,16 @@ impl Server {
     /// The stderr lines so far.
     pub(crate) fn log_text(&self) -> String {
         self.log.lock().unwrap().join("\n")
+    }
+
+    /// The JSON log records so far (`--log-format json`).
+    pub(crate) fn log_records(&self) -> Vec<Value> {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect()
     }
 }
 
