@@ -252,7 +252,10 @@ async fn holder_renews_every_interval_and_moves_the_deadline() {
     node.at(16.0).await;
     assert_eq!(store.renew_calls(), secs(&[5.0, 10.0, 15.0]));
     assert_eq!(node.deadline(), Some(Duration::from_secs(40)));
-    assert_eq!(node.handle.since_last_renewal(), Some(Duration::from_secs(1)));
+    assert_eq!(
+        node.handle.since_last_renewal(),
+        Some(Duration::from_secs(1))
+    );
     assert_eq!(node.handle.writable_lease().unwrap().token, FencingToken(1));
 }
 
