@@ -285,3 +285,42 @@ async fn watchdog_stops_a_blocked_holder_and_the_standby_takes_over() {
         "the takeover did not raise the token"
     );
 }
+
+/// SIGTERM on the holder releases the lease: the standby becomes holder
+/// within one acquire interval (1 s), long before the lease would expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_lease_is_taken_over_within_one_acquire_interval() {
+    let db = TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = Server::start_with(&dir.path().join("a"), &flags(&db, "a")).await;
+    a.api.wait_role("holder", WAIT).await;
+    let b = Server::start_with(&dir.path().join("b"), &flags(&db, "b")).await;
+    b.api.wait_role("standby", WAIT).await;
+    let first = a.api.publish(CHANNEL, &json!({ "id": "before" })).await;
+
+    a.sigterm();
+    let (status, exited_at) = a.wait_exit(WAIT).await;
+    assert_eq!(status.code(), Some(0), "a drain exits 0");
+    let taken_over = Instant::now() + WAIT;
+    let offset = loop {
+        let answer = b
+            .api
+            .try_publish(CHANNEL, &json!({ "id": "after" }), None)
+            .await
+            .expect("publish to B");
+        if answer.status == StatusCode::CREATED {
+            break answer.body["offset"].as_u64().expect("an offset");
+        }
+        assert_eq!(answer.body["error"]["code"], "not_holder", "{answer:?}");
+        assert!(Instant::now() < taken_over, "B never became holder");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let took = exited_at.elapsed();
+    eprintln!("handover on PostgreSQL: B accepted a write {took:?} after A exited");
+    // One acquire interval (1 s), with slack for a loaded machine; an
+    // expiry-based takeover would take the whole ttl (12 s).
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    assert_eq!(offset, first + 1);
+    let status = b.api.status().await;
+    assert_eq!(status["lease"]["token"], 2, "{status}");
+}
