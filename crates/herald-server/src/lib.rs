@@ -77,7 +77,33 @@ pub async fn serve(
     config: ServerConfig,
     shutdown: CancellationToken,
 ) -> Result<()> {
-    serve_with(listener, storage, Arc::new(lease), config, shutdown).await
+    serve_with(listener, storage, Arc::new(lease), config, shutdown, None).await
+}
+
+/// [`serve`], and cancels `writes_done` as soon as the writer has ended
+/// during the drain (step 3 above), before slow clients have closed their
+/// connections. The caller releases the lease at that moment, so that a
+/// standby takes over without waiting for those connections.
+///
+/// # Errors
+/// As [`serve`].
+pub async fn serve_with_writes_done(
+    listener: TcpListener,
+    storage: Arc<dyn Storage>,
+    lease: LeaseHandle,
+    config: ServerConfig,
+    shutdown: CancellationToken,
+    writes_done: CancellationToken,
+) -> Result<()> {
+    serve_with(
+        listener,
+        storage,
+        Arc::new(lease),
+        config,
+        shutdown,
+        Some(writes_done),
+    )
+    .await
 }
 
 /// [`serve`] with any lease view.
@@ -87,6 +113,7 @@ pub(crate) async fn serve_with(
     lease: Arc<dyn role::LeaseView>,
     config: ServerConfig,
     shutdown: CancellationToken,
+    writes_done: Option<CancellationToken>,
 ) -> Result<()> {
     // A child token: a listener failure stops this server's tasks without
     // cancelling the caller's token.
@@ -95,6 +122,13 @@ pub(crate) async fn serve_with(
     let node_id = state.config().node_id.clone();
     let local = listener.local_addr().ok();
     tracing::info!(node_id = %node_id, addr = ?local, "serving");
+    if let Some(writes_done) = writes_done {
+        let state = state.clone();
+        tokio::spawn(async move {
+            state.writes_done().await;
+            writes_done.cancel();
+        });
+    }
     let served = axum::serve(listener, app(state.clone()))
         .with_graceful_shutdown(stop.clone().cancelled_owned())
         .await;

@@ -54,6 +54,10 @@ pub(crate) struct Shared {
     /// Writer, standby feed and upkeep tasks, awaited by
     /// [`AppState::stopped`].
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// Cancelled when the writer has ended: from then on this node writes
+    /// nothing more, so the lease can be released even while slow clients
+    /// still hold connections open.
+    writes_done: CancellationToken,
 }
 
 impl AppState {
@@ -100,8 +104,17 @@ impl AppState {
         );
         // Every log record of these tasks carries the node's id.
         let span = tracing::info_span!("herald", node_id = %config.node_id);
+        let writes_done = CancellationToken::new();
+        let writer_task = {
+            let shutdown = shutdown.clone();
+            let done = writes_done.clone();
+            async move {
+                writer.run(shutdown).await;
+                done.cancel();
+            }
+        };
         let tasks = vec![
-            tokio::spawn(writer.run(shutdown.clone()).instrument(span.clone())),
+            tokio::spawn(writer_task.instrument(span.clone())),
             tokio::spawn(feed.run(shutdown.clone()).instrument(span)),
             tokio::spawn(upkeep(metrics.clone(), shutdown.clone())),
         ];
@@ -122,6 +135,7 @@ impl AppState {
                 metrics,
                 ws_sessions: TaskTracker::new(),
                 tasks: Mutex::new(tasks),
+                writes_done,
             }),
         })
     }
@@ -134,6 +148,13 @@ impl AppState {
     /// `true` once the node drains (its `shutdown` token is cancelled).
     pub fn draining(&self) -> bool {
         self.shared.shutdown.is_cancelled()
+    }
+
+    /// Resolves once the writer has ended after the drain began: every
+    /// publish it accepted is committed or failed, and it will write
+    /// nothing more.
+    pub async fn writes_done(&self) {
+        self.shared.writes_done.cancelled().await;
     }
 
     /// Waits until the background tasks have ended and every WebSocket

@@ -436,6 +436,7 @@ async fn real_listener_refuses_a_2_mib_body_with_json() {
         lease,
         ServerConfig::default(),
         shutdown.clone(),
+        None,
     ));
     let client = reqwest::Client::new();
     let body = format!(r#"{{"data":"{}"}}"#, "x".repeat(2 << 20));

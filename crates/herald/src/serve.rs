@@ -33,8 +33,8 @@ pub(crate) enum ExitStatus {
     Watchdog = 3,
     /// A renewal or a fenced write found the lease held by another token.
     LeaseLost = 4,
-    /// The drain did not finish within `--drain-timeout`; the node stopped
-    /// renewing and exited anyway.
+    /// The writer did not finish the publishes it had accepted within
+    /// `--drain-timeout`; the node stopped renewing and exited anyway.
     DrainTimeout = 5,
 }
 
@@ -163,12 +163,14 @@ async fn start_and_run(args: ServeArgs) -> anyhow::Result<ExitStatus> {
         lease_shutdown.clone(),
     );
     let server_shutdown = CancellationToken::new();
-    let mut server = tokio::spawn(herald_server::serve(
+    let writes_done = CancellationToken::new();
+    let mut server = tokio::spawn(herald_server::serve_with_writes_done(
         listener,
         storage,
         lease.clone(),
         server_config,
         server_shutdown.clone(),
+        writes_done.clone(),
     ));
     info!(
         node_id = %node_id,
@@ -196,27 +198,30 @@ async fn start_and_run(args: ServeArgs) -> anyhow::Result<ExitStatus> {
     tokio::select! {
         () = shutdown_signal() => {
             info!(node_id = %node_id, "drain requested");
-            let drain = async {
-                server_shutdown.cancel();
-                let served = (&mut server).await;
+            let deadline = tokio::time::Instant::now() + args.drain_timeout;
+            let drain_timeout_ms = args.drain_timeout.as_millis() as u64;
+            server_shutdown.cancel();
+            // 1. The writer commits or fails what it accepted.
+            if tokio::time::timeout_at(deadline, writes_done.cancelled()).await.is_err() {
                 lease_shutdown.cancel();
-                let exit = supervisor.await;
-                (served, exit)
-            };
-            match tokio::time::timeout(args.drain_timeout, drain).await {
-                Ok((served, exit)) => {
-                    if let Ok(Err(e)) = served {
-                        warn!(node_id = %node_id, error = %e, "server ended with an error during drain");
-                    }
-                    info!(node_id = %node_id, exit = ?exit.ok(), "drained");
-                    Ok(ExitStatus::Drained)
-                }
-                Err(_) => {
-                    lease_shutdown.cancel();
-                    error!(node_id = %node_id, drain_timeout_ms = args.drain_timeout.as_millis() as u64, "drain did not finish in time; exiting without renewing");
-                    Ok(ExitStatus::DrainTimeout)
-                }
+                error!(node_id = %node_id, drain_timeout_ms, "queued writes did not finish before the drain deadline; exiting without renewing");
+                return Ok(ExitStatus::DrainTimeout);
             }
+            // 2. Nothing more will be written: release the lease now, so a
+            // standby takes over without waiting for slow clients.
+            lease_shutdown.cancel();
+            match tokio::time::timeout_at(deadline, supervisor).await {
+                Ok(exit) => info!(node_id = %node_id, exit = ?exit.ok(), "lease supervisor stopped"),
+                Err(_) => warn!(node_id = %node_id, "releasing the lease did not finish before the drain deadline"),
+            }
+            // 3. Let open requests and streams end, until the deadline.
+            match tokio::time::timeout_at(deadline, &mut server).await {
+                Ok(Ok(Err(e))) => warn!(node_id = %node_id, error = %e, "server ended with an error during drain"),
+                Ok(_) => {}
+                Err(_) => warn!(node_id = %node_id, drain_timeout_ms, "connections still open at the drain deadline are closed"),
+            }
+            info!(node_id = %node_id, "drained");
+            Ok(ExitStatus::Drained)
         }
         state = stopped => {
             // The lease is gone: writes already fail. Close the server

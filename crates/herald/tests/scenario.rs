@@ -537,3 +537,54 @@ async fn sigterm_ends_sse_streams_and_exits_zero() {
         .collect();
     assert_eq!(seen, (1..=3).collect());
 }
+
+/// A client that never finishes its request cannot hold the lease hostage:
+/// on SIGTERM the holder releases the lease as soon as its writer is done,
+/// the standby takes over at once, and the old holder closes the stuck
+/// connection at its drain deadline and still exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_client_does_not_delay_the_handover() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = Server::start_with(dir.path(), &["--drain-timeout", "3s"]).await;
+    first.api.wait_role("holder", WAIT).await;
+    let second = Server::start(dir.path()).await;
+    second.api.wait_role("standby", WAIT).await;
+    assert_eq!(first.api.publish("stuck", &json!(1)).await, 1);
+
+    // Half a request: the headers never end.
+    let addr = first.url.trim_start_matches("http://").to_owned();
+    let mut stuck = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut stuck, b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+
+    first.sigterm();
+    let signalled = Instant::now();
+    let accepted = loop {
+        let answer = second
+            .api
+            .try_publish("stuck", &json!(2), None)
+            .await
+            .unwrap();
+        if answer.status == StatusCode::CREATED {
+            break answer;
+        }
+        answer.assert_error(StatusCode::SERVICE_UNAVAILABLE, "not_holder");
+        assert!(signalled.elapsed() < WAIT, "the standby never took over");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let took = signalled.elapsed();
+    println!("handover with a stuck client: {} ms", took.as_millis());
+    assert!(
+        took < Duration::from_secs(2),
+        "the standby waited {took:?} for the stuck client (drain timeout 3 s)"
+    );
+    assert_eq!(accepted.body["offset"], 2);
+    let (status, _) = first.wait_exit(WAIT).await;
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "a drain that closes stuck clients still exits 0"
+    );
+    drop(stuck);
+}
