@@ -156,7 +156,7 @@ impl Error {
                     .to_owned()
             }
             Self::StorageUnavailable | Self::Storage(_) => {
-                "the storage is unavailable; nothing was written; retry later".to_owned()
+                "the storage is unavailable; the outcome is unknown; retry later with the same Idempotency-Key".to_owned()
             }
             Self::Draining => "the node is shutting down; retry on another node".to_owned(),
             Self::Internal(_) | Self::Config(_) | Self::Io(_) => "internal error".to_owned(),

@@ -6,7 +6,7 @@
 //! [`conformance_tests!`](crate::conformance_tests) with it, which writes one
 //! `#[tokio::test]` per case:
 //!
-//! ```ignore
+//! ```text
 //! struct MyHarness;
 //!
 //! #[async_trait::async_trait]

@@ -7,7 +7,7 @@
 //! (`scripts/test`) creates a disposable cluster and sets it. A test that
 //! needs PostgreSQL and finds the variable unset fails; it is never skipped.
 //!
-//! ```ignore
+//! ```text
 //! let db = TestDatabase::create().await;
 //! let storage = PostgresStorage::connect(db.url(), PostgresOptions::default()).await?;
 //! let raw = db.raw_client().await; // "another session", e.g. to hold row locks

@@ -126,6 +126,21 @@ async fn start_and_run(args: ServeArgs) -> anyhow::Result<ExitStatus> {
     lease_config.renew_attempt_timeout = args.renew_statement_timeout + Duration::from_secs(1);
     lease_config.validate().context("lease timing")?;
 
+    // Check the server's settings before touching the database.
+    ServerConfig {
+        max_message_bytes: args.max_message_bytes,
+        queue_capacity: args.queue_capacity,
+        ..ServerConfig::default()
+    }
+    .validate()
+    .context("server settings")?;
+    if args
+        .node_id
+        .as_deref()
+        .is_some_and(|id| id.trim().is_empty())
+    {
+        anyhow::bail!("--node-id must not be empty");
+    }
     herald_server::install_metrics_recorder();
     let (storage, backend) = open_storage(&args, &lease_config).await?;
     let node_id = match args.node_id {
@@ -138,9 +153,15 @@ async fn start_and_run(args: ServeArgs) -> anyhow::Result<ExitStatus> {
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     let addr = listener.local_addr()?;
-    let advertise_url = args
-        .advertise_url
-        .unwrap_or_else(|| format!("http://{addr}"));
+    let advertise_url = match args.advertise_url {
+        Some(url) => url,
+        None => {
+            if addr.ip().is_unspecified() {
+                warn!(addr = %addr, "listening on all interfaces without --advertise-url: standbys will send publishers to http://{addr}, which other hosts cannot reach");
+            }
+            format!("http://{addr}")
+        }
+    };
     let server_config = ServerConfig {
         node_id: node_id.clone(),
         advertise_url: advertise_url.clone(),

@@ -157,25 +157,75 @@ fn declared_length(headers: &HeaderMap) -> Option<u64> {
         .ok()
 }
 
-/// Parses `{"data": <value>}`: not JSON → `invalid_json`; JSON of another
-/// shape → `invalid_body`.
+/// Deepest nesting of arrays and objects accepted in `data`: 128 levels,
+/// the recursion limit of serde_json and of many clients' parsers, so every
+/// subscriber can read what it is sent.
+pub(crate) const MAX_DATA_DEPTH: usize = 128;
+
+/// Parses `{"data": <value>}`: not JSON, or `data` nested deeper than
+/// [`MAX_DATA_DEPTH`] → `invalid_json`; JSON of another shape →
+/// `invalid_body`.
 pub(crate) fn parse_publish_body(bytes: &[u8]) -> Result<Arc<RawValue>, Error> {
+    let invalid_json = |e: serde_json::Error| Error::InvalidJson(e.to_string());
     match serde_json::from_slice::<Envelope>(bytes) {
-        Ok(envelope) => Ok(Arc::from(envelope.data)),
-        Err(e) => match e.classify() {
-            Category::Syntax | Category::Eof | Category::Io => {
-                Err(Error::InvalidJson(e.to_string()))
+        Ok(envelope) => {
+            if nesting_depth(envelope.data.get()) > MAX_DATA_DEPTH {
+                return Err(Error::InvalidJson(format!(
+                    "data is nested deeper than {MAX_DATA_DEPTH} levels"
+                )));
             }
-            Category::Data => Err(Error::InvalidBody(e.to_string())),
+            Ok(Arc::from(envelope.data))
+        }
+        Err(e) => match e.classify() {
+            Category::Syntax | Category::Eof | Category::Io => Err(invalid_json(e)),
+            // A shape error can come before a syntax error further on: the
+            // body is `invalid_body` only if it is JSON at all.
+            Category::Data => match serde_json::from_slice::<serde::de::IgnoredAny>(bytes) {
+                Ok(_) => Err(Error::InvalidBody(e.to_string())),
+                Err(syntax) => Err(invalid_json(syntax)),
+            },
         },
     }
 }
 
+/// The deepest nesting of arrays and objects in `json`, a valid JSON text.
+fn nesting_depth(json: &str) -> usize {
+    let (mut depth, mut deepest) = (0usize, 0usize);
+    let (mut in_string, mut escaped) = (false, false);
+    for b in json.bytes() {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
 /// The optional `Idempotency-Key` header, validated.
 pub(crate) fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, Error> {
-    let Some(value) = headers.get("idempotency-key") else {
+    let mut values = headers.get_all("idempotency-key").iter();
+    let Some(value) = values.next() else {
         return Ok(None);
     };
+    if values.next().is_some() {
+        return Err(Error::InvalidIdempotencyKey(
+            "the Idempotency-Key header appears more than once".to_owned(),
+        ));
+    }
     let text = value.to_str().map_err(|_| {
         Error::InvalidIdempotencyKey("idempotency key must be visible ASCII (0x21-0x7E)".to_owned())
     })?;
@@ -222,7 +272,16 @@ mod tests {
             parse_publish_body(br#"{"data":null}"#).unwrap().get(),
             "null"
         );
-        for bad_json in [&b""[..], b"{", b"{\"data\": 1} x", b"nope"] {
+        let unclosed = "[".repeat(1000);
+        let deep = format!(r#"{{"data":{}1{}}}"#, "[".repeat(200), "]".repeat(200));
+        for bad_json in [
+            &b""[..],
+            b"{",
+            b"{\"data\": 1} x",
+            b"nope",
+            unclosed.as_bytes(),
+            deep.as_bytes(),
+        ] {
             assert!(
                 matches!(parse_publish_body(bad_json), Err(Error::InvalidJson(_))),
                 "{bad_json:?}"
@@ -240,6 +299,19 @@ mod tests {
                 "{bad_body:?}"
             );
         }
+    }
+
+    #[test]
+    fn nesting_depth_ignores_brackets_in_strings() {
+        assert_eq!(nesting_depth("1"), 0);
+        assert_eq!(nesting_depth(r#"[{"a":[1]},[]]"#), 3);
+        assert_eq!(nesting_depth(r#"["[[[\"]]]", {"k]": "{"}]"#), 2);
+        let at_limit = format!(
+            "{}{}",
+            "[".repeat(MAX_DATA_DEPTH),
+            "]".repeat(MAX_DATA_DEPTH)
+        );
+        assert!(parse_publish_body(format!(r#"{{"data":{at_limit}}}"#).as_bytes()).is_ok());
     }
 
     #[test]
@@ -269,6 +341,12 @@ mod tests {
         h.insert("idempotency-key", HeaderValue::from_static("order-1"));
         assert_eq!(idempotency_key(&h).unwrap().unwrap().as_str(), "order-1");
         h.insert("idempotency-key", HeaderValue::from_static("a b"));
+        assert!(matches!(
+            idempotency_key(&h),
+            Err(Error::InvalidIdempotencyKey(_))
+        ));
+        h.insert("idempotency-key", HeaderValue::from_static("k1"));
+        h.append("idempotency-key", HeaderValue::from_static("k2"));
         assert!(matches!(
             idempotency_key(&h),
             Err(Error::InvalidIdempotencyKey(_))
