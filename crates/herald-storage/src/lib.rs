@@ -16,6 +16,7 @@
 //! suite every backend passes unchanged) and the module `testing` (a
 //! throwaway PostgreSQL database per test).
 
+mod decode;
 mod error;
 pub mod postgres;
 pub mod sqlite;

@@ -8,51 +8,17 @@
 //! called, not when the transaction started ("Date/Time Functions and
 //! Operators", "Current Date/Time").
 
-use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use deadpool_postgres::Object;
 use herald_core::{
-    Appended, Candidate, ChannelHead, ChannelName, FencingToken, Lease, LeaseInfo, Message,
-    NewMessage, Offset,
+    Appended, Candidate, ChannelHead, ChannelName, Lease, LeaseInfo, Message, NewMessage, Offset,
 };
-use serde_json::value::RawValue;
 use tokio_postgres::{GenericClient, IsolationLevel};
 
 use super::fenced_write_lock_key;
+use crate::decode::{lost, sql_position, sql_token, to_channel, to_json, to_token, to_u64};
 use crate::{Acquire, ChangeFeed, Error, Page, Result, TakeoverReason};
-
-/// The error of a fencing check or renewal that matched no current lease.
-pub(super) fn lost(lease: &Lease) -> Error {
-    Error::LeaseLost {
-        name: lease.name.clone(),
-        token: lease.token,
-    }
-}
-
-/// A presented token as PostgreSQL stores it (`bigint`); a token that does
-/// not fit cannot be current.
-pub(super) fn sql_token(lease: &Lease) -> Result<i64> {
-    i64::try_from(lease.token.0).map_err(|_| lost(lease))
-}
-
-fn to_u64(value: i64, what: &str) -> Result<u64> {
-    u64::try_from(value).map_err(|_| Error::Corrupt(format!("{what} is negative: {value}")))
-}
-
-fn to_token(value: i64) -> Result<FencingToken> {
-    to_u64(value, "fencing token").map(FencingToken)
-}
-
-fn to_channel(name: String) -> Result<ChannelName> {
-    ChannelName::new(name).map_err(|e| Error::Corrupt(format!("stored channel name: {e}")))
-}
-
-fn to_json(text: String) -> Result<Arc<RawValue>> {
-    RawValue::from_string(text)
-        .map(Arc::from)
-        .map_err(|e| Error::Corrupt(format!("stored message data is not JSON: {e}")))
-}
 
 /// A `timestamptz` as whole milliseconds since the Unix epoch, rounded
 /// down (also before 1970).
@@ -65,12 +31,6 @@ fn to_ms(time: SystemTime) -> i64 {
             i64::try_from(ms).map_or(i64::MIN, |ms| -ms)
         }
     }
-}
-
-/// An offset or cursor as a `bigint`; values above `i64::MAX` are beyond
-/// everything stored, and `i64::MAX` is too.
-fn sql_position(value: u64) -> i64 {
-    i64::try_from(value).unwrap_or(i64::MAX)
 }
 
 /// The current lease row, with the time left computed by the database and

@@ -23,8 +23,8 @@ use herald_core::Lease;
 use tokio::task::JoinHandle;
 use tokio_postgres::{Client, Config, IsolationLevel, Statement};
 
-use super::ops::{lost, sql_token};
 use super::{open_connection, read_settings, SessionSettings};
+use crate::decode::{lost, sql_token};
 use crate::{Error, Result};
 
 /// How long after the renewal statement timeout an attempt that has not

@@ -7,16 +7,14 @@
 //! (<https://www.sqlite.org/lang_datefunc.html>, "the current time").
 
 use std::path::Path;
-use std::sync::Arc;
 
 use herald_core::{
-    Appended, Candidate, ChannelHead, ChannelName, FencingToken, Lease, LeaseInfo, Message,
-    NewMessage, Offset,
+    Appended, Candidate, ChannelHead, ChannelName, Lease, LeaseInfo, Message, NewMessage, Offset,
 };
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
-use serde_json::value::RawValue;
 
 use super::session;
+use crate::decode::{lost, sql_position, sql_token, to_channel, to_json, to_token, to_u64};
 use crate::{Acquire, ChangeFeed, Error, Page, Result, TakeoverReason};
 
 /// SQLite's clock in ms since the Unix epoch (needs SQLite >= 3.42 for
@@ -25,44 +23,6 @@ macro_rules! now_ms {
     () => {
         "CAST(unixepoch('subsec') * 1000 AS INTEGER)"
     };
-}
-
-/// The error of a fencing check or renewal that matched no row.
-fn lost(lease: &Lease) -> Error {
-    Error::LeaseLost {
-        name: lease.name.clone(),
-        token: lease.token,
-    }
-}
-
-/// A presented token as SQLite stores it; a token that does not fit in an
-/// `i64` cannot be current.
-fn sql_token(lease: &Lease) -> Result<i64> {
-    i64::try_from(lease.token.0).map_err(|_| lost(lease))
-}
-
-fn to_u64(value: i64, what: &str) -> Result<u64> {
-    u64::try_from(value).map_err(|_| Error::Corrupt(format!("{what} is negative: {value}")))
-}
-
-fn to_token(value: i64) -> Result<FencingToken> {
-    to_u64(value, "fencing token").map(FencingToken)
-}
-
-fn to_channel(name: String) -> Result<ChannelName> {
-    ChannelName::new(name).map_err(|e| Error::Corrupt(format!("stored channel name: {e}")))
-}
-
-fn to_json(text: String) -> Result<Arc<RawValue>> {
-    RawValue::from_string(text)
-        .map(Arc::from)
-        .map_err(|e| Error::Corrupt(format!("stored message data is not JSON: {e}")))
-}
-
-/// An offset or cursor as an SQLite integer; values above `i64::MAX` are
-/// beyond everything stored, and `i64::MAX` is too.
-fn sql_position(value: u64) -> i64 {
-    i64::try_from(value).unwrap_or(i64::MAX)
 }
 
 /// The current lease row, for [`Acquire::Held`] and `lease_info`.

@@ -1,0 +1,51 @@
+//! Conversions between stored values and domain values that both backends
+//! share: tokens and offsets as SQL `bigint`s, stored names and JSON text.
+
+use std::sync::Arc;
+
+use herald_core::{ChannelName, FencingToken, Lease};
+use serde_json::value::RawValue;
+
+use crate::{Error, Result};
+
+/// The error of a lease that is no longer current.
+pub(crate) fn lost(lease: &Lease) -> Error {
+    Error::LeaseLost {
+        name: lease.name.clone(),
+        token: lease.token,
+    }
+}
+
+/// A presented token as both databases store it (a signed 64-bit integer);
+/// a token that does not fit cannot be current.
+pub(crate) fn sql_token(lease: &Lease) -> Result<i64> {
+    i64::try_from(lease.token.0).map_err(|_| lost(lease))
+}
+
+/// An offset or cursor as a signed 64-bit integer; values above `i64::MAX`
+/// are beyond everything stored, and `i64::MAX` is too.
+pub(crate) fn sql_position(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// A stored non-negative integer; a negative one is corrupt data.
+pub(crate) fn to_u64(value: i64, what: &str) -> Result<u64> {
+    u64::try_from(value).map_err(|_| Error::Corrupt(format!("{what} is negative: {value}")))
+}
+
+/// A stored fencing token.
+pub(crate) fn to_token(value: i64) -> Result<FencingToken> {
+    to_u64(value, "fencing token").map(FencingToken)
+}
+
+/// A stored channel name, validated again.
+pub(crate) fn to_channel(name: String) -> Result<ChannelName> {
+    ChannelName::new(name).map_err(|e| Error::Corrupt(format!("stored channel name: {e}")))
+}
+
+/// Stored message data, which must still be JSON text.
+pub(crate) fn to_json(text: String) -> Result<Arc<RawValue>> {
+    RawValue::from_string(text)
+        .map(Arc::from)
+        .map_err(|e| Error::Corrupt(format!("stored message data is not JSON: {e}")))
+}
