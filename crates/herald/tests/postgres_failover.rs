@@ -202,6 +202,7 @@ async fn watchdog_stops_a_blocked_holder_and_the_standby_takes_over() {
         })
         .unwrap_or_else(|| panic!("no watchdog record:\n{}", a.log_text()));
     assert_eq!(watchdog["level"], "ERROR", "{watchdog}");
+    eprintln!("A stopped {stopped_after:?} after the lock; watchdog record: {watchdog}");
     let sent = parse_time(watchdog["last_renewal_sent_at"].as_str().expect("sent at"));
     let fired = parse_time(watchdog["timestamp"].as_str().expect("timestamp"));
     let after_sent = fired.duration_since(sent).expect("fired after the renewal");
