@@ -26,7 +26,8 @@ pub struct ServerConfig {
     /// Interval between SSE comment heartbeats (default 15 s).
     pub heartbeat: Duration,
     /// How often a standby asks the storage which channels moved, to feed its
-    /// live subscribers (default 100 ms).
+    /// live subscribers, when the storage does not signal commits (default
+    /// 100 ms). With commit signals it asks at each signal and every second.
     pub standby_poll_interval: Duration,
     /// Notices buffered per channel for live subscribers (default 1 024). A
     /// subscriber that falls further behind reads the missed messages from

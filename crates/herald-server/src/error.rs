@@ -66,6 +66,11 @@ pub enum Error {
         /// The holder's advertised URL, if this node knows it.
         holder_url: Option<String>,
     },
+    /// This node is a standby and could not hand the publish to a holder:
+    /// it knows none, or the holder did not answer (connect error, timeout,
+    /// broken answer). 503 `no_holder`, `Retry-After: 1`.
+    #[error("no holder could take the publish")]
+    NoHolder,
     /// The writer's queue is full. 503 `queue_full`, `Retry-After: 1`.
     #[error("the publish queue is full")]
     QueueFull,
@@ -111,6 +116,7 @@ impl Error {
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::NotHolder { .. }
+            | Self::NoHolder
             | Self::QueueFull
             | Self::LeaseLost
             | Self::StorageUnavailable
@@ -134,6 +140,7 @@ impl Error {
             Self::NotFound => "not_found",
             Self::MethodNotAllowed => "method_not_allowed",
             Self::NotHolder { .. } => "not_holder",
+            Self::NoHolder => "no_holder",
             Self::QueueFull => "queue_full",
             Self::LeaseLost => "lease_lost",
             Self::StorageUnavailable | Self::Storage(_) => "storage_unavailable",
@@ -149,6 +156,10 @@ impl Error {
         match self {
             Self::NotHolder { .. } => {
                 "this node is a standby; publish to the holder (holder_url)".to_owned()
+            }
+            Self::NoHolder => {
+                "no holder could take the publish; retry later with the same Idempotency-Key"
+                    .to_owned()
             }
             Self::QueueFull => "the publish queue is full; retry later".to_owned(),
             Self::LeaseLost => {

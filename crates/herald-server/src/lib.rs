@@ -9,7 +9,8 @@
 //! (`hub.rs`) fed by the writer on the holder and by the standby feed
 //! (`standby_feed.rs`) on a standby; `subscription.rs` turns history plus
 //! live notices into one gap-free, repeat-free sequence for SSE (`sse.rs`)
-//! and WebSocket (`ws.rs`). Every error becomes one JSON shape in
+//! and WebSocket (`ws.rs`). A publish that reaches a standby is forwarded
+//! once to the holder (`forward.rs`). Every error becomes one JSON shape in
 //! `error.rs`.
 //!
 //! Invariants:
@@ -24,6 +25,7 @@
 mod api;
 mod config;
 mod error;
+mod forward;
 mod hub;
 mod metrics;
 mod role;

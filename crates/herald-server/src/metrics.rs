@@ -10,6 +10,9 @@
 //! | `herald_subscribers` | gauge | `transport` (`sse`, `ws`) | live subscriptions |
 //! | `herald_lease_role` | gauge | | 1 while this node is holder, else 0 (set at scrape time) |
 //! | `herald_lease_token` | gauge | | fencing token as this node last saw it (set at scrape time) |
+//! | `herald_forwarded_writes_total` | counter | `result` (`ok`, `error`, `no_holder`) | publishes a standby handed to the holder, by outcome |
+//! | `herald_notify_lag_seconds` | histogram | | on a standby: wall clock at a commit signal minus the commit time |
+//! | `herald_catchup_reads_total` | counter | | subscription reads from storage that fill a gap or a lag |
 
 use std::sync::OnceLock;
 
@@ -25,6 +28,9 @@ pub(crate) const SUBSCRIBERS: &str = "herald_subscribers";
 pub(crate) const LEASE_ROLE: &str = "herald_lease_role";
 pub(crate) const LEASE_TOKEN: &str = "herald_lease_token";
 pub(crate) const LEASE_SINCE_RENEWAL: &str = "herald_lease_seconds_since_renewal";
+pub(crate) const FORWARDED_WRITES: &str = "herald_forwarded_writes_total";
+pub(crate) const NOTIFY_LAG: &str = "herald_notify_lag_seconds";
+pub(crate) const CATCHUP_READS: &str = "herald_catchup_reads_total";
 
 /// Upper bounds of the publish duration buckets, in seconds.
 const DURATION_BUCKETS: &[f64] = &[
@@ -107,6 +113,19 @@ fn describe() {
         Unit::Seconds,
         "While holder: time since the last successful renewal was sent (NaN on a standby)."
     );
+    describe_counter!(
+        FORWARDED_WRITES,
+        "Publishes a standby handed to the holder, by result: ok, error, no_holder."
+    );
+    describe_histogram!(
+        NOTIFY_LAG,
+        Unit::Seconds,
+        "On a standby: local wall clock when a commit signal arrived minus the commit time."
+    );
+    describe_counter!(
+        CATCHUP_READS,
+        "Subscription reads from the storage that fill a gap or a lag (not the history read)."
+    );
     // Emitted by the lease supervisor (herald-lease).
     describe_counter!(
         "herald_lease_renewals_total",
@@ -149,6 +168,21 @@ pub(crate) fn lease(holder: bool, token: u64, since_renewal: Option<std::time::D
     gauge!(LEASE_TOKEN).set(token as f64);
     // Absent (NaN) on a standby: it renews nothing.
     gauge!(LEASE_SINCE_RENEWAL).set(since_renewal.map_or(f64::NAN, |d| d.as_secs_f64()));
+}
+
+/// Counts one forwarded publish by `result` (`ok`, `error`, `no_holder`).
+pub(crate) fn forwarded(result: &'static str) {
+    counter!(FORWARDED_WRITES, "result" => result).increment(1);
+}
+
+/// Records the delay of one commit signal, in seconds (never negative).
+pub(crate) fn notify_lag(seconds: f64) {
+    histogram!(NOTIFY_LAG).record(seconds.max(0.0));
+}
+
+/// Counts one subscription read that fills a gap or a lag.
+pub(crate) fn catchup_read() {
+    counter!(CATCHUP_READS).increment(1);
 }
 
 /// Counts one live subscription for as long as it lives.

@@ -1,21 +1,32 @@
 //! Live notices on a standby: another process on the same database writes,
 //! so this node learns of new messages by asking the storage which channels
-//! moved (`Storage::changes_since`) every `standby_poll_interval`, and
-//! publishes a head-moved notice (no messages) per moved channel. Subscribers
-//! read the messages themselves.
+//! moved (`Storage::changes_since`) and publishes a head-moved notice (no
+//! messages) per moved channel. Subscribers read the messages themselves.
+//!
+//! When the storage signals commits (`Storage::watch_changes`, PostgreSQL),
+//! the feed asks at each signal (a commit, a resync, or a lagged signal
+//! receiver, which may have missed commits) and besides every
+//! [`SAFETY_POLL`], in case a signal was lost; otherwise it polls every
+//! `standby_poll_interval`.
 //!
 //! While this node is holder its own writer publishes notices; the feed then
 //! polls once more (to announce what the previous holder committed last) and
-//! waits for the role to change, without polling.
+//! waits for the role to change, without polling, dropping commit signals.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use herald_storage::Storage;
+use herald_storage::{ChangeSignal, Storage};
+use tokio::sync::broadcast::{self, error::RecvError, error::TryRecvError};
 use tokio_util::sync::CancellationToken;
 
 use crate::hub::{Hub, Notice};
+use crate::metrics;
 use crate::role::LeaseView;
+
+/// How often a standby that receives commit signals still polls, in case a
+/// signal was lost.
+pub(crate) const SAFETY_POLL: Duration = Duration::from_secs(1);
 
 /// The standby feed task's state.
 pub(crate) struct StandbyFeed {
@@ -24,9 +35,24 @@ pub(crate) struct StandbyFeed {
     hub: Arc<Hub>,
     /// Position in the storage's commit order up to which notices were sent.
     cursor: u64,
+    /// Poll period without commit signals.
     interval: Duration,
+    /// Poll period besides commit signals.
+    safety_poll: Duration,
     /// `true` while the last poll failed (to log transitions only).
     failing: bool,
+}
+
+/// What woke the standby's wait.
+enum Wake {
+    /// Drain: stop.
+    Shutdown,
+    /// A poll period passed, or a commit signal (or several) arrived.
+    Poll,
+    /// The lease state changed (`false`: the supervisor is gone).
+    Role(bool),
+    /// The storage's signal sender is gone: fall back to polling.
+    SignalsClosed,
 }
 
 impl StandbyFeed {
@@ -44,12 +70,14 @@ impl StandbyFeed {
             hub,
             cursor,
             interval,
+            safety_poll: SAFETY_POLL,
             failing: false,
         }
     }
 
     /// Runs until `shutdown` is cancelled.
     pub(crate) async fn run(mut self, shutdown: CancellationToken) {
+        let mut signals = self.storage.watch_changes();
         let mut states = self.lease.subscribe();
         // `false` once the supervisor is gone: its state no longer changes.
         let mut states_alive = true;
@@ -57,9 +85,21 @@ impl StandbyFeed {
             if self.lease.is_holder() {
                 self.poll().await;
                 while self.lease.is_holder() && states_alive {
-                    tokio::select! {
-                        () = shutdown.cancelled() => return,
-                        changed = states.changed() => states_alive = changed.is_ok(),
+                    let has_signals = signals.is_some();
+                    let wake = tokio::select! {
+                        () = shutdown.cancelled() => Wake::Shutdown,
+                        changed = states.changed() => Wake::Role(changed.is_ok()),
+                        // The own writer announces its commits; the signals
+                        // are dropped so that none are stale later.
+                        open = drain_signals(&mut signals, false), if has_signals => {
+                            if open { Wake::Poll } else { Wake::SignalsClosed }
+                        }
+                    };
+                    match wake {
+                        Wake::Shutdown => return,
+                        Wake::Role(alive) => states_alive = alive,
+                        Wake::SignalsClosed => signals = None,
+                        Wake::Poll => {}
                     }
                 }
                 if self.lease.is_holder() {
@@ -71,10 +111,30 @@ impl StandbyFeed {
                 continue;
             }
             self.poll().await;
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(self.interval) => {}
-                changed = states.changed(), if states_alive => states_alive = changed.is_ok(),
+            let has_signals = signals.is_some();
+            let period = if has_signals {
+                self.safety_poll
+            } else {
+                self.interval
+            };
+            let wake = tokio::select! {
+                () = shutdown.cancelled() => Wake::Shutdown,
+                () = tokio::time::sleep(period) => Wake::Poll,
+                changed = states.changed(), if states_alive => Wake::Role(changed.is_ok()),
+                open = drain_signals(&mut signals, true), if has_signals => {
+                    if open { Wake::Poll } else { Wake::SignalsClosed }
+                }
+            };
+            match wake {
+                Wake::Shutdown => return,
+                Wake::Role(alive) => states_alive = alive,
+                Wake::SignalsClosed => {
+                    tracing::warn!(
+                        "standby feed: the storage stopped signalling commits; polling every standby_poll_interval"
+                    );
+                    signals = None;
+                }
+                Wake::Poll => {}
             }
         }
     }
@@ -103,6 +163,52 @@ impl StandbyFeed {
                 }
             }
         }
+    }
+}
+
+/// Waits for a commit signal, then takes every signal already waiting too,
+/// so that a burst of commits costs one `changes_since`. With `measure`,
+/// records each commit's delay in `herald_notify_lag_seconds`. Returns
+/// `false` when the sender is gone (or there is no receiver). Cancel-safe:
+/// a signal taken is only measured, and the caller polls after any wake.
+async fn drain_signals(
+    signals: &mut Option<broadcast::Receiver<ChangeSignal>>,
+    measure: bool,
+) -> bool {
+    let Some(rx) = signals.as_mut() else {
+        return false;
+    };
+    match rx.recv().await {
+        Ok(signal) => observe(&signal, measure),
+        // Missed signals: a resync, which the poll is.
+        Err(RecvError::Lagged(_)) => {}
+        Err(RecvError::Closed) => return false,
+    }
+    loop {
+        match rx.try_recv() {
+            Ok(signal) => observe(&signal, measure),
+            Err(TryRecvError::Lagged(_)) => {}
+            Err(TryRecvError::Empty) => return true,
+            Err(TryRecvError::Closed) => return false,
+        }
+    }
+}
+
+/// Records how long a commit signal took to arrive (local wall clock now
+/// minus the commit time, clamped at 0).
+fn observe(signal: &ChangeSignal, measure: bool) {
+    if let (
+        true,
+        ChangeSignal::Committed {
+            committed_at_ms, ..
+        },
+    ) = (measure, signal)
+    {
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let lag_ms = now_ms.saturating_sub(*committed_at_ms).max(0);
+        metrics::notify_lag(lag_ms as f64 / 1000.0);
     }
 }
 
@@ -186,6 +292,104 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(n.head, 2);
+        shutdown.cancel();
+        task.await.unwrap();
+    }
+
+    /// A standby feed on `storage` whose timers never fire during a test:
+    /// only commit signals (or a role change) wake it.
+    fn signal_driven(storage: Arc<MemoryStorage>, hub: Arc<Hub>) -> StandbyFeed {
+        let lease = FakeLease::holder(FencingToken(1));
+        lease.set_standby(Some("http://other"));
+        let mut feed = StandbyFeed::new(storage, lease, hub, 0, Duration::from_secs(3600));
+        feed.safety_poll = Duration::from_secs(3600);
+        feed
+    }
+
+    fn committed(channel: &str, to: u64) -> ChangeSignal {
+        ChangeSignal::Committed {
+            channel: ChannelName::new(channel).unwrap(),
+            from: to,
+            to,
+            committed_at_ms: 0,
+        }
+    }
+
+    async fn next_head(rx: &mut crate::hub::HubReceiver) -> u64 {
+        tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .expect("no notice")
+            .unwrap()
+            .head
+    }
+
+    #[tokio::test]
+    async fn commit_signals_wake_a_standby() {
+        let storage = MemoryStorage::with_signals(4);
+        let hub = Hub::new(64);
+        let mut rx = hub.subscribe(&ChannelName::new("a").unwrap());
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(signal_driven(storage.clone(), hub.clone()).run(shutdown.clone()));
+        // The first poll at start finds nothing; then only signals wake it.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        storage.append_as_other_node("a", "1");
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), rx.recv())
+                .await
+                .is_err(),
+            "polled without a signal"
+        );
+        storage.signal(committed("a", 1));
+        assert_eq!(next_head(&mut rx).await, 1);
+        // A resync wakes it too.
+        storage.append_as_other_node("a", "2");
+        storage.signal(ChangeSignal::Resync);
+        assert_eq!(next_head(&mut rx).await, 2);
+        shutdown.cancel();
+        task.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_lagged_signal_receiver_resyncs() {
+        let storage = MemoryStorage::with_signals(2);
+        let hub = Hub::new(64);
+        let mut rx = hub.subscribe(&ChannelName::new("a").unwrap());
+        let feed = signal_driven(storage.clone(), hub.clone());
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(feed.run(shutdown.clone()));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        for i in 1..=10u64 {
+            storage.append_as_other_node("a", &i.to_string());
+        }
+        // More signals than the buffer holds: the receiver lags, and the
+        // feed still announces the last head.
+        for i in 1..=10u64 {
+            storage.signal(committed("a", i));
+        }
+        let mut head = next_head(&mut rx).await;
+        while head < 10 {
+            head = next_head(&mut rx).await;
+        }
+        assert_eq!(head, 10);
+        shutdown.cancel();
+        task.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn without_signals_the_standby_falls_back_to_polling() {
+        let storage = MemoryStorage::with_signals(4);
+        let hub = Hub::new(64);
+        let mut rx = hub.subscribe(&ChannelName::new("a").unwrap());
+        let mut feed = signal_driven(storage.clone(), hub.clone());
+        feed.interval = Duration::from_millis(5);
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(feed.run(shutdown.clone()));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        storage.close_signals();
+        storage.append_as_other_node("a", "1");
+        assert_eq!(next_head(&mut rx).await, 1);
+        storage.append_as_other_node("a", "2");
+        assert_eq!(next_head(&mut rx).await, 2);
         shutdown.cancel();
         task.await.unwrap();
     }

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
+use crate::forward::Forwarder;
 use crate::hub::Hub;
 use crate::role::LeaseView;
 use crate::standby_feed::StandbyFeed;
@@ -44,6 +45,8 @@ pub(crate) struct Shared {
     pub(crate) writer: WriterHandle,
     /// Live fan-out to subscribers.
     pub(crate) hub: Arc<Hub>,
+    /// Hands publishes that reach this node while standby to the holder.
+    pub(crate) forwarder: Forwarder,
     /// Cancelled when the node drains.
     pub(crate) shutdown: CancellationToken,
     /// Renders `/metrics`.
@@ -85,6 +88,7 @@ impl AppState {
         shutdown: CancellationToken,
     ) -> Result<Self> {
         config.validate()?;
+        let forwarder = Forwarder::new(&config.node_id)?;
         let metrics = install_metrics_recorder();
         let cursor = storage.change_cursor().await?;
         let hub = Hub::new(config.subscriber_buffer);
@@ -131,6 +135,7 @@ impl AppState {
                 config,
                 writer: writer_handle,
                 hub,
+                forwarder,
                 shutdown,
                 metrics,
                 ws_sessions: TaskTracker::new(),

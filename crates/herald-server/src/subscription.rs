@@ -23,7 +23,7 @@ use herald_storage::Storage;
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::hub::{Hub, HubReceiver, Notice};
-use crate::metrics::SubscriberGauge;
+use crate::metrics::{self, SubscriberGauge};
 use crate::writer::log_storage_error;
 use crate::{Error, Result};
 
@@ -108,6 +108,7 @@ impl Subscription {
                 continue;
             }
             if self.lagged {
+                metrics::catchup_read();
                 if self.read_page().await? < PAGE_LIMIT {
                     self.lagged = false;
                 }
@@ -116,6 +117,7 @@ impl Subscription {
             if let Some(notice) = self.notice.clone() {
                 match catch_up_target(&notice, self.last) {
                     Some(target) => {
+                        metrics::catchup_read();
                         let read = self.read_page().await?;
                         if self.last < target && read < PAGE_LIMIT {
                             // The storage does not have what the notice

@@ -13,8 +13,10 @@ use herald_core::{
     NewMessage, Offset,
 };
 use herald_lease::LeaseState;
-use herald_storage::{Acquire, ChangeFeed, LeaseStore, Page, Storage, TakeoverReason};
-use tokio::sync::{watch, Notify, OwnedMutexGuard};
+use herald_storage::{
+    Acquire, ChangeFeed, ChangeSignal, LeaseStore, Page, Storage, TakeoverReason,
+};
+use tokio::sync::{broadcast, watch, Notify, OwnedMutexGuard};
 
 #[derive(Default)]
 struct Mem {
@@ -37,6 +39,8 @@ pub(crate) struct MemoryStorage {
     started: Notify,
     fail_appends: AtomicBool,
     fail_reads: AtomicBool,
+    /// Commit signals, when the test turned them on.
+    signals: Mutex<Option<broadcast::Sender<ChangeSignal>>>,
 }
 
 impl MemoryStorage {
@@ -52,7 +56,28 @@ impl MemoryStorage {
             started: Notify::new(),
             fail_appends: AtomicBool::new(false),
             fail_reads: AtomicBool::new(false),
+            signals: Mutex::new(None),
         })
+    }
+
+    /// A storage whose `watch_changes` answers, with a signal buffer of
+    /// `capacity`. The test sends the signals with [`Self::signal`].
+    pub(crate) fn with_signals(capacity: usize) -> Arc<Self> {
+        let storage = Self::new();
+        *storage.signals.lock().unwrap() = Some(broadcast::channel(capacity).0);
+        storage
+    }
+
+    /// Sends `signal` to every watcher.
+    pub(crate) fn signal(&self, signal: ChangeSignal) {
+        if let Some(tx) = self.signals.lock().unwrap().as_ref() {
+            let _ = tx.send(signal);
+        }
+    }
+
+    /// Drops the signal sender: watchers see the end of the signals.
+    pub(crate) fn close_signals(&self) {
+        self.signals.lock().unwrap().take();
     }
 
     /// While the guard lives, every `append` waits after it started.
@@ -281,6 +306,14 @@ impl Storage for MemoryStorage {
                 })
                 .collect(),
         })
+    }
+
+    fn watch_changes(&self) -> Option<broadcast::Receiver<ChangeSignal>> {
+        self.signals
+            .lock()
+            .unwrap()
+            .as_ref()
+            .map(broadcast::Sender::subscribe)
     }
 
     async fn change_cursor(&self) -> herald_storage::Result<u64> {

@@ -312,16 +312,85 @@ async fn bad_requests_have_the_error_shape_and_change_nothing() {
 }
 
 #[tokio::test]
-async fn a_standby_points_to_the_holder() {
+async fn a_standby_refuses_a_forwarded_publish_and_points_to_the_holder() {
     let node = Node::start(ServerConfig::default()).await;
     node.lease.set_standby(Some("http://holder:8080"));
-    let (status, headers, body) = node.post("/v1/channels/c/messages", r#"{"data":1}"#).await;
+    let (status, headers, body) = node
+        .call(
+            Request::post("/v1/channels/c/messages")
+                .header("herald-forwarded-by", "node-x")
+                .body(Body::from(r#"{"data":1}"#))
+                .unwrap(),
+        )
+        .await;
     assert_error(status, &body, StatusCode::SERVICE_UNAVAILABLE, "not_holder");
     assert_eq!(body["error"]["holder_url"], "http://holder:8080");
     assert_eq!(headers[header::RETRY_AFTER], "1");
     let (_, _, status_body) = node.get("/v1/status").await;
     assert_eq!(status_body["role"], "standby");
+    assert_eq!(
+        status_body["holder"],
+        json!({ "node_id": "node-b", "url": "http://holder:8080" })
+    );
     assert_eq!(node.storage.head("c"), 0);
+    node.stop().await;
+}
+
+#[tokio::test]
+async fn a_standby_without_a_reachable_holder_answers_no_holder() {
+    let node = Node::start(ServerConfig::default()).await;
+    // No holder known.
+    node.lease.set_standby(None);
+    let (status, headers, body) = node.post("/v1/channels/c/messages", r#"{"data":1}"#).await;
+    assert_error(status, &body, StatusCode::SERVICE_UNAVAILABLE, "no_holder");
+    assert_eq!(headers[header::RETRY_AFTER], "1");
+    let (_, _, status_body) = node.get("/v1/status").await;
+    assert!(status_body["holder"].is_null(), "{status_body}");
+    // A stale row naming this node's own URL: not forwarded to itself.
+    node.lease
+        .set_standby(Some(&format!("{}/", ServerConfig::default().advertise_url)));
+    let (status, _, body) = node.post("/v1/channels/c/messages", r#"{"data":1}"#).await;
+    assert_error(status, &body, StatusCode::SERVICE_UNAVAILABLE, "no_holder");
+    // A holder URL where nothing listens.
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    node.lease.set_standby(Some(&url));
+    let (status, headers, body) = node.post("/v1/channels/c/messages", r#"{"data":1}"#).await;
+    assert_error(status, &body, StatusCode::SERVICE_UNAVAILABLE, "no_holder");
+    assert_eq!(headers[header::RETRY_AFTER], "1");
+    // Bad input is still refused here, before any forwarding.
+    let (status, _, body) = node.post("/v1/channels/c/messages", "{").await;
+    assert_error(status, &body, StatusCode::BAD_REQUEST, "invalid_json");
+    // A draining standby answers draining, without forwarding.
+    node.shutdown.cancel();
+    let (status, _, body) = node.post("/v1/channels/c/messages", r#"{"data":1}"#).await;
+    assert_error(status, &body, StatusCode::SERVICE_UNAVAILABLE, "draining");
+    assert_eq!(node.storage.head("c"), 0);
+    let (_, _, metrics) = node.get("/metrics").await;
+    let text = metrics.as_str().unwrap();
+    for name in [
+        "herald_forwarded_writes_total{result=\"no_holder\"}",
+        "herald_forwarded_writes_total{result=\"error\"}",
+    ] {
+        assert!(text.contains(name), "{name} missing in:\n{text}");
+    }
+    node.stop().await;
+}
+
+#[tokio::test]
+async fn readyz_by_role() {
+    let node = Node::start(ServerConfig::default()).await;
+    let (status, _, _) = node.get("/readyz?role=holder").await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _, body) = node.get("/readyz?role=leader").await;
+    assert_error(status, &body, StatusCode::BAD_REQUEST, "invalid_query");
+    node.lease.set_standby(Some("http://holder:8080"));
+    let (status, headers, body) = node.get("/readyz?role=holder").await;
+    assert_error(status, &body, StatusCode::SERVICE_UNAVAILABLE, "not_holder");
+    assert_eq!(headers[header::RETRY_AFTER], "1");
+    let (status, _, _) = node.get("/readyz").await;
+    assert_eq!(status, StatusCode::OK);
     node.stop().await;
 }
 
@@ -388,6 +457,10 @@ async fn ops_routes() {
     assert_eq!(body["backend"], "memory");
     assert_eq!(body["lease"]["name"], "writer");
     assert_eq!(body["lease"]["token"], 1);
+    assert_eq!(
+        body["holder"],
+        json!({ "node_id": "n-1", "url": ServerConfig::default().advertise_url })
+    );
     node.post("/v1/channels/m/messages", r#"{"data":1}"#).await;
     let (status, headers, body) = node.get("/metrics").await;
     assert_eq!(status, StatusCode::OK);

@@ -86,6 +86,7 @@ macro_rules! conformance_tests {
             reacquire_after_release_gets_larger_token,
             tokens_only_grow,
             takeover_after_expiry_has_reason_expired,
+            takeover_after_holder_dropped_has_reason_holder_gone,
             append_offsets_are_contiguous_across_batches,
             append_interleaves_channels_in_one_batch,
             idempotency_key_repeated_in_later_batch_is_duplicate,
@@ -120,6 +121,11 @@ const LONG_TTL: Duration = Duration::from_secs(60);
 const SHORT_TTL: Duration = Duration::from_millis(100);
 /// Longest a case polls for an expiry before it fails (10 s).
 const EXPIRY_WAIT: Duration = Duration::from_secs(10);
+/// Longest a case retries an acquire over a holder whose storage was
+/// dropped (5 s): the storage may need a moment to notice that the holder's
+/// session has closed. Far below [`LONG_TTL`], so that only the detection of
+/// the gone holder can explain a takeover.
+const HOLDER_GONE_WAIT: Duration = Duration::from_secs(5);
 
 /// Candidate `i`: node id `node-<i>`, lease [`DEFAULT_LEASE_NAME`].
 fn candidate(i: usize) -> Candidate {
@@ -397,6 +403,48 @@ pub async fn takeover_after_expiry_has_reason_expired(h: &dyn Harness) {
         Acquire::Held(info) => assert_eq!(info.holder.as_deref(), Some("node-1")),
         other => panic!("expected Held, got {other:?}"),
     }
+}
+
+/// A holder whose storage is dropped (every handle, as when its process
+/// ends or crashes) is provably gone: another node takes over long before
+/// the lease expires, with reason `HolderGone` and token + 1. While the
+/// holder's storage is open, the other node sees `Held`.
+pub async fn takeover_after_holder_dropped_has_reason_holder_gone(h: &dyn Harness) {
+    let mut c = h.cluster(2).await;
+    let (old, _) = acquire(c.node(0), 0, LONG_TTL).await;
+    match c.node(1).acquire(&candidate(1), LONG_TTL).await.unwrap() {
+        Acquire::Held(info) => assert_eq!(info.holder.as_deref(), Some("node-0")),
+        other => panic!("a live holder must be Held, got {other:?}"),
+    }
+
+    // Node 0's storage goes away entirely; node 1 is now `c.node(0)`.
+    drop(c.nodes.remove(0));
+    let standby = c.node(0);
+    let started = Instant::now();
+    let (new, reason) = loop {
+        match standby.acquire(&candidate(1), LONG_TTL).await.unwrap() {
+            Acquire::Acquired { lease, reason } => break (lease, reason),
+            Acquire::Held(info) => {
+                assert_eq!(info.holder.as_deref(), Some("node-0"));
+                assert!(
+                    started.elapsed() < HOLDER_GONE_WAIT,
+                    "the dropped holder was not found gone within {HOLDER_GONE_WAIT:?}: {info:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    assert_eq!(reason, TakeoverReason::HolderGone);
+    assert_eq!(new.holder, "node-1");
+    assert_eq!(new.token, FencingToken(old.token.0 + 1));
+    let info = standby
+        .lease_info(DEFAULT_LEASE_NAME)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(info.holder.as_deref(), Some("node-1"));
+    assert_eq!(info.token, new.token);
+    assert!(info.expires_in_ms > 50_000, "{info:?}");
 }
 
 /// Offsets of one channel are 1..n, contiguous across batches, in batch

@@ -28,4 +28,4 @@ pub mod conformance;
 pub mod testing;
 
 pub use error::{Error, Result};
-pub use traits::{Acquire, ChangeFeed, LeaseStore, Page, Storage, TakeoverReason};
+pub use traits::{Acquire, ChangeFeed, ChangeSignal, LeaseStore, Page, Storage, TakeoverReason};

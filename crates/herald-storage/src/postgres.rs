@@ -18,7 +18,18 @@
 //!   `client_connection_check_interval` (PostgreSQL 14 or newer,
 //!   "Connections and Authentication", "Connection Settings"), so that the
 //!   server ends a statement soon after its client has gone.
+//! - One dedicated **listener** connection (`application_name`
+//!   `herald-listen`), opened at connect, that runs `LISTEN` on
+//!   [`CHANGES_CHANNEL`] and feeds [`Storage::watch_changes`] (see "Change
+//!   notices" below).
+//! - One dedicated **liveness** connection (`application_name`
+//!   `herald-liveness`), opened at connect and idle for the storage's whole
+//!   life, that holds the session-level advisory lock of the storage's
+//!   session key (see "Detecting a dead holder" below).
 //! - A short-lived migration connection in [`PostgresStorage::connect`].
+//!
+//! Dropping the last handle of a storage stops the listener and liveness
+//! tasks and closes their connections.
 //!
 //! Every connection has TCP keepalives, a TCP user timeout and a connect
 //! timeout, so that a dead peer is noticed in seconds (libpq's parameters
@@ -55,6 +66,59 @@
 //! names on one database are not serialized with each other, so one
 //! database holds the messages of one lease name.
 //!
+//! # Change notices
+//! A fenced write sends, inside its transaction after its inserts, one
+//! notification per channel it wrote new messages to (`pg_notify` on
+//! [`CHANGES_CHANNEL`], payload `<from> <to> <committed_at_ms> <channel>`).
+//! PostgreSQL delivers notifications only when the sending transaction
+//! commits, in commit order, and drops those of a transaction that rolls
+//! back (PostgreSQL documentation, `NOTIFY`). The listener connection
+//! receives them as asynchronous messages and sends each as
+//! [`ChangeSignal::Committed`] on a broadcast channel of
+//! [`CHANGE_SIGNAL_CAPACITY`] notices; every node's listener hears every
+//! node's commits, its own included. When the listener's connection fails
+//! it reconnects (after 100 ms, doubling up to 2 s while attempts fail) and
+//! sends [`ChangeSignal::Resync`] after every successful `LISTEN`, the
+//! first included: notices sent while nobody listened are lost, and
+//! receivers catch up with [`Storage::changes_since`]. Notices are hints;
+//! the change feed stays the truth. (Queuing notifications takes a lock at
+//! commit that serializes the commits of notifying transactions in the
+//! database; fenced writes of one lease are serialized anyway.)
+//!
+//! # Detecting a dead holder
+//! Each storage draws a random session key at connect and its liveness
+//! connection holds `pg_advisory_lock(<session key>)`, a session-level
+//! advisory lock, which PostgreSQL releases when the session ends
+//! ("Explicit Locking", "Advisory Locks"). An acquire records the key as
+//! the lease's `holder_session`. A later acquire by another storage, after
+//! it holds the lease row `FOR UPDATE` and when the lease has a holder that
+//! has not expired with another session key, probes that key with
+//! `pg_try_advisory_xact_lock` in the same transaction: success means that
+//! no session holds it, so the holder's storage is gone (dropped, its
+//! process exited or crashed, or its host is unreachable), and the takeover
+//! decision, still a statement of its own after the row lock, takes the
+//! lease at once ([`crate::TakeoverReason::HolderGone`]). The probe's lock
+//! is released at commit or rollback.
+//!
+//! The server must notice a dead client host for this to work, so the
+//! liveness connection sets the per-session settings `tcp_keepalives_idle`
+//! (5 s), `tcp_keepalives_interval` (1 s), `tcp_keepalives_count` (5) and
+//! `tcp_user_timeout` (10 s) (derived from
+//! [`PostgresOptions::keepalives_idle`]; "Connections and Authentication",
+//! "TCP Settings"; they apply to TCP connections only, not Unix sockets),
+//! and turns `idle_session_timeout` and `statement_timeout` off. A process
+//! that is paused (SIGSTOP, a paused VM) keeps its connection and is not
+//! found gone; its lease expires as usual.
+//!
+//! A live holder is never found gone because of its other connections: a
+//! renewal or pool connection that fails leaves the liveness connection and
+//! its lock alone. When the liveness connection itself fails (a network
+//! fault), its task reconnects with backoff and takes the same key again,
+//! best effort: until then, another node may find the key free and take
+//! the lease over. That is safe: the takeover increments the fencing token,
+//! so the old holder's next fenced write and renewal fail with
+//! [`Error::LeaseLost`] and it stops writing.
+//!
 //! # Decisions after lock waits
 //! Every decision taken after a lock wait (the fencing check, the renewal's
 //! expiry guard, the takeover) is taken by a statement that runs *after*
@@ -82,6 +146,12 @@
 //! - "Date/Time Functions and Operators", Current Date/Time
 //!   (`clock_timestamp()`):
 //!   <https://www.postgresql.org/docs/current/functions-datetime.html#FUNCTIONS-DATETIME-CURRENT>
+//! - `NOTIFY` and `LISTEN`:
+//!   <https://www.postgresql.org/docs/current/sql-notify.html>,
+//!   <https://www.postgresql.org/docs/current/sql-listen.html>
+//! - "Connections and Authentication", TCP Settings (`tcp_keepalives_idle`,
+//!   `tcp_keepalives_interval`, `tcp_keepalives_count`, `tcp_user_timeout`):
+//!   <https://www.postgresql.org/docs/current/runtime-config-connection.html#RUNTIME-CONFIG-TCP-SETTINGS>
 //! - "System Administration Functions", Advisory Lock Functions:
 //!   <https://www.postgresql.org/docs/current/functions-admin.html#FUNCTIONS-ADVISORY-LOCKS>
 //! - libpq "Parameter Key Words" (connection string, keepalives,
@@ -90,11 +160,16 @@
 //! - Appendix A, "PostgreSQL Error Codes":
 //!   <https://www.postgresql.org/docs/current/errcodes-appendix.html>
 
+mod listen;
+mod liveness;
 mod ops;
 mod renewal;
 
 use std::fmt;
+use std::future::{poll_fn, Future};
+use std::pin::pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -102,11 +177,13 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod
 use herald_core::{
     Appended, Candidate, ChannelHead, ChannelName, Lease, LeaseInfo, NewMessage, Offset,
 };
+use tokio::sync::{broadcast, watch};
 use tokio_postgres::config::Host;
-use tokio_postgres::{Client, Config, NoTls};
+use tokio_postgres::tls::NoTlsStream;
+use tokio_postgres::{AsyncMessage, Client, Config, Connection, NoTls, Socket};
 
 use self::renewal::Renewal;
-use crate::{Acquire, ChangeFeed, Error, LeaseStore, Page, Result, Storage};
+use crate::{Acquire, ChangeFeed, ChangeSignal, Error, LeaseStore, Page, Result, Storage};
 
 mod embedded {
     #![allow(missing_docs, unreachable_pub)]
@@ -120,6 +197,19 @@ mod embedded {
 /// (PostgreSQL documentation, "Explicit Locking", "Advisory Locks", and
 /// "System Administration Functions", "Advisory Lock Functions").
 pub const MIGRATION_LOCK_KEY: i64 = advisory_key(b"herald/migrations", b"");
+
+/// The notification channel (`LISTEN`/`NOTIFY`) on which fenced writes
+/// announce their commits, one notification per channel written, with the
+/// payload `<from> <to> <committed_at_ms> <channel>` (offsets of the new
+/// messages, the database clock in ms since the Unix epoch, the channel
+/// name last). PostgreSQL delivers a notification only when the
+/// transaction that sent it commits (PostgreSQL documentation, `NOTIFY`).
+pub const CHANGES_CHANNEL: &str = "herald_changes";
+
+/// Capacity of the broadcast channel behind [`Storage::watch_changes`]: a
+/// receiver that falls this many notices behind loses the oldest and is
+/// told so (`RecvError::Lagged`).
+pub const CHANGE_SIGNAL_CAPACITY: usize = 4096;
 
 /// How long [`PostgresStorage::connect`] waits for another node that is
 /// migrating the same database (the migration connection's `lock_timeout`).
@@ -183,7 +273,11 @@ pub struct PostgresOptions {
     /// Idle time after which TCP keepalive probes start, on every
     /// connection; probes follow every 1 s and 5 unanswered probes end the
     /// connection. The TCP user timeout (how long sent data may stay
-    /// unacknowledged) is this + 5 s. Default 5 s.
+    /// unacknowledged) is this + 5 s. The liveness connection also asks
+    /// the server to use these values on its side (`tcp_keepalives_idle`,
+    /// `tcp_keepalives_interval`, `tcp_keepalives_count`,
+    /// `tcp_user_timeout`), so the server notices a dead client host as
+    /// fast. Default 5 s.
     pub keepalives_idle: Duration,
 }
 
@@ -215,7 +309,9 @@ pub struct SessionSettings {
     /// `client_connection_check_interval`.
     pub client_connection_check_interval: String,
     /// `application_name`: `herald` on pool connections and
-    /// `herald-renewal` on the renewal connection, unless the URL sets one.
+    /// `herald-renewal` on the renewal connection (`herald-listen` on the
+    /// listener and `herald-liveness` on the liveness connection), unless
+    /// the URL sets one.
     pub application_name: String,
 }
 
@@ -229,8 +325,11 @@ pub struct PostgresSettings {
 }
 
 /// The PostgreSQL backend of [`Storage`]. Cheap to clone: clones share the
-/// pool and the renewal connection. Each `PostgresStorage` made by
-/// [`PostgresStorage::connect`] acts as one node.
+/// pool and the renewal, listener and liveness connections. Each
+/// `PostgresStorage` made by [`PostgresStorage::connect`] acts as one node,
+/// with its own session key. Dropping the last clone closes the listener
+/// and liveness connections (which releases the session lock: other nodes
+/// may then take its lease over at once).
 #[derive(Clone)]
 pub struct PostgresStorage {
     inner: Arc<Inner>,
@@ -242,12 +341,21 @@ struct Inner {
     options: PostgresOptions,
     /// `user@host:port/dbname`, for logs; never the password.
     target: String,
+    /// The key of the session-level advisory lock that the liveness
+    /// connection holds; recorded as `holder_session` by acquire.
+    session_key: i64,
+    /// The listener task sends on this; receivers come from `subscribe`.
+    changes: broadcast::Sender<ChangeSignal>,
+    /// Dropped with the last handle: the listener and liveness tasks see
+    /// it closed, close their connections and end.
+    _stop: watch::Sender<()>,
 }
 
 impl fmt::Debug for PostgresStorage {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresStorage")
             .field("target", &self.inner.target)
+            .field("session_key", &self.inner.session_key)
             .field("options", &self.inner.options)
             .finish()
     }
@@ -259,6 +367,8 @@ enum Role {
     Pool,
     Renewal,
     Migration,
+    Listener,
+    Liveness,
 }
 
 impl Role {
@@ -267,6 +377,8 @@ impl Role {
             Self::Pool => "herald",
             Self::Renewal => "herald-renewal",
             Self::Migration => "herald-migrate",
+            Self::Listener => "herald-listen",
+            Self::Liveness => "herald-liveness",
         }
     }
 }
@@ -286,15 +398,20 @@ impl PostgresStorage {
     /// migrations (`migrations/postgres`, applied by refinery in one
     /// transaction) run under the session-level advisory lock
     /// [`MIGRATION_LOCK_KEY`], one node at a time, and each is applied once.
-    /// Needs PostgreSQL 14 or newer. The renewal connection is opened at the
-    /// first renewal. Logs the database as `user@host:port/dbname`, never
-    /// the password.
+    /// Needs PostgreSQL 14 or newer. Opens the liveness connection (and
+    /// takes its session lock) and the listener connection (and runs its
+    /// `LISTEN`) before it returns, so notices of every commit after this
+    /// returns reach the receivers subscribed at that time; both tasks run
+    /// on the current Tokio runtime until the last handle is dropped. The
+    /// renewal connection is opened at the first renewal. Logs the
+    /// database as `user@host:port/dbname`, never the password.
     ///
     /// # Errors
     /// [`Error::Postgres`] when `url` cannot be parsed or the server refuses
     /// the settings; [`Error::Unavailable`] when the server cannot be
-    /// reached within `options.connect_timeout`, or another node holds the
-    /// migration lock for over 60 s; [`Error::Migration`] when the schema
+    /// reached within `options.connect_timeout` (also when the liveness or
+    /// listener connection cannot be set up in that time), or another node
+    /// holds the migration lock for over 60 s; [`Error::Migration`] when the schema
     /// cannot be migrated or the server is older than PostgreSQL 14.
     pub async fn connect(url: &str, options: PostgresOptions) -> Result<Self> {
         let base: Config = url.parse()?;
@@ -321,12 +438,42 @@ impl PostgresStorage {
             options.renew_statement_timeout,
             options.connect_timeout + CONNECT_GRACE,
         );
+        let connect_limit = options.connect_timeout + CONNECT_GRACE;
+        let (stop, stop_rx) = watch::channel(());
+
+        let session_key: i64 = rand::random();
+        let liveness_config = session_config(&base, &options, Role::Liveness);
+        let locked =
+            liveness::establish(&liveness_config, session_key, connect_limit, connect_limit)
+                .await?;
+        tokio::spawn(liveness::run(
+            liveness_config,
+            session_key,
+            connect_limit,
+            locked,
+            stop_rx.clone(),
+        ));
+
+        let (changes, _) = broadcast::channel(CHANGE_SIGNAL_CAPACITY);
+        let listener_config = session_config(&base, &options, Role::Listener);
+        let listening = listen::establish(&listener_config, connect_limit, &changes).await?;
+        tokio::spawn(listen::run(
+            listener_config,
+            connect_limit,
+            changes.clone(),
+            listening,
+            stop_rx,
+        ));
+
         let storage = Self {
             inner: Arc::new(Inner {
                 pool,
                 renewal,
                 options,
                 target,
+                session_key,
+                changes,
+                _stop: stop,
             }),
         };
         // One pool connection now: the server accepts its session settings.
@@ -334,6 +481,7 @@ impl PostgresStorage {
         tracing::info!(
             database = %storage.inner.target,
             pool_size = storage.inner.options.pool_size.max(1),
+            session_key,
             "postgres storage connected"
         );
         Ok(storage)
@@ -342,6 +490,16 @@ impl PostgresStorage {
     /// The database as `user@host:port/dbname` (no password), as logged.
     pub fn target(&self) -> &str {
         &self.inner.target
+    }
+
+    /// This storage's session key: the key (a random `bigint` drawn at
+    /// connect) of the session-level advisory lock that its liveness
+    /// connection holds while the storage lives, recorded as the lease's
+    /// `holder_session` (in decimal) when this storage acquires. `pg_locks`
+    /// shows it as `classid` (high 32 bits) and `objid` (low 32 bits) with
+    /// `objsubid = 1`.
+    pub fn session_key(&self) -> i64 {
+        self.inner.session_key
     }
 
     /// The options given to [`PostgresStorage::connect`].
@@ -402,6 +560,12 @@ fn setting_ms(d: Duration) -> String {
     format!("{ms}ms")
 }
 
+/// The TCP user timeout of every connection (how long sent data may stay
+/// unacknowledged): the keepalive idle time plus every probe.
+fn user_timeout(options: &PostgresOptions) -> Duration {
+    options.keepalives_idle + KEEPALIVE_INTERVAL * KEEPALIVE_RETRIES
+}
+
 /// The connection settings of `role`: connect timeout, keepalives,
 /// application name and the role's session settings (as `-c name=value`
 /// start-up options, after any options of the URL).
@@ -413,37 +577,56 @@ fn session_config(base: &Config, options: &PostgresOptions, role: Role) -> Confi
         .keepalives_idle(options.keepalives_idle)
         .keepalives_interval(KEEPALIVE_INTERVAL)
         .keepalives_retries(KEEPALIVE_RETRIES)
-        .tcp_user_timeout(options.keepalives_idle + KEEPALIVE_INTERVAL * KEEPALIVE_RETRIES);
+        .tcp_user_timeout(user_timeout(options));
     if config.get_application_name().is_none() {
         config.application_name(role.application_name());
     }
-    let settings: Vec<(&str, Duration)> = match role {
+    let settings: Vec<(&str, String)> = match role {
         Role::Pool => vec![
-            ("statement_timeout", options.statement_timeout),
+            ("statement_timeout", setting_ms(options.statement_timeout)),
             (
                 "idle_in_transaction_session_timeout",
-                options.idle_in_transaction_timeout,
+                setting_ms(options.idle_in_transaction_timeout),
             ),
         ],
         Role::Renewal => vec![
-            ("statement_timeout", options.renew_statement_timeout),
+            (
+                "statement_timeout",
+                setting_ms(options.renew_statement_timeout),
+            ),
             (
                 "idle_in_transaction_session_timeout",
-                options.idle_in_transaction_timeout,
+                setting_ms(options.idle_in_transaction_timeout),
             ),
             (
                 "client_connection_check_interval",
-                options.client_connection_check_interval,
+                setting_ms(options.client_connection_check_interval),
             ),
         ],
-        Role::Migration => vec![("lock_timeout", MIGRATION_LOCK_WAIT)],
+        Role::Migration => vec![("lock_timeout", setting_ms(MIGRATION_LOCK_WAIT))],
+        // Idle for its whole life: no idle timeout may end it.
+        Role::Listener => vec![("idle_session_timeout", "0".to_owned())],
+        // Idle for its whole life, and the server must notice soon when its
+        // client's host is gone, because that releases the session lock.
+        Role::Liveness => vec![
+            ("idle_session_timeout", "0".to_owned()),
+            ("statement_timeout", "0".to_owned()),
+            (
+                "client_connection_check_interval",
+                setting_ms(options.client_connection_check_interval),
+            ),
+            ("tcp_keepalives_idle", setting_ms(options.keepalives_idle)),
+            ("tcp_keepalives_interval", setting_ms(KEEPALIVE_INTERVAL)),
+            ("tcp_keepalives_count", KEEPALIVE_RETRIES.to_string()),
+            ("tcp_user_timeout", setting_ms(user_timeout(options))),
+        ],
     };
     let mut start_up = config.get_options().unwrap_or("").to_owned();
     for (name, value) in settings {
         if !start_up.is_empty() {
             start_up.push(' ');
         }
-        start_up.push_str(&format!("-c {name}={}", setting_ms(value)));
+        start_up.push_str(&format!("-c {name}={value}"));
     }
     config.options(start_up);
     config
@@ -468,6 +651,66 @@ async fn open_connection(
         }
     });
     Ok((client, task))
+}
+
+/// A connection of this crate (no TLS), driven by hand rather than spawned.
+type PgConnection = Connection<Socket, NoTlsStream>;
+
+/// Connects within `limit` and returns the connection undriven: the caller
+/// must poll it (see [`drive`]).
+async fn connect_raw(config: &Config, limit: Duration) -> Result<(Client, PgConnection)> {
+    tokio::time::timeout(limit, config.connect(NoTls))
+        .await
+        .map_err(|_| {
+            Error::Unavailable(format!(
+                "no connection to postgres within {} ms",
+                limit.as_millis()
+            ))
+        })?
+        .map_err(Error::from)
+}
+
+/// Drives `connection` until `work` (which uses its client) finishes,
+/// passing every asynchronous message (notifications, notices) to
+/// `on_message`.
+///
+/// # Errors
+/// [`Error::Unavailable`] (or the driver's error) when the connection
+/// fails or closes before `work` finishes.
+async fn drive<F: Future>(
+    connection: &mut PgConnection,
+    work: F,
+    mut on_message: impl FnMut(AsyncMessage),
+) -> Result<F::Output> {
+    let mut work = pin!(work);
+    poll_fn(|cx| {
+        if let Poll::Ready(output) = work.as_mut().poll(cx) {
+            return Poll::Ready(Ok(output));
+        }
+        loop {
+            match connection.poll_message(cx) {
+                Poll::Ready(Some(Ok(message))) => on_message(message),
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(Error::from(e))),
+                Poll::Ready(None) => {
+                    // The connection finished; `work` may have its answer.
+                    return Poll::Ready(match work.as_mut().poll(cx) {
+                        Poll::Ready(output) => Ok(output),
+                        Poll::Pending => Err(Error::Unavailable(
+                            "the postgres connection closed".to_owned(),
+                        )),
+                    });
+                }
+                Poll::Pending => {
+                    // Answers the connection just read may complete `work`.
+                    return match work.as_mut().poll(cx) {
+                        Poll::Ready(output) => Poll::Ready(Ok(output)),
+                        Poll::Pending => Poll::Pending,
+                    };
+                }
+            }
+        }
+    })
+    .await
 }
 
 /// Runs the embedded migrations under [`MIGRATION_LOCK_KEY`], on a
@@ -591,6 +834,7 @@ impl LeaseStore for PostgresStorage {
             candidate,
             ttl_ms(ttl),
             &setting_ms(self.inner.options.acquire_lock_timeout),
+            self.inner.session_key,
         )
         .await
     }
@@ -645,6 +889,10 @@ impl Storage for PostgresStorage {
         let client = self.client().await?;
         ops::ping(&client).await
     }
+
+    fn watch_changes(&self) -> Option<broadcast::Receiver<ChangeSignal>> {
+        Some(self.inner.changes.subscribe())
+    }
 }
 
 #[cfg(test)]
@@ -695,6 +943,20 @@ mod tests {
         assert_eq!(config.get_connect_timeout(), Some(&Duration::from_secs(5)));
         let target = describe_target(&base);
         assert_eq!(target, "u@db.test:6543/herald");
+
+        let liveness = session_config(&base, &PostgresOptions::default(), Role::Liveness);
+        assert_eq!(
+            liveness.get_options(),
+            Some(
+                "-c search_path=x -c idle_session_timeout=0 -c statement_timeout=0 \
+                 -c client_connection_check_interval=1000ms -c tcp_keepalives_idle=5000ms \
+                 -c tcp_keepalives_interval=1000ms -c tcp_keepalives_count=5 \
+                 -c tcp_user_timeout=10000ms"
+            )
+        );
+        assert_eq!(liveness.get_application_name(), Some("herald-liveness"));
+        let listener = session_config(&base, &PostgresOptions::default(), Role::Listener);
+        assert_eq!(listener.get_application_name(), Some("herald-listen"));
         assert!(!format!("{config:?}").contains("secret"));
     }
 }

@@ -109,6 +109,35 @@ pub struct ChangeFeed {
     pub changed: Vec<ChannelHead>,
 }
 
+/// A push notice about committed writes, from [`Storage::watch_changes`].
+///
+/// Notices are hints for nodes that follow another node's writes: they say
+/// that something changed and where, so that a follower reads sooner than
+/// its next poll. They never replace reading: a notice can be missed (the
+/// listening connection dropped, or the receiver lagged behind), and then
+/// [`Storage::changes_since`] is the way to catch up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChangeSignal {
+    /// A fenced write committed messages `from..=to` of `channel`;
+    /// `committed_at_ms` is the database clock at commit (ms since the Unix
+    /// epoch).
+    Committed {
+        /// The channel written.
+        channel: ChannelName,
+        /// Offset of the first new message of `channel` in that write.
+        from: Offset,
+        /// Offset of the last new message of `channel` in that write
+        /// (`to >= from`).
+        to: Offset,
+        /// The database clock read just before the commit (at or after
+        /// the messages' `published_at_ms`), in ms since the Unix epoch.
+        committed_at_ms: i64,
+    },
+    /// The listening connection (re)connected: notices may have been
+    /// missed; catch up with [`Storage::changes_since`].
+    Resync,
+}
+
 /// Herald's storage: lease, fenced writes and reads. One implementation per
 /// backend; every implementation passes the `conformance` suite.
 #[async_trait]
@@ -161,6 +190,20 @@ pub trait Storage: LeaseStore {
     /// # Errors
     /// [`crate::Error::Unavailable`] when the storage cannot be reached.
     async fn change_cursor(&self) -> Result<u64>;
+
+    /// Push notices of commits, for nodes that follow other nodes' writes;
+    /// `None` when the backend has none (poll [`Storage::changes_since`]
+    /// instead).
+    ///
+    /// Each call returns a new receiver that gets every notice sent after
+    /// the call. A receiver that falls behind by more than the channel's
+    /// capacity gets [`tokio::sync::broadcast::error::RecvError::Lagged`]
+    /// and must catch up with [`Storage::changes_since`], as after
+    /// [`ChangeSignal::Resync`]. The PostgreSQL backend delivers notices of
+    /// writes committed by any node (its own included); SQLite has none.
+    fn watch_changes(&self) -> Option<tokio::sync::broadcast::Receiver<ChangeSignal>> {
+        None
+    }
 
     /// Checks that the storage answers (for `/readyz`).
     ///

@@ -1019,3 +1019,183 @@ async fn unreachable_server_is_unavailable() {
     }
     assert!(started.elapsed() < Duration::from_secs(4));
 }
+
+/// The backend pid of the liveness session that holds `storage`'s session
+/// lock, if one holds it now (an advisory lock on one `bigint` key shows
+/// in `pg_locks` as `classid` = high 32 bits, `objid` = low 32 bits,
+/// `objsubid` = 1).
+async fn liveness_holder(monitor: &Client, storage: &PostgresStorage) -> Option<i32> {
+    let key = storage.session_key() as u64;
+    let (high, low) = ((key >> 32) as i64, (key & 0xffff_ffff) as i64);
+    monitor
+        .query_opt(
+            "SELECT l.pid FROM pg_locks AS l JOIN pg_stat_activity AS a ON a.pid = l.pid \
+             WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
+             AND l.classid::bigint = $1 AND l.objid::bigint = $2 \
+             AND a.application_name = 'herald-liveness' \
+             AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            &[&high, &low],
+        )
+        .await
+        .unwrap()
+        .map(|r| r.get(0))
+}
+
+/// Backend pids of this database's sessions named `application`.
+async fn backends(monitor: &Client, application: &str) -> Vec<i32> {
+    monitor
+        .query(
+            "SELECT pid FROM pg_stat_activity \
+             WHERE datname = current_database() AND application_name = $1",
+            &[&application],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// Asserts that `standby`'s acquire answers `Held` by `holder`, several
+/// times over `span`.
+async fn assert_held_for(standby: &PostgresStorage, holder: &str, span: Duration) {
+    let until = Instant::now() + span;
+    loop {
+        match standby
+            .acquire(&candidate("standby"), MINUTE)
+            .await
+            .unwrap()
+        {
+            Acquire::Held(info) => assert_eq!(info.holder.as_deref(), Some(holder)),
+            other => panic!("a live holder must be Held, got {other:?}"),
+        }
+        if Instant::now() >= until {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A live holder is never found gone: its liveness session holds its key,
+/// the lease records that key, and a standby's acquire answers `Held`
+/// again and again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_live_holder_is_never_found_gone() {
+    let db = TestDatabase::create().await;
+    let holder = node(db.url(), options()).await;
+    let standby = node(db.url(), options()).await;
+    let monitor = db.raw_client().await;
+    assert_ne!(holder.session_key(), standby.session_key());
+    assert!(liveness_holder(&monitor, &holder).await.is_some());
+    assert!(liveness_holder(&monitor, &standby).await.is_some());
+
+    let (lease, _) = acquire(&holder, &candidate("holder"), MINUTE).await;
+    let recorded: Option<String> = monitor
+        .query_one(
+            "SELECT holder_session FROM storage_leases WHERE name = $1",
+            &[&LEASE],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(recorded, Some(holder.session_key().to_string()));
+    assert_held_for(&standby, "holder", Duration::from_secs(2)).await;
+    // The probe's transaction-level lock went with its transaction.
+    assert!(liveness_holder(&monitor, &holder).await.is_some());
+    holder.renew(&lease, MINUTE).await.unwrap();
+    holder.append(&lease, &[msg("c", "1")]).await.unwrap();
+}
+
+/// A renewal connection that dies (here: its backend is terminated) does
+/// not make its live holder look gone: the standby still gets `Held`, and
+/// the holder renews again on a fresh connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_renewal_connection_does_not_make_the_holder_look_gone() {
+    let db = TestDatabase::create().await;
+    let holder = node(db.url(), options()).await;
+    let standby = node(db.url(), options()).await;
+    let monitor = db.raw_client().await;
+    let (lease, _) = acquire(&holder, &candidate("holder"), MINUTE).await;
+    holder.renew(&lease, MINUTE).await.unwrap();
+    let renewal = backends(&monitor, "herald-renewal").await;
+    assert_eq!(renewal.len(), 1, "{renewal:?}");
+    let terminated: bool = monitor
+        .query_one("SELECT pg_terminate_backend($1)", &[&renewal[0]])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(terminated);
+
+    assert_held_for(&standby, "holder", Duration::from_secs(2)).await;
+    // The first attempt may find its connection closed; a later one opens
+    // a fresh connection and succeeds.
+    let deadline = Instant::now() + WAIT_LIMIT;
+    while let Err(e) = holder.renew(&lease, MINUTE).await {
+        assert!(Instant::now() < deadline, "renewal never recovered: {e}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_held_for(&standby, "holder", Duration::from_millis(500)).await;
+}
+
+/// A live holder whose liveness connection is ended reconnects and takes
+/// its session key again (on a new backend); the standby then gets `Held`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_liveness_connection_takes_its_key_again() {
+    let db = TestDatabase::create().await;
+    let holder = node(db.url(), options()).await;
+    let standby = node(db.url(), options()).await;
+    let monitor = db.raw_client().await;
+    let (lease, _) = acquire(&holder, &candidate("holder"), MINUTE).await;
+    let first = liveness_holder(&monitor, &holder).await.expect("key held");
+    monitor
+        .execute("SELECT pg_terminate_backend($1)", &[&first])
+        .await
+        .unwrap();
+
+    let deadline = Instant::now() + WAIT_LIMIT;
+    let second = loop {
+        match liveness_holder(&monitor, &holder).await {
+            Some(pid) if pid != first => break pid,
+            _ => {
+                assert!(Instant::now() < deadline, "the key was never taken again");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    assert_ne!(first, second);
+    assert_held_for(&standby, "holder", Duration::from_secs(1)).await;
+    holder.renew(&lease, MINUTE).await.unwrap();
+}
+
+/// A holder whose storage is dropped is found gone at once: the standby
+/// takes over with `HolderGone` long before the 60 s lease expires, and
+/// the old lease's writes are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dropped_holder_is_taken_over_at_once() {
+    let db = TestDatabase::create().await;
+    let holder = node(db.url(), options()).await;
+    let standby = node(db.url(), options()).await;
+    let (old, _) = acquire(&holder, &candidate("holder"), MINUTE).await;
+    holder.append(&old, &[msg("c", "1")]).await.unwrap();
+    drop(holder);
+
+    let started = Instant::now();
+    let (new, reason) = loop {
+        match standby
+            .acquire(&candidate("standby"), MINUTE)
+            .await
+            .unwrap()
+        {
+            Acquire::Acquired { lease, reason } => break (lease, reason),
+            Acquire::Held(info) => {
+                assert!(started.elapsed() < Duration::from_secs(5), "{info:?}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    assert_eq!(reason, TakeoverReason::HolderGone);
+    assert_eq!(new.token, FencingToken(old.token.0 + 1));
+    let other = node(db.url(), options()).await;
+    assert_lost(other.append(&old, &[msg("c", "2")]).await, &old);
+    standby.append(&new, &[msg("c", "3")]).await.unwrap();
+}

@@ -404,3 +404,11 @@ async fn schema_has_the_documented_indexes() {
         .unwrap();
     assert!(unique && partial);
 }
+
+/// SQLite has no push notices of commits: followers poll `changes_since`.
+#[tokio::test]
+async fn sqlite_has_no_change_notices() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = open(dir.path()).await;
+    assert!(storage.watch_changes().is_none());
+}

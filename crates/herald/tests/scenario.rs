@@ -294,9 +294,25 @@ async fn sigkill_during_a_burst_keeps_every_acknowledged_message() {
     );
 }
 
+/// Publishes `{"data": data}` to the node at `base` as a node that already
+/// forwarded it once would (`Herald-Forwarded-By`): a standby answers it
+/// itself instead of forwarding it again.
+async fn publish_as_forwarded(base: &str, channel: &str, data: &Value) -> support::Answer {
+    let response = reqwest::Client::new()
+        .post(format!("{base}/v1/channels/{channel}/messages"))
+        .header("herald-forwarded-by", "another-node")
+        .json(&json!({ "data": data }))
+        .send()
+        .await
+        .expect("publish request");
+    let status = response.status();
+    let body = response.json().await.unwrap_or(Value::Null);
+    support::Answer { status, body }
+}
+
 /// Scenario 6: a second node on the same data directory is a standby that
-/// points writers at the holder, and takes over soon after the holder
-/// drains on SIGTERM.
+/// forwards publishes to the holder (and points an already forwarded one at
+/// the holder), and takes over soon after the holder drains on SIGTERM.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standby_takes_over_after_the_holder_drains() {
     let dir = tempfile::tempdir().unwrap();
@@ -310,15 +326,11 @@ async fn standby_takes_over_after_the_holder_drains() {
     assert_ne!(first.url, second.url);
     let status = second.api.status().await;
     assert_eq!(status["role"], "standby", "{status}");
-    // The standby refuses writes; once it has read the lease row, the answer
-    // names the holder.
+    // The standby refuses forwarded writes; once it has read the lease row,
+    // the answer names the holder.
     let deadline = Instant::now() + WAIT;
     let refused = loop {
-        let answer = second
-            .api
-            .try_publish(channel, &json!("to the standby"), None)
-            .await
-            .unwrap();
+        let answer = publish_as_forwarded(&second.url, channel, &json!("to the standby")).await;
         answer.assert_error(StatusCode::SERVICE_UNAVAILABLE, "not_holder");
         if !answer.body["error"]["holder_url"].is_null() || Instant::now() >= deadline {
             break answer;
@@ -332,6 +344,10 @@ async fn standby_takes_over_after_the_holder_drains() {
     assert_eq!(first.api.status().await["role"], "holder");
     assert_eq!(second.api.status().await["role"], "standby");
     assert_eq!(first.api.head(channel).await, 3, "the standby wrote");
+    // A plain publish to the standby is forwarded to the holder.
+    assert_eq!(second.api.publish(channel, &json!({ "n": 4 })).await, 4);
+    assert_eq!(first.api.head(channel).await, 4);
+    assert_eq!(second.api.status().await["role"], "standby");
 
     first.sigterm();
     let (status, exited) = first.wait_exit(WAIT).await;
@@ -341,13 +357,14 @@ async fn standby_takes_over_after_the_holder_drains() {
     let accepted = loop {
         let answer = second
             .api
-            .try_publish(channel, &json!({ "n": 4 }), None)
+            .try_publish(channel, &json!({ "n": 5 }), None)
             .await
             .unwrap();
         if answer.status == StatusCode::CREATED {
             break answer;
         }
-        answer.assert_error(StatusCode::SERVICE_UNAVAILABLE, "not_holder");
+        // Until it takes over, the standby has no holder to forward to.
+        answer.assert_error(StatusCode::SERVICE_UNAVAILABLE, "no_holder");
         assert!(
             exited.elapsed() < WAIT,
             "the standby never took over: {answer:?}"
@@ -364,14 +381,14 @@ async fn standby_takes_over_after_the_holder_drains() {
         "takeover took {takeover:?}"
     );
     assert_eq!(
-        accepted.body["offset"], 4,
+        accepted.body["offset"], 5,
         "the new holder lost the log's end"
     );
     assert_eq!(second.api.status().await["role"], "holder");
     let (head, messages) = second.api.history_all(channel, 1000).await;
-    assert_eq!(head, 4);
+    assert_eq!(head, 5);
     let data: Vec<Value> = messages.iter().map(|m| m["data"].clone()).collect();
-    assert_eq!(data, (1..=4).map(|n| json!({ "n": n })).collect::<Vec<_>>());
+    assert_eq!(data, (1..=5).map(|n| json!({ "n": n })).collect::<Vec<_>>());
 }
 
 /// Scenario 7: `herald publish`, `herald history` and `herald tail`
@@ -569,7 +586,14 @@ async fn a_stuck_client_does_not_delay_the_handover() {
         if answer.status == StatusCode::CREATED {
             break answer;
         }
-        answer.assert_error(StatusCode::SERVICE_UNAVAILABLE, "not_holder");
+        // Until it takes over, the standby forwards to the draining holder
+        // (which answers `draining`) or has no holder to forward to.
+        assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE, "{answer:?}");
+        let code = answer.body["error"]["code"].as_str().unwrap_or_default();
+        assert!(
+            code == "draining" || code == "no_holder",
+            "unexpected answer during the handover: {answer:?}"
+        );
         assert!(signalled.elapsed() < WAIT, "the standby never took over");
         tokio::time::sleep(Duration::from_millis(20)).await;
     };

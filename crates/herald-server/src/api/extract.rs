@@ -5,7 +5,7 @@ use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::header::CONTENT_LENGTH;
 use axum::http::request::Parts;
 use axum::http::HeaderMap;
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use herald_core::{ChannelName, IdempotencyKey, Offset};
 use serde::de::{self, DeserializeOwned, MapAccess, Visitor};
@@ -57,7 +57,12 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ValidQuery<T> 
 /// answer, because clients that send the whole body before reading the
 /// answer would otherwise see a reset connection instead of the 413.
 #[derive(Debug)]
-pub(crate) struct PublishBody(pub(crate) Arc<RawValue>);
+pub(crate) struct PublishBody {
+    /// The text of `data`.
+    pub(crate) data: Arc<RawValue>,
+    /// The whole body exactly as received (what a standby forwards).
+    pub(crate) raw: Bytes,
+}
 
 /// Exactly the object `{"data": <value>}`: no other field, no repeat, and
 /// not an array (which serde's derived struct visitor would accept).
@@ -130,7 +135,11 @@ impl FromRequest<AppState> for PublishBody {
                 buf.extend_from_slice(&chunk);
             }
             if seen <= limit {
-                return parse_publish_body(&buf).map(Self);
+                let data = parse_publish_body(&buf)?;
+                return Ok(Self {
+                    data,
+                    raw: buf.freeze(),
+                });
             }
         }
         // Oversize: read the rest and discard it, bounded in bytes and time.

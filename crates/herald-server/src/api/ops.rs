@@ -7,10 +7,12 @@ use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
 use axum::Json;
 use herald_core::LeaseInfo;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::role::{last_token, lease_name};
+use crate::api::ValidQuery;
+use crate::forward::current_holder;
+use crate::role::{holder_url, last_token, lease_name};
 use crate::writer::log_storage_error;
 use crate::{metrics, AppState, Error, Result};
 
@@ -28,19 +30,52 @@ pub(crate) struct Status {
     backend: &'static str,
     /// While holder: ms since the last successful renewal was sent.
     since_last_renewal_ms: Option<u64>,
+    /// The holder in this node's view: itself while holder, else the lease
+    /// row it last read if that row is held.
+    holder: Option<HolderStatus>,
     lease: Option<LeaseInfo>,
 }
 
-/// The node's id, role, drain flag, backend and the lease row (`null` when
-/// the storage does not answer within 500 ms).
+/// The `holder` field of `/v1/status`.
+#[derive(Debug, Serialize)]
+struct HolderStatus {
+    node_id: String,
+    url: String,
+}
+
+/// `?role=` of `/readyz`.
+#[derive(Debug, Deserialize)]
+pub(crate) struct ReadyQuery {
+    /// `holder`: ready only while this node holds the writer lease.
+    role: Option<ReadyRole>,
+}
+
+/// The roles `/readyz?role=` accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum ReadyRole {
+    /// Ready only on the holder.
+    Holder,
+}
+
+/// The node's id, role, drain flag, backend, its view of the holder and the
+/// lease row (`null` when the storage does not answer within 500 ms).
 pub(crate) async fn status(State(state): State<AppState>) -> Json<Status> {
     let shared = &state.shared;
-    let role = if shared.lease.is_holder() {
-        "holder"
-    } else {
-        "standby"
-    };
-    let name = lease_name(&shared.lease.state());
+    let is_holder = shared.lease.is_holder();
+    let role = if is_holder { "holder" } else { "standby" };
+    let lease_state = shared.lease.state();
+    let holder = current_holder(
+        &lease_state,
+        is_holder,
+        &shared.config.node_id,
+        &shared.config.advertise_url,
+    )
+    .map(|h| HolderStatus {
+        node_id: h.node_id,
+        url: h.url,
+    });
+    let name = lease_name(&lease_state);
     let lease =
         match tokio::time::timeout(STATUS_LEASE_TIMEOUT, shared.storage.lease_info(&name)).await {
             Ok(Ok(info)) => info,
@@ -62,6 +97,7 @@ pub(crate) async fn status(State(state): State<AppState>) -> Json<Status> {
             .lease
             .since_last_renewal()
             .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        holder,
         lease,
     })
 }
@@ -71,10 +107,20 @@ pub(crate) async fn healthz() -> Json<Value> {
     Json(json!({ "status": "ok" }))
 }
 
-/// Readiness: not draining, and the storage answers within 1 s.
-pub(crate) async fn readyz(State(state): State<AppState>) -> Result<Json<Value>> {
+/// Readiness: not draining, and the storage answers within 1 s; with
+/// `?role=holder`, also only while this node is holder (else `not_holder`).
+pub(crate) async fn readyz(
+    State(state): State<AppState>,
+    query: Result<ValidQuery<ReadyQuery>>,
+) -> Result<Json<Value>> {
+    let ValidQuery(query) = query?;
     if state.draining() {
         return Err(Error::Draining);
+    }
+    if query.role == Some(ReadyRole::Holder) && !state.shared.lease.is_holder() {
+        return Err(Error::NotHolder {
+            holder_url: holder_url(&state.shared.lease.state()),
+        });
     }
     match tokio::time::timeout(READY_TIMEOUT, state.shared.storage.ping()).await {
         Ok(Ok(())) => Ok(Json(json!({ "status": "ready" }))),

@@ -10,6 +10,7 @@ use herald_core::{format_rfc3339_ms, ChannelName, NewMessage};
 use serde::Serialize;
 
 use crate::api::extract::{idempotency_key, ChannelPath, PublishBody};
+use crate::forward::{current_holder, was_forwarded, ForwardRequest};
 use crate::role::holder_url;
 use crate::{metrics, AppState, Error, Result};
 
@@ -22,7 +23,16 @@ struct Published<'a> {
     published_at: String,
 }
 
-/// Appends one message; answers only after it is committed.
+/// How a publish was answered.
+enum Outcome {
+    /// This node (the holder) committed it, or found its idempotency key.
+    Local(Response),
+    /// This node (a standby) handed it to the holder; the holder's answer.
+    Forwarded(Response),
+}
+
+/// Appends one message; answers only after it is committed. On a standby
+/// the publish is forwarded once to the holder (`forward.rs`).
 pub(crate) async fn publish(
     State(state): State<AppState>,
     channel: Result<ChannelPath>,
@@ -31,13 +41,16 @@ pub(crate) async fn publish(
 ) -> Response {
     let started = Instant::now();
     let outcome = append(&state, channel, &headers, body).await;
-    let result = match &outcome {
-        Ok(response) if response.status() == StatusCode::OK => "duplicate",
-        Ok(_) => "created",
-        Err(e) => e.code(),
+    let (result, response) = match outcome {
+        Ok(Outcome::Local(response)) if response.status() == StatusCode::OK => {
+            ("duplicate", response)
+        }
+        Ok(Outcome::Local(response)) => ("created", response),
+        Ok(Outcome::Forwarded(response)) => ("forwarded", response),
+        Err(e) => (e.code(), e.into_response()),
     };
     metrics::publish_finished(result, started.elapsed().as_secs_f64());
-    outcome.into_response()
+    response
 }
 
 async fn append(
@@ -45,18 +58,42 @@ async fn append(
     channel: Result<ChannelPath>,
     headers: &HeaderMap,
     body: Result<PublishBody>,
-) -> Result<Response> {
+) -> Result<Outcome> {
     let ChannelPath(channel) = channel?;
     let idempotency_key = idempotency_key(headers)?;
-    let PublishBody(data) = body?;
+    let PublishBody { data, raw } = body?;
     if state.draining() {
         return Err(Error::Draining);
     }
     let shared = &state.shared;
     if !shared.lease.is_holder() {
-        return Err(Error::NotHolder {
-            holder_url: holder_url(&shared.lease.state()),
-        });
+        let lease = shared.lease.state();
+        if was_forwarded(headers) {
+            // One hop only: a forwarded publish is never forwarded again.
+            return Err(Error::NotHolder {
+                holder_url: holder_url(&lease),
+            });
+        }
+        let config = &shared.config;
+        let holder = current_holder(&lease, false, &config.node_id, &config.advertise_url)
+            // A row naming this node's own URL is stale (this node is not
+            // holder): forwarding to itself would come back as not_holder.
+            // (Node ids cannot tell: nodes sharing a data dir share one.)
+            .filter(|h| h.url.trim_end_matches('/') != config.advertise_url.trim_end_matches('/'));
+        let Some(holder) = holder else {
+            metrics::forwarded("no_holder");
+            return Err(Error::NoHolder);
+        };
+        let request = ForwardRequest {
+            channel: &channel,
+            body: raw,
+            headers,
+        };
+        return shared
+            .forwarder
+            .forward(&holder.url, request)
+            .await
+            .map(Outcome::Forwarded);
     }
     let reply = shared.writer.submit(NewMessage {
         channel: channel.clone(),
@@ -82,5 +119,5 @@ async fn append(
         offset: appended.offset,
         published_at: format_rfc3339_ms(appended.published_at_ms),
     };
-    Ok((status, Json(body)).into_response())
+    Ok(Outcome::Local((status, Json(body)).into_response()))
 }

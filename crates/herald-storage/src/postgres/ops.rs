@@ -8,6 +8,7 @@
 //! called, not when the transaction started ("Date/Time Functions and
 //! Operators", "Current Date/Time").
 
+use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use deadpool_postgres::Object;
@@ -16,7 +17,7 @@ use herald_core::{
 };
 use tokio_postgres::{GenericClient, IsolationLevel};
 
-use super::fenced_write_lock_key;
+use super::{fenced_write_lock_key, CHANGES_CHANNEL};
 use crate::decode::{lost, sql_position, sql_token, to_channel, to_json, to_token, to_u64};
 use crate::{Acquire, ChangeFeed, Error, Page, Result, TakeoverReason};
 
@@ -65,26 +66,45 @@ pub(super) async fn lease_info(client: &Object, name: &str) -> Result<Option<Lea
 /// its new token.
 const LOCK_FOR_TAKEOVER_SQL: &str = "SELECT 1 FROM storage_leases WHERE name = $1 FOR UPDATE";
 
+/// What acquire needs to know about the holder, read after the row lock is
+/// held: whether a holder is recorded and its lease has not expired at this
+/// statement's clock reading, and its session.
+const READ_HOLDER_SQL: &str = "SELECT holder IS NOT NULL AND expires_at > clock_timestamp(), \
+     holder_session FROM storage_leases WHERE name = $1";
+
+/// Probes the session lock of another node's storage: true when no session
+/// holds it, that is, when that storage's liveness connection is closed.
+/// A transaction-level lock, released at commit or rollback (PostgreSQL
+/// documentation, "System Administration Functions", "Advisory Lock
+/// Functions").
+const PROBE_HOLDER_SQL: &str = "SELECT pg_try_advisory_xact_lock($1)";
+
 /// The takeover decision, run after the row lock is held: the row is taken
-/// only when released or expired at this statement's clock reading.
-/// Returns the new token and the previous holder (NULL when released).
+/// when released, expired at this statement's clock reading, or when
+/// `$5` (the holder's session is gone, probed in this transaction after
+/// the row lock). Records `$6`, this storage's session key, as
+/// `holder_session`. Returns the new token, the previous holder (NULL when
+/// released) and whether the previous lease had expired.
 const TAKE_OVER_SQL: &str = "UPDATE storage_leases AS l \
-     SET holder = $2, holder_url = $3, holder_session = NULL, token = l.token + 1, \
+     SET holder = $2, holder_url = $3, holder_session = $6, token = l.token + 1, \
          acquired_at = c.now, renewed_at = c.now, \
          expires_at = c.now + $4::bigint * interval '1 millisecond' \
      FROM (SELECT clock_timestamp() AS now) AS c, \
-          (SELECT holder AS previous_holder FROM storage_leases WHERE name = $1) AS p \
-     WHERE l.name = $1 AND (l.holder IS NULL OR l.expires_at <= c.now) \
-     RETURNING l.token, p.previous_holder";
+          (SELECT holder AS previous_holder, expires_at AS previous_expires_at \
+           FROM storage_leases WHERE name = $1) AS p \
+     WHERE l.name = $1 AND (l.holder IS NULL OR l.expires_at <= c.now OR $5::boolean) \
+     RETURNING l.token, p.previous_holder, p.previous_expires_at <= c.now";
 
 /// One transaction: `lock_timeout`, the lease row `FOR UPDATE` (inserting a
-/// blank row with token 0 first when there is none), then the decision in a
-/// statement of its own.
+/// blank row with token 0 first when there is none), then, when another
+/// storage's session holds an unexpired lease, a probe of its session lock,
+/// then the decision in a statement of its own.
 pub(super) async fn acquire(
     client: &mut Object,
     candidate: &Candidate,
     ttl_ms: i64,
     lock_timeout: &str,
+    own_session: i64,
 ) -> Result<Acquire> {
     let name = candidate.lease_name.as_str();
     let tx = client
@@ -120,11 +140,31 @@ pub(super) async fn acquire(
             )));
         }
     }
+    let read_holder = tx.prepare_cached(READ_HOLDER_SQL).await?;
+    let holder = tx.query_one(&read_holder, &[&name]).await?;
+    let live: bool = holder.try_get(0)?;
+    let holder_session: Option<String> = holder.try_get(1)?;
+    let own_session_text = own_session.to_string();
+    let mut holder_gone = false;
+    if let Some(key) = holder_session
+        .filter(|s| live && *s != own_session_text)
+        .and_then(|s| s.parse::<i64>().ok())
+    {
+        let probe = tx.prepare_cached(PROBE_HOLDER_SQL).await?;
+        holder_gone = tx.query_one(&probe, &[&key]).await?.try_get(0)?;
+    }
     let take_over = tx.prepare_cached(TAKE_OVER_SQL).await?;
     let taken = tx
         .query_opt(
             &take_over,
-            &[&name, &candidate.node_id, &candidate.advertise_url, &ttl_ms],
+            &[
+                &name,
+                &candidate.node_id,
+                &candidate.advertise_url,
+                &ttl_ms,
+                &holder_gone,
+                &own_session_text,
+            ],
         )
         .await?;
     let Some(row) = taken else {
@@ -136,10 +176,12 @@ pub(super) async fn acquire(
     };
     let token = to_token(row.try_get(0)?)?;
     let previous: Option<String> = row.try_get(1)?;
-    let reason = match (&previous, fresh) {
-        (_, true) => TakeoverReason::Fresh,
-        (None, false) => TakeoverReason::Released,
-        (Some(_), false) => TakeoverReason::Expired,
+    let expired: bool = row.try_get(2)?;
+    let reason = match (&previous, fresh, expired) {
+        (_, true, _) => TakeoverReason::Fresh,
+        (None, false, _) => TakeoverReason::Released,
+        (Some(_), false, true) => TakeoverReason::Expired,
+        (Some(_), false, false) => TakeoverReason::HolderGone,
     };
     tx.commit().await?;
     let lease = Lease {
@@ -204,9 +246,20 @@ const FENCING_CHECK_SQL: &str = "SELECT l.holder IS NOT DISTINCT FROM $2 AND l.t
      FROM storage_leases AS l, (SELECT clock_timestamp() AS now) AS c \
      WHERE l.name = $1";
 
+/// The change notices of a fenced write, one per channel written: payload
+/// `<from> <to> <committed_at_ms> <channel>` on [`CHANGES_CHANNEL`], with
+/// the database clock read by this statement, just before `COMMIT`.
+/// PostgreSQL queues them and delivers them only if the transaction commits
+/// (PostgreSQL documentation, `NOTIFY`).
+const NOTIFY_SQL: &str = "SELECT pg_notify($1, \
+         u.first::text || ' ' || u.last::text || ' ' || n.ms::text || ' ' || u.channel) \
+     FROM unnest($2::text[], $3::bigint[], $4::bigint[]) AS u(channel, first, last), \
+          (SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms) AS n";
+
 /// The fenced write: one READ COMMITTED transaction that takes the lease's
 /// advisory lock, locks the lease row `FOR KEY SHARE`, checks the lease,
-/// then appends the batch in order and commits.
+/// then appends the batch in order, sends one change notice per channel
+/// written (new messages only) and commits.
 pub(super) async fn append(
     client: &mut Object,
     lease: &Lease,
@@ -262,6 +315,10 @@ pub(super) async fn append(
         )
         .await?;
     let mut out = Vec::with_capacity(batch.len());
+    // Channels written, in order of first write, with the first and last
+    // new offset (offsets of one channel in one batch are contiguous).
+    let mut written: Vec<(&str, i64, i64)> = Vec::new();
+    let mut written_at: HashMap<&str, usize> = HashMap::new();
     for message in batch {
         let channel = message.channel.as_str();
         let key = message.idempotency_key.as_ref().map(|k| k.as_str());
@@ -289,12 +346,27 @@ pub(super) async fn append(
             &[&channel, &offset, &message.data.get(), &now, &key, &token],
         )
         .await?;
+        match written_at.get(channel) {
+            Some(&i) => written[i].2 = offset,
+            None => {
+                written_at.insert(channel, written.len());
+                written.push((channel, offset, offset));
+            }
+        }
         out.push(Appended {
             channel: message.channel.clone(),
             offset: to_u64(offset, "offset")?,
             published_at_ms: now_ms,
             duplicate: false,
         });
+    }
+    if !written.is_empty() {
+        let channels: Vec<&str> = written.iter().map(|w| w.0).collect();
+        let firsts: Vec<i64> = written.iter().map(|w| w.1).collect();
+        let lasts: Vec<i64> = written.iter().map(|w| w.2).collect();
+        let notify = tx.prepare_cached(NOTIFY_SQL).await?;
+        tx.query(&notify, &[&CHANGES_CHANNEL, &channels, &firsts, &lasts])
+            .await?;
     }
     tx.commit().await?;
     Ok(out)

@@ -1,0 +1,237 @@
+//! Writes on any node: a publish that reaches a standby is handed once to
+//! the holder's advertised URL, and the holder's answer goes back to the
+//! client unchanged.
+//!
+//! Rules:
+//! - one hop: the forwarded request carries `Herald-Forwarded-By: <node_id>`,
+//!   and a request that already carries it is never forwarded again (a
+//!   standby answers it `not_holder`);
+//! - the holder gets the same body bytes, `Idempotency-Key` and
+//!   `Content-Type`, so a retry through any node publishes once;
+//! - no holder known, or the holder unreachable (connect error, timeout,
+//!   broken answer) → 503 `no_holder`. Once the request may have reached
+//!   the holder, its outcome is unknown to this node: the client retries
+//!   with the same `Idempotency-Key`.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
+use axum::response::Response;
+use bytes::Bytes;
+use herald_core::ChannelName;
+use herald_lease::LeaseState;
+
+use crate::{metrics, Error, Result};
+
+/// The header that marks a forwarded publish, with the forwarding node's id.
+pub(crate) const FORWARDED_BY: HeaderName = HeaderName::from_static("herald-forwarded-by");
+
+/// Longest a forwarded publish may take, from connect to the end of the
+/// holder's answer.
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Longest the connection to the holder may take to open.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Idle connections to the holder are kept this long for reuse.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The holder as this node knows it: its id and advertised URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HolderView {
+    /// The holder's node id.
+    pub(crate) node_id: String,
+    /// The holder's advertised URL.
+    pub(crate) url: String,
+}
+
+/// The current holder in this node's view: itself while holder (`own_id`,
+/// `own_url`), else the lease row it last read if that row is held; `None`
+/// when it knows no holder.
+pub(crate) fn current_holder(
+    state: &LeaseState,
+    is_holder: bool,
+    own_id: &str,
+    own_url: &str,
+) -> Option<HolderView> {
+    if is_holder {
+        return Some(HolderView {
+            node_id: own_id.to_owned(),
+            url: own_url.to_owned(),
+        });
+    }
+    match state {
+        LeaseState::Standby { holder: Some(info) } if info.is_held() => Some(HolderView {
+            node_id: info.holder.clone()?,
+            url: info.holder_url.clone()?,
+        }),
+        _ => None,
+    }
+}
+
+/// `true` when the request was already forwarded by a node.
+pub(crate) fn was_forwarded(headers: &HeaderMap) -> bool {
+    headers.contains_key(FORWARDED_BY)
+}
+
+/// The HTTP client that forwards publishes: one per node, pooling its
+/// connections to the holder.
+#[derive(Debug, Clone)]
+pub(crate) struct Forwarder {
+    client: reqwest::Client,
+    node_id: HeaderValue,
+}
+
+/// What a forward needs from the incoming request.
+#[derive(Debug)]
+pub(crate) struct ForwardRequest<'a> {
+    /// The channel of the publish (a valid name: safe in a path).
+    pub(crate) channel: &'a ChannelName,
+    /// The publish body exactly as received.
+    pub(crate) body: Bytes,
+    /// The incoming request's headers (`Idempotency-Key`, `Content-Type`).
+    pub(crate) headers: &'a HeaderMap,
+}
+
+impl Forwarder {
+    /// A forwarder that names `node_id` in `Herald-Forwarded-By`.
+    ///
+    /// # Errors
+    /// [`Error::Config`] when `node_id` cannot be a header value or the
+    /// HTTP client cannot be built.
+    pub(crate) fn new(node_id: &str) -> Result<Self> {
+        let node_id = HeaderValue::from_str(node_id).map_err(|_| {
+            Error::Config("node_id must be visible ASCII to name it in a header".to_owned())
+        })?;
+        let client = reqwest::Client::builder()
+            .timeout(FORWARD_TIMEOUT)
+            .connect_timeout(CONNECT_TIMEOUT)
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            // Node-to-node traffic: no proxy from the environment.
+            .no_proxy()
+            .build()
+            .map_err(|e| Error::Config(format!("cannot build the forwarding client: {e}")))?;
+        Ok(Self { client, node_id })
+    }
+
+    /// Sends `request` to the holder at `holder_url` and returns its answer
+    /// (status, `Content-Type`, `Retry-After` and body) unchanged.
+    ///
+    /// # Errors
+    /// [`Error::NoHolder`] when the holder cannot be reached or its answer
+    /// breaks off.
+    pub(crate) async fn forward(
+        &self,
+        holder_url: &str,
+        request: ForwardRequest<'_>,
+    ) -> Result<Response> {
+        let url = format!(
+            "{}/v1/channels/{}/messages",
+            holder_url.trim_end_matches('/'),
+            request.channel
+        );
+        let mut outgoing = self
+            .client
+            .post(&url)
+            .header(FORWARDED_BY, self.node_id.clone())
+            .body(request.body);
+        for name in [CONTENT_TYPE, HeaderName::from_static("idempotency-key")] {
+            if let Some(value) = request.headers.get(&name) {
+                outgoing = outgoing.header(name, value.clone());
+            }
+        }
+        let answer = match outgoing.send().await {
+            Ok(answer) => answer,
+            Err(e) => return Err(failed(&url, &e)),
+        };
+        let status = answer.status();
+        let content_type = answer.headers().get(CONTENT_TYPE).cloned();
+        let retry_after = answer.headers().get(RETRY_AFTER).cloned();
+        let body = match answer.bytes().await {
+            Ok(body) => body,
+            Err(e) => return Err(failed(&url, &e)),
+        };
+        metrics::forwarded("ok");
+        tracing::debug!(url = %url, status = status.as_u16(), "publish forwarded to the holder");
+        let mut response = Response::new(Body::from(body));
+        *response.status_mut() = status;
+        let headers = response.headers_mut();
+        if let Some(value) = content_type {
+            headers.insert(CONTENT_TYPE, value);
+        }
+        if let Some(value) = retry_after {
+            headers.insert(RETRY_AFTER, value);
+        }
+        Ok(response)
+    }
+}
+
+/// Logs a failed forward and counts it; the client gets `no_holder`.
+fn failed(url: &str, e: &reqwest::Error) -> Error {
+    metrics::forwarded("error");
+    let kind = if e.is_timeout() {
+        "timeout"
+    } else if e.is_connect() {
+        "connect"
+    } else {
+        "answer"
+    };
+    tracing::warn!(url = %url, kind, error = %e, "cannot forward a publish to the holder");
+    Error::NoHolder
+}
+
+#[cfg(test)]
+mod tests {
+    use herald_core::{FencingToken, Lease, LeaseInfo};
+
+    use super::*;
+
+    fn standby(holder: Option<&str>, url: Option<&str>, expires_in_ms: i64) -> LeaseState {
+        LeaseState::Standby {
+            holder: Some(LeaseInfo {
+                name: "writer".to_owned(),
+                holder: holder.map(str::to_owned),
+                holder_url: url.map(str::to_owned),
+                token: FencingToken(3),
+                expires_in_ms,
+            }),
+        }
+    }
+
+    #[test]
+    fn the_holder_is_known_only_while_the_row_is_held() {
+        let me = |s: &LeaseState, h| current_holder(s, h, "me", "http://me");
+        let held = standby(Some("b"), Some("http://b"), 1000);
+        assert_eq!(
+            me(&held, false),
+            Some(HolderView {
+                node_id: "b".to_owned(),
+                url: "http://b".to_owned()
+            })
+        );
+        assert_eq!(me(&standby(Some("b"), Some("http://b"), 0), false), None);
+        assert_eq!(me(&standby(None, None, 1000), false), None);
+        assert_eq!(me(&LeaseState::Starting, false), None);
+        assert_eq!(me(&LeaseState::Standby { holder: None }, false), None);
+        let holder = LeaseState::Holder {
+            lease: Lease {
+                name: "writer".to_owned(),
+                holder: "me".to_owned(),
+                holder_url: "http://me".to_owned(),
+                token: FencingToken(4),
+            },
+            safety_deadline: Duration::MAX,
+        };
+        assert_eq!(me(&holder, true).unwrap().node_id, "me");
+    }
+
+    #[test]
+    fn forwarded_requests_are_recognised() {
+        let mut h = HeaderMap::new();
+        assert!(!was_forwarded(&h));
+        h.insert(FORWARDED_BY, HeaderValue::from_static("node-b"));
+        assert!(was_forwarded(&h));
+    }
+}

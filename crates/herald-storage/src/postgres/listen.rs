@@ -1,0 +1,176 @@
+//! The change listener: one dedicated connection per storage that runs
+//! `LISTEN` on [`CHANGES_CHANNEL`] and turns each notification into a
+//! [`ChangeSignal`] on a broadcast channel.
+//!
+//! Fenced writes send their notices with `pg_notify` inside their
+//! transaction; PostgreSQL delivers them only when that transaction commits,
+//! and never those of a transaction that rolled back (PostgreSQL
+//! documentation, `NOTIFY`). Notifications arrive as asynchronous messages
+//! of the connection, read here with `Connection::poll_message`, which also
+//! drives the connection.
+//!
+//! When the connection fails, the task opens a new one after a pause that
+//! starts at 100 ms and doubles up to 2 s while attempts keep failing.
+//! Every successful `LISTEN` (the first one included) is followed by
+//! [`ChangeSignal::Resync`]: notices sent while no connection listened are
+//! lost, and receivers catch up with `changes_since`.
+
+use std::time::Duration;
+
+use herald_core::ChannelName;
+use tokio::sync::{broadcast, watch};
+use tokio_postgres::{AsyncMessage, Client, Config};
+
+use super::{connect_raw, drive, PgConnection, CHANGES_CHANNEL};
+use crate::{ChangeSignal, Error, Result};
+
+/// First pause before a new connection after the listening one failed.
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+/// Longest pause between connection attempts.
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+/// The statement that subscribes the connection to the notices.
+fn listen_sql() -> String {
+    format!("LISTEN {CHANGES_CHANNEL}")
+}
+
+/// Opens a listening connection: connects and runs `LISTEN`, both within
+/// `limit`.
+pub(super) async fn establish(
+    config: &Config,
+    limit: Duration,
+    sender: &broadcast::Sender<ChangeSignal>,
+) -> Result<(Client, PgConnection)> {
+    let setup = async {
+        let (client, mut connection) = connect_raw(config, limit).await?;
+        let sql = listen_sql();
+        drive(&mut connection, client.batch_execute(&sql), |m| {
+            handle(m, sender);
+        })
+        .await??;
+        Ok::<_, Error>((client, connection))
+    };
+    tokio::time::timeout(limit, setup).await.map_err(|_| {
+        Error::Unavailable(format!(
+            "the change listener could not connect and LISTEN within {} ms",
+            limit.as_millis()
+        ))
+    })?
+}
+
+/// The listener task: serves `first` (already listening) until it ends,
+/// then reconnects with backoff, until `stop`'s sender is dropped.
+pub(super) async fn run(
+    config: Config,
+    limit: Duration,
+    sender: broadcast::Sender<ChangeSignal>,
+    first: (Client, PgConnection),
+    mut stop: watch::Receiver<()>,
+) {
+    let mut current = Some(first);
+    let mut backoff = BACKOFF_MIN;
+    loop {
+        if let Some((client, mut connection)) = current.take() {
+            // Listening from here on: whatever was sent before is unknown.
+            let _ = sender.send(ChangeSignal::Resync);
+            let ended = tokio::select! {
+                _ = stop.changed() => return,
+                ended = drive(&mut connection, std::future::pending::<()>(), |m| handle(m, &sender)) => ended,
+            };
+            drop(client);
+            let error = ended.err().map(|e| e.to_string()).unwrap_or_default();
+            tracing::warn!(error = %error, "change listener connection lost; reconnecting");
+            backoff = BACKOFF_MIN;
+        }
+        tokio::select! {
+            _ = stop.changed() => return,
+            () = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+        tokio::select! {
+            _ = stop.changed() => return,
+            opened = establish(&config, limit, &sender) => match opened {
+                Ok(listening) => {
+                    tracing::info!("change listener reconnected");
+                    current = Some(listening);
+                }
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    retry_in_ms = u64::try_from(backoff.as_millis()).unwrap_or(u64::MAX),
+                    "change listener could not reconnect"
+                ),
+            },
+        }
+    }
+}
+
+/// Forwards one asynchronous message: a notice of ours becomes a signal; a
+/// payload that does not parse becomes [`ChangeSignal::Resync`], so that
+/// receivers catch up instead of missing it.
+fn handle(message: AsyncMessage, sender: &broadcast::Sender<ChangeSignal>) {
+    match message {
+        AsyncMessage::Notification(n) if n.channel() == CHANGES_CHANNEL => {
+            let signal = parse_payload(n.payload()).unwrap_or_else(|| {
+                tracing::warn!(payload = %n.payload(), "unreadable change notice; asking receivers to resync");
+                ChangeSignal::Resync
+            });
+            // No receiver is not an error.
+            let _ = sender.send(signal);
+        }
+        AsyncMessage::Notice(notice) => {
+            tracing::debug!(message = %notice.message(), "notice on the change listener connection");
+        }
+        _ => {}
+    }
+}
+
+/// Reads the payload a fenced write sends for one channel (see
+/// `NOTIFY_SQL` in the fenced write): `<from> <to> <committed_at_ms>
+/// <channel>`, decimal numbers and the channel name last; `None` when it
+/// does not have that shape.
+pub(super) fn parse_payload(payload: &str) -> Option<ChangeSignal> {
+    let mut parts = payload.splitn(4, ' ');
+    let from: u64 = parts.next()?.parse().ok()?;
+    let to: u64 = parts.next()?.parse().ok()?;
+    let committed_at_ms: i64 = parts.next()?.parse().ok()?;
+    let channel = ChannelName::new(parts.next()?).ok()?;
+    (from >= 1 && from <= to).then_some(ChangeSignal::Committed {
+        channel,
+        from,
+        to,
+        committed_at_ms,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payloads_round_trip() {
+        assert_eq!(
+            parse_payload("3 7 1700000000123 room:a.b_c-d"),
+            Some(ChangeSignal::Committed {
+                channel: ChannelName::new("room:a.b_c-d").unwrap(),
+                from: 3,
+                to: 7,
+                committed_at_ms: 1_700_000_000_123,
+            })
+        );
+    }
+
+    #[test]
+    fn malformed_payloads_are_rejected() {
+        for bad in [
+            "",
+            "1 2 3",
+            "x 2 3 ch",
+            "1 2 3 ",
+            "2 1 3 ch",
+            "0 1 3 ch",
+            "1 2 3 bad name",
+        ] {
+            assert_eq!(parse_payload(bad), None, "{bad:?}");
+        }
+    }
+}

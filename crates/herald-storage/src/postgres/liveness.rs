@@ -1,0 +1,124 @@
+//! The liveness connection: one dedicated, idle connection per storage that
+//! holds the session-level advisory lock of the storage's session key for
+//! the storage's whole life.
+//!
+//! PostgreSQL releases a session-level advisory lock when its session ends
+//! (PostgreSQL documentation, "Explicit Locking", "Advisory Locks"). The
+//! session ends when the client closes the connection (the storage was
+//! dropped, the process exited or crashed) or when the server finds the
+//! client's host gone: this connection asks the server for TCP keepalives
+//! after 5 s of silence, a probe every 1 s, 5 probes, and a TCP user
+//! timeout of 10 s (`tcp_keepalives_idle`, `tcp_keepalives_interval`,
+//! `tcp_keepalives_count`, `tcp_user_timeout`: per-session settings,
+//! "Connections and Authentication"; they apply to TCP connections only).
+//! So another node that can take the lock knows that the holder's process,
+//! or at least its connection, is gone.
+//!
+//! When the connection of a live storage fails (a network fault), this task
+//! reconnects with backoff and takes the same key again. That is best
+//! effort: until it has the key again, another node may find the key free
+//! and take the lease over (`TakeoverReason::HolderGone`). That is safe:
+//! the takeover increments the fencing token, so this node's next fenced
+//! write or renewal fails with `LeaseLost` and it stops writing.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_postgres::{Client, Config};
+
+use super::{connect_raw, drive, PgConnection};
+use crate::{Error, Result};
+
+/// First pause before a new connection after the liveness connection
+/// failed.
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+/// Longest pause between connection attempts.
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// Longest wait to take the key again after a reconnect. The old session
+/// may still hold it until the server notices that its client is gone
+/// (about 10 s with the keepalive settings above).
+const RELOCK_WAIT: Duration = Duration::from_secs(30);
+/// Longest wait for the server to close the session after the storage was
+/// dropped.
+const CLOSE_WAIT: Duration = Duration::from_secs(1);
+
+/// The session-level lock that marks this storage's session as alive.
+const LOCK_SQL: &str = "SELECT pg_advisory_lock($1)";
+
+/// Opens a liveness connection and takes the session lock of `key`, within
+/// `lock_limit` in all (connecting is bounded by `connect_limit`).
+pub(super) async fn establish(
+    config: &Config,
+    key: i64,
+    connect_limit: Duration,
+    lock_limit: Duration,
+) -> Result<(Client, PgConnection)> {
+    let setup = async {
+        let (client, mut connection) = connect_raw(config, connect_limit).await?;
+        drive(&mut connection, client.execute(LOCK_SQL, &[&key]), |_| {}).await??;
+        Ok::<_, Error>((client, connection))
+    };
+    tokio::time::timeout(lock_limit, setup).await.map_err(|_| {
+        Error::Unavailable(format!(
+            "the liveness connection could not take its session lock within {} ms",
+            lock_limit.as_millis()
+        ))
+    })?
+}
+
+/// The liveness task: keeps `first` (which holds the lock) open until it
+/// ends, then reconnects and takes the key again, until `stop`'s sender is
+/// dropped; then it closes the connection, which releases the lock.
+pub(super) async fn run(
+    config: Config,
+    key: i64,
+    connect_limit: Duration,
+    first: (Client, PgConnection),
+    mut stop: watch::Receiver<()>,
+) {
+    let mut current = Some(first);
+    let mut backoff = BACKOFF_MIN;
+    loop {
+        if let Some((client, mut connection)) = current.take() {
+            let ended = tokio::select! {
+                _ = stop.changed() => {
+                    // The client's end makes the connection say goodbye and
+                    // close; the server then ends the session at once.
+                    drop(client);
+                    let _ = tokio::time::timeout(CLOSE_WAIT, &mut connection).await;
+                    return;
+                }
+                ended = drive(&mut connection, std::future::pending::<()>(), |_| {}) => ended,
+            };
+            drop(client);
+            let error = ended.err().map(|e| e.to_string()).unwrap_or_default();
+            tracing::warn!(
+                session_key = key,
+                error = %error,
+                "liveness connection lost; reconnecting to take the session lock again \
+                 (meanwhile another node may take the lease over)"
+            );
+            backoff = BACKOFF_MIN;
+        }
+        tokio::select! {
+            _ = stop.changed() => return,
+            () = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+        tokio::select! {
+            _ = stop.changed() => return,
+            opened = establish(&config, key, connect_limit, RELOCK_WAIT) => match opened {
+                Ok(locked) => {
+                    tracing::info!(session_key = key, "liveness session lock taken again");
+                    current = Some(locked);
+                }
+                Err(e) => tracing::warn!(
+                    session_key = key,
+                    error = %e,
+                    retry_in_ms = u64::try_from(backoff.as_millis()).unwrap_or(u64::MAX),
+                    "liveness connection could not reconnect"
+                ),
+            },
+        }
+    }
+}

@@ -1,0 +1,333 @@
+//! Change notices on PostgreSQL (`Storage::watch_changes`, LISTEN/NOTIFY):
+//! a commit on one node is announced to the others; a write that rolls
+//! back is not; a listener whose connection is ended reconnects and says
+//! `Resync`. Every test runs on a fresh database of the test cluster
+//! (`HERALD_TEST_DATABASE_URL`); a second `PostgresStorage` on it stands
+//! for a second node.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use herald_core::{Candidate, ChannelName, IdempotencyKey, Lease, NewMessage};
+use herald_storage::postgres::{PostgresOptions, PostgresStorage};
+use herald_storage::testing::TestDatabase;
+use herald_storage::{Acquire, ChangeSignal, Error, LeaseStore, Storage};
+use serde_json::value::RawValue;
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::broadcast::Receiver;
+use tokio_postgres::Client;
+
+const LEASE: &str = "writer";
+/// Longest a test waits for a notice that must come.
+const WAIT_LIMIT: Duration = Duration::from_secs(15);
+/// How long a test listens for a notice that must not come.
+const QUIET: Duration = Duration::from_millis(500);
+
+fn candidate(node: &str) -> Candidate {
+    Candidate {
+        lease_name: LEASE.to_owned(),
+        node_id: node.to_owned(),
+        advertise_url: format!("http://{node}.test:8080"),
+    }
+}
+
+fn channel(name: &str) -> ChannelName {
+    ChannelName::new(name).unwrap()
+}
+
+fn msg(ch: &str, data: &str) -> NewMessage {
+    NewMessage {
+        channel: channel(ch),
+        data: Arc::from(RawValue::from_string(data.to_owned()).unwrap()),
+        idempotency_key: None,
+    }
+}
+
+fn keyed(ch: &str, data: &str, key: &str) -> NewMessage {
+    NewMessage {
+        idempotency_key: Some(IdempotencyKey::new(key).unwrap()),
+        ..msg(ch, data)
+    }
+}
+
+async fn node(url: &str) -> PostgresStorage {
+    PostgresStorage::connect(url, PostgresOptions::default())
+        .await
+        .unwrap()
+}
+
+async fn acquire(storage: &PostgresStorage, node: &str, ttl: Duration) -> Lease {
+    match storage.acquire(&candidate(node), ttl).await.unwrap() {
+        Acquire::Acquired { lease, .. } => lease,
+        Acquire::Held(info) => panic!("{node} expected to acquire, held: {info:?}"),
+    }
+}
+
+/// The next `Committed` notice, skipping `Resync`; fails after
+/// [`WAIT_LIMIT`].
+async fn next_committed(rx: &mut Receiver<ChangeSignal>) -> (String, u64, u64, i64) {
+    let wait = async {
+        loop {
+            match rx.recv().await {
+                Ok(ChangeSignal::Committed {
+                    channel,
+                    from,
+                    to,
+                    committed_at_ms,
+                }) => return (channel.as_str().to_owned(), from, to, committed_at_ms),
+                Ok(ChangeSignal::Resync) => {}
+                Err(e) => panic!("the receiver failed: {e}"),
+            }
+        }
+    };
+    tokio::time::timeout(WAIT_LIMIT, wait)
+        .await
+        .expect("no change notice in time")
+}
+
+/// Asserts that no notice at all arrives for [`QUIET`].
+async fn assert_quiet(rx: &mut Receiver<ChangeSignal>) {
+    match tokio::time::timeout(QUIET, rx.recv()).await {
+        Err(_) => {}
+        Ok(got) => panic!("expected no notice, got {got:?}"),
+    }
+}
+
+/// Backend pids of this database's sessions named `application`.
+async fn backends(monitor: &Client, application: &str) -> Vec<i32> {
+    monitor
+        .query(
+            "SELECT pid FROM pg_stat_activity \
+             WHERE datname = current_database() AND application_name = $1 ORDER BY pid",
+            &[&application],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// The database clock in ms since the Unix epoch.
+async fn db_now_ms(monitor: &Client) -> i64 {
+    monitor
+        .query_one(
+            "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// A batch written by one node is announced to another node's receiver:
+/// one notice per channel with the range of new offsets and the database
+/// clock at commit; duplicates announce nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_commit_on_one_node_is_announced_to_another() {
+    let db = TestDatabase::create().await;
+    let writer = node(db.url()).await;
+    let follower = node(db.url()).await;
+    let monitor = db.raw_client().await;
+    let mut rx = follower
+        .watch_changes()
+        .expect("postgres has change notices");
+    let mut own = writer.watch_changes().unwrap();
+    let lease = acquire(&writer, "a", Duration::from_secs(60)).await;
+
+    let before = db_now_ms(&monitor).await;
+    let appended = writer
+        .append(
+            &lease,
+            &[
+                msg("room:a", "1"),
+                msg("room.b", "2"),
+                keyed("room:a", "3", "k"),
+                msg("room:a", "4"),
+            ],
+        )
+        .await
+        .unwrap();
+    let after = db_now_ms(&monitor).await;
+    let mut notices = vec![next_committed(&mut rx).await, next_committed(&mut rx).await];
+    let mut heard = notices.clone();
+    notices.sort();
+    assert_eq!(
+        notices
+            .iter()
+            .map(|(c, f, t, _)| (c.as_str(), *f, *t))
+            .collect::<Vec<_>>(),
+        [("room.b", 1, 1), ("room:a", 1, 3)]
+    );
+    for (_, _, _, at) in &notices {
+        assert!(
+            *at >= appended[0].published_at_ms && (before..=after).contains(at),
+            "committed_at_ms {at} not within [{before}, {after}]"
+        );
+    }
+    assert_quiet(&mut rx).await;
+
+    // Only a duplicate: nothing new, nothing announced.
+    let again = writer
+        .append(&lease, &[keyed("room:a", "3", "k")])
+        .await
+        .unwrap();
+    assert!(again[0].duplicate);
+    assert_quiet(&mut rx).await;
+
+    // A duplicate and a new message: only the new one.
+    writer
+        .append(&lease, &[keyed("room:a", "3", "k"), msg("room:a", "5")])
+        .await
+        .unwrap();
+    let last = next_committed(&mut rx).await;
+    assert_eq!((last.0.as_str(), last.1, last.2), ("room:a", 4, 4));
+    heard.push(last);
+
+    // The writer's own storage hears the same notices, in the same order.
+    let mut own_heard = Vec::new();
+    for _ in 0..heard.len() {
+        own_heard.push(next_committed(&mut own).await);
+    }
+    assert_eq!(own_heard, heard);
+}
+
+/// A fenced write that rolls back announces nothing: not when the lease is
+/// lost (refused before anything is written), and not when the commit
+/// itself fails after the notices were queued (a deferred constraint
+/// trigger refuses it at `COMMIT`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rolled_back_write_is_not_announced() {
+    let db = TestDatabase::create().await;
+    let old = node(db.url()).await;
+    let new = node(db.url()).await;
+    let follower = node(db.url()).await;
+    let monitor = db.raw_client().await;
+    monitor
+        .batch_execute(
+            "CREATE FUNCTION refuse_boom() RETURNS trigger LANGUAGE plpgsql AS $$ \
+             BEGIN IF NEW.data = '\"boom\"' THEN RAISE EXCEPTION 'boom refused'; END IF; \
+             RETURN NULL; END $$; \
+             CREATE CONSTRAINT TRIGGER refuse_boom AFTER INSERT ON messages \
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse_boom();",
+        )
+        .await
+        .unwrap();
+    let mut rx = follower.watch_changes().unwrap();
+
+    // The commit fails after the inserts and notices: nothing is announced.
+    let stale = acquire(&old, "old", Duration::from_millis(1_500)).await;
+    let refused = old
+        .append(&stale, &[msg("doomed", "1"), msg("doomed", "\"boom\"")])
+        .await;
+    assert!(
+        matches!(refused, Err(Error::Postgres(_))),
+        "expected the commit to fail, got {refused:?}"
+    );
+
+    // The lease expires; the old holder's write is refused as lease lost.
+    let lease = loop {
+        match new
+            .acquire(&candidate("new"), Duration::from_secs(60))
+            .await
+        {
+            Ok(Acquire::Acquired { lease, .. }) => break lease,
+            Ok(Acquire::Held(_)) => tokio::time::sleep(Duration::from_millis(50)).await,
+            Err(e) => panic!("acquire failed: {e}"),
+        }
+    };
+    let lost = old.append(&stale, &[msg("lost", "1")]).await;
+    assert!(
+        matches!(lost, Err(Error::LeaseLost { .. })),
+        "expected LeaseLost, got {lost:?}"
+    );
+    assert_quiet(&mut rx).await;
+
+    // The next notice is the first committed write.
+    new.append(&lease, &[msg("kept", "1")]).await.unwrap();
+    let (ch, from, to, _) = next_committed(&mut rx).await;
+    assert_eq!((ch.as_str(), from, to), ("kept", 1, 1));
+    let stored: i64 = monitor
+        .query_one("SELECT count(*) FROM messages", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(stored, 1);
+}
+
+/// When the listening connection is ended, the listener reconnects (a new
+/// backend named `herald-listen`), receivers get `Resync`, and later
+/// commits are announced again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_listener_reconnects_and_asks_for_a_resync() {
+    let db = TestDatabase::create().await;
+    let writer = node(db.url()).await;
+    let monitor = db.raw_client().await;
+    let lease = acquire(&writer, "a", Duration::from_secs(60)).await;
+    let follower = node(db.url()).await;
+    let mut rx = follower.watch_changes().unwrap();
+
+    let before = backends(&monitor, "herald-listen").await;
+    assert_eq!(before.len(), 2, "one listener per storage: {before:?}");
+    for pid in &before {
+        monitor
+            .execute("SELECT pg_terminate_backend($1)", &[pid])
+            .await
+            .unwrap();
+    }
+    let resync = async {
+        match rx.recv().await {
+            Ok(ChangeSignal::Resync) => {}
+            Ok(other) => panic!("expected Resync, got {other:?}"),
+            Err(RecvError::Lagged(n)) => panic!("lagged by {n}"),
+            Err(RecvError::Closed) => panic!("the listener stopped"),
+        }
+    };
+    tokio::time::timeout(WAIT_LIMIT, resync)
+        .await
+        .expect("no Resync after the listening connection was ended");
+    let after = backends(&monitor, "herald-listen").await;
+    assert_eq!(after.len(), 2, "{after:?}");
+    assert!(
+        after.iter().all(|pid| !before.contains(pid)),
+        "{before:?} -> {after:?}"
+    );
+
+    writer.append(&lease, &[msg("again", "1")]).await.unwrap();
+    let (ch, from, to, _) = next_committed(&mut rx).await;
+    assert_eq!((ch.as_str(), from, to), ("again", 1, 1));
+}
+
+/// The listener ends with the last handle of its storage: its backend goes
+/// away and receivers see the channel closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_listener_ends_with_the_storage() {
+    let db = TestDatabase::create().await;
+    let monitor = db.raw_client().await;
+    let storage = node(db.url()).await;
+    let clone = storage.clone();
+    let mut rx = storage.watch_changes().unwrap();
+    drop(storage);
+    assert_eq!(backends(&monitor, "herald-listen").await.len(), 1);
+    drop(clone);
+    let closed = async {
+        loop {
+            if let Err(RecvError::Closed) = rx.recv().await {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(WAIT_LIMIT, closed)
+        .await
+        .expect("the receiver never closed");
+    let gone = async {
+        while !(backends(&monitor, "herald-listen").await.is_empty()
+            && backends(&monitor, "herald-liveness").await.is_empty())
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(WAIT_LIMIT, gone)
+        .await
+        .expect("the listener and liveness sessions outlived the storage");
+}
