@@ -1,0 +1,1102 @@
+//! Judges a run: checks a history and the database's final state against
+//! Herald's guarantees, and measures availability and recovery times.
+//!
+//! The guarantees checked (docs/api.md, docs/storage.md):
+//!
+//! 1. every acknowledged message is stored, at its acknowledged offset,
+//!    with its id ([`Violation::AckedNotStored`]);
+//! 2. each channel's stored offsets are exactly `1..=head`
+//!    ([`Violation::OffsetsNotContiguous`]);
+//! 3. no two acknowledgements of different ids name the same channel and
+//!    offset ([`Violation::ConflictingAcks`]);
+//! 4. each subscriber connection receives every offset after its resume
+//!    point exactly once, in order, and each as stored
+//!    ([`Violation::DeliveryGap`], [`Violation::DeliveryDuplicate`],
+//!    [`Violation::DeliveryOutOfOrder`], [`Violation::DeliveryMismatch`],
+//!    [`Violation::DeliveryWithoutSubscribe`]);
+//! 5. fencing tokens never go down along a channel's offsets
+//!    ([`Violation::TokenRegression`]);
+//! 6. a message whose every attempt was refused definitely is not stored
+//!    ([`Violation::RefusedButStored`]);
+//! 7. a message whose outcome stayed unknown is stored at most once
+//!    ([`Violation::IndeterminateStoredTwice`]);
+//! 8. no message is stored under two offsets ([`Violation::DuplicateStored`]),
+//!    and nothing is stored that no client published
+//!    ([`Violation::UnpublishedStored`]).
+//!
+//! Messages are identified by `(channel, id)`; the id is the unique value a
+//! client puts in each message's data and reuses for its retries.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::history::{Event, FinalState, PublishResult, StoredMessage};
+
+/// Width of one availability bucket.
+pub const BUCKET_MS: u64 = 100;
+
+/// An inclusive range of offsets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OffsetRange {
+    /// The first offset of the range.
+    pub first: u64,
+    /// The last offset of the range (inclusive).
+    pub last: u64,
+}
+
+impl fmt::Display for OffsetRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.first == self.last {
+            write!(f, "{}", self.first)
+        } else {
+            write!(f, "{}..={}", self.first, self.last)
+        }
+    }
+}
+
+/// One acknowledgement, as evidence.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AckEvidence {
+    /// The client that got it.
+    pub client: String,
+    /// The id it acknowledged.
+    pub id: String,
+}
+
+/// One definite refusal, as evidence.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefusalEvidence {
+    /// The client that got it.
+    pub client: String,
+    /// The error code.
+    pub code: String,
+}
+
+/// A broken guarantee, with its evidence.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Violation {
+    /// (1) A message was acknowledged at an offset that does not hold it.
+    AckedNotStored {
+        /// The channel.
+        channel: String,
+        /// The acknowledged message.
+        id: String,
+        /// The clients that got the acknowledgement.
+        clients: Vec<String>,
+        /// The offset in the acknowledgement.
+        acked_offset: u64,
+        /// What is stored at that offset instead, if anything.
+        stored_id: Option<String>,
+        /// The offsets where the id is stored, if anywhere.
+        id_stored_at: Vec<u64>,
+    },
+    /// (2) A channel's stored offsets are not exactly `1..=head`.
+    OffsetsNotContiguous {
+        /// The channel.
+        channel: String,
+        /// Its highest stored offset.
+        head: u64,
+        /// Offsets below the head with no message.
+        missing: Vec<OffsetRange>,
+        /// Offsets holding more than one message, and offset 0 if used.
+        extra: Vec<u64>,
+    },
+    /// (3) Different messages were acknowledged at the same offset.
+    ConflictingAcks {
+        /// The channel.
+        channel: String,
+        /// The shared offset.
+        offset: u64,
+        /// Every acknowledgement naming it.
+        acks: Vec<AckEvidence>,
+        /// What is stored there, if anything.
+        stored_id: Option<String>,
+    },
+    /// (4) A subscriber connection skipped offsets.
+    DeliveryGap {
+        /// The subscriber.
+        subscriber: String,
+        /// The node it was connected to.
+        node: String,
+        /// The channel.
+        channel: String,
+        /// The connection's resume point.
+        after: u64,
+        /// The offsets it never received before a later one.
+        missing: OffsetRange,
+    },
+    /// (4) A subscriber connection received an offset twice.
+    DeliveryDuplicate {
+        /// The subscriber.
+        subscriber: String,
+        /// The node it was connected to.
+        node: String,
+        /// The channel.
+        channel: String,
+        /// The connection's resume point.
+        after: u64,
+        /// The offset received again.
+        offset: u64,
+    },
+    /// (4) A subscriber connection received an offset at or below its
+    /// resume point, or after a higher one, without having received it
+    /// before.
+    DeliveryOutOfOrder {
+        /// The subscriber.
+        subscriber: String,
+        /// The node it was connected to.
+        node: String,
+        /// The channel.
+        channel: String,
+        /// The connection's resume point.
+        after: u64,
+        /// The offset received.
+        offset: u64,
+        /// The highest offset received before it on this connection (or
+        /// the resume point).
+        previous: u64,
+    },
+    /// (4) A delivered message is not the one stored at its offset.
+    DeliveryMismatch {
+        /// The subscriber.
+        subscriber: String,
+        /// The node it was connected to.
+        node: String,
+        /// The channel.
+        channel: String,
+        /// The offset.
+        offset: u64,
+        /// The id delivered.
+        delivered_id: String,
+        /// The id stored there, if anything.
+        stored_id: Option<String>,
+    },
+    /// (4) A delivery arrived for a subscriber and channel with no
+    /// `Subscribe` before it (a malformed history).
+    DeliveryWithoutSubscribe {
+        /// The subscriber.
+        subscriber: String,
+        /// The node it came from.
+        node: String,
+        /// The channel.
+        channel: String,
+        /// The offset.
+        offset: u64,
+    },
+    /// (5) A message carries a lower fencing token than one stored at a
+    /// lower offset.
+    TokenRegression {
+        /// The channel.
+        channel: String,
+        /// The offset with the lower token.
+        offset: u64,
+        /// Its token.
+        token: u64,
+        /// The lower offset with the highest token before it.
+        previous_offset: u64,
+        /// That token.
+        previous_token: u64,
+    },
+    /// (6) A message whose every attempt was refused definitely is stored.
+    RefusedButStored {
+        /// The channel.
+        channel: String,
+        /// The message.
+        id: String,
+        /// Every refusal it got.
+        refusals: Vec<RefusalEvidence>,
+        /// Where it is stored.
+        stored_at: Vec<u64>,
+    },
+    /// (7) A message never acknowledged, with an unknown outcome, is stored
+    /// more than once.
+    IndeterminateStoredTwice {
+        /// The channel.
+        channel: String,
+        /// The message.
+        id: String,
+        /// The clients that tried it.
+        clients: Vec<String>,
+        /// Where it is stored.
+        stored_at: Vec<u64>,
+    },
+    /// (8) An acknowledged message is stored under more than one offset.
+    DuplicateStored {
+        /// The channel.
+        channel: String,
+        /// The message.
+        id: String,
+        /// Where it is stored.
+        stored_at: Vec<u64>,
+    },
+    /// (8) A stored message that no client published on this channel.
+    UnpublishedStored {
+        /// The channel.
+        channel: String,
+        /// Its offset.
+        offset: u64,
+        /// Its id.
+        id: String,
+    },
+}
+
+impl Violation {
+    /// The violation's kind, as in its JSON `kind` field.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Violation::AckedNotStored { .. } => "acked_not_stored",
+            Violation::OffsetsNotContiguous { .. } => "offsets_not_contiguous",
+            Violation::ConflictingAcks { .. } => "conflicting_acks",
+            Violation::DeliveryGap { .. } => "delivery_gap",
+            Violation::DeliveryDuplicate { .. } => "delivery_duplicate",
+            Violation::DeliveryOutOfOrder { .. } => "delivery_out_of_order",
+            Violation::DeliveryMismatch { .. } => "delivery_mismatch",
+            Violation::DeliveryWithoutSubscribe { .. } => "delivery_without_subscribe",
+            Violation::TokenRegression { .. } => "token_regression",
+            Violation::RefusedButStored { .. } => "refused_but_stored",
+            Violation::IndeterminateStoredTwice { .. } => "indeterminate_stored_twice",
+            Violation::DuplicateStored { .. } => "duplicate_stored",
+            Violation::UnpublishedStored { .. } => "unpublished_stored",
+        }
+    }
+}
+
+fn opt(id: &Option<String>) -> &str {
+    id.as_deref().unwrap_or("nothing")
+}
+
+fn list<T: fmt::Display>(items: &[T]) -> String {
+    items
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: ", self.kind())?;
+        match self {
+            Violation::AckedNotStored {
+                channel,
+                id,
+                clients,
+                acked_offset,
+                stored_id,
+                id_stored_at,
+            } => write!(
+                f,
+                "{channel}/{id} acked at {acked_offset} to {}; stored there: {}; id stored at [{}]",
+                list(clients),
+                opt(stored_id),
+                list(id_stored_at)
+            ),
+            Violation::OffsetsNotContiguous {
+                channel,
+                head,
+                missing,
+                extra,
+            } => write!(
+                f,
+                "{channel} head {head}: missing [{}], extra [{}]",
+                list(missing),
+                list(extra)
+            ),
+            Violation::ConflictingAcks {
+                channel,
+                offset,
+                acks,
+                stored_id,
+            } => {
+                let acks: Vec<String> = acks
+                    .iter()
+                    .map(|a| format!("{}@{}", a.id, a.client))
+                    .collect();
+                write!(
+                    f,
+                    "{channel}@{offset} acked for [{}]; stored: {}",
+                    acks.join(","),
+                    opt(stored_id)
+                )
+            }
+            Violation::DeliveryGap {
+                subscriber,
+                node,
+                channel,
+                after,
+                missing,
+            } => write!(
+                f,
+                "{subscriber} on {node} {channel} after {after}: skipped {missing}"
+            ),
+            Violation::DeliveryDuplicate {
+                subscriber,
+                node,
+                channel,
+                after,
+                offset,
+            } => write!(
+                f,
+                "{subscriber} on {node} {channel} after {after}: {offset} again"
+            ),
+            Violation::DeliveryOutOfOrder {
+                subscriber,
+                node,
+                channel,
+                after,
+                offset,
+                previous,
+            } => write!(
+                f,
+                "{subscriber} on {node} {channel} after {after}: {offset} after {previous}"
+            ),
+            Violation::DeliveryMismatch {
+                subscriber,
+                node,
+                channel,
+                offset,
+                delivered_id,
+                stored_id,
+            } => write!(
+                f,
+                "{subscriber} on {node} got {channel}@{offset}={delivered_id}; stored: {}",
+                opt(stored_id)
+            ),
+            Violation::DeliveryWithoutSubscribe {
+                subscriber,
+                node,
+                channel,
+                offset,
+            } => write!(f, "{subscriber} on {node} got {channel}@{offset}"),
+            Violation::TokenRegression {
+                channel,
+                offset,
+                token,
+                previous_offset,
+                previous_token,
+            } => write!(
+                f,
+                "{channel}@{offset} token {token} < {channel}@{previous_offset} token {previous_token}"
+            ),
+            Violation::RefusedButStored {
+                channel,
+                id,
+                refusals,
+                stored_at,
+            } => {
+                let refusals: Vec<String> = refusals
+                    .iter()
+                    .map(|r| format!("{}@{}", r.code, r.client))
+                    .collect();
+                write!(
+                    f,
+                    "{channel}/{id} refused [{}] but stored at [{}]",
+                    refusals.join(","),
+                    list(stored_at)
+                )
+            }
+            Violation::IndeterminateStoredTwice {
+                channel,
+                id,
+                clients,
+                stored_at,
+            } => write!(
+                f,
+                "{channel}/{id} (tried by {}) stored at [{}]",
+                list(clients),
+                list(stored_at)
+            ),
+            Violation::DuplicateStored {
+                channel,
+                id,
+                stored_at,
+            } => write!(f, "{channel}/{id} stored at [{}]", list(stored_at)),
+            Violation::UnpublishedStored {
+                channel,
+                offset,
+                id,
+            } => write!(f, "{channel}@{offset}={id} was never published"),
+        }
+    }
+}
+
+/// How many of each thing the run had.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counts {
+    /// Publish attempts.
+    pub publishes: usize,
+    /// Attempts acknowledged.
+    pub acked: usize,
+    /// Attempts refused definitely.
+    pub failed: usize,
+    /// Attempts with an unknown outcome.
+    pub indeterminate: usize,
+    /// Distinct messages (channel and id) attempted.
+    pub messages: usize,
+    /// Subscriber connections.
+    pub subscribes: usize,
+    /// Messages delivered to subscribers.
+    pub deliveries: usize,
+    /// Faults injected.
+    pub faults: usize,
+    /// Takeovers observed.
+    pub takeovers: usize,
+    /// Channels in the final state.
+    pub channels: usize,
+    /// Messages in the final state.
+    pub stored: usize,
+    /// Lease acquisitions in the final state, when known.
+    pub lease_acquisitions: Option<usize>,
+    /// The run's length: the latest time in the history.
+    pub run_ms: u64,
+}
+
+/// Share of time in which publishes succeeded.
+///
+/// The run is cut into buckets of [`BUCKET_MS`]. A bucket is *attempted*
+/// when some publish was in flight during it (from its invoke to its
+/// completion), and *available* when some publish was acknowledged in it
+/// (its completion falls in the bucket).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Availability {
+    /// The bucket width.
+    pub bucket_ms: u64,
+    /// Buckets with a publish in flight.
+    pub buckets_attempted: u64,
+    /// Attempted buckets with an acknowledgement.
+    pub buckets_available: u64,
+    /// `buckets_available / buckets_attempted`; `None` when nothing was
+    /// attempted.
+    pub ratio: Option<f64>,
+    /// The longest run of consecutive attempted buckets without an
+    /// acknowledgement, in ms.
+    pub longest_outage_ms: u64,
+}
+
+/// Recovery after the faults of one kind: for each fault, the time from
+/// its start to the completion of the first acknowledged publish sent at
+/// or after its start.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecoveryStats {
+    /// Faults of this kind.
+    pub faults: usize,
+    /// Faults followed by an acknowledged publish.
+    pub recovered: usize,
+    /// The shortest recovery, in ms.
+    pub min_ms: Option<u64>,
+    /// The median recovery (the mean of the two middle ones, rounded down,
+    /// for an even count), in ms.
+    pub median_ms: Option<u64>,
+    /// The longest recovery, in ms.
+    pub max_ms: Option<u64>,
+}
+
+/// The checker's verdict on a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// True when no guarantee was broken.
+    pub valid: bool,
+    /// What the run contained.
+    pub counts: Counts,
+    /// Publish availability.
+    pub availability: Availability,
+    /// Recovery times per fault kind.
+    pub recovery: BTreeMap<String, RecoveryStats>,
+    /// Number of violations per kind.
+    pub violations_by_kind: BTreeMap<String, usize>,
+    /// Every violation found.
+    pub violations: Vec<Violation>,
+}
+
+impl Report {
+    /// The violations of one kind (as named by [`Violation::kind`]).
+    pub fn violations_of(&self, kind: &str) -> Vec<&Violation> {
+        self.violations
+            .iter()
+            .filter(|v| v.kind() == kind)
+            .collect()
+    }
+}
+
+/// How many violations [`Report`]'s `Display` lists one by one.
+const SHOWN_VIOLATIONS: usize = 20;
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.counts;
+        if self.valid {
+            writeln!(f, "verdict       VALID")?;
+        } else {
+            writeln!(
+                f,
+                "verdict       INVALID ({} violations)",
+                self.violations.len()
+            )?;
+        }
+        writeln!(f, "run           {} ms", c.run_ms)?;
+        writeln!(
+            f,
+            "publishes     {} ({} messages): acked {}, failed {}, indeterminate {}",
+            c.publishes, c.messages, c.acked, c.failed, c.indeterminate
+        )?;
+        writeln!(
+            f,
+            "stored        {} messages in {} channels",
+            c.stored, c.channels
+        )?;
+        writeln!(
+            f,
+            "subscribers   {} connections, {} deliveries",
+            c.subscribes, c.deliveries
+        )?;
+        let acquisitions = c
+            .lease_acquisitions
+            .map_or_else(|| "unknown".to_owned(), |n| n.to_string());
+        writeln!(
+            f,
+            "faults        {}, takeovers seen {}, lease acquisitions {}",
+            c.faults, c.takeovers, acquisitions
+        )?;
+        let a = &self.availability;
+        match a.ratio {
+            Some(ratio) => writeln!(
+                f,
+                "availability  {:.1}% ({} of {} buckets of {} ms; longest outage {} ms)",
+                ratio * 100.0,
+                a.buckets_available,
+                a.buckets_attempted,
+                a.bucket_ms,
+                a.longest_outage_ms
+            )?,
+            None => writeln!(f, "availability  n/a (no publishes)")?,
+        }
+        if !self.recovery.is_empty() {
+            writeln!(
+                f,
+                "{:<20} {:>6} {:>9} {:>8} {:>8} {:>8}",
+                "recovery (ms)", "faults", "recovered", "min", "median", "max"
+            )?;
+            let ms = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
+            for (kind, s) in &self.recovery {
+                writeln!(
+                    f,
+                    "  {:<18} {:>6} {:>9} {:>8} {:>8} {:>8}",
+                    kind,
+                    s.faults,
+                    s.recovered,
+                    ms(s.min_ms),
+                    ms(s.median_ms),
+                    ms(s.max_ms)
+                )?;
+            }
+        }
+        if !self.violations.is_empty() {
+            writeln!(f, "violations")?;
+            for (kind, n) in &self.violations_by_kind {
+                writeln!(f, "  {kind:<28} {n:>6}")?;
+            }
+            for v in self.violations.iter().take(SHOWN_VIOLATIONS) {
+                writeln!(f, "  - {v}")?;
+            }
+            if self.violations.len() > SHOWN_VIOLATIONS {
+                writeln!(
+                    f,
+                    "  ... and {} more",
+                    self.violations.len() - SHOWN_VIOLATIONS
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One publish attempt, borrowed from the history.
+struct Attempt<'a> {
+    client: &'a str,
+    channel: &'a str,
+    id: &'a str,
+    invoke_ms: u64,
+    complete_ms: u64,
+    result: &'a PublishResult,
+}
+
+/// The final state, indexed.
+struct Store<'a> {
+    /// Per channel, per offset, the messages stored there (normally one).
+    by_offset: BTreeMap<&'a str, BTreeMap<u64, Vec<&'a StoredMessage>>>,
+    /// Per (channel, id), the distinct offsets it is stored at, ascending.
+    by_id: BTreeMap<(&'a str, &'a str), BTreeSet<u64>>,
+}
+
+impl<'a> Store<'a> {
+    fn new(state: &'a FinalState) -> Self {
+        let mut by_offset: BTreeMap<&str, BTreeMap<u64, Vec<&StoredMessage>>> = BTreeMap::new();
+        let mut by_id: BTreeMap<(&str, &str), BTreeSet<u64>> = BTreeMap::new();
+        for (channel, messages) in &state.channels {
+            let offsets = by_offset.entry(channel.as_str()).or_default();
+            for m in messages {
+                offsets.entry(m.offset).or_default().push(m);
+                by_id
+                    .entry((channel.as_str(), m.id.as_str()))
+                    .or_default()
+                    .insert(m.offset);
+            }
+        }
+        Store { by_offset, by_id }
+    }
+
+    /// The messages stored at an offset.
+    fn at(&self, channel: &str, offset: u64) -> &[&'a StoredMessage] {
+        self.by_offset
+            .get(channel)
+            .and_then(|offsets| offsets.get(&offset))
+            .map_or(&[], Vec::as_slice)
+    }
+
+    /// The (first) id stored at an offset.
+    fn id_at(&self, channel: &str, offset: u64) -> Option<String> {
+        self.at(channel, offset).first().map(|m| m.id.clone())
+    }
+
+    fn offsets_of(&self, channel: &str, id: &str) -> Vec<u64> {
+        self.by_id
+            .get(&(channel, id))
+            .map(|set| set.iter().copied().collect())
+            .unwrap_or_default()
+    }
+}
+
+/// Checks a run's history against its final state.
+pub fn check(history: &[Event], final_state: &FinalState) -> Report {
+    let attempts: Vec<Attempt<'_>> = history
+        .iter()
+        .filter_map(|event| match event {
+            Event::Publish {
+                client,
+                channel,
+                id,
+                invoke_ms,
+                complete_ms,
+                result,
+                ..
+            } => Some(Attempt {
+                client,
+                channel,
+                id,
+                invoke_ms: *invoke_ms,
+                complete_ms: (*complete_ms).max(*invoke_ms),
+                result,
+            }),
+            _ => None,
+        })
+        .collect();
+    let store = Store::new(final_state);
+
+    let mut violations = Vec::new();
+    check_acks(&attempts, &store, &mut violations);
+    check_offsets(&store, &mut violations);
+    check_tokens(&store, &mut violations);
+    check_stored_ids(&attempts, &store, &mut violations);
+    check_deliveries(history, &store, &mut violations);
+
+    let mut violations_by_kind = BTreeMap::new();
+    for v in &violations {
+        *violations_by_kind.entry(v.kind().to_owned()).or_insert(0) += 1;
+    }
+
+    Report {
+        valid: violations.is_empty(),
+        counts: counts(history, &attempts, final_state),
+        availability: availability(&attempts),
+        recovery: recovery(history, &attempts),
+        violations_by_kind,
+        violations,
+    }
+}
+
+/// (1) and (3): every acknowledgement is stored where it says, and no
+/// offset is acknowledged for two ids.
+fn check_acks(attempts: &[Attempt<'_>], store: &Store<'_>, out: &mut Vec<Violation>) {
+    // (channel, offset) -> id -> clients
+    let mut acks: BTreeMap<(&str, u64), BTreeMap<&str, Vec<&str>>> = BTreeMap::new();
+    for a in attempts {
+        if let PublishResult::Acked { offset } = a.result {
+            let clients = acks
+                .entry((a.channel, *offset))
+                .or_default()
+                .entry(a.id)
+                .or_default();
+            if !clients.contains(&a.client) {
+                clients.push(a.client);
+            }
+        }
+    }
+    for ((channel, offset), ids) in acks {
+        if ids.len() > 1 {
+            let acks = ids
+                .iter()
+                .flat_map(|(id, clients)| {
+                    clients.iter().map(|client| AckEvidence {
+                        client: (*client).to_owned(),
+                        id: (*id).to_owned(),
+                    })
+                })
+                .collect();
+            out.push(Violation::ConflictingAcks {
+                channel: channel.to_owned(),
+                offset,
+                acks,
+                stored_id: store.id_at(channel, offset),
+            });
+            continue;
+        }
+        for (id, clients) in ids {
+            if store.at(channel, offset).iter().any(|m| m.id == id) {
+                continue;
+            }
+            out.push(Violation::AckedNotStored {
+                channel: channel.to_owned(),
+                id: id.to_owned(),
+                clients: clients.iter().map(|c| (*c).to_owned()).collect(),
+                acked_offset: offset,
+                stored_id: store.id_at(channel, offset),
+                id_stored_at: store.offsets_of(channel, id),
+            });
+        }
+    }
+}
+
+/// (2): each channel's offsets are exactly `1..=head`.
+fn check_offsets(store: &Store<'_>, out: &mut Vec<Violation>) {
+    for (channel, offsets) in &store.by_offset {
+        let head = offsets.keys().next_back().copied().unwrap_or(0);
+        let mut missing = Vec::new();
+        let mut extra = Vec::new();
+        let mut expected = 1;
+        for (&offset, messages) in offsets {
+            if offset == 0 {
+                extra.push(0);
+                continue;
+            }
+            if offset > expected {
+                missing.push(OffsetRange {
+                    first: expected,
+                    last: offset - 1,
+                });
+            }
+            if messages.len() > 1 {
+                extra.push(offset);
+            }
+            expected = offset + 1;
+        }
+        if !missing.is_empty() || !extra.is_empty() {
+            out.push(Violation::OffsetsNotContiguous {
+                channel: (*channel).to_owned(),
+                head,
+                missing,
+                extra,
+            });
+        }
+    }
+}
+
+/// (5): tokens never go down along a channel's offsets.
+fn check_tokens(store: &Store<'_>, out: &mut Vec<Violation>) {
+    for (channel, offsets) in &store.by_offset {
+        let mut highest: Option<(u64, u64)> = None; // (offset, token)
+        for (&offset, messages) in offsets {
+            for m in messages {
+                match highest {
+                    Some((previous_offset, previous_token)) if m.token < previous_token => {
+                        out.push(Violation::TokenRegression {
+                            channel: (*channel).to_owned(),
+                            offset,
+                            token: m.token,
+                            previous_offset,
+                            previous_token,
+                        });
+                    }
+                    Some((_, token)) if m.token <= token => {}
+                    _ => highest = Some((offset, m.token)),
+                }
+            }
+        }
+    }
+}
+
+/// (6), (7), (8): what is stored was published, at most once, and not
+/// after a definite refusal of every attempt.
+fn check_stored_ids(attempts: &[Attempt<'_>], store: &Store<'_>, out: &mut Vec<Violation>) {
+    let mut by_id: BTreeMap<(&str, &str), Vec<&Attempt<'_>>> = BTreeMap::new();
+    for a in attempts {
+        by_id.entry((a.channel, a.id)).or_default().push(a);
+    }
+    for (&(channel, id), offsets) in &store.by_id {
+        let stored_at: Vec<u64> = offsets.iter().copied().collect();
+        let Some(tries) = by_id.get(&(channel, id)) else {
+            for &offset in &stored_at {
+                out.push(Violation::UnpublishedStored {
+                    channel: channel.to_owned(),
+                    offset,
+                    id: id.to_owned(),
+                });
+            }
+            continue;
+        };
+        let acked = tries
+            .iter()
+            .any(|a| matches!(a.result, PublishResult::Acked { .. }));
+        let unknown = tries
+            .iter()
+            .any(|a| matches!(a.result, PublishResult::Indeterminate { .. }));
+        if !acked && !unknown {
+            // Every attempt was refused definitely; a retry that may have
+            // stored it would be acked or indeterminate.
+            let refusals = tries
+                .iter()
+                .filter_map(|a| match a.result {
+                    PublishResult::Failed { code } => Some(RefusalEvidence {
+                        client: a.client.to_owned(),
+                        code: code.clone(),
+                    }),
+                    _ => None,
+                })
+                .collect();
+            out.push(Violation::RefusedButStored {
+                channel: channel.to_owned(),
+                id: id.to_owned(),
+                refusals,
+                stored_at,
+            });
+        } else if stored_at.len() > 1 {
+            if acked {
+                out.push(Violation::DuplicateStored {
+                    channel: channel.to_owned(),
+                    id: id.to_owned(),
+                    stored_at,
+                });
+            } else {
+                let mut clients: Vec<String> = tries.iter().map(|a| a.client.to_owned()).collect();
+                clients.sort();
+                clients.dedup();
+                out.push(Violation::IndeterminateStoredTwice {
+                    channel: channel.to_owned(),
+                    id: id.to_owned(),
+                    clients,
+                    stored_at,
+                });
+            }
+        }
+    }
+}
+
+/// One subscriber connection in progress.
+struct Segment<'a> {
+    node: &'a str,
+    after: u64,
+    /// The next offset this connection should receive.
+    expected: u64,
+    received: BTreeSet<u64>,
+}
+
+/// (4): each connection receives `after+1, after+2, ...` exactly once, in
+/// order, each as stored.
+fn check_deliveries(history: &[Event], store: &Store<'_>, out: &mut Vec<Violation>) {
+    let mut segments: BTreeMap<(&str, &str), Segment<'_>> = BTreeMap::new();
+    for event in history {
+        match event {
+            Event::Subscribe {
+                subscriber,
+                node,
+                channel,
+                after,
+                ..
+            } => {
+                segments.insert(
+                    (subscriber, channel),
+                    Segment {
+                        node,
+                        after: *after,
+                        expected: after.saturating_add(1),
+                        received: BTreeSet::new(),
+                    },
+                );
+            }
+            Event::Delivery {
+                subscriber,
+                node,
+                channel,
+                offset,
+                id,
+                ..
+            } => {
+                let offset = *offset;
+                let Some(segment) = segments.get_mut(&(subscriber.as_str(), channel.as_str()))
+                else {
+                    out.push(Violation::DeliveryWithoutSubscribe {
+                        subscriber: subscriber.clone(),
+                        node: node.clone(),
+                        channel: channel.clone(),
+                        offset,
+                    });
+                    continue;
+                };
+                if segment.received.contains(&offset) {
+                    out.push(Violation::DeliveryDuplicate {
+                        subscriber: subscriber.clone(),
+                        node: segment.node.to_owned(),
+                        channel: channel.clone(),
+                        after: segment.after,
+                        offset,
+                    });
+                } else if offset < segment.expected {
+                    out.push(Violation::DeliveryOutOfOrder {
+                        subscriber: subscriber.clone(),
+                        node: segment.node.to_owned(),
+                        channel: channel.clone(),
+                        after: segment.after,
+                        offset,
+                        previous: segment.expected - 1,
+                    });
+                } else {
+                    if offset > segment.expected {
+                        out.push(Violation::DeliveryGap {
+                            subscriber: subscriber.clone(),
+                            node: segment.node.to_owned(),
+                            channel: channel.clone(),
+                            after: segment.after,
+                            missing: OffsetRange {
+                                first: segment.expected,
+                                last: offset - 1,
+                            },
+                        });
+                    }
+                    segment.expected = offset.saturating_add(1);
+                }
+                segment.received.insert(offset);
+                let stored = store.at(channel, offset);
+                if !stored.iter().any(|m| m.id == *id) {
+                    out.push(Violation::DeliveryMismatch {
+                        subscriber: subscriber.clone(),
+                        node: segment.node.to_owned(),
+                        channel: channel.clone(),
+                        offset,
+                        delivered_id: id.clone(),
+                        stored_id: stored.first().map(|m| m.id.clone()),
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+fn counts(history: &[Event], attempts: &[Attempt<'_>], state: &FinalState) -> Counts {
+    let mut c = Counts {
+        publishes: attempts.len(),
+        channels: state.channels.len(),
+        stored: state.channels.values().map(Vec::len).sum(),
+        lease_acquisitions: state.lease_history.as_ref().map(Vec::len),
+        run_ms: history.iter().map(Event::last_ms).max().unwrap_or(0),
+        ..Counts::default()
+    };
+    let mut messages = BTreeSet::new();
+    for a in attempts {
+        messages.insert((a.channel, a.id));
+        match a.result {
+            PublishResult::Acked { .. } => c.acked += 1,
+            PublishResult::Failed { .. } => c.failed += 1,
+            PublishResult::Indeterminate { .. } => c.indeterminate += 1,
+        }
+    }
+    c.messages = messages.len();
+    for event in history {
+        match event {
+            Event::Subscribe { .. } => c.subscribes += 1,
+            Event::Delivery { .. } => c.deliveries += 1,
+            Event::Fault { .. } => c.faults += 1,
+            Event::Takeover { .. } => c.takeovers += 1,
+            Event::Publish { .. } => {}
+        }
+    }
+    c
+}
+
+fn availability(attempts: &[Attempt<'_>]) -> Availability {
+    let mut attempted = BTreeSet::new();
+    let mut available = BTreeSet::new();
+    for a in attempts {
+        attempted.extend(a.invoke_ms / BUCKET_MS..=a.complete_ms / BUCKET_MS);
+        if matches!(a.result, PublishResult::Acked { .. }) {
+            available.insert(a.complete_ms / BUCKET_MS);
+        }
+    }
+    let mut longest = 0u64;
+    let mut current = 0u64;
+    let mut previous: Option<u64> = None;
+    for &bucket in &attempted {
+        if previous.is_some_and(|p| p + 1 != bucket) {
+            current = 0;
+        }
+        if available.contains(&bucket) {
+            current = 0;
+        } else {
+            current += 1;
+            longest = longest.max(current);
+        }
+        previous = Some(bucket);
+    }
+    let buckets_attempted = attempted.len() as u64;
+    let buckets_available = available.len() as u64;
+    Availability {
+        bucket_ms: BUCKET_MS,
+        buckets_attempted,
+        buckets_available,
+        ratio: (buckets_attempted > 0).then(|| buckets_available as f64 / buckets_attempted as f64),
+        longest_outage_ms: longest * BUCKET_MS,
+    }
+}
+
+fn recovery(history: &[Event], attempts: &[Attempt<'_>]) -> BTreeMap<String, RecoveryStats> {
+    let mut times: BTreeMap<&str, (usize, Vec<u64>)> = BTreeMap::new();
+    for event in history {
+        let Event::Fault { kind, start_ms, .. } = event else {
+            continue;
+        };
+        let first_ack = attempts
+            .iter()
+            .filter(|a| a.invoke_ms >= *start_ms && matches!(a.result, PublishResult::Acked { .. }))
+            .map(|a| a.complete_ms)
+            .min();
+        let entry = times.entry(kind).or_default();
+        entry.0 += 1;
+        if let Some(done) = first_ack {
+            entry.1.push(done - start_ms);
+        }
+    }
+    times
+        .into_iter()
+        .map(|(kind, (faults, mut ms))| {
+            ms.sort_unstable();
+            let median = match ms.len() {
+                0 => None,
+                n if n % 2 == 1 => Some(ms[n / 2]),
+                n => Some((ms[n / 2 - 1] + ms[n / 2]) / 2),
+            };
+            let stats = RecoveryStats {
+                faults,
+                recovered: ms.len(),
+                min_ms: ms.first().copied(),
+                median_ms: median,
+                max_ms: ms.last().copied(),
+            };
+            (kind.to_owned(), stats)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,1098 @@
+use super::*;
+use crate::history::{LeaseAcquisition, StoredMessage};
+
+// ---- building histories -------------------------------------------------
+
+fn publish(client: &str, channel: &str, id: &str, t: (u64, u64), result: PublishResult) -> Event {
+    Event::Publish {
+        client: client.into(),
+        node: "n1".into(),
+        channel: channel.into(),
+        id: id.into(),
+        idempotency_key: Some(format!("key-{id}")),
+        invoke_ms: t.0,
+        complete_ms: t.1,
+        result,
+    }
+}
+
+fn acked(client: &str, channel: &str, id: &str, offset: u64, t: (u64, u64)) -> Event {
+    publish(client, channel, id, t, PublishResult::Acked { offset })
+}
+
+fn failed(client: &str, channel: &str, id: &str, code: &str, t: (u64, u64)) -> Event {
+    publish(
+        client,
+        channel,
+        id,
+        t,
+        PublishResult::Failed { code: code.into() },
+    )
+}
+
+fn unknown(client: &str, channel: &str, id: &str, t: (u64, u64)) -> Event {
+    publish(
+        client,
+        channel,
+        id,
+        t,
+        PublishResult::transport_error("timeout"),
+    )
+}
+
+fn subscribe(subscriber: &str, channel: &str, after: u64) -> Event {
+    Event::Subscribe {
+        subscriber: subscriber.into(),
+        node: "n2".into(),
+        channel: channel.into(),
+        after,
+        at_ms: 0,
+    }
+}
+
+fn delivery(subscriber: &str, channel: &str, offset: u64, id: &str) -> Event {
+    Event::Delivery {
+        subscriber: subscriber.into(),
+        node: "n2".into(),
+        channel: channel.into(),
+        offset,
+        id: id.into(),
+        at_ms: 0,
+    }
+}
+
+fn fault(kind: &str, start_ms: u64) -> Event {
+    Event::Fault {
+        kind: kind.into(),
+        target: "n1".into(),
+        start_ms,
+        end_ms: start_ms + 100,
+    }
+}
+
+/// A final state from `(channel, offset, id, token)` rows.
+fn stored(rows: &[(&str, u64, &str, u64)]) -> FinalState {
+    let mut state = FinalState::default();
+    for &(channel, offset, id, token) in rows {
+        state
+            .channels
+            .entry(channel.to_owned())
+            .or_default()
+            .push(StoredMessage {
+                offset,
+                id: id.to_owned(),
+                token,
+                published_at_ms: offset * 10,
+            });
+    }
+    state
+}
+
+fn s(v: &str) -> String {
+    v.to_owned()
+}
+
+// ---- a clean history -----------------------------------------------------
+
+/// Every kind of outcome, none of them wrong.
+fn clean() -> (Vec<Event>, FinalState) {
+    let history = vec![
+        subscribe("s1", "a", 0),
+        acked("c1", "a", "m1", 1, (0, 10)),
+        // refused, then acknowledged on retry
+        failed("c2", "a", "m2", "not_holder", (5, 8)),
+        acked("c2", "a", "m2", 2, (9, 20)),
+        // unknown and stored, then acknowledged by its retry at that offset
+        unknown("c1", "a", "m3", (21, 40)),
+        acked("c1", "a", "m3", 3, (41, 50)),
+        // unknown and stored, never acknowledged
+        unknown("c2", "a", "m4", (30, 60)),
+        // unknown and not stored
+        unknown("c3", "a", "m5", (30, 60)),
+        // refused, not stored
+        failed("c3", "a", "m6", "invalid_body", (61, 62)),
+        failed("c3", "a", "m7", "draining", (61, 62)),
+        acked("c1", "b", "m8", 1, (70, 80)),
+        delivery("s1", "a", 1, "m1"),
+        delivery("s1", "a", 2, "m2"),
+        // reconnect with the last offset received
+        subscribe("s1", "a", 2),
+        delivery("s1", "a", 3, "m3"),
+        delivery("s1", "a", 4, "m4"),
+        // a second subscriber resuming in the middle
+        subscribe("s2", "a", 3),
+        delivery("s2", "a", 4, "m4"),
+        // a resume point earlier than what it saw is allowed
+        subscribe("s2", "a", 1),
+        delivery("s2", "a", 2, "m2"),
+        subscribe("s3", "b", 0),
+        delivery("s3", "b", 1, "m8"),
+        fault("kill_holder", 15),
+        Event::Takeover {
+            node: s("n2"),
+            token: 2,
+            at_ms: 35,
+        },
+    ];
+    let state = stored(&[
+        ("a", 1, "m1", 1),
+        ("a", 2, "m2", 1),
+        ("a", 3, "m3", 2),
+        ("a", 4, "m4", 2),
+        ("b", 1, "m8", 2),
+    ]);
+    (history, state)
+}
+
+#[test]
+fn a_clean_history_has_no_violations() {
+    let (history, state) = clean();
+    let report = check(&history, &state);
+    assert_eq!(report.violations, vec![]);
+    assert!(report.valid);
+    let c = &report.counts;
+    assert_eq!(
+        (c.publishes, c.acked, c.failed, c.indeterminate, c.messages),
+        (10, 4, 3, 3, 8)
+    );
+    assert_eq!((c.subscribes, c.deliveries), (5, 7));
+    assert_eq!((c.faults, c.takeovers, c.channels, c.stored), (1, 1, 2, 5));
+    assert_eq!(c.lease_acquisitions, None);
+    assert_eq!(c.run_ms, 115);
+}
+
+/// Runs the checker on the clean history changed by `edit` and expects
+/// exactly `expected`.
+fn expect_only(edit: impl FnOnce(&mut Vec<Event>, &mut FinalState), expected: Violation) -> Report {
+    let (mut history, mut state) = clean();
+    edit(&mut history, &mut state);
+    let report = check(&history, &state);
+    assert_eq!(report.violations, vec![expected.clone()]);
+    assert!(!report.valid);
+    assert_eq!(
+        report.violations_by_kind,
+        BTreeMap::from([(expected.kind().to_owned(), 1)])
+    );
+    report
+}
+
+fn remove_stored(state: &mut FinalState, channel: &str, offset: u64) -> StoredMessage {
+    let messages = state.channels.get_mut(channel).unwrap();
+    let index = messages.iter().position(|m| m.offset == offset).unwrap();
+    messages.remove(index)
+}
+
+// ---- one test per violation ----------------------------------------------
+
+#[test]
+fn an_acknowledged_message_that_is_not_stored_is_reported() {
+    // b's only message lost: its channel's offsets stay contiguous (empty).
+    expect_only(
+        |history, state| {
+            history.retain(|e| !matches!(e, Event::Delivery { channel, .. } if channel == "b"));
+            remove_stored(state, "b", 1);
+        },
+        Violation::AckedNotStored {
+            channel: s("b"),
+            id: s("m8"),
+            clients: vec![s("c1")],
+            acked_offset: 1,
+            stored_id: None,
+            id_stored_at: vec![],
+        },
+    );
+}
+
+#[test]
+fn an_acknowledged_message_stored_elsewhere_is_reported_with_where() {
+    // c1 got offset 2 for m9 on b, but b holds m9 at 1 and something else
+    // (m8's slot, re-published as m10) at 2.
+    expect_only(
+        |history, state| {
+            history.retain(|e| !matches!(e, Event::Delivery { channel, .. } if channel == "b"));
+            history.retain(|e| !matches!(e, Event::Publish { id, .. } if id == "m8"));
+            history.push(acked("c1", "b", "m9", 2, (90, 95)));
+            history.push(unknown("c2", "b", "m10", (90, 95)));
+            state.channels.insert(s("b"), vec![]);
+            let b = state.channels.get_mut("b").unwrap();
+            for (offset, id) in [(1, "m9"), (2, "m10")] {
+                b.push(StoredMessage {
+                    offset,
+                    id: s(id),
+                    token: 2,
+                    published_at_ms: 90,
+                });
+            }
+        },
+        Violation::AckedNotStored {
+            channel: s("b"),
+            id: s("m9"),
+            clients: vec![s("c1")],
+            acked_offset: 2,
+            stored_id: Some(s("m10")),
+            id_stored_at: vec![1],
+        },
+    );
+}
+
+#[test]
+fn a_gap_in_stored_offsets_is_reported() {
+    expect_only(
+        |history, state| {
+            // m4 (never acknowledged) vanished from under offset 4 and b
+            // jumped to offset 3; nothing was delivered from there.
+            history.retain(|e| {
+                !matches!(e, Event::Delivery { offset: 4, .. })
+                    && !matches!(e, Event::Delivery { channel, .. } if channel == "b")
+            });
+            remove_stored(state, "a", 4);
+            state.channels.get_mut("a").unwrap().push(StoredMessage {
+                offset: 6,
+                id: s("m4"),
+                token: 2,
+                published_at_ms: 60,
+            });
+        },
+        Violation::OffsetsNotContiguous {
+            channel: s("a"),
+            head: 6,
+            missing: vec![OffsetRange { first: 4, last: 5 }],
+            extra: vec![],
+        },
+    );
+}
+
+#[test]
+fn an_offset_stored_twice_is_reported_as_extra() {
+    expect_only(
+        |_, state| {
+            let b = state.channels.get_mut("b").unwrap();
+            let copy = b[0].clone();
+            b.push(copy);
+        },
+        Violation::OffsetsNotContiguous {
+            channel: s("b"),
+            head: 1,
+            missing: vec![],
+            extra: vec![1],
+        },
+    );
+}
+
+#[test]
+fn two_acknowledgements_of_one_offset_are_reported() {
+    expect_only(
+        |history, _| {
+            history.push(acked("c4", "b", "m9", 1, (90, 95)));
+        },
+        Violation::ConflictingAcks {
+            channel: s("b"),
+            offset: 1,
+            acks: vec![
+                AckEvidence {
+                    client: s("c1"),
+                    id: s("m8"),
+                },
+                AckEvidence {
+                    client: s("c4"),
+                    id: s("m9"),
+                },
+            ],
+            stored_id: Some(s("m8")),
+        },
+    );
+}
+
+#[test]
+fn a_repeated_acknowledgement_of_one_id_is_not_a_conflict() {
+    let (mut history, state) = clean();
+    history.push(acked("c1", "b", "m8", 1, (90, 95)));
+    history.push(acked("c4", "b", "m8", 1, (90, 95)));
+    assert!(check(&history, &state).valid);
+}
+
+#[test]
+fn a_subscriber_gap_is_reported() {
+    expect_only(
+        |history, _| {
+            history.retain(|e| !matches!(e, Event::Delivery { subscriber, offset: 3, .. } if subscriber == "s1"));
+        },
+        Violation::DeliveryGap {
+            subscriber: s("s1"),
+            node: s("n2"),
+            channel: s("a"),
+            after: 2,
+            missing: OffsetRange { first: 3, last: 3 },
+        },
+    );
+}
+
+#[test]
+fn a_first_delivery_past_the_resume_point_is_a_gap() {
+    expect_only(
+        |history, _| {
+            history.push(subscribe("s4", "a", 0));
+            history.push(delivery("s4", "a", 2, "m2"));
+        },
+        Violation::DeliveryGap {
+            subscriber: s("s4"),
+            node: s("n2"),
+            channel: s("a"),
+            after: 0,
+            missing: OffsetRange { first: 1, last: 1 },
+        },
+    );
+}
+
+#[test]
+fn a_subscriber_duplicate_is_reported() {
+    expect_only(
+        |history, _| history.push(delivery("s2", "a", 2, "m2")),
+        Violation::DeliveryDuplicate {
+            subscriber: s("s2"),
+            node: s("n2"),
+            channel: s("a"),
+            after: 1,
+            offset: 2,
+        },
+    );
+}
+
+#[test]
+fn a_delivery_at_or_below_the_resume_point_is_out_of_order() {
+    expect_only(
+        |history, _| history.push(delivery("s2", "a", 1, "m1")),
+        Violation::DeliveryOutOfOrder {
+            subscriber: s("s2"),
+            node: s("n2"),
+            channel: s("a"),
+            after: 1,
+            offset: 1,
+            previous: 2,
+        },
+    );
+}
+
+#[test]
+fn a_delivery_that_differs_from_the_store_is_reported() {
+    expect_only(
+        |history, _| {
+            for e in history.iter_mut() {
+                if let Event::Delivery {
+                    subscriber,
+                    id,
+                    offset: 2,
+                    ..
+                } = e
+                {
+                    if subscriber == "s1" {
+                        *id = s("m9");
+                    }
+                }
+            }
+        },
+        Violation::DeliveryMismatch {
+            subscriber: s("s1"),
+            node: s("n2"),
+            channel: s("a"),
+            offset: 2,
+            delivered_id: s("m9"),
+            stored_id: Some(s("m2")),
+        },
+    );
+}
+
+#[test]
+fn a_delivery_without_a_subscribe_is_reported() {
+    expect_only(
+        |history, _| history.insert(0, delivery("s9", "b", 1, "m8")),
+        Violation::DeliveryWithoutSubscribe {
+            subscriber: s("s9"),
+            node: s("n2"),
+            channel: s("b"),
+            offset: 1,
+        },
+    );
+}
+
+#[test]
+fn a_token_going_down_is_reported() {
+    expect_only(
+        |_, state| {
+            for m in state.channels.get_mut("a").unwrap() {
+                if m.offset == 4 {
+                    m.token = 1;
+                }
+            }
+        },
+        Violation::TokenRegression {
+            channel: s("a"),
+            offset: 4,
+            token: 1,
+            previous_offset: 3,
+            previous_token: 2,
+        },
+    );
+}
+
+#[test]
+fn a_definitely_refused_message_that_is_stored_is_reported() {
+    expect_only(
+        |_, state| {
+            state.channels.get_mut("a").unwrap().push(StoredMessage {
+                offset: 5,
+                id: s("m7"),
+                token: 2,
+                published_at_ms: 70,
+            });
+        },
+        Violation::RefusedButStored {
+            channel: s("a"),
+            id: s("m7"),
+            refusals: vec![RefusalEvidence {
+                client: s("c3"),
+                code: s("draining"),
+            }],
+            stored_at: vec![5],
+        },
+    );
+}
+
+#[test]
+fn a_refused_attempt_after_an_unknown_one_may_be_stored() {
+    // m5's first attempt had an unknown outcome; its retry was refused.
+    let (mut history, mut state) = clean();
+    history.push(failed("c3", "a", "m5", "not_holder", (70, 71)));
+    state.channels.get_mut("a").unwrap().push(StoredMessage {
+        offset: 5,
+        id: s("m5"),
+        token: 2,
+        published_at_ms: 50,
+    });
+    assert_eq!(check(&history, &state).violations, vec![]);
+}
+
+#[test]
+fn an_indeterminate_message_stored_twice_is_reported() {
+    expect_only(
+        |history, state| {
+            history.push(unknown("c3", "a", "m5", (70, 80)));
+            let a = state.channels.get_mut("a").unwrap();
+            for offset in [5, 6] {
+                a.push(StoredMessage {
+                    offset,
+                    id: s("m5"),
+                    token: 2,
+                    published_at_ms: 70,
+                });
+            }
+        },
+        Violation::IndeterminateStoredTwice {
+            channel: s("a"),
+            id: s("m5"),
+            clients: vec![s("c3")],
+            stored_at: vec![5, 6],
+        },
+    );
+}
+
+#[test]
+fn an_acknowledged_message_stored_twice_is_reported() {
+    expect_only(
+        |_, state| {
+            state.channels.get_mut("b").unwrap().push(StoredMessage {
+                offset: 2,
+                id: s("m8"),
+                token: 2,
+                published_at_ms: 90,
+            });
+        },
+        Violation::DuplicateStored {
+            channel: s("b"),
+            id: s("m8"),
+            stored_at: vec![1, 2],
+        },
+    );
+}
+
+#[test]
+fn a_stored_message_nobody_published_is_reported() {
+    expect_only(
+        |_, state| {
+            state.channels.get_mut("b").unwrap().push(StoredMessage {
+                offset: 2,
+                id: s("ghost"),
+                token: 2,
+                published_at_ms: 90,
+            });
+        },
+        Violation::UnpublishedStored {
+            channel: s("b"),
+            offset: 2,
+            id: s("ghost"),
+        },
+    );
+}
+
+#[test]
+fn a_message_published_on_one_channel_and_stored_on_another_is_unpublished_there() {
+    let (history, mut state) = clean();
+    state.channels.get_mut("b").unwrap().push(StoredMessage {
+        offset: 2,
+        id: s("m5"),
+        token: 2,
+        published_at_ms: 90,
+    });
+    let report = check(&history, &state);
+    assert_eq!(
+        report.violations,
+        vec![Violation::UnpublishedStored {
+            channel: s("b"),
+            offset: 2,
+            id: s("m5"),
+        }]
+    );
+}
+
+// ---- availability and recovery --------------------------------------------
+
+#[test]
+fn availability_counts_buckets_with_publishes_in_flight() {
+    let history = vec![
+        acked("c1", "a", "p1", 1, (0, 50)), // bucket 0: acked
+        failed("c1", "a", "p2", "not_holder", (120, 180)), // bucket 1
+        unknown("c1", "a", "p3", (250, 520)), // buckets 2..=5
+        acked("c2", "a", "p4", 2, (530, 590)), // bucket 5: acked
+        acked("c2", "a", "p5", 3, (1000, 1010)), // bucket 10: acked
+    ];
+    let state = stored(&[("a", 1, "p1", 1), ("a", 2, "p4", 1), ("a", 3, "p5", 1)]);
+    let report = check(&history, &state);
+    assert!(report.valid, "{report}");
+    let a = &report.availability;
+    assert_eq!(a.bucket_ms, 100);
+    assert_eq!(a.buckets_attempted, 7); // 0..=5 and 10; 6..=9 had no publish
+    assert_eq!(a.buckets_available, 3);
+    assert_eq!(a.ratio, Some(3.0 / 7.0));
+    assert_eq!(a.longest_outage_ms, 400); // 1..=4
+}
+
+#[test]
+fn availability_is_undefined_without_publishes() {
+    let report = check(&[], &FinalState::default());
+    assert_eq!(report.availability.ratio, None);
+    assert_eq!(report.availability.buckets_attempted, 0);
+    assert!(report.recovery.is_empty());
+    assert!(report.valid);
+}
+
+#[test]
+fn recovery_is_measured_to_the_first_ack_sent_after_each_fault() {
+    let mut history = vec![
+        fault("kill_holder", 1000),
+        fault("kill_holder", 3000),
+        fault("kill_holder", 5000),
+        fault("pause_holder", 6000),
+        fault("pause_holder", 6500),
+        fault("partition_db", 9000),
+    ];
+    let acks = [
+        (900, 1100), // sent before the first fault: ignored for it
+        (1100, 1450),
+        (1200, 1400), // first kill: 400
+        (3100, 3200), // second kill: 200
+        (5000, 5800), // third kill: 800
+        (6100, 6700), // first pause: 700
+        (7000, 7100), // second pause: 600
+    ];
+    let mut rows = Vec::new();
+    let ids: Vec<String> = (0..acks.len()).map(|i| format!("r{i}")).collect();
+    for (i, &(invoke, complete)) in acks.iter().enumerate() {
+        let offset = i as u64 + 1;
+        history.push(acked("c1", "a", &ids[i], offset, (invoke, complete)));
+        rows.push(("a", offset, ids[i].as_str(), 1));
+    }
+    history.push(unknown("c1", "a", "late", (9100, 14100)));
+    let report = check(&history, &stored(&rows));
+    assert!(report.valid, "{report}");
+    assert_eq!(
+        report.recovery["kill_holder"],
+        RecoveryStats {
+            faults: 3,
+            recovered: 3,
+            min_ms: Some(200),
+            median_ms: Some(400),
+            max_ms: Some(800),
+        }
+    );
+    assert_eq!(
+        report.recovery["pause_holder"],
+        RecoveryStats {
+            faults: 2,
+            recovered: 2,
+            min_ms: Some(600),
+            median_ms: Some(650),
+            max_ms: Some(700),
+        }
+    );
+    assert_eq!(
+        report.recovery["partition_db"],
+        RecoveryStats {
+            faults: 1,
+            recovered: 0,
+            min_ms: None,
+            median_ms: None,
+            max_ms: None,
+        }
+    );
+    assert_eq!(report.counts.run_ms, 14100);
+    assert_eq!(report.availability.longest_outage_ms, 5100); // 91..=141
+}
+
+// ---- rendering ------------------------------------------------------------
+
+#[test]
+fn the_report_renders_as_json_and_as_a_table() {
+    let (history, mut state) = clean();
+    remove_stored(&mut state, "b", 1);
+    state.lease_history = Some(vec![
+        LeaseAcquisition {
+            token: 1,
+            acquired_at_ms: 0,
+        },
+        LeaseAcquisition {
+            token: 2,
+            acquired_at_ms: 30,
+        },
+    ]);
+    let report = check(&history, &state);
+    assert_eq!(report.counts.lease_acquisitions, Some(2));
+
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["valid"], false);
+    assert_eq!(json["violations"][0]["kind"], "acked_not_stored");
+    assert_eq!(json["violations"][0]["id"], "m8");
+    assert_eq!(json["recovery"]["kill_holder"]["min_ms"], 35);
+    let back: Report = serde_json::from_value(json).unwrap();
+    assert_eq!(back, report);
+
+    let text = report.to_string();
+    assert!(text.contains("INVALID (2 violations)"), "{text}");
+    assert!(text.contains("kill_holder"), "{text}");
+    assert!(
+        text.contains("acked_not_stored: b/m8 acked at 1 to c1; stored there: nothing"),
+        "{text}"
+    );
+    assert!(text.contains("delivery_mismatch"), "{text}");
+    assert!(text.contains("lease acquisitions 2"), "{text}");
+
+    let (history, state) = clean();
+    let text = check(&history, &state).to_string();
+    assert!(text.starts_with("verdict       VALID\n"), "{text}");
+    assert!(!text.contains("violations"), "{text}");
+}
+
+// ---- generated histories ----------------------------------------------------
+
+/// A small deterministic generator (xorshift64*), enough for test data.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len() as u64) as usize]
+    }
+}
+
+const CHANNELS: [&str; 3] = ["a", "b", "c"];
+const CLIENTS: [&str; 4] = ["c0", "c1", "c2", "c3"];
+const FAULTS: [&str; 3] = ["kill_holder", "pause_holder", "partition_db"];
+
+/// Simulates a correct cluster for `ops` operations.
+struct Sim {
+    rng: Rng,
+    now: u64,
+    token: u64,
+    history: Vec<Event>,
+    state: FinalState,
+}
+
+impl Sim {
+    fn attempt(&mut self, client: &str, channel: &str, id: &str, result: PublishResult) {
+        let invoke = self.now;
+        self.now += 1 + self.rng.below(30);
+        let node = format!("n{}", self.rng.below(3));
+        self.history.push(Event::Publish {
+            client: client.into(),
+            node,
+            channel: channel.into(),
+            id: id.into(),
+            idempotency_key: Some(format!("key-{id}")),
+            invoke_ms: invoke,
+            complete_ms: self.now,
+            result,
+        });
+    }
+
+    fn store(&mut self, channel: &str, id: &str) -> u64 {
+        let messages = self.state.channels.entry(channel.to_owned()).or_default();
+        let offset = messages.len() as u64 + 1;
+        messages.push(StoredMessage {
+            offset,
+            id: id.to_owned(),
+            token: self.token,
+            published_at_ms: self.now,
+        });
+        offset
+    }
+
+    fn publish(&mut self, n: usize) {
+        let channel = *self.rng.pick(&CHANNELS);
+        let client = *self.rng.pick(&CLIENTS);
+        let id = format!("m{n}");
+        let refusal = || PublishResult::Failed {
+            code: s("not_holder"),
+        };
+        let lost = || PublishResult::transport_error("connection reset");
+        match self.rng.below(100) {
+            0..=64 => {
+                // sometimes a first attempt that stored nothing
+                match self.rng.below(10) {
+                    0 => self.attempt(client, channel, &id, refusal()),
+                    1 => self.attempt(client, channel, &id, lost()),
+                    _ => {}
+                }
+                let offset = self.store(channel, &id);
+                self.attempt(client, channel, &id, PublishResult::Acked { offset });
+            }
+            65..=74 => self.attempt(client, channel, &id, refusal()),
+            75..=84 => {
+                let offset = self.store(channel, &id);
+                self.attempt(client, channel, &id, lost());
+                if self.rng.below(2) == 0 {
+                    // the retry finds the original by its key
+                    self.attempt(client, channel, &id, PublishResult::Acked { offset });
+                }
+            }
+            _ => self.attempt(client, channel, &id, lost()),
+        }
+    }
+
+    fn fault(&mut self) {
+        let kind = *self.rng.pick(&FAULTS);
+        let start = self.now;
+        let duration = 100 + self.rng.below(900);
+        self.history.push(Event::Fault {
+            kind: kind.into(),
+            target: s("n0"),
+            start_ms: start,
+            end_ms: start + duration,
+        });
+        self.token += 1;
+        let acquired = start + self.rng.below(duration);
+        self.history.push(Event::Takeover {
+            node: format!("n{}", self.rng.below(3)),
+            token: self.token,
+            at_ms: acquired,
+        });
+        self.state.lease_history.get_or_insert_with(Vec::new).push(
+            crate::history::LeaseAcquisition {
+                token: self.token,
+                acquired_at_ms: acquired,
+            },
+        );
+        self.now = acquired;
+    }
+
+    /// Subscribers that read each channel to its head over several
+    /// connections, each resuming at or before what it last received.
+    fn subscribers(&mut self) {
+        for channel in CHANNELS {
+            let stored: Vec<StoredMessage> = self
+                .state
+                .channels
+                .get(channel)
+                .cloned()
+                .unwrap_or_default();
+            let head = stored.len() as u64;
+            for k in 0..2 {
+                let subscriber = format!("s-{channel}-{k}");
+                let mut received = 0;
+                loop {
+                    let after = received - self.rng.below(received.min(3) + 1);
+                    self.history.push(Event::Subscribe {
+                        subscriber: subscriber.clone(),
+                        node: format!("n{}", self.rng.below(3)),
+                        channel: channel.into(),
+                        after,
+                        at_ms: self.now,
+                    });
+                    let end = head.min(after + 1 + self.rng.below(40));
+                    for m in &stored[after as usize..end as usize] {
+                        self.now += 1;
+                        self.history.push(Event::Delivery {
+                            subscriber: subscriber.clone(),
+                            node: s("n?"),
+                            channel: channel.into(),
+                            offset: m.offset,
+                            id: m.id.clone(),
+                            at_ms: self.now,
+                        });
+                    }
+                    received = end;
+                    if received == head {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn generate(seed: u64, ops: usize) -> (Vec<Event>, FinalState) {
+    let mut sim = Sim {
+        rng: Rng::new(seed),
+        now: 0,
+        token: 1,
+        history: Vec::new(),
+        state: FinalState {
+            lease_history: Some(vec![crate::history::LeaseAcquisition {
+                token: 1,
+                acquired_at_ms: 0,
+            }]),
+            ..FinalState::default()
+        },
+    };
+    for n in 0..ops {
+        if sim.rng.below(100) < 3 {
+            sim.fault();
+        }
+        sim.publish(n);
+        sim.now += sim.rng.below(20);
+    }
+    sim.subscribers();
+    (sim.history, sim.state)
+}
+
+/// Every acknowledgement in a history: (channel, offset, id).
+fn acks(history: &[Event]) -> Vec<(String, u64, String)> {
+    let mut acks: Vec<_> = history
+        .iter()
+        .filter_map(|e| match e {
+            Event::Publish {
+                channel,
+                id,
+                result: PublishResult::Acked { offset },
+                ..
+            } => Some((channel.clone(), *offset, id.clone())),
+            _ => None,
+        })
+        .collect();
+    acks.sort();
+    acks.dedup();
+    acks
+}
+
+/// The clients acknowledged for a message, in the order they were.
+fn ack_clients(history: &[Event], channel: &str, id: &str) -> Vec<String> {
+    let mut clients: Vec<String> = Vec::new();
+    for e in history {
+        if let Event::Publish {
+            client,
+            channel: c,
+            id: i,
+            result: PublishResult::Acked { .. },
+            ..
+        } = e
+        {
+            if c == channel && i == id && !clients.contains(client) {
+                clients.push(client.clone());
+            }
+        }
+    }
+    clients
+}
+
+fn message_mut<'a>(state: &'a mut FinalState, channel: &str, offset: u64) -> &'a mut StoredMessage {
+    state
+        .channels
+        .get_mut(channel)
+        .unwrap()
+        .iter_mut()
+        .find(|m| m.offset == offset)
+        .unwrap()
+}
+
+const SEEDS: std::ops::Range<u64> = 1..41;
+const OPS: usize = 500;
+
+#[test]
+fn generated_clean_histories_pass() {
+    for seed in SEEDS {
+        let (history, state) = generate(seed, OPS);
+        let report = check(&history, &state);
+        assert!(report.valid, "seed {seed}: {report}");
+        let c = &report.counts;
+        assert!(c.publishes >= OPS, "seed {seed}");
+        assert!(
+            c.acked > 0 && c.failed > 0 && c.indeterminate > 0,
+            "seed {seed}"
+        );
+        assert!(c.deliveries >= 2 * c.stored, "seed {seed}");
+        assert_eq!(c.lease_acquisitions, Some(c.takeovers + 1), "seed {seed}");
+        assert!(
+            report.availability.ratio.is_some_and(|r| r > 0.5),
+            "seed {seed}"
+        );
+    }
+}
+
+#[test]
+fn dropping_a_stored_acknowledged_message_is_caught() {
+    for seed in SEEDS {
+        let (history, mut state) = generate(seed, OPS);
+        let mut rng = Rng::new(seed ^ 0xD0);
+        let (channel, offset, id) = rng.pick(&acks(&history)).clone();
+        remove_stored(&mut state, &channel, offset);
+        let report = check(&history, &state);
+        let expected = Violation::AckedNotStored {
+            channel: channel.clone(),
+            id: id.clone(),
+            clients: ack_clients(&history, &channel, &id),
+            acked_offset: offset,
+            stored_id: None,
+            id_stored_at: vec![],
+        };
+        assert!(
+            report.violations.contains(&expected),
+            "seed {seed}: {report}"
+        );
+        assert_eq!(
+            report.violations_of("acked_not_stored").len(),
+            1,
+            "seed {seed}"
+        );
+        // every subscriber that read past it notices too
+        assert!(
+            !report.violations_of("delivery_mismatch").is_empty(),
+            "seed {seed}"
+        );
+    }
+}
+
+#[test]
+fn duplicating_a_stored_acknowledged_message_is_caught() {
+    for seed in SEEDS {
+        let (history, mut state) = generate(seed, OPS);
+        let mut rng = Rng::new(seed ^ 0xD1);
+        let (channel, offset, id) = rng.pick(&acks(&history)).clone();
+        let messages = state.channels.get_mut(&channel).unwrap();
+        let mut copy = messages
+            .iter()
+            .find(|m| m.offset == offset)
+            .unwrap()
+            .clone();
+        copy.offset = messages.len() as u64 + 1;
+        copy.token = messages.iter().map(|m| m.token).max().unwrap();
+        let copy_offset = copy.offset;
+        messages.push(copy);
+        let report = check(&history, &state);
+        assert_eq!(
+            report.violations,
+            vec![Violation::DuplicateStored {
+                channel,
+                id,
+                stored_at: vec![offset, copy_offset],
+            }],
+            "seed {seed}"
+        );
+    }
+}
+
+#[test]
+fn swapping_two_stored_offsets_is_caught() {
+    for seed in SEEDS {
+        let (history, mut state) = generate(seed, OPS);
+        let mut rng = Rng::new(seed ^ 0xD2);
+        let acks = acks(&history);
+        let (channel, first, first_id) = rng.pick(&acks).clone();
+        let others: Vec<_> = acks
+            .iter()
+            .filter(|(c, o, _)| *c == channel && *o != first)
+            .collect();
+        let (_, second, second_id) = (*rng.pick(&others)).clone();
+        message_mut(&mut state, &channel, first).offset = 0;
+        message_mut(&mut state, &channel, second).offset = first;
+        message_mut(&mut state, &channel, 0).offset = second;
+        let report = check(&history, &state);
+        for (id, acked_offset, stored_id, other) in [
+            (&first_id, first, &second_id, second),
+            (&second_id, second, &first_id, first),
+        ] {
+            let expected = Violation::AckedNotStored {
+                channel: channel.clone(),
+                id: id.clone(),
+                clients: ack_clients(&history, &channel, id),
+                acked_offset,
+                stored_id: Some(stored_id.clone()),
+                id_stored_at: vec![other],
+            };
+            assert!(
+                report.violations.contains(&expected),
+                "seed {seed}: {report}"
+            );
+        }
+    }
+}
+
+#[test]
+fn lowering_a_token_is_caught() {
+    for seed in SEEDS {
+        let (history, mut state) = generate(seed, OPS);
+        let mut rng = Rng::new(seed ^ 0xD3);
+        let channel = *rng.pick(&CHANNELS);
+        let messages = &state.channels[channel];
+        let offset = 2 + rng.below(messages.len() as u64 - 1);
+        let (previous_offset, previous_token) = messages
+            .iter()
+            .filter(|m| m.offset < offset)
+            .map(|m| (m.offset, m.token))
+            // the highest token, at its lowest offset
+            .min_by_key(|&(o, t)| (std::cmp::Reverse(t), o))
+            .unwrap();
+        message_mut(&mut state, channel, offset).token = previous_token - 1;
+        let report = check(&history, &state);
+        assert!(
+            report.violations.contains(&Violation::TokenRegression {
+                channel: channel.into(),
+                offset,
+                token: previous_token - 1,
+                previous_offset,
+                previous_token,
+            }),
+            "seed {seed}: {report}"
+        );
+        assert!(
+            report
+                .violations
+                .iter()
+                .all(|v| v.kind() == "token_regression"),
+            "seed {seed}: {report}"
+        );
+    }
+}

@@ -1,0 +1,360 @@
+//! The record of a run: what every client did and saw, and what the
+//! database held at the end.
+//!
+//! A history is a sequence of [`Event`]s, one JSON object per line (JSON
+//! Lines), each tagged by `"type"`. Times are milliseconds on a monotonic
+//! clock since the run's start, taken by the harness. The events of one
+//! subscriber must appear in the order the subscriber saw them; the order
+//! of other events does not matter to the checker.
+//!
+//! The database's contents after the run are a [`FinalState`], one JSON
+//! document.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, Write};
+
+use serde::{Deserialize, Serialize};
+
+/// One thing a client did or saw, or a fault the harness injected.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Event {
+    /// One publish attempt (a retry is another attempt with the same `id`
+    /// and `idempotency_key`).
+    Publish {
+        /// The publishing client.
+        client: String,
+        /// The node the request was sent to.
+        node: String,
+        /// The channel published to.
+        channel: String,
+        /// The message's unique id, carried inside its `data`.
+        id: String,
+        /// The `Idempotency-Key` sent, if any.
+        idempotency_key: Option<String>,
+        /// When the request was sent.
+        invoke_ms: u64,
+        /// When its answer (or its failure) arrived.
+        complete_ms: u64,
+        /// What the client learned.
+        result: PublishResult,
+    },
+    /// A message a subscriber received.
+    Delivery {
+        /// The subscriber.
+        subscriber: String,
+        /// The node the subscription is connected to.
+        node: String,
+        /// The channel.
+        channel: String,
+        /// The offset the message carried.
+        offset: u64,
+        /// The message's id, read from its `data`.
+        id: String,
+        /// When it was received.
+        at_ms: u64,
+    },
+    /// A subscriber (re)connected; what it receives next starts right after
+    /// `after`.
+    Subscribe {
+        /// The subscriber.
+        subscriber: String,
+        /// The node it connected to.
+        node: String,
+        /// The channel.
+        channel: String,
+        /// The resume point sent (`?after=` or `Last-Event-ID`).
+        after: u64,
+        /// When the connection was opened.
+        at_ms: u64,
+    },
+    /// A fault the harness injected, for reporting.
+    Fault {
+        /// What kind of fault, e.g. `kill_holder`, `partition_db`.
+        kind: String,
+        /// What it hit, e.g. a node id.
+        target: String,
+        /// When it began.
+        start_ms: u64,
+        /// When it was healed (equal to `start_ms` for an instant fault).
+        end_ms: u64,
+    },
+    /// A node became holder, as its status or log said, for reporting.
+    Takeover {
+        /// The new holder.
+        node: String,
+        /// Its fencing token.
+        token: u64,
+        /// When the harness saw it.
+        at_ms: u64,
+    },
+}
+
+impl Event {
+    /// The latest time this event mentions.
+    pub fn last_ms(&self) -> u64 {
+        match self {
+            Event::Publish {
+                invoke_ms,
+                complete_ms,
+                ..
+            } => (*invoke_ms).max(*complete_ms),
+            Event::Delivery { at_ms, .. }
+            | Event::Subscribe { at_ms, .. }
+            | Event::Takeover { at_ms, .. } => *at_ms,
+            Event::Fault {
+                start_ms, end_ms, ..
+            } => (*start_ms).max(*end_ms),
+        }
+    }
+}
+
+/// What a publish attempt's client learned.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum PublishResult {
+    /// `201` or `200`: the message is stored at `offset`.
+    Acked {
+        /// The offset in the answer.
+        offset: u64,
+    },
+    /// A definite refusal: nothing was stored by this attempt.
+    Failed {
+        /// The error `code` of the answer (or the status, if it had none).
+        code: String,
+    },
+    /// The outcome is unknown: the message may or may not be stored.
+    Indeterminate {
+        /// Why: a timeout, a broken connection, or the error code.
+        reason: String,
+    },
+}
+
+/// The `503` codes that guarantee nothing was stored (docs/api.md).
+const DEFINITE_503_CODES: [&str; 4] = ["not_holder", "queue_full", "lease_lost", "draining"];
+
+impl PublishResult {
+    /// Classifies an HTTP error answer to a publish.
+    ///
+    /// Every `4xx`, and a `503` with `not_holder`, `queue_full`,
+    /// `lease_lost` or `draining`, is a definite refusal. Anything else
+    /// (`500 internal`, `503 storage_unavailable`, `503 no_holder`, an
+    /// unknown code) leaves the outcome unknown.
+    pub fn from_error(status: u16, code: &str) -> Self {
+        let definite =
+            (400..500).contains(&status) || (status == 503 && DEFINITE_503_CODES.contains(&code));
+        if definite {
+            PublishResult::Failed {
+                code: code.to_owned(),
+            }
+        } else {
+            PublishResult::Indeterminate {
+                reason: format!("{status} {code}"),
+            }
+        }
+    }
+
+    /// A publish whose answer never arrived (timeout, connection refused or
+    /// broken): the outcome is unknown.
+    pub fn transport_error(reason: impl Into<String>) -> Self {
+        PublishResult::Indeterminate {
+            reason: reason.into(),
+        }
+    }
+}
+
+/// One message as stored in the database after the run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredMessage {
+    /// Its offset.
+    pub offset: u64,
+    /// Its id, read from its `data`.
+    pub id: String,
+    /// The fencing token of the write that stored it.
+    pub token: u64,
+    /// Its commit time, in ms since the run's start.
+    pub published_at_ms: u64,
+}
+
+/// One acquisition of the writer lease.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseAcquisition {
+    /// The fencing token it got.
+    pub token: u64,
+    /// When, in ms since the run's start.
+    pub acquired_at_ms: u64,
+}
+
+/// What the database held after the run.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FinalState {
+    /// Every channel's stored messages, in any order.
+    pub channels: BTreeMap<String, Vec<StoredMessage>>,
+    /// The writer lease's acquisitions, when they could be recovered.
+    #[serde(default)]
+    pub lease_history: Option<Vec<LeaseAcquisition>>,
+}
+
+/// A history that could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum HistoryError {
+    /// Reading or writing failed.
+    #[error("history I/O failed: {0}")]
+    Io(#[from] std::io::Error),
+    /// A line is not a valid event.
+    #[error("history line {line}: {source}")]
+    Parse {
+        /// The 1-based line number.
+        line: usize,
+        /// What was wrong with it.
+        source: serde_json::Error,
+    },
+    /// An event could not be encoded.
+    #[error("cannot encode event: {0}")]
+    Encode(serde_json::Error),
+}
+
+/// Writes events as JSON Lines, one event per line.
+pub fn write_jsonl<W: Write>(mut out: W, events: &[Event]) -> Result<(), HistoryError> {
+    for event in events {
+        serde_json::to_writer(&mut out, event).map_err(HistoryError::Encode)?;
+        out.write_all(b"\n")?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// Reads events from JSON Lines; blank lines are skipped.
+pub fn read_jsonl<R: BufRead>(input: R) -> Result<Vec<Event>, HistoryError> {
+    let mut events = Vec::new();
+    for (index, line) in input.lines().enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let event = serde_json::from_str(&line).map_err(|source| HistoryError::Parse {
+            line: index + 1,
+            source,
+        })?;
+        events.push(event);
+    }
+    Ok(events)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_answers_are_classified_as_the_api_documents() {
+        for (status, code) in [
+            (400, "invalid_body"),
+            (413, "payload_too_large"),
+            (503, "not_holder"),
+            (503, "queue_full"),
+            (503, "lease_lost"),
+            (503, "draining"),
+        ] {
+            assert!(
+                matches!(
+                    PublishResult::from_error(status, code),
+                    PublishResult::Failed { .. }
+                ),
+                "{status} {code}"
+            );
+        }
+        for (status, code) in [
+            (500, "internal"),
+            (503, "storage_unavailable"),
+            (503, "no_holder"),
+            (503, "something_new"),
+            (502, ""),
+        ] {
+            assert!(
+                matches!(
+                    PublishResult::from_error(status, code),
+                    PublishResult::Indeterminate { .. }
+                ),
+                "{status} {code}"
+            );
+        }
+    }
+
+    #[test]
+    fn events_round_trip_through_json_lines() {
+        let events = vec![
+            Event::Publish {
+                client: "c1".into(),
+                node: "n1".into(),
+                channel: "orders".into(),
+                id: "m1".into(),
+                idempotency_key: Some("k1".into()),
+                invoke_ms: 10,
+                complete_ms: 12,
+                result: PublishResult::Acked { offset: 1 },
+            },
+            Event::Publish {
+                client: "c1".into(),
+                node: "n2".into(),
+                channel: "orders".into(),
+                id: "m2".into(),
+                idempotency_key: None,
+                invoke_ms: 13,
+                complete_ms: 5013,
+                result: PublishResult::transport_error("timeout"),
+            },
+            Event::Subscribe {
+                subscriber: "s1".into(),
+                node: "n2".into(),
+                channel: "orders".into(),
+                after: 0,
+                at_ms: 1,
+            },
+            Event::Delivery {
+                subscriber: "s1".into(),
+                node: "n2".into(),
+                channel: "orders".into(),
+                offset: 1,
+                id: "m1".into(),
+                at_ms: 15,
+            },
+            Event::Fault {
+                kind: "kill_holder".into(),
+                target: "n1".into(),
+                start_ms: 20,
+                end_ms: 20,
+            },
+            Event::Takeover {
+                node: "n2".into(),
+                token: 2,
+                at_ms: 900,
+            },
+        ];
+        let mut buf = Vec::new();
+        write_jsonl(&mut buf, &events).unwrap();
+        let text = String::from_utf8(buf.clone()).unwrap();
+        assert_eq!(text.lines().count(), events.len());
+        assert!(text.starts_with(r#"{"type":"publish","#), "{text}");
+        assert!(text.contains(r#""result":{"status":"acked","offset":1}"#));
+        assert_eq!(read_jsonl(&buf[..]).unwrap(), events);
+    }
+
+    #[test]
+    fn a_bad_line_is_reported_with_its_number() {
+        let input = "\n{\"type\":\"takeover\",\"node\":\"n\",\"token\":1,\"at_ms\":0}\nnot json\n";
+        match read_jsonl(input.as_bytes()) {
+            Err(HistoryError::Parse { line, .. }) => assert_eq!(line, 3),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn final_state_without_lease_history_parses() {
+        let state: FinalState = serde_json::from_str(
+            r#"{"channels":{"a":[{"offset":1,"id":"m1","token":1,"published_at_ms":3}]}}"#,
+        )
+        .unwrap();
+        assert_eq!(state.channels["a"].len(), 1);
+        assert!(state.lease_history.is_none());
+    }
+}

@@ -1,0 +1,19 @@
+//! Herald's fault-injection harness.
+//!
+//! A run drives a real cluster (several `herald serve` nodes on one
+//! database) through faults while clients publish and subscribe. Every
+//! client records what it did and what it saw as a [`history::Event`]; after
+//! the run the database's contents are read into a [`history::FinalState`].
+//! The [`checker`] then judges the record: it never trusts the nodes, only
+//! what the clients observed and what the database holds. Each node's
+//! database connections can go through a [`proxy::FaultProxy`] that cuts,
+//! black-holes or delays them.
+//!
+//! This crate is not shipped with the server.
+
+pub mod checker;
+pub mod history;
+pub mod proxy;
+
+pub use checker::{check, Report, Violation};
+pub use history::{Event, FinalState, PublishResult, StoredMessage};
