@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
-use herald_core::{ChannelName, FencingToken, Lease};
+use herald_core::{Candidate, ChannelName, FencingToken, Lease};
 use serde_json::value::RawValue;
 
-use crate::{Error, Result};
+use crate::{Acquire, Error, Result, TakeoverReason};
 
 /// The error of a lease that is no longer current.
 pub(crate) fn lost(lease: &Lease) -> Error {
@@ -48,4 +48,29 @@ pub(crate) fn to_json(text: String) -> Result<Arc<RawValue>> {
     RawValue::from_string(text)
         .map(Arc::from)
         .map_err(|e| Error::Corrupt(format!("stored message data is not JSON: {e}")))
+}
+
+/// The outcome of a committed acquisition of `candidate` with `token`,
+/// logged once for both backends.
+pub(crate) fn acquired(
+    candidate: &Candidate,
+    token: FencingToken,
+    reason: TakeoverReason,
+    previous_holder: Option<&str>,
+) -> Acquire {
+    let lease = Lease {
+        name: candidate.lease_name.clone(),
+        holder: candidate.node_id.clone(),
+        holder_url: candidate.advertise_url.clone(),
+        token,
+    };
+    tracing::info!(
+        lease = %lease.name,
+        token = token.0,
+        holder = %lease.holder,
+        previous_holder = previous_holder.unwrap_or(""),
+        reason = reason.as_str(),
+        "writer lease acquired"
+    );
+    Acquire::Acquired { lease, reason }
 }

@@ -18,7 +18,9 @@ use herald_core::{
 use tokio_postgres::{GenericClient, IsolationLevel};
 
 use super::{fenced_write_lock_key, CHANGES_CHANNEL};
-use crate::decode::{lost, sql_position, sql_token, to_channel, to_json, to_token, to_u64};
+use crate::decode::{
+    acquired, lost, sql_position, sql_token, to_channel, to_json, to_token, to_u64,
+};
 use crate::{Acquire, ChangeFeed, Error, Page, Result, TakeoverReason};
 
 /// A `timestamptz` as whole milliseconds since the Unix epoch, rounded
@@ -184,21 +186,7 @@ pub(super) async fn acquire(
         (Some(_), false, false) => TakeoverReason::HolderGone,
     };
     tx.commit().await?;
-    let lease = Lease {
-        name: name.to_owned(),
-        holder: candidate.node_id.clone(),
-        holder_url: candidate.advertise_url.clone(),
-        token,
-    };
-    tracing::info!(
-        lease = %lease.name,
-        token = token.0,
-        holder = %lease.holder,
-        previous_holder = previous.as_deref().unwrap_or(""),
-        reason = reason.as_str(),
-        "writer lease acquired"
-    );
-    Ok(Acquire::Acquired { lease, reason })
+    Ok(acquired(candidate, token, reason, previous.as_deref()))
 }
 
 /// Clears the holder if `lease` is current; the token stays. One

@@ -14,7 +14,9 @@ use herald_core::{
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::session;
-use crate::decode::{lost, sql_position, sql_token, to_channel, to_json, to_token, to_u64};
+use crate::decode::{
+    acquired, lost, sql_position, sql_token, to_channel, to_json, to_token, to_u64,
+};
 use crate::{Acquire, ChangeFeed, Error, Page, Result, TakeoverReason};
 
 /// SQLite's clock in ms since the Unix epoch (needs SQLite >= 3.42 for
@@ -129,22 +131,12 @@ pub(super) fn acquire(
             |r| r.get(0),
         )?;
     tx.commit()?;
-    let token = to_token(token)?;
-    let lease = Lease {
-        name: candidate.lease_name.clone(),
-        holder: candidate.node_id.clone(),
-        holder_url: candidate.advertise_url.clone(),
-        token,
-    };
-    tracing::info!(
-        lease = %lease.name,
-        token = token.0,
-        holder = %lease.holder,
-        previous_holder = previous.as_deref().unwrap_or(""),
-        reason = reason.as_str(),
-        "writer lease acquired"
-    );
-    Ok(Acquire::Acquired { lease, reason })
+    Ok(acquired(
+        candidate,
+        to_token(token)?,
+        reason,
+        previous.as_deref(),
+    ))
 }
 
 /// `BEGIN IMMEDIATE` (the only wait, bounded by the connection's busy
