@@ -16,9 +16,12 @@ pub struct LeaseConfig {
     pub renew_interval: Duration,
     /// Period between retries after a failed renewal.
     pub retry_interval: Duration,
-    /// How long one renewal attempt may take before the client abandons it
-    /// (the backend's statement timeout + 1 s). An abandoned attempt never
-    /// moves the safety deadline, even if it later commits.
+    /// How long the supervisor waits for one renewal attempt before it gives
+    /// up on it: the backend abandons a silent attempt itself 1 s after its
+    /// statement timeout (and replaces its connection), so this is that plus
+    /// 1 s, a backstop that lets the backend finish its own abandon first.
+    /// An abandoned attempt never moves the safety deadline, even if it later
+    /// commits.
     pub renew_attempt_timeout: Duration,
     /// Period between a standby's acquisition attempts.
     pub acquire_interval: Duration,
@@ -50,8 +53,8 @@ pub enum LeaseConfigError {
 
 impl LeaseConfig {
     /// The design's defaults for `ttl` and `safety_margin`: renew every
-    /// ttl/6, retry every 1 s, attempts abandoned after 6 s (a 5 s statement
-    /// timeout + 1 s), acquire every 1 s.
+    /// ttl/6, retry every 1 s, attempts given up after 7 s (a 5 s statement
+    /// timeout + the backend's 1 s abandon + 1 s), acquire every 1 s.
     pub fn new(ttl: Duration, safety_margin: Duration) -> Self {
         Self {
             name: herald_core::DEFAULT_LEASE_NAME.to_owned(),
@@ -59,7 +62,7 @@ impl LeaseConfig {
             safety_margin,
             renew_interval: ttl / 6,
             retry_interval: Duration::from_secs(1),
-            renew_attempt_timeout: Duration::from_secs(6),
+            renew_attempt_timeout: Duration::from_secs(7),
             acquire_interval: Duration::from_secs(1),
         }
     }

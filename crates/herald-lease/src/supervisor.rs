@@ -171,7 +171,7 @@ impl Run {
         let watchdog_fired = watchdog.fired.clone();
 
         let mut next = Instant::now() + self.config.renew_interval;
-        let exit = loop {
+        let exit = 'holder: loop {
             tokio::select! {
                 () = tokio::time::sleep_until(next) => {}
                 () = self.shutdown.cancelled() => break self.release(&lease).await,
@@ -190,13 +190,23 @@ impl Run {
                 self.config.renew_attempt_timeout,
                 self.store.renew(&lease, self.config.ttl),
             );
-            let outcome = tokio::select! {
-                r = attempt => r,
-                () = self.shutdown.cancelled() => {
-                    lock(&progress).in_flight_since = None;
-                    break self.release(&lease).await;
+            tokio::pin!(attempt);
+            let outcome = loop {
+                tokio::select! {
+                    r = &mut attempt => break r,
+                    () = self.shutdown.cancelled() => {
+                        lock(&progress).in_flight_since = None;
+                        break 'holder self.release(&lease).await;
+                    }
+                    () = watchdog_fired.cancelled() => break 'holder self.watchdog_exit(),
+                    // A fenced write can find the lease lost while a
+                    // renewal is still waiting: stop at once all the same.
+                    Some(token) = self.lost.recv() => {
+                        if token == lease.token {
+                            break 'holder self.lease_lost(&lease, "a fenced write found the lease lost");
+                        }
+                    }
                 }
-                () = watchdog_fired.cancelled() => break self.watchdog_exit(),
             };
             lock(&progress).in_flight_since = None;
             metrics::histogram!("herald_lease_renewal_duration_seconds")

@@ -373,6 +373,25 @@ async fn a_fenced_write_that_finds_the_lease_lost_stops_the_node() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_lost_lease_reported_while_a_renewal_waits_stops_at_once() {
+    let store = FakeStore::new(None, Duration::ZERO);
+    store.set_renewal(Renewal::Hang);
+    let node = start(&store, config(6.0), Arc::new(TokioClock::new()));
+    node.at(7.0).await; // the renewal sent at 5 s is still waiting
+    assert!(node.handle.is_holder());
+    node.handle.report_lease_lost(FencingToken(1));
+    let t0 = node.t0;
+    let exit = exit_of(node.task).await;
+    assert_eq!(
+        exit,
+        StopReason::LeaseLost {
+            token: FencingToken(1)
+        }
+    );
+    assert_eq!(Instant::now() - t0, Duration::from_secs(7));
+}
+
+#[tokio::test(start_paused = true)]
 async fn drain_releases_the_lease_and_leaves_no_watchdog_behind() {
     let store = FakeStore::new(None, Duration::ZERO);
     store.set_renewal(Renewal::Hang);

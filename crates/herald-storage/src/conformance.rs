@@ -87,6 +87,7 @@ macro_rules! conformance_tests {
             tokens_only_grow,
             takeover_after_expiry_has_reason_expired,
             takeover_after_holder_dropped_has_reason_holder_gone,
+            own_live_lease_is_reclaimed_with_a_new_token,
             append_offsets_are_contiguous_across_batches,
             append_interleaves_channels_in_one_batch,
             idempotency_key_repeated_in_later_batch_is_duplicate,
@@ -401,6 +402,28 @@ pub async fn takeover_after_expiry_has_reason_expired(h: &dyn Harness) {
     assert_lost(c.node(0).renew(&old, LONG_TTL).await, &old);
     match c.node(0).acquire(&candidate(0), LONG_TTL).await.unwrap() {
         Acquire::Held(info) => assert_eq!(info.holder.as_deref(), Some("node-1")),
+        other => panic!("expected Held, got {other:?}"),
+    }
+}
+
+/// An acquire whose answer its caller never saw (it gave up waiting, the
+/// commit happened anyway) leaves a live lease of this very storage. The
+/// next acquire of the same storage takes it again with a new token instead
+/// of waiting for the expiry, and the unseen token can no longer write.
+pub async fn own_live_lease_is_reclaimed_with_a_new_token(h: &dyn Harness) {
+    let c = h.cluster(2).await;
+    let (unseen, _) = acquire(c.node(0), 0, LONG_TTL).await;
+    let (again, reason) = acquire(c.node(0), 0, LONG_TTL).await;
+    assert_eq!(reason, TakeoverReason::Reclaimed);
+    assert_eq!(again.token.0, unseen.token.0 + 1);
+    assert_lost(c.node(0).append(&unseen, &[msg("ch", "1")]).await, &unseen);
+    c.node(0)
+        .append(&again, &[msg("ch", "2")])
+        .await
+        .expect("append");
+    // Another storage still sees the lease held.
+    match c.node(1).acquire(&candidate(1), LONG_TTL).await.unwrap() {
+        Acquire::Held(info) => assert_eq!(info.token, again.token),
         other => panic!("expected Held, got {other:?}"),
     }
 }

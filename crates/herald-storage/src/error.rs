@@ -17,8 +17,10 @@ pub enum Error {
         token: FencingToken,
     },
     /// The storage could not be reached or did not answer in time (locked
-    /// database, timeout, closed connection). The operation may be retried;
-    /// a write that returns this committed nothing.
+    /// database, timeout, closed connection). The operation may be retried.
+    /// A write that returns this committed nothing, except when the
+    /// connection broke while its commit was in flight: then the outcome is
+    /// unknown (retry with the same idempotency keys).
     #[error("storage unavailable: {0}")]
     Unavailable(String),
     /// A schema migration failed at start-up.

@@ -255,8 +255,8 @@ pub struct PostgresOptions {
     pub idle_in_transaction_timeout: Duration,
     /// `statement_timeout` of the renewal connection. A renewal attempt that
     /// has no answer 1 s after this is abandoned with
-    /// [`Error::Unavailable`] and its connection dropped. Keep it (plus 1 s)
-    /// under the renew interval. Default 5 s.
+    /// [`Error::Unavailable`] and its connection dropped; the next attempt
+    /// (1 s later) opens a fresh one. Default 5 s.
     pub renew_statement_timeout: Duration,
     /// `client_connection_check_interval` of the renewal connection: how
     /// often the server checks, while a statement runs, that the client is

@@ -17,19 +17,26 @@ pub enum TakeoverReason {
     /// The lease had expired on the storage's clock.
     Expired,
     /// The storage proved that the previous holder's process is gone (on
-    /// SQLite: its session lock file is no longer locked).
+    /// SQLite: its session lock file is no longer locked; on PostgreSQL: its
+    /// liveness session's advisory lock is free).
     HolderGone,
+    /// The live lease was this storage's own, for the same node id: an
+    /// earlier acquire that
+    /// committed after its caller stopped waiting for the answer. Nobody
+    /// holds that token, so it is acquired again with a new one.
+    Reclaimed,
 }
 
 impl TakeoverReason {
     /// The reason as written in logs and metric labels: `fresh`, `released`,
-    /// `expired`, `holder_gone`.
+    /// `expired`, `holder_gone`, `reclaimed`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Fresh => "fresh",
             Self::Released => "released",
             Self::Expired => "expired",
             Self::HolderGone => "holder_gone",
+            Self::Reclaimed => "reclaimed",
         }
     }
 }
@@ -158,8 +165,11 @@ pub trait Storage: LeaseStore {
     ///
     /// # Errors
     /// [`crate::Error::LeaseLost`] when the fencing check fails;
-    /// [`crate::Error::Unavailable`] on timeouts. On any error nothing of the
-    /// batch was committed.
+    /// [`crate::Error::Unavailable`] on timeouts. After `LeaseLost` nothing of
+    /// the batch was committed. After `Unavailable` the outcome is unknown
+    /// when the connection broke while the commit was in flight (the batch
+    /// may be stored; a retry with the same idempotency keys finds it);
+    /// otherwise nothing was committed.
     async fn append(&self, lease: &Lease, batch: &[NewMessage]) -> Result<Vec<Appended>>;
 
     /// Up to `limit` messages of `channel` with offset > `after`, in offset

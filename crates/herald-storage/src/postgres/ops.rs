@@ -72,7 +72,7 @@ const LOCK_FOR_TAKEOVER_SQL: &str = "SELECT 1 FROM storage_leases WHERE name = $
 /// held: whether a holder is recorded and its lease has not expired at this
 /// statement's clock reading, and its session.
 const READ_HOLDER_SQL: &str = "SELECT holder IS NOT NULL AND expires_at > clock_timestamp(), \
-     holder_session FROM storage_leases WHERE name = $1";
+     holder_session, holder FROM storage_leases WHERE name = $1";
 
 /// Probes the session lock of another node's storage: true when no session
 /// holds it, that is, when that storage's liveness connection is closed.
@@ -146,8 +146,16 @@ pub(super) async fn acquire(
     let holder = tx.query_one(&read_holder, &[&name]).await?;
     let live: bool = holder.try_get(0)?;
     let holder_session: Option<String> = holder.try_get(1)?;
+    let holder_id: Option<String> = holder.try_get(2)?;
     let own_session_text = own_session.to_string();
-    let mut holder_gone = false;
+    // A live lease of this very storage: an earlier acquire of ours that
+    // committed after its caller gave up waiting. Nobody holds its token,
+    // so it is taken again (with a new token) instead of blocking every
+    // node until it expires.
+    let reclaimed = live
+        && holder_session.as_deref() == Some(own_session_text.as_str())
+        && holder_id.as_deref() == Some(candidate.node_id.as_str());
+    let mut holder_gone = reclaimed;
     if let Some(key) = holder_session
         .filter(|s| live && *s != own_session_text)
         .and_then(|s| s.parse::<i64>().ok())
@@ -181,6 +189,7 @@ pub(super) async fn acquire(
     let expired: bool = row.try_get(2)?;
     let reason = match (&previous, fresh, expired) {
         (_, true, _) => TakeoverReason::Fresh,
+        (Some(_), false, false) if reclaimed => TakeoverReason::Reclaimed,
         (None, false, _) => TakeoverReason::Released,
         (Some(_), false, true) => TakeoverReason::Expired,
         (Some(_), false, false) => TakeoverReason::HolderGone,

@@ -92,6 +92,14 @@ pub(super) fn acquire(
         None => (TakeoverReason::Fresh, None),
         Some((None, _, _)) => (TakeoverReason::Released, None),
         Some((Some(holder), _, true)) => (TakeoverReason::Expired, Some(holder)),
+        // A live lease of this very storage: an earlier acquire of ours
+        // that committed after its caller gave up waiting. Nobody holds its
+        // token, so it is taken again with a new one.
+        Some((Some(holder), Some(session), false))
+            if session == own_session && holder == candidate.node_id =>
+        {
+            (TakeoverReason::Reclaimed, Some(holder))
+        }
         Some((Some(holder), Some(session), false))
             if session != own_session && session::is_gone(sessions_dir, &session) =>
         {
