@@ -33,6 +33,18 @@ pub struct ServerConfig {
     /// subscriber that falls further behind reads the missed messages from
     /// the storage instead, so this bounds the memory a slow client costs.
     pub subscriber_buffer: usize,
+    /// Longest a client may take to send a complete HTTP/1 request head
+    /// (default 10 s): from its first byte for the first request of a
+    /// connection (the first bytes must themselves arrive within this time
+    /// of the connection opening, so a first head may take up to twice
+    /// this), and from the end of the previous response for the next one
+    /// on a kept-alive connection. A connection that runs out of time is
+    /// closed without an answer. Bodies and responses, SSE streams and
+    /// WebSockets included, are not limited by it. On an HTTP/2 connection
+    /// the server sends a PING after this long without a frame from the
+    /// client and closes the connection when the PING is not answered
+    /// within this time either.
+    pub header_read_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -46,6 +58,7 @@ impl Default for ServerConfig {
             heartbeat: Duration::from_secs(15),
             standby_poll_interval: Duration::from_millis(100),
             subscriber_buffer: 1024,
+            header_read_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -70,6 +83,7 @@ impl ServerConfig {
         let periods = [
             ("heartbeat", self.heartbeat),
             ("standby_poll_interval", self.standby_poll_interval),
+            ("header_read_timeout", self.header_read_timeout),
         ];
         for (name, value) in periods {
             if value.is_zero() {
@@ -95,6 +109,7 @@ mod tests {
         assert_eq!(c.max_batch, 512);
         assert_eq!(c.heartbeat, Duration::from_secs(15));
         assert_eq!(c.standby_poll_interval, Duration::from_millis(100));
+        assert_eq!(c.header_read_timeout, Duration::from_secs(10));
         c.validate().unwrap();
     }
 
@@ -110,5 +125,10 @@ mod tests {
             ..ServerConfig::default()
         };
         assert!(matches!(c.validate(), Err(Error::Config(m)) if m.contains("heartbeat")));
+        let c = ServerConfig {
+            header_read_timeout: Duration::ZERO,
+            ..ServerConfig::default()
+        };
+        assert!(matches!(c.validate(), Err(Error::Config(m)) if m.contains("header_read_timeout")));
     }
 }

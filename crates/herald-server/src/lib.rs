@@ -11,7 +11,8 @@
 //! live notices into one gap-free, repeat-free sequence for SSE (`sse.rs`)
 //! and WebSocket (`ws.rs`). A publish that reaches a standby is forwarded
 //! once to the holder (`forward.rs`). Every error becomes one JSON shape in
-//! `error.rs`.
+//! `error.rs`. `listener.rs` accepts connections and serves them with
+//! HTTP/1 or HTTP/2, closing those that do not send a request head in time.
 //!
 //! Invariants:
 //! - a publish is acknowledged only after `Storage::append` returned Ok,
@@ -27,6 +28,7 @@ mod config;
 mod error;
 mod forward;
 mod hub;
+mod listener;
 mod metrics;
 mod role;
 mod sse;
@@ -58,7 +60,7 @@ pub fn app(state: AppState) -> axum::Router {
 
 /// Serves the API on `listener` until `shutdown` is cancelled, then drains:
 ///
-/// 1. stops accepting connections (axum graceful shutdown) and answers new
+/// 1. stops accepting connections, closes idle ones, and answers new
 ///    publishes with 503 `draining`;
 /// 2. ends every SSE stream (the body finishes) and closes every WebSocket
 ///    with 1001 "going away" (RFC 6455 §7.4.1);
@@ -67,11 +69,18 @@ pub fn app(state: AppState) -> axum::Router {
 ///    queued;
 /// 4. returns once every connection, session and background task ended.
 ///
+/// Each connection speaks HTTP/1 (with upgrades, for WebSocket) or HTTP/2.
+/// A client that does not send a complete request head within
+/// [`ServerConfig::header_read_timeout`] (for its first request, or for
+/// the next one on a kept-alive connection) is disconnected. A failed
+/// accept (such as running out of file descriptors) is logged and retried
+/// after a short pause; it does not end the server.
+///
 /// The caller then stops the lease supervisor, which releases the lease.
 ///
 /// # Errors
 /// [`Error::Config`] for an unusable config, [`Error::Storage`] when the
-/// storage does not answer at start, [`Error::Io`] when the listener fails.
+/// storage does not answer at start.
 pub async fn serve(
     listener: TcpListener,
     storage: Arc<dyn Storage>,
@@ -117,8 +126,8 @@ pub(crate) async fn serve_with(
     shutdown: CancellationToken,
     writes_done: Option<CancellationToken>,
 ) -> Result<()> {
-    // A child token: a listener failure stops this server's tasks without
-    // cancelling the caller's token.
+    // A child token: this server's tasks follow the caller's token, and
+    // cancelling it here never cancels the caller's.
     let stop = shutdown.child_token();
     let state = AppState::start_with(storage, lease, config, stop.clone()).await?;
     let node_id = state.config().node_id.clone();
@@ -131,13 +140,17 @@ pub(crate) async fn serve_with(
             writes_done.cancel();
         });
     }
-    let served = axum::serve(listener, app(state.clone()))
-        .with_graceful_shutdown(stop.clone().cancelled_owned())
-        .await;
+    listener::serve_connections(
+        listener,
+        app(state.clone()),
+        state.config().header_read_timeout,
+        stop.clone(),
+    )
+    .await;
     stop.cancel();
     state.stopped().await;
     tracing::info!(node_id = %node_id, "server drained");
-    served.map_err(Error::Io)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -91,6 +91,11 @@ pub(crate) struct ServeArgs {
     /// answers 503.
     #[arg(long, env = "HERALD_QUEUE_CAPACITY", default_value_t = 4096)]
     queue_capacity: usize,
+    /// Longest a client may take to send a complete request head, for its
+    /// first request and between requests on a kept-alive connection; the
+    /// connection is closed after that.
+    #[arg(long, env = "HERALD_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    header_read_timeout: Duration,
     /// Longest a drain (SIGTERM/SIGINT) may take before the node stops
     /// renewing and exits with status 5.
     #[arg(long, env = "HERALD_DRAIN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
@@ -123,13 +128,16 @@ async fn start_and_run(args: ServeArgs) -> anyhow::Result<ExitStatus> {
         lease_config.renew_interval = interval;
     }
     lease_config.acquire_interval = args.acquire_interval;
-    lease_config.renew_attempt_timeout = args.renew_statement_timeout + Duration::from_secs(1);
+    // The storage abandons a silent renewal 1 s after its statement
+    // timeout; the supervisor's own limit comes 1 s later, as a backstop.
+    lease_config.renew_attempt_timeout = args.renew_statement_timeout + Duration::from_secs(2);
     lease_config.validate().context("lease timing")?;
 
     // Check the server's settings before touching the database.
     ServerConfig {
         max_message_bytes: args.max_message_bytes,
         queue_capacity: args.queue_capacity,
+        header_read_timeout: args.header_read_timeout,
         ..ServerConfig::default()
     }
     .validate()
@@ -167,6 +175,7 @@ async fn start_and_run(args: ServeArgs) -> anyhow::Result<ExitStatus> {
         advertise_url: advertise_url.clone(),
         max_message_bytes: args.max_message_bytes,
         queue_capacity: args.queue_capacity,
+        header_read_timeout: args.header_read_timeout,
         ..ServerConfig::default()
     };
     server_config.validate().context("server settings")?;
@@ -231,18 +240,32 @@ async fn start_and_run(args: ServeArgs) -> anyhow::Result<ExitStatus> {
             // 2. Nothing more will be written: release the lease now, so a
             // standby takes over without waiting for slow clients.
             lease_shutdown.cancel();
-            match tokio::time::timeout_at(deadline, supervisor).await {
-                Ok(exit) => info!(node_id = %node_id, exit = ?exit.ok(), "lease supervisor stopped"),
-                Err(_) => warn!(node_id = %node_id, "releasing the lease did not finish before the drain deadline"),
-            }
+            // The lease may have been lost during the drain: say so in the
+            // exit status, as outside a drain.
+            let status = match tokio::time::timeout_at(deadline, supervisor).await {
+                Ok(Ok(StopReason::Watchdog(_))) => ExitStatus::Watchdog,
+                Ok(Ok(StopReason::LeaseLost { .. })) => ExitStatus::LeaseLost,
+                Ok(Ok(StopReason::Drained { released })) => {
+                    info!(node_id = %node_id, released, "lease supervisor stopped");
+                    ExitStatus::Drained
+                }
+                Ok(Err(e)) => {
+                    error!(node_id = %node_id, error = %e, "lease supervisor task failed");
+                    ExitStatus::Drained
+                }
+                Err(_) => {
+                    warn!(node_id = %node_id, "releasing the lease did not finish before the drain deadline");
+                    ExitStatus::Drained
+                }
+            };
             // 3. Let open requests and streams end, until the deadline.
             match tokio::time::timeout_at(deadline, &mut server).await {
                 Ok(Ok(Err(e))) => warn!(node_id = %node_id, error = %e, "server ended with an error during drain"),
                 Ok(_) => {}
                 Err(_) => warn!(node_id = %node_id, drain_timeout_ms, "connections still open at the drain deadline are closed"),
             }
-            info!(node_id = %node_id, "drained");
-            Ok(ExitStatus::Drained)
+            info!(node_id = %node_id, exit_status = status as u8, "drained");
+            Ok(status)
         }
         state = stopped => {
             // The lease is gone: writes already fail. Close the server

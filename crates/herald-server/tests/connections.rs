@@ -1,0 +1,251 @@
+//! End-to-end tests of connection handling: clients that never finish a
+//! request head are disconnected after the header read timeout, while
+//! requests, event streams and WebSockets that take longer are not cut.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{within, Node, Role, SseClient};
+use futures::StreamExt;
+use herald_server::ServerConfig;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// The header read timeout of these tests' nodes.
+const TIMEOUT: Duration = Duration::from_millis(300);
+
+/// How much later than due a closed connection may be noticed.
+const SLACK: Duration = Duration::from_secs(2);
+
+/// A holder whose header read timeout is [`TIMEOUT`].
+async fn node(dir: &std::path::Path) -> Node {
+    Node::start(
+        dir,
+        "node-a",
+        Role::Holder,
+        ServerConfig {
+            header_read_timeout: TIMEOUT,
+            ..ServerConfig::default()
+        },
+    )
+    .await
+}
+
+/// Opens a raw TCP connection to `node`.
+async fn connect(node: &Node) -> TcpStream {
+    let addr = node.base.trim_start_matches("http://");
+    TcpStream::connect(addr).await.expect("connect")
+}
+
+/// Reads until the server closes `stream` (end of stream or reset), for at
+/// most `limit`; returns what was read. Panics when the connection is
+/// still open after `limit`.
+async fn read_until_closed(stream: &mut TcpStream, limit: Duration) -> Vec<u8> {
+    let mut got = Vec::new();
+    let closed = tokio::time::timeout(limit, async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    assert!(
+        closed.is_ok(),
+        "the connection is still open after {limit:?}; read so far: {:?}",
+        String::from_utf8_lossy(&got)
+    );
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_a_request_head_is_closed_after_the_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = node(dir.path()).await;
+    let mut stream = connect(&node).await;
+    let started = Instant::now();
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: herald\r\n")
+        .await
+        .unwrap();
+    let got = read_until_closed(&mut stream, TIMEOUT + SLACK).await;
+    let took = started.elapsed();
+    assert!(took >= TIMEOUT, "closed after {took:?}, before the timeout");
+    assert!(
+        got.is_empty(),
+        "the connection is closed without an answer, got {:?}",
+        String::from_utf8_lossy(&got)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_sends_nothing_is_closed_after_the_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = node(dir.path()).await;
+    let mut stream = connect(&node).await;
+    let started = Instant::now();
+    read_until_closed(&mut stream, TIMEOUT + SLACK).await;
+    assert!(started.elapsed() >= TIMEOUT);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partial_http2_preface_is_closed_after_the_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = node(dir.path()).await;
+    let mut stream = connect(&node).await;
+    let started = Instant::now();
+    stream.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+    read_until_closed(&mut stream, TIMEOUT + SLACK).await;
+    assert!(started.elapsed() >= TIMEOUT);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_kept_alive_connection_is_closed_after_the_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = node(dir.path()).await;
+    let mut stream = connect(&node).await;
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: herald\r\n\r\n")
+        .await
+        .unwrap();
+    let mut first = [0u8; 4096];
+    let n = within("the answer", stream.read(&mut first)).await.unwrap();
+    let answered = Instant::now();
+    let answer = String::from_utf8_lossy(&first[..n]).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        !answer.to_ascii_lowercase().contains("connection: close"),
+        "the connection should be kept alive: {answer}"
+    );
+    read_until_closed(&mut stream, TIMEOUT + SLACK).await;
+    let idle = answered.elapsed();
+    assert!(idle >= TIMEOUT, "closed after {idle:?} idle");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn complete_requests_are_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = node(dir.path()).await;
+    let (status, body) = node.get("/v1/status").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["role"], "holder");
+    let (status, body) = node
+        .publish("conn", serde_json::json!({ "hello": "world" }))
+        .await;
+    assert_eq!(status, 201, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_with_prior_knowledge_is_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = node(dir.path()).await;
+    let stream = connect(&node).await;
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .expect("HTTP/2 handshake");
+    let driver = tokio::spawn(conn);
+    let request = hyper::Request::get(node.url("/v1/status"))
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let response = within("HTTP/2 answer", sender.send_request(request))
+        .await
+        .expect("HTTP/2 request");
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.version(), hyper::Version::HTTP_2);
+    drop(sender);
+    drop(response);
+    let _ = within("HTTP/2 connection ends", driver).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_connection_that_answers_no_ping_is_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = node(dir.path()).await;
+    let mut stream = connect(&node).await;
+    stream
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .unwrap();
+    // A PING after the timeout, unanswered for the timeout again.
+    read_until_closed(&mut stream, TIMEOUT * 2 + SLACK).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_last_longer_than_the_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = node(dir.path()).await;
+
+    let mut sse =
+        SseClient::connect(&node.client, &node.url("/v1/channels/long/events"), None).await;
+    assert_eq!(sse.status, 200);
+    let ws_url = format!("{}/v1/channels/long/ws", node.ws_base);
+    let (mut ws, response) = within(
+        "WebSocket connect",
+        tokio_tungstenite::connect_async(ws_url),
+    )
+    .await
+    .expect("WebSocket handshake");
+    assert_eq!(response.status().as_u16(), 101);
+
+    tokio::time::sleep(TIMEOUT * 3).await;
+    let (status, body) = node.publish("long", serde_json::json!("late")).await;
+    assert_eq!(status, 201, "{body}");
+
+    let event = within("SSE event after the timeout", sse.next_message())
+        .await
+        .expect("the SSE stream was cut");
+    assert_eq!(event["offset"], 1);
+    assert_eq!(event["data"], "late");
+    let frame = within("WebSocket message after the timeout", ws.next())
+        .await
+        .expect("the WebSocket was closed")
+        .expect("WebSocket frame");
+    let message: serde_json::Value =
+        serde_json::from_str(frame.to_text().expect("a text frame")).unwrap();
+    assert_eq!(message["offset"], 1);
+    assert_eq!(message["data"], "late");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_returns_with_idle_and_unfinished_connections_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = Node::start(
+        dir.path(),
+        "node-a",
+        Role::Holder,
+        ServerConfig {
+            // Longer than any wait here: the drain must not rely on it.
+            header_read_timeout: Duration::from_secs(60),
+            ..ServerConfig::default()
+        },
+    )
+    .await;
+    let mut idle = connect(&node).await;
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: herald\r\n\r\n")
+        .await
+        .unwrap();
+    let mut first = [0u8; 4096];
+    let n = within("the answer", idle.read(&mut first)).await.unwrap();
+    assert!(first[..n].starts_with(b"HTTP/1.1 200"));
+    let mut silent = connect(&node).await;
+    // Let the server accept the silent connection before draining.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let started = Instant::now();
+    node.drain().await;
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the drain waited {:?} for idle connections",
+        started.elapsed()
+    );
+    read_until_closed(&mut idle, SLACK).await;
+    read_until_closed(&mut silent, SLACK).await;
+    // Nothing accepts any more.
+    let addr = node.base.trim_start_matches("http://").to_owned();
+    assert!(TcpStream::connect(addr).await.is_err());
+}
