@@ -286,12 +286,20 @@ async fn the_listener_reconnects_and_asks_for_a_resync() {
     tokio::time::timeout(WAIT_LIMIT, resync)
         .await
         .expect("no Resync after the listening connection was ended");
-    let after = backends(&monitor, "herald-listen").await;
-    assert_eq!(after.len(), 2, "{after:?}");
-    assert!(
-        after.iter().all(|pid| !before.contains(pid)),
-        "{before:?} -> {after:?}"
-    );
+    // Each storage's listener reconnects on its own backoff: wait until both
+    // are back, on new backends.
+    let deadline = tokio::time::Instant::now() + WAIT_LIMIT;
+    loop {
+        let after = backends(&monitor, "herald-listen").await;
+        if after.len() == 2 && after.iter().all(|pid| !before.contains(pid)) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "listeners did not come back: {before:?} -> {after:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     writer.append(&lease, &[msg("again", "1")]).await.unwrap();
     let (ch, from, to, _) = next_committed(&mut rx).await;
