@@ -331,7 +331,7 @@ mod tests {
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(signal_driven(storage.clone(), hub.clone()).run(shutdown.clone()));
         // The first poll at start finds nothing; then only signals wake it.
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        storage.wait_polls(1).await;
         storage.append_as_other_node("a", "1");
         assert!(
             tokio::time::timeout(Duration::from_millis(100), rx.recv())
@@ -357,7 +357,7 @@ mod tests {
         let feed = signal_driven(storage.clone(), hub.clone());
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(feed.run(shutdown.clone()));
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        storage.wait_polls(1).await;
         for i in 1..=10u64 {
             storage.append_as_other_node("a", &i.to_string());
         }
@@ -384,7 +384,7 @@ mod tests {
         feed.interval = Duration::from_millis(5);
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(feed.run(shutdown.clone()));
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        storage.wait_polls(1).await;
         storage.close_signals();
         storage.append_as_other_node("a", "1");
         assert_eq!(next_head(&mut rx).await, 1);

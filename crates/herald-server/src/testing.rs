@@ -41,6 +41,8 @@ pub(crate) struct MemoryStorage {
     fail_reads: AtomicBool,
     /// Commit signals, when the test turned them on.
     signals: Mutex<Option<broadcast::Sender<ChangeSignal>>>,
+    /// Calls of `changes_since` so far, so tests can await a poll.
+    polls: tokio::sync::watch::Sender<usize>,
 }
 
 impl MemoryStorage {
@@ -57,7 +59,14 @@ impl MemoryStorage {
             fail_appends: AtomicBool::new(false),
             fail_reads: AtomicBool::new(false),
             signals: Mutex::new(None),
+            polls: tokio::sync::watch::channel(0).0,
         })
+    }
+
+    /// Waits until `changes_since` has been called at least `n` times.
+    pub(crate) async fn wait_polls(&self, n: usize) {
+        let mut rx = self.polls.subscribe();
+        let _ = rx.wait_for(|polls| *polls >= n).await;
     }
 
     /// A storage whose `watch_changes` answers, with a signal buffer of
@@ -289,6 +298,7 @@ impl Storage for MemoryStorage {
     }
 
     async fn changes_since(&self, cursor: u64) -> herald_storage::Result<ChangeFeed> {
+        self.polls.send_modify(|polls| *polls += 1);
         let mem = self.mem.lock().unwrap();
         let mut heads: BTreeMap<&str, Offset> = BTreeMap::new();
         for (seq, name, head) in &mem.changes {
