@@ -9,7 +9,8 @@
 //! database connections can go through a [`proxy::FaultProxy`] that cuts,
 //! black-holes or delays them.
 //!
-//! This crate is not shipped with the server.
+//! The crate's `herald-chaos` binary runs all of this end to end
+//! (docs/testing.md). This crate is not shipped with the server.
 
 pub mod checker;
 pub mod history;

@@ -1,0 +1,142 @@
+//! `herald-chaos`: runs a Herald cluster through faults and judges what its
+//! clients observed.
+//!
+//! A run creates a disposable PostgreSQL cluster, starts `--nodes` `herald
+//! serve` processes on it (each behind its own fault proxy), runs careful
+//! publishers and reconnecting SSE subscribers, injects the faults of a
+//! schedule drawn from `--seed`, `--duration` and `--nodes`, heals them,
+//! reads the database's final contents and runs the checker. The exit
+//! status is 0 when no guarantee was broken, 1 when one was, 2 when the run
+//! itself failed. What each fault models is documented in `run::faults`;
+//! `docs/testing.md` explains how to read the report.
+
+mod run;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+
+/// Command-line flags.
+#[derive(Debug, Parser)]
+#[command(
+    name = "herald-chaos",
+    about = "Fault-injection runs against a Herald cluster"
+)]
+struct Args {
+    /// How long clients run and faults are injected (e.g. `90s`, `15m`).
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// The seed of the fault schedule.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// How many `herald serve` nodes.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=16))]
+    nodes: u16,
+    /// The `herald` binary (default: the one next to this executable).
+    #[arg(long)]
+    herald_bin: Option<PathBuf>,
+    /// PostgreSQL's server binaries (`initdb`, `pg_ctl`).
+    #[arg(long, env = "HERALD_TEST_PG_BIN")]
+    pg_bin: Option<PathBuf>,
+    /// The user that runs PostgreSQL (through `runuser`) when this runs as
+    /// root.
+    #[arg(long, env = "HERALD_TEST_PG_USER")]
+    pg_user: Option<String>,
+    /// Directory for `history.jsonl`, `final.json`, `report.json` and the
+    /// nodes' logs.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Print the report as JSON on stdout (the human report then goes to
+    /// stderr).
+    #[arg(long)]
+    json: bool,
+    /// Print the fault schedule and exit.
+    #[arg(long)]
+    print_schedule: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    if args.print_schedule {
+        let plan = run::schedule::draw(
+            args.seed,
+            args.duration,
+            usize::from(args.nodes),
+            run::CHANNELS.len(),
+        );
+        println!(
+            "schedule for seed {} over {} on {} nodes ({} faults)",
+            args.seed,
+            humantime::format_duration(args.duration),
+            args.nodes,
+            plan.len()
+        );
+        for planned in &plan {
+            println!("{planned}");
+        }
+        return ExitCode::SUCCESS;
+    }
+    match main_run(args) {
+        Ok(valid) => {
+            if valid {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(e) => {
+            eprintln!("herald-chaos: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn main_run(args: Args) -> anyhow::Result<bool> {
+    let herald_bin = match args.herald_bin {
+        Some(path) => path,
+        None => std::env::current_exe()
+            .context("locate this executable")?
+            .with_file_name("herald"),
+    };
+    anyhow::ensure!(
+        herald_bin.is_file(),
+        "no herald binary at {}; build it or pass --herald-bin",
+        herald_bin.display()
+    );
+    let pg_bin = args
+        .pg_bin
+        .or_else(run::database::default_pg_bin)
+        .context("no PostgreSQL binaries found; pass --pg-bin")?;
+    let pg_user = args
+        .pg_user
+        .filter(|_| rustix::process::geteuid().is_root());
+    let settings = run::Settings {
+        duration: args.duration,
+        seed: args.seed,
+        nodes: usize::from(args.nodes),
+        herald_bin,
+        pg_bin,
+        pg_user,
+        out: args.out,
+    };
+    let runtime = tokio::runtime::Runtime::new().context("start the runtime")?;
+    let report = runtime.block_on(async {
+        tokio::select! {
+            report = run::run(settings) => report,
+            _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+        }
+    })?;
+    // Dropping the runtime ends every task; nodes are killed and the
+    // database stopped and removed by their guards as the run unwinds.
+    drop(runtime);
+    if args.json {
+        eprint!("{report}");
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{report}");
+    }
+    Ok(report.valid)
+}
