@@ -2,11 +2,34 @@
 //! share: tokens and offsets as SQL `bigint`s, stored names and JSON text.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use herald_core::{Candidate, ChannelName, FencingToken, Lease};
 use serde_json::value::RawValue;
 
 use crate::{Acquire, Error, Result, TakeoverReason};
+
+/// Longest lease ttl stored, in ms (about 100 years): keeps `now + ttl`
+/// inside a signed 64-bit integer on both databases.
+const MAX_TTL_MS: i64 = 100 * 365 * 24 * 3600 * 1000;
+
+/// A ttl in ms for SQL, capped at [`MAX_TTL_MS`].
+pub(crate) fn ttl_ms(ttl: Duration) -> i64 {
+    i64::try_from(ttl.as_millis())
+        .unwrap_or(i64::MAX)
+        .min(MAX_TTL_MS)
+}
+
+/// Logs the outcome of a release, for both backends.
+pub(crate) fn log_release(lease: &Lease, released: bool) {
+    tracing::info!(
+        lease = %lease.name,
+        token = lease.token.0,
+        holder = %lease.holder,
+        released,
+        "writer lease release"
+    );
+}
 
 /// The error of a lease that is no longer current.
 pub(crate) fn lost(lease: &Lease) -> Error {

@@ -183,6 +183,7 @@ use tokio_postgres::tls::NoTlsStream;
 use tokio_postgres::{AsyncMessage, Client, Config, Connection, NoTls, Socket};
 
 use self::renewal::Renewal;
+use crate::decode::ttl_ms;
 use crate::{Acquire, ChangeFeed, ChangeSignal, Error, LeaseStore, Page, Result, Storage};
 
 mod embedded {
@@ -225,8 +226,6 @@ const CONNECT_GRACE: Duration = Duration::from_secs(1);
 /// Oldest PostgreSQL release supported: 14, the first with
 /// `client_connection_check_interval` (as `server_version_num`).
 const MIN_SERVER_VERSION: i64 = 140_000;
-/// Longest lease ttl stored, in ms (about 100 years).
-const MAX_TTL_MS: i64 = 100 * 365 * 24 * 3600 * 1000;
 
 /// Settings of [`PostgresStorage::connect`]. Every duration is rounded down
 /// to whole milliseconds for the server, and at least 1 ms: PostgreSQL reads
@@ -816,13 +815,6 @@ const fn advisory_key(prefix: &[u8], name: &[u8]) -> i64 {
 /// Locking", "Advisory Locks"; "System Views", `pg_locks`).
 pub fn fenced_write_lock_key(lease_name: &str) -> i64 {
     advisory_key(b"herald/fenced-write/", lease_name.as_bytes())
-}
-
-/// A ttl in ms for SQL, capped at about 100 years.
-fn ttl_ms(ttl: Duration) -> i64 {
-    i64::try_from(ttl.as_millis())
-        .unwrap_or(i64::MAX)
-        .min(MAX_TTL_MS)
 }
 
 #[async_trait]

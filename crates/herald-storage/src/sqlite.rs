@@ -41,6 +41,7 @@ use rusqlite::{Connection, TransactionBehavior};
 
 use self::session::SessionLock;
 use self::worker::Worker;
+use crate::decode::ttl_ms;
 use crate::{Acquire, ChangeFeed, Error, LeaseStore, Page, Result, Storage};
 
 mod embedded {
@@ -63,9 +64,6 @@ const MIGRATION_LOCK_POLL: Duration = Duration::from_millis(5);
 /// How long after [`SqliteOptions::renew_statement_timeout`] a renewal that
 /// has not answered is abandoned (its connection is replaced).
 const RENEW_ABANDON_GRACE: Duration = Duration::from_secs(1);
-/// Longest lease ttl stored, in ms (about 100 years): keeps `now + ttl`
-/// inside SQLite's 64-bit integers.
-const MAX_TTL_MS: i64 = 100 * 365 * 24 * 3600 * 1000;
 
 /// Settings of [`SqliteStorage::open`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -417,12 +415,6 @@ fn migrate(conn: &mut Connection) -> Result<()> {
         tracing::info!(migration = %migration, "sqlite schema migration applied");
     }
     Ok(())
-}
-
-fn ttl_ms(ttl: Duration) -> i64 {
-    i64::try_from(ttl.as_millis())
-        .unwrap_or(i64::MAX)
-        .min(MAX_TTL_MS)
 }
 
 #[async_trait]

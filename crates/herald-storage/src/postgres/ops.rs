@@ -19,7 +19,7 @@ use tokio_postgres::{GenericClient, IsolationLevel};
 
 use super::{fenced_write_lock_key, CHANGES_CHANNEL};
 use crate::decode::{
-    acquired, lost, sql_position, sql_token, to_channel, to_json, to_token, to_u64,
+    acquired, log_release, lost, sql_position, sql_token, to_channel, to_json, to_token, to_u64,
 };
 use crate::{Acquire, ChangeFeed, Error, Page, Result, TakeoverReason};
 
@@ -217,13 +217,7 @@ pub(super) async fn release(client: &Object, lease: &Lease) -> Result<()> {
     let updated = client
         .execute(&stmt, &[&lease.name, &lease.holder, &token])
         .await?;
-    tracing::info!(
-        lease = %lease.name,
-        token = lease.token.0,
-        holder = %lease.holder,
-        released = updated > 0,
-        "writer lease release"
-    );
+    log_release(lease, updated > 0);
     Ok(())
 }
 

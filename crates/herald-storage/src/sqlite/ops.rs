@@ -15,7 +15,7 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::session;
 use crate::decode::{
-    acquired, lost, sql_position, sql_token, to_channel, to_json, to_token, to_u64,
+    acquired, log_release, lost, sql_position, sql_token, to_channel, to_json, to_token, to_u64,
 };
 use crate::{Acquire, ChangeFeed, Error, Page, Result, TakeoverReason};
 
@@ -190,13 +190,7 @@ pub(super) fn release(conn: &mut Connection, lease: &Lease) -> Result<()> {
             " WHERE name = ?1 AND holder = ?2 AND token = ?3"
         ))?
         .execute(params![lease.name, lease.holder, token])?;
-    tracing::info!(
-        lease = %lease.name,
-        token = lease.token.0,
-        holder = %lease.holder,
-        released = updated > 0,
-        "writer lease release"
-    );
+    log_release(lease, updated > 0);
     Ok(())
 }
 
