@@ -3,8 +3,13 @@
 //! This crate knows nothing of HTTP, SQL, files or the clock: it holds the
 //! types every other crate agrees on and the rules for validating client
 //! input. Everything here is pure and cheap to test.
+//!
+//! The module [`fault_switches`] holds the test-only switches that break one
+//! protection each; they exist only with the cargo feature `fault-switches`
+//! (without it, [`fault_switches::enabled`] is always `false`).
 
 mod channel;
+pub mod fault_switches;
 mod idempotency;
 mod lease;
 mod message;

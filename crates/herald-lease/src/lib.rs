@@ -13,6 +13,12 @@
 //! The storage side (lock modes, fencing) is `herald-storage`; the design is
 //! in `docs/storage.md`. Time is read only through [`Clock`] and waited on
 //! only through tokio's timer, so tests run under a paused clock.
+//!
+//! The feature `fault-switches` (test-only, never shipped) compiles in the
+//! fault switch `zombie_holder` of `herald_core::fault_switches`: a holder
+//! that never gives up on its own (no safety deadline, no watchdog stop,
+//! failed renewals and "lease lost" answers logged and ignored; it keeps
+//! renewing every renew interval). A drain still releases the lease.
 
 mod clock;
 mod config;

@@ -1,6 +1,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use herald_core::fault_switches::{self, FaultSwitch};
 use herald_core::{FencingToken, Lease, LeaseInfo};
 use tokio::sync::{mpsc, watch};
 
@@ -109,12 +110,20 @@ impl LeaseHandle {
     /// The lease to present in a fenced write, or `None` when this node must
     /// not write: not holder, stopped, or past the safety deadline on the
     /// clock even if the watchdog has not run yet.
+    ///
+    /// Under the test-only fault switch `zombie_holder` (cargo feature
+    /// `fault-switches`) the safety deadline is not checked: a holder stays
+    /// writable however long ago it last renewed.
     pub fn writable_lease(&self) -> Option<Lease> {
         match &*self.state.borrow() {
             LeaseState::Holder {
                 lease,
                 safety_deadline,
-            } if self.clock.now() < *safety_deadline => Some(lease.clone()),
+            } if self.clock.now() < *safety_deadline
+                || fault_switches::enabled(FaultSwitch::ZombieHolder) =>
+            {
+                Some(lease.clone())
+            }
             _ => None,
         }
     }

@@ -1,6 +1,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use herald_core::fault_switches::{self, FaultSwitch};
 use herald_core::{Candidate, FencingToken, Lease};
 use herald_storage::{Acquire, Error as StorageError, LeaseStore};
 use tokio::sync::{mpsc, watch};
@@ -176,7 +177,7 @@ impl Run {
                 () = tokio::time::sleep_until(next) => {}
                 () = self.shutdown.cancelled() => break self.release(&lease).await,
                 Some(token) = self.lost.recv() => {
-                    if token == lease.token {
+                    if token == lease.token && !zombie_ignores(&lease, "a fenced write found the lease lost") {
                         break self.lease_lost(&lease, "a fenced write found the lease lost");
                     }
                     continue;
@@ -202,7 +203,7 @@ impl Run {
                     // A fenced write can find the lease lost while a
                     // renewal is still waiting: stop at once all the same.
                     Some(token) = self.lost.recv() => {
-                        if token == lease.token {
+                        if token == lease.token && !zombie_ignores(&lease, "a fenced write found the lease lost") {
                             break 'holder self.lease_lost(&lease, "a fenced write found the lease lost");
                         }
                     }
@@ -241,6 +242,10 @@ impl Run {
                 Ok(Err(StorageError::LeaseLost { .. })) => {
                     metrics::counter!("herald_lease_renewals_total", "result" => "lost")
                         .increment(1);
+                    if zombie_ignores(&lease, "a renewal found the lease lost") {
+                        next = Instant::now() + self.config.renew_interval;
+                        continue;
+                    }
                     break self.lease_lost(&lease, "a renewal found the lease lost");
                 }
                 Ok(Err(e)) => {
@@ -248,7 +253,7 @@ impl Run {
                         .increment(1);
                     warn!(node_id = %lease.holder, token = lease.token.0, error = %e, "lease renewal failed; retrying");
                     lock(&progress).last_error = Some(e.to_string());
-                    next = Instant::now() + self.config.retry_interval;
+                    next = Instant::now() + self.retry_interval();
                 }
                 Err(_) => {
                     metrics::counter!("herald_lease_renewals_total", "result" => "timeout")
@@ -259,12 +264,23 @@ impl Run {
                     );
                     warn!(node_id = %lease.holder, token = lease.token.0, "{msg}; retrying");
                     lock(&progress).last_error = Some(msg);
-                    next = Instant::now() + self.config.retry_interval;
+                    next = Instant::now() + self.retry_interval();
                 }
             }
         };
         watchdog.task.abort();
         exit
+    }
+
+    /// The wait before retrying a failed renewal: the retry interval, or the
+    /// normal renew interval under the test-only fault switch
+    /// `zombie_holder` (a holder that takes no notice of failures).
+    fn retry_interval(&self) -> Duration {
+        if fault_switches::enabled(FaultSwitch::ZombieHolder) {
+            self.config.renew_interval
+        } else {
+            self.config.retry_interval
+        }
     }
 
     fn spawn_watchdog(&self, token: FencingToken, progress: Arc<Mutex<Progress>>) -> Watchdog {
@@ -347,6 +363,24 @@ struct Watchdog {
     fired: CancellationToken,
 }
 
+/// Under the test-only fault switch `zombie_holder` (cargo feature
+/// `fault-switches`): logs that `why` (a "lease lost" answer) is ignored
+/// and returns `true`, so the caller keeps this node holder. Returns
+/// `false`, logging nothing, when the switch is off.
+fn zombie_ignores(lease: &Lease, why: &str) -> bool {
+    if !fault_switches::enabled(FaultSwitch::ZombieHolder) {
+        return false;
+    }
+    error!(
+        node_id = %lease.holder,
+        lease = %lease.name,
+        token = lease.token.0,
+        fault_switch = FaultSwitch::ZombieHolder.as_str(),
+        "{why}; fault switch zombie_holder: ignored, this node stays holder"
+    );
+    true
+}
+
 fn lock(p: &Mutex<Progress>) -> std::sync::MutexGuard<'_, Progress> {
     // A panic while holding this lock cannot leave Progress inconsistent.
     p.lock().unwrap_or_else(|e| e.into_inner())
@@ -355,6 +389,9 @@ fn lock(p: &Mutex<Progress>) -> std::sync::MutexGuard<'_, Progress> {
 /// The watchdog: a task of its own, so that a renewal stuck anywhere cannot
 /// delay it. It looks at the clock at the safety deadline (and at least every
 /// [`WATCHDOG_TICK`]) and stops the node once the deadline has passed.
+///
+/// Under the test-only fault switch `zombie_holder` (cargo feature
+/// `fault-switches`) it returns at once and never stops the node.
 async fn watchdog(
     state: Arc<watch::Sender<LeaseState>>,
     clock: Arc<dyn Clock>,
@@ -362,6 +399,9 @@ async fn watchdog(
     progress: Arc<Mutex<Progress>>,
     fired: CancellationToken,
 ) {
+    if fault_switches::enabled(FaultSwitch::ZombieHolder) {
+        return;
+    }
     loop {
         let deadline = match &*state.borrow() {
             LeaseState::Holder {

@@ -12,10 +12,18 @@
 //! While this node is holder its own writer publishes notices; the feed then
 //! polls once more (to announce what the previous holder committed last) and
 //! waits for the role to change, without polling, dropping commit signals.
+//!
+//! Under the test-only fault switch `drop_notify` (cargo feature
+//! `fault-switches`) a standby that receives commit signals does no safety
+//! poll: it polls only at start, when it stops being holder and at each
+//! signal (not at updates of the lease state that leave it a standby).
+//! With the same switch the holder sends no signals, so such a standby
+//! never learns of new commits.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use herald_core::fault_switches::{self, FaultSwitch};
 use herald_storage::{ChangeSignal, Storage};
 use tokio::sync::broadcast::{self, error::RecvError, error::TryRecvError};
 use tokio_util::sync::CancellationToken;
@@ -81,6 +89,9 @@ impl StandbyFeed {
         let mut states = self.lease.subscribe();
         // `false` once the supervisor is gone: its state no longer changes.
         let mut states_alive = true;
+        // Test-only fault switch `drop_notify`: set when the last wake is no
+        // reason to poll under it.
+        let mut skip_poll = false;
         loop {
             if self.lease.is_holder() {
                 self.poll().await;
@@ -110,16 +121,21 @@ impl StandbyFeed {
                 }
                 continue;
             }
-            self.poll().await;
+            if !skip_poll {
+                self.poll().await;
+            }
+            skip_poll = false;
             let has_signals = signals.is_some();
             let period = if has_signals {
                 self.safety_poll
             } else {
                 self.interval
             };
+            // Test-only fault switch: no safety poll besides the signals.
+            let timed_poll = !(has_signals && fault_switches::enabled(FaultSwitch::DropNotify));
             let wake = tokio::select! {
                 () = shutdown.cancelled() => Wake::Shutdown,
-                () = tokio::time::sleep(period) => Wake::Poll,
+                () = tokio::time::sleep(period), if timed_poll => Wake::Poll,
                 changed = states.changed(), if states_alive => Wake::Role(changed.is_ok()),
                 open = drain_signals(&mut signals, true), if has_signals => {
                     if open { Wake::Poll } else { Wake::SignalsClosed }
@@ -127,7 +143,14 @@ impl StandbyFeed {
             };
             match wake {
                 Wake::Shutdown => return,
-                Wake::Role(alive) => states_alive = alive,
+                Wake::Role(alive) => {
+                    states_alive = alive;
+                    // Test-only fault switch: an update of the lease state
+                    // that leaves this node a standby (they come about once
+                    // per acquire attempt) is not a poll either.
+                    skip_poll =
+                        fault_switches::enabled(FaultSwitch::DropNotify) && !self.lease.is_holder();
+                }
                 Wake::SignalsClosed => {
                     tracing::warn!(
                         "standby feed: the storage stopped signalling commits; polling every standby_poll_interval"

@@ -15,6 +15,13 @@
 //! The feature `testing` adds test support: the module `conformance` (the
 //! suite every backend passes unchanged) and the module `testing` (a
 //! throwaway PostgreSQL database per test).
+//!
+//! The feature `fault-switches` (test-only, never shipped) compiles in the
+//! fault switches of `herald_core::fault_switches` that act here, on the
+//! PostgreSQL backend only: `skip_fencing_check` (fenced writes skip the
+//! lease row lock and the fencing check), `renew_expired` (renewals extend
+//! an expired lease) and `drop_notify` (fenced writes send no change
+//! notice). The SQLite backend is unchanged by them.
 
 mod decode;
 mod error;

@@ -1,6 +1,11 @@
 //! `herald serve`: opens the storage, binds the listener, runs the lease
 //! supervisor and the HTTP server, and turns how they ended into the exit
 //! status (see [`ExitStatus`]).
+//!
+//! At start it validates `HERALD_FAULT_SWITCHES` (the test-only fault
+//! switches of `herald_core::fault_switches`, compiled in only with the
+//! cargo feature `fault-switches`): an unknown name, or any name in a build
+//! without the feature, fails the start-up (status 1).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -26,7 +31,7 @@ use crate::logging::LogFormat;
 pub(crate) enum ExitStatus {
     /// Drained on SIGTERM/SIGINT and released the lease.
     Drained = 0,
-    /// Start-up failed (bad flag, storage, listener).
+    /// Start-up failed (bad flag, storage, listener, `HERALD_FAULT_SWITCHES`).
     Failed = 1,
     /// The watchdog stopped the node: the safety deadline passed without a
     /// successful renewal.
@@ -123,6 +128,16 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn start_and_run(args: ServeArgs) -> anyhow::Result<ExitStatus> {
+    // Test-only fault switches: refused unless this build has them.
+    let fault_switches = herald_core::fault_switches::init()?;
+    if !fault_switches.is_empty() {
+        let names: Vec<&str> = fault_switches.iter().map(|s| s.as_str()).collect();
+        warn!(
+            fault_switches = %names.join(","),
+            "fault switches active: this build is for fault-injection tests only"
+        );
+    }
+
     let mut lease_config = LeaseConfig::new(args.lease_ttl, args.lease_safety_margin);
     if let Some(interval) = args.lease_renew_interval {
         lease_config.renew_interval = interval;

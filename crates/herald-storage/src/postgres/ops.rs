@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use deadpool_postgres::Object;
+use herald_core::fault_switches::{self, FaultSwitch};
 use herald_core::{
     Appended, Candidate, ChannelHead, ChannelName, Lease, LeaseInfo, Message, NewMessage, Offset,
 };
@@ -237,6 +238,11 @@ const FENCING_CHECK_SQL: &str = "SELECT l.holder IS NOT DISTINCT FROM $2 AND l.t
      FROM storage_leases AS l, (SELECT clock_timestamp() AS now) AS c \
      WHERE l.name = $1";
 
+/// The commit time of a fenced write under the test-only fault switch
+/// `skip_fencing_check`, which skips [`FENCING_CHECK_SQL`] (that reads it
+/// otherwise).
+const COMMIT_TIME_SQL: &str = "SELECT clock_timestamp()";
+
 /// The change notices of a fenced write, one per channel written: payload
 /// `<from> <to> <committed_at_ms> <channel>` on [`CHANGES_CHANNEL`], with
 /// the database clock read by this statement, just before `COMMIT`.
@@ -251,6 +257,13 @@ const NOTIFY_SQL: &str = "SELECT pg_notify($1, \
 /// advisory lock, locks the lease row `FOR KEY SHARE`, checks the lease,
 /// then appends the batch in order, sends one change notice per channel
 /// written (new messages only) and commits.
+///
+/// Test-only fault switches (`herald_core::fault_switches`, compiled in only
+/// with the cargo feature `fault-switches`): `skip_fencing_check` skips the
+/// lease row lock and the fencing check (the advisory lock stays; the
+/// commit time comes from [`COMMIT_TIME_SQL`]), so a node that lost the
+/// lease still writes; `drop_notify` skips the change notices, so other
+/// nodes never hear of the write.
 pub(super) async fn append(
     client: &mut Object,
     lease: &Lease,
@@ -265,23 +278,29 @@ pub(super) async fn append(
     let write_lock = tx.prepare_cached(WRITE_LOCK_SQL).await?;
     tx.execute(&write_lock, &[&fenced_write_lock_key(&lease.name)])
         .await?;
-    let lock_row = tx.prepare_cached(LOCK_FOR_WRITE_SQL).await?;
-    tx.query_opt(&lock_row, &[&lease.name]).await?;
-    let check = tx.prepare_cached(FENCING_CHECK_SQL).await?;
-    let checked = tx
-        .query_opt(&check, &[&lease.name, &lease.holder, &token])
-        .await?;
-    let now: SystemTime = match checked {
-        Some(row) if row.try_get::<_, bool>(0)? => row.try_get(1)?,
-        _ => {
-            tx.rollback().await?;
-            tracing::warn!(
-                lease = %lease.name,
-                token = lease.token.0,
-                holder = %lease.holder,
-                "writer lease lost: fenced write refused"
-            );
-            return Err(lost(lease));
+    let now: SystemTime = if fault_switches::enabled(FaultSwitch::SkipFencingCheck) {
+        // Test-only fault switch: no row lock, no fencing check.
+        let commit_time = tx.prepare_cached(COMMIT_TIME_SQL).await?;
+        tx.query_one(&commit_time, &[]).await?.try_get(0)?
+    } else {
+        let lock_row = tx.prepare_cached(LOCK_FOR_WRITE_SQL).await?;
+        tx.query_opt(&lock_row, &[&lease.name]).await?;
+        let check = tx.prepare_cached(FENCING_CHECK_SQL).await?;
+        let checked = tx
+            .query_opt(&check, &[&lease.name, &lease.holder, &token])
+            .await?;
+        match checked {
+            Some(row) if row.try_get::<_, bool>(0)? => row.try_get(1)?,
+            _ => {
+                tx.rollback().await?;
+                tracing::warn!(
+                    lease = %lease.name,
+                    token = lease.token.0,
+                    holder = %lease.holder,
+                    "writer lease lost: fenced write refused"
+                );
+                return Err(lost(lease));
+            }
         }
     };
     let now_ms = to_ms(now);
@@ -351,7 +370,7 @@ pub(super) async fn append(
             duplicate: false,
         });
     }
-    if !written.is_empty() {
+    if !written.is_empty() && !fault_switches::enabled(FaultSwitch::DropNotify) {
         let channels: Vec<&str> = written.iter().map(|w| w.0).collect();
         let firsts: Vec<i64> = written.iter().map(|w| w.1).collect();
         let lasts: Vec<i64> = written.iter().map(|w| w.2).collect();

@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use herald_core::fault_switches::{self, FaultSwitch};
 use herald_core::Lease;
 use tokio::task::JoinHandle;
 use tokio_postgres::{Client, Config, IsolationLevel, Statement};
@@ -45,6 +46,14 @@ const EXTEND_SQL: &str = "UPDATE storage_leases AS l \
      SET expires_at = c.now + $4::bigint * interval '1 millisecond', renewed_at = c.now \
      FROM (SELECT clock_timestamp() AS now) AS c \
      WHERE l.name = $1 AND l.holder = $2 AND l.token = $3 AND l.expires_at > c.now";
+
+/// [`EXTEND_SQL`] without its "not yet expired" guard, used only under the
+/// test-only fault switch `renew_expired`: it extends an expired lease that
+/// was not taken over yet, which a renewal must never do.
+const EXTEND_EXPIRED_SQL: &str = "UPDATE storage_leases AS l \
+     SET expires_at = c.now + $4::bigint * interval '1 millisecond', renewed_at = c.now \
+     FROM (SELECT clock_timestamp() AS now) AS c \
+     WHERE l.name = $1 AND l.holder = $2 AND l.token = $3";
 
 /// A connection task that is aborted when this is dropped: the socket
 /// closes at once, whether or not a statement is in flight. (An idle
@@ -97,6 +106,9 @@ impl Renewal {
 
     /// Extends `lease` to now + `ttl_ms` on the database clock: one
     /// transaction of two statements, the row lock then the guarded update.
+    /// (Under the test-only fault switch `renew_expired`, compiled in only
+    /// with the cargo feature `fault-switches`, the update has no expiry
+    /// guard: see [`EXTEND_EXPIRED_SQL`].)
     pub(super) async fn renew(&self, lease: &Lease, ttl_ms: i64) -> Result<()> {
         let token = sql_token(lease)?;
         let name = lease.name.clone();
@@ -219,7 +231,11 @@ impl Renewal {
         // From here on, an error or an abandoned attempt closes the socket.
         let task = ConnectionTask(task);
         let lock_row = client.prepare(LOCK_ROW_SQL).await?;
-        let extend = client.prepare(EXTEND_SQL).await?;
+        let extend = if fault_switches::enabled(FaultSwitch::RenewExpired) {
+            client.prepare(EXTEND_EXPIRED_SQL).await?
+        } else {
+            client.prepare(EXTEND_SQL).await?
+        };
         let id = self.opened.fetch_add(1, Ordering::Relaxed) + 1;
         tracing::debug!(connection = id, "renewal connection opened");
         Ok(RenewalConnection {
