@@ -22,7 +22,17 @@
 //!    ([`Violation::IndeterminateStoredTwice`]);
 //! 8. no message is stored under two offsets ([`Violation::DuplicateStored`]),
 //!    and nothing is stored that no client published
-//!    ([`Violation::UnpublishedStored`]).
+//!    ([`Violation::UnpublishedStored`]);
+//! 9. a lease that expired is lost, never extended: a fencing token that
+//!    the lease observer saw expired is never renewed at or after that
+//!    expiry ([`Violation::LeaseResurrected`]; needs the history's
+//!    [`Event::Lease`] observations).
+//!
+//! One liveness rule is judged too, only away from faults:
+//!
+//! 10. a live subscription receives every acknowledged message of its
+//!     channel within [`STALL_MS`] of the acknowledgement, unless a fault
+//!     was near ([`Violation::DeliveryStalled`]).
 //!
 //! Messages are identified by `(channel, id)`; the id is the unique value a
 //! client puts in each message's data and reuses for its retries.
@@ -36,6 +46,22 @@ use crate::history::{Event, FinalState, PublishResult, StoredMessage};
 
 /// Width of one availability bucket.
 pub const BUCKET_MS: u64 = 100;
+
+/// How long a live subscription may take to receive an acknowledged
+/// message when no fault is near ([`Violation::DeliveryStalled`]). It is
+/// also the runner's subscribers' silence timeout: a subscriber that hears
+/// nothing for this long reconnects, so a connection still open this long
+/// after an acknowledgement had every chance to deliver it.
+pub const STALL_MS: u64 = 5000;
+
+/// A fault is near an acknowledgement when the fault, widened by this much
+/// before its start and [`FAULT_TAIL_MS`] after its end, meets the
+/// acknowledgement's [`STALL_MS`] window.
+pub const FAULT_LEAD_MS: u64 = 1000;
+
+/// See [`FAULT_LEAD_MS`]: the time after a fault's end in which the
+/// cluster may still be recovering from it.
+pub const FAULT_TAIL_MS: u64 = 5000;
 
 /// An inclusive range of offsets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -241,6 +267,70 @@ pub enum Violation {
         /// Its id.
         id: String,
     },
+    /// (9) A renewal extended an expired lease: the lease observer saw a
+    /// fencing token expired (its row's `expires_at` at or before the
+    /// database's clock) and later saw the same token in a row whose
+    /// `renewed_at` is at or after that expiry. docs/storage.md: a lease
+    /// that expired is lost, never extended; every acquisition (also a
+    /// takeover of an expired lease and a "reclaimed" one) takes a new
+    /// token, and a release keeps the token but leaves it expired for good.
+    ///
+    /// Judged on the database's own times, not on the order of the
+    /// observations: a renewal that decided just before the expiry (its
+    /// `renewed_at` is earlier) but whose commit became visible just after
+    /// an observation of the expired row is correct, and is not reported.
+    /// One violation per token.
+    LeaseResurrected {
+        /// The token.
+        token: u64,
+        /// The holder in the unexpired observation.
+        holder: Option<String>,
+        /// The first observation of the token expired.
+        expired_at_ms: u64,
+        /// The first observation of a renewal of it at or after that
+        /// expiry.
+        unexpired_at_ms: u64,
+        /// The expiry seen passed, µs since the Unix epoch (database clock).
+        expires_at_us: i64,
+        /// When the late renewal decided, µs since the Unix epoch
+        /// (database clock).
+        renewed_at_us: i64,
+    },
+    /// (10) Liveness, judged only away from faults: a subscriber connection
+    /// did not receive acknowledged messages of its channel within
+    /// [`STALL_MS`] of their acknowledgement.
+    ///
+    /// An acknowledgement (completed at `t`, offset above the connection's
+    /// resume point) is judged for a connection when the connection was
+    /// opened at or before `t`, was not replaced by the subscriber's next
+    /// connection before `t + STALL_MS`, the history goes on past
+    /// `t + STALL_MS`, and no fault is near: none whose
+    /// `[start - FAULT_LEAD_MS, end + FAULT_TAIL_MS]` meets
+    /// `[t, t + STALL_MS]`. The connection must then have received that
+    /// offset by `t + STALL_MS`. During and after faults, delays are
+    /// expected and only the safety rules apply. Away from them a correct
+    /// node delivers at once: the holder from its own commits, a standby as
+    /// soon as the database's change notice arrives, or at worst at its
+    /// 1 s safety poll; 5 s is far beyond both, and is the subscribers' own
+    /// silence timeout. One violation per connection.
+    DeliveryStalled {
+        /// The subscriber.
+        subscriber: String,
+        /// The node the connection was open to.
+        node: String,
+        /// The channel.
+        channel: String,
+        /// The connection's resume point.
+        after: u64,
+        /// When the connection was opened.
+        subscribed_at_ms: u64,
+        /// The first missed offset (in acknowledgement order).
+        first_missed: u64,
+        /// When `first_missed` was acknowledged.
+        acked_at_ms: u64,
+        /// How many distinct offsets the connection missed.
+        missed: usize,
+    },
 }
 
 impl Violation {
@@ -260,6 +350,8 @@ impl Violation {
             Violation::IndeterminateStoredTwice { .. } => "indeterminate_stored_twice",
             Violation::DuplicateStored { .. } => "duplicate_stored",
             Violation::UnpublishedStored { .. } => "unpublished_stored",
+            Violation::LeaseResurrected { .. } => "lease_resurrected",
+            Violation::DeliveryStalled { .. } => "delivery_stalled",
         }
     }
 }
@@ -419,6 +511,35 @@ impl fmt::Display for Violation {
                 offset,
                 id,
             } => write!(f, "{channel}@{offset}={id} was never published"),
+            Violation::LeaseResurrected {
+                token,
+                holder,
+                expired_at_ms,
+                unexpired_at_ms,
+                expires_at_us,
+                renewed_at_us,
+            } => write!(
+                f,
+                "token {token} seen expired at {expired_at_ms} ms, renewed {} ms after its \
+                 expiry (holder {}), seen at {unexpired_at_ms} ms",
+                renewed_at_us.saturating_sub(*expires_at_us) / 1000,
+                opt(holder)
+            ),
+            Violation::DeliveryStalled {
+                subscriber,
+                node,
+                channel,
+                after,
+                subscribed_at_ms,
+                first_missed,
+                acked_at_ms,
+                missed,
+            } => write!(
+                f,
+                "{subscriber} on {node} {channel} after {after} (opened at \
+                 {subscribed_at_ms} ms): {missed} acked offsets not received within \
+                 {STALL_MS} ms, first {first_missed} acked at {acked_at_ms} ms"
+            ),
         }
     }
 }
@@ -450,6 +571,12 @@ pub struct Counts {
     pub stored: usize,
     /// Lease acquisitions in the final state, when known.
     pub lease_acquisitions: Option<usize>,
+    /// Lease observations (changes of the lease row seen by the harness).
+    #[serde(default)]
+    pub lease_observations: usize,
+    /// Distinct fencing tokens among the lease observations.
+    #[serde(default)]
+    pub lease_tokens: usize,
     /// The run's length: the latest time in the history.
     pub run_ms: u64,
 }
@@ -494,11 +621,30 @@ pub struct RecoveryStats {
     pub max_ms: Option<u64>,
 }
 
+/// How a run was configured, as the runner records it in its report.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunSettings {
+    /// The schedule's seed.
+    pub seed: u64,
+    /// How long clients ran and faults were injected.
+    pub duration_ms: u64,
+    /// How many nodes.
+    pub nodes: usize,
+    /// The fault kinds the schedule could draw from (empty: none).
+    pub faults: Vec<String>,
+    /// What every node got as `HERALD_FAULT_SWITCHES` (empty: nothing).
+    pub fault_switches: String,
+}
+
 /// The checker's verdict on a run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Report {
     /// True when no guarantee was broken.
     pub valid: bool,
+    /// The run's settings, filled in by the runner ([`check`] does not
+    /// know them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settings: Option<RunSettings>,
     /// What the run contained.
     pub counts: Counts,
     /// Publish availability.
@@ -536,6 +682,22 @@ impl fmt::Display for Report {
                 self.violations.len()
             )?;
         }
+        if let Some(settings) = &self.settings {
+            writeln!(
+                f,
+                "settings      seed {}, {} nodes, {} ms",
+                settings.seed, settings.nodes, settings.duration_ms
+            )?;
+            let kinds = if settings.faults.is_empty() {
+                "none".to_owned()
+            } else {
+                settings.faults.join(",")
+            };
+            writeln!(f, "fault kinds   {kinds}")?;
+            if !settings.fault_switches.is_empty() {
+                writeln!(f, "switches      {}", settings.fault_switches)?;
+            }
+        }
         writeln!(f, "run           {} ms", c.run_ms)?;
         writeln!(
             f,
@@ -560,6 +722,13 @@ impl fmt::Display for Report {
             "faults        {}, takeovers seen {}, lease acquisitions {}",
             c.faults, c.takeovers, acquisitions
         )?;
+        if c.lease_observations > 0 {
+            writeln!(
+                f,
+                "lease         {} changes seen, {} tokens",
+                c.lease_observations, c.lease_tokens
+            )?;
+        }
         let a = &self.availability;
         match a.ratio {
             Some(ratio) => writeln!(
@@ -701,6 +870,8 @@ pub fn check(history: &[Event], final_state: &FinalState) -> Report {
     check_tokens(&store, &mut violations);
     check_stored_ids(&attempts, &store, &mut violations);
     check_deliveries(history, &store, &mut violations);
+    check_lease(history, &mut violations);
+    check_stalls(history, &attempts, &mut violations);
 
     let mut violations_by_kind = BTreeMap::new();
     for v in &violations {
@@ -709,6 +880,7 @@ pub fn check(history: &[Event], final_state: &FinalState) -> Report {
 
     Report {
         valid: violations.is_empty(),
+        settings: None,
         counts: counts(history, &attempts, final_state),
         availability: availability(&attempts),
         recovery: recovery(history, &attempts),
@@ -994,6 +1166,197 @@ fn check_deliveries(history: &[Event], store: &Store<'_>, out: &mut Vec<Violatio
     }
 }
 
+/// One lease observation: `(at_ms, expired, expires_at_us, renewed_at_us,
+/// holder)`.
+type LeaseSeen<'a> = (u64, bool, i64, i64, Option<&'a str>);
+
+/// (9): no token is renewed at or after an expiry the observer saw pass.
+fn check_lease(history: &[Event], out: &mut Vec<Violation>) {
+    let mut by_token: BTreeMap<u64, Vec<LeaseSeen<'_>>> = BTreeMap::new();
+    for event in history {
+        if let Event::Lease {
+            token,
+            holder,
+            expired,
+            expires_at_us,
+            renewed_at_us,
+            at_ms,
+        } = event
+        {
+            by_token.entry(*token).or_default().push((
+                *at_ms,
+                *expired,
+                *expires_at_us,
+                *renewed_at_us,
+                holder.as_deref(),
+            ));
+        }
+    }
+    for (token, mut seen) in by_token {
+        seen.sort_by_key(|o| o.0);
+        let Some(&(expired_at_ms, _, expires_at_us, _, _)) = seen.iter().find(|o| o.1) else {
+            continue;
+        };
+        if let Some(&(unexpired_at_ms, _, _, renewed_at_us, holder)) = seen
+            .iter()
+            .find(|o| o.0 > expired_at_ms && o.3 >= expires_at_us)
+        {
+            out.push(Violation::LeaseResurrected {
+                token,
+                holder: holder.map(str::to_owned),
+                expired_at_ms,
+                unexpired_at_ms,
+                expires_at_us,
+                renewed_at_us,
+            });
+        }
+    }
+}
+
+/// One subscriber connection, for the liveness rule.
+struct Connection<'a> {
+    subscriber: &'a str,
+    node: &'a str,
+    channel: &'a str,
+    after: u64,
+    opened_ms: u64,
+    /// When the subscriber's next connection opened, if it did.
+    replaced_ms: Option<u64>,
+    /// Offset -> when it was first received.
+    received: BTreeMap<u64, u64>,
+}
+
+/// The faults, each widened to `[start - FAULT_LEAD_MS, end +
+/// FAULT_TAIL_MS]`, merged into disjoint windows in time order.
+fn fault_windows(history: &[Event]) -> Vec<(u64, u64)> {
+    let mut windows: Vec<(u64, u64)> = history
+        .iter()
+        .filter_map(|e| match e {
+            Event::Fault {
+                start_ms, end_ms, ..
+            } => Some((
+                start_ms.saturating_sub(FAULT_LEAD_MS),
+                (*start_ms).max(*end_ms).saturating_add(FAULT_TAIL_MS),
+            )),
+            _ => None,
+        })
+        .collect();
+    windows.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(windows.len());
+    for (lo, hi) in windows {
+        match merged.last_mut() {
+            Some(last) if lo <= last.1 => last.1 = last.1.max(hi),
+            _ => merged.push((lo, hi)),
+        }
+    }
+    merged
+}
+
+/// Whether a merged fault window meets `[from, to]`.
+fn fault_near(windows: &[(u64, u64)], from: u64, to: u64) -> bool {
+    // The first window that does not end before `from`; windows are
+    // disjoint and sorted, so their ends are sorted too.
+    let i = windows.partition_point(|&(_, hi)| hi < from);
+    windows.get(i).is_some_and(|&(lo, _)| lo <= to)
+}
+
+/// (10): away from faults, a live connection receives every acknowledged
+/// offset of its channel within [`STALL_MS`] of its acknowledgement.
+fn check_stalls(history: &[Event], attempts: &[Attempt<'_>], out: &mut Vec<Violation>) {
+    let end_ms = history.iter().map(Event::last_ms).max().unwrap_or(0);
+    let windows = fault_windows(history);
+    // Per channel, every acknowledgement as (completed, offset), in time
+    // order.
+    let mut acks: BTreeMap<&str, Vec<(u64, u64)>> = BTreeMap::new();
+    for a in attempts {
+        if let PublishResult::Acked { offset } = a.result {
+            acks.entry(a.channel)
+                .or_default()
+                .push((a.complete_ms, *offset));
+        }
+    }
+    for list in acks.values_mut() {
+        list.sort_unstable();
+    }
+    let mut connections: Vec<Connection<'_>> = Vec::new();
+    let mut current: BTreeMap<(&str, &str), usize> = BTreeMap::new();
+    for event in history {
+        match event {
+            Event::Subscribe {
+                subscriber,
+                node,
+                channel,
+                after,
+                at_ms,
+            } => {
+                let key = (subscriber.as_str(), channel.as_str());
+                if let Some(&previous) = current.get(&key) {
+                    connections[previous].replaced_ms = Some(*at_ms);
+                }
+                current.insert(key, connections.len());
+                connections.push(Connection {
+                    subscriber,
+                    node,
+                    channel,
+                    after: *after,
+                    opened_ms: *at_ms,
+                    replaced_ms: None,
+                    received: BTreeMap::new(),
+                });
+            }
+            Event::Delivery {
+                subscriber,
+                channel,
+                offset,
+                at_ms,
+                ..
+            } => {
+                if let Some(&i) = current.get(&(subscriber.as_str(), channel.as_str())) {
+                    connections[i].received.entry(*offset).or_insert(*at_ms);
+                }
+            }
+            _ => {}
+        }
+    }
+    for c in &connections {
+        let Some(list) = acks.get(c.channel) else {
+            continue;
+        };
+        let first = list.partition_point(|&(t, _)| t < c.opened_ms);
+        let mut missed: BTreeSet<u64> = BTreeSet::new();
+        let mut first_missed: Option<(u64, u64)> = None;
+        for &(acked_ms, offset) in &list[first..] {
+            let due_ms = acked_ms.saturating_add(STALL_MS);
+            // Replaced before the deadline, or the history ends before it:
+            // nothing to judge from here on (acks are in time order).
+            if c.replaced_ms.is_some_and(|r| r < due_ms) || end_ms <= due_ms {
+                break;
+            }
+            if offset <= c.after || fault_near(&windows, acked_ms, due_ms) {
+                continue;
+            }
+            if c.received.get(&offset).is_some_and(|&at| at <= due_ms) {
+                continue;
+            }
+            if missed.insert(offset) && first_missed.is_none() {
+                first_missed = Some((offset, acked_ms));
+            }
+        }
+        if let Some((offset, acked_ms)) = first_missed {
+            out.push(Violation::DeliveryStalled {
+                subscriber: c.subscriber.to_owned(),
+                node: c.node.to_owned(),
+                channel: c.channel.to_owned(),
+                after: c.after,
+                subscribed_at_ms: c.opened_ms,
+                first_missed: offset,
+                acked_at_ms: acked_ms,
+                missed: missed.len(),
+            });
+        }
+    }
+}
+
 fn counts(history: &[Event], attempts: &[Attempt<'_>], state: &FinalState) -> Counts {
     let mut c = Counts {
         publishes: attempts.len(),
@@ -1019,9 +1382,18 @@ fn counts(history: &[Event], attempts: &[Attempt<'_>], state: &FinalState) -> Co
             Event::Delivery { .. } => c.deliveries += 1,
             Event::Fault { .. } => c.faults += 1,
             Event::Takeover { .. } => c.takeovers += 1,
+            Event::Lease { .. } => c.lease_observations += 1,
             Event::Publish { .. } => {}
         }
     }
+    c.lease_tokens = history
+        .iter()
+        .filter_map(|e| match e {
+            Event::Lease { token, .. } => Some(*token),
+            _ => None,
+        })
+        .collect::<BTreeSet<u64>>()
+        .len();
     c
 }
 

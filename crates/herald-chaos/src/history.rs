@@ -7,6 +7,14 @@
 //! subscriber must appear in the order the subscriber saw them; the order
 //! of other events does not matter to the checker.
 //!
+//! Besides the clients' events, the harness records faults, takeovers seen
+//! in the nodes' status, and [`Event::Lease`]: the writer lease's row as
+//! read straight from the database (not through any node) every 100 ms,
+//! recorded only when its token, holder or expiry changed. Its `expired`
+//! is judged by the database's clock in the reading statement itself.
+//! Histories without lease events (older runs, synthetic tests) are
+//! valid: the rules about the lease then have nothing to judge.
+//!
 //! The database's contents after the run are a [`FinalState`], one JSON
 //! document.
 
@@ -88,6 +96,27 @@ pub enum Event {
         /// When the harness saw it.
         at_ms: u64,
     },
+    /// The writer lease's row as the harness read it from the database
+    /// (`storage_leases`, name `writer`), on a connection of its own; one
+    /// event per change of token, holder or expiry.
+    Lease {
+        /// The fencing token in the row.
+        token: u64,
+        /// The holder in the row (`None` after a release).
+        holder: Option<String>,
+        /// Whether `expires_at <= clock_timestamp()`, the database's clock
+        /// read by the same statement.
+        expired: bool,
+        /// The row's `expires_at`, in microseconds since the Unix epoch
+        /// (database clock).
+        expires_at_us: i64,
+        /// The row's `renewed_at`: when the last renewal (or the
+        /// acquisition) decided, in microseconds since the Unix epoch
+        /// (database clock, read by that statement itself).
+        renewed_at_us: i64,
+        /// When the answer arrived.
+        at_ms: u64,
+    },
 }
 
 impl Event {
@@ -101,7 +130,8 @@ impl Event {
             } => (*invoke_ms).max(*complete_ms),
             Event::Delivery { at_ms, .. }
             | Event::Subscribe { at_ms, .. }
-            | Event::Takeover { at_ms, .. } => *at_ms,
+            | Event::Takeover { at_ms, .. }
+            | Event::Lease { at_ms, .. } => *at_ms,
             Event::Fault {
                 start_ms, end_ms, ..
             } => (*start_ms).max(*end_ms),
@@ -329,6 +359,22 @@ mod tests {
                 token: 2,
                 at_ms: 900,
             },
+            Event::Lease {
+                token: 2,
+                holder: Some("n2".into()),
+                expired: false,
+                expires_at_us: 1_700_000_004_000_000,
+                renewed_at_us: 1_700_000_000_000_000,
+                at_ms: 950,
+            },
+            Event::Lease {
+                token: 2,
+                holder: None,
+                expired: true,
+                expires_at_us: 1_700_000_000_100_000,
+                renewed_at_us: 1_700_000_000_000_000,
+                at_ms: 1050,
+            },
         ];
         let mut buf = Vec::new();
         write_jsonl(&mut buf, &events).unwrap();
@@ -336,6 +382,12 @@ mod tests {
         assert_eq!(text.lines().count(), events.len());
         assert!(text.starts_with(r#"{"type":"publish","#), "{text}");
         assert!(text.contains(r#""result":{"status":"acked","offset":1}"#));
+        assert!(
+            text.contains(
+                r#"{"type":"lease","token":2,"holder":null,"expired":true,"expires_at_us":1700000000100000,"renewed_at_us":1700000000000000,"at_ms":1050}"#
+            ),
+            "{text}"
+        );
         assert_eq!(read_jsonl(&buf[..]).unwrap(), events);
     }
 

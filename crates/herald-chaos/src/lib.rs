@@ -2,10 +2,14 @@
 //!
 //! A run drives a real cluster (several `herald serve` nodes on one
 //! database) through faults while clients publish and subscribe. Every
-//! client records what it did and what it saw as a [`history::Event`]; after
-//! the run the database's contents are read into a [`history::FinalState`].
-//! The [`checker`] then judges the record: it never trusts the nodes, only
-//! what the clients observed and what the database holds. Each node's
+//! client records what it did and what it saw as a [`history::Event`], and
+//! so do the harness's observers: the faults injected, the takeovers the
+//! nodes report, and the writer lease's row as read straight from the
+//! database; after the run the database's contents are read into a
+//! [`history::FinalState`]. The [`checker`] then judges the record: it
+//! never trusts the nodes, only what the clients and observers saw and
+//! what the database holds. Besides the safety guarantees it judges one
+//! liveness rule (live subscriptions keep up), only away from faults. Each node's
 //! database connections can go through a [`proxy::FaultProxy`] that cuts,
 //! black-holes or delays them.
 //!
@@ -16,5 +20,5 @@ pub mod checker;
 pub mod history;
 pub mod proxy;
 
-pub use checker::{check, Report, Violation};
+pub use checker::{check, Report, RunSettings, Violation};
 pub use history::{Event, FinalState, PublishResult, StoredMessage};

@@ -3,12 +3,16 @@
 //!
 //! A run creates a disposable PostgreSQL cluster, starts `--nodes` `herald
 //! serve` processes on it (each behind its own fault proxy), runs careful
-//! publishers and reconnecting SSE subscribers, injects the faults of a
-//! schedule drawn from `--seed`, `--duration` and `--nodes`, heals them,
-//! reads the database's final contents and runs the checker. The exit
-//! status is 0 when no guarantee was broken, 1 when one was, 2 when the run
-//! itself failed. What each fault models is documented in `run::faults`;
-//! `docs/testing.md` explains how to read the report.
+//! publishers and reconnecting SSE subscribers, watches the lease row
+//! straight from the database, injects the faults of a schedule drawn from
+//! `--seed`, `--duration`, `--nodes` and `--faults` (the kinds allowed),
+//! heals them, reads the database's final contents and runs the checker.
+//! `--fault-switches` is handed verbatim to every node as
+//! `HERALD_FAULT_SWITCHES` (it means something only to a build of `herald`
+//! with its test-only fault switches). The exit status is 0 when no
+//! guarantee was broken, 1 when one was, 2 when the run itself failed or
+//! the command line was wrong. What each fault models is documented in
+//! `run::faults`; `docs/testing.md` explains how to read the report.
 
 mod run;
 
@@ -18,6 +22,16 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+
+use run::schedule::FaultKind;
+
+/// The fault kinds a `--faults` list allows.
+#[derive(Debug, Clone)]
+struct FaultList(Vec<FaultKind>);
+
+fn parse_fault_list(list: &str) -> Result<FaultList, String> {
+    run::schedule::parse_kinds(list).map(FaultList)
+}
 
 /// Command-line flags.
 #[derive(Debug, Parser)]
@@ -56,16 +70,32 @@ struct Args {
     /// Print the fault schedule and exit.
     #[arg(long)]
     print_schedule: bool,
+    /// The fault kinds to inject, comma-separated (`kill_holder`,
+    /// `kill_standby`, `stop_holder`, `term_holder`, `restart_db`, `cut_db`,
+    /// `blackhole_db`, `delay_db`, `lock_lease_brief`, `lock_lease_long`,
+    /// `lock_channel`), or `none` (default: every kind).
+    #[arg(long, value_name = "LIST", value_parser = parse_fault_list)]
+    faults: Option<FaultList>,
+    /// Passed verbatim to every node as the environment variable
+    /// `HERALD_FAULT_SWITCHES` (test-only switches of a `herald` built with
+    /// the `fault-switches` feature; empty: not set).
+    #[arg(long, value_name = "LIST")]
+    fault_switches: Option<String>,
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    let faults = args
+        .faults
+        .clone()
+        .map_or_else(|| FaultKind::ALL.to_vec(), |list| list.0);
     if args.print_schedule {
         let plan = run::schedule::draw(
             args.seed,
             args.duration,
             usize::from(args.nodes),
             run::CHANNELS.len(),
+            &faults,
         );
         println!(
             "schedule for seed {} over {} on {} nodes ({} faults)",
@@ -74,12 +104,15 @@ fn main() -> ExitCode {
             args.nodes,
             plan.len()
         );
+        if faults.len() < FaultKind::ALL.len() {
+            println!("fault kinds: {}", run::schedule::kind_names(&faults));
+        }
         for planned in &plan {
             println!("{planned}");
         }
         return ExitCode::SUCCESS;
     }
-    match main_run(args) {
+    match main_run(args, faults) {
         Ok(valid) => {
             if valid {
                 ExitCode::SUCCESS
@@ -94,7 +127,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn main_run(args: Args) -> anyhow::Result<bool> {
+fn main_run(args: Args, faults: Vec<FaultKind>) -> anyhow::Result<bool> {
     let herald_bin = match args.herald_bin {
         Some(path) => path,
         None => std::env::current_exe()
@@ -121,6 +154,8 @@ fn main_run(args: Args) -> anyhow::Result<bool> {
         pg_bin,
         pg_user,
         out: args.out,
+        faults,
+        fault_switches: args.fault_switches.unwrap_or_default(),
     };
     let runtime = tokio::runtime::Runtime::new().context("start the runtime")?;
     let report = runtime.block_on(async {

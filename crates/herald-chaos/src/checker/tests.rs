@@ -1096,3 +1096,559 @@ fn lowering_a_token_is_caught() {
         );
     }
 }
+
+// ---- the lease observer's rule ------------------------------------------------
+
+/// A lease observation at `at_ms` (harness clock) of a row last renewed at
+/// `renewed_ms` and expiring at `expires_ms` (database clock, ms).
+fn lease(
+    token: u64,
+    holder: Option<&str>,
+    expired: bool,
+    at_ms: u64,
+    renewed_ms: i64,
+    expires_ms: i64,
+) -> Event {
+    Event::Lease {
+        token,
+        holder: holder.map(str::to_owned),
+        expired,
+        expires_at_us: expires_ms * 1000,
+        renewed_at_us: renewed_ms * 1000,
+        at_ms,
+    }
+}
+
+#[test]
+fn a_renewal_after_an_expiry_seen_is_reported_once() {
+    expect_only(
+        |history, _| {
+            history.extend([
+                lease(1, Some("n1"), false, 100, 0, 4000),
+                lease(1, Some("n1"), true, 4100, 0, 4000),
+                // the renewal that brought it back, then more of the same
+                lease(1, Some("n1"), false, 4700, 4650, 8650),
+                lease(1, Some("n1"), true, 9000, 4650, 8650),
+                lease(1, Some("n1"), false, 9400, 9350, 13350),
+                lease(2, Some("n2"), false, 9500, 9450, 13450),
+            ]);
+        },
+        Violation::LeaseResurrected {
+            token: 1,
+            holder: Some(s("n1")),
+            expired_at_ms: 4100,
+            unexpired_at_ms: 4700,
+            expires_at_us: 4_000_000,
+            renewed_at_us: 4_650_000,
+        },
+    );
+}
+
+#[test]
+fn a_renewal_decided_before_the_expiry_but_seen_after_it_is_correct() {
+    // The renewal's UPDATE judged the lease live at 3999 ms; its commit
+    // became visible after the observer read the old row as expired.
+    let (mut history, state) = clean();
+    history.extend([
+        lease(1, Some("n1"), false, 100, 0, 4000),
+        lease(1, Some("n1"), true, 4001, 0, 4000),
+        lease(1, Some("n1"), false, 4003, 3999, 7999),
+    ]);
+    assert_eq!(check(&history, &state).violations, vec![]);
+    // One microsecond later, at the expiry itself, it is a resurrection.
+    let mut late = history.clone();
+    late.push(Event::Lease {
+        token: 1,
+        holder: Some(s("n1")),
+        expired: false,
+        expires_at_us: 8_000_000,
+        renewed_at_us: 4_000_000,
+        at_ms: 4005,
+    });
+    let kinds: Vec<&str> = check(&late, &state)
+        .violations
+        .iter()
+        .map(Violation::kind)
+        .collect();
+    assert_eq!(kinds, ["lease_resurrected"]);
+}
+
+#[test]
+fn lease_observations_are_judged_by_time_not_by_their_order() {
+    expect_only(
+        |history, _| {
+            history.extend([
+                lease(3, Some("n2"), false, 7000, 6500, 10500),
+                lease(3, Some("n2"), true, 6000, 1000, 5000),
+            ]);
+        },
+        Violation::LeaseResurrected {
+            token: 3,
+            holder: Some(s("n2")),
+            expired_at_ms: 6000,
+            unexpired_at_ms: 7000,
+            expires_at_us: 5_000_000,
+            renewed_at_us: 6_500_000,
+        },
+    );
+    // The same observations with the times the other way round: a lease
+    // renewed in time that later expired.
+    let (mut history, state) = clean();
+    history.extend([
+        lease(3, Some("n2"), true, 7000, 1000, 5000),
+        lease(3, Some("n2"), false, 6000, 1000, 5000),
+    ]);
+    assert_eq!(check(&history, &state).violations, vec![]);
+}
+
+#[test]
+fn expiry_release_and_new_tokens_are_not_resurrections() {
+    let (mut history, state) = clean();
+    history.extend([
+        // acquired, renewed, expired, taken over with a new token
+        lease(1, Some("n1"), false, 100, 0, 4000),
+        lease(1, Some("n1"), true, 4100, 0, 4000),
+        lease(2, Some("n2"), false, 4200, 4150, 8150),
+        // released on drain: the token stays, expired; the next acquire
+        // takes a new one, also by the same node
+        lease(2, None, true, 8000, 4150, 7990),
+        lease(3, Some("n2"), false, 8300, 8250, 12250),
+        // reclaimed or taken over while live: a new token too
+        lease(4, Some("n2"), false, 9000, 8950, 12950),
+        lease(5, Some("n3"), false, 9500, 9450, 13450),
+        lease(5, Some("n3"), true, 14000, 9450, 13450),
+    ]);
+    let report = check(&history, &state);
+    assert_eq!(report.violations, vec![]);
+    assert_eq!(report.counts.lease_observations, 8);
+    assert_eq!(report.counts.lease_tokens, 5);
+    assert!(report
+        .to_string()
+        .contains("lease         8 changes seen, 5 tokens"));
+}
+
+// ---- the liveness rule ------------------------------------------------------
+
+fn subscribe_at(subscriber: &str, channel: &str, after: u64, at_ms: u64) -> Event {
+    Event::Subscribe {
+        subscriber: subscriber.into(),
+        node: "n2".into(),
+        channel: channel.into(),
+        after,
+        at_ms,
+    }
+}
+
+fn delivery_at(subscriber: &str, channel: &str, offset: u64, at_ms: u64) -> Event {
+    Event::Delivery {
+        subscriber: subscriber.into(),
+        node: "n2".into(),
+        channel: channel.into(),
+        offset,
+        id: format!("l{offset}"),
+        at_ms,
+    }
+}
+
+fn fault_span(kind: &str, start_ms: u64, end_ms: u64) -> Event {
+    Event::Fault {
+        kind: kind.into(),
+        target: "n1".into(),
+        start_ms,
+        end_ms,
+    }
+}
+
+/// When message `l<offset>` of channel `a` is acknowledged in
+/// [`live_history`]: from 10 s, one every 100 ms.
+fn ack_ms(offset: u64) -> u64 {
+    10_000 + 100 * (offset - 1)
+}
+
+/// Ten messages on channel `a`, acknowledged at [`ack_ms`]; subscriber
+/// `s1` follows `a` from the start (`after` 0, at 0 ms) and receives
+/// offset `o` `delays[o - 1]` ms after its acknowledgement, or never for
+/// `None` (a later offset may not be received after a missing one: that is
+/// a gap). The history goes on to 40 s.
+fn live_history(delays: &[Option<u64>; 10]) -> (Vec<Event>, FinalState) {
+    let mut history = vec![subscribe_at("s1", "a", 0, 0)];
+    let mut rows = Vec::new();
+    let ids: Vec<String> = (1..=10).map(|o| format!("l{o}")).collect();
+    for offset in 1..=10u64 {
+        let id = ids[offset as usize - 1].as_str();
+        let t = ack_ms(offset);
+        history.push(acked("c1", "a", id, offset, (t - 5, t)));
+        rows.push(("a", offset, id, 1));
+    }
+    for (i, delay) in delays.iter().enumerate() {
+        let offset = i as u64 + 1;
+        if let Some(delay) = delay {
+            history.push(delivery_at("s1", "a", offset, ack_ms(offset) + delay));
+        }
+    }
+    history.push(Event::Takeover {
+        node: s("n2"),
+        token: 1,
+        at_ms: 40_000,
+    });
+    (history, stored(&rows))
+}
+
+/// Offsets 1..=3 received 10 ms after their acknowledgement, then nothing.
+fn stalled_after_three() -> [Option<u64>; 10] {
+    let mut delays = [None; 10];
+    for d in delays.iter_mut().take(3) {
+        *d = Some(10);
+    }
+    delays
+}
+
+fn stall(first_missed: u64, missed: usize) -> Violation {
+    Violation::DeliveryStalled {
+        subscriber: s("s1"),
+        node: s("n2"),
+        channel: s("a"),
+        after: 0,
+        subscribed_at_ms: 0,
+        first_missed,
+        acked_at_ms: ack_ms(first_missed),
+        missed,
+    }
+}
+
+#[test]
+fn deliveries_in_time_are_not_a_stall() {
+    let (history, state) = live_history(&[Some(10); 10]);
+    assert_eq!(check(&history, &state).violations, vec![]);
+    // 4999 ms late is still in time
+    let (history, state) = live_history(&[Some(STALL_MS); 10]);
+    assert_eq!(check(&history, &state).violations, vec![]);
+}
+
+#[test]
+fn a_connection_that_stops_receiving_is_one_stall() {
+    let (history, state) = live_history(&stalled_after_three());
+    let report = check(&history, &state);
+    assert_eq!(report.violations, vec![stall(4, 7)]);
+    assert_eq!(
+        report.violations_by_kind,
+        BTreeMap::from([(s("delivery_stalled"), 1)])
+    );
+    let text = report.to_string();
+    assert!(
+        text.contains(
+            "delivery_stalled: s1 on n2 a after 0 (opened at 0 ms): 7 acked offsets not \
+             received within 5000 ms, first 4 acked at 10300 ms"
+        ),
+        "{text}"
+    );
+}
+
+#[test]
+fn deliveries_that_arrive_too_late_are_a_stall() {
+    let mut delays = [Some(10); 10];
+    for d in delays.iter_mut().skip(4) {
+        *d = Some(STALL_MS + 1);
+    }
+    let (history, state) = live_history(&delays);
+    assert_eq!(check(&history, &state).violations, vec![stall(5, 6)]);
+}
+
+#[test]
+fn a_stall_near_a_fault_is_not_judged() {
+    // A fault during the stall, one starting less than 1 s after a
+    // deadline, one that ended less than 5 s before an acknowledgement.
+    for (start, end) in [
+        (10_500, 11_500),
+        (16_200, 16_300),
+        (5_000, 6_000),
+        (12_500, 12_500),
+    ] {
+        let (mut history, state) = live_history(&stalled_after_three());
+        history.push(fault_span("kill_standby", start, end));
+        let report = check(&history, &state);
+        assert_eq!(report.violations, vec![], "fault {start}..{end}");
+    }
+    // Faults further away excuse nothing: one ending 5 s before the
+    // first missed acknowledgement, one starting 1 s after the last
+    // deadline.
+    for (start, end) in [
+        (4_000, ack_ms(4) - FAULT_TAIL_MS - 1),
+        (ack_ms(10) + STALL_MS + FAULT_LEAD_MS + 1, 20_000),
+    ] {
+        let (mut history, state) = live_history(&stalled_after_three());
+        history.push(fault_span("kill_standby", start, end));
+        let report = check(&history, &state);
+        assert_eq!(report.violations, vec![stall(4, 7)], "fault {start}..{end}");
+    }
+    // A fault that covers only the later acknowledgements leaves the
+    // earlier ones judged.
+    let (mut history, state) = live_history(&stalled_after_three());
+    history.push(fault_span(
+        "delay_db",
+        ack_ms(7) + STALL_MS + FAULT_LEAD_MS,
+        20_000,
+    ));
+    assert_eq!(check(&history, &state).violations, vec![stall(4, 3)]);
+}
+
+#[test]
+fn a_reconnection_within_the_window_is_not_a_stall() {
+    let (mut history, state) = live_history(&stalled_after_three());
+    // The subscriber's own silence timeout fired: it reconnects with its
+    // last offset and reads the rest.
+    let reconnect = ack_ms(4) + STALL_MS - 1;
+    history.push(subscribe_at("s1", "a", 3, reconnect));
+    for offset in 4..=10 {
+        history.push(delivery_at("s1", "a", offset, reconnect + offset));
+    }
+    assert_eq!(check(&history, &state).violations, vec![]);
+}
+
+#[test]
+fn a_reconnection_after_the_window_does_not_excuse_the_stall() {
+    let (mut history, state) = live_history(&stalled_after_three());
+    // Acknowledgements up to offset 5 had their deadline before the
+    // reconnection; 6..=10 were replaced in time.
+    let reconnect = ack_ms(5) + STALL_MS;
+    history.push(subscribe_at("s1", "a", 3, reconnect));
+    for offset in 4..=10 {
+        history.push(delivery_at("s1", "a", offset, reconnect + offset));
+    }
+    assert_eq!(check(&history, &state).violations, vec![stall(4, 2)]);
+}
+
+#[test]
+fn a_stall_is_judged_only_where_the_history_reaches_past_its_deadline() {
+    let (mut history, state) = live_history(&stalled_after_three());
+    history.retain(|e| !matches!(e, Event::Takeover { .. }));
+    assert_eq!(check(&history, &state).violations, vec![]);
+    // The history ends between the deadlines of offsets 5 and 6.
+    history.push(Event::Takeover {
+        node: s("n2"),
+        token: 1,
+        at_ms: ack_ms(5) + STALL_MS + 1,
+    });
+    assert_eq!(check(&history, &state).violations, vec![stall(4, 2)]);
+}
+
+#[test]
+fn only_acknowledgements_after_the_opening_and_the_resume_point_count() {
+    // Opened after every acknowledgement: nothing to judge, though it
+    // receives nothing.
+    let (mut history, state) = live_history(&[Some(10); 10]);
+    history.push(subscribe_at("s2", "a", 0, ack_ms(10) + 1));
+    assert_eq!(check(&history, &state).violations, vec![]);
+    // Opened before, resuming after the last offset: nothing to judge.
+    let (mut history, state) = live_history(&[Some(10); 10]);
+    history.push(subscribe_at("s2", "a", 10, 0));
+    assert_eq!(check(&history, &state).violations, vec![]);
+    // Opened in the middle, resuming at 6: 7..=10 were due.
+    let (mut history, state) = live_history(&[Some(10); 10]);
+    history.push(subscribe_at("s2", "a", 6, ack_ms(5)));
+    assert_eq!(
+        check(&history, &state).violations,
+        vec![Violation::DeliveryStalled {
+            subscriber: s("s2"),
+            node: s("n2"),
+            channel: s("a"),
+            after: 6,
+            subscribed_at_ms: ack_ms(5),
+            first_missed: 7,
+            acked_at_ms: ack_ms(7),
+            missed: 4,
+        }]
+    );
+    // Another channel's acknowledgements are not due.
+    let (mut history, state) = live_history(&[Some(10); 10]);
+    history.push(subscribe_at("s3", "b", 0, 0));
+    assert_eq!(check(&history, &state).violations, vec![]);
+}
+
+#[test]
+fn a_repeated_acknowledgement_is_due_from_its_own_time() {
+    // Offset 4 acknowledged again (a retry found it by its key) late, to a
+    // connection opened after the first acknowledgement that never gets
+    // it.
+    let (mut history, state) = live_history(&[Some(10); 10]);
+    history.push(subscribe_at("s2", "a", 3, 12_500));
+    history.push(acked("c2", "a", "l4", 4, (12_995, 13_000)));
+    assert_eq!(
+        check(&history, &state).violations,
+        vec![Violation::DeliveryStalled {
+            subscriber: s("s2"),
+            node: s("n2"),
+            channel: s("a"),
+            after: 3,
+            subscribed_at_ms: 12_500,
+            first_missed: 4,
+            acked_at_ms: 13_000,
+            missed: 1,
+        }]
+    );
+}
+
+/// Many connections and acknowledgements, delivered in time except where
+/// `stalled` says, with faults sprinkled in: clean runs pass, and a stall
+/// away from faults is caught once.
+fn generated_live(seed: u64, stalled: bool) -> (Vec<Event>, FinalState, Option<Violation>) {
+    let mut rng = Rng::new(seed);
+    let mut history = Vec::new();
+    let mut rows: Vec<(String, u64, String)> = Vec::new();
+    let subscribers = ["s0", "s1", "s2"];
+    let mut t = 0u64;
+    let mut acks = Vec::new();
+    for offset in 1..=3000u64 {
+        t += 1 + rng.below(20);
+        let id = format!("l{offset}");
+        history.push(acked("c0", "a", &id, offset, (t - 1, t)));
+        rows.push((s("a"), offset, id));
+        acks.push(t);
+    }
+    let end = t + 2 * STALL_MS;
+    // Faults somewhere in the middle.
+    let mut faults = Vec::new();
+    for _ in 0..2 {
+        let start = rng.below(t);
+        let len = rng.below(2000);
+        faults.push((start, start + len));
+        history.push(fault_span("kill_holder", start, start + len));
+    }
+    let mut expected = None;
+    // With `stalled`, s2's connection at that point receives nothing from
+    // offset `stall_from` on, an acknowledgement far from every fault.
+    let stall_from = stalled.then(|| {
+        (100..2500u64)
+            .find(|&o| {
+                let ta = acks[o as usize - 1];
+                let due = ta + STALL_MS;
+                acks[2999] > due + STALL_MS
+                    && faults.iter().all(|&(s0, e0)| {
+                        s0.saturating_sub(FAULT_LEAD_MS) > due || e0 + FAULT_TAIL_MS < ta
+                    })
+            })
+            .expect("an acknowledgement away from faults")
+    });
+    for name in subscribers {
+        // Each subscriber reconnects every ~700 acknowledgements.
+        let mut last = 0u64;
+        let mut opened = 0u64;
+        history.push(subscribe_at(name, "a", 0, 0));
+        let mut offset = 1u64;
+        while offset <= 3000 {
+            if name == "s2" && stall_from == Some(offset) {
+                // No more deliveries; the history goes on without a
+                // reconnection.
+                let missed: Vec<u64> = (offset..=3000)
+                    .filter(|&o| {
+                        let ta = acks[o as usize - 1];
+                        ta >= opened
+                            && end > ta + STALL_MS
+                            && !faults.iter().any(|&(s0, e0)| {
+                                s0.saturating_sub(FAULT_LEAD_MS) <= ta + STALL_MS
+                                    && e0 + FAULT_TAIL_MS >= ta
+                            })
+                    })
+                    .collect();
+                expected = Some(Violation::DeliveryStalled {
+                    subscriber: s("s2"),
+                    node: s("n2"),
+                    channel: s("a"),
+                    after: last,
+                    subscribed_at_ms: opened,
+                    first_missed: missed[0],
+                    acked_at_ms: acks[missed[0] as usize - 1],
+                    missed: missed.len(),
+                });
+                break;
+            }
+            let ta = acks[offset as usize - 1];
+            history.push(delivery_at(name, "a", offset, ta + rng.below(STALL_MS)));
+            if rng.below(700) == 0 && offset < 3000 && stall_from.is_none_or(|f| offset + 1 < f) {
+                // reconnect: the new connection opens at the last delivery
+                // and resumes from it
+                last = offset;
+                opened = ta;
+                history.push(subscribe_at(name, "a", last, opened));
+            }
+            offset += 1;
+        }
+    }
+    history.push(Event::Takeover {
+        node: s("n1"),
+        token: 1,
+        at_ms: end,
+    });
+    let rows: Vec<(&str, u64, &str, u64)> = rows
+        .iter()
+        .map(|(c, o, i)| (c.as_str(), *o, i.as_str(), 1))
+        .collect();
+    (history, stored(&rows), expected)
+}
+
+#[test]
+fn generated_live_histories_pass_and_a_stall_in_them_is_caught() {
+    for seed in 1..21 {
+        let (history, state, _) = generated_live(seed, false);
+        let report = check(&history, &state);
+        assert!(report.valid, "seed {seed}: {report}");
+        let (history, state, expected) = generated_live(seed, true);
+        let report = check(&history, &state);
+        let expected = expected.expect("a stall was generated");
+        assert_eq!(report.violations, vec![expected], "seed {seed}");
+    }
+}
+
+#[test]
+fn the_runs_settings_are_reported_when_the_runner_gives_them() {
+    let (history, state) = clean();
+    let mut report = check(&history, &state);
+    let json = serde_json::to_value(&report).unwrap();
+    assert!(json.get("settings").is_none(), "{json}");
+    assert!(!report.to_string().contains("switches"));
+
+    report.settings = Some(RunSettings {
+        seed: 3,
+        duration_ms: 20_000,
+        nodes: 3,
+        faults: vec![s("stop_holder"), s("delay_db")],
+        fault_switches: s("zombie_holder,renew_expired"),
+    });
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["settings"]["seed"], 3);
+    assert_eq!(json["settings"]["duration_ms"], 20_000);
+    assert_eq!(json["settings"]["nodes"], 3);
+    assert_eq!(
+        json["settings"]["faults"],
+        serde_json::json!(["stop_holder", "delay_db"])
+    );
+    assert_eq!(
+        json["settings"]["fault_switches"],
+        "zombie_holder,renew_expired"
+    );
+    let back: Report = serde_json::from_value(json).unwrap();
+    assert_eq!(back, report);
+    let text = report.to_string();
+    assert!(text.starts_with("verdict       VALID\n"), "{text}");
+    assert!(
+        text.contains("settings      seed 3, 3 nodes, 20000 ms\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("fault kinds   stop_holder,delay_db\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("switches      zombie_holder,renew_expired\n"),
+        "{text}"
+    );
+
+    // No switches, no fault: no switches line, kinds `none`.
+    if let Some(settings) = report.settings.as_mut() {
+        settings.fault_switches.clear();
+        settings.faults.clear();
+    }
+    let text = report.to_string();
+    assert!(!text.contains("switches"), "{text}");
+    assert!(text.contains("fault kinds   none\n"), "{text}");
+}

@@ -9,9 +9,12 @@
 //!   stop) of the holder for longer than the lease's ttl. A standby takes
 //!   over once the lease expired; when the old holder resumes, its safety
 //!   deadline has passed and it exits (status 3 or 4) without writing; it
-//!   is restarted as a standby.
+//!   is restarted as a standby. A node still running 15 s (`EXIT_WAIT`) after
+//!   SIGCONT (a broken build that keeps going as a zombie) is killed with
+//!   SIGKILL and restarted; the run goes on.
 //! - `term_holder`: a deploy or a planned stop: SIGTERM drains the holder,
-//!   which releases the lease; it is restarted.
+//!   which releases the lease; it is restarted. One that has not exited 15 s
+//!   after SIGTERM is killed and restarted too.
 //! - `restart_db`: a database restart or failover (`pg_ctl restart -m
 //!   fast`): every session of every node ends at once.
 //! - `cut_db`: one node's database connections reset (a network path that
@@ -46,6 +49,13 @@ use super::schedule::{FaultKind, Planned, Target};
 
 /// How long a fault waits for some node to be holder before it gives up.
 const HOLDER_WAIT: Duration = Duration::from_secs(15);
+
+/// How often the nodes are checked for one that exited on its own.
+const RESTART_CHECK: Duration = Duration::from_millis(250);
+
+/// The pause before such a node is restarted (systemd's `RestartSec=1` in
+/// docs/operations.md).
+const RESTART_PAUSE: Duration = Duration::from_secs(1);
 
 /// How long a drained or resumed node may take to exit.
 const EXIT_WAIT: Duration = Duration::from_secs(15);
@@ -159,21 +169,30 @@ impl World<'_> {
         Ok(())
     }
 
+    /// Hits the holder, then starts it again. A signal that cannot be sent
+    /// (the process ended on its own meanwhile) is noted and the fault goes
+    /// on; [`Node::wait_exit`] kills a process that outlives [`EXIT_WAIT`],
+    /// so that the restart always finds the node stopped.
     async fn hit_holder(&mut self, plan: &Planned, index: usize) -> anyhow::Result<()> {
         let node = &mut self.nodes[index];
+        let signal = |node: &Node, signal: Signal| {
+            if let Err(e) = node.signal(signal) {
+                eprintln!("herald-chaos: {}: {e:#}", plan.kind.name());
+            }
+        };
         match plan.kind {
             FaultKind::KillHolder => {
                 node.kill().await;
                 tokio::time::sleep(plan.hold).await;
             }
             FaultKind::StopHolder => {
-                node.signal(Signal::STOP)?;
+                signal(node, Signal::STOP);
                 tokio::time::sleep(plan.hold).await;
-                node.signal(Signal::CONT)?;
+                signal(node, Signal::CONT);
                 node.wait_exit(EXIT_WAIT).await;
             }
             _ => {
-                node.signal(Signal::TERM)?;
+                signal(node, Signal::TERM);
                 node.wait_exit(EXIT_WAIT).await;
                 tokio::time::sleep(plan.hold).await;
             }
@@ -220,6 +239,32 @@ impl World<'_> {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         None
+    }
+
+    /// Waits until `at` while restarting, every [`RESTART_CHECK`], each
+    /// node that exited on its own (its watchdog stopped it, it lost the
+    /// lease), as a process supervisor does (docs/operations.md: systemd
+    /// `Restart=always`, `RestartSec=1`). Without this, faults that make
+    /// nodes stop themselves would leave the cluster without nodes until a
+    /// later fault happened to restart them.
+    pub(crate) async fn wait_until(&mut self, at: Instant) -> anyhow::Result<()> {
+        loop {
+            for node in self.nodes.iter_mut() {
+                if let Some(status) = node.exited() {
+                    tokio::time::sleep(RESTART_PAUSE).await;
+                    eprintln!(
+                        "herald-chaos: {} exited on its own ({status}); restarted",
+                        node.id
+                    );
+                    node.start().await?;
+                }
+            }
+            let now = Instant::now();
+            if now >= at {
+                return Ok(());
+            }
+            tokio::time::sleep_until(at.min(now + RESTART_CHECK)).await;
+        }
     }
 
     /// Heals whatever may be left: every proxy back to `Pass`, every node

@@ -1,9 +1,11 @@
 //! One chaos run, start to end: a disposable database, the nodes, the
-//! clients, the faults of the schedule, the final state and the verdict.
+//! clients and the lease observer, the faults of the schedule, the final
+//! state and the verdict.
 
 pub(crate) mod clients;
 pub(crate) mod database;
 pub(crate) mod faults;
+pub(crate) mod lease;
 pub(crate) mod node;
 pub(crate) mod schedule;
 
@@ -13,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use herald_chaos::checker::{check, Report};
+use herald_chaos::checker::{check, Report, RunSettings};
 use herald_chaos::history::{write_jsonl, FinalState, StoredMessage};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -21,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use clients::Recorder;
 use database::Cluster;
 use node::{Node, Urls};
+use schedule::FaultKind;
 
 /// The channels the clients publish to and follow.
 pub(crate) const CHANNELS: [&str; 2] = ["chaos-a", "chaos-b"];
@@ -47,6 +50,24 @@ pub(crate) struct Settings {
     pub(crate) pg_user: Option<String>,
     /// Where to write the history, the final state and the report.
     pub(crate) out: Option<PathBuf>,
+    /// The fault kinds the schedule draws from.
+    pub(crate) faults: Vec<FaultKind>,
+    /// Given verbatim to every node as `HERALD_FAULT_SWITCHES` when not
+    /// empty.
+    pub(crate) fault_switches: String,
+}
+
+impl Settings {
+    /// The settings as the report records them.
+    fn recorded(&self) -> RunSettings {
+        RunSettings {
+            seed: self.seed,
+            duration_ms: u64::try_from(self.duration.as_millis()).unwrap_or(u64::MAX),
+            nodes: self.nodes,
+            faults: self.faults.iter().map(|k| k.name().to_owned()).collect(),
+            fault_switches: self.fault_switches.clone(),
+        }
+    }
 }
 
 /// Runs the whole thing and returns the checker's report.
@@ -57,6 +78,7 @@ pub(crate) async fn run(settings: Settings) -> anyhow::Result<Report> {
         settings.duration,
         settings.nodes,
         channels.len(),
+        &settings.faults,
     );
     if let Some(out) = &settings.out {
         std::fs::create_dir_all(out).with_context(|| format!("create {}", out.display()))?;
@@ -86,6 +108,7 @@ pub(crate) async fn run(settings: Settings) -> anyhow::Result<Report> {
             settings.out.as_deref(),
             cluster.addr(),
             urls.clone(),
+            &settings.fault_switches,
         )
         .await?;
         node.start().await?;
@@ -95,6 +118,7 @@ pub(crate) async fn run(settings: Settings) -> anyhow::Result<Report> {
     let stop_publishers = CancellationToken::new();
     let stop_followers = CancellationToken::new();
     let monitor = clients::monitor(urls.clone(), recorder.clone(), stop_followers.clone());
+    let observer = lease::observer(cluster.url(), recorder.clone(), stop_followers.clone());
     let mut followers = Vec::new();
     for node in 0..settings.nodes {
         for channel in &channels {
@@ -135,11 +159,11 @@ pub(crate) async fn run(settings: Settings) -> anyhow::Result<Report> {
         if at + planned.hold >= start + settings.duration {
             break;
         }
-        tokio::time::sleep_until(at).await;
+        world.wait_until(at).await?;
         world.inject(planned).await?;
         next_free = Instant::now() + planned.gap;
     }
-    tokio::time::sleep_until(start + settings.duration).await;
+    world.wait_until(start + settings.duration).await?;
     world.heal().await?;
 
     stop_publishers.cancel();
@@ -162,9 +186,11 @@ pub(crate) async fn run(settings: Settings) -> anyhow::Result<Report> {
         let _ = task.await;
     }
     let _ = monitor.await;
+    let _ = observer.await;
 
     let history = recorder.events();
-    let report = check(&history, &final_state);
+    let mut report = check(&history, &final_state);
+    report.settings = Some(settings.recorded());
     if let Some(out) = &settings.out {
         let file = std::fs::File::create(out.join("history.jsonl"))?;
         write_jsonl(std::io::BufWriter::new(file), &history)?;

@@ -66,13 +66,17 @@ pub(crate) struct Node {
     bin: PathBuf,
     data_dir: PathBuf,
     log_file: Option<PathBuf>,
+    /// `HERALD_FAULT_SWITCHES` for the process, when not empty.
+    fault_switches: String,
     addr: Option<SocketAddr>,
     child: Option<Child>,
     urls: Urls,
 }
 
 impl Node {
-    /// Prepares node `index` (not started yet).
+    /// Prepares node `index` (not started yet). A non-empty
+    /// `fault_switches` is given verbatim to every process it starts as
+    /// `HERALD_FAULT_SWITCHES`.
     pub(crate) async fn new(
         index: usize,
         bin: &Path,
@@ -80,6 +84,7 @@ impl Node {
         log_dir: Option<&Path>,
         database: SocketAddr,
         urls: Urls,
+        fault_switches: &str,
     ) -> anyhow::Result<Self> {
         let id = format!("node-{index}");
         let proxy = FaultProxy::start(database)
@@ -93,6 +98,7 @@ impl Node {
             id,
             proxy,
             bin: bin.to_owned(),
+            fault_switches: fault_switches.to_owned(),
             data_dir,
             addr: None,
             child: None,
@@ -117,6 +123,9 @@ impl Node {
             if key.to_string_lossy().starts_with("HERALD_") {
                 cmd.env_remove(key);
             }
+        }
+        if !self.fault_switches.is_empty() {
+            cmd.env("HERALD_FAULT_SWITCHES", &self.fault_switches);
         }
         let database = Cluster::url_at(self.proxy.local_addr());
         cmd.arg("serve")
@@ -202,12 +211,20 @@ impl Node {
         Ok(())
     }
 
-    /// Waits up to `limit` for the process to exit; kills it if it did not.
+    /// Waits up to `limit` for the process to exit. One still running then
+    /// (a broken build may keep running as a zombie) is killed (SIGKILL)
+    /// and reaped, and `None` is returned; either way no process is left
+    /// and [`Node::start`] may follow.
     pub(crate) async fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
         let mut child = self.child.take()?;
         match tokio::time::timeout(limit, child.wait()).await {
             Ok(status) => status.ok(),
             Err(_) => {
+                eprintln!(
+                    "herald-chaos: {} did not exit within {} ms; killed",
+                    self.id,
+                    limit.as_millis()
+                );
                 let _ = child.kill().await;
                 None
             }
@@ -219,6 +236,14 @@ impl Node {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill().await;
         }
+    }
+
+    /// The exit status of a process that exited on its own since the last
+    /// look (it is reaped), `None` while it runs or when none was started.
+    pub(crate) fn exited(&mut self) -> Option<ExitStatus> {
+        let status = self.child.as_mut()?.try_wait().ok()??;
+        self.child = None;
+        Some(status)
     }
 
     /// Whether a process is running.

@@ -6,8 +6,13 @@
 //! is injected; the schedule only says "the holder" or "a standby", and for
 //! a standby a number that picks one of those present.
 //!
-//! Kinds are drawn from a shuffled bag holding every kind once, refilled
-//! when empty, so the first faults of a run are all of different kinds.
+//! Kinds are drawn from a shuffled bag holding every allowed kind once,
+//! refilled when empty, so the first faults of a run are all of different
+//! kinds. The allowed kinds (`--faults`) are put in the bag in the fixed
+//! order of [`FaultKind::ALL`] whatever order they were named in, so with
+//! every kind allowed (the default) a seed gives the same schedule as it
+//! always did, and a restricted set gives the same schedule however it is
+//! spelled. With no kind allowed the schedule is empty.
 
 use std::fmt;
 use std::time::Duration;
@@ -89,6 +94,11 @@ impl FaultKind {
         }
     }
 
+    /// The kind with this name (as in [`FaultKind::name`]).
+    pub(crate) fn from_name(name: &str) -> Option<FaultKind> {
+        FaultKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+
     /// Whether the kind needs at least two nodes (it hits a standby).
     fn needs_standby(self) -> bool {
         self == FaultKind::KillStandby
@@ -154,19 +164,73 @@ impl fmt::Display for Planned {
     }
 }
 
+/// Parses a `--faults` list: comma-separated kind names, or `none` for no
+/// fault at all. Names may be repeated and surrounded by spaces; the kinds
+/// come back in the order of [`FaultKind::ALL`].
+pub(crate) fn parse_kinds(list: &str) -> Result<Vec<FaultKind>, String> {
+    let known = || {
+        FaultKind::ALL
+            .iter()
+            .map(|k| k.name())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if list.trim() == "none" {
+        return Ok(Vec::new());
+    }
+    let mut named = Vec::new();
+    for name in list.split(',').map(str::trim) {
+        if name.is_empty() {
+            return Err(format!(
+                "an empty fault kind in {list:?}; name kinds ({}) or `none`",
+                known()
+            ));
+        }
+        let kind = FaultKind::from_name(name)
+            .ok_or_else(|| format!("unknown fault kind {name:?}; known: {}, or `none`", known()))?;
+        named.push(kind);
+    }
+    Ok(FaultKind::ALL
+        .into_iter()
+        .filter(|k| named.contains(k))
+        .collect())
+}
+
+/// Kinds as a comma-separated list of their names, `none` for no kind.
+pub(crate) fn kind_names(kinds: &[FaultKind]) -> String {
+    if kinds.is_empty() {
+        return "none".to_owned();
+    }
+    kinds.iter().map(|k| k.name()).collect::<Vec<_>>().join(",")
+}
+
 /// Draws the schedule of a run of `duration` on `nodes` nodes and
-/// `channels` channels from `seed`.
-pub(crate) fn draw(seed: u64, duration: Duration, nodes: usize, channels: usize) -> Vec<Planned> {
+/// `channels` channels from `seed`, with faults of the `allowed` kinds
+/// only (in any order; [`FaultKind::ALL`] for every kind).
+pub(crate) fn draw(
+    seed: u64,
+    duration: Duration,
+    nodes: usize,
+    channels: usize,
+    allowed: &[FaultKind],
+) -> Vec<Planned> {
+    // In the order of ALL, whatever the order of `allowed`: with every kind
+    // allowed, the bag and so the draws are those of the full set.
+    let pool: Vec<FaultKind> = FaultKind::ALL
+        .into_iter()
+        .filter(|k| allowed.contains(k))
+        .filter(|k| nodes > 1 || !k.needs_standby())
+        .collect();
+    if pool.is_empty() {
+        return Vec::new();
+    }
     let mut rng = StdRng::seed_from_u64(seed);
     let mut bag: Vec<FaultKind> = Vec::new();
     let mut plan = Vec::new();
     let mut at = WARM_UP + ms(rng.random_range(0..1000));
     loop {
         if bag.is_empty() {
-            bag = FaultKind::ALL
-                .into_iter()
-                .filter(|k| nodes > 1 || !k.needs_standby())
-                .collect();
+            bag.clone_from(&pool);
             bag.shuffle(&mut rng);
         }
         let kind = bag.pop().expect("the bag was just filled");
@@ -218,18 +282,18 @@ mod tests {
     #[test]
     fn the_same_seed_gives_the_same_schedule_and_another_seed_another() {
         let duration = Duration::from_secs(120);
-        let a = draw(7, duration, 3, 2);
-        let b = draw(7, duration, 3, 2);
+        let a = draw(7, duration, 3, 2, &FaultKind::ALL);
+        let b = draw(7, duration, 3, 2, &FaultKind::ALL);
         assert!(!a.is_empty());
         assert_eq!(a, b);
-        let c = draw(8, duration, 3, 2);
+        let c = draw(8, duration, 3, 2, &FaultKind::ALL);
         assert_ne!(a, c);
     }
 
     #[test]
     fn faults_stay_inside_the_run_and_do_not_overlap() {
         let duration = Duration::from_secs(60);
-        let plan = draw(3, duration, 3, 2);
+        let plan = draw(3, duration, 3, 2, &FaultKind::ALL);
         for pair in plan.windows(2) {
             assert!(pair[0].at + pair[0].hold + pair[0].gap <= pair[1].at);
         }
@@ -239,7 +303,56 @@ mod tests {
 
     #[test]
     fn a_single_node_gets_no_standby_fault() {
-        let plan = draw(1, Duration::from_secs(600), 1, 2);
+        let plan = draw(1, Duration::from_secs(600), 1, 2, &FaultKind::ALL);
         assert!(plan.iter().all(|p| p.kind != FaultKind::KillStandby));
+    }
+
+    #[test]
+    fn restricted_kinds_only_produce_those_kinds() {
+        let allowed = [FaultKind::StopHolder, FaultKind::LockLeaseLong];
+        let duration = Duration::from_secs(300);
+        let plan = draw(5, duration, 3, 2, &allowed);
+        assert!(plan.len() > 4, "{plan:?}");
+        assert!(plan.iter().all(|p| allowed.contains(&p.kind)), "{plan:?}");
+        for kind in allowed {
+            assert!(plan.iter().any(|p| p.kind == kind), "{kind:?} never drawn");
+        }
+        // The same seed gives the same schedule, whatever order the kinds
+        // were named in; another seed another.
+        assert_eq!(plan, draw(5, duration, 3, 2, &allowed));
+        let reversed = [FaultKind::LockLeaseLong, FaultKind::StopHolder];
+        assert_eq!(plan, draw(5, duration, 3, 2, &reversed));
+        assert_ne!(plan, draw(6, duration, 3, 2, &allowed));
+        // One kind alone fills the run with that kind.
+        let one = draw(5, duration, 3, 2, &[FaultKind::DelayDb]);
+        assert!(!one.is_empty());
+        assert!(one.iter().all(|p| p.kind == FaultKind::DelayDb));
+    }
+
+    #[test]
+    fn no_kind_gives_an_empty_schedule() {
+        assert_eq!(draw(1, Duration::from_secs(600), 3, 2, &[]), vec![]);
+        assert_eq!(parse_kinds("none"), Ok(vec![]));
+        // Only a standby fault on a single node: nothing can be drawn.
+        assert_eq!(
+            draw(1, Duration::from_secs(600), 1, 2, &[FaultKind::KillStandby]),
+            vec![]
+        );
+    }
+
+    #[test]
+    fn fault_lists_parse_by_name() {
+        assert_eq!(
+            parse_kinds("lock_channel, kill_holder,kill_holder"),
+            Ok(vec![FaultKind::KillHolder, FaultKind::LockChannel])
+        );
+        let every: Vec<&str> = FaultKind::ALL.iter().map(|k| k.name()).collect();
+        assert_eq!(parse_kinds(&every.join(",")), Ok(FaultKind::ALL.to_vec()));
+        for bad in ["kill_everything", "kill_holder,", "", "none,kill_holder"] {
+            assert!(parse_kinds(bad).is_err(), "{bad:?} accepted");
+        }
+        let error = parse_kinds("kill_holder,partition").unwrap_err();
+        assert!(error.contains("\"partition\""), "{error}");
+        assert!(error.contains("lock_channel"), "{error}");
     }
 }
