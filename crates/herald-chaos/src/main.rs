@@ -159,9 +159,16 @@ fn main_run(args: Args, faults: Vec<FaultKind>) -> anyhow::Result<bool> {
     };
     let runtime = tokio::runtime::Runtime::new().context("start the runtime")?;
     let report = runtime.block_on(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        // Interrupted (Ctrl-C, or a CI runner's SIGTERM or SIGHUP): unwind,
+        // so that the nodes are killed and the database removed.
+        let mut term = signal(SignalKind::terminate()).context("handle SIGTERM")?;
+        let mut hangup = signal(SignalKind::hangup()).context("handle SIGHUP")?;
         tokio::select! {
             report = run::run(settings) => report,
             _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+            _ = term.recv() => Err(anyhow::anyhow!("terminated (SIGTERM)")),
+            _ = hangup.recv() => Err(anyhow::anyhow!("hung up (SIGHUP)")),
         }
     })?;
     // Dropping the runtime ends every task; nodes are killed and the

@@ -23,10 +23,10 @@ const PUBLISH_TIMEOUT: Duration = Duration::from_secs(7);
 const MAX_ATTEMPTS: u32 = 40;
 
 /// Bound of opening an SSE stream, and of the silence between two events
-/// after which a subscriber reconnects: the checker's own stall bound
-/// ([`herald_chaos::checker::STALL_MS`]), so that a connection that stays
-/// open that long after an acknowledgement had every chance to deliver it.
-const SSE_TIMEOUT: Duration = Duration::from_millis(herald_chaos::checker::STALL_MS);
+/// after which a subscriber reconnects. Longer than the checker's stall
+/// bound ([`herald_chaos::checker::STALL_MS`]), so that a connection that
+/// stalls is judged before the subscriber gives up on it.
+const SSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Bound of one status request.
 const STATUS_TIMEOUT: Duration = Duration::from_secs(1);

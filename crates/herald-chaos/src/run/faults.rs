@@ -57,6 +57,10 @@ const RESTART_CHECK: Duration = Duration::from_millis(250);
 /// docs/operations.md).
 const RESTART_PAUSE: Duration = Duration::from_secs(1);
 
+/// The kind recorded for a node that exited on its own and was restarted
+/// by the runner: not a fault the schedule injects, but its consequence.
+pub(crate) const NODE_EXITED: &str = "node_exited";
+
 /// How long a drained or resumed node may take to exit.
 const EXIT_WAIT: Duration = Duration::from_secs(15);
 
@@ -216,8 +220,9 @@ impl World<'_> {
         Ok(())
     }
 
-    /// The node that holds the lease now, waiting for one if none does.
-    async fn holder(&self) -> Option<usize> {
+    /// The node that holds the lease now, waiting for one if none does
+    /// (and restarting nodes that exited on their own meanwhile).
+    async fn holder(&mut self) -> Option<usize> {
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(1))
             .build()
@@ -236,6 +241,8 @@ impl World<'_> {
             if let Some((_, index)) = best {
                 return Some(index);
             }
+            // A holder may just have stopped itself: restart it meanwhile.
+            self.restart_exited().await.ok()?;
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         None
@@ -249,16 +256,7 @@ impl World<'_> {
     /// later fault happened to restart them.
     pub(crate) async fn wait_until(&mut self, at: Instant) -> anyhow::Result<()> {
         loop {
-            for node in self.nodes.iter_mut() {
-                if let Some(status) = node.exited() {
-                    tokio::time::sleep(RESTART_PAUSE).await;
-                    eprintln!(
-                        "herald-chaos: {} exited on its own ({status}); restarted",
-                        node.id
-                    );
-                    node.start().await?;
-                }
-            }
+            self.restart_exited().await?;
             let now = Instant::now();
             if now >= at {
                 return Ok(());
@@ -267,9 +265,35 @@ impl World<'_> {
         }
     }
 
+    /// Restarts, [`RESTART_PAUSE`] after it was noticed, each node that
+    /// exited on its own, and records each restart as a fault of kind
+    /// [`NODE_EXITED`] (from the exit noticed to the restart done): the
+    /// checker's liveness rule must not judge that time as fault-free.
+    async fn restart_exited(&mut self) -> anyhow::Result<()> {
+        for node in self.nodes.iter_mut() {
+            if let Some(status) = node.exited() {
+                let start_ms = self.recorder.now_ms();
+                tokio::time::sleep(RESTART_PAUSE).await;
+                eprintln!(
+                    "herald-chaos: {} exited on its own ({status}); restarted",
+                    node.id
+                );
+                node.start().await?;
+                self.recorder.push(Event::Fault {
+                    kind: NODE_EXITED.to_owned(),
+                    target: node.id.clone(),
+                    start_ms,
+                    end_ms: self.recorder.now_ms(),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Heals whatever may be left: every proxy back to `Pass`, every node
     /// that is not running started again.
     pub(crate) async fn heal(&mut self) -> anyhow::Result<()> {
+        self.restart_exited().await?;
         for node in self.nodes.iter_mut() {
             node.proxy.set_mode(Mode::Pass);
             if !node.is_running() {

@@ -1,0 +1,38 @@
+//! A normal build has no fault switches and says so: `herald serve` with
+//! `HERALD_FAULT_SWITCHES` set refuses to start (exit status 1, "start-up
+//! failed") instead of running without the fault a test asked for.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[test]
+fn a_build_without_fault_switches_refuses_the_variable() {
+    let data = tempfile::tempdir().expect("a temp dir");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_herald"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data.path())
+        .env("HERALD_FAULT_SWITCHES", "drop_notify")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start herald serve");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for herald") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("herald serve started despite HERALD_FAULT_SWITCHES");
+        }
+        // std offers no wait with a timeout: poll the exit.
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stderr = std::io::read_to_string(child.stderr.take().expect("stderr")).unwrap();
+    assert_eq!(status.code(), Some(1), "stderr:\n{stderr}");
+    assert!(
+        stderr.contains("HERALD_FAULT_SWITCHES") && stderr.contains("fault-switches"),
+        "stderr:\n{stderr}"
+    );
+}
