@@ -31,6 +31,17 @@ pub(crate) fn log_release(lease: &Lease, released: bool) {
     );
 }
 
+/// Logs, for both backends, that `lease` is no longer current, and why
+/// (`what`: "fenced write refused", "renewal matched no current lease").
+pub(crate) fn log_lost(lease: &Lease, what: &str) {
+    tracing::warn!(
+        lease = %lease.name,
+        token = lease.token.0,
+        holder = %lease.holder,
+        "writer lease lost: {what}"
+    );
+}
+
 /// The error of a lease that is no longer current.
 pub(crate) fn lost(lease: &Lease) -> Error {
     Error::LeaseLost {

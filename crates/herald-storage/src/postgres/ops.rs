@@ -20,7 +20,8 @@ use tokio_postgres::{GenericClient, IsolationLevel};
 
 use super::{fenced_write_lock_key, CHANGES_CHANNEL};
 use crate::decode::{
-    acquired, log_release, lost, sql_position, sql_token, to_channel, to_json, to_token, to_u64,
+    acquired, log_lost, log_release, lost, sql_position, sql_token, to_channel, to_json, to_token,
+    to_u64,
 };
 use crate::{Acquire, ChangeFeed, Error, Page, Result, TakeoverReason};
 
@@ -293,12 +294,7 @@ pub(super) async fn append(
             Some(row) if row.try_get::<_, bool>(0)? => row.try_get(1)?,
             _ => {
                 tx.rollback().await?;
-                tracing::warn!(
-                    lease = %lease.name,
-                    token = lease.token.0,
-                    holder = %lease.holder,
-                    "writer lease lost: fenced write refused"
-                );
+                log_lost(lease, "fenced write refused");
                 return Err(lost(lease));
             }
         }

@@ -25,7 +25,7 @@ use tokio::task::JoinHandle;
 use tokio_postgres::{Client, Config, IsolationLevel, Statement};
 
 use super::{open_connection, read_settings, SessionSettings};
-use crate::decode::{lost, sql_token};
+use crate::decode::{log_lost, lost, sql_token};
 use crate::{Error, Result};
 
 /// How long after the renewal statement timeout an attempt that has not
@@ -141,12 +141,7 @@ impl Renewal {
             Err(e) => Err(e),
         };
         match &outcome {
-            Err(Error::LeaseLost { .. }) => tracing::warn!(
-                lease = %lease.name,
-                token = lease.token.0,
-                holder = %lease.holder,
-                "writer lease lost: renewal matched no current lease"
-            ),
+            Err(Error::LeaseLost { .. }) => log_lost(lease, "renewal matched no current lease"),
             Err(e) => tracing::warn!(
                 lease = %lease.name,
                 token = lease.token.0,

@@ -15,7 +15,8 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::session;
 use crate::decode::{
-    acquired, log_release, lost, sql_position, sql_token, to_channel, to_json, to_token, to_u64,
+    acquired, log_lost, log_release, lost, sql_position, sql_token, to_channel, to_json, to_token,
+    to_u64,
 };
 use crate::{Acquire, ChangeFeed, Error, Page, Result, TakeoverReason};
 
@@ -165,12 +166,7 @@ pub(super) fn renew(conn: &mut Connection, lease: &Lease, ttl_ms: i64) -> Result
         .execute(params![lease.name, lease.holder, token, ttl_ms])?;
     if updated == 0 {
         drop(tx);
-        tracing::warn!(
-            lease = %lease.name,
-            token = lease.token.0,
-            holder = %lease.holder,
-            "writer lease lost: renewal matched no current lease"
-        );
+        log_lost(lease, "renewal matched no current lease");
         return Err(lost(lease));
     }
     tx.commit()?;
@@ -216,12 +212,7 @@ pub(super) fn append(
         .optional()?;
     let Some(now) = now else {
         drop(tx);
-        tracing::warn!(
-            lease = %lease.name,
-            token = lease.token.0,
-            holder = %lease.holder,
-            "writer lease lost: fenced write refused"
-        );
+        log_lost(lease, "fenced write refused");
         return Err(lost(lease));
     };
 
