@@ -16,14 +16,14 @@ use std::time::{Duration, Instant};
 
 use herald_core::{Candidate, ChannelName, FencingToken, Lease, NewMessage};
 use herald_storage::postgres::{PostgresOptions, PostgresStorage};
-use herald_storage::testing::TestDatabase;
+use herald_storage::testing::{self, TestDatabase};
 use herald_storage::{Acquire, Error, LeaseStore, Storage, TakeoverReason};
 use serde_json::value::RawValue;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
-use tokio_postgres::Client;
+use tokio_postgres::{Client, NoTls};
 
 const LEASE: &str = "writer";
 const MINUTE: Duration = Duration::from_secs(60);
@@ -1198,4 +1198,43 @@ async fn a_dropped_holder_is_taken_over_at_once() {
     let other = node(db.url(), options()).await;
     assert_lost(other.append(&old, &[msg("c", "2")]).await, &old);
     standby.append(&new, &[msg("c", "3")]).await.unwrap();
+}
+
+/// A node acquires only while its liveness session holds its key. With its
+/// liveness connection ended and unable to come back (the database takes
+/// no new connections), acquire fails with `Unavailable` and leaves the
+/// lease alone, instead of taking a lease that any standby would find
+/// "holder gone" at once; once the key is taken again, acquire succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_acquire_without_the_liveness_lock() {
+    let db = TestDatabase::create().await;
+    let storage = node(db.url(), options()).await;
+    let monitor = db.raw_client().await;
+    // A database cannot refuse connections to itself: ask from another.
+    let (admin, connection) = tokio_postgres::connect(&testing::cluster_url(), NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let allow = |on: bool| format!("ALTER DATABASE {} ALLOW_CONNECTIONS {on}", db.name());
+    admin.batch_execute(&allow(false)).await.unwrap();
+    let first = liveness_holder(&monitor, &storage).await.expect("key held");
+    monitor
+        .execute("SELECT pg_terminate_backend($1, 5000)", &[&first])
+        .await
+        .unwrap();
+    assert_eq!(liveness_holder(&monitor, &storage).await, None);
+
+    match storage.acquire(&candidate("a"), MINUTE).await {
+        Err(Error::Unavailable(message)) => assert!(message.contains("liveness"), "{message}"),
+        other => panic!("acquired without the liveness lock: {other:?}"),
+    }
+    assert_eq!(storage.lease_info(LEASE).await.unwrap(), None);
+
+    admin.batch_execute(&allow(true)).await.unwrap();
+    let deadline = Instant::now() + WAIT_LIMIT;
+    while liveness_holder(&monitor, &storage).await.is_none() {
+        assert!(Instant::now() < deadline, "the key was never taken again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    acquire(&storage, &candidate("a"), MINUTE).await;
 }

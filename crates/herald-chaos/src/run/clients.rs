@@ -126,6 +126,62 @@ pub(crate) fn publisher(
     })
 }
 
+/// Bound of one request of [`stale_route_publisher`]: short, so that it
+/// keeps probing the node it is stuck on.
+const STALE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A client whose route still points at one node (a load balancer or a
+/// client-side cache that has not noticed a failover): it publishes to node
+/// `index` alone, alternating `channels`, one message at a time, each sent
+/// once (a new id per message, used as its `Idempotency-Key`; a failed
+/// message is given up, not retried elsewhere), until `stop` is cancelled;
+/// the request in flight then still finishes and is recorded.
+/// Messages are named `<name>-<n>`, so `name` must be unique in the run.
+///
+/// A resumed holder must refuse or forward every one of these: it gets
+/// requests straight away whatever the other clients did, so what it
+/// does with a stale lease is always judged by the checker.
+pub(crate) fn stale_route_publisher(
+    name: String,
+    index: usize,
+    channels: Vec<String>,
+    urls: Urls,
+    recorder: Recorder,
+    stop: CancellationToken,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let http = reqwest::Client::builder()
+            .timeout(STALE_TIMEOUT)
+            .build()
+            .expect("an HTTP client");
+        let mut seq = 0u64;
+        while !stop.is_cancelled() {
+            seq += 1;
+            let id = format!("{name}-{seq}");
+            let channel = &channels[usize::try_from(seq).unwrap_or(0) % channels.len()];
+            let invoke_ms = recorder.now_ms();
+            // Never cut short: every message sent is recorded with what
+            // its client learned, or the checker would find it stored
+            // without a publisher.
+            let result = publish_once(&http, &urls.get(index), channel, &id).await;
+            recorder.push(Event::Publish {
+                client: name.clone(),
+                node: format!("node-{index}"),
+                channel: channel.clone(),
+                id: id.clone(),
+                idempotency_key: Some(id),
+                invoke_ms,
+                complete_ms: recorder.now_ms(),
+                result,
+            });
+            tokio::select! {
+                () = stop.cancelled() => break,
+                () = tokio::time::sleep(Duration::from_millis(20)) => {}
+            }
+        }
+    })
+}
+
 async fn publish_once(
     http: &reqwest::Client,
     base: &str,

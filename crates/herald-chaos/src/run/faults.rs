@@ -9,7 +9,10 @@
 //!   stop) of the holder for longer than the lease's ttl. A standby takes
 //!   over once the lease expired; when the old holder resumes, its safety
 //!   deadline has passed and it exits (status 3 or 4) without writing; it
-//!   is restarted as a standby. A node still running 15 s (`EXIT_WAIT`) after
+//!   is restarted as a standby. From SIGCONT until it exits, a client with
+//!   a stale route publishes to it alone (`stale-<ms>-<n>` messages), so
+//!   what a resumed holder does with its old lease is always put to the
+//!   test. A node still running 15 s (`EXIT_WAIT`) after
 //!   SIGCONT (a broken build that keeps going as a zombie) is killed with
 //!   SIGKILL and restarted; the run goes on.
 //! - `term_holder`: a deploy or a planned stop: SIGTERM drains the holder,
@@ -41,8 +44,9 @@ use herald_chaos::history::Event;
 use herald_chaos::proxy::Mode;
 use rustix::process::Signal;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
-use super::clients::{status, Recorder};
+use super::clients::{stale_route_publisher, status, Recorder};
 use super::database::{connect, Cluster};
 use super::node::{Node, Urls};
 use super::schedule::{FaultKind, Planned, Target};
@@ -193,7 +197,20 @@ impl World<'_> {
                 signal(node, Signal::STOP);
                 tokio::time::sleep(plan.hold).await;
                 signal(node, Signal::CONT);
+                // Some client always reaches the resumed node, whatever
+                // became of the requests it had when it froze.
+                let stop = CancellationToken::new();
+                let stale = stale_route_publisher(
+                    format!("stale-{}", self.recorder.now_ms()),
+                    index,
+                    self.channels.to_vec(),
+                    self.urls.clone(),
+                    self.recorder.clone(),
+                    stop.clone(),
+                );
                 node.wait_exit(EXIT_WAIT).await;
+                stop.cancel();
+                stale.await.context("the stale-route publisher")?;
             }
             _ => {
                 signal(node, Signal::TERM);

@@ -99,10 +99,16 @@ const TAKE_OVER_SQL: &str = "UPDATE storage_leases AS l \
      WHERE l.name = $1 AND (l.holder IS NULL OR l.expires_at <= c.now OR $5::boolean) \
      RETURNING l.token, p.previous_holder, p.previous_expires_at <= c.now";
 
-/// One transaction: `lock_timeout`, the lease row `FOR UPDATE` (inserting a
-/// blank row with token 0 first when there is none), then, when another
-/// storage's session holds an unexpired lease, a probe of its session lock,
-/// then the decision in a statement of its own.
+/// One transaction: `lock_timeout`; a check that this storage's own
+/// session key is held by some session (its liveness connection), else
+/// [`Error::Unavailable`] and nothing is decided; the lease row `FOR
+/// UPDATE` (inserting a blank row with token 0 first when there is none),
+/// then, when another storage's session holds an unexpired lease, a probe
+/// of its session lock, then the decision in a statement of its own.
+///
+/// The first check keeps a node from holding the lease without its
+/// liveness lock (while its liveness connection reconnects): any standby
+/// would find such a holder gone and take the lease straight back.
 pub(super) async fn acquire(
     client: &mut Object,
     candidate: &Candidate,
@@ -121,6 +127,16 @@ pub(super) async fn acquire(
         &[&lock_timeout],
     )
     .await?;
+    let probe = tx.prepare_cached(PROBE_HOLDER_SQL).await?;
+    let own_key_free: bool = tx.query_one(&probe, &[&own_session]).await?.try_get(0)?;
+    if own_key_free {
+        tx.rollback().await?;
+        return Err(Error::Unavailable(
+            "this node's liveness connection does not hold its session lock (it is \
+             reconnecting); the lease is not acquired until it does"
+                .to_owned(),
+        ));
+    }
     let lock = tx.prepare_cached(LOCK_FOR_TAKEOVER_SQL).await?;
     let mut fresh = false;
     if tx.query_opt(&lock, &[&name]).await?.is_none() {
@@ -162,7 +178,6 @@ pub(super) async fn acquire(
         .filter(|s| live && *s != own_session_text)
         .and_then(|s| s.parse::<i64>().ok())
     {
-        let probe = tx.prepare_cached(PROBE_HOLDER_SQL).await?;
         holder_gone = tx.query_one(&probe, &[&key]).await?.try_get(0)?;
     }
     let take_over = tx.prepare_cached(TAKE_OVER_SQL).await?;

@@ -17,7 +17,7 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 
 /// Default bound of any wait on another process.
@@ -66,6 +66,8 @@ pub(crate) struct Server {
     pub(crate) api: Api,
     /// The process's stderr, one record per line.
     log: Arc<Mutex<Vec<String>>>,
+    /// Woken after each line is added to `log`.
+    logged: Arc<Notify>,
 }
 
 impl Server {
@@ -92,8 +94,10 @@ impl Server {
             .expect("spawn herald serve");
         let stderr = child.stderr.take().expect("piped stderr");
         let log = Arc::new(Mutex::new(Vec::new()));
+        let logged = Arc::new(Notify::new());
         let (addr_tx, addr_rx) = oneshot::channel::<String>();
         let lines = log.clone();
+        let line_logged = logged.clone();
         tokio::spawn(async move {
             let mut addr_tx = Some(addr_tx);
             let mut reader = BufReader::new(stderr).lines();
@@ -106,6 +110,7 @@ impl Server {
                     }
                 }
                 lines.lock().unwrap().push(line);
+                line_logged.notify_waiters();
             }
         });
         let addr = tokio::select! {
@@ -127,6 +132,7 @@ impl Server {
             api: Api::new(&url),
             url,
             log,
+            logged,
         }
     }
 
@@ -179,6 +185,47 @@ impl Server {
             .iter()
             .filter_map(|line| serde_json::from_str(line).ok())
             .collect()
+    }
+}
+
+impl Server {
+    /// Waits up to `limit` for a JSON log record for which `matches` is
+    /// true, and returns the first such record; panics (with the log)
+    /// when none came.
+    pub(crate) async fn wait_log_record(
+        &self,
+        what: &str,
+        limit: Duration,
+        matches: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let deadline = Instant::now() + limit;
+        loop {
+            // Registered before the check, so a line added in between
+            // still wakes this waiter.
+            let logged = self.logged.notified();
+            if let Some(record) = self.log_records().into_iter().find(|r| matches(r)) {
+                return record;
+            }
+            if tokio::time::timeout_at(deadline, logged).await.is_err() {
+                panic!(
+                    "{} never logged {what} within {limit:?}; log:\n{}",
+                    self.url,
+                    self.log_text()
+                );
+            }
+        }
+    }
+
+    /// The record of this node's most recent acquisition of the writer
+    /// lease (`writer lease acquired`, with `token`, `reason` and
+    /// `previous_holder`), waiting up to `limit` for one whose token is
+    /// above `after_token`.
+    pub(crate) async fn acquisition(&self, after_token: u64, limit: Duration) -> Value {
+        self.wait_log_record("a lease acquisition", limit, |r| {
+            r["message"] == "writer lease acquired"
+                && r["token"].as_u64().is_some_and(|t| t > after_token)
+        })
+        .await
     }
 }
 
