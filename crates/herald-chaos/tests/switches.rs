@@ -6,9 +6,12 @@
 //! steps down on its own) and must stay valid: the database's fencing alone
 //! keeps such a holder from doing harm.
 //!
-//! The switched build goes to its own target directory
+//! The switched binary is the one named by `HERALD_TEST_SWITCHED_HERALD`
+//! when set (the test command builds it once, sharing the build of every
+//! dependency, and copies it out of the way of the normal binary).
+//! Otherwise it is built on first use into a target directory of its own
 //! (`<target>/fault-switches`), so the normal `herald` binary the other
-//! tests use never contains the switches. It is built once per test run.
+//! tests use never contains the switches.
 //!
 //! Needs PostgreSQL's server binaries (`HERALD_TEST_PG_BIN`, else found on
 //! `PATH` or in the usual install directory) and, when the tests run as
@@ -31,11 +34,25 @@ fn target_dir() -> PathBuf {
         .to_owned()
 }
 
-/// The `herald` binary with the fault switches compiled in, built on first
-/// use into `<target>/fault-switches`.
+/// The environment variable that names a ready `herald` binary built with
+/// the cargo feature `fault-switches`.
+const SWITCHED_HERALD_VAR: &str = "HERALD_TEST_SWITCHED_HERALD";
+
+/// The `herald` binary with the fault switches compiled in: the one named
+/// by [`SWITCHED_HERALD_VAR`], else built on first use into
+/// `<target>/fault-switches`.
 fn switched_herald() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
+        if let Some(bin) = std::env::var_os(SWITCHED_HERALD_VAR).filter(|v| !v.is_empty()) {
+            let bin = PathBuf::from(bin);
+            assert!(
+                bin.is_file(),
+                "{SWITCHED_HERALD_VAR} names no file: {}",
+                bin.display()
+            );
+            return bin;
+        }
         let dir = target_dir().join("fault-switches");
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let status = Command::new(cargo)
