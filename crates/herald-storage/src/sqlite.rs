@@ -549,16 +549,20 @@ mod tests {
         };
         // Occupy the renewal connection's thread for longer than the limit.
         let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let (occupied_tx, occupied_rx) = tokio::sync::oneshot::channel::<()>();
         let blocking = storage.clone();
         let blocker = tokio::spawn(async move {
             blocking
                 .on_renewal(move |_conn| {
+                    let _ = occupied_tx.send(());
                     let _ = release_rx.recv_timeout(Duration::from_secs(30));
                     Ok(())
                 })
                 .await
         });
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        occupied_rx
+            .await
+            .expect("the renewal thread runs the blocker");
 
         let started = Instant::now();
         let err = storage

@@ -8,11 +8,12 @@
 //! switches are active.
 
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 #[cfg(not(feature = "fault-switches"))]
 #[test]
 fn a_build_without_fault_switches_refuses_the_variable() {
+    use std::time::{Duration, Instant};
+
     let data = tempfile::tempdir().expect("a temp dir");
     let mut child = Command::new(env!("CARGO_BIN_EXE_herald"))
         .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
