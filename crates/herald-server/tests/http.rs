@@ -254,6 +254,110 @@ async fn history_limit_bounds() {
     node.stop().await;
 }
 
+/// Every query and path parameter of the API is refused in Herald's own
+/// words: the parameter's name and the values it takes, never the
+/// deserializer's text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_parameters_are_refused_naming_the_parameter_and_its_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::holder(dir.path()).await;
+    publish_n(&node, "p", 1, 2).await;
+    let any_offset = format!("after must be an integer from 0 to {}", u64::MAX);
+    let cases: Vec<(String, &str, String)> = [
+        "/v1/channels/p/messages",
+        "/v1/channels/p/events",
+        "/v1/channels/p/ws",
+    ]
+    .into_iter()
+    .flat_map(|route| {
+        [
+            (
+                format!("{route}?after=-1"),
+                "invalid_query",
+                format!("{any_offset}, got \"-1\""),
+            ),
+            (
+                format!("{route}?after=abc"),
+                "invalid_query",
+                format!("{any_offset}, got \"abc\""),
+            ),
+            (
+                format!("{route}?after="),
+                "invalid_query",
+                format!("{any_offset}, got \"\""),
+            ),
+            (
+                format!("{route}?after=18446744073709551616"),
+                "invalid_query",
+                any_offset.clone(),
+            ),
+            (
+                format!("{route}?after=1&after=2"),
+                "invalid_query",
+                "after is given more than once; give it once".to_owned(),
+            ),
+        ]
+    })
+    .chain([
+        (
+            "/v1/channels/p/messages?limit=0".to_owned(),
+            "invalid_query",
+            "limit must be an integer from 1 to 1000, got \"0\"".to_owned(),
+        ),
+        (
+            "/v1/channels/p/messages?limit=1001".to_owned(),
+            "invalid_query",
+            "limit must be an integer from 1 to 1000, got \"1001\"".to_owned(),
+        ),
+        (
+            "/v1/channels/p/messages?limit=ten".to_owned(),
+            "invalid_query",
+            "limit must be an integer from 1 to 1000, got \"ten\"".to_owned(),
+        ),
+        (
+            "/readyz?role=leader".to_owned(),
+            "invalid_query",
+            "role must be \"holder\" or left out, got \"leader\"".to_owned(),
+        ),
+        (
+            "/v1/channels/p/messages?after=%FF".to_owned(),
+            "invalid_query",
+            any_offset.clone(),
+        ),
+        (
+            "/v1/channels/%FF/messages".to_owned(),
+            "invalid_channel",
+            "a channel name is 1 to 128 bytes of ASCII letters, digits".to_owned(),
+        ),
+        (
+            "/v1/channels/%FF/events".to_owned(),
+            "invalid_channel",
+            "a channel name is 1 to 128 bytes of ASCII letters, digits".to_owned(),
+        ),
+    ])
+    .collect();
+    for (path, code, words) in cases {
+        let (status, body) = node.get(&path).await;
+        assert_eq!(status, 400, "{path}: {body}");
+        assert_eq!(body["error"]["code"], code, "{path}: {body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(&words),
+            "{path}: {message:?} lacks {words:?}"
+        );
+        for framework_words in ["deserialize", "invalid digit", "Failed to"] {
+            assert!(!message.contains(framework_words), "{path}: {message:?}");
+        }
+    }
+    // Parameters a route does not know are ignored, as before.
+    let (status, body) = node.get("/v1/channels/p/messages?after=1&x=y").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["messages"].as_array().unwrap().len(), 1);
+    // Nothing was written by any of it.
+    assert_eq!(node.head("p").await, 2);
+    node.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_health_and_metrics() {
     let dir = tempfile::tempdir().unwrap();

@@ -7,8 +7,8 @@ use axum::http::request::Parts;
 use axum::http::HeaderMap;
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
-use herald_core::{ChannelName, IdempotencyKey, Offset};
-use serde::de::{self, DeserializeOwned, MapAccess, Visitor};
+use herald_core::{ChannelName, IdempotencyKey, Offset, MAX_CHANNEL_NAME_BYTES};
+use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::error::Category;
 use serde_json::value::RawValue;
@@ -26,27 +26,116 @@ impl<S: Send + Sync> FromRequestParts<S> for ChannelPath {
     type Rejection = Error;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Error> {
+        // The segment is percent-decoded first; what does not decode to
+        // UTF-8 text cannot be a channel name either.
         let Path(name) = Path::<String>::from_request_parts(parts, state)
             .await
-            .map_err(|r| Error::InvalidChannel(r.body_text()))?;
+            .map_err(|_| {
+                Error::InvalidChannel(format!(
+                    "the name does not decode to text; a channel name is 1 to \
+                     {MAX_CHANNEL_NAME_BYTES} bytes of ASCII letters, digits, '_', '-', '.', ':'"
+                ))
+            })?;
         ChannelName::new(name)
             .map(Self)
             .map_err(|e| Error::InvalidChannel(e.to_string()))
     }
 }
 
-/// Query parameters deserialized into `T`; any failure is `invalid_query`.
+/// Query parameters parsed into `T` by [`FromQuery`]; any failure is
+/// `invalid_query`, in Herald's words (which parameter, what it takes).
 #[derive(Debug)]
 pub(crate) struct ValidQuery<T>(pub(crate) T);
 
-impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ValidQuery<T> {
+impl<T: FromQuery, S: Send + Sync> FromRequestParts<S> for ValidQuery<T> {
     type Rejection = Error;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Error> {
-        Query::<T>::from_request_parts(parts, state)
+        let Query(pairs) = Query::<Vec<(String, String)>>::from_request_parts(parts, state)
             .await
-            .map(|Query(q)| Self(q))
-            .map_err(|r| Error::InvalidQuery(r.body_text()))
+            .map_err(|_| {
+                Error::InvalidQuery(
+                    "the query string is not URL-encoded UTF-8 text (name=value&name=value)"
+                        .to_owned(),
+                )
+            })?;
+        T::from_query(&QueryParams(pairs)).map(Self)
+    }
+}
+
+/// A route's query parameters, parsed from the decoded `name=value` pairs.
+pub(crate) trait FromQuery: Sized {
+    /// Reads the parameters the route knows; others are ignored.
+    ///
+    /// # Errors
+    /// [`Error::InvalidQuery`] naming the parameter and the values it takes.
+    fn from_query(params: &QueryParams) -> Result<Self, Error>;
+}
+
+/// The decoded `name=value` pairs of a query string, in order.
+#[derive(Debug)]
+pub(crate) struct QueryParams(Vec<(String, String)>);
+
+/// Longest part of a refused value quoted back in an error message, in
+/// characters.
+const MAX_QUOTED_VALUE_CHARS: usize = 40;
+
+impl QueryParams {
+    /// The value of `name`, if given; given more than once is an error.
+    pub(crate) fn get(&self, name: &str) -> Result<Option<&str>, Error> {
+        let mut values = self.0.iter().filter(|(n, _)| n == name);
+        let first = values.next().map(|(_, v)| v.as_str());
+        if values.next().is_some() {
+            return Err(Error::InvalidQuery(format!(
+                "{name} is given more than once; give it once"
+            )));
+        }
+        Ok(first)
+    }
+
+    /// `name` as an integer from `min` to `max`, if given.
+    pub(crate) fn integer(&self, name: &str, min: u64, max: u64) -> Result<Option<u64>, Error> {
+        let Some(text) = self.get(name)? else {
+            return Ok(None);
+        };
+        match text.parse::<u64>() {
+            Ok(n) if (min..=max).contains(&n) => Ok(Some(n)),
+            _ => Err(Error::InvalidQuery(format!(
+                "{name} must be an integer from {min} to {max}, got {}",
+                quoted(text)
+            ))),
+        }
+    }
+
+    /// `name` as one of `allowed` (exact, case-sensitive), if given.
+    pub(crate) fn one_of(
+        &self,
+        name: &str,
+        allowed: &[&'static str],
+    ) -> Result<Option<&'static str>, Error> {
+        let Some(text) = self.get(name)? else {
+            return Ok(None);
+        };
+        allowed
+            .iter()
+            .find(|a| **a == text)
+            .map(|a| Some(*a))
+            .ok_or_else(|| {
+                let list: Vec<String> = allowed.iter().map(|a| format!("{a:?}")).collect();
+                Error::InvalidQuery(format!(
+                    "{name} must be {} or left out, got {}",
+                    list.join(" or "),
+                    quoted(text)
+                ))
+            })
+    }
+}
+
+/// `text` in double quotes, cut to [`MAX_QUOTED_VALUE_CHARS`].
+fn quoted(text: &str) -> String {
+    match text.char_indices().nth(MAX_QUOTED_VALUE_CHARS) {
+        Some((end, _)) => format!("{:?}…", &text[..end]),
+        None => format!("{text:?}"),
     }
 }
 
@@ -244,10 +333,18 @@ pub(crate) fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyK
 }
 
 /// `?after=N` of the subscription routes.
-#[derive(Debug, Deserialize)]
+#[derive(Debug)]
 pub(crate) struct AfterQuery {
     /// Deliver messages with offsets above this one (default 0: all).
     pub(crate) after: Option<Offset>,
+}
+
+impl FromQuery for AfterQuery {
+    fn from_query(params: &QueryParams) -> Result<Self, Error> {
+        Ok(Self {
+            after: params.integer("after", 0, Offset::MAX)?,
+        })
+    }
 }
 
 /// Where a subscription resumes: after the `Last-Event-ID` header's offset
@@ -321,6 +418,54 @@ mod tests {
             "]".repeat(MAX_DATA_DEPTH)
         );
         assert!(parse_publish_body(format!(r#"{{"data":{at_limit}}}"#).as_bytes()).is_ok());
+    }
+
+    fn params(pairs: &[(&str, &str)]) -> QueryParams {
+        QueryParams(
+            pairs
+                .iter()
+                .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+                .collect(),
+        )
+    }
+
+    fn query_error(e: Error) -> String {
+        match e {
+            Error::InvalidQuery(message) => message,
+            other => panic!("not invalid_query: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn query_parameters_in_heralds_words() {
+        let p = params(&[("after", "7"), ("limit", "x"), ("role", "a"), ("role", "b")]);
+        assert_eq!(p.integer("after", 0, 10).unwrap(), Some(7));
+        assert_eq!(p.integer("absent", 0, 10).unwrap(), None);
+        assert_eq!(
+            query_error(p.integer("limit", 1, 1000).unwrap_err()),
+            "limit must be an integer from 1 to 1000, got \"x\""
+        );
+        assert_eq!(
+            query_error(p.integer("after", 0, 5).unwrap_err()),
+            "after must be an integer from 0 to 5, got \"7\""
+        );
+        assert_eq!(
+            query_error(p.one_of("role", &["holder"]).unwrap_err()),
+            "role is given more than once; give it once"
+        );
+        let p = params(&[("role", "Holder")]);
+        assert_eq!(
+            query_error(p.one_of("role", &["holder"]).unwrap_err()),
+            "role must be \"holder\" or left out, got \"Holder\""
+        );
+        // A long value is quoted in part only.
+        let long = "9".repeat(500);
+        let p = params(&[("after", &long)]);
+        let message = query_error(p.integer("after", 0, u64::MAX).unwrap_err());
+        assert!(
+            message.ends_with(&format!("got \"{}\"…", "9".repeat(40))),
+            "{message}"
+        );
     }
 
     #[test]

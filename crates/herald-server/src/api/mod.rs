@@ -15,7 +15,9 @@ use tracing::Instrument;
 
 use crate::{sse, ws, AppState, Error};
 
-pub(crate) use extract::{resume_after, AfterQuery, ChannelPath, ValidQuery};
+pub(crate) use extract::{
+    resume_after, AfterQuery, ChannelPath, FromQuery, QueryParams, ValidQuery,
+};
 
 /// Builds the router over `state`.
 pub(crate) fn router(state: AppState) -> Router {

@@ -7,10 +7,10 @@ use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
 use axum::Json;
 use herald_core::LeaseInfo;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::api::ValidQuery;
+use crate::api::{FromQuery, QueryParams, ValidQuery};
 use crate::forward::current_holder;
 use crate::role::{holder_url, last_token, lease_name};
 use crate::writer::log_storage_error;
@@ -44,18 +44,27 @@ struct HolderStatus {
 }
 
 /// `?role=` of `/readyz`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug)]
 pub(crate) struct ReadyQuery {
     /// `holder`: ready only while this node holds the writer lease.
     role: Option<ReadyRole>,
 }
 
 /// The roles `/readyz?role=` accepts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ReadyRole {
     /// Ready only on the holder.
     Holder,
+}
+
+impl FromQuery for ReadyQuery {
+    fn from_query(params: &QueryParams) -> Result<Self> {
+        Ok(Self {
+            role: params
+                .one_of("role", &["holder"])?
+                .map(|_| ReadyRole::Holder),
+        })
+    }
 }
 
 /// The node's id, role, drain flag, backend, its view of the holder and the

@@ -3,9 +3,9 @@
 use axum::extract::State;
 use axum::Json;
 use herald_core::{ChannelHead, ChannelName, Message, Offset};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use crate::api::extract::{ChannelPath, ValidQuery};
+use crate::api::extract::{ChannelPath, FromQuery, QueryParams, ValidQuery};
 use crate::writer::log_storage_error;
 use crate::{AppState, Error, Result};
 
@@ -15,10 +15,21 @@ pub(crate) const DEFAULT_LIMIT: usize = 100;
 pub(crate) const MAX_LIMIT: usize = 1000;
 
 /// `?after=N&limit=M`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug)]
 pub(crate) struct HistoryQuery {
     after: Option<Offset>,
     limit: Option<usize>,
+}
+
+impl FromQuery for HistoryQuery {
+    fn from_query(params: &QueryParams) -> Result<Self> {
+        Ok(Self {
+            after: params.integer("after", 0, Offset::MAX)?,
+            limit: params
+                .integer("limit", 1, MAX_LIMIT as u64)?
+                .map(|n| n as usize),
+        })
+    }
 }
 
 /// One page of a channel's history.
@@ -37,11 +48,6 @@ pub(crate) async fn history(
 ) -> Result<Json<History>> {
     let after = query.after.unwrap_or(0);
     let limit = query.limit.unwrap_or(DEFAULT_LIMIT);
-    if !(1..=MAX_LIMIT).contains(&limit) {
-        return Err(Error::InvalidQuery(format!(
-            "limit must be between 1 and {MAX_LIMIT}, got {limit}"
-        )));
-    }
     let page = state
         .shared
         .storage
