@@ -1,3 +1,5 @@
+use std::path::PathBuf;
+
 use herald_core::FencingToken;
 
 /// Result alias for this crate.
@@ -26,9 +28,24 @@ pub enum Error {
     /// A schema migration failed at start-up.
     #[error("migration failed: {0}")]
     Migration(String),
-    /// A file-system operation on the data directory failed.
-    #[error("data directory: {0}")]
-    Io(#[from] std::io::Error),
+    /// A file-system operation on the data directory failed: `operation`
+    /// (e.g. "create the data directory") on `path` (absolute), with the
+    /// operating system's `error`. Displayed once, as
+    /// `cannot <operation> <path>: <error>`.
+    #[error("cannot {operation} {}: {error}", path.display())]
+    Io {
+        /// What was being done, as a verb phrase.
+        operation: &'static str,
+        /// The file or directory it was done on.
+        path: PathBuf,
+        /// What the operating system answered.
+        error: std::io::Error,
+    },
+    /// A PostgreSQL connection string that cannot be used: the message says
+    /// why and which forms are accepted. It never quotes the string (which
+    /// may hold a password).
+    #[error("invalid PostgreSQL connection string: {0}")]
+    InvalidConnectionString(String),
     /// SQLite reported an error that is not one of the above. (SQLite's
     /// `SQLITE_BUSY` and `SQLITE_LOCKED` become [`Error::Unavailable`]
     /// instead; see the `From<rusqlite::Error>` conversion.)
@@ -44,6 +61,21 @@ pub enum Error {
     /// Stored data could not be decoded (a bug or a damaged database).
     #[error("corrupt data: {0}")]
     Corrupt(String),
+}
+
+impl Error {
+    /// An [`Error::Io`] for `operation` on `path`.
+    pub(crate) fn io(
+        operation: &'static str,
+        path: &std::path::Path,
+        error: std::io::Error,
+    ) -> Self {
+        Self::Io {
+            operation,
+            path: path.to_path_buf(),
+            error,
+        }
+    }
 }
 
 impl From<rusqlite::Error> for Error {

@@ -406,14 +406,15 @@ impl PostgresStorage {
     /// database as `user@host:port/dbname`, never the password.
     ///
     /// # Errors
-    /// [`Error::Postgres`] when `url` cannot be parsed or the server refuses
-    /// the settings; [`Error::Unavailable`] when the server cannot be
+    /// [`Error::InvalidConnectionString`] when `url` is not a PostgreSQL
+    /// connection string (see [`check_connection_string`]);
+    /// [`Error::Postgres`] when the server refuses the settings; [`Error::Unavailable`] when the server cannot be
     /// reached within `options.connect_timeout` (also when the liveness or
     /// listener connection cannot be set up in that time), or another node
     /// holds the migration lock for over 60 s; [`Error::Migration`] when the schema
     /// cannot be migrated or the server is older than PostgreSQL 14.
     pub async fn connect(url: &str, options: PostgresOptions) -> Result<Self> {
-        let base: Config = url.parse()?;
+        let base = parse_connection_string(url)?;
         let target = describe_target(&base);
         migrate(&base, &options, &target).await?;
 
@@ -522,6 +523,66 @@ impl PostgresStorage {
     async fn client(&self) -> Result<deadpool_postgres::Object> {
         self.inner.pool.get().await.map_err(pool_error)
     }
+}
+
+/// The forms of connection string [`check_connection_string`] accepts, as
+/// said in its errors.
+const CONNECTION_STRING_FORMS: &str = "expected a URL postgres://user:password@host:port/dbname \
+     (or postgresql://...) or libpq key=value settings such as \
+     `host=db.internal user=herald dbname=herald`";
+
+/// Checks that `url` is a PostgreSQL connection string that
+/// [`PostgresStorage::connect`] can use: a `postgres://` or
+/// `postgresql://` URL, or libpq `key=value` settings (PostgreSQL
+/// documentation, "Connection Strings"). Connects to nothing.
+///
+/// # Errors
+/// [`Error::InvalidConnectionString`] saying what is wrong (another scheme,
+/// neither form, an unknown option or a bad value) and which forms are
+/// accepted; the message never quotes the string, which may hold a
+/// password.
+pub fn check_connection_string(url: &str) -> Result<()> {
+    parse_connection_string(url).map(drop)
+}
+
+/// Parses a connection string; see [`check_connection_string`].
+fn parse_connection_string(url: &str) -> Result<Config> {
+    let invalid = |reason: String| {
+        Error::InvalidConnectionString(format!("{reason}; {CONNECTION_STRING_FORMS}"))
+    };
+    let url = url.trim();
+    if url.is_empty() {
+        return Err(invalid("it is empty".to_owned()));
+    }
+    if let Some((scheme, _)) = url.split_once("://") {
+        if !matches!(scheme, "postgres" | "postgresql") {
+            // A scheme is letters, digits, `+`, `-`, `.` (RFC 3986 §3.1);
+            // anything else is not quoted back.
+            let shown = if !scheme.is_empty()
+                && scheme.len() <= 20
+                && scheme
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+            {
+                format!("the scheme {scheme}:// is not PostgreSQL")
+            } else {
+                "it is not a postgres:// URL".to_owned()
+            };
+            return Err(invalid(shown));
+        }
+    } else if !url.contains('=') {
+        return Err(invalid(
+            "it is neither a postgres:// URL nor key=value settings".to_owned(),
+        ));
+    }
+    url.parse::<Config>().map_err(|e| {
+        // The driver's own text is "invalid connection string"; its cause
+        // says which part (an unknown option, a bad value).
+        let reason = std::error::Error::source(&e)
+            .map(|cause| cause.to_string())
+            .unwrap_or_else(|| e.to_string());
+        invalid(reason)
+    })
 }
 
 /// `user@host:port/dbname` of a configuration, for logs.
@@ -903,6 +964,49 @@ mod tests {
             fenced_write_lock_key("other")
         );
         assert_ne!(fenced_write_lock_key("writer"), MIGRATION_LOCK_KEY);
+    }
+
+    #[test]
+    fn connection_strings_name_the_accepted_forms() {
+        for ok in [
+            "postgres://herald:secret@db.internal:5432/herald",
+            "postgresql://herald@127.0.0.1/postgres",
+            "host=db.internal user=herald dbname=herald",
+        ] {
+            assert!(check_connection_string(ok).is_ok(), "{ok}");
+        }
+        for (bad, reason) in [
+            (
+                "not-a-url",
+                "neither a postgres:// URL nor key=value settings",
+            ),
+            (
+                "mysql://root:secret@db/app",
+                "the scheme mysql:// is not PostgreSQL",
+            ),
+            ("sqlite:///x.db", "the scheme sqlite:// is not PostgreSQL"),
+            ("  ", "it is empty"),
+            ("host=db frobnicate=1", "unknown option `frobnicate`"),
+            ("host=db port=seven", "invalid value for option `port`"),
+        ] {
+            let e = check_connection_string(bad).unwrap_err();
+            assert!(
+                matches!(e, Error::InvalidConnectionString(_)),
+                "{bad}: {e:?}"
+            );
+            let text = e.to_string();
+            assert!(
+                text.starts_with("invalid PostgreSQL connection string: "),
+                "{text}"
+            );
+            assert!(text.contains(reason), "{bad}: {text}");
+            assert!(
+                text.contains("postgres://user:password@host:port/dbname"),
+                "{text}"
+            );
+            assert!(text.contains("key=value"), "{text}");
+            assert!(!text.contains("secret"), "{text}");
+        }
     }
 
     #[test]

@@ -178,8 +178,10 @@ impl SqliteStorage {
     /// Deletes the session files of processes that are gone.
     ///
     /// # Errors
-    /// [`Error::Io`] when the directory or a lock file cannot be created, or
-    /// the file system does not support WAL mode (kind `Unsupported`);
+    /// [`Error::Io`] (with the absolute path and the operation) when
+    /// `data_dir` is not a directory, or the directory or a lock file
+    /// cannot be created, or the file system does not support WAL mode
+    /// (kind `Unsupported`);
     /// [`Error::Migration`] when the schema cannot be migrated;
     /// [`Error::Unavailable`] when another process holds the migration lock
     /// for over 60 s or the database stays locked longer than
@@ -192,12 +194,28 @@ impl SqliteStorage {
     }
 
     fn open_blocking(data_dir: PathBuf, options: SqliteOptions) -> Result<Self> {
-        fs::create_dir_all(&data_dir)?;
+        // Absolute, so that every error and log names the real place.
+        let data_dir = std::path::absolute(&data_dir)
+            .map_err(|e| Error::io("use the data directory", &data_dir, e))?;
+        if data_dir.exists() && !data_dir.is_dir() {
+            return Err(Error::io(
+                "use the data directory",
+                &data_dir,
+                std::io::Error::new(
+                    std::io::ErrorKind::NotADirectory,
+                    "it exists and is not a directory",
+                ),
+            ));
+        }
+        fs::create_dir_all(&data_dir)
+            .map_err(|e| Error::io("create the data directory", &data_dir, e))?;
         let sessions_dir = data_dir.join(SESSIONS_DIR);
-        fs::create_dir_all(&sessions_dir)?;
+        fs::create_dir_all(&sessions_dir)
+            .map_err(|e| Error::io("create the sessions directory", &sessions_dir, e))?;
         let db_path = data_dir.join(DATABASE_FILE);
 
-        let session = SessionLock::create(&sessions_dir)?;
+        let session = SessionLock::create(&sessions_dir)
+            .map_err(|e| Error::io("create a session lock file in", &sessions_dir, e))?;
         session::sweep(&sessions_dir, session.id());
 
         let writer_conn = {
@@ -206,27 +224,30 @@ impl SqliteStorage {
             let mode: String =
                 conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
             if !mode.eq_ignore_ascii_case("wal") {
-                return Err(Error::Io(std::io::Error::new(
-                    std::io::ErrorKind::Unsupported,
-                    format!(
-                        "SQLite could not switch {} to WAL mode (got {mode:?})",
-                        db_path.display()
+                return Err(Error::io(
+                    "switch to WAL mode",
+                    &db_path,
+                    std::io::Error::new(
+                        std::io::ErrorKind::Unsupported,
+                        format!("SQLite answered journal_mode {mode:?}"),
                     ),
-                )));
+                ));
             }
             migrate(&mut conn)?;
             conn
         };
 
-        let writer = Worker::spawn("writer", vec![writer_conn])?;
+        let thread_error = |e| Error::io("start a connection thread for", &db_path, e);
+        let writer = Worker::spawn("writer", vec![writer_conn]).map_err(thread_error)?;
         let renewal = Worker::spawn(
             "renewal",
             vec![open_connection(&db_path, Role::Renewal, &options)?],
-        )?;
+        )
+        .map_err(thread_error)?;
         let readers = (0..options.readers.max(1))
             .map(|_| open_connection(&db_path, Role::Reader, &options))
             .collect::<Result<Vec<_>>>()?;
-        let readers = Worker::spawn("reader", readers)?;
+        let readers = Worker::spawn("reader", readers).map_err(thread_error)?;
 
         tracing::info!(
             path = %db_path.display(),
@@ -303,7 +324,8 @@ impl SqliteStorage {
         let options = self.inner.options.clone();
         let fresh = tokio::task::spawn_blocking(move || -> Result<Worker> {
             let conn = open_connection(&db_path, Role::Renewal, &options)?;
-            Ok(Worker::spawn("renewal", vec![conn])?)
+            Worker::spawn("renewal", vec![conn])
+                .map_err(|e| Error::io("start a connection thread for", &db_path, e))
         })
         .await;
         let fresh = match fresh {
@@ -377,7 +399,8 @@ fn lock_for_migration(path: &Path) -> Result<File> {
         .write(true)
         .create(true)
         .truncate(false)
-        .open(path)?;
+        .open(path)
+        .map_err(|e| Error::io("open the migration lock file", path, e))?;
     let deadline = Instant::now() + MIGRATION_LOCK_WAIT;
     loop {
         match file.try_lock() {
@@ -392,7 +415,9 @@ fn lock_for_migration(path: &Path) -> Result<File> {
                     MIGRATION_LOCK_WAIT.as_secs()
                 )))
             }
-            Err(TryLockError::Error(e)) => return Err(Error::Io(e)),
+            Err(TryLockError::Error(e)) => {
+                return Err(Error::io("lock the migration lock file", path, e))
+            }
         }
     }
 }

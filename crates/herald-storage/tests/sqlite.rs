@@ -412,3 +412,35 @@ async fn sqlite_has_no_change_notices() {
     let storage = open(dir.path()).await;
     assert!(storage.watch_changes().is_none());
 }
+
+/// A data dir that is a file is refused once, with the operation and the
+/// absolute path, and nothing is created next to it.
+#[tokio::test]
+async fn a_data_dir_that_is_a_file_is_refused_naming_its_absolute_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("not-a-dir");
+    std::fs::write(&file, "x").unwrap();
+    let e = SqliteStorage::open(&file, SqliteOptions::default())
+        .await
+        .unwrap_err();
+    let Error::Io {
+        operation, path, ..
+    } = &e
+    else {
+        panic!("not an Io error: {e:?}");
+    };
+    assert_eq!(*operation, "use the data directory");
+    assert!(path.is_absolute(), "{path:?}");
+    assert_eq!(path, &file);
+    let text = e.to_string();
+    assert_eq!(
+        text,
+        format!(
+            "cannot use the data directory {}: it exists and is not a directory",
+            file.display()
+        )
+    );
+    // Printed once: the OS error is not also the error's source.
+    assert!(std::error::Error::source(&e).is_none());
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+}
