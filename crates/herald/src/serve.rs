@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use herald_core::Candidate;
+use herald_core::{Candidate, LeaseInfo};
 use herald_lease::{BootClock, LeaseConfig, LeaseState, StopReason, Supervisor};
 use herald_server::ServerConfig;
 use herald_storage::postgres::{PostgresOptions, PostgresStorage};
@@ -53,9 +53,11 @@ impl From<ExitStatus> for ExitCode {
 /// variable `HERALD_<FLAG>`; durations are written `250ms`, `6s`, `2m`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct ServeArgs {
-    /// Address to listen on (port 0 picks a free port; the log says which).
-    #[arg(long, env = "HERALD_LISTEN", default_value = "127.0.0.1:7700")]
-    listen: SocketAddr,
+    /// Address to listen on, `IP:PORT` or `HOST:PORT` (a host name is
+    /// resolved and the first address that can be bound is used; port 0
+    /// picks a free port; the `listening` log record says which).
+    #[arg(long, env = "HERALD_LISTEN", default_value = "127.0.0.1:7700", value_parser = parse_listen)]
+    listen: ListenAddr,
     /// Directory of the embedded database (`herald.db`) and the node id.
     #[arg(long, env = "HERALD_DATA_DIR", default_value = "./herald-data")]
     data_dir: PathBuf,
@@ -108,6 +110,114 @@ pub(crate) struct ServeArgs {
     /// Log format on stderr.
     #[arg(long, env = "HERALD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Human)]
     log_format: LogFormat,
+}
+
+/// A `--listen` value: a host (an IP address or a name to resolve) and a
+/// port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ListenAddr {
+    /// An IP address (IPv6 without brackets) or a host name.
+    host: String,
+    /// The TCP port; 0 picks a free one.
+    port: u16,
+}
+
+impl std::fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// What `--listen` takes, as said in its errors.
+const LISTEN_FORMS: &str = "write HOST:PORT, e.g. 127.0.0.1:7700 (this host only), \
+     0.0.0.0:7700 (every interface), [::1]:7700 or localhost:7700";
+
+/// Parses a `--listen` value: `IP:PORT`, `[IPv6]:PORT` or `HOST:PORT`.
+pub(crate) fn parse_listen(s: &str) -> Result<ListenAddr, String> {
+    if let Ok(addr) = s.parse::<SocketAddr>() {
+        return Ok(ListenAddr {
+            host: addr.ip().to_string(),
+            port: addr.port(),
+        });
+    }
+    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("{s:?} has no host; {LISTEN_FORMS}"));
+    }
+    let Some((host, port)) = s.rsplit_once(':') else {
+        return Err(format!("{s:?} has no port; {LISTEN_FORMS}"));
+    };
+    let port: u16 = port
+        .parse()
+        .map_err(|_| format!("the port must be a number from 0 to 65535; {LISTEN_FORMS}"))?;
+    if host.is_empty() {
+        return Err(format!("{s:?} has no host; {LISTEN_FORMS}"));
+    }
+    if host.contains(':') {
+        return Err(format!(
+            "an IPv6 address goes in brackets, e.g. [::1]:{port}; {LISTEN_FORMS}"
+        ));
+    }
+    // A host name (RFC 1123): letters, digits, `-` and `.`.
+    if !host
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+    {
+        return Err(format!(
+            "{host:?} is neither an IP address nor a host name; {LISTEN_FORMS}"
+        ));
+    }
+    Ok(ListenAddr {
+        host: host.to_owned(),
+        port,
+    })
+}
+
+/// Binds the `--listen` address. A host name is resolved, and the addresses
+/// are tried in the order the resolver gives them until one can be bound
+/// (`localhost` gives `[::1]` and `127.0.0.1` on most systems; the first
+/// that works is used, not both).
+///
+/// # Errors
+/// The host cannot be resolved; the port is in use (the message names the
+/// port and `--listen`); another bind error.
+async fn bind(listen: &ListenAddr) -> anyhow::Result<TcpListener> {
+    let addrs: Vec<SocketAddr> =
+        match tokio::net::lookup_host((listen.host.as_str(), listen.port)).await {
+            Ok(addrs) => addrs.collect(),
+            Err(e) => anyhow::bail!(
+            "cannot resolve the host of --listen {listen}: {e}; use an IP address instead, e.g. \
+             --listen 127.0.0.1:{}",
+            listen.port
+        ),
+        };
+    let mut first_error = None;
+    for addr in &addrs {
+        match TcpListener::bind(addr).await {
+            Ok(listener) => return Ok(listener),
+            Err(e) => {
+                first_error.get_or_insert((*addr, e));
+            }
+        }
+    }
+    let Some((addr, e)) = first_error else {
+        anyhow::bail!(
+            "the host of --listen {listen} resolves to no address; use an IP address instead, \
+             e.g. --listen 127.0.0.1:{}",
+            listen.port
+        );
+    };
+    if e.kind() == std::io::ErrorKind::AddrInUse {
+        anyhow::bail!(
+            "cannot listen on {addr}: port {} is already in use (another herald serve?); stop \
+             the other process or choose another port with --listen (port 0 picks a free one)",
+            addr.port()
+        );
+    }
+    anyhow::bail!("cannot listen on {addr} (--listen {listen}): {e}")
 }
 
 /// Parses `250ms`, `6s`, `2m` (humantime's syntax).
@@ -164,6 +274,13 @@ async fn start_and_run(args: ServeArgs) -> anyhow::Result<ExitStatus> {
     {
         anyhow::bail!("--node-id must not be empty");
     }
+    if let Some(url) = &args.database_url {
+        check_database_url(url)?;
+    }
+    // Bind first: a node that cannot serve neither creates nor migrates a
+    // database, nor takes the lease.
+    let listener = bind(&args.listen).await?;
+    let addr = listener.local_addr()?;
     herald_server::install_metrics_recorder();
     let (storage, backend) = open_storage(&args, &lease_config).await?;
     let node_id = match args.node_id {
@@ -171,11 +288,6 @@ async fn start_and_run(args: ServeArgs) -> anyhow::Result<ExitStatus> {
         None => stable_node_id(&args.data_dir)?,
     };
 
-    // Bind before acquiring: a node that cannot serve never takes the lease.
-    let listener = TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("binding {}", args.listen))?;
-    let addr = listener.local_addr()?;
     let advertise_url = match args.advertise_url {
         Some(url) => url,
         None => {
@@ -221,9 +333,11 @@ async fn start_and_run(args: ServeArgs) -> anyhow::Result<ExitStatus> {
         node_id = %node_id,
         addr = %addr,
         advertise_url = %advertise_url,
-        backend = %backend,
+        backend = %backend.kind,
+        database = %backend.location,
         "listening"
     );
+    tokio::spawn(log_first_role(lease.subscribe(), node_id.clone()));
 
     let mut states = lease.subscribe();
     let stopped = async move {
@@ -305,13 +419,75 @@ async fn start_and_run(args: ServeArgs) -> anyhow::Result<ExitStatus> {
     }
 }
 
+/// Refuses a `--database` value that is not a PostgreSQL connection
+/// string, saying which forms are accepted and that leaving the flag out
+/// selects the embedded SQLite database. Connects to nothing.
+fn check_database_url(url: &str) -> anyhow::Result<()> {
+    herald_storage::postgres::check_connection_string(url).map_err(|e| {
+        let leave_out = if url.trim_start().to_ascii_lowercase().starts_with("sqlite") {
+            "SQLite is not chosen by URL: leave"
+        } else {
+            "Leave"
+        };
+        anyhow::anyhow!(
+            "--database: {e}. {leave_out} --database out (and HERALD_DATABASE_URL unset) to use \
+             the embedded SQLite database in --data-dir"
+        )
+    })
+}
+
+/// Logs how this node started, once the lease supervisor's first attempt
+/// is done: a standby says who holds the writer lease (the holder's start
+/// is logged by the storage as `writer lease acquired`).
+async fn log_first_role(mut states: tokio::sync::watch::Receiver<LeaseState>, node_id: String) {
+    let first = match states
+        .wait_for(|s| !matches!(s, LeaseState::Starting))
+        .await
+    {
+        Ok(state) => state.clone(),
+        Err(_) => return,
+    };
+    let LeaseState::Standby { holder } = first else {
+        return;
+    };
+    match holder {
+        Some(LeaseInfo {
+            name,
+            holder: Some(holder),
+            holder_url,
+            token,
+            ..
+        }) => info!(
+            node_id = %node_id,
+            lease = %name,
+            holder = %holder,
+            holder_url = %holder_url.as_deref().unwrap_or("unknown"),
+            token = token.0,
+            "started as a standby: another node holds the writer lease"
+        ),
+        _ => info!(
+            node_id = %node_id,
+            "started as a standby: the writer lease could not be taken yet; retrying"
+        ),
+    }
+}
+
+/// Which storage a node uses, as logged in the `listening` record.
+struct Backend {
+    /// `sqlite` or `postgres`.
+    kind: &'static str,
+    /// The SQLite file (absolute path), or the PostgreSQL database as
+    /// `user@host:port/dbname` (never a password).
+    location: String,
+}
+
 /// Opens the storage the flags select: PostgreSQL with `--database`, else
 /// SQLite in the data dir. Returns it with a description for the log (never
 /// a password).
 async fn open_storage(
     args: &ServeArgs,
     lease: &LeaseConfig,
-) -> anyhow::Result<(Arc<dyn Storage>, String)> {
+) -> anyhow::Result<(Arc<dyn Storage>, Backend)> {
     match &args.database_url {
         Some(url) => {
             // Server-side timeouts of pool connections stay well under the
@@ -330,9 +506,12 @@ async fn open_storage(
                 },
             )
             .await
-            .context("connecting to PostgreSQL")?;
-            let described = format!("postgres {}", storage.target());
-            Ok((Arc::new(storage), described))
+            .context("connecting to PostgreSQL (--database)")?;
+            let backend = Backend {
+                kind: "postgres",
+                location: storage.target().to_owned(),
+            };
+            Ok((Arc::new(storage), backend))
         }
         None => {
             let storage = SqliteStorage::open(
@@ -343,29 +522,39 @@ async fn open_storage(
                 },
             )
             .await
-            .with_context(|| format!("opening the database in {}", args.data_dir.display()))?;
-            let described = format!("sqlite {}", storage.db_path().display());
-            Ok((Arc::new(storage), described))
+            .context("opening the embedded SQLite database (--data-dir)")?;
+            let backend = Backend {
+                kind: "sqlite",
+                location: storage.db_path().display().to_string(),
+            };
+            Ok((Arc::new(storage), backend))
         }
     }
 }
 
-/// The node id kept in `<data_dir>/node-id`, created on first use.
+/// The node id kept in `<data_dir>/node-id`, created on first use. Errors
+/// name the absolute path and the operation, once.
 fn stable_node_id(data_dir: &Path) -> anyhow::Result<String> {
-    std::fs::create_dir_all(data_dir)
-        .with_context(|| format!("creating {}", data_dir.display()))?;
+    let data_dir = &std::path::absolute(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
+    std::fs::create_dir_all(data_dir).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot create the data directory {} (--data-dir), where the node id is kept: {e}",
+            data_dir.display()
+        )
+    })?;
     let path = data_dir.join("node-id");
     match std::fs::read_to_string(&path) {
         Ok(id) if !id.trim().is_empty() => return Ok(id.trim().to_owned()),
         Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        Err(e) => anyhow::bail!("cannot read the node id from {}: {e}", path.display()),
     }
     let id = format!("node-{:016x}", rand::random::<u64>());
     let tmp = data_dir.join("node-id.tmp");
     std::fs::write(&tmp, format!("{id}\n"))
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
+        .map_err(|e| anyhow::anyhow!("cannot write the node id to {}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, &path)
+        .map_err(|e| anyhow::anyhow!("cannot write the node id to {}: {e}", path.display()))?;
     Ok(id)
 }
 

@@ -79,10 +79,15 @@ impl Server {
 
     /// Like [`Server::start`], with more `herald serve` flags.
     pub(crate) async fn start_with(data_dir: &Path, extra: &[&str]) -> Self {
+        Self::start_listening(data_dir, "127.0.0.1:0", extra).await
+    }
+
+    /// Like [`Server::start_with`], listening on `listen`.
+    pub(crate) async fn start_listening(data_dir: &Path, listen: &str, extra: &[&str]) -> Self {
         let mut child = herald()
             .arg("serve")
             .arg("--listen")
-            .arg("127.0.0.1:0")
+            .arg(listen)
             .arg("--data-dir")
             .arg(data_dir)
             .arg("--log-format")

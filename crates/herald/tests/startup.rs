@@ -1,0 +1,236 @@
+//! `herald serve` start-up against the real binary: settings that cannot
+//! work are refused with one message that names the fix, before anything
+//! is created; the start-up log says what the node is and where its data
+//! lives.
+//!
+//! Set `HERALD_BIN` to run them against another build of the binary.
+
+mod support;
+
+use std::path::Path;
+use std::process::Stdio;
+
+use serde_json::Value;
+use support::{herald, within, Server, WAIT};
+
+/// Runs `herald serve` in `cwd` with `args`, expects exit status 1, and
+/// returns the `error` field of its `start-up failed` record.
+async fn failed_start(cwd: &Path, args: &[&str]) -> String {
+    let out = within(
+        "herald serve to fail",
+        WAIT,
+        herald()
+            .current_dir(cwd)
+            .args(["serve", "--log-format", "json"])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output(),
+    )
+    .await
+    .expect("run herald serve");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+    let record = stderr
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .find(|r| r["message"] == "start-up failed")
+        .unwrap_or_else(|| panic!("{args:?}: no start-up failed record in:\n{stderr}"));
+    record["error"].as_str().expect("an error field").to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_value_that_is_not_postgres_names_the_forms_and_the_default() {
+    let dir = tempfile::tempdir().unwrap();
+    for (url, reason) in [
+        (
+            "not-a-url",
+            "neither a postgres:// URL nor key=value settings",
+        ),
+        (
+            "mysql://root:secret@db.internal/app",
+            "the scheme mysql:// is not PostgreSQL",
+        ),
+        ("sqlite:///x.db", "SQLite is not chosen by URL"),
+    ] {
+        let error = failed_start(
+            dir.path(),
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--data-dir",
+                "data",
+                "--database",
+                url,
+            ],
+        )
+        .await;
+        assert!(error.starts_with("--database: "), "{error}");
+        assert!(error.contains(reason), "{url}: {error}");
+        assert!(
+            error.contains("postgres://user:password@host:port/dbname"),
+            "{error}"
+        );
+        assert!(error.contains("key=value"), "{error}");
+        assert!(
+            error.contains("Leave --database out") || error.contains("leave --database out"),
+            "{error}"
+        );
+        assert!(error.contains("embedded SQLite database"), "{error}");
+        assert!(!error.contains("unexpected EOF"), "{error}");
+        assert!(!error.contains("secret"), "the password leaked: {error}");
+    }
+    assert!(
+        !dir.path().join("data").exists(),
+        "a refused start created the data dir"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_dir_that_cannot_be_used_is_named_once_with_its_absolute_path() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("afile"), "x").unwrap();
+    let error = failed_start(
+        dir.path(),
+        &["--listen", "127.0.0.1:0", "--data-dir", "afile"],
+    )
+    .await;
+    let absolute = dir.path().join("afile");
+    assert_eq!(
+        error,
+        format!(
+            "opening the embedded SQLite database (--data-dir): cannot use the data directory \
+             {}: it exists and is not a directory",
+            absolute.display()
+        )
+    );
+
+    // Permissions do not stop root, so this half needs another user.
+    if rustix::process::geteuid().is_root() {
+        println!("running as root: the unwritable data dir case is not checked");
+        return;
+    }
+    let locked = dir.path().join("locked");
+    std::fs::create_dir(&locked).unwrap();
+    let mut permissions = std::fs::metadata(&locked).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o555);
+    std::fs::set_permissions(&locked, permissions).unwrap();
+    let error = failed_start(
+        dir.path(),
+        &["--listen", "127.0.0.1:0", "--data-dir", "locked/data"],
+    )
+    .await;
+    let target = locked.join("data");
+    assert!(
+        error.contains(&format!(
+            "cannot create the data directory {}: ",
+            target.display()
+        )),
+        "{error}"
+    );
+    assert_eq!(
+        error.matches("Permission denied").count(),
+        1,
+        "the OS error is printed once: {error}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_in_use_is_refused_before_the_data_dir_is_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let error = failed_start(
+        dir.path(),
+        &["--listen", &addr.to_string(), "--data-dir", "fresh"],
+    )
+    .await;
+    assert!(
+        error.contains(&format!("port {} is already in use", addr.port())),
+        "{error}"
+    );
+    assert!(
+        error.contains("choose another port with --listen"),
+        "{error}"
+    );
+    assert!(
+        !dir.path().join("fresh").exists(),
+        "the data dir was created before the listener was bound"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listen_takes_a_host_name_and_names_a_bad_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_listening(dir.path(), "localhost:0", &[]).await;
+    let bound: std::net::SocketAddr = server.url["http://".len()..].parse().unwrap();
+    assert!(bound.ip().is_loopback(), "{bound}");
+    assert_eq!(server.api.status().await["role"], "holder");
+    drop(server);
+
+    // A value clap refuses: exit status 2 with the forms to write.
+    for (listen, words) in [
+        ("7700", "\"7700\" has no host"),
+        ("::1:7700", "an IPv6 address goes in brackets"),
+        ("local host:7700", "neither an IP address nor a host name"),
+    ] {
+        let out = within(
+            "herald serve to refuse --listen",
+            WAIT,
+            herald()
+                .args(["serve", "--listen", listen])
+                .current_dir(dir.path())
+                .output(),
+        )
+        .await
+        .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{listen}: {stderr}");
+        assert!(stderr.contains(words), "{listen}: {stderr}");
+        assert!(stderr.contains("127.0.0.1:7700"), "{listen}: {stderr}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_start_up_log_says_the_role_the_holder_and_the_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = Server::start_with(dir.path(), &["--node-id", "node-a"]).await;
+    first.api.wait_role("holder", WAIT).await;
+    let token = first.api.status().await["lease"]["token"]
+        .as_u64()
+        .expect("a token");
+    let listening = first
+        .wait_log_record("listening", WAIT, |r| r["message"] == "listening")
+        .await;
+    assert_eq!(listening["backend"], "sqlite", "{listening}");
+    let database = listening["database"].as_str().expect("a database field");
+    assert!(Path::new(database).is_absolute(), "{listening}");
+    assert!(database.ends_with("/herald.db"), "{listening}");
+    assert_eq!(
+        listening["addr"],
+        first.url["http://".len()..],
+        "{listening}"
+    );
+
+    let second = Server::start_with(dir.path(), &["--node-id", "node-b"]).await;
+    let standby = second
+        .wait_log_record("the standby's start-up record", WAIT, |r| {
+            r["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("started as a standby"))
+        })
+        .await;
+    assert_eq!(
+        standby["message"], "started as a standby: another node holds the writer lease",
+        "{standby}"
+    );
+    assert_eq!(standby["node_id"], "node-b", "{standby}");
+    assert_eq!(standby["holder"], "node-a", "{standby}");
+    assert_eq!(standby["holder_url"], first.url, "{standby}");
+    assert_eq!(standby["token"], token, "{standby}");
+    // The holder logs no such record.
+    assert!(!first
+        .log_records()
+        .iter()
+        .any(|r| r["message"].as_str().is_some_and(|m| m.contains("standby"))));
+}
