@@ -26,7 +26,8 @@ const MAX_QUOTED_BODY_BYTES: usize = 200;
 /// The `--server` flag every client subcommand takes.
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct ServerArg {
-    /// Base URL of the Herald server (plain HTTP).
+    /// Base URL of the Herald server, `http://` or `https://` (a path
+    /// prefix, e.g. behind a proxy, is kept; `/v1` is added by the client).
     #[arg(
         long,
         env = "HERALD_SERVER",
@@ -37,20 +38,39 @@ pub(crate) struct ServerArg {
     pub(crate) server: Url,
 }
 
-/// Parses and checks a `--server` value: an `http://` URL with a host and
-/// no query or fragment.
+/// Parses and checks a `--server` value: an `http://` or `https://` URL
+/// with a host, no query or fragment, and a path (a prefix, if any) that
+/// does not already end with the API's `/v1`.
 pub(crate) fn parse_server_url(s: &str) -> Result<Url, String> {
+    if !s.contains("://") {
+        return Err(format!(
+            "{s:?} has no scheme; add http:// (or https://), e.g. --server http://{s}"
+        ));
+    }
     let url = Url::parse(s).map_err(|e| format!("not a URL: {e}"))?;
     match url.scheme() {
-        "http" => {}
-        "https" => return Err("https is not supported by this build; use http://".into()),
-        other => return Err(format!("unsupported scheme {other:?}; use http://")),
+        "http" | "https" => {}
+        other => {
+            return Err(format!(
+                "unsupported scheme {other}://; use http:// or https://"
+            ))
+        }
     }
     if url.host_str().is_none_or(str::is_empty) {
         return Err("the URL has no host".into());
     }
     if url.query().is_some() || url.fragment().is_some() {
         return Err("the URL must not have a query or a fragment".into());
+    }
+    let path = url.path().trim_end_matches('/');
+    if path == "/v1" || path.ends_with("/v1") {
+        let mut base = url.clone();
+        base.set_path(&path[..path.len() - "/v1".len()]);
+        return Err(format!(
+            "the URL ends with /v1, which the client adds to every request; give the server's \
+             base URL: --server {}",
+            base.as_str().trim_end_matches('/')
+        ));
     }
     Ok(url)
 }
@@ -90,6 +110,9 @@ pub(crate) struct ApiError {
     pub(crate) retry_after: Option<Duration>,
     /// For `not_holder`: the URL of the node that holds the writer lease.
     pub(crate) holder_url: Option<String>,
+    /// The URL requested, shown when the answer suggests a wrong
+    /// `--server` (404, or a body that is not Herald's).
+    pub(crate) url: Option<String>,
 }
 
 impl ApiError {
@@ -104,6 +127,9 @@ impl fmt::Display for ApiError {
         write!(f, "{}: {} (HTTP {})", self.code, self.message, self.status)?;
         if let Some(url) = &self.holder_url {
             write!(f, "; the writer is {url}")?;
+        }
+        if let Some(url) = &self.url {
+            write!(f, "; the URL requested was {url} (check --server)")?;
         }
         if let Some(after) = self.retry_after {
             write!(f, "; retry after {} s", after.as_secs())?;
@@ -254,13 +280,31 @@ impl Api {
         B: Serialize + ?Sized,
         T: DeserializeOwned,
     {
+        self.post_json_status(path, body, idempotency_key)
+            .await
+            .map(|(_, answer)| answer)
+    }
+
+    /// Like [`Api::post_json`], with the 2xx status code of the answer
+    /// (a publish is 201 when stored, 200 for a repeated idempotency key).
+    pub(crate) async fn post_json_status<B, T>(
+        &self,
+        path: &str,
+        body: &B,
+        idempotency_key: Option<&IdempotencyKey>,
+    ) -> Result<(u16, T), ClientError>
+    where
+        B: Serialize + ?Sized,
+        T: DeserializeOwned,
+    {
         let url = self.url(path);
         let mut req = self.http.post(&url).json(body);
         if let Some(key) = idempotency_key {
             req = req.header("Idempotency-Key", key.as_str());
         }
         let resp = self.send(&url, req).await?;
-        decode_json(&url, resp).await
+        let status = resp.status().as_u16();
+        decode_json(&url, resp).await.map(|answer| (status, answer))
     }
 
     /// `GET path` for a streamed body (SSE), with `headers`; returns the
@@ -287,11 +331,11 @@ impl Api {
         let retry_after = parse_retry_after(resp.headers());
         // A body that cannot be read still leaves the status to report.
         let body = resp.bytes().await.unwrap_or_default();
-        Err(ClientError::Api(decode_error(
-            status.as_u16(),
-            retry_after,
-            &body,
-        )))
+        let mut error = decode_error(status.as_u16(), retry_after, &body);
+        if error.status == 404 || error.code.starts_with("http_") {
+            error.url = Some(url.to_owned());
+        }
+        Err(ClientError::Api(error))
     }
 }
 
@@ -340,6 +384,7 @@ pub(crate) fn decode_error(status: u16, retry_after: Option<Duration>, body: &[u
             message: error.message,
             retry_after,
             holder_url: error.holder_url,
+            url: None,
         };
     }
     let text = String::from_utf8_lossy(body);
@@ -363,6 +408,7 @@ pub(crate) fn decode_error(status: u16, retry_after: Option<Duration>, body: &[u
         message,
         retry_after,
         holder_url: None,
+        url: None,
     }
 }
 
@@ -426,12 +472,43 @@ mod tests {
     fn checks_server_urls() {
         assert!(parse_server_url("http://127.0.0.1:7700").is_ok());
         assert!(parse_server_url("http://example.test/herald/").is_ok());
-        assert!(parse_server_url("https://example.test")
+        assert!(parse_server_url("https://example.test").is_ok());
+        assert_eq!(
+            parse_server_url("ftp://example.test").unwrap_err(),
+            "unsupported scheme ftp://; use http:// or https://"
+        );
+        assert_eq!(
+            parse_server_url("127.0.0.1:7700").unwrap_err(),
+            "\"127.0.0.1:7700\" has no scheme; add http:// (or https://), e.g. --server \
+             http://127.0.0.1:7700"
+        );
+        assert!(parse_server_url("localhost:7700")
             .unwrap_err()
-            .contains("https"));
-        assert!(parse_server_url("ftp://example.test").is_err());
-        assert!(parse_server_url("127.0.0.1:7700").is_err());
+            .contains("add http://"));
+        assert_eq!(
+            parse_server_url("http://h:7700/v1").unwrap_err(),
+            "the URL ends with /v1, which the client adds to every request; give the server's \
+             base URL: --server http://h:7700"
+        );
+        assert!(parse_server_url("https://h/herald/v1/")
+            .unwrap_err()
+            .ends_with("--server https://h/herald"));
         assert!(parse_server_url("http://h/?x=1").is_err());
+    }
+
+    #[test]
+    fn a_404_or_a_foreign_answer_names_the_url() {
+        let mut e = decode_error(
+            404,
+            None,
+            br#"{"error":{"code":"not_found","message":"no such route"}}"#,
+        );
+        e.url = Some("http://h/api/v1/status".to_owned());
+        assert_eq!(
+            e.to_string(),
+            "not_found: no such route (HTTP 404); the URL requested was \
+             http://h/api/v1/status (check --server)"
+        );
     }
 
     #[test]

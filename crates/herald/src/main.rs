@@ -103,7 +103,8 @@ mod tests {
         );
         assert!(Cli::try_parse_from(["herald", "history", "c", "--limit", "1001"]).is_err());
         assert!(Cli::try_parse_from(["herald", "history", "c", "--all", "--after", "5"]).is_ok());
-        assert!(Cli::try_parse_from(["herald", "tail", "c", "--server", "https://h"]).is_err());
+        assert!(Cli::try_parse_from(["herald", "tail", "c", "--server", "https://h"]).is_ok());
+        assert!(Cli::try_parse_from(["herald", "tail", "c", "--server", "h:7700"]).is_err());
         assert!(Cli::try_parse_from(["herald", "bench", "publish", "--channels", "0"]).is_err());
         assert!(
             Cli::try_parse_from(["herald", "bench", "publish", "--json", "--size", "10"]).is_ok()

@@ -1,5 +1,6 @@
 //! `herald publish`: appends one message to a channel.
 
+use std::collections::BTreeMap;
 use std::io::{IsTerminal, Read, Write};
 use std::process::ExitCode;
 
@@ -18,9 +19,15 @@ pub(crate) struct PublishArgs {
     /// Channel to publish to.
     #[arg(value_parser = client::parse_channel)]
     channel: ChannelName,
-    /// The message's data as one JSON value; read from stdin when absent or `-`.
+    /// The message's data as one JSON value (not the request body: the
+    /// command wraps it in `{"data": ...}`); read from stdin when absent or
+    /// `-`.
     #[arg(value_name = "JSON")]
     json: Option<String>,
+    /// Stores the JSON as the data even when it is an object whose only
+    /// key is `data` (which is otherwise refused as a likely request body).
+    #[arg(long)]
+    raw: bool,
     /// Makes the publish idempotent: a repeated key on the same channel
     /// returns the first message's offset and adds nothing.
     #[arg(long, value_name = "KEY", value_parser = client::parse_idempotency_key)]
@@ -47,6 +54,44 @@ pub(crate) enum DataError {
         /// A suggestion when the text looks like a bare word.
         hint: &'static str,
     },
+    /// The value is exactly `{"data": <value>}`: most likely a whole
+    /// request body given where the data goes.
+    #[error(
+        "the JSON given is {{\"data\": ...}}, a request body: herald publish takes the \
+         message's data itself and wraps it in {{\"data\": ...}}; pass the inner value \
+         (herald publish <channel> '{inner}'), or add --raw to store this object as the data"
+    )]
+    Wrapped {
+        /// The inner value's text, cut for the message.
+        inner: String,
+    },
+}
+
+/// Longest part of the inner value quoted in [`DataError::Wrapped`], in
+/// characters.
+const MAX_QUOTED_INNER_CHARS: usize = 60;
+
+/// Refuses `data` that is exactly an object with the single key `data`,
+/// unless `raw`: `herald publish c '{"data":{"x":1}}'` would otherwise
+/// store the wrapper itself as the message's data.
+pub(crate) fn refuse_wrapped(data: &RawValue, raw: bool) -> Result<(), DataError> {
+    if raw || !data.get().starts_with('{') {
+        return Ok(());
+    }
+    let Ok(object) = serde_json::from_str::<BTreeMap<String, &RawValue>>(data.get()) else {
+        return Ok(());
+    };
+    match (object.len(), object.get("data")) {
+        (1, Some(inner)) => {
+            let text = inner.get();
+            let inner = match text.char_indices().nth(MAX_QUOTED_INNER_CHARS) {
+                Some((end, _)) => format!("{}…", &text[..end]),
+                None => text.to_owned(),
+            };
+            Err(DataError::Wrapped { inner })
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Checks that `text` is exactly one JSON value and keeps its text as is.
@@ -72,12 +117,13 @@ pub(crate) async fn run(args: PublishArgs) -> anyhow::Result<ExitCode> {
         _ => read_stdin()?,
     };
     let data = parse_data(&text)?;
+    refuse_wrapped(&data, args.raw)?;
     let api = Api::new(
         &args.server.server,
         client::request_client(client::REQUEST_TIMEOUT)?,
     );
-    let answer: Box<RawValue> = api
-        .post_json(
+    let (status, answer): (u16, Box<RawValue>) = api
+        .post_json_status(
             &client::messages_path(&args.channel),
             &PublishBody { data: &data },
             args.idempotency_key.as_ref(),
@@ -86,7 +132,30 @@ pub(crate) async fn run(args: PublishArgs) -> anyhow::Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     writeln!(out, "{}", answer.get())?;
     out.flush()?;
+    if let Some(note) = duplicate_note(status, &answer) {
+        eprintln!("herald: {note}");
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What to say on stderr when the server answered 200 (the idempotency key
+/// was already used on the channel, so nothing was stored).
+fn duplicate_note(status: u16, answer: &RawValue) -> Option<String> {
+    if status != 200 {
+        return None;
+    }
+    let offset = serde_json::from_str::<serde_json::Value>(answer.get())
+        .ok()
+        .and_then(|v| v["offset"].as_u64());
+    Some(match offset {
+        Some(offset) => format!(
+            "duplicate: already published at offset {offset}; this idempotency key was used \
+             before on this channel, so nothing new was stored"
+        ),
+        None => "duplicate: this idempotency key was used before on this channel, so nothing \
+                 new was stored"
+            .to_owned(),
+    })
 }
 
 /// Reads all of stdin, telling a person at a terminal what is expected.
@@ -135,6 +204,59 @@ mod tests {
         assert!(!text.contains("quote it"), "{text}");
         assert!(parse_data("1 2").is_err());
         assert!(parse_data("{} {}").is_err());
+    }
+
+    #[test]
+    fn a_request_body_given_as_data_is_refused_unless_raw() {
+        let wrapped = parse_data(r#"{"data":{"x":1}}"#).unwrap();
+        let e = refuse_wrapped(&wrapped, false).unwrap_err();
+        assert_eq!(
+            e,
+            DataError::Wrapped {
+                inner: r#"{"x":1}"#.to_owned()
+            }
+        );
+        let text = e.to_string();
+        assert!(text.contains("takes the message's data itself"), "{text}");
+        assert!(
+            text.contains(r#"herald publish <channel> '{"x":1}'"#),
+            "{text}"
+        );
+        assert!(text.contains("add --raw"), "{text}");
+        assert!(refuse_wrapped(&wrapped, true).is_ok());
+        for fine in [
+            r#"{"data":1,"other":2}"#,
+            r#"{"x":{"data":1}}"#,
+            r#"{}"#,
+            r#"[{"data":1}]"#,
+            r#""data""#,
+        ] {
+            assert!(
+                refuse_wrapped(&parse_data(fine).unwrap(), false).is_ok(),
+                "{fine}"
+            );
+        }
+        let long = format!(r#"{{"data":"{}"}}"#, "y".repeat(500));
+        let DataError::Wrapped { inner } =
+            refuse_wrapped(&parse_data(&long).unwrap(), false).unwrap_err()
+        else {
+            panic!("not Wrapped");
+        };
+        assert_eq!(inner.chars().count(), MAX_QUOTED_INNER_CHARS + 1);
+    }
+
+    #[test]
+    fn a_200_answer_is_reported_as_a_duplicate() {
+        let answer = RawValue::from_string(
+            r#"{"channel":"c","offset":7,"published_at":"2026-01-01T00:00:00.000Z"}"#.to_owned(),
+        )
+        .unwrap();
+        assert_eq!(duplicate_note(201, &answer), None);
+        let note = duplicate_note(200, &answer).unwrap();
+        assert!(
+            note.starts_with("duplicate: already published at offset 7"),
+            "{note}"
+        );
     }
 
     #[test]

@@ -457,6 +457,89 @@ async fn command_line_clients_round_trip() {
     within("herald tail to exit", WAIT, tail.wait())
         .await
         .unwrap();
+
+    // A whole request body given as the data is refused, naming the fix.
+    let run = |mut cmd: tokio::process::Command| async move {
+        let out = within("herald", WAIT, cmd.output()).await.unwrap();
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        (out.status.code(), stdout, stderr)
+    };
+    let wrapped = r#"{"data":{"x":5}}"#;
+    let (code, stdout, stderr) = run(cli(&["publish", channel, wrapped])).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stdout.is_empty(), "{stdout}");
+    assert!(
+        stderr.contains("takes the message's data itself"),
+        "{stderr}"
+    );
+    assert!(stderr.contains(r#"'{"x":5}'"#), "{stderr}");
+    assert!(stderr.contains("add --raw"), "{stderr}");
+    assert_eq!(server.api.head(channel).await, 4, "a refused publish wrote");
+    // With --raw it is stored as it is.
+    let (code, stdout, stderr) = run(cli(&["publish", "--raw", channel, wrapped])).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(json_line(stdout.trim())["offset"], 5);
+    let (_, messages) = server.api.history_all(channel, 1000).await;
+    assert_eq!(messages[4]["data"], json!({ "data": { "x": 5 } }));
+
+    // A repeated idempotency key: the same answer, and a note on stderr.
+    let keyed = || cli(&["publish", channel, "6", "--idempotency-key", "k-6"]);
+    let (code, first, stderr) = run(keyed()).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(!stderr.contains("duplicate"), "{stderr}");
+    let (code, second, stderr) = run(keyed()).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(first, second);
+    assert!(
+        stderr.contains("duplicate: already published at offset 6"),
+        "{stderr}"
+    );
+    assert_eq!(server.api.head(channel).await, 6);
+
+    // --server values that cannot work, each refused naming the fix.
+    let addr = &server.url["http://".len()..];
+    let with_server = |server_url: String| {
+        let mut cmd = herald();
+        cmd.args(["status", "--server", &server_url]);
+        cmd
+    };
+    let (code, _, stderr) = run(with_server(addr.to_owned())).await;
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "add http:// (or https://), e.g. --server http://{addr}"
+        )),
+        "{stderr}"
+    );
+    let (code, _, stderr) = run(with_server(format!("{}/v1", server.url))).await;
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("ends with /v1"), "{stderr}");
+    assert!(
+        stderr.contains(&format!("--server {}", server.url)),
+        "{stderr}"
+    );
+    // https:// is spoken: against this plain-HTTP port the TLS handshake
+    // fails (a build without TLS would refuse the URL itself).
+    let (code, _, stderr) = run(with_server(format!("https://{addr}"))).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "request to https://{addr}/v1/status failed: cannot connect"
+        )),
+        "{stderr}"
+    );
+    // A path prefix is kept; when it is wrong, the URL tried is shown.
+    let (code, _, stderr) = run(with_server(format!("{}/herald", server.url))).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("not_found"), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "the URL requested was {}/herald/v1/status (check --server)",
+            server.url
+        )),
+        "{stderr}"
+    );
 }
 
 /// Scenario 8: `herald bench publish --json` reports a complete run, and
