@@ -2,7 +2,9 @@
 //! spirit of pgbench and redis-benchmark.
 //!
 //! C workers share a counter up to M messages; message `i` goes to channel
-//! `bench-<run id>-<i % N>`, where the run id is fresh per run. Each request
+//! `bench:<run id>-<i % N>`, where the run id is fresh per run (8 hex
+//! digits). The channels stay on the server after the run; the `bench:`
+//! prefix tells them apart from application channels. Each request
 //! has a timeout, a 503 is retried after its `Retry-After` a bounded number
 //! of times, so the run always ends.
 
@@ -46,7 +48,8 @@ pub(crate) enum BenchCommand {
 pub(crate) struct BenchPublishArgs {
     #[command(flatten)]
     server: ServerArg,
-    /// Channels to spread the messages over, named `bench-<run id>-<i>`.
+    /// Channels to spread the messages over, named `bench:<run id>-<i>`;
+    /// they stay on the server after the run.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     channels: u64,
     /// Concurrent workers, each with one request in flight.
@@ -195,7 +198,8 @@ async fn run_publish(args: BenchPublishArgs) -> anyhow::Result<ExitCode> {
     let paths = (0..args.channels.min(args.messages))
         .map(|i| {
             Ok(client::messages_path(&ChannelName::new(format!(
-                "bench-{run_id}-{i}"
+                "{}{i}",
+                channel_prefix(&run_id)
             ))?))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
@@ -334,10 +338,21 @@ impl Latency {
     }
 }
 
+/// What every bench channel's name starts with, before the run id.
+pub(crate) const BENCH_CHANNEL_PREFIX: &str = "bench:";
+
+/// The names of one run's channels start with this: `bench:<run id>-`,
+/// followed by the channel's index from 0.
+fn channel_prefix(run_id: &str) -> String {
+    format!("{BENCH_CHANNEL_PREFIX}{run_id}-")
+}
+
 /// The outcome of a run, as printed.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub(crate) struct Report {
     run_id: String,
+    /// The run's channels are this followed by 0, 1, ...: `bench:<run id>-`.
+    channel_prefix: String,
     channels: u64,
     concurrency: u32,
     size_bytes: u32,
@@ -376,6 +391,7 @@ impl Report {
         let secs = elapsed.as_secs_f64().max(f64::MIN_POSITIVE);
         let per_s = tally.ok as f64 / secs;
         Self {
+            channel_prefix: channel_prefix(&run_id),
             run_id,
             channels: args.channels,
             concurrency: args.concurrency,
@@ -403,6 +419,14 @@ impl Report {
             plural(u64::from(self.concurrency)),
             self.size_bytes,
         );
+        let last = match self.channels {
+            0 | 1 => String::new(),
+            n => format!(" to {}{}", self.channel_prefix, n - 1),
+        };
+        s.push_str(&format!(
+            "channels      {}0{last} (they stay on the server)\n",
+            self.channel_prefix
+        ));
         s.push_str(&format!(
             "messages      {} published, {} errors, {} retries\n",
             self.messages, self.errors, self.retries
@@ -586,6 +610,7 @@ herald_writer_batch_messages_count{node=\"c\"} 1
         let text = sample_report().render_text();
         let want = "\
 run           0badcafe (1 channel, 16 workers, 200-byte data)
+channels      bench:0badcafe-0 (they stay on the server)
 messages      9998 published, 2 errors, 4 retries
 elapsed       2.500 s
 throughput    3999.2 messages/s, 0.800 MB/s
@@ -599,6 +624,9 @@ errors        timeout 1, unavailable 1
     #[test]
     fn renders_the_json_report() {
         let json: serde_json::Value = serde_json::to_value(sample_report()).unwrap();
+        assert_eq!(json["run_id"], "0badcafe");
+        assert_eq!(json["channel_prefix"], "bench:0badcafe-");
+        assert!(ChannelName::new(format!("{}0", json["channel_prefix"].as_str().unwrap())).is_ok());
         assert_eq!(json["messages"], 9_998);
         assert_eq!(json["errors"], 2);
         assert_eq!(json["errors_by_code"]["timeout"], 1);

@@ -585,9 +585,12 @@ async fn bench_publish_reports_a_complete_run() {
         percentile("p99")
     );
 
-    // The one bench channel holds exactly what was reported.
+    // The one bench channel, named in the bench namespace, holds exactly
+    // what was reported.
     let run_id = report["run_id"].as_str().expect("run_id");
-    let channel = format!("bench-{run_id}-0");
+    let prefix = report["channel_prefix"].as_str().expect("channel_prefix");
+    assert_eq!(prefix, format!("bench:{run_id}-"));
+    let channel = format!("{prefix}0");
     let (head, messages) = server.api.history_all(&channel, 1000).await;
     assert_eq!(head, 300);
     assert_eq!(messages.len(), 300);
