@@ -61,8 +61,10 @@ pub(crate) struct ServeArgs {
     /// Directory of the embedded database (`herald.db`) and the node id.
     #[arg(long, env = "HERALD_DATA_DIR", default_value = "./herald-data")]
     data_dir: PathBuf,
-    /// PostgreSQL URL (`postgres://user:password@host:port/dbname`). Without
-    /// it Herald uses the embedded SQLite database in the data dir.
+    /// PostgreSQL connection string: a URL
+    /// `postgres://user:password@host:port/dbname` or libpq `key=value`
+    /// settings. Without it Herald uses the embedded SQLite database in the
+    /// data dir.
     #[arg(long = "database", env = "HERALD_DATABASE_URL", hide_env_values = true)]
     database_url: Option<String>,
     /// Connections in the PostgreSQL pool (reads and fenced writes); the
@@ -143,6 +145,12 @@ pub(crate) fn parse_listen(s: &str) -> Result<ListenAddr, String> {
             host: addr.ip().to_string(),
             port: addr.port(),
         });
+    }
+    if let Some((_, rest)) = s.split_once("://") {
+        return Err(format!(
+            "{s:?} is a URL; --listen takes an address without a scheme, e.g. {rest}; \
+             {LISTEN_FORMS}"
+        ));
     }
     if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
         return Err(format!("{s:?} has no host; {LISTEN_FORMS}"));
@@ -584,6 +592,51 @@ mod tests {
         assert_eq!(parse_duration("6s"), Ok(Duration::from_secs(6)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert!(parse_duration("six").is_err());
+    }
+
+    #[test]
+    fn listen_takes_ip_addresses_and_host_names() {
+        let listen = |host: &str, port| ListenAddr {
+            host: host.to_owned(),
+            port,
+        };
+        assert_eq!(
+            parse_listen("127.0.0.1:7700"),
+            Ok(listen("127.0.0.1", 7700))
+        );
+        assert_eq!(parse_listen("[::1]:0"), Ok(listen("::1", 0)));
+        assert_eq!(
+            parse_listen("localhost:7702"),
+            Ok(listen("localhost", 7702))
+        );
+        assert_eq!(parse_listen("[::1]:0").unwrap().to_string(), "[::1]:0");
+        assert_eq!(
+            parse_listen("node-a.internal:80").unwrap().to_string(),
+            "node-a.internal:80"
+        );
+        for (bad, words) in [
+            ("7700", "has no host"),
+            (":7700", "has no host"),
+            ("localhost", "has no port"),
+            (
+                "localhost:http",
+                "the port must be a number from 0 to 65535",
+            ),
+            (
+                "localhost:70000",
+                "the port must be a number from 0 to 65535",
+            ),
+            ("::1:7700", "an IPv6 address goes in brackets"),
+            (
+                "http://h:7700",
+                "is a URL; --listen takes an address without a scheme, e.g. h:7700",
+            ),
+            ("local host:7700", "neither an IP address nor a host name"),
+        ] {
+            let e = parse_listen(bad).unwrap_err();
+            assert!(e.contains(words), "{bad}: {e}");
+            assert!(e.contains("127.0.0.1:7700"), "{bad}: {e}");
+        }
     }
 
     #[test]
