@@ -193,15 +193,16 @@ pub(crate) fn parse_listen(s: &str) -> Result<ListenAddr, String> {
 /// The host cannot be resolved; the port is in use (the message names the
 /// port and `--listen`); another bind error.
 async fn bind(listen: &ListenAddr) -> anyhow::Result<TcpListener> {
-    let addrs: Vec<SocketAddr> =
-        match tokio::net::lookup_host((listen.host.as_str(), listen.port)).await {
-            Ok(addrs) => addrs.collect(),
-            Err(e) => anyhow::bail!(
-            "cannot resolve the host of --listen {listen}: {e}; use an IP address instead, e.g. \
-             --listen 127.0.0.1:{}",
-            listen.port
-        ),
-        };
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host((listen.host.as_str(), listen.port))
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "cannot resolve the host of --listen {listen}: {e}; use an IP address instead, \
+                 e.g. --listen 127.0.0.1:{}",
+                listen.port
+            )
+        })?
+        .collect();
     let mut first_error = None;
     for addr in &addrs {
         match TcpListener::bind(addr).await {
