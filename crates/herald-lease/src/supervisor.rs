@@ -172,17 +172,21 @@ impl Run {
         let watchdog_fired = watchdog.fired.clone();
 
         let mut next = Instant::now() + self.config.renew_interval;
+        // Every `select!` below is biased, in the order watchdog, lost
+        // lease, drain: when several happen at once, the stop that says
+        // the lease is gone wins over a drain, whatever the poll order.
         let exit = 'holder: loop {
             tokio::select! {
-                () = tokio::time::sleep_until(next) => {}
-                () = self.shutdown.cancelled() => break self.release(&lease).await,
+                biased;
+                () = watchdog_fired.cancelled() => break self.watchdog_exit(),
                 Some(token) = self.lost.recv() => {
                     if token == lease.token && !zombie_ignores(&lease, "a fenced write found the lease lost") {
                         break self.lease_lost(&lease, "a fenced write found the lease lost");
                     }
                     continue;
                 }
-                () = watchdog_fired.cancelled() => break self.watchdog_exit(),
+                () = self.shutdown.cancelled() => break self.release(&lease).await,
+                () = tokio::time::sleep_until(next) => {}
             }
             let sent = self.clock.now();
             lock(&progress).in_flight_since = Some(sent);
@@ -194,11 +198,7 @@ impl Run {
             tokio::pin!(attempt);
             let outcome = loop {
                 tokio::select! {
-                    r = &mut attempt => break r,
-                    () = self.shutdown.cancelled() => {
-                        lock(&progress).in_flight_since = None;
-                        break 'holder self.release(&lease).await;
-                    }
+                    biased;
                     () = watchdog_fired.cancelled() => break 'holder self.watchdog_exit(),
                     // A fenced write can find the lease lost while a
                     // renewal is still waiting: stop at once all the same.
@@ -207,6 +207,11 @@ impl Run {
                             break 'holder self.lease_lost(&lease, "a fenced write found the lease lost");
                         }
                     }
+                    () = self.shutdown.cancelled() => {
+                        lock(&progress).in_flight_since = None;
+                        break 'holder self.release(&lease).await;
+                    }
+                    r = &mut attempt => break r,
                 }
             };
             lock(&progress).in_flight_since = None;
@@ -237,7 +242,10 @@ impl Run {
                             Some(SystemTime::now() - self.clock.now().saturating_sub(sent));
                         p.last_error = None;
                     }
-                    next = Instant::now() + self.config.renew_interval;
+                    // The period counts from the send, as the deadline
+                    // does: a slow answer must not push the next renewal
+                    // later and shrink the stall the holder survives.
+                    next = started + self.config.renew_interval;
                 }
                 Ok(Err(StorageError::LeaseLost { .. })) => {
                     metrics::counter!("herald_lease_renewals_total", "result" => "lost")
@@ -297,27 +305,22 @@ impl Run {
 
     /// The exit after the watchdog task published `Stopped`.
     fn watchdog_exit(&self) -> Exit {
-        match &*self.state.borrow() {
-            LeaseState::Stopped { reason } => reason.clone(),
-            other => {
-                // Unreachable by construction: only the watchdog stops a holder
-                // behind this loop's back.
-                error!(state = ?other, "watchdog signalled without a stopped state");
-                StopReason::Drained { released: false }
-            }
-        }
+        self.stop_reason()
     }
 
     fn lease_lost(&self, lease: &Lease, why: &str) -> Exit {
-        let reason = StopReason::LeaseLost { token: lease.token };
-        self.stop(reason.clone());
+        self.stop(StopReason::LeaseLost { token: lease.token });
         error!(node_id = %lease.holder, lease = %lease.name, token = lease.token.0, "{why}; this node stops writing now");
-        reason
+        self.stop_reason()
     }
 
     /// Releases the lease on drain. Writes are refused from this moment on.
+    /// When the node had already stopped for another reason (the watchdog,
+    /// a lost lease), the release is still attempted (it is guarded by the
+    /// token, and spares a standby the wait for expiry) but that first
+    /// reason stays the node's reason.
     async fn release(&self, lease: &Lease) -> Exit {
-        self.stop(StopReason::Drained { released: false });
+        let first = self.stop(StopReason::Drained { released: false });
         let released = match tokio::time::timeout(
             self.config.renew_attempt_timeout,
             self.store.release(lease),
@@ -337,16 +340,31 @@ impl Run {
                 false
             }
         };
+        if !first {
+            return self.stop_reason();
+        }
+        // Only this drain's own record is completed; a stop published
+        // meanwhile would not be overwritten (none can be: the watchdog
+        // and the lost-lease path only stop a holder).
         let reason = StopReason::Drained { released };
-        self.state.send_replace(LeaseState::Stopped {
-            reason: reason.clone(),
+        self.state.send_if_modified(|s| match s {
+            LeaseState::Stopped {
+                reason: StopReason::Drained { .. },
+            } => {
+                *s = LeaseState::Stopped {
+                    reason: reason.clone(),
+                };
+                true
+            }
+            _ => false,
         });
-        reason
+        self.stop_reason()
     }
 
-    /// Publishes `Stopped` unless already stopped (the first reason wins).
-    fn stop(&self, reason: StopReason) {
-        self.state.send_if_modified(|s| {
+    /// Publishes `Stopped` unless already stopped: the first reason wins.
+    /// Returns whether this call stopped the node.
+    fn stop(&self, reason: StopReason) -> bool {
+        let stopped = self.state.send_if_modified(|s| {
             if matches!(s, LeaseState::Stopped { .. }) {
                 return false;
             }
@@ -354,6 +372,18 @@ impl Run {
             true
         });
         metrics::gauge!("herald_lease_role").set(0.0);
+        stopped
+    }
+
+    /// The reason the node stopped, once it has.
+    fn stop_reason(&self) -> Exit {
+        match &*self.state.borrow() {
+            LeaseState::Stopped { reason } => reason.clone(),
+            other => {
+                error!(state = ?other, "the supervisor ended without a stopped state");
+                StopReason::Drained { released: false }
+            }
+        }
     }
 }
 

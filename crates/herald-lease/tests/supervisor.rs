@@ -487,3 +487,47 @@ async fn after_a_suspend_writes_stop_at_once_and_the_watchdog_fires_within_a_tic
     assert!(Instant::now() - t0 <= Duration::from_millis(1250));
     assert!(record.watchdog_late_by >= Duration::from_secs(36));
 }
+
+/// The period between renewals counts from each renewal's send, like the
+/// safety deadline: renewals answered 2 s late are still sent every 5 s,
+/// not every 7 s.
+#[tokio::test(start_paused = true)]
+async fn slow_renewals_keep_their_period_from_the_send() {
+    let store = FakeStore::new(None, Duration::ZERO);
+    store.set_renewal(Renewal::CommitAfter(Duration::from_secs(2)));
+    let node = start(&store, config(6.0), Arc::new(TokioClock::new()));
+    node.at(21.0).await;
+    assert_eq!(store.renew_calls(), secs(&[5.0, 10.0, 15.0, 20.0]));
+    assert_eq!(node.deadline(), Some(Duration::from_secs(40)));
+}
+
+/// A lost lease and a drain seen at the same moment: the lost lease is the
+/// node's reason (exit status 4), never a drain (exit status 0), whatever
+/// order the supervisor's task finds them in.
+#[tokio::test(start_paused = true)]
+async fn a_lost_lease_wins_over_a_simultaneous_drain() {
+    for _ in 0..32 {
+        let store = FakeStore::new(None, Duration::ZERO);
+        let node = start(&store, config(6.0), Arc::new(TokioClock::new()));
+        node.at(1.0).await;
+        assert!(node.handle.is_holder());
+        // Both before the supervisor's task runs again.
+        node.handle.report_lease_lost(FencingToken(1));
+        node.shutdown.cancel();
+        let exit = exit_of(node.task).await;
+        assert_eq!(
+            exit,
+            StopReason::LeaseLost {
+                token: FencingToken(1)
+            }
+        );
+        assert_eq!(
+            node.handle.state(),
+            LeaseState::Stopped {
+                reason: StopReason::LeaseLost {
+                    token: FencingToken(1)
+                }
+            }
+        );
+    }
+}
