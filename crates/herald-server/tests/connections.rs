@@ -66,8 +66,10 @@ async fn read_until_closed(stream: &mut TcpStream, limit: Duration) -> Vec<u8> {
 async fn half_a_request_head_is_closed_after_the_timeout() {
     let dir = tempfile::tempdir().unwrap();
     let node = node(dir.path()).await;
-    let mut stream = connect(&node).await;
+    // Taken before connecting: the server's timer starts at its accept,
+    // which follows the connect, however late this task runs afterwards.
     let started = Instant::now();
+    let mut stream = connect(&node).await;
     stream
         .write_all(b"GET /healthz HTTP/1.1\r\nHost: herald\r\n")
         .await
@@ -86,8 +88,10 @@ async fn half_a_request_head_is_closed_after_the_timeout() {
 async fn a_connection_that_sends_nothing_is_closed_after_the_timeout() {
     let dir = tempfile::tempdir().unwrap();
     let node = node(dir.path()).await;
-    let mut stream = connect(&node).await;
+    // Taken before connecting: the server's timer starts at its accept,
+    // which follows the connect, however late this task runs afterwards.
     let started = Instant::now();
+    let mut stream = connect(&node).await;
     read_until_closed(&mut stream, TIMEOUT + SLACK).await;
     assert!(started.elapsed() >= TIMEOUT);
 }
@@ -96,8 +100,10 @@ async fn a_connection_that_sends_nothing_is_closed_after_the_timeout() {
 async fn a_partial_http2_preface_is_closed_after_the_timeout() {
     let dir = tempfile::tempdir().unwrap();
     let node = node(dir.path()).await;
-    let mut stream = connect(&node).await;
+    // Taken before connecting: the server's timer starts at its accept,
+    // which follows the connect, however late this task runs afterwards.
     let started = Instant::now();
+    let mut stream = connect(&node).await;
     stream.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
     read_until_closed(&mut stream, TIMEOUT + SLACK).await;
     assert!(started.elapsed() >= TIMEOUT);
@@ -108,13 +114,15 @@ async fn an_idle_kept_alive_connection_is_closed_after_the_timeout() {
     let dir = tempfile::tempdir().unwrap();
     let node = node(dir.path()).await;
     let mut stream = connect(&node).await;
+    // Taken before the request: the server's idle timer starts once it has
+    // answered, which follows this, however late this task reads the answer.
+    let asked = Instant::now();
     stream
         .write_all(b"GET /healthz HTTP/1.1\r\nHost: herald\r\n\r\n")
         .await
         .unwrap();
     let mut first = [0u8; 4096];
     let n = within("the answer", stream.read(&mut first)).await.unwrap();
-    let answered = Instant::now();
     let answer = String::from_utf8_lossy(&first[..n]).into_owned();
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(
@@ -122,8 +130,8 @@ async fn an_idle_kept_alive_connection_is_closed_after_the_timeout() {
         "the connection should be kept alive: {answer}"
     );
     read_until_closed(&mut stream, TIMEOUT + SLACK).await;
-    let idle = answered.elapsed();
-    assert!(idle >= TIMEOUT, "closed after {idle:?} idle");
+    let idle = asked.elapsed();
+    assert!(idle >= TIMEOUT, "closed {idle:?} after the request");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
