@@ -134,6 +134,10 @@ impl std::fmt::Display for ListenAddr {
     }
 }
 
+/// How long a drain that timed out (exit status 5) still waits for the
+/// lease supervisor to release the lease before the process exits.
+const RELEASE_AFTER_DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// What `--listen` takes, as said in its errors.
 const LISTEN_FORMS: &str = "write HOST:PORT, e.g. 127.0.0.1:7700 (this host only), \
      0.0.0.0:7700 (every interface), [::1]:7700 or localhost:7700";
@@ -373,6 +377,15 @@ async fn start_and_run(args: ServeArgs) -> anyhow::Result<ExitStatus> {
             if tokio::time::timeout_at(deadline, writes_done.cancelled()).await.is_err() {
                 lease_shutdown.cancel();
                 error!(node_id = %node_id, drain_timeout_ms, "queued writes did not finish before the drain deadline; exiting without renewing");
+                // Still try to release, briefly: a standby then takes over
+                // at once instead of after expiry. Safe with a write still
+                // in flight: it either commits before the new holder's
+                // acquire (which waits for it) or fails its fencing check.
+                match tokio::time::timeout(RELEASE_AFTER_DRAIN_TIMEOUT, supervisor).await {
+                    Ok(Ok(reason)) => info!(node_id = %node_id, ?reason, "lease supervisor stopped"),
+                    Ok(Err(e)) => error!(node_id = %node_id, error = %e, "lease supervisor task failed"),
+                    Err(_) => warn!(node_id = %node_id, "releasing the lease did not finish in time; it will expire instead"),
+                }
                 return Ok(ExitStatus::DrainTimeout);
             }
             // 2. Nothing more will be written: release the lease now, so a

@@ -327,3 +327,74 @@ async fn a_released_lease_is_taken_over_within_one_acquire_interval() {
     let status = b.api.status().await;
     assert_eq!(status["lease"]["token"], 2, "{status}");
 }
+
+/// A drain whose writer cannot finish in time (its batch waits on a channel
+/// row that another session holds) exits with status 5 and still releases
+/// the lease on its way out, so a standby does not wait for expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_that_times_out_still_releases_the_lease() {
+    let db = TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = flags(&db, "a");
+    args.extend(["--drain-timeout", "1s"]);
+    let mut a = Server::start_with(&dir.path().join("a"), &args).await;
+    a.api.wait_role("holder", WAIT).await;
+    a.api.publish(CHANNEL, &json!({ "id": "before" })).await;
+
+    let raw = db.raw_client().await;
+    raw.batch_execute(&format!(
+        "BEGIN; SELECT 1 FROM channels WHERE name = '{CHANNEL}' FOR UPDATE"
+    ))
+    .await
+    .unwrap();
+    let stuck = {
+        let api = a.api.clone();
+        tokio::spawn(async move {
+            api.try_publish(CHANNEL, &json!({ "id": "stuck" }), None)
+                .await
+        })
+    };
+    // The writer's batch now waits on the channel's row lock.
+    let monitor = db.raw_client().await;
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let waiting: i64 = monitor
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                 AND application_name = 'herald' AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the writer never waited");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    a.sigterm();
+    let (status, _) = a.wait_exit(WAIT).await;
+    assert_eq!(status.code(), Some(5), "{}", a.log_text());
+    let holder: Option<String> = monitor
+        .query_one(
+            "SELECT holder FROM storage_leases WHERE name = 'writer'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        holder,
+        None,
+        "the lease was not released:\n{}",
+        a.log_text()
+    );
+    raw.batch_execute("ROLLBACK").await.unwrap();
+    let answer = stuck.await.unwrap();
+    assert!(
+        !answer.as_ref().is_ok_and(|a| a.status.is_success()),
+        "the stuck publish was acknowledged: {answer:?}"
+    );
+}
