@@ -28,7 +28,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::hub::{Hub, Notice};
-use crate::role::{holder_url, LeaseView};
+use crate::role::LeaseView;
 use crate::{metrics, Error, Result};
 
 /// One publish waiting for the writer.
