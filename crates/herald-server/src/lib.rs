@@ -137,8 +137,10 @@ pub(crate) async fn serve_with(
     let stop = shutdown.child_token();
     let state = AppState::start_with(storage, lease, config, stop.clone()).await?;
     let node_id = state.config().node_id.clone();
-    let local = listener.local_addr().ok();
-    tracing::info!(node_id = %node_id, addr = ?local, "serving");
+    match listener.local_addr() {
+        Ok(addr) => tracing::info!(node_id = %node_id, addr = %addr, "serving"),
+        Err(e) => tracing::info!(node_id = %node_id, addr_error = %e, "serving"),
+    }
     if let Some(writes_done) = writes_done {
         let state = state.clone();
         tokio::spawn(async move {

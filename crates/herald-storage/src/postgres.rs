@@ -778,8 +778,13 @@ async fn drive<F: Future>(
 /// the lock if anything failed).
 async fn migrate(base: &Config, options: &PostgresOptions, target: &str) -> Result<()> {
     let config = session_config(base, options, Role::Migration);
-    let (mut client, task) =
-        open_connection(&config, options.connect_timeout + CONNECT_GRACE).await?;
+    // The first connection of a node: say which server it could not reach.
+    let (mut client, task) = open_connection(&config, options.connect_timeout + CONNECT_GRACE)
+        .await
+        .map_err(|e| match e {
+            Error::Unavailable(why) => Error::Unavailable(format!("{target}: {why}")),
+            other => other,
+        })?;
     let result = migrate_on(&mut client, target).await;
     drop(client);
     // The task ends once the client is gone; a failure already ended it.

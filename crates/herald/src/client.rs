@@ -80,6 +80,17 @@ pub(crate) fn parse_channel(s: &str) -> Result<ChannelName, herald_core::Invalid
     ChannelName::new(s)
 }
 
+/// Parses an `--after N` argument: an offset, an integer from 0 (before the
+/// first message) to 2^64 − 1, in the server's own words.
+pub(crate) fn parse_offset(s: &str) -> Result<u64, String> {
+    s.trim().parse::<u64>().map_err(|_| {
+        format!(
+            "an offset is an integer from 0 to {} (0: from the first message), got {s:?}",
+            u64::MAX
+        )
+    })
+}
+
 /// Parses an `--idempotency-key` argument with the server's own rules.
 pub(crate) fn parse_idempotency_key(
     s: &str,
@@ -147,7 +158,7 @@ pub(crate) enum ClientError {
     #[error(transparent)]
     Api(#[from] ApiError),
     /// The request did not get an answer: connect, timeout, or a broken body.
-    #[error("request to {url} failed: {}", describe_transport(.error))]
+    #[error("request to {url} failed: {}{}", describe_transport(.error), connect_hint(.error))]
     Transport {
         /// The URL requested.
         url: String,
@@ -185,6 +196,16 @@ impl ClientError {
             Self::Transport { .. } => true,
             Self::Decode { .. } => false,
         }
+    }
+}
+
+/// What to check after a failed connect: the server may not run there.
+fn connect_hint(error: &reqwest::Error) -> &'static str {
+    if error.is_connect() {
+        " (is a Herald server running there? the server is chosen with --server or \
+         HERALD_SERVER, default http://127.0.0.1:7700)"
+    } else {
+        ""
     }
 }
 

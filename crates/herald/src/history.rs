@@ -23,7 +23,8 @@ pub(crate) struct HistoryArgs {
     #[arg(value_parser = client::parse_channel)]
     channel: ChannelName,
     /// Print the messages after this offset (0: from the first message).
-    #[arg(long, value_name = "N", default_value_t = 0)]
+    #[arg(long, value_name = "N", default_value_t = 0, allow_negative_numbers = true,
+          value_parser = client::parse_offset)]
     after: u64,
     /// Messages per request, 1 to 1000; without it the server's default
     /// applies (1000 with `--all`).

@@ -103,6 +103,16 @@ mod tests {
         );
         assert!(Cli::try_parse_from(["herald", "history", "c", "--limit", "1001"]).is_err());
         assert!(Cli::try_parse_from(["herald", "history", "c", "--all", "--after", "5"]).is_ok());
+        // A negative offset reaches Herald's own parser, which names the range.
+        for command in ["history", "tail"] {
+            let error = Cli::try_parse_from(["herald", command, "c", "--after", "-1"])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                error.contains("an offset is an integer from 0"),
+                "{command}: {error}"
+            );
+        }
         assert!(Cli::try_parse_from(["herald", "tail", "c", "--server", "https://h"]).is_ok());
         assert!(Cli::try_parse_from(["herald", "tail", "c", "--server", "h:7700"]).is_err());
         assert!(Cli::try_parse_from(["herald", "bench", "publish", "--channels", "0"]).is_err());

@@ -75,7 +75,7 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "HERALD_NODE_ID")]
     node_id: Option<String>,
     /// URL at which clients reach this node (default `http://<listen>`).
-    #[arg(long, env = "HERALD_ADVERTISE_URL")]
+    #[arg(long, env = "HERALD_ADVERTISE_URL", value_parser = parse_advertise_url)]
     advertise_url: Option<String>,
     /// How long a renewal extends the writer lease.
     #[arg(long, env = "HERALD_LEASE_TTL", default_value = "30s", value_parser = parse_duration)]
@@ -105,8 +105,10 @@ pub(crate) struct ServeArgs {
     /// connection is closed after that.
     #[arg(long, env = "HERALD_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     header_read_timeout: Duration,
-    /// Longest a drain (SIGTERM/SIGINT) may take before the node stops
-    /// renewing and exits with status 5.
+    /// Longest a drain (SIGTERM/SIGINT) may take: connections still open
+    /// then are closed (exit status 0); if the publishes already accepted
+    /// are not committed by then, the node stops renewing and exits with
+    /// status 5.
     #[arg(long, env = "HERALD_DRAIN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     drain_timeout: Duration,
     /// Log format on stderr.
@@ -137,6 +139,24 @@ impl std::fmt::Display for ListenAddr {
 /// How long a drain that timed out (exit status 5) still waits for the
 /// lease supervisor to release the lease before the process exits.
 const RELEASE_AFTER_DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Parses `--advertise-url`: an `http://` or `https://` URL with a host,
+/// without query or fragment (standbys append `/v1/...` to it when they
+/// forward a publish). Returned without a trailing `/`.
+pub(crate) fn parse_advertise_url(s: &str) -> Result<String, String> {
+    const FORM: &str = "write the URL at which the other nodes and clients reach this node, \
+         with its scheme, e.g. http://node-a.internal:7700";
+    let url = reqwest::Url::parse(s.trim()).map_err(|e| format!("{e}; {FORM}"))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none_or(str::is_empty) {
+        return Err(format!(
+            "{s:?} is not an http:// or https:// URL with a host; {FORM}"
+        ));
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(format!("{s:?} has a query or a fragment; {FORM}"));
+    }
+    Ok(url.as_str().trim_end_matches('/').to_owned())
+}
 
 /// What `--listen` takes, as said in its errors.
 const LISTEN_FORMS: &str = "write HOST:PORT, e.g. 127.0.0.1:7700 (this host only), \
@@ -269,7 +289,9 @@ async fn start_and_run(args: ServeArgs) -> anyhow::Result<ExitStatus> {
     // The storage abandons a silent renewal 1 s after its statement
     // timeout; the supervisor's own limit comes 1 s later, as a backstop.
     lease_config.renew_attempt_timeout = args.renew_statement_timeout + Duration::from_secs(2);
-    lease_config.validate().context("lease timing")?;
+    lease_config.validate().context(
+        "lease timing: change --lease-ttl, --lease-safety-margin or --lease-renew-interval",
+    )?;
 
     // Check the server's settings before touching the database.
     ServerConfig {
@@ -606,6 +628,31 @@ mod tests {
         assert_eq!(parse_duration("6s"), Ok(Duration::from_secs(6)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert!(parse_duration("six").is_err());
+    }
+
+    #[test]
+    fn advertise_urls_need_a_scheme_and_a_host() {
+        assert_eq!(
+            parse_advertise_url("http://node-a.internal:7700/"),
+            Ok("http://node-a.internal:7700".to_owned())
+        );
+        assert_eq!(
+            parse_advertise_url("https://h/herald"),
+            Ok("https://h/herald".to_owned())
+        );
+        for bad in [
+            "127.0.0.1:7750",
+            "node-a:7700",
+            "ftp://h",
+            "http://h/?x=1",
+            "",
+        ] {
+            let error = parse_advertise_url(bad).unwrap_err();
+            assert!(
+                error.contains("with its scheme, e.g. http://node-a.internal:7700"),
+                "{bad:?}: {error}"
+            );
+        }
     }
 
     #[test]

@@ -36,7 +36,8 @@ pub(crate) struct TailArgs {
     channel: ChannelName,
     /// Print the messages after this offset, then follow (0: from the first
     /// message). Without it, only messages published from now on.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true,
+          value_parser = client::parse_offset)]
     after: Option<u64>,
 }
 

@@ -234,3 +234,43 @@ async fn the_start_up_log_says_the_role_the_holder_and_the_database() {
         .iter()
         .any(|r| r["message"].as_str().is_some_and(|m| m.contains("standby"))));
 }
+
+/// Start-up failures that come from elsewhere name where they looked: an
+/// unreachable PostgreSQL by its host and port, and lease timings that
+/// cannot work by the flags to change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_databases_and_bad_lease_timings_name_what_to_change() {
+    let dir = tempfile::tempdir().unwrap();
+    // Port 1 on loopback: nothing listens there, the connect is refused.
+    let error = failed_start(
+        dir.path(),
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            "data",
+            "--database",
+            "postgres://herald@127.0.0.1:1/herald",
+        ],
+    )
+    .await;
+    assert!(error.contains("--database"), "{error}");
+    assert!(error.contains("herald@127.0.0.1:1/herald"), "{error}");
+
+    let error = failed_start(
+        dir.path(),
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            "data",
+            "--lease-ttl",
+            "5s",
+        ],
+    )
+    .await;
+    assert!(
+        error.contains("--lease-ttl") && error.contains("--lease-safety-margin"),
+        "{error}"
+    );
+}
