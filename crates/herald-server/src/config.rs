@@ -23,7 +23,9 @@ pub struct ServerConfig {
     /// Most messages committed in one storage transaction (group commit),
     /// default 512.
     pub max_batch: usize,
-    /// Interval between SSE comment heartbeats (default 15 s).
+    /// Interval between SSE comment heartbeats and WebSocket pings (default
+    /// 15 s); a WebSocket client that sent nothing between two pings is
+    /// closed.
     pub heartbeat: Duration,
     /// How often a standby asks the storage which channels moved, to feed its
     /// live subscribers, when the storage does not signal commits (default

@@ -7,6 +7,13 @@
 //! the client are **ignored** (the route is read-only). Close codes (RFC
 //! 6455 §7.4.1): 1001 "going away" when the node drains, 1011 when the
 //! storage fails mid-stream (the client resumes from its last offset).
+//!
+//! Keepalive: the server sends a Ping frame (RFC 6455 §5.5.2) every
+//! `heartbeat` (15 s by default, the SSE heartbeat's period), so that
+//! proxies with a read timeout (nginx's `proxy_read_timeout` is 60 s by
+//! default) keep an idle subscription open. A client that has sent nothing
+//! (no Pong, no other frame) by the next Ping is taken for gone, and its
+//! connection is closed without a Close handshake.
 
 use std::time::Duration;
 
@@ -43,6 +50,7 @@ pub(crate) async fn upgrade(
         Subscription::start(shared.storage.clone(), &shared.hub, channel, after, "ws").await?;
     let shutdown = shared.shutdown.clone();
     let sessions = shared.ws_sessions.clone();
+    let heartbeat = shared.config.heartbeat;
     let span = tracing::debug_span!(
         "ws",
         node_id = %shared.config.node_id,
@@ -50,7 +58,7 @@ pub(crate) async fn upgrade(
         after,
     );
     Ok(upgrade.on_upgrade(move |socket| {
-        sessions.track_future(session(socket, sub, shutdown).instrument(span))
+        sessions.track_future(session(socket, sub, heartbeat, shutdown).instrument(span))
     }))
 }
 
@@ -62,10 +70,20 @@ enum End {
     Close(u16, &'static str),
 }
 
-/// Runs one WebSocket session until the client leaves, the node drains, or
-/// the storage fails.
-async fn session(socket: WebSocket, mut sub: Subscription, shutdown: CancellationToken) {
+/// Runs one WebSocket session until the client leaves (or stops answering
+/// the keepalive pings sent every `heartbeat`), the node drains, or the
+/// storage fails.
+async fn session(
+    socket: WebSocket,
+    mut sub: Subscription,
+    heartbeat: Duration,
+    shutdown: CancellationToken,
+) {
     let (mut tx, mut rx) = socket.split();
+    let mut pings = tokio::time::interval_at(tokio::time::Instant::now() + heartbeat, heartbeat);
+    pings.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Whether the client sent any frame since the last ping.
+    let mut heard = true;
     let end = loop {
         tokio::select! {
             biased;
@@ -77,10 +95,21 @@ async fn session(socket: WebSocket, mut sub: Subscription, shutdown: Cancellatio
                     break End::ClientGone;
                 }
                 // Pings are answered by the protocol layer; pongs and data
-                // frames are ignored.
-                Some(Ok(_)) => {}
+                // frames only show that the client is there.
+                Some(Ok(_)) => heard = true,
                 None | Some(Err(_)) => break End::ClientGone,
             },
+            _ = pings.tick() => {
+                if !heard {
+                    tracing::debug!(heartbeat_ms = u64::try_from(heartbeat.as_millis()).unwrap_or(u64::MAX), "no pong from the client; closing");
+                    break End::ClientGone;
+                }
+                heard = false;
+                tokio::select! {
+                    sent = tx.send(Frame::Ping(Default::default())) => if sent.is_err() { break End::ClientGone },
+                    () = shutdown.cancelled() => break End::Close(close_code::AWAY, "server is shutting down"),
+                }
+            }
             next = sub.next() => match next {
                 Ok(Some(message)) => {
                     let text = match serde_json::to_string(&message) {

@@ -365,3 +365,84 @@ async fn drain_ends_streams_and_never_acknowledges_a_lost_publish() {
     assert_eq!(after_start, acknowledged);
     node.stop().await;
 }
+
+/// The server pings an idle WebSocket subscription every heartbeat; a
+/// client that answers (as every WebSocket library does) stays connected
+/// however many pings go by, and still gets new messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_pings_keep_an_idle_subscription_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = ServerConfig {
+        heartbeat: Duration::from_millis(100),
+        ..ServerConfig::default()
+    };
+    let node = Node::start(dir.path(), "node-a", Role::Holder, config).await;
+    let mut ws = ws_connect(&node, "/v1/channels/idle/ws").await;
+    let mut pings = 0;
+    while pings < 5 {
+        // Reading answers each ping with a pong (tungstenite does it).
+        match within("a ping", ws.next()).await {
+            Some(Ok(Frame::Ping(_))) => pings += 1,
+            other => panic!("expected pings on an idle subscription, got {other:?}"),
+        }
+    }
+    publish_n(&node, "idle", 1, 1).await;
+    let mut closed = None;
+    let message = within("a message after the pings", ws_next(&mut ws, &mut closed))
+        .await
+        .expect("the subscription is still open");
+    assert_eq!(message["offset"], 1);
+    node.stop().await;
+}
+
+/// A WebSocket client that never answers the pings (a peer that vanished
+/// without closing) is disconnected after the next ping.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_client_that_never_answers_a_ping_is_disconnected() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = ServerConfig {
+        heartbeat: Duration::from_millis(100),
+        ..ServerConfig::default()
+    };
+    let node = Node::start(dir.path(), "node-a", Role::Holder, config).await;
+    let addr = node.ws_base.trim_start_matches("ws://").to_owned();
+    // A handshake by hand (RFC 6455 §4.1), then nothing but reads: no pong
+    // is ever sent.
+    let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    socket
+        .write_all(
+            format!(
+                "GET /v1/channels/silent/ws HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\n\
+                 Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+                 Sec-WebSocket-Version: 13\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut received = Vec::new();
+    let closed = within("the server to close the silent connection", async {
+        let mut buf = [0u8; 1024];
+        loop {
+            match socket.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => received.extend_from_slice(&buf[..n]),
+            }
+        }
+    });
+    closed.await;
+    let text = String::from_utf8_lossy(&received);
+    assert!(text.starts_with("HTTP/1.1 101"), "{text}");
+    let head_end = text.find("\r\n\r\n").expect("a complete response head") + 4;
+    // After the head: at least one Ping frame (FIN + opcode 0x9), and the
+    // connection then ended without any message frame.
+    let frames = &received[head_end..];
+    assert_eq!(frames.first(), Some(&0x89), "frames: {frames:02x?}");
+    assert!(
+        !frames.contains(&0x81),
+        "a text frame was sent: {frames:02x?}"
+    );
+    node.stop().await;
+}
