@@ -1238,3 +1238,32 @@ async fn no_acquire_without_the_liveness_lock() {
     }
     acquire(&storage, &candidate("a"), MINUTE).await;
 }
+
+/// A standby's acquire over a live holder takes no lock on the lease row.
+/// While a fenced write holds the row `FOR KEY SHARE` (here another
+/// session, as a write in flight does), the standby is answered `Held`
+/// instead of queueing a `FOR UPDATE` behind it, which would stall every
+/// later fenced write and renewal of the holder behind the standby (and,
+/// were the standby frozen there, for as long as it stayed frozen).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_standby_declines_a_live_lease_without_locking_its_row() {
+    let db = TestDatabase::create().await;
+    let holder = node(db.url(), options()).await;
+    let standby = node(db.url(), options()).await;
+    let (lease, _) = acquire(&holder, &candidate("holder"), MINUTE).await;
+    let raw = db.raw_client().await;
+    raw.batch_execute(&format!(
+        "BEGIN; SELECT 1 FROM storage_leases WHERE name = '{LEASE}' FOR KEY SHARE"
+    ))
+    .await
+    .unwrap();
+    match standby.acquire(&candidate("standby"), MINUTE).await {
+        Ok(Acquire::Held(info)) => {
+            assert_eq!(info.holder.as_deref(), Some("holder"));
+            assert_eq!(info.token, lease.token);
+        }
+        other => panic!("expected Held without a row lock, got {other:?}"),
+    }
+    raw.batch_execute("ROLLBACK").await.unwrap();
+    holder.renew(&lease, MINUTE).await.unwrap();
+}

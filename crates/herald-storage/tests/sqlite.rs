@@ -444,3 +444,26 @@ async fn a_data_dir_that_is_a_file_is_refused_naming_its_absolute_path() {
     assert!(std::error::Error::source(&e).is_none());
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
 }
+
+/// A standby's acquire over a live holder takes no write lock: while
+/// another connection holds the database's write lock (a write in flight),
+/// the standby is answered `Held` instead of waiting for that lock (and,
+/// once it had it, stalling the holder's writes and renewals in turn).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_declines_a_live_lease_without_the_write_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let holder = open(dir.path()).await;
+    let (lease, _) = acquire(&holder, "node-a", MINUTE).await;
+    let standby = open(dir.path()).await;
+    let blocker = raw(dir.path());
+    blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    match standby.acquire(&candidate("node-b"), MINUTE).await {
+        Ok(Acquire::Held(info)) => {
+            assert_eq!(info.holder.as_deref(), Some("node-a"));
+            assert_eq!(info.token, lease.token);
+        }
+        other => panic!("expected Held without the write lock, got {other:?}"),
+    }
+    blocker.execute_batch("ROLLBACK").unwrap();
+    holder.renew(&lease, MINUTE).await.unwrap();
+}

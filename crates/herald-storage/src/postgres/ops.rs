@@ -117,6 +117,9 @@ pub(super) async fn acquire(
     own_session: i64,
 ) -> Result<Acquire> {
     let name = candidate.lease_name.as_str();
+    if let Some(info) = held_at_a_glance(client, name, own_session).await? {
+        return Ok(Acquire::Held(info));
+    }
     let tx = client
         .build_transaction()
         .isolation_level(IsolationLevel::ReadCommitted)
@@ -213,6 +216,41 @@ pub(super) async fn acquire(
     };
     tx.commit().await?;
     Ok(acquired(candidate, token, reason, previous.as_deref()))
+}
+
+/// Decides without locks whether a takeover is out of the question: a
+/// plain read of the lease row (no row lock) and, when another storage's
+/// session holds an unexpired lease, a probe of that session's lock in a
+/// statement of its own (its transaction-level lock ends with the
+/// statement). Returns the lease when it is live and its holder's session
+/// is alive: the acquire then declines without ever taking `FOR UPDATE`,
+/// which would conflict with the holder's fenced writes (`FOR KEY SHARE`)
+/// and renewals (`FOR NO KEY UPDATE`). Declining on this read is always
+/// safe; every takeover is still decided under the row lock.
+async fn held_at_a_glance(
+    client: &Object,
+    name: &str,
+    own_session: i64,
+) -> Result<Option<LeaseInfo>> {
+    let read_holder = client.prepare_cached(READ_HOLDER_SQL).await?;
+    let Some(row) = client.query_opt(&read_holder, &[&name]).await? else {
+        return Ok(None);
+    };
+    let live: bool = row.try_get(0)?;
+    let holder_session: Option<String> = row.try_get(1)?;
+    let Some(key) = holder_session
+        .filter(|s| live && *s != own_session.to_string())
+        .and_then(|s| s.parse::<i64>().ok())
+    else {
+        return Ok(None);
+    };
+    let probe = client.prepare_cached(PROBE_HOLDER_SQL).await?;
+    let holder_gone: bool = client.query_one(&probe, &[&key]).await?.try_get(0)?;
+    if holder_gone {
+        return Ok(None);
+    }
+    let client: &tokio_postgres::Client = client;
+    read_lease_info(client, name).await
 }
 
 /// Clears the holder if `lease` is current; the token stays. One

@@ -65,7 +65,45 @@ pub(super) fn lease_info(conn: &mut Connection, name: &str) -> Result<Option<Lea
     read_lease_info(conn, name)
 }
 
-/// One `BEGIN IMMEDIATE` transaction: the lease row is read, and the
+/// The lease row as acquire needs it: holder, holder session, and whether
+/// it has expired on the database clock.
+type CurrentLease = Option<(Option<String>, Option<String>, bool)>;
+
+/// Reads [`CurrentLease`] (in whatever transaction `conn` is in).
+fn current_lease(conn: &Connection, name: &str) -> Result<CurrentLease> {
+    Ok(conn
+        .prepare_cached(concat!(
+            "SELECT holder, holder_session, expires_at_ms <= ",
+            now_ms!(),
+            " FROM storage_leases WHERE name = ?1"
+        ))?
+        .query_row([name], |r| {
+            Ok((
+                r.get::<_, Option<String>>(0)?,
+                r.get::<_, Option<String>>(1)?,
+                r.get::<_, bool>(2)?,
+            ))
+        })
+        .optional()?)
+}
+
+/// Whether a takeover looks possible on `current`: the row is missing,
+/// released, expired, this storage's own, or its holder's session is gone.
+fn takeover_possible(current: &CurrentLease, sessions_dir: &Path, own_session: &str) -> bool {
+    match current {
+        None | Some((None, _, _)) | Some((Some(_), _, true)) => true,
+        Some((Some(_), Some(session), false)) => {
+            session == own_session || session::is_gone(sessions_dir, session)
+        }
+        Some((Some(_), None, false)) => false,
+    }
+}
+
+/// First a plain read, under no lock: a live lease of a live holder is
+/// answered `Held` at once, so a standby never takes the database's write
+/// lock (and never delays the holder's writes and renewals) while there is
+/// nothing to take over. Declining on that read is always safe. Otherwise
+/// one `BEGIN IMMEDIATE` transaction: the lease row is read again, and the
 /// decision taken, only once the database write lock is held.
 pub(super) fn acquire(
     conn: &mut Connection,
@@ -74,21 +112,14 @@ pub(super) fn acquire(
     candidate: &Candidate,
     ttl_ms: i64,
 ) -> Result<Acquire> {
+    let glance = current_lease(conn, &candidate.lease_name)?;
+    if !takeover_possible(&glance, sessions_dir, own_session) {
+        if let Some(info) = read_lease_info(conn, &candidate.lease_name)? {
+            return Ok(Acquire::Held(info));
+        }
+    }
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let current = tx
-        .prepare_cached(concat!(
-            "SELECT holder, holder_session, expires_at_ms <= ",
-            now_ms!(),
-            " FROM storage_leases WHERE name = ?1"
-        ))?
-        .query_row([&candidate.lease_name], |r| {
-            Ok((
-                r.get::<_, Option<String>>(0)?,
-                r.get::<_, Option<String>>(1)?,
-                r.get::<_, bool>(2)?,
-            ))
-        })
-        .optional()?;
+    let current = current_lease(&tx, &candidate.lease_name)?;
     let (reason, previous) = match current {
         None => (TakeoverReason::Fresh, None),
         Some((None, _, _)) => (TakeoverReason::Released, None),
