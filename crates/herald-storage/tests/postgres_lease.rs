@@ -1267,3 +1267,62 @@ async fn a_standby_declines_a_live_lease_without_locking_its_row() {
     raw.batch_execute("ROLLBACK").await.unwrap();
     holder.renew(&lease, MINUTE).await.unwrap();
 }
+
+/// A fenced write that passed its first fencing check but then waited on a
+/// channel's row lock until after its lease expired is refused: the check
+/// is made again, on the database clock, as the decision to commit, so
+/// nothing is stored and nothing acknowledged after expiry. A batch that
+/// waited without the lease expiring commits, with `published_at` read at
+/// that last check (after the wait), not before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fenced_write_that_outlives_its_lease_is_refused() {
+    let db = TestDatabase::create().await;
+    let storage = node(db.url(), options()).await;
+    let raw = db.raw_client().await;
+    let monitor = db.raw_client().await;
+
+    // Waits shorter than the lease: committed, stamped after the wait.
+    let (lease, _) = acquire(&storage, &candidate("a"), MINUTE).await;
+    storage.append(&lease, &[msg("c", "1")]).await.unwrap();
+    lock_channel(&raw, "c").await;
+    let waiting = {
+        let (storage, lease) = (storage.clone(), lease.clone());
+        tokio::spawn(async move { storage.append(&lease, &[msg("c", "2")]).await })
+    };
+    wait_for_lock_waiters(&monitor, "herald", 1).await;
+    let unlocked_at_ms: i64 = raw
+        .query_one(
+            "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    raw.batch_execute("COMMIT").await.unwrap();
+    let appended = waiting.await.unwrap().unwrap();
+    assert_eq!(appended[0].offset, 2);
+    assert!(
+        appended[0].published_at_ms >= unlocked_at_ms,
+        "published_at {} is from before the wait ended ({unlocked_at_ms})",
+        appended[0].published_at_ms
+    );
+
+    // A wait past the expiry: refused, nothing stored.
+    storage.release(&lease).await.unwrap();
+    let (short, _) = acquire(&storage, &candidate("a"), Duration::from_secs(2)).await;
+    lock_channel(&raw, "c").await;
+    let waiting = {
+        let (storage, short) = (storage.clone(), short.clone());
+        tokio::spawn(async move { storage.append(&short, &[msg("c", "3")]).await })
+    };
+    wait_for_lock_waiters(&monitor, "herald", 1).await;
+    wait_expired(&storage).await;
+    raw.batch_execute("COMMIT").await.unwrap();
+    assert_lost(waiting.await.unwrap(), &short);
+    let offsets: Vec<i64> = stored_messages(&monitor)
+        .await
+        .into_iter()
+        .map(|(_, offset, _)| offset)
+        .collect();
+    assert_eq!(offsets, vec![1, 2], "the late batch was stored");
+}

@@ -332,27 +332,19 @@ pub(super) async fn append(
     let write_lock = tx.prepare_cached(WRITE_LOCK_SQL).await?;
     tx.execute(&write_lock, &[&fenced_write_lock_key(&lease.name)])
         .await?;
-    let now: SystemTime = if fault_switches::enabled(FaultSwitch::SkipFencingCheck) {
+    let skip_fencing = fault_switches::enabled(FaultSwitch::SkipFencingCheck);
+    let started: SystemTime = if skip_fencing {
         // Test-only fault switch: no row lock, no fencing check.
         let commit_time = tx.prepare_cached(COMMIT_TIME_SQL).await?;
         tx.query_one(&commit_time, &[]).await?.try_get(0)?
     } else {
         let lock_row = tx.prepare_cached(LOCK_FOR_WRITE_SQL).await?;
         tx.query_opt(&lock_row, &[&lease.name]).await?;
-        let check = tx.prepare_cached(FENCING_CHECK_SQL).await?;
-        let checked = tx
-            .query_opt(&check, &[&lease.name, &lease.holder, &token])
-            .await?;
-        match checked {
-            Some(row) if row.try_get::<_, bool>(0)? => row.try_get(1)?,
-            _ => {
-                tx.rollback().await?;
-                log_lost(lease, "fenced write refused");
-                return Err(lost(lease));
-            }
+        match fencing_check(&tx, lease, token).await? {
+            Some(now) => now,
+            None => return Err(refuse(tx, lease).await),
         }
     };
-    let now_ms = to_ms(now);
 
     let find_key = tx
         .prepare_cached(
@@ -366,6 +358,53 @@ pub(super) async fn append(
              ON CONFLICT (name) DO UPDATE SET head = channels.head + 1 RETURNING head",
         )
         .await?;
+    // 1. Offsets: duplicates are found, new messages get the next offset of
+    // their channel. This is where the batch may wait on a channel's row
+    // lock; the lease row stays locked FOR KEY SHARE meanwhile, which a
+    // renewal does not wait for.
+    let mut planned: Vec<Planned> = Vec::with_capacity(batch.len());
+    // Keys of this batch's new messages: a later message with the same key
+    // is a duplicate of the earlier one.
+    let mut batch_keys: HashMap<(&str, &str), i64> = HashMap::new();
+    for message in batch {
+        let channel = message.channel.as_str();
+        let key = message.idempotency_key.as_ref().map(|k| k.as_str());
+        if let Some(key) = key {
+            if let Some(&offset) = batch_keys.get(&(channel, key)) {
+                planned.push(Planned::DuplicateInBatch { offset });
+                continue;
+            }
+            if let Some(row) = tx.query_opt(&find_key, &[&channel, &key]).await? {
+                planned.push(Planned::Duplicate {
+                    offset: row.try_get(0)?,
+                    published_at: row.try_get(1)?,
+                });
+                continue;
+            }
+        }
+        let offset: i64 = tx
+            .query_one(&bump_head, &[&channel, &started])
+            .await?
+            .try_get(0)?;
+        if let Some(key) = key {
+            batch_keys.insert((channel, key), offset);
+        }
+        planned.push(Planned::New { offset });
+    }
+    // 2. The fencing check again, after every wait, as the decision that
+    // this batch commits: the lease must still be this node's and live on
+    // the database clock now. Its clock reading is the batch's
+    // `published_at`.
+    let now: SystemTime = if skip_fencing {
+        started
+    } else {
+        match fencing_check(&tx, lease, token).await? {
+            Some(now) => now,
+            None => return Err(refuse(tx, lease).await),
+        }
+    };
+    let now_ms = to_ms(now);
+    // 3. The rows, and one change notice per channel written.
     let insert = tx
         .prepare_cached(
             "INSERT INTO messages \
@@ -378,45 +417,36 @@ pub(super) async fn append(
     // new offset (offsets of one channel in one batch are contiguous).
     let mut written: Vec<(&str, i64, i64)> = Vec::new();
     let mut written_at: HashMap<&str, usize> = HashMap::new();
-    for message in batch {
+    for (message, plan) in batch.iter().zip(planned) {
         let channel = message.channel.as_str();
-        let key = message.idempotency_key.as_ref().map(|k| k.as_str());
-        if let Some(key) = key {
-            // Sees this transaction's own inserts: covers keys used earlier
-            // in the same batch too.
-            if let Some(row) = tx.query_opt(&find_key, &[&channel, &key]).await? {
-                out.push(Appended {
-                    channel: message.channel.clone(),
-                    offset: to_u64(row.try_get(0)?, "offset")?,
-                    published_at_ms: to_ms(row.try_get(1)?),
-                    duplicate: true,
-                });
-                continue;
+        let (offset, published_at_ms, duplicate) = match plan {
+            Planned::Duplicate {
+                offset,
+                published_at,
+            } => (offset, to_ms(published_at), true),
+            Planned::DuplicateInBatch { offset } => (offset, now_ms, true),
+            Planned::New { offset } => {
+                let key = message.idempotency_key.as_ref().map(|k| k.as_str());
+                tx.execute(
+                    &insert,
+                    &[&channel, &offset, &message.data.get(), &now, &key, &token],
+                )
+                .await?;
+                match written_at.get(channel) {
+                    Some(&i) => written[i].2 = offset,
+                    None => {
+                        written_at.insert(channel, written.len());
+                        written.push((channel, offset, offset));
+                    }
+                }
+                (offset, now_ms, false)
             }
-        }
-        // May wait on the channel's row lock; the lease row stays locked
-        // FOR KEY SHARE meanwhile, which a renewal does not wait for.
-        let offset: i64 = tx
-            .query_one(&bump_head, &[&channel, &now])
-            .await?
-            .try_get(0)?;
-        tx.execute(
-            &insert,
-            &[&channel, &offset, &message.data.get(), &now, &key, &token],
-        )
-        .await?;
-        match written_at.get(channel) {
-            Some(&i) => written[i].2 = offset,
-            None => {
-                written_at.insert(channel, written.len());
-                written.push((channel, offset, offset));
-            }
-        }
+        };
         out.push(Appended {
             channel: message.channel.clone(),
             offset: to_u64(offset, "offset")?,
-            published_at_ms: now_ms,
-            duplicate: false,
+            published_at_ms,
+            duplicate,
         });
     }
     if !written.is_empty() && !fault_switches::enabled(FaultSwitch::DropNotify) {
@@ -429,6 +459,51 @@ pub(super) async fn append(
     }
     tx.commit().await?;
     Ok(out)
+}
+
+/// What a fenced write does with one message of its batch, decided before
+/// the final fencing check.
+enum Planned {
+    /// Its idempotency key is stored already: answer the stored message.
+    Duplicate {
+        offset: i64,
+        published_at: SystemTime,
+    },
+    /// Its idempotency key was used by an earlier new message of this
+    /// batch, which got `offset`.
+    DuplicateInBatch { offset: i64 },
+    /// A new message at `offset`.
+    New { offset: i64 },
+}
+
+/// The fencing check of a fenced write, run with the lease row locked `FOR
+/// KEY SHARE`: holder and token current and the lease live on the database
+/// clock. Returns that clock reading, or `None` when the lease is lost.
+async fn fencing_check(
+    tx: &deadpool_postgres::Transaction<'_>,
+    lease: &Lease,
+    token: i64,
+) -> Result<Option<SystemTime>> {
+    let check = tx.prepare_cached(FENCING_CHECK_SQL).await?;
+    let checked = tx
+        .query_opt(&check, &[&lease.name, &lease.holder, &token])
+        .await?;
+    match checked {
+        Some(row) if row.try_get::<_, bool>(0)? => Ok(Some(row.try_get(1)?)),
+        _ => Ok(None),
+    }
+}
+
+/// Rolls back a fenced write whose fencing check failed and returns
+/// [`Error::LeaseLost`], whatever the rollback does: a connection that
+/// broke during it must not turn a lost lease into "unavailable" (the pool
+/// drops closed connections).
+async fn refuse(tx: deadpool_postgres::Transaction<'_>, lease: &Lease) -> Error {
+    if let Err(e) = tx.rollback().await {
+        tracing::debug!(error = %Error::from(e), "rollback after a failed fencing check");
+    }
+    log_lost(lease, "fenced write refused");
+    lost(lease)
 }
 
 /// A page of one channel with the channel's head, in one statement (one
