@@ -472,9 +472,11 @@ async fn silent_renewal_is_abandoned_and_the_next_attempt_uses_a_fresh_connectio
 
 /// Design test 4: takeover safety. Node A's fenced write is in flight
 /// (blocked on a channel row lock) when A's lease expires; node B's acquire
-/// waits for that write; the write commits with A's token; B then acquires
-/// with token + 1; A's next fenced write fails as lease lost; and every
-/// stored message carries the token that held the lease when it committed.
+/// waits for that write to end; the write, whose lease expired while it
+/// waited, is refused by its last fencing check and commits nothing; B then
+/// acquires with token + 1; A's next fenced write fails as lease lost; and
+/// every stored message carries the token that held the lease when it
+/// committed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn takeover_waits_for_the_fenced_write_in_flight() {
     let db = TestDatabase::create().await;
@@ -511,8 +513,8 @@ async fn takeover_waits_for_the_fenced_write_in_flight() {
     assert!(!in_flight.is_finished());
 
     raw.batch_execute("COMMIT").await.unwrap();
-    let written = in_flight.await.unwrap();
-    assert_eq!(written.unwrap()[0].offset, 2, "the write in flight commits");
+    // Its lease expired while it waited: refused before COMMIT.
+    assert_lost(in_flight.await.unwrap(), &old);
     let (taken, committed_before_takeover) = takeover.await.unwrap();
     let (new, reason) = match taken.unwrap() {
         Acquire::Acquired { lease, reason } => (lease, reason),
@@ -520,26 +522,21 @@ async fn takeover_waits_for_the_fenced_write_in_flight() {
     };
     assert_eq!(reason, TakeoverReason::Expired);
     assert_eq!(new.token, FencingToken(old.token.0 + 1));
-    // A commit is visible before the committing transaction's locks are
-    // released, so a takeover that waited for the write sees it.
     let t_old = old.token.0 as i64;
     assert_eq!(
         committed_before_takeover,
-        [("log".to_owned(), 1, t_old), ("log".to_owned(), 2, t_old)],
-        "the takeover completed before the write in flight committed"
+        [("log".to_owned(), 1, t_old)],
+        "the refused write left a message behind"
     );
 
     assert_lost(a.append(&old, &[msg("log", "\"late\"")]).await, &old);
-    b.append(&new, &[msg("log", "3")]).await.unwrap();
+    let appended = b.append(&new, &[msg("log", "3")]).await.unwrap();
+    assert_eq!(appended[0].offset, 2, "the refused write used no offset");
 
     let t_new = new.token.0 as i64;
     assert_eq!(
         stored_messages(&monitor).await,
-        [("log", 1, t_old), ("log", 2, t_old), ("log", 3, t_new)].map(|(c, o, t)| (
-            c.to_owned(),
-            o,
-            t
-        ))
+        [("log", 1, t_old), ("log", 2, t_new)].map(|(c, o, t)| (c.to_owned(), o, t))
     );
 }
 

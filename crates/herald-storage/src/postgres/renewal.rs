@@ -127,7 +127,12 @@ impl Renewal {
                         .execute(&conn.extend, &[&name, &holder, &token, &ttl_ms])
                         .await?;
                     if updated == 0 {
-                        tx.rollback().await?;
+                        // The lease is lost whatever the rollback does; a
+                        // connection that broke here fails the next attempt
+                        // (if any) and is replaced then.
+                        if let Err(e) = tx.rollback().await {
+                            tracing::debug!(error = %Error::from(e), "rollback after a lost renewal");
+                        }
                         return Ok(false);
                     }
                     tx.commit().await?;
