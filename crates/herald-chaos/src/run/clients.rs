@@ -90,6 +90,12 @@ pub(crate) fn publisher(
             .build()
             .expect("an HTTP client");
         let client = format!("publisher-{worker}");
+        let attempt = Attempt {
+            http: &http,
+            recorder: &recorder,
+            client: &client,
+            urls: &urls,
+        };
         let mut node = worker;
         let mut seq = 0u64;
         'messages: while !stop.is_cancelled() {
@@ -99,23 +105,7 @@ pub(crate) fn publisher(
                 if stop.is_cancelled() {
                     break 'messages;
                 }
-                let index = node % urls.len();
-                let base = urls.get(index);
-                let invoke_ms = recorder.now_ms();
-                let result = publish_once(&http, &base, &channel, &id).await;
-                let complete_ms = recorder.now_ms();
-                let acked = matches!(result, PublishResult::Acked { .. });
-                recorder.push(Event::Publish {
-                    client: client.clone(),
-                    node: format!("node-{index}"),
-                    channel: channel.clone(),
-                    id: id.clone(),
-                    idempotency_key: Some(id.clone()),
-                    invoke_ms,
-                    complete_ms,
-                    result,
-                });
-                if acked {
+                if attempt.publish(node % urls.len(), &channel, &id).await {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                     continue 'messages;
                 }
@@ -154,32 +144,58 @@ pub(crate) fn stale_route_publisher(
             .timeout(STALE_TIMEOUT)
             .build()
             .expect("an HTTP client");
+        let attempt = Attempt {
+            http: &http,
+            recorder: &recorder,
+            client: &name,
+            urls: &urls,
+        };
         let mut seq = 0u64;
         while !stop.is_cancelled() {
             seq += 1;
             let id = format!("{name}-{seq}");
             let channel = &channels[usize::try_from(seq).unwrap_or(0) % channels.len()];
-            let invoke_ms = recorder.now_ms();
             // Never cut short: every message sent is recorded with what
             // its client learned, or the checker would find it stored
             // without a publisher.
-            let result = publish_once(&http, &urls.get(index), channel, &id).await;
-            recorder.push(Event::Publish {
-                client: name.clone(),
-                node: format!("node-{index}"),
-                channel: channel.clone(),
-                id: id.clone(),
-                idempotency_key: Some(id),
-                invoke_ms,
-                complete_ms: recorder.now_ms(),
-                result,
-            });
+            attempt.publish(index, channel, &id).await;
             tokio::select! {
                 () = stop.cancelled() => break,
                 () = tokio::time::sleep(Duration::from_millis(20)) => {}
             }
         }
     })
+}
+
+/// One publish attempt of a client, recorded in the history.
+struct Attempt<'a> {
+    http: &'a reqwest::Client,
+    recorder: &'a Recorder,
+    /// The client's name in the history.
+    client: &'a str,
+    urls: &'a Urls,
+}
+
+impl Attempt<'_> {
+    /// Publishes message `id` (also its `Idempotency-Key`) to `channel` on
+    /// node `index`, records the attempt with what the client learned, and
+    /// returns whether it was acknowledged.
+    async fn publish(&self, index: usize, channel: &str, id: &str) -> bool {
+        let invoke_ms = self.recorder.now_ms();
+        let result = publish_once(self.http, &self.urls.get(index), channel, id).await;
+        let acked = matches!(result, PublishResult::Acked { .. });
+        self.recorder.push(Event::Publish {
+            client: self.client.to_owned(),
+            node: format!("node-{index}"),
+            channel: channel.to_owned(),
+            id: id.to_owned(),
+            idempotency_key: Some(id.to_owned()),
+            invoke_ms,
+            complete_ms: self.recorder.now_ms(),
+            result,
+        });
+        acked
+    }
 }
 
 async fn publish_once(
