@@ -1,8 +1,14 @@
 //! Connection threads: each SQLite connection lives on its own OS thread and
 //! runs jobs sent to it over a channel; answers go back over a oneshot.
+//!
+//! The queue is bounded ([`QUEUE_CAPACITY`] jobs): a caller that finds it
+//! full gets [`Error::Unavailable`] at once (a `503` for HTTP clients)
+//! instead of adding to a queue that a stalled thread never empties. A job
+//! whose caller stopped waiting (its future was dropped, e.g. by a timeout)
+//! is skipped when its turn comes instead of being run for nobody.
 
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
 
@@ -14,19 +20,32 @@ use crate::{Error, Result};
 /// Work for a connection thread.
 pub(super) type Job = Box<dyn FnOnce(&mut Connection) + Send + 'static>;
 
+/// Jobs a worker's queue holds at most, besides the ones its threads run.
+pub(super) const QUEUE_CAPACITY: usize = 4096;
+
 /// One or more threads, each owning one connection, taking jobs from one
 /// shared queue. Dropping a `Worker` closes the queue and waits until every
 /// thread has finished its current job and stopped.
 pub(super) struct Worker {
     role: &'static str,
-    tx: Option<Sender<Job>>,
+    tx: Option<SyncSender<Job>>,
     threads: Vec<JoinHandle<()>>,
 }
 
 impl Worker {
-    /// Starts one thread per connection, named after `role`.
+    /// Starts one thread per connection, named after `role`, with a queue
+    /// of [`QUEUE_CAPACITY`] jobs.
     pub(super) fn spawn(role: &'static str, connections: Vec<Connection>) -> std::io::Result<Self> {
-        let (tx, rx) = mpsc::channel::<Job>();
+        Self::spawn_with_capacity(role, connections, QUEUE_CAPACITY)
+    }
+
+    /// [`Worker::spawn`] with a queue of `capacity` jobs.
+    fn spawn_with_capacity(
+        role: &'static str,
+        connections: Vec<Connection>,
+        capacity: usize,
+    ) -> std::io::Result<Self> {
+        let (tx, rx) = mpsc::sync_channel::<Job>(capacity);
         let rx = Arc::new(Mutex::new(rx));
         let mut threads = Vec::with_capacity(connections.len());
         for (i, conn) in connections.into_iter().enumerate() {
@@ -88,7 +107,7 @@ impl Drop for Worker {
 #[derive(Clone)]
 pub(super) struct Submitter {
     role: &'static str,
-    tx: Option<Sender<Job>>,
+    tx: Option<SyncSender<Job>>,
 }
 
 impl Submitter {
@@ -101,13 +120,21 @@ impl Submitter {
         let gone = || Error::Unavailable(format!("the sqlite {} thread is gone", self.role));
         let (answer_tx, answer_rx) = oneshot::channel();
         let job: Job = Box::new(move |conn| {
-            let _ = answer_tx.send(f(conn));
+            // Nobody waits for the answer any more: skip the work.
+            if !answer_tx.is_closed() {
+                let _ = answer_tx.send(f(conn));
+            }
         });
-        self.tx
-            .as_ref()
-            .ok_or_else(gone)?
-            .send(job)
-            .map_err(|_| gone())?;
+        match self.tx.as_ref().ok_or_else(gone)?.try_send(job) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => {
+                return Err(Error::Unavailable(format!(
+                    "the sqlite {} queue is full ({QUEUE_CAPACITY} jobs waiting)",
+                    self.role
+                )))
+            }
+            Err(TrySendError::Disconnected(_)) => return Err(gone()),
+        }
         answer_rx.await.map_err(|_| gone())?
     }
 }
@@ -126,5 +153,54 @@ fn serve(role: &'static str, mut conn: Connection, rx: &Mutex<Receiver<Job>>) {
                 let _ = conn.execute_batch("ROLLBACK");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use futures::FutureExt;
+
+    use super::*;
+
+    /// A full queue refuses at once; jobs whose callers gave up are skipped.
+    #[tokio::test]
+    async fn a_full_queue_refuses_and_abandoned_jobs_are_skipped() {
+        let conn = Connection::open_in_memory().unwrap();
+        let worker = Worker::spawn_with_capacity("test", vec![conn], 2).unwrap();
+        // Occupy the thread until told to go on.
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let (busy_tx, busy_rx) = oneshot::channel::<()>();
+        let blocker = tokio::spawn(worker.sender().call(move |_| {
+            let _ = busy_tx.send(());
+            let _ = go_rx.recv();
+            Ok(())
+        }));
+        busy_rx.await.unwrap();
+        // Two callers queue a job each and give up at once (one poll).
+        let ran = Arc::new(AtomicUsize::new(0));
+        for _ in 0..2 {
+            let ran = Arc::clone(&ran);
+            let call = worker.sender().call(move |_| {
+                ran.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            });
+            assert!(call.now_or_never().is_none(), "queued, not answered");
+        }
+        // The queue is full: refused at once.
+        let refused = worker.sender().call(|_| Ok(())).now_or_never();
+        match refused {
+            Some(Err(Error::Unavailable(message))) => {
+                assert!(message.contains("queue is full"), "{message}");
+            }
+            other => panic!("expected a full queue, got {other:?}"),
+        }
+        go_tx.send(()).unwrap();
+        blocker.await.unwrap().unwrap();
+        // Jobs run in order: once this one ran, the abandoned ones had their
+        // turn, and did nothing.
+        worker.call(|_| Ok(())).await.unwrap();
+        assert_eq!(ran.load(Ordering::SeqCst), 0);
     }
 }
