@@ -11,6 +11,7 @@ use std::panic::{self, AssertUnwindSafe};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
+use std::time::Duration;
 
 use rusqlite::Connection;
 use tokio::sync::oneshot;
@@ -91,14 +92,44 @@ impl Worker {
     }
 }
 
+/// How long dropping a [`Worker`] waits for its threads to finish their
+/// current jobs.
+const JOIN_WAIT: Duration = Duration::from_secs(1);
+
 impl Drop for Worker {
+    /// Closes the queue and waits for the threads to stop, at most
+    /// [`JOIN_WAIT`]: a thread stuck in a job (a write blocked on I/O, a
+    /// lock held by a frozen process) must not keep a draining process, or
+    /// the async runtime this may run on, from going on. Such a thread is
+    /// left to finish (or to end with the process); SQLite's journal keeps
+    /// its transaction atomic either way, and nothing it writes has been
+    /// acknowledged.
     fn drop(&mut self) {
         self.tx = None;
         let me = thread::current().id();
-        for handle in self.threads.drain(..) {
-            if handle.thread().id() != me {
-                let _ = handle.join();
-            }
+        let handles: Vec<JoinHandle<()>> = self
+            .threads
+            .drain(..)
+            .filter(|h| h.thread().id() != me)
+            .collect();
+        if handles.is_empty() {
+            return;
+        }
+        let (done_tx, done_rx) = mpsc::channel::<()>();
+        let joiner = thread::Builder::new()
+            .name(format!("herald-sqlite-{}-join", self.role))
+            .spawn(move || {
+                for handle in handles {
+                    let _ = handle.join();
+                }
+                let _ = done_tx.send(());
+            });
+        if joiner.is_err() || done_rx.recv_timeout(JOIN_WAIT).is_err() {
+            tracing::warn!(
+                role = self.role,
+                wait_ms = u64::try_from(JOIN_WAIT.as_millis()).unwrap_or(u64::MAX),
+                "a sqlite connection thread is still busy at shutdown; not waiting for it"
+            );
         }
     }
 }
@@ -202,5 +233,35 @@ mod tests {
         // turn, and did nothing.
         worker.call(|_| Ok(())).await.unwrap();
         assert_eq!(ran.load(Ordering::SeqCst), 0);
+    }
+
+    /// Dropping a worker whose thread is stuck in a job returns anyway,
+    /// after [`JOIN_WAIT`], instead of waiting for the job.
+    #[tokio::test]
+    async fn dropping_a_worker_does_not_wait_for_a_stuck_thread() {
+        let conn = Connection::open_in_memory().unwrap();
+        let worker = Worker::spawn("test", vec![conn]).unwrap();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let (busy_tx, busy_rx) = oneshot::channel::<()>();
+        let stuck = tokio::spawn(worker.sender().call(move |_| {
+            let _ = busy_tx.send(());
+            // Stuck until the test lets it go, after the drop returned.
+            let _ = go_rx.recv();
+            Ok(())
+        }));
+        busy_rx.await.unwrap();
+        let (dropped_tx, dropped_rx) = std::sync::mpsc::channel::<()>();
+        thread::spawn(move || {
+            drop(worker);
+            let _ = dropped_tx.send(());
+        });
+        let dropped = tokio::task::spawn_blocking(move || {
+            dropped_rx.recv_timeout(Duration::from_secs(30)).is_ok()
+        })
+        .await
+        .unwrap();
+        assert!(dropped, "dropping the worker waited for its stuck thread");
+        go_tx.send(()).unwrap();
+        stuck.await.unwrap().unwrap();
     }
 }
