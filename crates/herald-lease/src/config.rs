@@ -46,6 +46,23 @@ pub enum LeaseConfigError {
         /// ttl − safety margin.
         window: Duration,
     },
+    /// A renewal that fails by timing out could not be retried before the
+    /// safety deadline: the holder would stop on one slow renewal.
+    #[error(
+        "renew interval ({interval:?}) + renew attempt timeout ({attempt:?}) + retry interval \
+         ({retry:?}) must fit in ttl - safety margin ({window:?}), so that a renewal that \
+         times out is retried before the safety deadline"
+    )]
+    NoRoomToRetry {
+        /// The renew interval.
+        interval: Duration,
+        /// The renew attempt timeout.
+        attempt: Duration,
+        /// The retry interval.
+        retry: Duration,
+        /// ttl − safety margin.
+        window: Duration,
+    },
     /// A period is zero.
     #[error("{0} must be greater than zero")]
     Zero(&'static str),
@@ -67,7 +84,11 @@ impl LeaseConfig {
         }
     }
 
-    /// Checks the relations between the periods.
+    /// Checks the relations between the periods: every period is non-zero,
+    /// the margin is shorter than the ttl, and a renewal sent
+    /// `renew_interval` after the last success that times out
+    /// (`renew_attempt_timeout`) is retried (`retry_interval` later) before
+    /// the safety deadline (`ttl − safety_margin`).
     ///
     /// # Errors
     /// [`LeaseConfigError`] names the first broken rule.
@@ -93,6 +114,17 @@ impl LeaseConfig {
         if self.renew_interval >= window {
             return Err(LeaseConfigError::IntervalTooLong {
                 interval: self.renew_interval,
+                window,
+            });
+        }
+        // A renewal sent `renew_interval` after the last success may run for
+        // `renew_attempt_timeout` before it is given up; its retry goes out
+        // `retry_interval` later and must still be sent inside the window.
+        if self.renew_interval + self.renew_attempt_timeout + self.retry_interval > window {
+            return Err(LeaseConfigError::NoRoomToRetry {
+                interval: self.renew_interval,
+                attempt: self.renew_attempt_timeout,
+                retry: self.retry_interval,
                 window,
             });
         }
@@ -141,5 +173,28 @@ mod tests {
         ));
         c.renew_interval = Duration::ZERO;
         assert_eq!(c.validate(), Err(LeaseConfigError::Zero("renew interval")));
+    }
+
+    #[test]
+    fn refuses_timings_where_a_slow_renewal_cannot_be_retried() {
+        // ttl 10 s leaves a 5 s window; 1.67 s + 7 s + 1 s does not fit.
+        let c = LeaseConfig::new(Duration::from_secs(10), Duration::from_secs(5));
+        assert!(matches!(
+            c.validate(),
+            Err(LeaseConfigError::NoRoomToRetry { .. })
+        ));
+        // The same window with a short attempt timeout fits: 1.67 + 2 + 1 s.
+        let c = LeaseConfig {
+            renew_attempt_timeout: Duration::from_secs(2),
+            ..c
+        };
+        assert_eq!(c.validate(), Ok(()));
+        // Exactly full is accepted: the retry is sent at the deadline's edge.
+        let c = LeaseConfig {
+            renew_interval: Duration::from_millis(500),
+            renew_attempt_timeout: Duration::from_millis(2500),
+            ..LeaseConfig::new(Duration::from_secs(5), Duration::from_secs(1))
+        };
+        assert_eq!(c.validate(), Ok(()));
     }
 }

@@ -27,5 +27,5 @@ mod supervisor;
 
 pub use clock::{BootClock, Clock, TokioClock};
 pub use config::{LeaseConfig, LeaseConfigError};
-pub use state::{LeaseHandle, LeaseState, StopReason, WatchdogRecord};
+pub use state::{LeaseHandle, LeaseState, Release, StopReason, WatchdogRecord};
 pub use supervisor::{Exit, Supervisor};

@@ -38,11 +38,10 @@ pub enum LeaseState {
 #[derive(Debug, Clone, PartialEq)]
 pub enum StopReason {
     /// Drain or start-up failure: the supervisor stopped on request and,
-    /// if it was holder, released the lease (`released` says whether the
-    /// release reached the storage).
+    /// if it was holder, tried to release the lease.
     Drained {
-        /// `true` when the lease was held and the release succeeded.
-        released: bool,
+        /// What became of the lease.
+        release: Release,
     },
     /// The safety deadline passed without a successful renewal.
     Watchdog(WatchdogRecord),
@@ -51,6 +50,20 @@ pub enum StopReason {
         /// The token this node had.
         token: FencingToken,
     },
+}
+
+/// What a drain did with the lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Release {
+    /// The node was not holder: nothing to release.
+    NotHeld,
+    /// The node was holder and the storage confirmed the release: a standby
+    /// may take over at once.
+    Released,
+    /// The node was holder and the release failed or timed out (after the
+    /// renew attempt timeout): the lease stays until it expires, ttl after
+    /// the last renewal.
+    Failed,
 }
 
 /// What the watchdog logs when it stops the node: the facts an operator

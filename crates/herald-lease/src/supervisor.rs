@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::{Clock, LeaseConfig, LeaseHandle, LeaseState, StopReason, WatchdogRecord};
+use crate::{Clock, LeaseConfig, LeaseHandle, LeaseState, Release, StopReason, WatchdogRecord};
 
 /// What the supervisor's task returns: why it ended.
 pub type Exit = StopReason;
@@ -81,7 +81,9 @@ impl Run {
     async fn run(mut self) -> Exit {
         let exit = match self.standby().await {
             Some(lease) => self.holder(lease).await,
-            None => StopReason::Drained { released: false },
+            None => StopReason::Drained {
+                release: Release::NotHeld,
+            },
         };
         self.stop(exit.clone());
         exit
@@ -320,8 +322,11 @@ impl Run {
     /// token, and spares a standby the wait for expiry) but that first
     /// reason stays the node's reason.
     async fn release(&self, lease: &Lease) -> Exit {
-        let first = self.stop(StopReason::Drained { released: false });
-        let released = match tokio::time::timeout(
+        // Until the storage confirms it, the release counts as failed.
+        let first = self.stop(StopReason::Drained {
+            release: Release::Failed,
+        });
+        let release = match tokio::time::timeout(
             self.config.renew_attempt_timeout,
             self.store.release(lease),
         )
@@ -329,15 +334,15 @@ impl Run {
         {
             Ok(Ok(())) => {
                 info!(node_id = %lease.holder, lease = %lease.name, token = lease.token.0, "released the lease");
-                true
+                Release::Released
             }
             Ok(Err(e)) => {
                 warn!(node_id = %lease.holder, token = lease.token.0, error = %e, "releasing the lease failed; it will expire instead");
-                false
+                Release::Failed
             }
             Err(_) => {
                 warn!(node_id = %lease.holder, token = lease.token.0, "releasing the lease timed out; it will expire instead");
-                false
+                Release::Failed
             }
         };
         if !first {
@@ -346,7 +351,7 @@ impl Run {
         // Only this drain's own record is completed; a stop published
         // meanwhile would not be overwritten (none can be: the watchdog
         // and the lost-lease path only stop a holder).
-        let reason = StopReason::Drained { released };
+        let reason = StopReason::Drained { release };
         self.state.send_if_modified(|s| match s {
             LeaseState::Stopped {
                 reason: StopReason::Drained { .. },
@@ -381,7 +386,9 @@ impl Run {
             LeaseState::Stopped { reason } => reason.clone(),
             other => {
                 error!(state = ?other, "the supervisor ended without a stopped state");
-                StopReason::Drained { released: false }
+                StopReason::Drained {
+                    release: Release::NotHeld,
+                }
             }
         }
     }

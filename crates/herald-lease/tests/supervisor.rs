@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use herald_core::{Candidate, FencingToken, Lease, LeaseInfo};
 use herald_lease::{
-    Clock, LeaseConfig, LeaseHandle, LeaseState, StopReason, Supervisor, TokioClock,
+    Clock, LeaseConfig, LeaseHandle, LeaseState, Release, StopReason, Supervisor, TokioClock,
 };
 use herald_storage::{Acquire, Error, LeaseStore, Result, TakeoverReason};
 use tokio::time::Instant;
@@ -41,6 +41,8 @@ struct FakeStore {
     /// Instants (since `t0`) at which renewals were sent.
     renew_calls: Mutex<Vec<Duration>>,
     releases: Mutex<u32>,
+    /// Releases fail with an `Unavailable` error.
+    release_fails: Mutex<bool>,
     t0: Instant,
 }
 
@@ -56,6 +58,7 @@ impl FakeStore {
             renewal: Mutex::new(Renewal::Ok),
             renew_calls: Mutex::new(Vec::new()),
             releases: Mutex::new(0),
+            release_fails: Mutex::new(false),
             t0: now,
         })
     }
@@ -164,6 +167,9 @@ impl LeaseStore for Shared {
 
     async fn release(&self, lease: &Lease) -> Result<()> {
         *self.0.releases.lock().unwrap() += 1;
+        if *self.0.release_fails.lock().unwrap() {
+            return Err(Error::Unavailable("release refused by the test".into()));
+        }
         self.0.release_by(&lease.holder);
         Ok(())
     }
@@ -402,7 +408,12 @@ async fn drain_releases_the_lease_and_leaves_no_watchdog_behind() {
         handle, task, t0, ..
     } = node;
     let exit = exit_of(task).await;
-    assert_eq!(exit, StopReason::Drained { released: true });
+    assert_eq!(
+        exit,
+        StopReason::Drained {
+            release: Release::Released,
+        }
+    );
     assert_eq!(*store.releases.lock().unwrap(), 1);
     assert!(store.row.lock().unwrap().holder.is_none());
     // Far past the old safety deadline nothing fires.
@@ -410,9 +421,51 @@ async fn drain_releases_the_lease_and_leaves_no_watchdog_behind() {
     assert_eq!(
         handle.state(),
         LeaseState::Stopped {
-            reason: StopReason::Drained { released: true }
+            reason: StopReason::Drained {
+                release: Release::Released,
+            }
         }
     );
+}
+
+/// A drain counts as clean (exit 0) only when the lease was released or
+/// never held: a failed release is reported as such.
+#[tokio::test(start_paused = true)]
+async fn a_drain_whose_release_fails_says_so() {
+    let store = FakeStore::new(None, Duration::ZERO);
+    *store.release_fails.lock().unwrap() = true;
+    let node = start(&store, config(6.0), Arc::new(TokioClock::new()));
+    node.at(1.0).await;
+    assert!(node.handle.is_holder());
+    node.shutdown.cancel();
+    let handle = node.handle.clone();
+    let exit = exit_of(node.task).await;
+    assert_eq!(
+        exit,
+        StopReason::Drained {
+            release: Release::Failed
+        }
+    );
+    assert_eq!(*store.releases.lock().unwrap(), 1);
+    assert_eq!(handle.state(), LeaseState::Stopped { reason: exit });
+}
+
+/// A standby that drains had nothing to release.
+#[tokio::test(start_paused = true)]
+async fn a_standby_drains_without_a_lease_to_release() {
+    let store = FakeStore::new(Some("node-b"), Duration::from_secs(30));
+    let node = start(&store, config(6.0), Arc::new(TokioClock::new()));
+    node.at(1.0).await;
+    assert!(!node.handle.is_holder());
+    node.shutdown.cancel();
+    let exit = exit_of(node.task).await;
+    assert_eq!(
+        exit,
+        StopReason::Drained {
+            release: Release::NotHeld
+        }
+    );
+    assert_eq!(*store.releases.lock().unwrap(), 0);
 }
 
 #[tokio::test(start_paused = true)]

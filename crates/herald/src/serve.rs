@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use herald_core::{Candidate, LeaseInfo};
-use herald_lease::{BootClock, LeaseConfig, LeaseState, StopReason, Supervisor};
+use herald_lease::{BootClock, LeaseConfig, LeaseState, Release, StopReason, Supervisor};
 use herald_server::ServerConfig;
 use herald_storage::postgres::{PostgresOptions, PostgresStorage};
 use herald_storage::sqlite::{SqliteOptions, SqliteStorage};
@@ -26,7 +26,8 @@ use tracing::{error, info, warn};
 
 use crate::logging::LogFormat;
 
-/// Exit statuses of `herald serve`, documented in `docs/storage.md`.
+/// Exit statuses of `herald serve`, documented in `README.md` and
+/// `docs/storage.md`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ExitStatus {
     /// Drained on SIGTERM/SIGINT and released the lease.
@@ -41,6 +42,10 @@ pub(crate) enum ExitStatus {
     /// The writer did not finish the publishes it had accepted within
     /// `--drain-timeout`; the node stopped renewing and exited anyway.
     DrainTimeout = 5,
+    /// Drained, but the node was holder and could not release the lease
+    /// (the release failed or did not finish before the drain deadline):
+    /// standbys take over only when it expires.
+    ReleaseFailed = 6,
 }
 
 impl From<ExitStatus> for ExitCode {
@@ -290,7 +295,8 @@ async fn start_and_run(args: ServeArgs) -> anyhow::Result<ExitStatus> {
     // timeout; the supervisor's own limit comes 1 s later, as a backstop.
     lease_config.renew_attempt_timeout = args.renew_statement_timeout + Duration::from_secs(2);
     lease_config.validate().context(
-        "lease timing: change --lease-ttl, --lease-safety-margin or --lease-renew-interval",
+        "lease timing: change --lease-ttl, --lease-safety-margin, --lease-renew-interval \
+         or --renew-statement-timeout",
     )?;
 
     // Check the server's settings before touching the database.
@@ -416,19 +422,17 @@ async fn start_and_run(args: ServeArgs) -> anyhow::Result<ExitStatus> {
             // The lease may have been lost during the drain: say so in the
             // exit status, as outside a drain.
             let status = match tokio::time::timeout_at(deadline, supervisor).await {
-                Ok(Ok(StopReason::Watchdog(_))) => ExitStatus::Watchdog,
-                Ok(Ok(StopReason::LeaseLost { .. })) => ExitStatus::LeaseLost,
-                Ok(Ok(StopReason::Drained { released })) => {
-                    info!(node_id = %node_id, released, "lease supervisor stopped");
-                    ExitStatus::Drained
+                Ok(Ok(reason)) => {
+                    info!(node_id = %node_id, ?reason, "lease supervisor stopped");
+                    exit_status_of(&reason)
                 }
                 Ok(Err(e)) => {
                     error!(node_id = %node_id, error = %e, "lease supervisor task failed");
-                    ExitStatus::Drained
+                    ExitStatus::ReleaseFailed
                 }
                 Err(_) => {
                     warn!(node_id = %node_id, "releasing the lease did not finish before the drain deadline");
-                    ExitStatus::Drained
+                    ExitStatus::ReleaseFailed
                 }
             };
             // 3. Let open requests and streams end, until the deadline.
@@ -453,13 +457,28 @@ async fn start_and_run(args: ServeArgs) -> anyhow::Result<ExitStatus> {
         served = &mut server => {
             lease_shutdown.cancel();
             let exit = supervisor.await;
-            info!(node_id = %node_id, exit = ?exit.ok(), "lease supervisor stopped");
+            info!(node_id = %node_id, exit = ?exit.as_ref().ok(), "lease supervisor stopped");
             match served {
-                Ok(Ok(())) => Ok(ExitStatus::Drained),
+                Ok(Ok(())) => Ok(exit.map_or(ExitStatus::ReleaseFailed, |r| exit_status_of(&r))),
                 Ok(Err(e)) => Err(anyhow::Error::new(e).context("server failed")),
                 Err(e) => Err(anyhow::Error::new(e).context("server task failed")),
             }
         }
+    }
+}
+
+/// The exit status for the way the lease supervisor stopped: 0 only when
+/// the node did not hold the lease or released it.
+fn exit_status_of(reason: &StopReason) -> ExitStatus {
+    match reason {
+        StopReason::Watchdog(_) => ExitStatus::Watchdog,
+        StopReason::LeaseLost { .. } => ExitStatus::LeaseLost,
+        StopReason::Drained {
+            release: Release::NotHeld | Release::Released,
+        } => ExitStatus::Drained,
+        StopReason::Drained {
+            release: Release::Failed,
+        } => ExitStatus::ReleaseFailed,
     }
 }
 
@@ -621,6 +640,20 @@ async fn shutdown_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_drain_exits_0_only_when_no_lease_is_left_behind() {
+        let drained = |release| exit_status_of(&StopReason::Drained { release });
+        assert_eq!(drained(Release::Released), ExitStatus::Drained);
+        assert_eq!(drained(Release::NotHeld), ExitStatus::Drained);
+        assert_eq!(drained(Release::Failed), ExitStatus::ReleaseFailed);
+        assert_eq!(
+            exit_status_of(&StopReason::LeaseLost {
+                token: herald_core::FencingToken(7)
+            }),
+            ExitStatus::LeaseLost
+        );
+    }
 
     #[test]
     fn durations_take_the_documented_forms() {

@@ -23,14 +23,17 @@ use tokio_util::sync::CancellationToken;
 
 const CHANNEL: &str = "cluster";
 
-/// Lease timings short enough for tests: ttl 4 s, margin 1 s (safety
-/// deadline 3 s after a renewal is sent), renewal every 666 ms, statement
-/// timeout 500 ms.
+/// Lease timings short enough for tests: ttl 5 s, margin 1 s (safety
+/// deadline 4 s after a renewal is sent), renewal every 500 ms, statement
+/// timeout 500 ms: the shortest ttl where a renewal that times out (2.5 s)
+/// is still retried (1 s later) before the safety deadline.
 const FAST_LEASE: &[&str] = &[
     "--lease-ttl",
-    "4s",
+    "5s",
     "--lease-safety-margin",
     "1s",
+    "--lease-renew-interval",
+    "500ms",
     "--renew-statement-timeout",
     "500ms",
 ];

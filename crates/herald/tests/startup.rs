@@ -273,4 +273,24 @@ async fn unreachable_databases_and_bad_lease_timings_name_what_to_change() {
         error.contains("--lease-ttl") && error.contains("--lease-safety-margin"),
         "{error}"
     );
+
+    // A 10 s ttl leaves 5 s after a renewal is sent, but one renewal may
+    // take 7 s before it is given up: refused, naming the flags to change.
+    let error = failed_start(
+        dir.path(),
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            "data",
+            "--lease-ttl",
+            "10s",
+        ],
+    )
+    .await;
+    assert!(
+        error.contains("retried before the safety deadline"),
+        "{error}"
+    );
+    assert!(error.contains("--renew-statement-timeout"), "{error}");
 }

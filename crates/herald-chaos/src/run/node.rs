@@ -19,13 +19,16 @@ use super::database::Cluster;
 /// How long a node may take to log its address.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// The lease flags every node gets: ttl 4 s, safety margin 1 s, renewal
-/// statement timeout 500 ms.
-const LEASE_FLAGS: [&str; 6] = [
+/// The lease flags every node gets: ttl 5 s, safety margin 1 s, renewal
+/// every 500 ms, renewal statement timeout 500 ms (the shortest ttl where a
+/// renewal that times out is retried before the safety deadline).
+const LEASE_FLAGS: [&str; 8] = [
     "--lease-ttl",
-    "4s",
+    "5s",
     "--lease-safety-margin",
     "1s",
+    "--lease-renew-interval",
+    "500ms",
     "--renew-statement-timeout",
     "500ms",
 ];

@@ -28,7 +28,7 @@ const WARM_UP: Duration = Duration::from_secs(2);
 const COOL_DOWN: Duration = Duration::from_secs(2);
 
 /// The lease's ttl as the nodes are configured (`--lease-ttl`).
-pub(crate) const LEASE_TTL: Duration = Duration::from_secs(4);
+pub(crate) const LEASE_TTL: Duration = Duration::from_secs(5);
 
 /// A kind of fault; see the crate's binary documentation for what each
 /// models.
