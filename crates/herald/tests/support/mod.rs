@@ -582,6 +582,24 @@ impl PrivateCluster {
         );
     }
 
+    /// `pg_ctl stop -m fast`: every session ends and the server is down
+    /// when this returns (connections are refused until [`Self::start_again`]).
+    pub(crate) fn stop_fast(&self) {
+        assert!(
+            self.try_pg_ctl(&["stop", "-m", "fast", "-w", "-t", "30"]),
+            "pg_ctl stop failed"
+        );
+    }
+
+    /// Starts the stopped server again on the same port; it accepts
+    /// connections when this returns.
+    pub(crate) fn start_again(&self) {
+        assert!(
+            self.try_pg_ctl(&["start", "-w", "-t", "30", "-o", &self.options()]),
+            "pg_ctl start failed"
+        );
+    }
+
     fn data(&self) -> PathBuf {
         self.dir.path().join("data")
     }
