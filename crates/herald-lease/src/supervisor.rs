@@ -77,6 +77,13 @@ struct Progress {
     last_error: Option<String>,
 }
 
+/// Shortest time between the starts of two acquire attempts woken by a
+/// takeover hint.
+const MIN_ATTEMPT_GAP: Duration = Duration::from_millis(20);
+/// How long after the expiry of a lease found held (as the storage computed
+/// it when it answered) a standby tries again.
+const EXPIRY_SLACK: Duration = Duration::from_millis(1);
+
 impl Run {
     async fn run(mut self) -> Exit {
         let exit = match self.standby().await {
@@ -97,6 +104,12 @@ impl Run {
             if self.shutdown.is_cancelled() {
                 return None;
             }
+            let attempt_started = Instant::now();
+            // The next attempt comes after one acquire period, or right
+            // after the lease found held expires, or when the store hints
+            // that its holder is gone or released it, whichever is first.
+            let mut next = attempt_started + self.config.acquire_interval;
+            let mut held = None;
             let sent = self.clock.now();
             let attempt = tokio::time::timeout(
                 self.config.renew_attempt_timeout,
@@ -119,6 +132,9 @@ impl Run {
                     return Some((lease, sent));
                 }
                 Ok(Ok(Acquire::Held(info))) => {
+                    let expires_in = Duration::from_millis(info.expires_in_ms.max(0).unsigned_abs());
+                    next = next.min(Instant::now() + expires_in + EXPIRY_SLACK);
+                    held = Some(info.clone());
                     self.state.send_if_modified(|s| {
                         let next = LeaseState::Standby {
                             holder: Some(info.clone()),
@@ -137,9 +153,24 @@ impl Run {
                     self.keep_standby();
                 }
             }
+            let hint = async {
+                match &held {
+                    Some(info) => self.store.takeover_hint(info).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
-                () = tokio::time::sleep(self.config.acquire_interval) => {}
+                biased;
                 () = self.shutdown.cancelled() => return None,
+                () = tokio::time::sleep_until(next) => {}
+                () = hint => {
+                    // A hint that fires again at once (nothing changed)
+                    // must not turn into a busy loop of acquires.
+                    tokio::select! {
+                        () = tokio::time::sleep_until(attempt_started + MIN_ATTEMPT_GAP) => {}
+                        () = self.shutdown.cancelled() => return None,
+                    }
+                }
             }
         }
     }

@@ -43,6 +43,12 @@ struct FakeStore {
     releases: Mutex<u32>,
     /// Releases fail with an `Unavailable` error.
     release_fails: Mutex<bool>,
+    /// Wakes standbys waiting on a takeover hint.
+    hint: tokio::sync::Notify,
+    /// The takeover hint resolves at once, every time.
+    hint_always: Mutex<bool>,
+    /// Acquire attempts so far.
+    acquires: Mutex<u32>,
     t0: Instant,
 }
 
@@ -59,6 +65,9 @@ impl FakeStore {
             renew_calls: Mutex::new(Vec::new()),
             releases: Mutex::new(0),
             release_fails: Mutex::new(false),
+            hint: tokio::sync::Notify::new(),
+            hint_always: Mutex::new(false),
+            acquires: Mutex::new(0),
             t0: now,
         })
     }
@@ -111,6 +120,7 @@ struct Shared(Arc<FakeStore>);
 #[async_trait]
 impl LeaseStore for Shared {
     async fn acquire(&self, c: &Candidate, ttl: Duration) -> Result<Acquire> {
+        *self.0.acquires.lock().unwrap() += 1;
         let mut row = self.0.row.lock().unwrap();
         let now = Instant::now();
         if row.holder.is_some() && row.expires_at > now {
@@ -176,6 +186,14 @@ impl LeaseStore for Shared {
 
     async fn lease_info(&self, _name: &str) -> Result<Option<LeaseInfo>> {
         Ok(None)
+    }
+
+    async fn takeover_hint(&self, _held: &LeaseInfo) {
+        let notified = self.0.hint.notified();
+        if *self.0.hint_always.lock().unwrap() {
+            return;
+        }
+        notified.await;
     }
 }
 
@@ -501,7 +519,38 @@ async fn a_standby_takes_over_an_expired_lease() {
         .wait_for(|s| matches!(s, LeaseState::Holder { .. }))
         .await
         .unwrap();
-    assert_eq!(Instant::now() - node.t0, Duration::from_secs(3));
+    // Right after the expiry, not on the next acquire period (3 s).
+    assert_eq!(Instant::now() - node.t0, Duration::from_millis(2501));
+}
+
+/// A takeover hint (the holder's session ended, or it released) wakes the
+/// standby at once instead of on its next acquire period.
+#[tokio::test(start_paused = true)]
+async fn a_takeover_hint_wakes_the_standby_at_once() {
+    let store = FakeStore::new(Some("node-b"), Duration::from_secs(30));
+    let node = start(&store, config(6.0), Arc::new(TokioClock::new()));
+    node.at(0.3).await;
+    assert!(!node.handle.is_holder());
+    store.release_by("node-b");
+    store.hint.notify_waiters();
+    node.handle
+        .wait_for(|s| matches!(s, LeaseState::Holder { .. }))
+        .await
+        .unwrap();
+    assert_eq!(Instant::now() - node.t0, Duration::from_millis(300));
+}
+
+/// A hint that fires although nothing changed does not become a busy loop:
+/// attempts stay at least 20 ms apart.
+#[tokio::test(start_paused = true)]
+async fn a_hint_that_always_fires_does_not_spin() {
+    let store = FakeStore::new(Some("node-b"), Duration::from_secs(30));
+    *store.hint_always.lock().unwrap() = true;
+    let node = start(&store, config(6.0), Arc::new(TokioClock::new()));
+    node.at(1.0).await;
+    let attempts = *store.acquires.lock().unwrap();
+    assert!(!node.handle.is_holder());
+    assert!((2..=51).contains(&attempts), "{attempts} attempts in 1 s");
 }
 
 /// Tokio's clock plus a jump, standing in for `CLOCK_BOOTTIME` running on

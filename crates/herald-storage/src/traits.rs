@@ -94,6 +94,21 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// # Errors
     /// [`crate::Error::Unavailable`] when the storage cannot be reached.
     async fn lease_info(&self, name: &str) -> Result<Option<LeaseInfo>>;
+
+    /// Resolves when a takeover of `held` (the lease as the last
+    /// [`LeaseStore::acquire`] found it, held by another node) may have
+    /// become possible: its holder's process ended or it released the
+    /// lease. A standby waits on this between acquire attempts so that it
+    /// tries again at once instead of on its next acquire period.
+    ///
+    /// A hint only: it may resolve when nothing changed, or never (the
+    /// default, for backends that cannot tell); the caller still tries
+    /// every acquire period, and only [`LeaseStore::acquire`] decides. It
+    /// must be cancel-safe: the caller drops it when its period ends first.
+    async fn takeover_hint(&self, held: &LeaseInfo) {
+        let _ = held;
+        std::future::pending::<()>().await;
+    }
 }
 
 /// One page of a channel's history.
