@@ -132,7 +132,8 @@ impl Run {
                     return Some((lease, sent));
                 }
                 Ok(Ok(Acquire::Held(info))) => {
-                    let expires_in = Duration::from_millis(info.expires_in_ms.max(0).unsigned_abs());
+                    let expires_in =
+                        Duration::from_millis(info.expires_in_ms.max(0).unsigned_abs());
                     next = next.min(Instant::now() + expires_in + EXPIRY_SLACK);
                     held = Some(info.clone());
                     self.state.send_if_modified(|s| {

@@ -164,11 +164,12 @@ mod listen;
 mod liveness;
 mod ops;
 mod renewal;
+mod takeover;
 
 use std::fmt;
 use std::future::{poll_fn, Future};
 use std::pin::pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -206,6 +207,12 @@ pub const MIGRATION_LOCK_KEY: i64 = advisory_key(b"herald/migrations", b"");
 /// name last). PostgreSQL delivers a notification only when the
 /// transaction that sent it commits (PostgreSQL documentation, `NOTIFY`).
 pub const CHANGES_CHANNEL: &str = "herald_changes";
+
+/// The notification channel on which a release of the writer lease is
+/// announced, with the lease's name as payload, so that standbys try to
+/// acquire at once instead of on their next acquire period. Delivered only
+/// if the release commits (PostgreSQL documentation, `NOTIFY`).
+pub const LEASE_CHANNEL: &str = "herald_lease";
 
 /// Capacity of the broadcast channel behind [`Storage::watch_changes`]: a
 /// receiver that falls this many notices behind loses the oldest and is
@@ -345,6 +352,15 @@ struct Inner {
     session_key: i64,
     /// The listener task sends on this; receivers come from `subscribe`.
     changes: broadcast::Sender<ChangeSignal>,
+    /// Lease releases heard by the listener (a counter).
+    releases: watch::Receiver<u64>,
+    /// Which lease the takeover watch waits on (set by `takeover_hint`).
+    watch_target: watch::Sender<takeover::Target>,
+    /// Holder sessions the takeover watch saw end (a counter).
+    watch_fired: watch::Receiver<u64>,
+    /// `releases` and `watch_fired` as the last acquire began: a hint
+    /// resolves only on news after that.
+    seen_at_acquire: Mutex<(u64, u64)>,
     /// Dropped with the last handle: the listener and liveness tasks see
     /// it closed, close their connections and end.
     _stop: watch::Sender<()>,
@@ -368,6 +384,7 @@ enum Role {
     Migration,
     Listener,
     Liveness,
+    Watch,
 }
 
 impl Role {
@@ -378,6 +395,7 @@ impl Role {
             Self::Migration => "herald-migrate",
             Self::Listener => "herald-listen",
             Self::Liveness => "herald-liveness",
+            Self::Watch => "herald-watch",
         }
     }
 }
@@ -455,13 +473,29 @@ impl PostgresStorage {
         ));
 
         let (changes, _) = broadcast::channel(CHANGE_SIGNAL_CAPACITY);
+        let (releases, _) = watch::channel(0);
+        let outputs = listen::Outputs {
+            changes: changes.clone(),
+            releases: releases.clone(),
+        };
         let listener_config = session_config(&base, &options, Role::Listener);
-        let listening = listen::establish(&listener_config, connect_limit, &changes).await?;
+        let listening = listen::establish(&listener_config, connect_limit, &outputs).await?;
         tokio::spawn(listen::run(
             listener_config,
             connect_limit,
-            changes.clone(),
+            outputs,
             listening,
+            stop_rx.clone(),
+        ));
+
+        let (watch_target, target_rx) = watch::channel(None);
+        let (fired, watch_fired) = watch::channel(0);
+        tokio::spawn(takeover::run(
+            session_config(&base, &options, Role::Watch),
+            connect_limit,
+            session_key,
+            target_rx,
+            fired,
             stop_rx,
         ));
 
@@ -473,6 +507,10 @@ impl PostgresStorage {
                 target,
                 session_key,
                 changes,
+                releases: releases.subscribe(),
+                watch_target,
+                watch_fired,
+                seen_at_acquire: Mutex::new((0, 0)),
                 _stop: stop,
             }),
         };
@@ -666,6 +704,12 @@ fn session_config(base: &Config, options: &PostgresOptions, role: Role) -> Confi
         Role::Migration => vec![("lock_timeout", setting_ms(MIGRATION_LOCK_WAIT))],
         // Idle for its whole life: no idle timeout may end it.
         Role::Listener => vec![("idle_session_timeout", "0".to_owned())],
+        // Waits on a lock for as long as the holder lives.
+        Role::Watch => vec![
+            ("idle_session_timeout", "0".to_owned()),
+            ("statement_timeout", "0".to_owned()),
+            ("lock_timeout", "0".to_owned()),
+        ],
         // Idle for its whole life, and the server must notice soon when its
         // client's host is gone, because that releases the session lock.
         Role::Liveness => vec![
@@ -886,6 +930,14 @@ pub fn fenced_write_lock_key(lease_name: &str) -> i64 {
 #[async_trait]
 impl LeaseStore for PostgresStorage {
     async fn acquire(&self, candidate: &Candidate, ttl: Duration) -> Result<Acquire> {
+        *self
+            .inner
+            .seen_at_acquire
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = (
+            *self.inner.releases.borrow(),
+            *self.inner.watch_fired.borrow(),
+        );
         let mut client = self.client().await?;
         ops::acquire(
             &mut client,
@@ -909,6 +961,35 @@ impl LeaseStore for PostgresStorage {
     async fn lease_info(&self, name: &str) -> Result<Option<LeaseInfo>> {
         let client = self.client().await?;
         ops::lease_info(&client, name).await
+    }
+
+    /// Resolves when, since the last acquire began, a release of a lease
+    /// was announced on [`LEASE_CHANNEL`] (or the listener reconnected and
+    /// may have missed one), or the takeover watch saw the session of
+    /// `held`'s holder end (see the module `takeover`).
+    async fn takeover_hint(&self, held: &LeaseInfo) {
+        let target = Some((held.name.clone(), held.token.0));
+        self.inner.watch_target.send_if_modified(|t| {
+            let changed = *t != target;
+            if changed {
+                t.clone_from(&target);
+            }
+            changed
+        });
+        let (releases_seen, fired_seen) = *self
+            .inner
+            .seen_at_acquire
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let mut releases = self.inner.releases.clone();
+        let mut fired = self.inner.watch_fired.clone();
+        let released = async move { releases.wait_for(|n| *n > releases_seen).await.is_ok() };
+        let gone = async move { fired.wait_for(|n| *n > fired_seen).await.is_ok() };
+        tokio::select! {
+            true = released => {}
+            true = gone => {}
+            else => std::future::pending::<()>().await,
+        }
     }
 }
 

@@ -1323,3 +1323,70 @@ async fn a_fenced_write_that_outlives_its_lease_is_refused() {
         .collect();
     assert_eq!(offsets, vec![1, 2], "the late batch was stored");
 }
+
+/// The acquire of `standby`, which must find `holder`'s lease held.
+async fn held_by_other(standby: &PostgresStorage, c: &Candidate) -> herald_core::LeaseInfo {
+    match standby.acquire(c, MINUTE).await.unwrap() {
+        Acquire::Held(info) => info,
+        Acquire::Acquired { lease, .. } => panic!("{} acquired {lease:?}", c.node_id),
+    }
+}
+
+/// A standby waiting on its takeover hint learns of the holder's death the
+/// moment its session ends (its takeover watch waits on the holder's
+/// session lock), and its next acquire takes the lease as `holder_gone`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_takeover_hint_fires_when_the_holder_dies() {
+    let db = TestDatabase::create().await;
+    let holder = node(db.url(), options()).await;
+    let standby = node(db.url(), options()).await;
+    let (old, _) = acquire(&holder, &candidate("holder"), MINUTE).await;
+    let info = held_by_other(&standby, &candidate("standby")).await;
+    let waiting = {
+        let standby = standby.clone();
+        tokio::spawn(async move { standby.takeover_hint(&info).await })
+    };
+    // The hint stays pending while the holder lives: its watch is blocked
+    // on the holder's session lock.
+    let monitor = db.raw_client().await;
+    wait_for_lock_waiters(&monitor, "herald-watch", 1).await;
+    assert!(!waiting.is_finished());
+
+    drop(holder);
+    tokio::time::timeout(MINUTE, waiting)
+        .await
+        .expect("the hint fires when the holder's session ends")
+        .unwrap();
+    let (new, reason) = acquire(&standby, &candidate("standby"), MINUTE).await;
+    assert_eq!(reason, TakeoverReason::HolderGone);
+    assert_eq!(new.token, FencingToken(old.token.0 + 1));
+}
+
+/// A release is announced to every node (`NOTIFY` on the lease channel), so
+/// a standby waiting on its hint tries again at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_takeover_hint_fires_when_the_holder_releases() {
+    let db = TestDatabase::create().await;
+    let holder = node(db.url(), options()).await;
+    let standby = node(db.url(), options()).await;
+    let (old, _) = acquire(&holder, &candidate("holder"), MINUTE).await;
+    let info = held_by_other(&standby, &candidate("standby")).await;
+    let waiting = {
+        let standby = standby.clone();
+        tokio::spawn(async move { standby.takeover_hint(&info).await })
+    };
+    let monitor = db.raw_client().await;
+    wait_for_lock_waiters(&monitor, "herald-watch", 1).await;
+    assert!(!waiting.is_finished());
+
+    holder.release(&old).await.unwrap();
+    tokio::time::timeout(MINUTE, waiting)
+        .await
+        .expect("the hint fires on a release")
+        .unwrap();
+    let (_, reason) = acquire(&standby, &candidate("standby"), MINUTE).await;
+    assert_eq!(reason, TakeoverReason::Released);
+    // The holder is alive: its session lock is still held by it, not by
+    // the standby's watch, which gave it back at once (or never had it).
+    assert!(liveness_holder(&monitor, &holder).await.is_some());
+}

@@ -1,6 +1,8 @@
 //! The change listener: one dedicated connection per storage that runs
 //! `LISTEN` on [`CHANGES_CHANNEL`] and turns each notification into a
-//! [`ChangeSignal`] on a broadcast channel.
+//! [`ChangeSignal`] on a broadcast channel, and `LISTEN` on
+//! [`LEASE_CHANNEL`], whose notifications (a lease was released) bump a
+//! counter that standbys wait on.
 //!
 //! Fenced writes send their notices with `pg_notify` inside their
 //! transaction; PostgreSQL delivers them only when that transaction commits,
@@ -13,7 +15,8 @@
 //! starts at 100 ms and doubles up to 2 s while attempts keep failing.
 //! Every successful `LISTEN` (the first one included) is followed by
 //! [`ChangeSignal::Resync`]: notices sent while no connection listened are
-//! lost, and receivers catch up with `changes_since`.
+//! lost, and receivers catch up with `changes_since`. It also bumps the
+//! lease counter, since a release may have been missed too.
 
 use std::time::Duration;
 
@@ -21,7 +24,7 @@ use herald_core::ChannelName;
 use tokio::sync::{broadcast, watch};
 use tokio_postgres::{AsyncMessage, Client, Config};
 
-use super::{connect_raw, drive, PgConnection, CHANGES_CHANNEL};
+use super::{connect_raw, drive, PgConnection, CHANGES_CHANNEL, LEASE_CHANNEL};
 use crate::{ChangeSignal, Error, Result};
 
 /// First pause before a new connection after the listening one failed.
@@ -29,9 +32,19 @@ const BACKOFF_MIN: Duration = Duration::from_millis(100);
 /// Longest pause between connection attempts.
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
-/// The statement that subscribes the connection to the notices.
+/// The statements that subscribe the connection to the notices.
 fn listen_sql() -> String {
-    format!("LISTEN {CHANGES_CHANNEL}")
+    format!("LISTEN {CHANGES_CHANNEL}; LISTEN {LEASE_CHANNEL}")
+}
+
+/// Where the listener sends what it hears.
+#[derive(Clone)]
+pub(super) struct Outputs {
+    /// Change notices of fenced writes.
+    pub(super) changes: broadcast::Sender<ChangeSignal>,
+    /// Counts lease releases heard (and reconnects, when some may have been
+    /// missed).
+    pub(super) releases: watch::Sender<u64>,
 }
 
 /// Opens a listening connection: connects and runs `LISTEN`, both within
@@ -39,13 +52,13 @@ fn listen_sql() -> String {
 pub(super) async fn establish(
     config: &Config,
     limit: Duration,
-    sender: &broadcast::Sender<ChangeSignal>,
+    outputs: &Outputs,
 ) -> Result<(Client, PgConnection)> {
     let setup = async {
         let (client, mut connection) = connect_raw(config, limit).await?;
         let sql = listen_sql();
         drive(&mut connection, client.batch_execute(&sql), |m| {
-            handle(m, sender);
+            handle(m, outputs);
         })
         .await??;
         Ok::<_, Error>((client, connection))
@@ -63,7 +76,7 @@ pub(super) async fn establish(
 pub(super) async fn run(
     config: Config,
     limit: Duration,
-    sender: broadcast::Sender<ChangeSignal>,
+    outputs: Outputs,
     first: (Client, PgConnection),
     mut stop: watch::Receiver<()>,
 ) {
@@ -72,10 +85,11 @@ pub(super) async fn run(
     loop {
         if let Some((client, mut connection)) = current.take() {
             // Listening from here on: whatever was sent before is unknown.
-            let _ = sender.send(ChangeSignal::Resync);
+            let _ = outputs.changes.send(ChangeSignal::Resync);
+            outputs.releases.send_modify(|n| *n += 1);
             let ended = tokio::select! {
                 _ = stop.changed() => return,
-                ended = drive(&mut connection, std::future::pending::<()>(), |m| handle(m, &sender)) => ended,
+                ended = drive(&mut connection, std::future::pending::<()>(), |m| handle(m, &outputs)) => ended,
             };
             drop(client);
             let error = ended.err().map(|e| e.to_string()).unwrap_or_default();
@@ -89,7 +103,7 @@ pub(super) async fn run(
         backoff = (backoff * 2).min(BACKOFF_MAX);
         tokio::select! {
             _ = stop.changed() => return,
-            opened = establish(&config, limit, &sender) => match opened {
+            opened = establish(&config, limit, &outputs) => match opened {
                 Ok(listening) => {
                     tracing::info!("change listener reconnected");
                     current = Some(listening);
@@ -104,11 +118,17 @@ pub(super) async fn run(
     }
 }
 
-/// Forwards one asynchronous message: a notice of ours becomes a signal; a
-/// payload that does not parse becomes [`ChangeSignal::Resync`], so that
-/// receivers catch up instead of missing it.
-fn handle(message: AsyncMessage, sender: &broadcast::Sender<ChangeSignal>) {
+/// Forwards one asynchronous message: a change notice of ours becomes a
+/// signal; a payload that does not parse becomes [`ChangeSignal::Resync`],
+/// so that receivers catch up instead of missing it. A lease notice bumps
+/// the release counter.
+fn handle(message: AsyncMessage, outputs: &Outputs) {
+    let sender = &outputs.changes;
     match message {
+        AsyncMessage::Notification(n) if n.channel() == LEASE_CHANNEL => {
+            tracing::debug!(lease = %n.payload(), "lease released");
+            outputs.releases.send_modify(|count| *count += 1);
+        }
         AsyncMessage::Notification(n) if n.channel() == CHANGES_CHANNEL => {
             let signal = parse_payload(n.payload()).unwrap_or_else(|| {
                 tracing::warn!(payload = %n.payload(), "unreadable change notice; asking receivers to resync");

@@ -18,7 +18,7 @@ use herald_core::{
 };
 use tokio_postgres::{GenericClient, IsolationLevel};
 
-use super::{fenced_write_lock_key, CHANGES_CHANNEL};
+use super::{fenced_write_lock_key, CHANGES_CHANNEL, LEASE_CHANNEL};
 use crate::decode::{
     acquired, log_lost, log_release, lost, sql_position, sql_token, to_channel, to_json, to_token,
     to_u64,
@@ -82,6 +82,23 @@ const READ_HOLDER_SQL: &str = "SELECT holder IS NOT NULL AND expires_at > clock_
 /// documentation, "System Administration Functions", "Advisory Lock
 /// Functions").
 const PROBE_HOLDER_SQL: &str = "SELECT pg_try_advisory_xact_lock($1)";
+
+/// Whether another node's storage is provably gone: its session lock is
+/// free ([`PROBE_HOLDER_SQL`]) *and* the database server has been up for at
+/// least `$2` ms. A server that just started has no sessions at all, so a
+/// free lock then says nothing about the holder: its liveness connection
+/// reconnects and takes the lock again within its reconnect backoff. Only
+/// after that grace does a free lock count as evidence of death
+/// (`pg_postmaster_start_time`: PostgreSQL documentation, "System
+/// Information Functions").
+const HOLDER_GONE_SQL: &str = "SELECT pg_try_advisory_xact_lock($1) \
+     AND clock_timestamp() - pg_postmaster_start_time() >= $2::bigint * interval '1 millisecond'";
+
+/// How long after the database server starts a free session lock of a
+/// holder is not yet taken as proof that the holder is gone (see
+/// [`HOLDER_GONE_SQL`]): well above the liveness connection's longest
+/// reconnect pause (2 s) plus a connect.
+pub(super) const HOLDER_GONE_GRACE_MS: i64 = 5_000;
 
 /// The takeover decision, run after the row lock is held: the row is taken
 /// when released, expired at this statement's clock reading, or when
@@ -181,7 +198,11 @@ pub(super) async fn acquire(
         .filter(|s| live && *s != own_session_text)
         .and_then(|s| s.parse::<i64>().ok())
     {
-        holder_gone = tx.query_one(&probe, &[&key]).await?.try_get(0)?;
+        let gone = tx.prepare_cached(HOLDER_GONE_SQL).await?;
+        holder_gone = tx
+            .query_one(&gone, &[&key, &HOLDER_GONE_GRACE_MS])
+            .await?
+            .try_get(0)?;
     }
     let take_over = tx.prepare_cached(TAKE_OVER_SQL).await?;
     let taken = tx
@@ -244,8 +265,11 @@ async fn held_at_a_glance(
     else {
         return Ok(None);
     };
-    let probe = client.prepare_cached(PROBE_HOLDER_SQL).await?;
-    let holder_gone: bool = client.query_one(&probe, &[&key]).await?.try_get(0)?;
+    let gone = client.prepare_cached(HOLDER_GONE_SQL).await?;
+    let holder_gone: bool = client
+        .query_one(&gone, &[&key, &HOLDER_GONE_GRACE_MS])
+        .await?
+        .try_get(0)?;
     if holder_gone {
         return Ok(None);
     }
@@ -254,23 +278,27 @@ async fn held_at_a_glance(
 }
 
 /// Clears the holder if `lease` is current; the token stays. One
-/// autocommitted `UPDATE`: it locks the row `FOR NO KEY UPDATE`, so it does
-/// not wait for fenced writes; a write in flight either finishes before a
-/// later acquire (which waits for it) or, if it starts after the release,
-/// finds no holder and fails.
+/// autocommitted statement: its `UPDATE` locks the row `FOR NO KEY UPDATE`,
+/// so it does not wait for fenced writes; a write in flight either finishes
+/// before a later acquire (which waits for it) or, if it starts after the
+/// release, finds no holder and fails. When it cleared the holder it also
+/// sends the lease's name on [`LEASE_CHANNEL`], delivered at commit, so
+/// that standbys try to acquire at once.
 pub(super) async fn release(client: &Object, lease: &Lease) -> Result<()> {
     let Ok(token) = sql_token(lease) else {
         return Ok(());
     };
     let stmt = client
         .prepare_cached(
-            "UPDATE storage_leases SET holder = NULL, holder_url = NULL, holder_session = NULL, \
-             expires_at = clock_timestamp() \
-             WHERE name = $1 AND holder = $2 AND token = $3",
+            "WITH released AS ( \
+                 UPDATE storage_leases SET holder = NULL, holder_url = NULL, holder_session = NULL, \
+                 expires_at = clock_timestamp() \
+                 WHERE name = $1 AND holder = $2 AND token = $3 RETURNING name) \
+             SELECT pg_notify($4, name) FROM released",
         )
         .await?;
     let updated = client
-        .execute(&stmt, &[&lease.name, &lease.holder, &token])
+        .execute(&stmt, &[&lease.name, &lease.holder, &token, &LEASE_CHANNEL])
         .await?;
     log_release(lease, updated > 0);
     Ok(())

@@ -1,0 +1,191 @@
+//! The takeover watch: how a standby learns at once that the holder's
+//! process is gone, instead of on its next acquire period.
+//!
+//! One dedicated connection per storage, opened the first time a standby
+//! waits for a takeover hint, reads the holder's session key from the lease
+//! row and then *waits* for that session's advisory lock with a blocking
+//! `pg_advisory_lock`. PostgreSQL grants it the moment the holder's
+//! liveness session ends (PostgreSQL documentation, "Explicit Locking",
+//! "Advisory Locks"); the watch unlocks at once and bumps a counter that
+//! [`super::PostgresStorage`]'s `takeover_hint` waits on. The acquire that
+//! follows decides as always, under the lease row lock.
+//!
+//! A lock granted while the database server has been up for less than the
+//! holder-gone grace (a restart ends every session, the live holder's
+//! included) is not reported: the watch waits out the grace and looks
+//! again, by which time a live holder has taken its lock back.
+//!
+//! The watch fires once per holder session; when the lease moves to
+//! another holder (a new fencing token), it drops its connection (which
+//! cancels the wait) and watches the new one. Errors close the connection;
+//! the next attempt comes after [`RETRY`], so a database outage cannot
+//! make it spin.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, Config};
+
+use super::ops::HOLDER_GONE_GRACE_MS;
+use super::{connect_raw, drive, PgConnection};
+use crate::Result;
+
+/// Pause after a failed connection or statement before the next attempt.
+const RETRY: Duration = Duration::from_secs(1);
+
+/// The holder's session key, when the lease has a live holder.
+const HOLDER_SESSION_SQL: &str = "SELECT holder_session FROM storage_leases \
+     WHERE name = $1 AND holder IS NOT NULL AND expires_at > clock_timestamp()";
+/// Waits until no other session holds the key.
+const WAIT_SQL: &str = "SELECT pg_advisory_lock($1)";
+/// Gives the key back at once: the acquire's probe must find it free.
+const UNLOCK_SQL: &str = "SELECT pg_advisory_unlock($1)";
+/// How long the database server has been up, in ms.
+const UPTIME_SQL: &str =
+    "SELECT (extract(epoch FROM clock_timestamp() - pg_postmaster_start_time()) * 1000)::bigint";
+
+/// What the standby waits for: the lease name and the fencing token it
+/// found held.
+pub(super) type Target = Option<(String, u64)>;
+
+/// The watch task. `target` says which lease to watch (set by
+/// `takeover_hint`); `fired` is bumped each time a watched holder's session
+/// ends; `own_session` is never watched. Ends when `stop`'s sender is
+/// dropped.
+pub(super) async fn run(
+    config: Config,
+    connect_limit: Duration,
+    own_session: i64,
+    mut target: watch::Receiver<Target>,
+    fired: watch::Sender<u64>,
+    mut stop: watch::Receiver<()>,
+) {
+    let mut connection: Option<(Client, PgConnection)> = None;
+    // The session already reported, so that it is not reported twice.
+    let mut reported: Option<i64> = None;
+    loop {
+        let Some((name, _token)) = target.borrow_and_update().clone() else {
+            tokio::select! {
+                _ = stop.changed() => return,
+                changed = target.changed() => if changed.is_err() { return },
+            }
+            continue;
+        };
+        if connection.is_none() {
+            match connect_raw(&config, connect_limit).await {
+                Ok(opened) => connection = Some(opened),
+                Err(e) => {
+                    tracing::debug!(error = %e, "takeover watch could not connect");
+                    if pause(&mut stop, RETRY).await {
+                        return;
+                    }
+                    continue;
+                }
+            }
+        }
+        let Some((client, conn)) = connection.as_mut() else {
+            continue;
+        };
+        let key = match holder_session(client, conn, &name).await {
+            Ok(key) => key,
+            Err(e) => {
+                tracing::debug!(error = %e, "takeover watch could not read the lease");
+                connection = None;
+                if pause(&mut stop, RETRY).await {
+                    return;
+                }
+                continue;
+            }
+        };
+        let Some(key) = key.filter(|k| *k != own_session && Some(*k) != reported) else {
+            // Nothing to wait for (no live holder, our own session, or one
+            // already reported): the acquire period covers it.
+            tokio::select! {
+                _ = stop.changed() => return,
+                changed = target.changed() => if changed.is_err() { return },
+            }
+            continue;
+        };
+        let params: [&(dyn ToSql + Sync); 1] = [&key];
+        let waited = tokio::select! {
+            _ = stop.changed() => return,
+            // Another holder now: closing the connection cancels the wait.
+            _ = target.changed() => None,
+            waited = drive(conn, client.execute(WAIT_SQL, &params), |_| {}) => Some(waited),
+        };
+        let granted = match waited {
+            None => {
+                connection = None;
+                continue;
+            }
+            Some(Ok(Ok(_))) => true,
+            Some(Ok(Err(e))) => {
+                tracing::debug!(error = %e, "takeover watch: waiting for the holder's session lock failed");
+                false
+            }
+            Some(Err(e)) => {
+                tracing::debug!(error = %e, "takeover watch connection lost");
+                false
+            }
+        };
+        if !granted {
+            connection = None;
+            if pause(&mut stop, RETRY).await {
+                return;
+            }
+            continue;
+        }
+        match unlock_and_read_uptime(client, conn, key).await {
+            Ok(uptime_ms) if uptime_ms >= HOLDER_GONE_GRACE_MS => {
+                tracing::info!(
+                    session_key = key,
+                    "the holder's session ended; trying to acquire now"
+                );
+                reported = Some(key);
+                fired.send_modify(|n| *n += 1);
+            }
+            Ok(uptime_ms) => {
+                // The server just started: the holder may be reconnecting.
+                let rest = HOLDER_GONE_GRACE_MS.saturating_sub(uptime_ms);
+                if pause(&mut stop, Duration::from_millis(rest.unsigned_abs())).await {
+                    return;
+                }
+            }
+            Err(e) => {
+                // Closing the connection also gives the key back.
+                tracing::debug!(error = %e, "takeover watch could not give the session lock back");
+                connection = None;
+            }
+        }
+    }
+}
+
+/// Sleeps `d` unless stopped first; returns whether to stop.
+async fn pause(stop: &mut watch::Receiver<()>, d: Duration) -> bool {
+    tokio::select! {
+        _ = stop.changed() => true,
+        () = tokio::time::sleep(d) => false,
+    }
+}
+
+/// The session key of the lease's live holder, if any.
+async fn holder_session(
+    client: &Client,
+    conn: &mut PgConnection,
+    name: &str,
+) -> Result<Option<i64>> {
+    let row = drive(conn, client.query_opt(HOLDER_SESSION_SQL, &[&name]), |_| {}).await??;
+    let session: Option<String> = match row {
+        Some(row) => row.try_get(0)?,
+        None => None,
+    };
+    Ok(session.and_then(|s| s.parse().ok()))
+}
+
+/// Unlocks `key` and reads the server's uptime in ms.
+async fn unlock_and_read_uptime(client: &Client, conn: &mut PgConnection, key: i64) -> Result<i64> {
+    drive(conn, client.execute(UNLOCK_SQL, &[&key]), |_| {}).await??;
+    let row = drive(conn, client.query_one(UPTIME_SQL, &[]), |_| {}).await??;
+    Ok(row.try_get(0)?)
+}
