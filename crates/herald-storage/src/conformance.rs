@@ -33,8 +33,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use herald_core::{
-    Appended, Candidate, ChannelHead, ChannelName, FencingToken, IdempotencyKey, Lease, NewMessage,
-    DEFAULT_LEASE_NAME,
+    Appended, Candidate, ChannelHead, ChannelName, FencingToken, IdempotencyKey, Lease, LeaseInfo,
+    NewMessage, DEFAULT_LEASE_NAME,
 };
 use serde_json::value::RawValue;
 
@@ -88,6 +88,8 @@ macro_rules! conformance_tests {
             takeover_after_expiry_has_reason_expired,
             takeover_after_holder_dropped_has_reason_holder_gone,
             own_live_lease_is_reclaimed_with_a_new_token,
+            takeover_hint_fires_when_the_holder_is_dropped,
+            takeover_hint_fires_when_the_holder_releases,
             append_offsets_are_contiguous_across_batches,
             append_interleaves_channels_in_one_batch,
             idempotency_key_repeated_in_later_batch_is_duplicate,
@@ -468,6 +470,67 @@ pub async fn takeover_after_holder_dropped_has_reason_holder_gone(h: &dyn Harnes
     assert_eq!(info.holder.as_deref(), Some("node-1"));
     assert_eq!(info.token, new.token);
     assert!(info.expires_in_ms > 50_000, "{info:?}");
+}
+
+/// The lease as node 1 finds it held by node 0 (which holds it).
+async fn held_by_node_0(c: &Cluster) -> LeaseInfo {
+    match c.node(1).acquire(&candidate(1), LONG_TTL).await.unwrap() {
+        Acquire::Held(info) => {
+            assert_eq!(info.holder.as_deref(), Some("node-0"));
+            info
+        }
+        other => panic!("a live holder must be Held, got {other:?}"),
+    }
+}
+
+/// A standby waiting on [`LeaseStore::takeover_hint`] is woken when the
+/// holder's storage goes away (its process ended), and then takes over
+/// with reason `HolderGone`. While the holder lives the hint stays pending.
+pub async fn takeover_hint_fires_when_the_holder_is_dropped(h: &dyn Harness) {
+    let mut c = h.cluster(2).await;
+    let (old, _) = acquire(c.node(0), 0, LONG_TTL).await;
+    let info = held_by_node_0(&c).await;
+    let standby = c.nodes[1].clone();
+    let mut waiting = tokio::spawn(async move { standby.takeover_hint(&info).await });
+    // Pending while the holder lives (a hint that resolved here would be
+    // spurious: allowed, but then not the proof this case is after).
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut waiting)
+            .await
+            .is_err(),
+        "the hint fired while the holder lived"
+    );
+    drop(c.nodes.remove(0));
+    tokio::time::timeout(HOLDER_GONE_WAIT, waiting)
+        .await
+        .expect("the hint fires once the holder is gone")
+        .unwrap();
+    let (new, reason) = acquire(c.node(0), 1, LONG_TTL).await;
+    assert_eq!(reason, TakeoverReason::HolderGone);
+    assert_eq!(new.token, FencingToken(old.token.0 + 1));
+}
+
+/// A standby waiting on [`LeaseStore::takeover_hint`] is woken by the
+/// holder's release, and then acquires with reason `Released`.
+pub async fn takeover_hint_fires_when_the_holder_releases(h: &dyn Harness) {
+    let c = h.cluster(2).await;
+    let (old, _) = acquire(c.node(0), 0, LONG_TTL).await;
+    let info = held_by_node_0(&c).await;
+    let standby = c.nodes[1].clone();
+    let mut waiting = tokio::spawn(async move { standby.takeover_hint(&info).await });
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut waiting)
+            .await
+            .is_err(),
+        "the hint fired while the lease was held"
+    );
+    c.node(0).release(&old).await.unwrap();
+    tokio::time::timeout(HOLDER_GONE_WAIT, waiting)
+        .await
+        .expect("the hint fires on a release")
+        .unwrap();
+    let (_, reason) = acquire(c.node(1), 1, LONG_TTL).await;
+    assert_eq!(reason, TakeoverReason::Released);
 }
 
 /// Offsets of one channel are 1..n, contiguous across batches, in batch

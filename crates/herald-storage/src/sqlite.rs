@@ -498,7 +498,35 @@ impl LeaseStore for SqliteStorage {
             .call(move |conn| ops::lease_info(conn, &name))
             .await
     }
+
+    /// Looks every [`TAKEOVER_HINT_POLL`] (a plain read of the local file,
+    /// and a try-lock of the holder's session lock file): resolves when the
+    /// lease found held was released, expired or changed hands, or its
+    /// holder's session is gone (its process ended, however it ended).
+    async fn takeover_hint(&self, held: &LeaseInfo) {
+        let token = held.token;
+        loop {
+            tokio::time::sleep(TAKEOVER_HINT_POLL).await;
+            let name = held.name.clone();
+            let sessions_dir = self.inner.sessions_dir.clone();
+            let own_session = self.inner.session.id().to_owned();
+            let look = self
+                .inner
+                .readers
+                .call(move |conn| {
+                    ops::takeover_looks_possible(conn, &sessions_dir, &own_session, &name, token)
+                })
+                .await;
+            if let Ok(true) = look {
+                return;
+            }
+        }
+    }
 }
+
+/// How often a standby on SQLite looks whether the lease it found held may
+/// be taken over (see `takeover_hint`).
+pub const TAKEOVER_HINT_POLL: Duration = Duration::from_millis(20);
 
 #[async_trait]
 impl Storage for SqliteStorage {

@@ -99,6 +99,23 @@ fn takeover_possible(current: &CurrentLease, sessions_dir: &Path, own_session: &
     }
 }
 
+/// Whether the lease `name`, found held with `token`, may be taken over
+/// now: a plain read under no lock; true when it was released, expired or
+/// changed hands (another token), or its holder's session is gone.
+pub(super) fn takeover_looks_possible(
+    conn: &mut Connection,
+    sessions_dir: &Path,
+    own_session: &str,
+    name: &str,
+    token: herald_core::FencingToken,
+) -> Result<bool> {
+    let current = current_lease(conn, name)?;
+    if takeover_possible(&current, sessions_dir, own_session) {
+        return Ok(true);
+    }
+    Ok(read_lease_info(conn, name)?.is_none_or(|info| info.token != token))
+}
+
 /// First a plain read, under no lock: a live lease of a live holder is
 /// answered `Held` at once, so a standby never takes the database's write
 /// lock (and never delays the holder's writes and renewals) while there is
