@@ -47,6 +47,12 @@ pub struct ServerConfig {
     /// client and closes the connection when the PING is not answered
     /// within this time either.
     pub header_read_timeout: Duration,
+    /// Longest a standby waits for the holder's whole answer to a forwarded
+    /// publish, from connect to the last byte (default 5 s); then the
+    /// client gets 503 `no_holder`. A forward ends sooner when this node
+    /// takes the lease over meanwhile (see `docs/api.md`, "Writes on any
+    /// node").
+    pub forward_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -61,6 +67,7 @@ impl Default for ServerConfig {
             standby_poll_interval: Duration::from_millis(100),
             subscriber_buffer: 1024,
             header_read_timeout: Duration::from_secs(10),
+            forward_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -86,6 +93,7 @@ impl ServerConfig {
             ("heartbeat", self.heartbeat),
             ("standby_poll_interval", self.standby_poll_interval),
             ("header_read_timeout", self.header_read_timeout),
+            ("forward_timeout", self.forward_timeout),
         ];
         for (name, value) in periods {
             if value.is_zero() {
@@ -112,6 +120,7 @@ mod tests {
         assert_eq!(c.heartbeat, Duration::from_secs(15));
         assert_eq!(c.standby_poll_interval, Duration::from_millis(100));
         assert_eq!(c.header_read_timeout, Duration::from_secs(10));
+        assert_eq!(c.forward_timeout, Duration::from_secs(5));
         c.validate().unwrap();
     }
 
@@ -132,5 +141,10 @@ mod tests {
             ..ServerConfig::default()
         };
         assert!(matches!(c.validate(), Err(Error::Config(m)) if m.contains("header_read_timeout")));
+        let c = ServerConfig {
+            forward_timeout: Duration::ZERO,
+            ..ServerConfig::default()
+        };
+        assert!(matches!(c.validate(), Err(Error::Config(m)) if m.contains("forward_timeout")));
     }
 }

@@ -11,7 +11,12 @@
 //! - no holder known, or the holder unreachable (connect error, timeout,
 //!   broken answer) → 503 `no_holder`. Once the request may have reached
 //!   the holder, its outcome is unknown to this node: the client retries
-//!   with the same `Idempotency-Key`.
+//!   with the same `Idempotency-Key`;
+//! - a forward in flight ends the moment this node takes the lease over
+//!   ([`ends_forward`]): the holder it went to is fenced from then on, so
+//!   waiting for its answer (it may be frozen) only delays the client. The
+//!   caller then commits the publish itself or answers `no_holder`
+//!   (`api/publish.rs`).
 
 use std::time::Duration;
 
@@ -21,16 +26,13 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::Response;
 use bytes::Bytes;
 use herald_core::ChannelName;
-use herald_lease::LeaseState;
+use herald_lease::{LeaseState, Release, StopReason};
+use tokio::sync::watch;
 
 use crate::{metrics, Error, Result};
 
 /// The header that marks a forwarded publish, with the forwarding node's id.
 pub(crate) const FORWARDED_BY: HeaderName = HeaderName::from_static("herald-forwarded-by");
-
-/// Longest a forwarded publish may take, from connect to the end of the
-/// holder's answer.
-const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Longest the connection to the holder may take to open.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -71,6 +73,37 @@ pub(crate) fn current_holder(
     }
 }
 
+/// `true` when `state` shows that this node has taken the lease over: it is
+/// holder, or it stopped after having been holder (a watch may skip the
+/// `Holder` state in between). A forward in flight must not outlive that
+/// moment: the holder it went to lost the lease to this node, so it can no
+/// longer commit anything, and the publish's outcome there is settled.
+///
+/// A standby's own drain (`Stopped` with [`Release::NotHeld`]) does not
+/// count: the holder it forwards to is unchanged, and a drain lets the
+/// requests in flight finish until its deadline.
+pub(crate) fn ends_forward(state: &LeaseState) -> bool {
+    match state {
+        LeaseState::Holder { .. } => true,
+        LeaseState::Stopped {
+            reason: StopReason::Drained {
+                release: Release::NotHeld,
+            },
+        } => false,
+        LeaseState::Stopped { .. } => true,
+        LeaseState::Starting | LeaseState::Standby { .. } => false,
+    }
+}
+
+/// Resolves once `states` shows a state for which [`ends_forward`] holds
+/// (at once if the current one does); never if the supervisor ends
+/// without reaching one.
+async fn taken_over(mut states: watch::Receiver<LeaseState>) {
+    if states.wait_for(ends_forward).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
 /// `true` when the request was already forwarded by a node.
 pub(crate) fn was_forwarded(headers: &HeaderMap) -> bool {
     headers.contains_key(FORWARDED_BY)
@@ -82,6 +115,18 @@ pub(crate) fn was_forwarded(headers: &HeaderMap) -> bool {
 pub(crate) struct Forwarder {
     client: reqwest::Client,
     node_id: HeaderValue,
+}
+
+/// How a forward ended when the holder did not fail it.
+#[derive(Debug)]
+pub(crate) enum Forwarded {
+    /// The holder answered (any status): its answer, to return unchanged.
+    Answer(Response),
+    /// This node took the lease over before the holder answered
+    /// ([`ends_forward`]); the request to the holder was dropped. Whether
+    /// the holder committed the publish before it lost the lease is unknown
+    /// here, but settled: it can commit nothing more.
+    TakenOver,
 }
 
 /// What a forward needs from the incoming request.
@@ -96,17 +141,19 @@ pub(crate) struct ForwardRequest<'a> {
 }
 
 impl Forwarder {
-    /// A forwarder that names `node_id` in `Herald-Forwarded-By`.
+    /// A forwarder that names `node_id` in `Herald-Forwarded-By` and waits
+    /// at most `timeout` for a holder's whole answer (at most
+    /// [`CONNECT_TIMEOUT`] of it to connect).
     ///
     /// # Errors
     /// [`Error::Config`] when `node_id` cannot be a header value or the
     /// HTTP client cannot be built.
-    pub(crate) fn new(node_id: &str) -> Result<Self> {
+    pub(crate) fn new(node_id: &str, timeout: Duration) -> Result<Self> {
         let node_id = HeaderValue::from_str(node_id).map_err(|_| {
             Error::Config("node_id must be visible ASCII to name it in a header".to_owned())
         })?;
         let client = reqwest::Client::builder()
-            .timeout(FORWARD_TIMEOUT)
+            .timeout(timeout)
             .connect_timeout(CONNECT_TIMEOUT)
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             // Node-to-node traffic: no proxy from the environment.
@@ -117,7 +164,10 @@ impl Forwarder {
     }
 
     /// Sends `request` to the holder at `holder_url` and returns its answer
-    /// (status, `Content-Type`, `Retry-After` and body) unchanged.
+    /// (status, `Content-Type`, `Retry-After` and body) unchanged, or
+    /// [`Forwarded::TakenOver`] as soon as `states` (this node's lease
+    /// state) shows that this node took the lease over, whichever comes
+    /// first.
     ///
     /// # Errors
     /// [`Error::NoHolder`] when the holder cannot be reached or its answer
@@ -126,15 +176,34 @@ impl Forwarder {
         &self,
         holder_url: &str,
         request: ForwardRequest<'_>,
-    ) -> Result<Response> {
+        states: watch::Receiver<LeaseState>,
+    ) -> Result<Forwarded> {
         let url = format!(
             "{}/v1/channels/{}/messages",
             holder_url.trim_end_matches('/'),
             request.channel
         );
+        tokio::select! {
+            // An answer that is complete when the takeover is seen wins.
+            biased;
+            answer = self.send(&url, request) => answer.map(Forwarded::Answer),
+            () = taken_over(states) => {
+                metrics::forwarded("takeover");
+                tracing::warn!(
+                    url = %url,
+                    "this node took the lease over before the holder answered a forwarded publish; the forward is dropped"
+                );
+                Ok(Forwarded::TakenOver)
+            }
+        }
+    }
+
+    /// Sends `request` to `url` and returns the answer (see
+    /// [`Forwarder::forward`]).
+    async fn send(&self, url: &str, request: ForwardRequest<'_>) -> Result<Response> {
         let mut outgoing = self
             .client
-            .post(&url)
+            .post(url)
             .header(FORWARDED_BY, self.node_id.clone())
             .body(request.body);
         for name in [CONTENT_TYPE, HeaderName::from_static("idempotency-key")] {
@@ -144,14 +213,14 @@ impl Forwarder {
         }
         let answer = match outgoing.send().await {
             Ok(answer) => answer,
-            Err(e) => return Err(failed(&url, &e)),
+            Err(e) => return Err(failed(url, &e)),
         };
         let status = answer.status();
         let content_type = answer.headers().get(CONTENT_TYPE).cloned();
         let retry_after = answer.headers().get(RETRY_AFTER).cloned();
         let body = match answer.bytes().await {
             Ok(body) => body,
-            Err(e) => return Err(failed(&url, &e)),
+            Err(e) => return Err(failed(url, &e)),
         };
         metrics::forwarded("ok");
         tracing::debug!(url = %url, status = status.as_u16(), "publish forwarded to the holder");
@@ -225,6 +294,36 @@ mod tests {
             safety_deadline: Duration::MAX,
         };
         assert_eq!(me(&holder, true).unwrap().node_id, "me");
+    }
+
+    #[test]
+    fn a_forward_ends_once_this_node_has_taken_the_lease_over() {
+        let holder = LeaseState::Holder {
+            lease: Lease {
+                name: "writer".to_owned(),
+                holder: "me".to_owned(),
+                holder_url: "http://me".to_owned(),
+                token: FencingToken(4),
+            },
+            safety_deadline: Duration::ZERO,
+        };
+        let stopped = |reason| LeaseState::Stopped { reason };
+        let drained = |release| stopped(StopReason::Drained { release });
+        // Holder, even past its safety deadline, and every stop that only a
+        // holder reaches.
+        assert!(ends_forward(&holder));
+        assert!(ends_forward(&drained(Release::Released)));
+        assert!(ends_forward(&drained(Release::Failed)));
+        assert!(ends_forward(&stopped(StopReason::LeaseLost {
+            token: FencingToken(4)
+        })));
+        // Still forwarding to the same holder: starting, standby (whatever
+        // row it read), or a standby's own drain.
+        assert!(!ends_forward(&LeaseState::Starting));
+        assert!(!ends_forward(&LeaseState::Standby { holder: None }));
+        assert!(!ends_forward(&standby(Some("b"), Some("http://b"), 1000)));
+        assert!(!ends_forward(&standby(Some("c"), Some("http://c"), 0)));
+        assert!(!ends_forward(&drained(Release::NotHeld)));
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! | `herald_subscribers` | gauge | `transport` (`sse`, `ws`) | live subscriptions |
 //! | `herald_lease_role` | gauge | | 1 while this node is holder, else 0 (set at scrape time) |
 //! | `herald_lease_token` | gauge | | fencing token as this node last saw it (set at scrape time) |
-//! | `herald_forwarded_writes_total` | counter | `result` (`ok`, `error`, `no_holder`) | publishes a standby handed to the holder, by outcome |
+//! | `herald_forwarded_writes_total` | counter | `result` (`ok`, `error`, `no_holder`, `takeover`) | publishes a standby handed to the holder, by outcome (`takeover`: this node took the lease over before the holder answered) |
 //! | `herald_notify_lag_seconds` | histogram | | on a standby: wall clock at a commit signal minus the commit time |
 //! | `herald_catchup_reads_total` | counter | | subscription reads from storage that fill a gap or a lag |
 
@@ -115,7 +115,7 @@ fn describe() {
     );
     describe_counter!(
         FORWARDED_WRITES,
-        "Publishes a standby handed to the holder, by result: ok, error, no_holder."
+        "Publishes a standby handed to the holder, by result: ok, error, no_holder, takeover."
     );
     describe_histogram!(
         NOTIFY_LAG,
@@ -170,7 +170,8 @@ pub(crate) fn lease(holder: bool, token: u64, since_renewal: Option<std::time::D
     gauge!(LEASE_SINCE_RENEWAL).set(since_renewal.map_or(f64::NAN, |d| d.as_secs_f64()));
 }
 
-/// Counts one forwarded publish by `result` (`ok`, `error`, `no_holder`).
+/// Counts one forwarded publish by `result` (`ok`, `error`, `no_holder`,
+/// `takeover`).
 pub(crate) fn forwarded(result: &'static str) {
     counter!(FORWARDED_WRITES, "result" => result).increment(1);
 }

@@ -88,7 +88,7 @@ impl AppState {
         shutdown: CancellationToken,
     ) -> Result<Self> {
         config.validate()?;
-        let forwarder = Forwarder::new(&config.node_id)?;
+        let forwarder = Forwarder::new(&config.node_id, config.forward_timeout)?;
         let metrics = install_metrics_recorder();
         let cursor = storage.change_cursor().await?;
         let hub = Hub::new(config.subscriber_buffer);

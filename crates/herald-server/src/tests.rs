@@ -8,6 +8,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{header, HeaderMap, Request, StatusCode};
 use herald_core::FencingToken;
+use herald_lease::{LeaseState, StopReason};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
@@ -375,6 +376,116 @@ async fn a_standby_without_a_reachable_holder_answers_no_holder() {
     ] {
         assert!(text.contains(name), "{name} missing in:\n{text}");
     }
+    node.stop().await;
+}
+
+/// Longest a test waits for an answer after a takeover; the forward timeout
+/// of those tests is far longer, so such an answer did not wait it out.
+const WAIT: Duration = Duration::from_secs(20);
+
+/// A publish of `{"data":1}` on channel `c` (with `key`, if any) sent to
+/// `node`, a standby whose holder is `frozen`: a listener whose
+/// connections are read and never answered. Returns once the forwarded
+/// request has reached `frozen`, with the publish's answer still to come
+/// and the forward's connection, to keep it open.
+async fn forward_to_frozen_holder(
+    node: &Node,
+    frozen: &tokio::net::TcpListener,
+    key: Option<&'static str>,
+) -> (
+    tokio::task::JoinHandle<axum::response::Response>,
+    tokio::net::TcpStream,
+) {
+    use tokio::io::AsyncReadExt;
+    node.lease
+        .set_standby(Some(&format!("http://{}", frozen.local_addr().unwrap())));
+    let router = app(node.state.clone());
+    let publish = tokio::spawn(async move {
+        let mut request = Request::post("/v1/channels/c/messages");
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        let request = request.body(Body::from(r#"{"data":1}"#)).unwrap();
+        router.oneshot(request).await.unwrap()
+    });
+    let (mut connection, _) = tokio::time::timeout(WAIT, frozen.accept())
+        .await
+        .expect("the forward connects")
+        .unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8];
+        let n = tokio::time::timeout(WAIT, connection.read(&mut byte))
+            .await
+            .expect("the forwarded request arrives")
+            .unwrap();
+        assert_eq!(n, 1, "the forward closed its connection");
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    assert!(head.starts_with("post /v1/channels/c/messages "), "{head}");
+    assert!(!publish.is_finished(), "answered before the role changed");
+    (publish, connection)
+}
+
+/// Awaits `publish` for at most [`WAIT`]; returns (status, Retry-After,
+/// body).
+async fn answer_of(
+    publish: tokio::task::JoinHandle<axum::response::Response>,
+) -> (StatusCode, HeaderMap, Value) {
+    let response = tokio::time::timeout(WAIT, publish)
+        .await
+        .expect("answered before the forward timeout")
+        .unwrap();
+    let (status, headers) = (response.status(), response.headers().clone());
+    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    (status, headers, serde_json::from_slice(&bytes).unwrap())
+}
+
+#[tokio::test]
+async fn a_forward_ends_with_no_holder_when_this_node_stops_after_a_takeover() {
+    let node = Node::start(ServerConfig {
+        forward_timeout: Duration::from_secs(3600),
+        ..ServerConfig::default()
+    })
+    .await;
+    let frozen = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    // With a key too: this node is no holder any more, it cannot commit.
+    let (publish, _connection) = forward_to_frozen_holder(&node, &frozen, Some("k")).await;
+    // The node took the lease over (token 8) and lost it again before the
+    // forward looked: the watch shows only the latest state.
+    node.lease.set(LeaseState::Stopped {
+        reason: StopReason::LeaseLost {
+            token: FencingToken(8),
+        },
+    });
+    let (status, headers, body) = answer_of(publish).await;
+    assert_error(status, &body, StatusCode::SERVICE_UNAVAILABLE, "no_holder");
+    assert_eq!(headers[header::RETRY_AFTER], "1");
+    assert_eq!(node.storage.head("c"), 0);
+    node.stop().await;
+}
+
+#[tokio::test]
+async fn a_commit_refused_after_a_takeover_answers_no_holder() {
+    let node = Node::start(ServerConfig {
+        forward_timeout: Duration::from_secs(3600),
+        ..ServerConfig::default()
+    })
+    .await;
+    let frozen = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (publish, _connection) = forward_to_frozen_holder(&node, &frozen, Some("k")).await;
+    // Holder with token 8, but the storage already knows token 9: the
+    // commit is refused as lease_lost, which speaks only for this node.
+    // The old holder's outcome is unknown: no_holder.
+    node.storage.set_current_token(FencingToken(9));
+    node.lease.set(FakeLease::holder_state(FencingToken(8)));
+    let (status, headers, body) = answer_of(publish).await;
+    assert_error(status, &body, StatusCode::SERVICE_UNAVAILABLE, "no_holder");
+    assert_eq!(headers[header::RETRY_AFTER], "1");
+    assert_eq!(node.storage.head("c"), 0);
     node.stop().await;
 }
 

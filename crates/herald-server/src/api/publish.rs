@@ -10,7 +10,7 @@ use herald_core::{format_rfc3339_ms, ChannelName, NewMessage};
 use serde::Serialize;
 
 use crate::api::extract::{idempotency_key, ChannelPath, PublishBody};
-use crate::forward::{current_holder, was_forwarded, ForwardRequest};
+use crate::forward::{current_holder, was_forwarded, ForwardRequest, Forwarded};
 use crate::role::holder_url;
 use crate::{metrics, AppState, Error, Result};
 
@@ -25,14 +25,17 @@ struct Published<'a> {
 
 /// How a publish was answered.
 enum Outcome {
-    /// This node (the holder) committed it, or found its idempotency key.
+    /// This node (the holder) committed it, or found its idempotency key
+    /// (also after a takeover that ended its forward).
     Local(Response),
     /// This node (a standby) handed it to the holder; the holder's answer.
     Forwarded(Response),
 }
 
 /// Appends one message; answers only after it is committed. On a standby
-/// the publish is forwarded once to the holder (`forward.rs`).
+/// the publish is forwarded once to the holder (`forward.rs`); if this
+/// node takes the lease over before the holder answered, see
+/// [`after_takeover`].
 pub(crate) async fn publish(
     State(state): State<AppState>,
     channel: Result<ChannelPath>,
@@ -66,40 +69,79 @@ async fn append(
         return Err(Error::Draining);
     }
     let shared = &state.shared;
-    if !shared.lease.is_holder() {
-        let lease = shared.lease.state();
-        if was_forwarded(headers) {
-            // One hop only: a forwarded publish is never forwarded again.
-            return Err(Error::NotHolder {
-                holder_url: holder_url(&lease),
-            });
-        }
-        let config = &shared.config;
-        let holder = current_holder(&lease, false, &config.node_id, &config.advertise_url)
-            // A row naming this node's own URL is stale (this node is not
-            // holder): forwarding to itself would come back as not_holder.
-            // (Node ids cannot tell: nodes sharing a data dir share one.)
-            .filter(|h| h.url.trim_end_matches('/') != config.advertise_url.trim_end_matches('/'));
-        let Some(holder) = holder else {
-            metrics::forwarded("no_holder");
-            return Err(Error::NoHolder);
-        };
-        let request = ForwardRequest {
-            channel: &channel,
-            body: raw,
-            headers,
-        };
-        return shared
-            .forwarder
-            .forward(&holder.url, request)
-            .await
-            .map(Outcome::Forwarded);
-    }
-    let reply = shared.writer.submit(NewMessage {
-        channel: channel.clone(),
+    let message = NewMessage {
+        channel,
         data,
         idempotency_key,
-    })?;
+    };
+    if shared.lease.is_holder() {
+        return commit(state, message).await;
+    }
+    let lease = shared.lease.state();
+    if was_forwarded(headers) {
+        // One hop only: a forwarded publish is never forwarded again.
+        return Err(Error::NotHolder {
+            holder_url: holder_url(&lease),
+        });
+    }
+    let config = &shared.config;
+    let holder = current_holder(&lease, false, &config.node_id, &config.advertise_url)
+        // A row naming this node's own URL is stale (this node is not
+        // holder): forwarding to itself would come back as not_holder.
+        // (Node ids cannot tell: nodes sharing a data dir share one.)
+        .filter(|h| h.url.trim_end_matches('/') != config.advertise_url.trim_end_matches('/'));
+    let Some(holder) = holder else {
+        metrics::forwarded("no_holder");
+        return Err(Error::NoHolder);
+    };
+    let request = ForwardRequest {
+        channel: &message.channel,
+        body: raw,
+        headers,
+    };
+    let forwarded = shared
+        .forwarder
+        .forward(&holder.url, request, shared.lease.subscribe())
+        .await?;
+    match forwarded {
+        Forwarded::Answer(response) => Ok(Outcome::Forwarded(response)),
+        Forwarded::TakenOver => after_takeover(state, message).await,
+    }
+}
+
+/// A publish whose forward ended because this node took the lease over
+/// before the holder answered. The old holder may have committed it just
+/// before it lost the lease, and can commit nothing after that.
+///
+/// With an `Idempotency-Key`, this node, holder now, commits it itself:
+/// its fenced write runs after the old holder's last commit (a takeover
+/// waits for the write transactions in flight, and a later one fails its
+/// fencing check), and finds the key there if the old holder stored it,
+/// so the client gets `200` with the original offset, or `201` for a
+/// message stored once, here. Without a key a second copy could not be
+/// told from the first: `no_holder` (outcome unknown) at once, and the
+/// client's retry reaches the new holder.
+///
+/// Every error that would say "nothing was stored" (`queue_full`,
+/// `lease_lost`, `draining`, `not_holder`) is `no_holder` here: it speaks
+/// for this node only, not for the old holder.
+async fn after_takeover(state: &AppState, message: NewMessage) -> Result<Outcome> {
+    if message.idempotency_key.is_none() || !state.shared.lease.is_holder() {
+        return Err(Error::NoHolder);
+    }
+    commit(state, message).await.map_err(|e| match e {
+        Error::QueueFull | Error::LeaseLost | Error::Draining | Error::NotHolder { .. } => {
+            Error::NoHolder
+        }
+        e => e,
+    })
+}
+
+/// Hands `message` to this node's writer and answers once it is committed
+/// (201), or found by its idempotency key (200).
+async fn commit(state: &AppState, message: NewMessage) -> Result<Outcome> {
+    let channel = message.channel.clone();
+    let reply = state.shared.writer.submit(message)?;
     let appended = reply.await.map_err(|_| {
         // The writer dropped the request without answering: it is gone.
         if state.draining() {

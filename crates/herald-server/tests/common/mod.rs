@@ -78,6 +78,29 @@ impl Node {
         config: ServerConfig,
         wrap: impl FnOnce(Arc<dyn Storage>) -> Arc<dyn Storage>,
     ) -> Self {
+        Self::launch(dir, node_id, role, config, wrap, None).await
+    }
+
+    /// [`Node::start`], advertising `advertise_url` in the lease instead of
+    /// its own listener's URL: standbys forward publishes there.
+    pub async fn start_advertising(
+        dir: &Path,
+        node_id: &str,
+        role: Role,
+        config: ServerConfig,
+        advertise_url: &str,
+    ) -> Self {
+        Self::launch(dir, node_id, role, config, |s| s, Some(advertise_url)).await
+    }
+
+    async fn launch(
+        dir: &Path,
+        node_id: &str,
+        role: Role,
+        config: ServerConfig,
+        wrap: impl FnOnce(Arc<dyn Storage>) -> Arc<dyn Storage>,
+        advertise_url: Option<&str>,
+    ) -> Self {
         let storage = Arc::new(
             SqliteStorage::open(dir, SqliteOptions::default())
                 .await
@@ -86,10 +109,11 @@ impl Node {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let base = format!("http://{addr}");
+        let advertise_url = advertise_url.unwrap_or(&base).to_owned();
         let candidate = Candidate {
             lease_name: herald_core::DEFAULT_LEASE_NAME.to_owned(),
             node_id: node_id.to_owned(),
-            advertise_url: base.clone(),
+            advertise_url: advertise_url.clone(),
         };
         let lease_shutdown = CancellationToken::new();
         let (lease, supervisor) = Supervisor::start(
@@ -111,7 +135,7 @@ impl Node {
         let shutdown = CancellationToken::new();
         let config = ServerConfig {
             node_id: node_id.to_owned(),
-            advertise_url: base.clone(),
+            advertise_url,
             ..config
         };
         let server = tokio::spawn(serve(
@@ -145,6 +169,12 @@ impl Node {
                 .expect("serve task")
                 .expect("serve result");
         }
+    }
+
+    /// Stops the supervisor without waiting for it, as a drain does once
+    /// the writer has ended (the server may still be serving).
+    pub fn stop_lease(&self) {
+        self.lease_shutdown.cancel();
     }
 
     /// Drains, then stops the supervisor (which releases the lease).
@@ -220,6 +250,106 @@ impl Drop for Node {
         if let Some(supervisor) = self.supervisor.take() {
             supervisor.abort();
         }
+    }
+}
+
+/// A stand-in for a holder's HTTP API at [`FakeHolder::url`]: it accepts
+/// connections and reads each request (head and `Content-Length` body) but
+/// answers nothing, like a frozen process, until [`FakeHolder::answer`]
+/// tells it what to answer.
+pub struct FakeHolder {
+    pub url: String,
+    requests: watch::Sender<usize>,
+    answer: watch::Sender<Option<(u16, String)>>,
+    task: JoinHandle<()>,
+}
+
+impl FakeHolder {
+    /// Listens on a free port of 127.0.0.1, frozen.
+    pub async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let requests = watch::channel(0).0;
+        let answer = watch::channel(None).0;
+        let task = tokio::spawn({
+            let requests = requests.clone();
+            let answer = answer.clone();
+            async move {
+                // Connections live in the set: aborting this task closes them.
+                let mut connections = tokio::task::JoinSet::new();
+                while let Ok((socket, _)) = listener.accept().await {
+                    connections.spawn(Self::serve(socket, requests.clone(), answer.subscribe()));
+                }
+            }
+        });
+        Self {
+            url,
+            requests,
+            answer,
+            task,
+        }
+    }
+
+    async fn serve(
+        mut socket: tokio::net::TcpStream,
+        requests: watch::Sender<usize>,
+        mut answer: watch::Receiver<Option<(u16, String)>>,
+    ) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        let head_end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            match socket.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .map_or(0, |v| v.trim().parse().unwrap());
+        while buf.len() < head_end + length {
+            match socket.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        requests.send_modify(|n| *n += 1);
+        let (status, body) = match answer.wait_for(Option::is_some).await {
+            Ok(answer) => answer.clone().unwrap(),
+            Err(_) => return,
+        };
+        let response = format!(
+            "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let _ = socket.write_all(response.as_bytes()).await;
+        let _ = socket.shutdown().await;
+    }
+
+    /// Waits until `n` whole requests have arrived in total.
+    pub async fn wait_requests(&self, n: usize) {
+        let mut requests = self.requests.subscribe();
+        within("requests reach the holder", requests.wait_for(|r| *r >= n))
+            .await
+            .unwrap();
+    }
+
+    /// Answers every request held and to come with `status` and the JSON
+    /// `body`.
+    pub fn answer(&self, status: u16, body: &str) {
+        self.answer.send_replace(Some((status, body.to_owned())));
+    }
+}
+
+impl Drop for FakeHolder {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 
