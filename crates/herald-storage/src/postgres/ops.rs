@@ -660,3 +660,70 @@ mod tests {
         assert_eq!(to_ms(UNIX_EPOCH - Duration::from_millis(3)), -3);
     }
 }
+
+/// Needs the test cluster (`HERALD_TEST_DATABASE_URL`), like the
+/// integration tests.
+#[cfg(all(test, feature = "testing"))]
+mod database_tests {
+    use herald_core::FencingToken;
+
+    use super::*;
+    use crate::postgres::{PostgresOptions, PostgresStorage};
+    use crate::testing::TestDatabase;
+
+    /// A fencing check that failed is reported as `LeaseLost` even when the
+    /// rollback after it fails too (here: the connection's backend was
+    /// terminated), not as a generic `Unavailable`: the holder must stop at
+    /// once, not one batch later.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refused_write_reports_the_lost_lease_whatever_the_rollback_does() {
+        let db = TestDatabase::create().await;
+        let storage = PostgresStorage::connect(db.url(), PostgresOptions::default())
+            .await
+            .unwrap();
+        let mut client = storage.client().await.unwrap();
+        let pid: i32 = client
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        let tx = client.build_transaction().start().await.unwrap();
+        let monitor = db.raw_client().await;
+        monitor
+            .execute("SELECT pg_terminate_backend($1)", &[&pid])
+            .await
+            .unwrap();
+        // Wait until the backend has exited: the rollback then cannot work.
+        loop {
+            let alive: i64 = monitor
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+                    &[&pid],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if alive == 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let lease = Lease {
+            name: "writer".to_owned(),
+            holder: "node-a".to_owned(),
+            holder_url: "http://node-a".to_owned(),
+            token: FencingToken(3),
+        };
+        let error = refuse(tx, &lease).await;
+        assert!(
+            matches!(
+                error,
+                Error::LeaseLost {
+                    token: FencingToken(3),
+                    ..
+                }
+            ),
+            "{error:?}"
+        );
+    }
+}
