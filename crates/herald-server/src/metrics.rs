@@ -13,6 +13,7 @@
 //! | `herald_forwarded_writes_total` | counter | `result` (`ok`, `error`, `no_holder`, `takeover`) | publishes a standby handed to the holder, by outcome (`takeover`: this node took the lease over before the holder answered) |
 //! | `herald_notify_lag_seconds` | histogram | | on a standby: wall clock at a commit signal minus the commit time |
 //! | `herald_catchup_reads_total` | counter | | subscription reads from storage that fill a gap or a lag |
+//! | `herald_subscription_read_retries_total` | counter | | subscription reads from storage that failed transiently; each is tried again after a pause |
 
 use std::sync::OnceLock;
 
@@ -31,6 +32,7 @@ pub(crate) const LEASE_SINCE_RENEWAL: &str = "herald_lease_seconds_since_renewal
 pub(crate) const FORWARDED_WRITES: &str = "herald_forwarded_writes_total";
 pub(crate) const NOTIFY_LAG: &str = "herald_notify_lag_seconds";
 pub(crate) const CATCHUP_READS: &str = "herald_catchup_reads_total";
+pub(crate) const SUBSCRIPTION_READ_RETRIES: &str = "herald_subscription_read_retries_total";
 
 /// Upper bounds of the publish duration buckets, in seconds.
 const DURATION_BUCKETS: &[f64] = &[
@@ -126,6 +128,10 @@ fn describe() {
         CATCHUP_READS,
         "Subscription reads from the storage that fill a gap or a lag (not the history read)."
     );
+    describe_counter!(
+        SUBSCRIPTION_READ_RETRIES,
+        "Subscription reads from the storage that failed transiently; each is tried again after a pause."
+    );
     // Emitted by the lease supervisor (herald-lease).
     describe_counter!(
         "herald_lease_renewals_total",
@@ -184,6 +190,12 @@ pub(crate) fn notify_lag(seconds: f64) {
 /// Counts one subscription read that fills a gap or a lag.
 pub(crate) fn catchup_read() {
     counter!(CATCHUP_READS).increment(1);
+}
+
+/// Counts one subscription read that failed transiently and will be tried
+/// again.
+pub(crate) fn subscription_read_retry() {
+    counter!(SUBSCRIPTION_READ_RETRIES).increment(1);
 }
 
 /// Counts one live subscription for as long as it lives.

@@ -7,6 +7,16 @@
 //! with the standard `Last-Event-ID` header (or `?after=N`). On drain the
 //! stream simply ends; an `EventSource` reconnects to another node and
 //! resumes where it stopped.
+//!
+//! A transient storage failure never becomes an error answer: in WHATWG
+//! HTML, "Server-sent events", section "Processing model", an `EventSource`
+//! that gets any answer other than `200` with `text/event-stream` "fails
+//! the connection" for good (it never reconnects), whereas a stream that
+//! ends or breaks is "reestablished" with `Last-Event-ID`. So once the
+//! request is valid the answer is `200`, and a history or catch-up read
+//! that fails transiently is waited out inside the stream (heartbeats go on
+//! meanwhile; see `subscription.rs`). Bad input is still answered `400`
+//! before the stream starts.
 
 use std::convert::Infallible;
 
@@ -24,7 +34,9 @@ use crate::{AppState, Result};
 /// Tells nginx-style proxies not to buffer the stream.
 const X_ACCEL_BUFFERING: HeaderName = HeaderName::from_static("x-accel-buffering");
 
-/// Opens the event stream (see the module docs).
+/// Opens the event stream (see the module docs): `400` for bad input,
+/// `503 storage_unavailable` only when the storage fails with an error that
+/// is not transient, else `200`.
 pub(crate) async fn events(
     State(state): State<AppState>,
     ChannelPath(channel): ChannelPath,
@@ -38,7 +50,8 @@ pub(crate) async fn events(
     let stream = futures::stream::unfold(sub, |mut sub| async move {
         match sub.next().await {
             Ok(Some(message)) => Some((Ok::<_, Infallible>(event(&message)), sub)),
-            // Ended or failed (logged): finish the body; the client resumes.
+            // Ended, or a storage failure that is not transient (logged):
+            // finish the body; the client resumes.
             Ok(None) | Err(_) => {
                 tracing::debug!(channel = %sub.channel(), "SSE stream ends");
                 None

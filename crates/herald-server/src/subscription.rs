@@ -14,13 +14,25 @@
 //!
 //! `last` is the offset of the newest message handed out (or queued to be),
 //! so every message is delivered once, in offset order.
+//!
+//! A storage read that fails with a transient error (the storage's
+//! `Unavailable`: the database is down, restarting, locked or slow) does not
+//! end the subscription: the read is tried again after a pause that grows
+//! from [`RETRY_FIRST`] to at most [`RETRY_MAX`], as often as needed, and
+//! the subscription waits meanwhile (its transport keeps the connection
+//! open with heartbeats). Since nothing is queued until a read succeeds and
+//! `last` only moves with what is queued, the wait loses and repeats
+//! nothing. Any other storage error (corrupt data, an unexpected SQL error)
+//! ends the subscription with [`Error::StorageUnavailable`].
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Duration;
 
 use herald_core::{ChannelName, Message, Offset};
-use herald_storage::Storage;
+use herald_storage::{Page, Storage};
 use tokio::sync::broadcast::error::RecvError;
+use tokio::time::Instant;
 
 use crate::hub::{Hub, HubReceiver, Notice};
 use crate::metrics::{self, SubscriberGauge};
@@ -29,6 +41,36 @@ use crate::{Error, Result};
 
 /// Messages read from the storage per request.
 pub(crate) const PAGE_LIMIT: usize = 1000;
+
+/// Pause after the first transient failure of a subscription's read,
+/// before the read is tried again; each further failure doubles it, up to
+/// [`RETRY_MAX`].
+pub(crate) const RETRY_FIRST: Duration = Duration::from_millis(50);
+
+/// Longest pause between two tries of a failing read: once the storage is
+/// back, a waiting subscription delivers again within this long.
+pub(crate) const RETRY_MAX: Duration = Duration::from_secs(1);
+
+/// Whether a storage error may go away by itself, so that a subscription
+/// waits and reads again rather than ending: the storage's
+/// [`herald_storage::Error::Unavailable`], which it documents as "the
+/// operation may be retried" (unreachable, timed out, locked, restarting).
+fn is_transient(error: &herald_storage::Error) -> bool {
+    matches!(error, herald_storage::Error::Unavailable(_))
+}
+
+/// The state of a read that is failing transiently.
+#[derive(Debug, Clone, Copy)]
+struct Retry {
+    /// When the read is tried again.
+    at: Instant,
+    /// The pause before the try at `at`; the next one doubles it.
+    pause: Duration,
+    /// Failed tries so far.
+    failures: u32,
+    /// When the first of them failed.
+    since: Instant,
+}
 
 /// A live subscription to one channel (see the module docs).
 pub(crate) struct Subscription {
@@ -46,17 +88,24 @@ pub(crate) struct Subscription {
     /// The notice being applied; kept here so that a cancelled `next` loses
     /// nothing.
     notice: Option<Arc<Notice>>,
+    /// Set while a read fails transiently: when to try it again. Kept here
+    /// so that a cancelled `next` does not cut the pause short.
+    retry: Option<Retry>,
     /// Counts this subscription in `herald_subscribers` while it lives.
     _gauge: SubscriberGauge,
 }
 
 impl Subscription {
-    /// Subscribes to `channel` live, then reads the first history page after
-    /// `after`, so that a storage failure becomes an HTTP error rather than
-    /// an empty stream. `transport` labels the subscriber gauge.
+    /// Subscribes to `channel` live, then tries to read the first history
+    /// page after `after`. When that read fails transiently (see the module
+    /// docs) the subscription starts anyway, and [`Subscription::next`]
+    /// waits and reads again: the client is answered at once and follows
+    /// the channel as soon as the storage is back. `transport` labels the
+    /// subscriber gauge.
     ///
     /// # Errors
-    /// [`Error::StorageUnavailable`] when the first read fails.
+    /// [`Error::StorageUnavailable`] when the first read fails with an error
+    /// that is not transient.
     pub(crate) async fn start(
         storage: Arc<dyn Storage>,
         hub: &Arc<Hub>,
@@ -74,9 +123,14 @@ impl Subscription {
             history_done: false,
             lagged: false,
             notice: None,
+            retry: None,
             _gauge: SubscriberGauge::new(transport),
         };
-        if sub.read_page().await? < PAGE_LIMIT {
+        if sub
+            .try_read_page()
+            .await?
+            .is_some_and(|len| len < PAGE_LIMIT)
+        {
             sub.history_done = true;
         }
         Ok(sub)
@@ -87,15 +141,19 @@ impl Subscription {
         &self.channel
     }
 
-    /// The next message in offset order; waits for one to be committed.
-    /// `Ok(None)` when the live feed ended (never while the hub lives).
+    /// The next message in offset order; waits for one to be committed, and
+    /// while a storage read fails transiently, for the storage to answer
+    /// again (see the module docs). `Ok(None)` when the live feed ended
+    /// (never while the hub lives).
     ///
     /// Cancel-safe: every state change happens after an await completed, so
-    /// a `next` dropped in a `select!` loses no message.
+    /// a `next` dropped in a `select!` loses no message, and the pause
+    /// before the next try of a failing read is kept.
     ///
     /// # Errors
-    /// [`Error::StorageUnavailable`] when a storage read failed; the caller
-    /// ends the subscription (the client resumes from its last offset).
+    /// [`Error::StorageUnavailable`] when a storage read failed with an
+    /// error that is not transient; the caller ends the subscription (the
+    /// client resumes from its last offset).
     pub(crate) async fn next(&mut self) -> Result<Option<Message>> {
         loop {
             if let Some(message) = self.ready.pop_front() {
@@ -154,15 +212,95 @@ impl Subscription {
     }
 
     /// Reads one page after `last` and queues it; returns the page's length.
+    /// Waits out transient failures: after each, it pauses (see
+    /// [`RETRY_FIRST`], [`RETRY_MAX`]) and reads again, until a read
+    /// succeeds.
+    ///
+    /// # Errors
+    /// [`Error::StorageUnavailable`] on a failure that is not transient.
     async fn read_page(&mut self) -> Result<usize> {
-        let page = self
+        loop {
+            if let Some(retry) = self.retry {
+                tokio::time::sleep_until(retry.at).await;
+            }
+            if let Some(len) = self.try_read_page().await? {
+                return Ok(len);
+            }
+        }
+    }
+
+    /// One try of [`Self::read_page`]: `Ok(Some(len))` when the page was
+    /// read and queued, `Ok(None)` when the read failed transiently (the
+    /// next try is scheduled in `retry`).
+    ///
+    /// # Errors
+    /// [`Error::StorageUnavailable`] on a failure that is not transient.
+    async fn try_read_page(&mut self) -> Result<Option<usize>> {
+        match self
             .storage
             .read(&self.channel, self.last, PAGE_LIMIT)
             .await
-            .map_err(|e| {
+        {
+            Ok(page) => {
+                if let Some(retry) = self.retry.take() {
+                    tracing::info!(
+                        channel = %self.channel,
+                        offset = self.last,
+                        failures = retry.failures,
+                        waited_ms = u64::try_from(retry.since.elapsed().as_millis()).unwrap_or(u64::MAX),
+                        "the storage answers again; the subscription goes on"
+                    );
+                }
+                Ok(Some(self.queue(page)))
+            }
+            Err(e) if is_transient(&e) => {
+                metrics::subscription_read_retry();
+                let now = Instant::now();
+                let retry = match self.retry {
+                    None => {
+                        tracing::warn!(
+                            channel = %self.channel,
+                            offset = self.last,
+                            error = %e,
+                            retry_ms = u64::try_from(RETRY_FIRST.as_millis()).unwrap_or(u64::MAX),
+                            "storage read failed; the subscription waits and reads again"
+                        );
+                        Retry {
+                            at: now + RETRY_FIRST,
+                            pause: RETRY_FIRST,
+                            failures: 1,
+                            since: now,
+                        }
+                    }
+                    Some(previous) => {
+                        tracing::debug!(
+                            channel = %self.channel,
+                            error = %e,
+                            failures = previous.failures.saturating_add(1),
+                            "storage read failed again"
+                        );
+                        let pause = (previous.pause * 2).min(RETRY_MAX);
+                        Retry {
+                            at: now + pause,
+                            pause,
+                            failures: previous.failures.saturating_add(1),
+                            since: previous.since,
+                        }
+                    }
+                };
+                self.retry = Some(retry);
+                Ok(None)
+            }
+            Err(e) => {
                 log_storage_error("read", Some(&self.channel), &e);
-                Error::StorageUnavailable
-            })?;
+                Err(Error::StorageUnavailable)
+            }
+        }
+    }
+
+    /// Queues the page's messages that continue at `last + 1`; returns the
+    /// page's length.
+    fn queue(&mut self, page: Page) -> usize {
         let len = page.messages.len();
         for message in page.messages {
             if message.offset == self.last + 1 {
@@ -170,7 +308,7 @@ impl Subscription {
                 self.ready.push_back(message);
             }
         }
-        Ok(len)
+        len
     }
 
     /// Queues the notice's messages that continue at `last + 1`.
@@ -372,11 +510,138 @@ mod tests {
         assert_eq!(collect(&mut sub, 1).await, vec![1]);
     }
 
-    #[tokio::test]
-    async fn storage_failure_ends_with_an_error() {
+    /// Checks the pauses between the reads at `times`: the first is
+    /// [`RETRY_FIRST`], each is at least the one before (at most double it)
+    /// and none is longer than [`RETRY_MAX`].
+    fn assert_backoff(times: &[tokio::time::Instant]) {
+        let pauses: Vec<Duration> = times.windows(2).map(|w| w[1] - w[0]).collect();
+        assert_eq!(pauses.first(), Some(&RETRY_FIRST), "{pauses:?}");
+        for pair in pauses.windows(2) {
+            assert!(pair[1] >= pair[0] && pair[1] <= pair[0] * 2, "{pauses:?}");
+        }
+        assert!(pauses.iter().all(|p| *p <= RETRY_MAX), "{pauses:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_transient_failure_of_the_history_read_is_waited_out() {
+        let storage = MemoryStorage::new();
+        let hub = Hub::new(16);
+        for i in 1..=3 {
+            storage.append_as_other_node("a", &i.to_string());
+        }
+        storage.fail_reads(true);
+        let mut sub = Subscription::start(
+            storage.clone(),
+            &hub,
+            ChannelName::new("a").unwrap(),
+            0,
+            "sse",
+        )
+        .await
+        .expect("a transient failure does not refuse the subscription");
+        // While every read fails, `next` neither returns nor gives up: it
+        // reads again and again, with growing pauses (time is paused, so
+        // the pauses are exact).
+        assert!(
+            tokio::time::timeout(Duration::from_secs(10), sub.next())
+                .await
+                .is_err(),
+            "next returned while every read failed"
+        );
+        let times = storage.read_times();
+        assert!(times.len() >= 10, "{} reads in 10 s", times.len());
+        assert_backoff(&times);
+        let pauses: Vec<Duration> = times.windows(2).map(|w| w[1] - w[0]).collect();
+        assert_eq!(pauses.last(), Some(&RETRY_MAX), "{pauses:?}");
+        // The storage is back: the history, then live, each once.
+        storage.fail_reads(false);
+        assert_eq!(collect(&mut sub, 3).await, vec![1, 2, 3]);
+        storage.append_as_other_node("a", "4");
+        hub.publish(notice("a", 4, 3..=4));
+        assert_eq!(collect(&mut sub, 1).await, vec![4]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_transient_failure_of_a_catch_up_read_is_waited_out() {
+        let storage = MemoryStorage::new();
+        let hub = Hub::new(16);
+        let mut sub = Subscription::start(
+            storage.clone(),
+            &hub,
+            ChannelName::new("a").unwrap(),
+            0,
+            "ws",
+        )
+        .await
+        .unwrap();
+        for round in 0..2u64 {
+            // Head-moved notices make the subscription read the storage.
+            storage.append_as_other_node("a", "1");
+            storage.append_as_other_node("a", "2");
+            hub.publish(bare("a", 2 + round * 4));
+            assert_eq!(
+                collect(&mut sub, 2).await,
+                vec![1 + round * 4, 2 + round * 4]
+            );
+            storage.fail_reads(true);
+            storage.append_as_other_node("a", "3");
+            storage.append_as_other_node("a", "4");
+            hub.publish(bare("a", 4 + round * 4));
+            let before = storage.reads();
+            assert!(
+                tokio::time::timeout(Duration::from_secs(3), sub.next())
+                    .await
+                    .is_err(),
+                "next returned while every read failed"
+            );
+            // Each outage starts again from the shortest pause.
+            let times = storage.read_times();
+            assert!(times.len() >= before + 3, "{times:?}");
+            assert_backoff(&times[before..]);
+            storage.fail_reads(false);
+            assert_eq!(
+                collect(&mut sub, 2).await,
+                vec![3 + round * 4, 4 + round * 4]
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cancelled_next_keeps_the_pause_before_the_next_read() {
         let storage = MemoryStorage::new();
         let hub = Hub::new(16);
         storage.fail_reads(true);
+        let mut sub = Subscription::start(
+            storage.clone(),
+            &hub,
+            ChannelName::new("a").unwrap(),
+            0,
+            "ws",
+        )
+        .await
+        .unwrap();
+        assert_eq!(storage.reads(), 1);
+        // A WebSocket session cancels `next` whenever another branch of
+        // its `select!` wins; 100 cancellations in about 100 ms must not
+        // turn into 100 reads: the tries come at 50 ms and 150 ms.
+        for _ in 0..100 {
+            assert!(tokio::time::timeout(Duration::from_millis(1), sub.next())
+                .await
+                .is_err());
+        }
+        let reads = storage.reads();
+        assert!((2..=3).contains(&reads), "{reads} reads");
+        assert_backoff(&storage.read_times());
+        storage.fail_reads(false);
+        storage.append_as_other_node("a", "1");
+        assert_eq!(collect(&mut sub, 1).await, vec![1]);
+    }
+
+    #[tokio::test]
+    async fn a_storage_failure_that_is_not_transient_ends_the_subscription() {
+        let storage = MemoryStorage::new();
+        let hub = Hub::new(16);
+        storage.corrupt_reads(true);
         let start = Subscription::start(
             storage.clone(),
             &hub,
@@ -388,5 +653,23 @@ mod tests {
         assert!(matches!(start, Err(Error::StorageUnavailable)));
         // The failed start left no sender behind.
         assert_eq!(hub.channel_count(), 0);
+        // Mid-stream, the same error ends it.
+        storage.corrupt_reads(false);
+        let mut sub = Subscription::start(
+            storage.clone(),
+            &hub,
+            ChannelName::new("a").unwrap(),
+            0,
+            "sse",
+        )
+        .await
+        .unwrap();
+        storage.corrupt_reads(true);
+        storage.append_as_other_node("a", "1");
+        hub.publish(bare("a", 1));
+        let next = tokio::time::timeout(Duration::from_secs(5), sub.next())
+            .await
+            .expect("next returns");
+        assert!(matches!(next, Err(Error::StorageUnavailable)));
     }
 }

@@ -1,6 +1,6 @@
 //! Test doubles for unit tests: an in-memory [`Storage`] with knobs (hold
-//! appends, fail appends or reads, change the current token) and a lease
-//! view driven by hand.
+//! appends, fail appends or reads, transiently or not, count reads, change
+//! the current token) and a lease view driven by hand.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -39,6 +39,12 @@ pub(crate) struct MemoryStorage {
     started: Notify,
     fail_appends: AtomicBool,
     fail_reads: AtomicBool,
+    /// Reads fail with an error that is not transient (`Corrupt`).
+    corrupt_reads: AtomicBool,
+    /// Calls of `read` so far, failed ones included.
+    reads: AtomicUsize,
+    /// When each call of `read` came, on tokio's clock.
+    read_times: Mutex<Vec<tokio::time::Instant>>,
     /// Commit signals, when the test turned them on.
     signals: Mutex<Option<broadcast::Sender<ChangeSignal>>>,
     /// Calls of `changes_since` so far, so tests can await a poll.
@@ -58,6 +64,9 @@ impl MemoryStorage {
             started: Notify::new(),
             fail_appends: AtomicBool::new(false),
             fail_reads: AtomicBool::new(false),
+            corrupt_reads: AtomicBool::new(false),
+            reads: AtomicUsize::new(0),
+            read_times: Mutex::new(Vec::new()),
             signals: Mutex::new(None),
             polls: tokio::sync::watch::channel(0).0,
         })
@@ -109,8 +118,24 @@ impl MemoryStorage {
         self.fail_appends.store(on, Ordering::SeqCst);
     }
 
+    /// Reads (and pings) fail with `Unavailable`, a transient error.
     pub(crate) fn fail_reads(&self, on: bool) {
         self.fail_reads.store(on, Ordering::SeqCst);
+    }
+
+    /// Reads fail with `Corrupt`, an error that is not transient.
+    pub(crate) fn corrupt_reads(&self, on: bool) {
+        self.corrupt_reads.store(on, Ordering::SeqCst);
+    }
+
+    /// Calls of `read` so far, failed ones included.
+    pub(crate) fn reads(&self) -> usize {
+        self.reads.load(Ordering::SeqCst)
+    }
+
+    /// When each call of `read` came, on tokio's clock.
+    pub(crate) fn read_times(&self) -> Vec<tokio::time::Instant> {
+        self.read_times.lock().unwrap().clone()
     }
 
     /// Makes `token` the current one, as a takeover by another node would.
@@ -267,8 +292,16 @@ impl Storage for MemoryStorage {
         after: Offset,
         limit: usize,
     ) -> herald_storage::Result<Page> {
+        self.read_times
+            .lock()
+            .unwrap()
+            .push(tokio::time::Instant::now());
+        self.reads.fetch_add(1, Ordering::SeqCst);
         if self.fail_reads.load(Ordering::SeqCst) {
             return Err(unavailable());
+        }
+        if self.corrupt_reads.load(Ordering::SeqCst) {
+            return Err(herald_storage::Error::Corrupt("injected damage".to_owned()));
         }
         let mem = self.mem.lock().unwrap();
         let list = mem.channels.get(channel.as_str());

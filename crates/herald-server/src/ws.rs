@@ -6,7 +6,15 @@
 //! protocol layer), a client Close ends the session, and data frames from
 //! the client are **ignored** (the route is read-only). Close codes (RFC
 //! 6455 §7.4.1): 1001 "going away" when the node drains, 1011 when the
-//! storage fails mid-stream (the client resumes from its last offset).
+//! storage fails mid-stream with an error that is not transient (the client
+//! resumes from its last offset).
+//!
+//! A transient storage failure (the database down or restarting) neither
+//! refuses the upgrade nor closes the session: the subscription waits and
+//! reads again until the storage answers (see `subscription.rs`), the pings
+//! go on meanwhile, and the messages then follow in order. A browser's
+//! WebSocket reports a refused handshake only as an error with close code
+//! 1006, which clients cannot tell from a permanent refusal.
 //!
 //! Keepalive: the server sends a Ping frame (RFC 6455 §5.5.2) every
 //! `heartbeat` (15 s by default, the SSE heartbeat's period), so that
@@ -72,7 +80,7 @@ enum End {
 
 /// Runs one WebSocket session until the client leaves (or stops answering
 /// the keepalive pings sent every `heartbeat`), the node drains, or the
-/// storage fails.
+/// storage fails with an error that is not transient.
 async fn session(
     socket: WebSocket,
     mut sub: Subscription,
@@ -125,7 +133,8 @@ async fn session(
                     }
                 }
                 Ok(None) => break End::Close(close_code::AWAY, "subscription ended"),
-                Err(_) => break End::Close(close_code::ERROR, "storage unavailable; resume later"),
+                // Not transient (those are waited out in `next`).
+                Err(_) => break End::Close(close_code::ERROR, "storage failed; resume later"),
             },
         }
     };

@@ -6,46 +6,15 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{publish_n, within, AppendGate, Node, Rng, Role, SlowReads, SseClient};
+use common::{
+    publish_n, within, ws_connect, ws_next, AppendGate, Node, Rng, Role, SlowReads, SseClient,
+};
 use futures::{SinkExt, StreamExt};
 use herald_server::ServerConfig;
 use serde_json::{json, Value};
 use tokio::sync::watch;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::Message as Frame;
-
-type Ws =
-    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
-
-async fn ws_connect(node: &Node, path: &str) -> Ws {
-    let url = format!("{}{path}", node.ws_base);
-    let (ws, response) = within("WebSocket connect", tokio_tungstenite::connect_async(url))
-        .await
-        .expect("WebSocket handshake");
-    assert_eq!(response.status().as_u16(), 101);
-    ws
-}
-
-/// The next message frame's JSON; `None` when the socket closed (the close
-/// frame, if any, is returned through `closed`).
-async fn ws_next(ws: &mut Ws, closed: &mut Option<u16>) -> Option<Value> {
-    loop {
-        match ws.next().await? {
-            Ok(Frame::Text(text)) => {
-                return Some(serde_json::from_str(&text).expect("frame is JSON"))
-            }
-            Ok(Frame::Close(frame)) => {
-                *closed = frame.map(|f| u16::from(f.code));
-                // Keep reading: that sends the protocol's Close reply and
-                // sees the server end the connection.
-                while let Some(Ok(_)) = ws.next().await {}
-                return None;
-            }
-            Ok(_) => continue,
-            Err(_) => return None,
-        }
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sse_resumes_from_last_event_id_or_after_then_goes_live() {

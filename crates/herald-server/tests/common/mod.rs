@@ -1,10 +1,12 @@
 //! Shared helpers of the end-to-end tests: a node built as the binary
 //! builds it (SQLite storage in a temporary directory, the lease supervisor,
-//! `serve` on a real listener on 127.0.0.1:0), and small SSE and WebSocket
-//! clients.
+//! `serve` on a real listener on 127.0.0.1:0), small SSE and WebSocket
+//! clients, and storage wrappers that slow reads down, hold appends or
+//! make reads fail.
 
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::Path;
 use std::pin::Pin;
@@ -361,6 +363,16 @@ pub struct SseEvent {
     pub data: String,
 }
 
+/// One block of an event stream.
+#[derive(Debug, Clone)]
+pub enum SseItem {
+    /// A block with at least one field.
+    Event(SseEvent),
+    /// A block of comment lines only (`:`), such as a heartbeat; the raw
+    /// text.
+    Comment(String),
+}
+
 type ByteStream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
 
 /// A minimal SSE client over reqwest's byte stream.
@@ -392,6 +404,17 @@ impl SseClient {
     /// The next event (comments skipped); `None` when the stream ended.
     pub async fn next_event(&mut self) -> Option<SseEvent> {
         loop {
+            match self.next_item().await? {
+                SseItem::Event(event) => return Some(event),
+                SseItem::Comment(_) => {}
+            }
+        }
+    }
+
+    /// The next event or comment block (a heartbeat); `None` when the
+    /// stream ended.
+    pub async fn next_item(&mut self) -> Option<SseItem> {
+        loop {
             if let Some(end) = self.buf.find("\n\n") {
                 let block: String = self.buf.drain(..end + 2).collect();
                 let mut event = SseEvent {
@@ -417,9 +440,9 @@ impl SseClient {
                 }
                 event.data = data_lines.join("\n");
                 if has_field {
-                    return Some(event);
+                    return Some(SseItem::Event(event));
                 }
-                continue;
+                return Some(SseItem::Comment(block));
             }
             match self.stream.next().await {
                 Some(Ok(chunk)) => self
@@ -648,6 +671,156 @@ impl Storage for Gated {
         after: Offset,
         limit: usize,
     ) -> herald_storage::Result<Page> {
+        self.inner.read(channel, after, limit).await
+    }
+    async fn channels(&self) -> herald_storage::Result<Vec<ChannelHead>> {
+        self.inner.channels().await
+    }
+    async fn changes_since(&self, cursor: u64) -> herald_storage::Result<ChangeFeed> {
+        self.inner.changes_since(cursor).await
+    }
+    async fn change_cursor(&self) -> herald_storage::Result<u64> {
+        self.inner.change_cursor().await
+    }
+    async fn ping(&self) -> herald_storage::Result<()> {
+        self.inner.ping().await
+    }
+}
+
+/// A WebSocket client connection.
+pub type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// Opens a WebSocket to `path` on `node`, expecting the upgrade (101).
+pub async fn ws_connect(node: &Node, path: &str) -> Ws {
+    let url = format!("{}{path}", node.ws_base);
+    let (ws, response) = within("WebSocket connect", tokio_tungstenite::connect_async(url))
+        .await
+        .expect("WebSocket handshake");
+    assert_eq!(response.status().as_u16(), 101);
+    ws
+}
+
+/// The next message frame's JSON; `None` when the socket closed (the close
+/// frame's code, if any, is returned through `closed`).
+pub async fn ws_next(ws: &mut Ws, closed: &mut Option<u16>) -> Option<Value> {
+    use tokio_tungstenite::tungstenite::Message as Frame;
+    loop {
+        match ws.next().await? {
+            Ok(Frame::Text(text)) => {
+                return Some(serde_json::from_str(&text).expect("frame is JSON"))
+            }
+            Ok(Frame::Close(frame)) => {
+                *closed = frame.map(|f| u16::from(f.code));
+                // Keep reading: that sends the protocol's Close reply and
+                // sees the server end the connection.
+                while let Some(Ok(_)) = ws.next().await {}
+                return None;
+            }
+            Ok(_) => continue,
+            Err(_) => return None,
+        }
+    }
+}
+
+/// Switches a storage outage for reads on and off: while it is on, every
+/// `read` of a wrapped storage fails with `Unavailable` (a transient error,
+/// as when the database is down or restarting); everything else passes.
+/// Counts the failed reads per channel, so that tests can await them.
+pub struct ReadOutage {
+    on: std::sync::atomic::AtomicBool,
+    failed: watch::Sender<BTreeMap<String, usize>>,
+}
+
+impl ReadOutage {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            on: std::sync::atomic::AtomicBool::new(false),
+            failed: watch::channel(BTreeMap::new()).0,
+        })
+    }
+
+    /// Reads fail from now on.
+    pub fn start(&self) {
+        self.on.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Reads pass again.
+    pub fn end(&self) {
+        self.on.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Waits until `n` reads of `channel` have failed in total.
+    pub async fn wait_failed(&self, channel: &str, n: usize) {
+        let mut failed = self.failed.subscribe();
+        within(
+            &format!("{n} failed reads of {channel}"),
+            failed.wait_for(|f| f.get(channel).copied().unwrap_or(0) >= n),
+        )
+        .await
+        .unwrap();
+    }
+
+    /// Wraps `inner` so that its reads fail while the outage is on.
+    pub fn wrap(self: &Arc<Self>, inner: Arc<dyn Storage>) -> Arc<dyn Storage> {
+        Arc::new(OutageReads {
+            inner,
+            outage: Arc::clone(self),
+        })
+    }
+}
+
+struct OutageReads {
+    inner: Arc<dyn Storage>,
+    outage: Arc<ReadOutage>,
+}
+
+#[async_trait::async_trait]
+impl LeaseStore for OutageReads {
+    async fn acquire(
+        &self,
+        candidate: &Candidate,
+        ttl: Duration,
+    ) -> herald_storage::Result<Acquire> {
+        self.inner.acquire(candidate, ttl).await
+    }
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> herald_storage::Result<()> {
+        self.inner.renew(lease, ttl).await
+    }
+    async fn release(&self, lease: &Lease) -> herald_storage::Result<()> {
+        self.inner.release(lease).await
+    }
+    async fn lease_info(&self, name: &str) -> herald_storage::Result<Option<LeaseInfo>> {
+        self.inner.lease_info(name).await
+    }
+}
+
+#[async_trait::async_trait]
+impl Storage for OutageReads {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    async fn append(
+        &self,
+        lease: &Lease,
+        batch: &[NewMessage],
+    ) -> herald_storage::Result<Vec<Appended>> {
+        self.inner.append(lease, batch).await
+    }
+    async fn read(
+        &self,
+        channel: &ChannelName,
+        after: Offset,
+        limit: usize,
+    ) -> herald_storage::Result<Page> {
+        if self.outage.on.load(std::sync::atomic::Ordering::SeqCst) {
+            self.outage.failed.send_modify(|f| {
+                *f.entry(channel.as_str().to_owned()).or_default() += 1;
+            });
+            return Err(herald_storage::Error::Unavailable(
+                "injected outage".to_owned(),
+            ));
+        }
         self.inner.read(channel, after, limit).await
     }
     async fn channels(&self) -> herald_storage::Result<Vec<ChannelHead>> {
