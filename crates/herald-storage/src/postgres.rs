@@ -98,8 +98,9 @@
 //! [`ChangeSignal::Committed`] on a broadcast channel of
 //! [`CHANGE_SIGNAL_CAPACITY`] notices; every node's listener hears every
 //! node's commits, its own included. When the listener's connection fails
-//! it reconnects (after 100 ms, doubling up to 2 s while attempts fail) and
-//! sends [`ChangeSignal::Resync`] after every successful `LISTEN`, the
+//! it reconnects (after 100 ms, doubling up to 2 s while attempts fail or
+//! new connections are lost within 10 s; warnings at most one per 10 s,
+//! see "Reconnecting" below) and sends [`ChangeSignal::Resync`] after every successful `LISTEN`, the
 //! first included: notices sent while nobody listened are lost, and
 //! receivers catch up with [`Storage::changes_since`]. Notices are hints;
 //! the change feed stays the truth. (Queuing notifications takes a lock at
@@ -139,6 +140,17 @@
 //! the lease over. That is safe: the takeover increments the fencing token,
 //! so the old holder's next fenced write and renewal fail with
 //! [`Error::LeaseLost`] and it stops writing.
+//!
+//! # Reconnecting
+//! The listener and liveness connections are opened again when they fail,
+//! under one policy: the pause before an attempt grows with the number of
+//! consecutive failures (100 ms, doubling, at most 2 s), where a connection
+//! lost less than 10 s after it was made counts as a failure too, so a
+//! connection that is made and lost at once is not retried every 100 ms;
+//! the pause is measured on the monotonic clock (`std::time::Instant`),
+//! so a runtime timer that fires early cannot turn the loop into a spin;
+//! and the loop logs the first warning of a run of failures, then at most
+//! one per 10 s with the number left out (`suppressed_warnings`).
 //!
 //! # Decisions after lock waits
 //! Every decision taken after a lock wait (the fencing check, the renewal's
@@ -185,6 +197,7 @@ mod listen;
 mod liveness;
 mod ops;
 mod pooler;
+mod reconnect;
 mod renewal;
 
 use std::fmt;
