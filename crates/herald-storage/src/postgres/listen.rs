@@ -11,10 +11,11 @@
 //!
 //! When the connection fails, the task opens a new one after a pause that
 //! starts at 100 ms and doubles up to 2 s while attempts keep failing (or
-//! connections keep being lost within 10 s), with its warnings rate-limited
-//! (see `reconnect.rs`). Every successful `LISTEN` (the first one included) is followed by
-//! [`ChangeSignal::Resync`]: notices sent while no connection listened are
-//! lost, and receivers catch up with `changes_since`.
+//! connections keep being lost within 10 s), with its warnings
+//! rate-limited (see `reconnect.rs`). Every successful `LISTEN` (the first
+//! one included) is followed by [`ChangeSignal::Resync`]: notices sent
+//! while no connection listened are lost, and receivers catch up with
+//! `changes_since`.
 
 use std::time::{Duration, Instant};
 

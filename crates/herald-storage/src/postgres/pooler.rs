@@ -38,7 +38,7 @@
 //! Then [`judge`] decides: a changed backend pid on A, B's pid equal to
 //! one of A's, a lost marker or a `lock_timeout` other than the one sent
 //! means that the node cannot run through this connection path, and
-//! [`crate::PostgresStorage::connect`] refuses to start with
+//! [`super::PostgresStorage::connect`] refuses to start with
 //! [`Error::UnsupportedPooler`]. On a direct connection (or through a pooler
 //! in session mode that passes `options` on) each connection is its own
 //! session and the check passes.
