@@ -61,6 +61,95 @@ pub enum Error {
     /// Stored data could not be decoded (a bug or a damaged database).
     #[error("corrupt data: {0}")]
     Corrupt(String),
+    /// A connection pooler (or another proxy) sits between this node and
+    /// PostgreSQL and Herald cannot work through it: it runs the statements
+    /// of one connection in different server sessions (transaction or
+    /// statement pooling, PgBouncer's `pool_mode = transaction` or
+    /// `statement`), or it refuses or drops the session settings that
+    /// every connection sends in the start-up parameter `options`. Found by
+    /// [`crate::postgres::PostgresStorage::connect`] before it changes
+    /// anything in the database. The message says what was seen and what
+    /// to do: connect directly to PostgreSQL, or through a pooler in
+    /// session mode that passes `options` on (PgBouncer, in any pool mode,
+    /// passes none of the settings Herald sends). PgBouncer's pool modes: <https://www.pgbouncer.org/features.html>,
+    /// its `ignore_startup_parameters`: <https://www.pgbouncer.org/config.html>.
+    #[error(
+        "{0}; connect directly to PostgreSQL, or through a pooler in session mode \
+         that passes the start-up parameter `options` on (PgBouncer, in any pool \
+         mode, does not pass this node's settings)"
+    )]
+    UnsupportedPooler(PoolerEvidence),
+}
+
+/// What showed that a connection pooler Herald cannot work through sits
+/// between a node and PostgreSQL ([`Error::UnsupportedPooler`]). Backend
+/// pids are those of `pg_backend_pid()` (PostgreSQL documentation, "System
+/// Information Functions and Operators").
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PoolerEvidence {
+    /// Two consecutive transactions on one client connection ran in
+    /// different server sessions: the pooler hands out a server connection
+    /// per transaction.
+    #[error(
+        "a transaction-pooling proxy was detected: two consecutive transactions on \
+         one connection ran in different server sessions (backend pid {first}, \
+         then {then})"
+    )]
+    BackendChanged {
+        /// The backend pid the first transaction saw.
+        first: i32,
+        /// The different backend pid a later transaction saw.
+        then: i32,
+    },
+    /// Two client connections of this node ran transactions in the same
+    /// server session.
+    #[error(
+        "a transaction-pooling proxy was detected: two connections of this node ran \
+         in the same server session (backend pid {pid})"
+    )]
+    SharedBackend {
+        /// The backend pid both connections saw.
+        pid: i32,
+    },
+    /// A session-level setting made with `set_config(..., false)` in one
+    /// transaction was gone in the next transaction on the same client
+    /// connection.
+    #[error(
+        "a transaction-pooling proxy was detected: a session setting made in one \
+         transaction was gone in the next one on the same connection"
+    )]
+    SessionStateLost,
+    /// A session setting sent in the start-up parameter `options`
+    /// (`-c name=value`) is not in effect: something between the node and
+    /// the server dropped it (PgBouncer does with
+    /// `ignore_startup_parameters = options`, in every pool mode).
+    #[error(
+        "a connection pooler was detected that drops the session settings this node \
+         sends at connection start (start-up parameter `options`; PgBouncer does so \
+         with ignore_startup_parameters = options): {setting} is {found:?} on the \
+         server, this node sent {sent:?}"
+    )]
+    SettingsDropped {
+        /// The setting checked, e.g. `lock_timeout`.
+        setting: String,
+        /// The value sent, as `pg_settings.setting` shows it (in the
+        /// setting's unit, e.g. ms).
+        sent: String,
+        /// The value in effect, as `pg_settings.setting` shows it.
+        found: String,
+    },
+    /// The server end refused the start-up parameter `options` (PgBouncer
+    /// answers `unsupported startup parameter: options`, or from 1.20 on
+    /// `unsupported startup parameter in options: <name>`, SQLSTATE 08P01).
+    #[error(
+        "a connection pooler was detected that refuses the session settings this node \
+         sends at connection start (start-up parameter `options`): it answered \
+         \"{server_message}\""
+    )]
+    OptionsRefused {
+        /// The refusal as the server end sent it.
+        server_message: String,
+    },
 }
 
 impl Error {
@@ -126,6 +215,11 @@ impl From<tokio_postgres::Error> for Error {
     /// Error Codes", and "Client Connection Defaults" for `statement_timeout`
     /// and `lock_timeout`. Every other error stays [`Error::Postgres`].
     fn from(e: tokio_postgres::Error) -> Self {
+        if let Some(refusal) = options_refusal(&e) {
+            return Self::UnsupportedPooler(PoolerEvidence::OptionsRefused {
+                server_message: refusal,
+            });
+        }
         if let Some(code) = e.code() {
             let code = code.code();
             return if code.starts_with("08") || RETRYABLE_SQLSTATES.contains(&code) {
@@ -142,6 +236,22 @@ impl From<tokio_postgres::Error> for Error {
             Self::Postgres(e)
         }
     }
+}
+
+/// The server's message when `e` is a refusal of the start-up parameter
+/// `options`, which PostgreSQL itself never refuses as such but
+/// connection poolers do: PgBouncer up to 1.19 answers `unsupported
+/// startup parameter: options`, from 1.20 on `unsupported startup
+/// parameter in options: <name>` or `unsupported options startup
+/// parameter: ...` (SQLSTATE 08P01 `protocol_violation` in every case).
+fn options_refusal(e: &tokio_postgres::Error) -> Option<String> {
+    let db = e.as_db_error()?;
+    let message = db.message();
+    let lower = message.to_ascii_lowercase();
+    let refused = lower.contains("unsupported startup parameter: options")
+        || lower.contains("unsupported startup parameter in options")
+        || lower.contains("unsupported options startup parameter");
+    refused.then(|| message.to_owned())
 }
 
 /// A PostgreSQL error as one line of text with its cause: the server's

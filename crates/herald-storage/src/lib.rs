@@ -14,7 +14,7 @@
 //!
 //! The feature `testing` adds test support: the module `conformance` (the
 //! suite every backend passes unchanged) and the module `testing` (a
-//! throwaway PostgreSQL database per test).
+//! throwaway PostgreSQL database per test, and a fake connection pooler).
 //!
 //! The feature `fault-switches` (test-only, never shipped) compiles in the
 //! fault switches of `herald_core::fault_switches` that act here, on the
@@ -34,5 +34,5 @@ pub mod conformance;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use error::{Error, Result};
+pub use error::{Error, PoolerEvidence, Result};
 pub use traits::{Acquire, ChangeFeed, ChangeSignal, LeaseStore, Page, Storage, TakeoverReason};

@@ -38,6 +38,27 @@
 //! Connection Control Functions", "Parameter Key Words"; this crate uses the
 //! equivalent settings of `tokio_postgres::Config`).
 //!
+//! # Connection poolers
+//! Every connection must be one server session for its whole life: the
+//! session settings above are sent once, in the start-up parameter
+//! `options`; the liveness lock and the migration lock are session-level
+//! advisory locks; the driver prepares statements once per connection. A
+//! pooler in transaction mode (PgBouncer's `pool_mode = transaction`)
+//! breaks all of that without an error: session locks of different nodes
+//! end up in one pooled server session and outlive both, a live holder is
+//! found gone. [`PostgresStorage::connect`] therefore checks, on its first
+//! connection and before it changes anything, that consecutive
+//! transactions run in the same server session, that a second connection
+//! runs in another one, and that the settings sent in `options` and a
+//! session setting made in one transaction are in effect in the next; if
+//! not it fails with [`Error::UnsupportedPooler`]. A pooler that refuses
+//! `options` (PgBouncer without `ignore_startup_parameters = options`)
+//! gives the same error at once. Connect directly, or through a pooler in
+//! session mode that passes `options` on (PgBouncer, in any pool mode,
+//! passes none of these settings). PgBouncer documentation, pool modes:
+//! <https://www.pgbouncer.org/features.html>; `ignore_startup_parameters`:
+//! <https://www.pgbouncer.org/config.html>.
+//!
 //! # Lock modes
 //! Row-level lock modes are those of the PostgreSQL documentation,
 //! "Explicit Locking", section "Row-Level Locks" (13.3.2 in PostgreSQL 15):
@@ -77,8 +98,9 @@
 //! [`ChangeSignal::Committed`] on a broadcast channel of
 //! [`CHANGE_SIGNAL_CAPACITY`] notices; every node's listener hears every
 //! node's commits, its own included. When the listener's connection fails
-//! it reconnects (after 100 ms, doubling up to 2 s while attempts fail) and
-//! sends [`ChangeSignal::Resync`] after every successful `LISTEN`, the
+//! it reconnects (after 100 ms, doubling up to 2 s while attempts fail or
+//! new connections are lost within 10 s; warnings at most one per 10 s,
+//! see "Reconnecting" below) and sends [`ChangeSignal::Resync`] after every successful `LISTEN`, the
 //! first included: notices sent while nobody listened are lost, and
 //! receivers catch up with [`Storage::changes_since`]. Notices are hints;
 //! the change feed stays the truth. (Queuing notifications takes a lock at
@@ -118,6 +140,17 @@
 //! the lease over. That is safe: the takeover increments the fencing token,
 //! so the old holder's next fenced write and renewal fail with
 //! [`Error::LeaseLost`] and it stops writing.
+//!
+//! # Reconnecting
+//! The listener and liveness connections are opened again when they fail,
+//! under one policy: the pause before an attempt grows with the number of
+//! consecutive failures (100 ms, doubling, at most 2 s), where a connection
+//! lost less than 10 s after it was made counts as a failure too, so a
+//! connection that is made and lost at once is not retried every 100 ms;
+//! the pause is measured on the monotonic clock (`std::time::Instant`),
+//! so a runtime timer that fires early cannot turn the loop into a spin;
+//! and the loop logs the first warning of a run of failures, then at most
+//! one per 10 s with the number left out (`suppressed_warnings`).
 //!
 //! # Decisions after lock waits
 //! Every decision taken after a lock wait (the fencing check, the renewal's
@@ -163,6 +196,8 @@
 mod listen;
 mod liveness;
 mod ops;
+mod pooler;
+mod reconnect;
 mod renewal;
 mod takeover;
 
@@ -411,6 +446,10 @@ impl PostgresStorage {
     /// (`sslmode=disable` or `prefer`). Session settings given in its
     /// `options` are kept; this storage adds its own after them.
     ///
+    /// First, on its first connection, it checks that every connection is
+    /// a server session of its own that keeps the settings sent (see
+    /// "Connection poolers" in the module documentation).
+    ///
     /// Safe to call from several nodes at once on the same database: the
     /// migrations (`migrations/postgres`, applied by refinery in one
     /// transaction) run under the session-level advisory lock
@@ -430,7 +469,12 @@ impl PostgresStorage {
     /// reached within `options.connect_timeout` (also when the liveness or
     /// listener connection cannot be set up in that time), or another node
     /// holds the migration lock for over 60 s; [`Error::Migration`] when the schema
-    /// cannot be migrated or the server is older than PostgreSQL 14.
+    /// cannot be migrated or the server is older than PostgreSQL 14;
+    /// [`Error::UnsupportedPooler`] when a connection pooler between this
+    /// node and the server runs one connection's transactions in different
+    /// sessions (transaction pooling) or refuses or drops the session
+    /// settings sent at connection start (see "Connection poolers" in the
+    /// module documentation); nothing in the database was changed then.
     pub async fn connect(url: &str, options: PostgresOptions) -> Result<Self> {
         let base = parse_connection_string(url)?;
         let target = describe_target(&base);
@@ -817,19 +861,28 @@ async fn drive<F: Future>(
     .await
 }
 
-/// Runs the embedded migrations under [`MIGRATION_LOCK_KEY`], on a
-/// connection of its own that is closed afterwards (which also releases
-/// the lock if anything failed).
+/// Checks that the connection path is not a pooler Herald cannot work
+/// through (see [`pooler`]), then runs the embedded migrations under
+/// [`MIGRATION_LOCK_KEY`], on a connection of its own that is closed
+/// afterwards (which also releases the lock if anything failed).
 async fn migrate(base: &Config, options: &PostgresOptions, target: &str) -> Result<()> {
     let config = session_config(base, options, Role::Migration);
+    let limit = options.connect_timeout + CONNECT_GRACE;
     // The first connection of a node: say which server it could not reach.
-    let (mut client, task) = open_connection(&config, options.connect_timeout + CONNECT_GRACE)
+    let in_target = |e| match e {
+        Error::Unavailable(why) => Error::Unavailable(format!("{target}: {why}")),
+        other => other,
+    };
+    let (mut client, task) = open_connection(&config, limit).await.map_err(in_target)?;
+    // Before anything else: through a transaction pooler even the
+    // migration lock below would outlive this connection.
+    let checked = pooler::check(&client, &config, MIGRATION_LOCK_WAIT.as_millis(), limit)
         .await
-        .map_err(|e| match e {
-            Error::Unavailable(why) => Error::Unavailable(format!("{target}: {why}")),
-            other => other,
-        })?;
-    let result = migrate_on(&mut client, target).await;
+        .map_err(in_target);
+    let result = match checked {
+        Ok(()) => migrate_on(&mut client, target).await,
+        Err(e) => Err(e),
+    };
     drop(client);
     // The task ends once the client is gone; a failure already ended it.
     let _ = task.await;

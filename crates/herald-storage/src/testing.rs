@@ -7,11 +7,18 @@
 //! (`scripts/test`) creates a disposable cluster and sets it. A test that
 //! needs PostgreSQL and finds the variable unset fails; it is never skipped.
 //!
+//! [`FakePooler`] stands between a test and the cluster as a connection
+//! pooler in session or transaction mode would.
+//!
 //! ```text
 //! let db = TestDatabase::create().await;
 //! let storage = PostgresStorage::connect(db.url(), PostgresOptions::default()).await?;
 //! let raw = db.raw_client().await; // "another session", e.g. to hold row locks
 //! ```
+
+mod pooler;
+
+pub use pooler::{FakePooler, OptionsHandling, PoolMode, PoolerSettings, Reuse};
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::time::Duration;

@@ -294,3 +294,48 @@ async fn unreachable_databases_and_bad_lease_timings_name_what_to_change() {
     );
     assert!(error.contains("--renew-statement-timeout"), "{error}");
 }
+
+/// Through a pooler in transaction mode that drops the session settings
+/// (PgBouncer's `pool_mode = transaction` with `ignore_startup_parameters =
+/// options`, here the test pooler `FakePooler` that behaves so), the node
+/// refuses to start, says why and what to do, and leaves the database
+/// unmigrated; without the check it started without a word.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_pooler_is_refused_naming_the_fix() {
+    use herald_storage::testing::{FakePooler, OptionsHandling, PoolerSettings, TestDatabase};
+
+    let db = TestDatabase::create().await;
+    let pooler = FakePooler::start(
+        db.server_addr(),
+        PoolerSettings::transaction(OptionsHandling::Drop),
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let error = failed_start(
+        dir.path(),
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            "data",
+            "--database",
+            &db.url_via(pooler.addr()),
+        ],
+    )
+    .await;
+    assert!(error.contains("--database"), "{error}");
+    assert!(
+        error.contains("a transaction-pooling proxy was detected"),
+        "{error}"
+    );
+    assert!(error.contains("connect directly to PostgreSQL"), "{error}");
+    assert!(error.contains("pooler in session mode"), "{error}");
+    let migrated: bool = db
+        .raw_client()
+        .await
+        .query_one("SELECT to_regclass('storage_leases') IS NOT NULL", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!migrated, "the schema was created through the pooler");
+}

@@ -12,25 +12,23 @@
 //! drives the connection.
 //!
 //! When the connection fails, the task opens a new one after a pause that
-//! starts at 100 ms and doubles up to 2 s while attempts keep failing.
-//! Every successful `LISTEN` (the first one included) is followed by
-//! [`ChangeSignal::Resync`]: notices sent while no connection listened are
-//! lost, and receivers catch up with `changes_since`. It also bumps the
-//! lease counter, since a release may have been missed too.
+//! starts at 100 ms and doubles up to 2 s while attempts keep failing (or
+//! connections keep being lost within 10 s), with its warnings
+//! rate-limited (see `reconnect.rs`). Every successful `LISTEN` (the first
+//! one included) is followed by [`ChangeSignal::Resync`]: notices sent
+//! while no connection listened are lost, and receivers catch up with
+//! `changes_since`. It also bumps the lease counter, since a release may
+//! have been missed too.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use herald_core::ChannelName;
 use tokio::sync::{broadcast, watch};
 use tokio_postgres::{AsyncMessage, Client, Config};
 
+use super::reconnect::{millis, pause, Reconnect};
 use super::{connect_raw, drive, PgConnection, CHANGES_CHANNEL, LEASE_CHANNEL};
 use crate::{ChangeSignal, Error, Result};
-
-/// First pause before a new connection after the listening one failed.
-const BACKOFF_MIN: Duration = Duration::from_millis(100);
-/// Longest pause between connection attempts.
-const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 /// The statements that subscribe the connection to the notices.
 fn listen_sql() -> String {
@@ -72,7 +70,8 @@ pub(super) async fn establish(
 }
 
 /// The listener task: serves `first` (already listening) until it ends,
-/// then reconnects with backoff, until `stop`'s sender is dropped.
+/// then reconnects with backoff ([`Reconnect`]), until `stop`'s sender is
+/// dropped.
 pub(super) async fn run(
     config: Config,
     limit: Duration,
@@ -81,7 +80,8 @@ pub(super) async fn run(
     mut stop: watch::Receiver<()>,
 ) {
     let mut current = Some(first);
-    let mut backoff = BACKOFF_MIN;
+    let mut policy = Reconnect::new(Instant::now());
+    let mut wait = Duration::ZERO;
     loop {
         if let Some((client, mut connection)) = current.take() {
             // Listening from here on: whatever was sent before is unknown.
@@ -93,26 +93,41 @@ pub(super) async fn run(
             };
             drop(client);
             let error = ended.err().map(|e| e.to_string()).unwrap_or_default();
-            tracing::warn!(error = %error, "change listener connection lost; reconnecting");
-            backoff = BACKOFF_MIN;
+            wait = policy.lost(Instant::now());
+            if let Some(suppressed) = policy.warning(Instant::now()) {
+                tracing::warn!(
+                    error = %error,
+                    failures = policy.failures(),
+                    retry_in_ms = millis(wait),
+                    suppressed_warnings = suppressed,
+                    "change listener connection lost; reconnecting"
+                );
+            }
         }
         tokio::select! {
             _ = stop.changed() => return,
-            () = tokio::time::sleep(backoff) => {}
+            () = pause(wait) => {}
         }
-        backoff = (backoff * 2).min(BACKOFF_MAX);
         tokio::select! {
             _ = stop.changed() => return,
             opened = establish(&config, limit, &outputs) => match opened {
                 Ok(listening) => {
-                    tracing::info!("change listener reconnected");
+                    policy.connected(Instant::now());
+                    tracing::info!(failures = policy.failures(), "change listener reconnected");
                     current = Some(listening);
                 }
-                Err(e) => tracing::warn!(
-                    error = %e,
-                    retry_in_ms = u64::try_from(backoff.as_millis()).unwrap_or(u64::MAX),
-                    "change listener could not reconnect"
-                ),
+                Err(e) => {
+                    wait = policy.failed();
+                    if let Some(suppressed) = policy.warning(Instant::now()) {
+                        tracing::warn!(
+                            error = %e,
+                            failures = policy.failures(),
+                            retry_in_ms = millis(wait),
+                            suppressed_warnings = suppressed,
+                            "change listener could not reconnect"
+                        );
+                    }
+                }
             },
         }
     }

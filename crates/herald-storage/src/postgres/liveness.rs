@@ -15,25 +15,21 @@
 //! or at least its connection, is gone.
 //!
 //! When the connection of a live storage fails (a network fault), this task
-//! reconnects with backoff and takes the same key again. That is best
+//! reconnects with backoff (100 ms doubling to 2 s, warnings rate-limited:
+//! see `reconnect.rs`) and takes the same key again. That is best
 //! effort: until it has the key again, another node may find the key free
 //! and take the lease over (`TakeoverReason::HolderGone`). That is safe:
 //! the takeover increments the fencing token, so this node's next fenced
 //! write or renewal fails with `LeaseLost` and it stops writing.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use tokio_postgres::{Client, Config};
 
+use super::reconnect::{millis, pause, Reconnect};
 use super::{connect_raw, drive, PgConnection};
 use crate::{Error, Result};
-
-/// First pause before a new connection after the liveness connection
-/// failed.
-const BACKOFF_MIN: Duration = Duration::from_millis(100);
-/// Longest pause between connection attempts.
-const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// Longest wait to take the key again after a reconnect. The old session
 /// may still hold it until the server notices that its client is gone
 /// (about 10 s with the keepalive settings above).
@@ -77,7 +73,8 @@ pub(super) async fn run(
     mut stop: watch::Receiver<()>,
 ) {
     let mut current = Some(first);
-    let mut backoff = BACKOFF_MIN;
+    let mut policy = Reconnect::new(Instant::now());
+    let mut wait = Duration::ZERO;
     loop {
         if let Some((client, mut connection)) = current.take() {
             let ended = tokio::select! {
@@ -92,32 +89,48 @@ pub(super) async fn run(
             };
             drop(client);
             let error = ended.err().map(|e| e.to_string()).unwrap_or_default();
-            tracing::warn!(
-                session_key = key,
-                error = %error,
-                "liveness connection lost; reconnecting to take the session lock again \
-                 (meanwhile another node may take the lease over)"
-            );
-            backoff = BACKOFF_MIN;
+            wait = policy.lost(Instant::now());
+            if let Some(suppressed) = policy.warning(Instant::now()) {
+                tracing::warn!(
+                    session_key = key,
+                    error = %error,
+                    failures = policy.failures(),
+                    retry_in_ms = millis(wait),
+                    suppressed_warnings = suppressed,
+                    "liveness connection lost; reconnecting to take the session lock again \
+                     (meanwhile another node may take the lease over)"
+                );
+            }
         }
         tokio::select! {
             _ = stop.changed() => return,
-            () = tokio::time::sleep(backoff) => {}
+            () = pause(wait) => {}
         }
-        backoff = (backoff * 2).min(BACKOFF_MAX);
         tokio::select! {
             _ = stop.changed() => return,
             opened = establish(&config, key, connect_limit, RELOCK_WAIT) => match opened {
                 Ok(locked) => {
-                    tracing::info!(session_key = key, "liveness session lock taken again");
+                    policy.connected(Instant::now());
+                    tracing::info!(
+                        session_key = key,
+                        failures = policy.failures(),
+                        "liveness session lock taken again"
+                    );
                     current = Some(locked);
                 }
-                Err(e) => tracing::warn!(
-                    session_key = key,
-                    error = %e,
-                    retry_in_ms = u64::try_from(backoff.as_millis()).unwrap_or(u64::MAX),
-                    "liveness connection could not reconnect"
-                ),
+                Err(e) => {
+                    wait = policy.failed();
+                    if let Some(suppressed) = policy.warning(Instant::now()) {
+                        tracing::warn!(
+                            session_key = key,
+                            error = %e,
+                            failures = policy.failures(),
+                            retry_in_ms = millis(wait),
+                            suppressed_warnings = suppressed,
+                            "liveness connection could not reconnect"
+                        );
+                    }
+                }
             },
         }
     }

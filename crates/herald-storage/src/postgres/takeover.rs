@@ -161,11 +161,12 @@ pub(super) async fn run(
     }
 }
 
-/// Sleeps `d` unless stopped first; returns whether to stop.
+/// Sleeps `d` (on a pause that cannot end early, see `reconnect.rs`)
+/// unless stopped first; returns whether to stop.
 async fn pause(stop: &mut watch::Receiver<()>, d: Duration) -> bool {
     tokio::select! {
         _ = stop.changed() => true,
-        () = tokio::time::sleep(d) => false,
+        () = super::reconnect::pause(d) => false,
     }
 }
 
