@@ -33,8 +33,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use herald_core::{
-    Appended, Candidate, ChannelHead, ChannelName, FencingToken, IdempotencyKey, Lease, LeaseInfo,
-    NewMessage, DEFAULT_LEASE_NAME,
+    Appended, Candidate, ChannelHead, ChannelName, FencingToken, IdempotencyKey, Lease, NewMessage,
+    DEFAULT_LEASE_NAME,
 };
 use serde_json::value::RawValue;
 
@@ -472,15 +472,25 @@ pub async fn takeover_after_holder_dropped_has_reason_holder_gone(h: &dyn Harnes
     assert!(info.expires_in_ms > 50_000, "{info:?}");
 }
 
-/// The lease as node 1 finds it held by node 0 (which holds it).
-async fn held_by_node_0(c: &Cluster) -> LeaseInfo {
-    match c.node(1).acquire(&candidate(1), LONG_TTL).await.unwrap() {
-        Acquire::Held(info) => {
-            assert_eq!(info.holder.as_deref(), Some("node-0"));
-            info
-        }
+/// Node 1's acquire finds the lease held by node 0; node 1 then waits on
+/// its takeover hint, which must stay pending while node 0 holds the lease
+/// (a hint that resolved here would be spurious: allowed, but then not the
+/// proof these cases are after).
+async fn standby_waiting_on_its_hint(c: &Cluster) -> tokio::task::JoinHandle<()> {
+    let info = match c.node(1).acquire(&candidate(1), LONG_TTL).await.unwrap() {
+        Acquire::Held(info) => info,
         other => panic!("a live holder must be Held, got {other:?}"),
-    }
+    };
+    assert_eq!(info.holder.as_deref(), Some("node-0"));
+    let standby = c.nodes[1].clone();
+    let mut waiting = tokio::spawn(async move { standby.takeover_hint(&info).await });
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut waiting)
+            .await
+            .is_err(),
+        "the hint fired while node 0 held the lease"
+    );
+    waiting
 }
 
 /// A standby waiting on [`LeaseStore::takeover_hint`] is woken when the
@@ -489,17 +499,7 @@ async fn held_by_node_0(c: &Cluster) -> LeaseInfo {
 pub async fn takeover_hint_fires_when_the_holder_is_dropped(h: &dyn Harness) {
     let mut c = h.cluster(2).await;
     let (old, _) = acquire(c.node(0), 0, LONG_TTL).await;
-    let info = held_by_node_0(&c).await;
-    let standby = c.nodes[1].clone();
-    let mut waiting = tokio::spawn(async move { standby.takeover_hint(&info).await });
-    // Pending while the holder lives (a hint that resolved here would be
-    // spurious: allowed, but then not the proof this case is after).
-    assert!(
-        tokio::time::timeout(Duration::from_millis(300), &mut waiting)
-            .await
-            .is_err(),
-        "the hint fired while the holder lived"
-    );
+    let waiting = standby_waiting_on_its_hint(&c).await;
     drop(c.nodes.remove(0));
     tokio::time::timeout(HOLDER_GONE_WAIT, waiting)
         .await
@@ -515,15 +515,7 @@ pub async fn takeover_hint_fires_when_the_holder_is_dropped(h: &dyn Harness) {
 pub async fn takeover_hint_fires_when_the_holder_releases(h: &dyn Harness) {
     let c = h.cluster(2).await;
     let (old, _) = acquire(c.node(0), 0, LONG_TTL).await;
-    let info = held_by_node_0(&c).await;
-    let standby = c.nodes[1].clone();
-    let mut waiting = tokio::spawn(async move { standby.takeover_hint(&info).await });
-    assert!(
-        tokio::time::timeout(Duration::from_millis(300), &mut waiting)
-            .await
-            .is_err(),
-        "the hint fired while the lease was held"
-    );
+    let waiting = standby_waiting_on_its_hint(&c).await;
     c.node(0).release(&old).await.unwrap();
     tokio::time::timeout(HOLDER_GONE_WAIT, waiting)
         .await

@@ -39,6 +39,14 @@ async fn failed_start(cwd: &Path, args: &[&str]) -> String {
     record["error"].as_str().expect("an error field").to_owned()
 }
 
+/// [`failed_start`] listening on a free port with the data dir `data`
+/// (relative to `cwd`), plus `args`.
+async fn failed_start_in_data(cwd: &Path, args: &[&str]) -> String {
+    let mut all = vec!["--listen", "127.0.0.1:0", "--data-dir", "data"];
+    all.extend_from_slice(args);
+    failed_start(cwd, &all).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_value_that_is_not_postgres_names_the_forms_and_the_default() {
     let dir = tempfile::tempdir().unwrap();
@@ -53,18 +61,7 @@ async fn a_database_value_that_is_not_postgres_names_the_forms_and_the_default()
         ),
         ("sqlite:///x.db", "SQLite is not chosen by URL"),
     ] {
-        let error = failed_start(
-            dir.path(),
-            &[
-                "--listen",
-                "127.0.0.1:0",
-                "--data-dir",
-                "data",
-                "--database",
-                url,
-            ],
-        )
-        .await;
+        let error = failed_start_in_data(dir.path(), &["--database", url]).await;
         assert!(error.starts_with("--database: "), "{error}");
         assert!(error.contains(reason), "{url}: {error}");
         assert!(
@@ -242,33 +239,15 @@ async fn the_start_up_log_says_the_role_the_holder_and_the_database() {
 async fn unreachable_databases_and_bad_lease_timings_name_what_to_change() {
     let dir = tempfile::tempdir().unwrap();
     // Port 1 on loopback: nothing listens there, the connect is refused.
-    let error = failed_start(
+    let error = failed_start_in_data(
         dir.path(),
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            "data",
-            "--database",
-            "postgres://herald@127.0.0.1:1/herald",
-        ],
+        &["--database", "postgres://herald@127.0.0.1:1/herald"],
     )
     .await;
     assert!(error.contains("--database"), "{error}");
     assert!(error.contains("herald@127.0.0.1:1/herald"), "{error}");
 
-    let error = failed_start(
-        dir.path(),
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            "data",
-            "--lease-ttl",
-            "5s",
-        ],
-    )
-    .await;
+    let error = failed_start_in_data(dir.path(), &["--lease-ttl", "5s"]).await;
     assert!(
         error.contains("--lease-ttl") && error.contains("--lease-safety-margin"),
         "{error}"
@@ -276,18 +255,7 @@ async fn unreachable_databases_and_bad_lease_timings_name_what_to_change() {
 
     // A 10 s ttl leaves 5 s after a renewal is sent, but one renewal may
     // take 7 s before it is given up: refused, naming the flags to change.
-    let error = failed_start(
-        dir.path(),
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            "data",
-            "--lease-ttl",
-            "10s",
-        ],
-    )
-    .await;
+    let error = failed_start_in_data(dir.path(), &["--lease-ttl", "10s"]).await;
     assert!(
         error.contains("retried before the safety deadline"),
         "{error}"
@@ -311,18 +279,7 @@ async fn a_transaction_pooler_is_refused_naming_the_fix() {
     )
     .await;
     let dir = tempfile::tempdir().unwrap();
-    let error = failed_start(
-        dir.path(),
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            "data",
-            "--database",
-            &db.url_via(pooler.addr()),
-        ],
-    )
-    .await;
+    let error = failed_start_in_data(dir.path(), &["--database", &db.url_via(pooler.addr())]).await;
     assert!(error.contains("--database"), "{error}");
     assert!(
         error.contains("a transaction-pooling proxy was detected"),
