@@ -95,6 +95,7 @@ macro_rules! conformance_tests {
             idempotency_key_repeated_in_later_batch_is_duplicate,
             idempotency_key_repeated_in_same_batch_is_duplicate,
             idempotency_key_is_per_channel,
+            large_mixed_batch_keeps_offsets_and_keys,
             append_with_stale_lease_after_takeover_is_lost,
             append_with_superseded_token_of_same_holder_is_lost,
             append_after_expiry_is_lost,
@@ -606,6 +607,102 @@ pub async fn append_interleaves_channels_in_one_batch(h: &dyn Harness) {
             .collect();
         let want: Vec<_> = (1..=n).map(|i| format!("\"{ch}{i}\"")).collect();
         assert_eq!(data, want, "channel {ch}");
+    }
+}
+
+/// A large batch over many channels, with keys repeated inside it and
+/// keys stored by an earlier batch: each channel's new messages get
+/// contiguous offsets in batch order, a key seen earlier in the batch
+/// answers that message's offset, a stored key answers the stored message,
+/// and exactly the new messages are stored, in order.
+pub async fn large_mixed_batch_keeps_offsets_and_keys(h: &dyn Harness) {
+    let c = h.cluster(1).await;
+    let (lease, _) = acquire(c.node(0), 0, LONG_TTL).await;
+    let node = c.node(0);
+    let channels: Vec<String> = (0..7).map(|i| format!("mix-{i}")).collect();
+    // An earlier batch stores key "k-0" .. "k-9" on mix-0 (offsets 1..=10).
+    let earlier: Vec<NewMessage> = (0..10)
+        .map(|i| keyed("mix-0", &format!("\"early-{i}\""), &format!("k-{i}")))
+        .collect();
+    node.append(&lease, &earlier).await.unwrap();
+
+    // 300 messages round-robin over 7 channels; every 5th carries a key:
+    // on mix-0 the keys repeat the earlier batch's, elsewhere each key is
+    // used twice within the batch.
+    let mut batch = Vec::new();
+    for i in 0..300usize {
+        let ch = &channels[i % channels.len()];
+        let data = format!("{i}");
+        batch.push(if i % 5 != 0 {
+            msg(ch, &data)
+        } else if ch == "mix-0" {
+            keyed(ch, &data, &format!("k-{}", (i / 5) % 10))
+        } else {
+            // The same channel's keyed messages are 35 apart: two of them
+            // share each 70-wide block's key.
+            keyed(ch, &data, &format!("b-{}", i / 70))
+        });
+    }
+    let out = node.append(&lease, &batch).await.unwrap();
+    assert_eq!(out.len(), batch.len());
+
+    // Replay the rules to know what each answer must be.
+    let mut heads: BTreeMap<&str, u64> = channels.iter().map(|c| (c.as_str(), 0)).collect();
+    *heads.get_mut("mix-0").unwrap() = 10;
+    let mut keys: BTreeMap<(&str, String), u64> = (0..10)
+        .map(|i| (("mix-0", format!("k-{i}")), i + 1))
+        .collect();
+    let mut stored: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    let (mut from_earlier, mut from_this_batch) = (0, 0);
+    for (m, a) in batch.iter().zip(&out) {
+        let ch = m.channel.as_str();
+        assert_eq!(a.channel, m.channel);
+        let key = m
+            .idempotency_key
+            .as_ref()
+            .map(|k| (ch, k.as_str().to_owned()));
+        match key.as_ref().and_then(|k| keys.get(k)) {
+            Some(&offset) => {
+                assert!(a.duplicate, "{m:?} must be a duplicate");
+                assert_eq!(a.offset, offset, "{m:?}");
+                if ch == "mix-0" {
+                    from_earlier += 1;
+                } else {
+                    from_this_batch += 1;
+                }
+            }
+            None => {
+                let head = heads.get_mut(ch).unwrap();
+                *head += 1;
+                assert!(!a.duplicate, "{m:?} is new");
+                assert_eq!(a.offset, *head, "{m:?}");
+                if let Some(k) = key {
+                    keys.insert(k, *head);
+                }
+                stored.entry(ch).or_default().push(m.data.get().to_owned());
+            }
+        }
+    }
+    assert!(
+        from_earlier > 0 && from_this_batch > 0,
+        "{from_earlier} {from_this_batch}"
+    );
+    for ch in &channels {
+        let page = node.read(&channel(ch), 0, 1000).await.unwrap();
+        assert_eq!(page.head, heads[ch.as_str()], "{ch}");
+        let offsets: Vec<u64> = page.messages.iter().map(|m| m.offset).collect();
+        assert_eq!(offsets, (1..=page.head).collect::<Vec<_>>(), "{ch}");
+        let new: Vec<&str> = page
+            .messages
+            .iter()
+            .skip(if ch == "mix-0" { 10 } else { 0 })
+            .map(|m| m.data.get())
+            .collect();
+        let expected: Vec<&str> = stored
+            .get(ch.as_str())
+            .map(|v| v.iter().map(String::as_str).collect())
+            .unwrap_or_default();
+        assert_eq!(new, expected, "{ch}");
     }
 }
 

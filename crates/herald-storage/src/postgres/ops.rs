@@ -335,10 +335,57 @@ const NOTIFY_SQL: &str = "SELECT pg_notify($1, \
      FROM unnest($2::text[], $3::bigint[], $4::bigint[]) AS u(channel, first, last), \
           (SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms) AS n";
 
+/// The stored messages of a batch's idempotency keys: `(channel, key,
+/// offset, published_at)` for every `(channel, key)` pair of the arrays
+/// that is stored.
+const FIND_KEYS_SQL: &str = "SELECT m.channel, m.idempotency_key, m.\"offset\", m.published_at \
+     FROM messages AS m \
+     JOIN unnest($1::text[], $2::text[]) AS k(channel, key) \
+       ON m.channel = k.channel AND m.idempotency_key = k.key";
+
+/// Advances the head of every channel of the arrays by its count (creating
+/// the channel at that head, with `created_at` `$3`), in one statement;
+/// returns each channel's new head. This is where the batch may wait on a
+/// channel's row lock. Each channel appears once in the arrays.
+const BUMP_HEADS_SQL: &str = "INSERT INTO channels (name, head, created_at) \
+     SELECT name, n, $3 FROM unnest($1::text[], $2::bigint[]) AS u(name, n) \
+     ON CONFLICT (name) DO UPDATE SET head = channels.head + excluded.head \
+     RETURNING name, head";
+
+/// Inserts every new message of the batch in one statement:
+/// `(channel, offset, data, idempotency key)` arrays, with the batch's
+/// `published_at` (`$5`) and fencing token (`$6`), in array order, so that
+/// message ids follow the batch's order as they did row by row.
+const INSERT_MESSAGES_SQL: &str = "INSERT INTO messages \
+     (channel, \"offset\", data, published_at, idempotency_key, token) \
+     SELECT channel, \"offset\", data, $5, key, $6 \
+     FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[]) WITH ORDINALITY \
+       AS u(channel, \"offset\", data, key, position) \
+     ORDER BY position";
+
+/// One channel's new messages in a batch: the first and last offset they
+/// got (offsets of one channel in one batch are contiguous).
+struct Written<'a> {
+    channel: &'a str,
+    /// New messages of this channel in the batch.
+    count: i64,
+    first: i64,
+    last: i64,
+}
+
 /// The fenced write: one READ COMMITTED transaction that takes the lease's
 /// advisory lock, locks the lease row `FOR KEY SHARE`, checks the lease,
-/// then appends the batch in order, sends one change notice per channel
-/// written (new messages only) and commits.
+/// then writes the whole batch with a constant number of set-based
+/// statements, whatever its size: every idempotency key of the batch is
+/// looked up in one query; each channel's head advances by its count of
+/// new messages in one statement; the fencing check runs again as the
+/// decision to commit, and its clock reading is the batch's
+/// `published_at`; every new message is inserted in one statement, and one
+/// change notice per channel written is sent, before `COMMIT`. Statements
+/// that do not depend on an earlier answer are sent together (tokio-postgres
+/// pipelines queries whose futures are polled together); the server still
+/// runs them in order, so every check reads the clock after the waits of
+/// the statements before it.
 ///
 /// Test-only fault switches (`herald_core::fault_switches`, compiled in only
 /// with the cargo feature `fault-switches`): `skip_fencing_check` skips the
@@ -357,116 +404,146 @@ pub(super) async fn append(
         .isolation_level(IsolationLevel::ReadCommitted)
         .start()
         .await?;
-    let write_lock = tx.prepare_cached(WRITE_LOCK_SQL).await?;
-    tx.execute(&write_lock, &[&fenced_write_lock_key(&lease.name)])
-        .await?;
     let skip_fencing = fault_switches::enabled(FaultSwitch::SkipFencingCheck);
+    let (write_lock, lock_row, check, commit_time) = tokio::try_join!(
+        tx.prepare_cached(WRITE_LOCK_SQL),
+        tx.prepare_cached(LOCK_FOR_WRITE_SQL),
+        tx.prepare_cached(FENCING_CHECK_SQL),
+        tx.prepare_cached(COMMIT_TIME_SQL),
+    )?;
+    let lock_key = fenced_write_lock_key(&lease.name);
+    // 1. The prologue, in one round trip: advisory lock, lease row, check.
     let started: SystemTime = if skip_fencing {
         // Test-only fault switch: no row lock, no fencing check.
-        let commit_time = tx.prepare_cached(COMMIT_TIME_SQL).await?;
-        tx.query_one(&commit_time, &[]).await?.try_get(0)?
+        let (_, row) = tokio::try_join!(
+            async { tx.execute(&write_lock, &[&lock_key]).await },
+            async { tx.query_one(&commit_time, &[]).await },
+        )?;
+        row.try_get(0)?
     } else {
-        let lock_row = tx.prepare_cached(LOCK_FOR_WRITE_SQL).await?;
-        tx.query_opt(&lock_row, &[&lease.name]).await?;
-        match fencing_check(&tx, lease, token).await? {
+        let (_, _, checked) = tokio::try_join!(
+            async { tx.execute(&write_lock, &[&lock_key]).await },
+            async { tx.query_opt(&lock_row, &[&lease.name]).await },
+            async {
+                tx.query_opt(&check, &[&lease.name, &lease.holder, &token])
+                    .await
+            },
+        )?;
+        match fencing_outcome(checked)? {
             Some(now) => now,
             None => return Err(refuse(tx, lease).await),
         }
     };
 
-    let find_key = tx
-        .prepare_cached(
-            "SELECT \"offset\", published_at FROM messages \
-             WHERE channel = $1 AND idempotency_key = $2",
-        )
-        .await?;
-    let bump_head = tx
-        .prepare_cached(
-            "INSERT INTO channels (name, head, created_at) VALUES ($1, 1, $2) \
-             ON CONFLICT (name) DO UPDATE SET head = channels.head + 1 RETURNING head",
-        )
-        .await?;
-    // 1. Offsets: duplicates are found, new messages get the next offset of
-    // their channel. This is where the batch may wait on a channel's row
-    // lock; the lease row stays locked FOR KEY SHARE meanwhile, which a
-    // renewal does not wait for.
+    // 2. Stored idempotency keys of the batch, in one query.
+    let (key_channels, keys): (Vec<&str>, Vec<&str>) = batch
+        .iter()
+        .filter_map(|m| Some((m.channel.as_str(), m.idempotency_key.as_ref()?.as_str())))
+        .unzip();
+    let mut stored: HashMap<(String, String), (i64, SystemTime)> = HashMap::new();
+    if !keys.is_empty() {
+        let find_keys = tx.prepare_cached(FIND_KEYS_SQL).await?;
+        for row in tx.query(&find_keys, &[&key_channels, &keys]).await? {
+            stored.insert(
+                (row.try_get(0)?, row.try_get(1)?),
+                (row.try_get(2)?, row.try_get(3)?),
+            );
+        }
+    }
+
+    // 3. The plan: duplicates (stored, or of an earlier message of this
+    // batch) and, for new messages, their rank within their channel.
     let mut planned: Vec<Planned> = Vec::with_capacity(batch.len());
-    // Keys of this batch's new messages: a later message with the same key
-    // is a duplicate of the earlier one.
-    let mut batch_keys: HashMap<(&str, &str), i64> = HashMap::new();
+    let mut written: Vec<Written<'_>> = Vec::new();
+    let mut written_at: HashMap<&str, usize> = HashMap::new();
+    // Keys of this batch's new messages: (written index, rank).
+    let mut batch_keys: HashMap<(&str, &str), (usize, i64)> = HashMap::new();
     for message in batch {
         let channel = message.channel.as_str();
         let key = message.idempotency_key.as_ref().map(|k| k.as_str());
         if let Some(key) = key {
-            if let Some(&offset) = batch_keys.get(&(channel, key)) {
-                planned.push(Planned::DuplicateInBatch { offset });
+            if let Some(&(w, rank)) = batch_keys.get(&(channel, key)) {
+                planned.push(Planned::DuplicateInBatch { written: w, rank });
                 continue;
             }
-            if let Some(row) = tx.query_opt(&find_key, &[&channel, &key]).await? {
+            if let Some(&(offset, published_at)) = stored.get(&(channel.to_owned(), key.to_owned()))
+            {
                 planned.push(Planned::Duplicate {
-                    offset: row.try_get(0)?,
-                    published_at: row.try_get(1)?,
+                    offset,
+                    published_at,
                 });
                 continue;
             }
         }
-        let offset: i64 = tx
-            .query_one(&bump_head, &[&channel, &started])
-            .await?
-            .try_get(0)?;
+        let w = *written_at.entry(channel).or_insert_with(|| {
+            written.push(Written {
+                channel,
+                count: 0,
+                first: 0,
+                last: 0,
+            });
+            written.len() - 1
+        });
+        let rank = written[w].count;
+        written[w].count += 1;
         if let Some(key) = key {
-            batch_keys.insert((channel, key), offset);
+            batch_keys.insert((channel, key), (w, rank));
         }
-        planned.push(Planned::New { offset });
+        planned.push(Planned::New { written: w, rank });
     }
-    // 2. The fencing check again, after every wait, as the decision that
-    // this batch commits: the lease must still be this node's and live on
-    // the database clock now. Its clock reading is the batch's
-    // `published_at`.
-    let now: SystemTime = if skip_fencing {
-        started
+
+    // 4. The heads, then the fencing check again, after every wait, as the
+    // decision that this batch commits: the lease must still be this
+    // node's and live on the database clock now. Its clock reading is the
+    // batch's `published_at`. Sent together.
+    let decision = if written.is_empty() {
+        decide(&tx, &check, lease, token, skip_fencing, started).await?
     } else {
-        match fencing_check(&tx, lease, token).await? {
-            Some(now) => now,
-            None => return Err(refuse(tx, lease).await),
+        let bump_heads = tx.prepare_cached(BUMP_HEADS_SQL).await?;
+        let names: Vec<&str> = written.iter().map(|w| w.channel).collect();
+        let counts: Vec<i64> = written.iter().map(|w| w.count).collect();
+        let (heads, decided) = tokio::join!(
+            async { tx.query(&bump_heads, &[&names, &counts, &started]).await },
+            decide(&tx, &check, lease, token, skip_fencing, started),
+        );
+        for row in heads? {
+            let name: &str = row.try_get(0)?;
+            let head: i64 = row.try_get(1)?;
+            let w = *written_at.get(name).ok_or_else(|| {
+                Error::Corrupt(format!("the head of an unexpected channel {name:?} moved"))
+            })?;
+            written[w].last = head;
+            written[w].first = head - written[w].count + 1;
         }
+        decided?
+    };
+    let now = match decision {
+        Decision::Commit(now) => now,
+        Decision::Refuse => return Err(refuse(tx, lease).await),
     };
     let now_ms = to_ms(now);
-    // 3. The rows, and one change notice per channel written.
-    let insert = tx
-        .prepare_cached(
-            "INSERT INTO messages \
-             (channel, \"offset\", data, published_at, idempotency_key, token) \
-             VALUES ($1, $2, $3, $4, $5, $6)",
-        )
-        .await?;
+
+    // 5. The answers, the rows, and one change notice per channel written.
     let mut out = Vec::with_capacity(batch.len());
-    // Channels written, in order of first write, with the first and last
-    // new offset (offsets of one channel in one batch are contiguous).
-    let mut written: Vec<(&str, i64, i64)> = Vec::new();
-    let mut written_at: HashMap<&str, usize> = HashMap::new();
+    let mut rows_channel: Vec<&str> = Vec::new();
+    let mut rows_offset: Vec<i64> = Vec::new();
+    let mut rows_data: Vec<&str> = Vec::new();
+    let mut rows_key: Vec<Option<&str>> = Vec::new();
     for (message, plan) in batch.iter().zip(planned) {
-        let channel = message.channel.as_str();
         let (offset, published_at_ms, duplicate) = match plan {
             Planned::Duplicate {
                 offset,
                 published_at,
             } => (offset, to_ms(published_at), true),
-            Planned::DuplicateInBatch { offset } => (offset, now_ms, true),
-            Planned::New { offset } => {
-                let key = message.idempotency_key.as_ref().map(|k| k.as_str());
-                tx.execute(
-                    &insert,
-                    &[&channel, &offset, &message.data.get(), &now, &key, &token],
-                )
-                .await?;
-                match written_at.get(channel) {
-                    Some(&i) => written[i].2 = offset,
-                    None => {
-                        written_at.insert(channel, written.len());
-                        written.push((channel, offset, offset));
-                    }
-                }
+            Planned::DuplicateInBatch { written: w, rank } => {
+                (written[w].first + rank, now_ms, true)
+            }
+            Planned::New { written: w, rank } => {
+                let offset = written[w].first + rank;
+                rows_channel.push(message.channel.as_str());
+                rows_offset.push(offset);
+                rows_data.push(message.data.get());
+                rows_key.push(message.idempotency_key.as_ref().map(|k| k.as_str()));
                 (offset, now_ms, false)
             }
         };
@@ -477,20 +554,71 @@ pub(super) async fn append(
             duplicate,
         });
     }
-    if !written.is_empty() && !fault_switches::enabled(FaultSwitch::DropNotify) {
-        let channels: Vec<&str> = written.iter().map(|w| w.0).collect();
-        let firsts: Vec<i64> = written.iter().map(|w| w.1).collect();
-        let lasts: Vec<i64> = written.iter().map(|w| w.2).collect();
-        let notify = tx.prepare_cached(NOTIFY_SQL).await?;
-        tx.query(&notify, &[&CHANGES_CHANNEL, &channels, &firsts, &lasts])
-            .await?;
+    if !rows_channel.is_empty() {
+        let insert = tx.prepare_cached(INSERT_MESSAGES_SQL).await?;
+        let inserted = async {
+            tx.execute(
+                &insert,
+                &[
+                    &rows_channel,
+                    &rows_offset,
+                    &rows_data,
+                    &rows_key,
+                    &now,
+                    &token,
+                ],
+            )
+            .await
+        };
+        if fault_switches::enabled(FaultSwitch::DropNotify) {
+            inserted.await?;
+        } else {
+            let notify = tx.prepare_cached(NOTIFY_SQL).await?;
+            let channels: Vec<&str> = written.iter().map(|w| w.channel).collect();
+            let firsts: Vec<i64> = written.iter().map(|w| w.first).collect();
+            let lasts: Vec<i64> = written.iter().map(|w| w.last).collect();
+            tokio::try_join!(inserted, async {
+                tx.query(&notify, &[&CHANGES_CHANNEL, &channels, &firsts, &lasts])
+                    .await
+            },)?;
+        }
     }
     tx.commit().await?;
     Ok(out)
 }
 
-/// What a fenced write does with one message of its batch, decided before
-/// the final fencing check.
+/// What the last fencing check of a fenced write decided.
+enum Decision {
+    /// The lease is this node's and live: commit, with this clock reading
+    /// as `published_at`.
+    Commit(SystemTime),
+    /// The lease is lost: roll back.
+    Refuse,
+}
+
+/// The decision to commit: the fencing check again (or, under the
+/// test-only `skip_fencing_check`, `started`).
+async fn decide(
+    tx: &deadpool_postgres::Transaction<'_>,
+    check: &tokio_postgres::Statement,
+    lease: &Lease,
+    token: i64,
+    skip_fencing: bool,
+    started: SystemTime,
+) -> Result<Decision> {
+    if skip_fencing {
+        return Ok(Decision::Commit(started));
+    }
+    let checked = tx
+        .query_opt(check, &[&lease.name, &lease.holder, &token])
+        .await?;
+    Ok(match fencing_outcome(checked)? {
+        Some(now) => Decision::Commit(now),
+        None => Decision::Refuse,
+    })
+}
+
+/// How one message of a batch is written.
 enum Planned {
     /// Its idempotency key is stored already: answer the stored message.
     Duplicate {
@@ -498,24 +626,16 @@ enum Planned {
         published_at: SystemTime,
     },
     /// Its idempotency key was used by an earlier new message of this
-    /// batch, which got `offset`.
-    DuplicateInBatch { offset: i64 },
-    /// A new message at `offset`.
-    New { offset: i64 },
+    /// batch: the `rank`-th new message of `written[written]`.
+    DuplicateInBatch { written: usize, rank: i64 },
+    /// A new message: the `rank`-th (from 0) new message of its channel,
+    /// `written[written]`, in this batch.
+    New { written: usize, rank: i64 },
 }
 
-/// The fencing check of a fenced write, run with the lease row locked `FOR
-/// KEY SHARE`: holder and token current and the lease live on the database
-/// clock. Returns that clock reading, or `None` when the lease is lost.
-async fn fencing_check(
-    tx: &deadpool_postgres::Transaction<'_>,
-    lease: &Lease,
-    token: i64,
-) -> Result<Option<SystemTime>> {
-    let check = tx.prepare_cached(FENCING_CHECK_SQL).await?;
-    let checked = tx
-        .query_opt(&check, &[&lease.name, &lease.holder, &token])
-        .await?;
+/// Reads the answer of [`FENCING_CHECK_SQL`]: the clock reading when the
+/// lease is this node's and live, `None` when it is lost.
+fn fencing_outcome(checked: Option<tokio_postgres::Row>) -> Result<Option<SystemTime>> {
     match checked {
         Some(row) if row.try_get::<_, bool>(0)? => Ok(Some(row.try_get(1)?)),
         _ => Ok(None),
