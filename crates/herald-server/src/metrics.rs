@@ -63,9 +63,19 @@ pub fn install_metrics_recorder() -> PrometheusHandle {
                 tracing::warn!(error = %e, "another metrics recorder is installed; /metrics will be empty");
             }
             describe();
+            metrics_process::Collector::default().describe();
             handle
         })
         .clone()
+}
+
+/// Updates the process gauges (`process_resident_memory_bytes`,
+/// `process_cpu_seconds_total`, `process_open_fds`, ... as the Prometheus
+/// client libraries name them: "Writing client libraries", "Process
+/// metrics"), read from the OS by the `metrics-process` crate. Called
+/// before each `/metrics` render.
+pub(crate) fn collect_process() {
+    metrics_process::Collector::default().collect();
 }
 
 fn builder() -> PrometheusBuilder {

@@ -155,6 +155,7 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> impl IntoResponse 
         last_token(&shared.lease.state()),
         shared.lease.since_last_renewal(),
     );
+    metrics::collect_process();
     (
         [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
         shared.metrics.render(),
