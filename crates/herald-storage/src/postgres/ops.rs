@@ -441,9 +441,9 @@ pub(super) async fn append(
         )
         .await?;
     let mut out = Vec::with_capacity(batch.len());
-    // Channels written, in order of first write, with the first and last
-    // new offset (offsets of one channel in one batch are contiguous).
-    let mut written: Vec<(&str, i64, i64)> = Vec::new();
+    // Channels written, in order of first write; `written_at` finds a
+    // channel's entry.
+    let mut written: Vec<Written<'_>> = Vec::new();
     let mut written_at: HashMap<&str, usize> = HashMap::new();
     for (message, plan) in batch.iter().zip(planned) {
         let channel = message.channel.as_str();
@@ -461,10 +461,14 @@ pub(super) async fn append(
                 )
                 .await?;
                 match written_at.get(channel) {
-                    Some(&i) => written[i].2 = offset,
+                    Some(&i) => written[i].last = offset,
                     None => {
                         written_at.insert(channel, written.len());
-                        written.push((channel, offset, offset));
+                        written.push(Written {
+                            channel,
+                            first: offset,
+                            last: offset,
+                        });
                     }
                 }
                 (offset, now_ms, false)
@@ -478,15 +482,27 @@ pub(super) async fn append(
         });
     }
     if !written.is_empty() && !fault_switches::enabled(FaultSwitch::DropNotify) {
-        let channels: Vec<&str> = written.iter().map(|w| w.0).collect();
-        let firsts: Vec<i64> = written.iter().map(|w| w.1).collect();
-        let lasts: Vec<i64> = written.iter().map(|w| w.2).collect();
+        let channels: Vec<&str> = written.iter().map(|w| w.channel).collect();
+        let firsts: Vec<i64> = written.iter().map(|w| w.first).collect();
+        let lasts: Vec<i64> = written.iter().map(|w| w.last).collect();
         let notify = tx.prepare_cached(NOTIFY_SQL).await?;
         tx.query(&notify, &[&CHANGES_CHANNEL, &channels, &firsts, &lasts])
             .await?;
     }
     tx.commit().await?;
     Ok(out)
+}
+
+/// A channel that a fenced write added new messages to, and the range of
+/// their offsets (offsets of one channel in one batch are contiguous): one
+/// change notice.
+struct Written<'a> {
+    /// The channel's name.
+    channel: &'a str,
+    /// Offset of the batch's first new message in the channel.
+    first: i64,
+    /// Offset of the batch's last new message in the channel so far.
+    last: i64,
 }
 
 /// What a fenced write does with one message of its batch, decided before
