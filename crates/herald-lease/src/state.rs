@@ -167,9 +167,9 @@ impl LeaseHandle {
     /// not write: not holder, stopped, or past the safety deadline on the
     /// clock even if the watchdog has not run yet.
     ///
-    /// Under the test-only fault switch `zombie_holder` (cargo feature
-    /// `fault-switches`) the safety deadline is not checked: a holder stays
-    /// writable however long ago it last renewed.
+    /// Under the test-only fault switch `zombie_holder` the safety deadline
+    /// is not checked
+    /// (`herald_core::fault_switches::FaultSwitch::ZombieHolder`).
     pub fn writable_lease(&self) -> Option<Lease> {
         match &*self.state.borrow() {
             LeaseState::Holder {

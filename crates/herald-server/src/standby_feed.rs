@@ -13,12 +13,8 @@
 //! polls once more (to announce what the previous holder committed last) and
 //! waits for the role to change, without polling, dropping commit signals.
 //!
-//! Under the test-only fault switch `drop_notify` (cargo feature
-//! `fault-switches`) a standby that receives commit signals does no safety
-//! poll: it polls only at start, when it stops being holder and at each
-//! signal (not at updates of the lease state that leave it a standby).
-//! With the same switch the holder sends no signals, so such a standby
-//! never learns of new commits.
+//! The test-only fault switch `drop_notify` acts here: see
+//! `herald_core::fault_switches::FaultSwitch::DropNotify`, and [`Turn`].
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -340,12 +340,10 @@ const NOTIFY_SQL: &str = "SELECT pg_notify($1, \
 /// then appends the batch in order, sends one change notice per channel
 /// written (new messages only) and commits.
 ///
-/// Test-only fault switches (`herald_core::fault_switches`, compiled in only
-/// with the cargo feature `fault-switches`): `skip_fencing_check` skips the
-/// lease row lock and the fencing check (the advisory lock stays; the
-/// commit time comes from [`COMMIT_TIME_SQL`]), so a node that lost the
-/// lease still writes; `drop_notify` skips the change notices, so other
-/// nodes never hear of the write.
+/// The test-only fault switches `skip_fencing_check` (no lease row lock, no
+/// fencing check; the commit time comes from [`COMMIT_TIME_SQL`]) and
+/// `drop_notify` (no change notices) act here: see
+/// `herald_core::fault_switches::FaultSwitch`.
 pub(super) async fn append(
     client: &mut Object,
     lease: &Lease,
