@@ -31,6 +31,11 @@ pub const ENV_VAR: &str = "HERALD_FAULT_SWITCHES";
 /// a switch has an effect only in a build with the cargo feature
 /// `fault-switches` and only when named in [`ENV_VAR`].
 ///
+/// This is the one place that explains what each switch does and what it
+/// breaks; the code that acts on a switch, the crate docs,
+/// `ARCHITECTURE.md` and `docs/testing.md` name it and point here. Each
+/// variant says where it acts.
+///
 /// Names (as written in [`ENV_VAR`], in logs and by [`FaultSwitch::as_str`])
 /// are the variants' names in snake_case.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -41,28 +46,49 @@ pub enum FaultSwitch {
     /// time from the database clock). Removes the fencing that keeps a node
     /// which lost the lease from writing. Acts on PostgreSQL only: SQLite's
     /// fenced write is unchanged.
+    ///
+    /// Acts in `herald-storage`, `postgres/ops.rs` (`append`).
     SkipFencingCheck,
     /// `renew_expired`: a PostgreSQL renewal keeps its holder and token
     /// guard but drops its "not yet expired" guard, so it extends a lease
     /// that has expired (and was not taken over yet). Removes the rule that
     /// an expired lease is lost, not extended. Acts on PostgreSQL only.
+    ///
+    /// Acts in `herald-storage`, `postgres/renewal.rs`
+    /// (`EXTEND_EXPIRED_SQL`).
     RenewExpired,
     /// `drop_notify`: a PostgreSQL fenced write sends no change notice, and
     /// a standby that receives commit signals no longer polls for changes
-    /// besides them (its safety poll). Removes the standby's way of
-    /// learning of new commits: subscribers on standbys stall.
+    /// besides them (its safety poll): it polls only at start, when it
+    /// stops being holder, and at each signal, not at updates of the lease
+    /// state that leave it a standby (they come about once per acquire
+    /// attempt). Removes the standby's way of learning of new commits:
+    /// subscribers on standbys stall.
+    ///
+    /// Acts in `herald-storage`, `postgres/ops.rs` (`append`: the notices),
+    /// and in `herald-server`, `standby_feed.rs` (the polls).
     DropNotify,
     /// `ack_before_commit`: the server's writer answers every publish of a
-    /// batch with a predicted offset *before* it appends the batch, and the
-    /// answers stay sent when the append then fails. Removes the rule that
-    /// a publish is acknowledged only after its commit.
+    /// batch with a predicted offset *before* it appends the batch (the
+    /// channel's head + 1, + 2, ... as the writer last knew it, with the
+    /// node's clock as publication time), and the answers stay sent when
+    /// the append then fails, or finds a message to be a duplicate.
+    /// Removes the rule that a publish is acknowledged only after its
+    /// commit: acknowledged messages are lost, or acknowledged with a wrong
+    /// offset.
+    ///
+    /// Acts in `herald-server`, `writer/fault.rs`.
     AckBeforeCommit,
     /// `zombie_holder`: the lease supervisor never gives up the holder role
-    /// by itself: no safety deadline, no watchdog stop, and failed
-    /// renewals and "lease lost" answers (from a renewal or a fenced write)
-    /// are logged and ignored. Models a holder whose clock and scheduler
-    /// failed; the database's fencing check alone must then refuse its
-    /// writes. A drain still releases the lease and exits.
+    /// by itself: no safety deadline (`LeaseHandle::writable_lease` no
+    /// longer checks it), no watchdog stop, and failed renewals and "lease
+    /// lost" answers (from a renewal or a fenced write) are logged and
+    /// ignored; it keeps renewing every renew interval. Models a holder
+    /// whose clock and scheduler failed; the database's fencing check alone
+    /// must then refuse its writes. A drain still releases the lease and
+    /// exits.
+    ///
+    /// Acts in `herald-lease`, `supervisor.rs` and `state.rs`.
     ZombieHolder,
 }
 

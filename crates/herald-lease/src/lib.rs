@@ -15,10 +15,9 @@
 //! only through tokio's timer, so tests run under a paused clock.
 //!
 //! The feature `fault-switches` (test-only, never shipped) compiles in the
-//! fault switch `zombie_holder` of `herald_core::fault_switches`: a holder
-//! that never gives up on its own (no safety deadline, no watchdog stop,
-//! failed renewals and "lease lost" answers logged and ignored; it keeps
-//! renewing every renew interval). A drain still releases the lease.
+//! fault switches of `herald_core::fault_switches`; one acts here:
+//! `zombie_holder` (`supervisor.rs`, `state.rs`), a holder that never gives
+//! up on its own. `FaultSwitch::ZombieHolder` explains it.
 
 mod clock;
 mod config;

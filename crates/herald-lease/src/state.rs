@@ -34,6 +34,49 @@ pub enum LeaseState {
     },
 }
 
+impl LeaseState {
+    /// While standby: the lease row as this node last read it, if it shows
+    /// a holder whose lease had not expired then ([`LeaseInfo::is_held`]).
+    /// `None` in every other state, and while holder: this node knows
+    /// itself.
+    pub fn held_by_other(&self) -> Option<&LeaseInfo> {
+        match self {
+            Self::Standby { holder: Some(info) } if info.is_held() => Some(info),
+            _ => None,
+        }
+    }
+
+    /// While standby: the holder's advertised URL as this node last read it
+    /// from the lease row, held or not. `None` when unknown (still
+    /// starting, holder, stopped, or the row names nobody).
+    pub fn holder_url(&self) -> Option<&str> {
+        match self {
+            Self::Standby { holder: Some(info) } => info.holder_url.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// The fencing token of the lease as this node last saw it: its own
+    /// while holder, the lease row's while standby; `None` when unknown.
+    pub fn last_token(&self) -> Option<FencingToken> {
+        match self {
+            Self::Holder { lease, .. } => Some(lease.token),
+            Self::Standby { holder: Some(info) } => Some(info.token),
+            _ => None,
+        }
+    }
+
+    /// The lease's name as this node knows it from its state (its own lease
+    /// while holder, the lease row while standby); `None` when unknown.
+    pub fn lease_name(&self) -> Option<&str> {
+        match self {
+            Self::Holder { lease, .. } => Some(&lease.name),
+            Self::Standby { holder: Some(info) } => Some(&info.name),
+            _ => None,
+        }
+    }
+}
+
 /// Why the supervisor ended.
 #[derive(Debug, Clone, PartialEq)]
 pub enum StopReason {
@@ -124,9 +167,9 @@ impl LeaseHandle {
     /// not write: not holder, stopped, or past the safety deadline on the
     /// clock even if the watchdog has not run yet.
     ///
-    /// Under the test-only fault switch `zombie_holder` (cargo feature
-    /// `fault-switches`) the safety deadline is not checked: a holder stays
-    /// writable however long ago it last renewed.
+    /// Under the test-only fault switch `zombie_holder` the safety deadline
+    /// is not checked
+    /// (`herald_core::fault_switches::FaultSwitch::ZombieHolder`).
     pub fn writable_lease(&self) -> Option<Lease> {
         match &*self.state.borrow() {
             LeaseState::Holder {
@@ -193,5 +236,67 @@ impl std::fmt::Debug for LeaseHandle {
         f.debug_struct("LeaseHandle")
             .field("state", &*self.state.borrow())
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(holder: Option<&str>, expires_in_ms: i64) -> LeaseInfo {
+        LeaseInfo {
+            name: "other-lease".to_owned(),
+            holder: holder.map(str::to_owned),
+            holder_url: holder.map(|h| format!("http://{h}")),
+            token: FencingToken(3),
+            expires_in_ms,
+        }
+    }
+
+    fn standby(info: Option<LeaseInfo>) -> LeaseState {
+        LeaseState::Standby { holder: info }
+    }
+
+    #[test]
+    fn what_a_state_says_about_the_holder() {
+        let holder = LeaseState::Holder {
+            lease: Lease {
+                name: "mine".to_owned(),
+                holder: "me".to_owned(),
+                holder_url: "http://me".to_owned(),
+                token: FencingToken(4),
+            },
+            safety_deadline: Duration::ZERO,
+        };
+        let held = standby(Some(row(Some("b"), 1000)));
+        let expired = standby(Some(row(Some("b"), 0)));
+        let released = standby(Some(row(None, 0)));
+        let stopped = LeaseState::Stopped {
+            reason: StopReason::LeaseLost {
+                token: FencingToken(4),
+            },
+        };
+
+        // Another node's hold: only a held row, seen as a standby.
+        assert_eq!(held.held_by_other(), Some(&row(Some("b"), 1000)));
+        for state in [&expired, &released, &holder, &stopped] {
+            assert_eq!(state.held_by_other(), None, "{state:?}");
+        }
+        // The holder's URL: any row a standby read that names one.
+        assert_eq!(held.holder_url(), Some("http://b"));
+        assert_eq!(expired.holder_url(), Some("http://b"));
+        assert_eq!(released.holder_url(), None);
+        assert_eq!(holder.holder_url(), None);
+        // The token and the lease's name: own while holder, the row's while
+        // standby.
+        assert_eq!(holder.last_token(), Some(FencingToken(4)));
+        assert_eq!(expired.last_token(), Some(FencingToken(3)));
+        assert_eq!(holder.lease_name(), Some("mine"));
+        assert_eq!(released.lease_name(), Some("other-lease"));
+        for state in [&LeaseState::Starting, &standby(None), &stopped] {
+            assert_eq!(state.holder_url(), None, "{state:?}");
+            assert_eq!(state.last_token(), None, "{state:?}");
+            assert_eq!(state.lease_name(), None, "{state:?}");
+        }
     }
 }

@@ -49,27 +49,24 @@ pub(crate) struct HolderView {
     pub(crate) url: String,
 }
 
-/// The current holder in this node's view: itself while holder (`own_id`,
-/// `own_url`), else the lease row it last read if that row is held; `None`
-/// when it knows no holder.
-pub(crate) fn current_holder(
-    state: &LeaseState,
-    is_holder: bool,
-    own_id: &str,
-    own_url: &str,
-) -> Option<HolderView> {
-    if is_holder {
-        return Some(HolderView {
+impl HolderView {
+    /// This node, while it is holder: `own_id` at `own_url`.
+    pub(crate) fn this_node(own_id: &str, own_url: &str) -> Self {
+        Self {
             node_id: own_id.to_owned(),
             url: own_url.to_owned(),
-        });
+        }
     }
-    match state {
-        LeaseState::Standby { holder: Some(info) } if info.is_held() => Some(HolderView {
+
+    /// Another node, as a standby last read it from the lease row, if that
+    /// row is held ([`LeaseState::held_by_other`]) and names the holder's
+    /// id and URL; `None` when this node knows no holder.
+    pub(crate) fn from_lease_row(state: &LeaseState) -> Option<Self> {
+        let info = state.held_by_other()?;
+        Some(Self {
             node_id: info.holder.clone()?,
             url: info.holder_url.clone()?,
-        }),
-        _ => None,
+        })
     }
 }
 
@@ -271,29 +268,20 @@ mod tests {
 
     #[test]
     fn the_holder_is_known_only_while_the_row_is_held() {
-        let me = |s: &LeaseState, h| current_holder(s, h, "me", "http://me");
         let held = standby(Some("b"), Some("http://b"), 1000);
         assert_eq!(
-            me(&held, false),
+            HolderView::from_lease_row(&held),
             Some(HolderView {
                 node_id: "b".to_owned(),
                 url: "http://b".to_owned()
             })
         );
-        assert_eq!(me(&standby(Some("b"), Some("http://b"), 0), false), None);
-        assert_eq!(me(&standby(None, None, 1000), false), None);
-        assert_eq!(me(&LeaseState::Starting, false), None);
-        assert_eq!(me(&LeaseState::Standby { holder: None }, false), None);
-        let holder = LeaseState::Holder {
-            lease: Lease {
-                name: "writer".to_owned(),
-                holder: "me".to_owned(),
-                holder_url: "http://me".to_owned(),
-                token: FencingToken(4),
-            },
-            safety_deadline: Duration::MAX,
-        };
-        assert_eq!(me(&holder, true).unwrap().node_id, "me");
+        let other = HolderView::from_lease_row;
+        assert_eq!(other(&standby(Some("b"), Some("http://b"), 0)), None);
+        assert_eq!(other(&standby(None, None, 1000)), None);
+        assert_eq!(other(&LeaseState::Starting), None);
+        assert_eq!(other(&LeaseState::Standby { holder: None }), None);
+        assert_eq!(HolderView::this_node("me", "http://me").node_id, "me");
     }
 
     #[test]

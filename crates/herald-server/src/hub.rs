@@ -30,6 +30,15 @@ pub(crate) struct Notice {
 #[derive(Debug)]
 pub(crate) struct Hub {
     /// Senders of the channels that have at least one subscriber.
+    ///
+    /// A `std::sync::Mutex`, not tokio's: the lock is never held across an
+    /// `.await`, and what it guards is short and never blocks (one map
+    /// insert, lookup or remove, and `broadcast::Sender::send`, which
+    /// stores the notice in the channel's buffer and wakes the receivers),
+    /// so no task waits on it for long; and [`HubReceiver`]'s `Drop`, which
+    /// cannot await, must take it too. An async mutex would only add cost
+    /// (tokio's documentation of its `Mutex`, "Which kind of mutex should
+    /// you use?").
     channels: Mutex<HashMap<ChannelName, broadcast::Sender<Arc<Notice>>>>,
     /// Notices buffered per channel before a slow receiver lags.
     capacity: usize,
@@ -92,7 +101,13 @@ pub(crate) struct HubReceiver {
 }
 
 impl HubReceiver {
-    /// The next notice. Cancel-safe (`broadcast::Receiver::recv`).
+    /// The next notice.
+    ///
+    /// # Cancel safety
+    ///
+    /// This method is cancel safe, as `broadcast::Receiver::recv` is: if it
+    /// is dropped before it returned (a branch of a `select!` that lost),
+    /// no notice was taken, and the next call returns it.
     ///
     /// # Errors
     /// `Lagged(n)` when this receiver missed `n` notices (the subscriber

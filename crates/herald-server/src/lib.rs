@@ -24,10 +24,9 @@
 //! - the crate knows nothing of SQL or of the lease's timing policy.
 //!
 //! The feature `fault-switches` (test-only, never shipped) compiles in the
-//! fault switches of `herald_core::fault_switches` that act here:
-//! `ack_before_commit` (the writer acknowledges a batch before appending
-//! it, breaking the first invariant) and `drop_notify` (the standby feed
-//! does no safety poll besides commit signals).
+//! fault switches of `herald_core::fault_switches`; two act here:
+//! `ack_before_commit` (`writer/fault.rs`, against the first invariant) and
+//! `drop_notify` (`standby_feed.rs`). `FaultSwitch` explains each.
 
 mod api;
 mod config;

@@ -1,6 +1,8 @@
 //! What the server needs to know about the writer lease: the narrow view of
 //! `herald_lease::LeaseHandle` that the writer, the standby feed and the
 //! handlers read. A trait so that unit tests can drive the role by hand.
+//! What a state says about the holder (its URL, the last token seen, the
+//! lease's name) are methods of [`LeaseState`].
 
 use herald_core::{FencingToken, Lease};
 use herald_lease::{LeaseHandle, LeaseState};
@@ -45,33 +47,5 @@ impl LeaseView for LeaseHandle {
     }
     fn since_last_renewal(&self) -> Option<std::time::Duration> {
         LeaseHandle::since_last_renewal(self)
-    }
-}
-
-/// The holder's advertised URL as this node last read it from the lease
-/// row; `None` when unknown (still starting, stopped, or nobody holds it).
-pub(crate) fn holder_url(state: &LeaseState) -> Option<String> {
-    match state {
-        LeaseState::Standby { holder: Some(info) } => info.holder_url.clone(),
-        _ => None,
-    }
-}
-
-/// The fencing token of the lease as this node last saw it: its own while
-/// holder, the holder's while standby; 0 when unknown.
-pub(crate) fn last_token(state: &LeaseState) -> u64 {
-    match state {
-        LeaseState::Holder { lease, .. } => lease.token.0,
-        LeaseState::Standby { holder: Some(info) } => info.token.0,
-        _ => 0,
-    }
-}
-
-/// The lease's name as this node knows it from its state, else the default.
-pub(crate) fn lease_name(state: &LeaseState) -> String {
-    match state {
-        LeaseState::Holder { lease, .. } => lease.name.clone(),
-        LeaseState::Standby { holder: Some(info) } => info.name.clone(),
-        _ => herald_core::DEFAULT_LEASE_NAME.to_owned(),
     }
 }

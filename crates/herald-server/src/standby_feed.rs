@@ -13,19 +13,17 @@
 //! polls once more (to announce what the previous holder committed last) and
 //! waits for the role to change, without polling, dropping commit signals.
 //!
-//! Under the test-only fault switch `drop_notify` (cargo feature
-//! `fault-switches`) a standby that receives commit signals does no safety
-//! poll: it polls only at start, when it stops being holder and at each
-//! signal (not at updates of the lease state that leave it a standby).
-//! With the same switch the holder sends no signals, so such a standby
-//! never learns of new commits.
+//! The test-only fault switch `drop_notify` acts here: see
+//! `herald_core::fault_switches::FaultSwitch::DropNotify`, and [`Turn`].
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use herald_core::fault_switches::{self, FaultSwitch};
+use herald_lease::LeaseState;
 use herald_storage::{ChangeSignal, Storage};
 use tokio::sync::broadcast::{self, error::RecvError, error::TryRecvError};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::hub::{Hub, Notice};
@@ -51,16 +49,49 @@ pub(crate) struct StandbyFeed {
     failing: bool,
 }
 
-/// What woke the standby's wait.
+/// What woke the feed's wait.
 enum Wake {
     /// Drain: stop.
     Shutdown,
     /// A poll period passed, or a commit signal (or several) arrived.
     Poll,
-    /// The lease state changed (`false`: the supervisor is gone).
-    Role(bool),
+    /// The lease state changed.
+    RoleChanged,
+    /// The lease supervisor is gone: its state no longer changes.
+    SupervisorGone,
     /// The storage's signal sender is gone: fall back to polling.
     SignalsClosed,
+}
+
+/// How a standby's next turn begins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Turn {
+    /// Poll the storage, then wait: at start, after being holder, and after
+    /// every wake but the one below.
+    Poll,
+    /// Only wait. Under the test-only fault switch `drop_notify`, after an
+    /// update of the lease state that leaves this node a standby (they come
+    /// about once per acquire attempt), which is then no reason to poll.
+    Wait,
+}
+
+/// How a stretch as holder ended.
+enum AfterHolder {
+    /// This node is a standby again.
+    Standby,
+    /// Drain, or the supervisor ended while this node was holder: stop.
+    Stop,
+}
+
+/// What the feed listens to besides `shutdown`; each `None` once its
+/// sender is gone.
+struct Inputs {
+    /// The storage's commit signals; `None` without them (SQLite, or the
+    /// storage stopped signalling): the standby then polls every
+    /// `standby_poll_interval`.
+    signals: Option<broadcast::Receiver<ChangeSignal>>,
+    /// The lease supervisor's state; `None` once the supervisor is gone.
+    states: Option<watch::Receiver<LeaseState>>,
 }
 
 impl StandbyFeed {
@@ -85,80 +116,103 @@ impl StandbyFeed {
 
     /// Runs until `shutdown` is cancelled.
     pub(crate) async fn run(mut self, shutdown: CancellationToken) {
-        let mut signals = self.storage.watch_changes();
-        let mut states = self.lease.subscribe();
-        // `false` once the supervisor is gone: its state no longer changes.
-        let mut states_alive = true;
-        // Test-only fault switch `drop_notify`: set when the last wake is no
-        // reason to poll under it.
-        let mut skip_poll = false;
+        let mut inputs = Inputs {
+            signals: self.storage.watch_changes(),
+            states: Some(self.lease.subscribe()),
+        };
+        let mut turn = Turn::Poll;
         loop {
             if self.lease.is_holder() {
-                self.poll().await;
-                while self.lease.is_holder() && states_alive {
-                    let has_signals = signals.is_some();
-                    let wake = tokio::select! {
-                        () = shutdown.cancelled() => Wake::Shutdown,
-                        changed = states.changed() => Wake::Role(changed.is_ok()),
-                        // The own writer announces its commits; the signals
-                        // are dropped so that none are stale later.
-                        open = drain_signals(&mut signals, false), if has_signals => {
-                            if open { Wake::Poll } else { Wake::SignalsClosed }
-                        }
-                    };
-                    match wake {
-                        Wake::Shutdown => return,
-                        Wake::Role(alive) => states_alive = alive,
-                        Wake::SignalsClosed => signals = None,
-                        Wake::Poll => {}
-                    }
-                }
-                if self.lease.is_holder() {
-                    // Supervisor gone while holder: nothing will change any
-                    // more; the node is stopping.
-                    shutdown.cancelled().await;
-                    return;
+                match self.while_holder(&shutdown, &mut inputs).await {
+                    AfterHolder::Stop => return,
+                    AfterHolder::Standby => turn = Turn::Poll,
                 }
                 continue;
             }
-            if !skip_poll {
+            if turn == Turn::Poll {
                 self.poll().await;
             }
-            skip_poll = false;
-            let has_signals = signals.is_some();
+            let has_signals = inputs.signals.is_some();
+            let has_states = inputs.states.is_some();
             let period = if has_signals {
                 self.safety_poll
             } else {
                 self.interval
             };
-            // Test-only fault switch: no safety poll besides the signals.
+            // Test-only fault switch `drop_notify`: no safety poll besides
+            // the signals.
             let timed_poll = !(has_signals && fault_switches::enabled(FaultSwitch::DropNotify));
             let wake = tokio::select! {
                 () = shutdown.cancelled() => Wake::Shutdown,
                 () = tokio::time::sleep(period), if timed_poll => Wake::Poll,
-                changed = states.changed(), if states_alive => Wake::Role(changed.is_ok()),
-                open = drain_signals(&mut signals, true), if has_signals => {
+                wake = role_changed(&mut inputs.states), if has_states => wake,
+                open = drain_signals(&mut inputs.signals, true), if has_signals => {
                     if open { Wake::Poll } else { Wake::SignalsClosed }
                 }
             };
-            match wake {
+            turn = match wake {
                 Wake::Shutdown => return,
-                Wake::Role(alive) => {
-                    states_alive = alive;
-                    // Test-only fault switch: an update of the lease state
-                    // that leaves this node a standby (they come about once
-                    // per acquire attempt) is not a poll either.
-                    skip_poll =
-                        fault_switches::enabled(FaultSwitch::DropNotify) && !self.lease.is_holder();
+                Wake::Poll => Turn::Poll,
+                Wake::RoleChanged => self.turn_after_role_update(),
+                Wake::SupervisorGone => {
+                    inputs.states = None;
+                    self.turn_after_role_update()
                 }
                 Wake::SignalsClosed => {
                     tracing::warn!(
                         "standby feed: the storage stopped signalling commits; polling every standby_poll_interval"
                     );
-                    signals = None;
+                    inputs.signals = None;
+                    Turn::Poll
                 }
-                Wake::Poll => {}
+            };
+        }
+    }
+
+    /// While this node is holder its own writer announces its commits: polls
+    /// once (to announce what the previous holder committed last), then
+    /// waits for the role to change, without polling, dropping commit
+    /// signals so that none are stale later.
+    async fn while_holder(
+        &mut self,
+        shutdown: &CancellationToken,
+        inputs: &mut Inputs,
+    ) -> AfterHolder {
+        self.poll().await;
+        while self.lease.is_holder() && inputs.states.is_some() {
+            let has_signals = inputs.signals.is_some();
+            let wake = tokio::select! {
+                () = shutdown.cancelled() => Wake::Shutdown,
+                wake = role_changed(&mut inputs.states) => wake,
+                open = drain_signals(&mut inputs.signals, false), if has_signals => {
+                    if open { Wake::Poll } else { Wake::SignalsClosed }
+                }
+            };
+            match wake {
+                Wake::Shutdown => return AfterHolder::Stop,
+                Wake::SupervisorGone => inputs.states = None,
+                Wake::SignalsClosed => inputs.signals = None,
+                Wake::Poll | Wake::RoleChanged => {}
             }
+        }
+        if self.lease.is_holder() {
+            // Supervisor gone while holder: nothing will change any more;
+            // the node is stopping.
+            shutdown.cancelled().await;
+            return AfterHolder::Stop;
+        }
+        AfterHolder::Standby
+    }
+
+    /// How a standby's turn begins after an update of the lease state (or
+    /// the supervisor's end) woke it: [`Turn::Poll`], except under the
+    /// test-only fault switch `drop_notify` when this node is still a
+    /// standby ([`Turn::Wait`]).
+    fn turn_after_role_update(&self) -> Turn {
+        if fault_switches::enabled(FaultSwitch::DropNotify) && !self.lease.is_holder() {
+            Turn::Wait
+        } else {
+            Turn::Poll
         }
     }
 
@@ -186,6 +240,19 @@ impl StandbyFeed {
                 }
             }
         }
+    }
+}
+
+/// Waits for the next change of the lease state: [`Wake::RoleChanged`], or
+/// [`Wake::SupervisorGone`] when the supervisor is gone (or was already).
+/// Cancel-safe (`watch::Receiver::changed`).
+async fn role_changed(states: &mut Option<watch::Receiver<LeaseState>>) -> Wake {
+    let Some(rx) = states.as_mut() else {
+        return Wake::SupervisorGone;
+    };
+    match rx.changed().await {
+        Ok(()) => Wake::RoleChanged,
+        Err(_) => Wake::SupervisorGone,
     }
 }
 

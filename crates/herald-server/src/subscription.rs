@@ -72,6 +72,32 @@ struct Retry {
     since: Instant,
 }
 
+/// Where a subscription is in the algorithm of the module docs. `History`,
+/// `Lagged` and a catching-up `Applying` read from the storage, one page
+/// per step of [`Subscription::next`], waiting out transient failures
+/// meanwhile (`Subscription::retry`). The transitions, each taken once the
+/// await of its step completed:
+/// - `History` → `Live` at a short page (also in [`Subscription::start`]);
+/// - `Live` → `Applying` with the next notice, → `Lagged` when the hub
+///   receiver lagged;
+/// - `Applying` → `Live` once the notice is applied, or when the storage
+///   turns out to be behind it;
+/// - `Lagged` → `Live` at a short page.
+#[derive(Debug, Clone)]
+enum Phase {
+    /// Reading the history after `last`, page by page, until a short page.
+    History,
+    /// Waiting for the next notice from the hub.
+    Live,
+    /// Applying this notice: if it does not continue at `last + 1` (see
+    /// [`catch_up_target`]), reading from the storage up to it first; then
+    /// taking its messages that continue at `last + 1`.
+    Applying(Arc<Notice>),
+    /// The hub receiver lagged, so notices were lost: reading from the
+    /// storage after `last`, page by page, until a short page.
+    Lagged,
+}
+
 /// A live subscription to one channel (see the module docs).
 pub(crate) struct Subscription {
     storage: Arc<dyn Storage>,
@@ -79,17 +105,15 @@ pub(crate) struct Subscription {
     live: HubReceiver,
     /// Offset of the newest message queued in `ready` or already handed out.
     last: Offset,
-    /// Messages to hand out, in offset order, all `<= last`.
+    /// Messages to hand out, in offset order, all `<= last`. Handed out
+    /// before anything else, whatever the phase.
     ready: VecDeque<Message>,
-    /// `false` until the history read met a short page.
-    history_done: bool,
-    /// Set when the live receiver lagged: read the storage until a short page.
-    lagged: bool,
-    /// The notice being applied; kept here so that a cancelled `next` loses
-    /// nothing.
-    notice: Option<Arc<Notice>>,
-    /// Set while a read fails transiently: when to try it again. Kept here
-    /// so that a cancelled `next` does not cut the pause short.
+    /// Where the subscription is in the algorithm; kept here so that a
+    /// cancelled `next` loses nothing.
+    phase: Phase,
+    /// Set while a read fails transiently, in whichever phase reads: when
+    /// to try it again. Kept here so that a cancelled `next` does not cut
+    /// the pause short.
     retry: Option<Retry>,
     /// Counts this subscription in `herald_subscribers` while it lives.
     _gauge: SubscriberGauge,
@@ -120,9 +144,7 @@ impl Subscription {
             live,
             last: after,
             ready: VecDeque::new(),
-            history_done: false,
-            lagged: false,
-            notice: None,
+            phase: Phase::History,
             retry: None,
             _gauge: SubscriberGauge::new(transport),
         };
@@ -131,7 +153,7 @@ impl Subscription {
             .await?
             .is_some_and(|len| len < PAGE_LIMIT)
         {
-            sub.history_done = true;
+            sub.phase = Phase::Live;
         }
         Ok(sub)
     }
@@ -146,9 +168,14 @@ impl Subscription {
     /// again (see the module docs). `Ok(None)` when the live feed ended
     /// (never while the hub lives).
     ///
-    /// Cancel-safe: every state change happens after an await completed, so
-    /// a `next` dropped in a `select!` loses no message, and the pause
-    /// before the next try of a failing read is kept.
+    /// # Cancel safety
+    ///
+    /// This method is cancel safe: dropped before it returned (a branch of
+    /// a `select!` that lost), it has lost no message, and a later call
+    /// goes on where it stopped. Every change of the subscription's state
+    /// (the messages queued, `last`, the phase, the pause before the next
+    /// try of a failing read) happens after an await completed, never
+    /// across one, and [`HubReceiver::recv`] is cancel safe itself.
     ///
     /// # Errors
     /// [`Error::StorageUnavailable`] when a storage read failed with an
@@ -159,54 +186,73 @@ impl Subscription {
             if let Some(message) = self.ready.pop_front() {
                 return Ok(Some(message));
             }
-            if !self.history_done {
-                if self.read_page().await? < PAGE_LIMIT {
-                    self.history_done = true;
+            // Each arm awaits at most one read or one notice, then names
+            // the next phase; `self.phase` changes only once it completed.
+            self.phase = match self.phase.clone() {
+                Phase::History => {
+                    if self.read_page().await? < PAGE_LIMIT {
+                        Phase::Live
+                    } else {
+                        Phase::History
+                    }
                 }
-                continue;
-            }
-            if self.lagged {
+                Phase::Lagged => {
+                    metrics::catchup_read();
+                    if self.read_page().await? < PAGE_LIMIT {
+                        Phase::Live
+                    } else {
+                        Phase::Lagged
+                    }
+                }
+                Phase::Applying(notice) => self.apply(notice).await?,
+                Phase::Live => match self.live.recv().await {
+                    Ok(notice) => Phase::Applying(notice),
+                    Err(RecvError::Lagged(missed)) => {
+                        tracing::debug!(channel = %self.channel, missed, "subscriber lagged; reading from storage");
+                        Phase::Lagged
+                    }
+                    Err(RecvError::Closed) => return Ok(None),
+                },
+            };
+        }
+    }
+
+    /// One step of applying `notice`: a read from the storage when the
+    /// notice does not continue at `last + 1`, else queueing its messages.
+    /// Returns the next phase: [`Phase::Live`] once the notice is applied,
+    /// or when the storage is behind it (it never skips ahead of the
+    /// storage), else [`Phase::Applying`] again.
+    ///
+    /// # Errors
+    /// [`Error::StorageUnavailable`] on a read failure that is not
+    /// transient.
+    async fn apply(&mut self, notice: Arc<Notice>) -> Result<Phase> {
+        match catch_up_target(&notice, self.last) {
+            Some(target) => {
                 metrics::catchup_read();
-                if self.read_page().await? < PAGE_LIMIT {
-                    self.lagged = false;
+                let read = self.read_page().await?;
+                if self.last < target && read < PAGE_LIMIT {
+                    // The storage does not have what the notice promises;
+                    // never skip ahead of it.
+                    tracing::warn!(
+                        channel = %self.channel,
+                        offset = self.last,
+                        head = target,
+                        "storage is behind a live notice; waiting for the next one"
+                    );
+                    return Ok(Phase::Live);
                 }
-                continue;
+                Ok(Phase::Applying(notice))
             }
-            if let Some(notice) = self.notice.clone() {
-                match catch_up_target(&notice, self.last) {
-                    Some(target) => {
-                        metrics::catchup_read();
-                        let read = self.read_page().await?;
-                        if self.last < target && read < PAGE_LIMIT {
-                            // The storage does not have what the notice
-                            // promises; never skip ahead of it.
-                            tracing::warn!(
-                                channel = %self.channel,
-                                offset = self.last,
-                                head = target,
-                                "storage is behind a live notice; waiting for the next one"
-                            );
-                            self.notice = None;
-                        }
-                    }
-                    None => {
-                        self.take_contiguous(&notice);
-                        // A gap inside the notice (never sent so, but
-                        // cheap to honour) makes it a catch-up next turn.
-                        if catch_up_target(&notice, self.last).is_none() {
-                            self.notice = None;
-                        }
-                    }
+            None => {
+                self.take_contiguous(&notice);
+                // A gap inside the notice (never sent so, but cheap to
+                // honour) makes it a catch-up next turn.
+                if catch_up_target(&notice, self.last).is_none() {
+                    Ok(Phase::Live)
+                } else {
+                    Ok(Phase::Applying(notice))
                 }
-                continue;
-            }
-            match self.live.recv().await {
-                Ok(notice) => self.notice = Some(notice),
-                Err(RecvError::Lagged(missed)) => {
-                    tracing::debug!(channel = %self.channel, missed, "subscriber lagged; reading from storage");
-                    self.lagged = true;
-                }
-                Err(RecvError::Closed) => return Ok(None),
             }
         }
     }

@@ -9,20 +9,16 @@
 //! any error nothing was committed and every request of the batch gets the
 //! error: no publish is ever acknowledged without being stored.
 //!
-//! Except under the test-only fault switch `ack_before_commit` (cargo
-//! feature `fault-switches`), which breaks exactly that rule: see
-//! [`Writer::ack_before_commit`].
+//! Except under the test-only fault switch `ack_before_commit`, which
+//! breaks exactly that rule (`writer/fault.rs`).
+
+mod fault;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-#[cfg(feature = "fault-switches")]
-use std::time::{SystemTime, UNIX_EPOCH};
 
-#[cfg(feature = "fault-switches")]
 use herald_core::fault_switches::{self, FaultSwitch};
 use herald_core::{Appended, ChannelName, Message, NewMessage};
-#[cfg(feature = "fault-switches")]
-use herald_core::{Lease, Offset};
 use herald_storage::Storage;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -77,12 +73,9 @@ pub(crate) struct Writer {
     hub: Arc<Hub>,
     rx: mpsc::Receiver<PublishRequest>,
     max_batch: usize,
-    /// The head each channel will have after the batches acknowledged so
-    /// far. Used only under the test-only fault switch `ack_before_commit`
-    /// (empty otherwise); compiled only with the cargo feature
-    /// `fault-switches`.
-    #[cfg(feature = "fault-switches")]
-    predicted_heads: HashMap<ChannelName, Offset>,
+    /// State of the test-only fault switch (`writer/fault.rs`); empty while
+    /// it is off.
+    fault: fault::FaultState,
 }
 
 impl Writer {
@@ -102,8 +95,7 @@ impl Writer {
             hub,
             rx,
             max_batch: max_batch.max(1),
-            #[cfg(feature = "fault-switches")]
-            predicted_heads: HashMap::new(),
+            fault: fault::FaultState::default(),
         };
         (writer, WriterHandle { tx })
     }
@@ -165,10 +157,9 @@ impl Writer {
             }
             return;
         };
-        #[cfg(feature = "fault-switches")]
         if fault_switches::enabled(FaultSwitch::AckBeforeCommit) {
-            self.ack_before_commit(&lease, messages, replies).await;
-            return;
+            // Test-only: acknowledge first, then append (`writer/fault.rs`).
+            return self.ack_before_commit(&lease, messages, replies).await;
         }
 
         match self.storage.append(&lease, &messages).await {
@@ -211,97 +202,6 @@ impl Writer {
                 for reply in replies {
                     let _ = reply.send(Err(Error::StorageUnavailable));
                 }
-            }
-        }
-    }
-
-    /// **Test-only**, the fault switch `ack_before_commit`: answers every
-    /// request of the batch *before* appending it, with the offsets it
-    /// predicts (each message new: the channel's head + 1, + 2, ...;
-    /// published now on this node's clock), then appends. The head of a
-    /// channel comes from the writer's `predicted_heads`, or, when it has none,
-    /// from the storage (a read of the channel with limit 0, which returns
-    /// its head). After the append the cache holds the real heads; after a
-    /// failed append it is cleared, and the answers already sent stay sent:
-    /// that is the bug this switch injects (acknowledged, never stored; or
-    /// acknowledged with a wrong offset, e.g. for a duplicate).
-    #[cfg(feature = "fault-switches")]
-    async fn ack_before_commit(
-        &mut self,
-        lease: &Lease,
-        messages: Vec<NewMessage>,
-        replies: Vec<oneshot::Sender<Result<Appended>>>,
-    ) {
-        let published_at_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-        let mut predicted = Vec::with_capacity(messages.len());
-        for message in &messages {
-            let head = match self.predicted_heads.get(&message.channel) {
-                Some(&head) => head,
-                None => match self.storage.read(&message.channel, 0, 0).await {
-                    Ok(page) => page.head,
-                    Err(e) => {
-                        log_storage_error("read", Some(&message.channel), &e);
-                        self.predicted_heads.clear();
-                        for reply in replies {
-                            let _ = reply.send(Err(Error::StorageUnavailable));
-                        }
-                        return;
-                    }
-                },
-            };
-            self.predicted_heads
-                .insert(message.channel.clone(), head + 1);
-            predicted.push(Appended {
-                channel: message.channel.clone(),
-                offset: head + 1,
-                published_at_ms,
-                duplicate: false,
-            });
-        }
-        for (reply, outcome) in replies.into_iter().zip(predicted) {
-            let _ = reply.send(Ok(outcome));
-        }
-        match self.storage.append(lease, &messages).await {
-            Ok(appended) if appended.len() == messages.len() => {
-                metrics::batch_committed(messages.len());
-                self.fan_out(&messages, &appended);
-                // The real heads: the largest new offset of each channel;
-                // a channel that got only duplicates is read again.
-                for message in &messages {
-                    self.predicted_heads.remove(&message.channel);
-                }
-                for outcome in appended.iter().filter(|a| !a.duplicate) {
-                    let head = self
-                        .predicted_heads
-                        .entry(outcome.channel.clone())
-                        .or_default();
-                    *head = (*head).max(outcome.offset);
-                }
-            }
-            outcome => {
-                self.predicted_heads.clear();
-                match outcome {
-                    Err(e) => {
-                        if matches!(e, herald_storage::Error::LeaseLost { .. }) {
-                            self.lease.report_lease_lost(lease.token);
-                        }
-                        log_storage_error("append", None, &e);
-                    }
-                    Ok(appended) => tracing::error!(
-                        token = lease.token.0,
-                        sent = messages.len(),
-                        returned = appended.len(),
-                        "storage returned a result count different from the batch size"
-                    ),
-                }
-                tracing::error!(
-                    token = lease.token.0,
-                    messages = messages.len(),
-                    fault_switch = FaultSwitch::AckBeforeCommit.as_str(),
-                    "append failed after its publishes were acknowledged"
-                );
             }
         }
     }
@@ -358,7 +258,7 @@ mod tests {
     use super::*;
     use crate::testing::{FakeLease, MemoryStorage};
 
-    fn new_message(channel: &str, data: &str, key: Option<&str>) -> NewMessage {
+    pub(super) fn new_message(channel: &str, data: &str, key: Option<&str>) -> NewMessage {
         NewMessage {
             channel: ChannelName::new(channel).unwrap(),
             data: Arc::from(RawValue::from_string(data.to_owned()).unwrap()),
@@ -539,50 +439,5 @@ mod tests {
         // max_batch 2: the four queued requests took two transactions.
         assert_eq!(r.storage.batch_sizes(), vec![1, 2, 2]);
         assert_eq!(r.storage.head("a"), 5);
-    }
-
-    /// The path behind the test-only fault switch `ack_before_commit`,
-    /// called directly (the switch itself is read from the environment
-    /// once per process): it acknowledges before the append, and a failed
-    /// append leaves the acknowledgements sent.
-    #[cfg(feature = "fault-switches")]
-    #[tokio::test]
-    async fn ack_before_commit_acknowledges_predicted_offsets_even_when_the_append_fails() {
-        let storage = MemoryStorage::new();
-        storage.append_as_other_node("a", "0");
-        storage.append_as_other_node("a", "1");
-        let lease = FakeLease::holder(FencingToken(1));
-        let (mut writer, _handle) =
-            Writer::new(storage.clone(), lease.clone(), Hub::new(16), 16, 512);
-        let held = lease.writable_lease().unwrap();
-        let batch = |messages: Vec<NewMessage>| {
-            let (replies, answers): (Vec<_>, Vec<_>) =
-                messages.iter().map(|_| oneshot::channel()).unzip();
-            (messages, replies, answers)
-        };
-        let offsets = |answers: Vec<oneshot::Receiver<Result<Appended>>>| {
-            answers
-                .into_iter()
-                .map(|mut rx| rx.try_recv().unwrap().unwrap().offset)
-                .collect::<Vec<_>>()
-        };
-
-        // Cache miss: heads read from storage (a: 2, b: 0).
-        let (messages, replies, answers) = batch(vec![
-            new_message("a", "2", None),
-            new_message("b", "0", None),
-            new_message("a", "3", None),
-        ]);
-        writer.ack_before_commit(&held, messages, replies).await;
-        assert_eq!(offsets(answers), vec![3, 1, 4]);
-        assert_eq!((storage.head("a"), storage.head("b")), (4, 1));
-
-        // A failed append: acknowledged all the same, nothing stored.
-        storage.fail_appends(true);
-        let (messages, replies, answers) = batch(vec![new_message("a", "4", None)]);
-        writer.ack_before_commit(&held, messages, replies).await;
-        assert_eq!(offsets(answers), vec![5]);
-        assert_eq!(storage.head("a"), 4);
-        assert!(writer.predicted_heads.is_empty());
     }
 }

@@ -189,18 +189,16 @@ impl From<rusqlite::Error> for Error {
 /// Codes from the PostgreSQL documentation, Appendix A "PostgreSQL Error
 /// Codes".
 const RETRYABLE_SQLSTATES: &[&str] = &[
-    // query_canceled: statement_timeout (and a lock wait cut short by it)
-    // or a cancel request.
-    "57014", // lock_not_available: lock_timeout, or NOWAIT.
-    "55P03", // idle_in_transaction_session_timeout ended the session.
-    "25P03",
-    // admin_shutdown, crash_shutdown, cannot_connect_now (the server is
-    // stopping, crashed or starting), idle_session_timeout.
-    "57P01", "57P02", "57P03", "57P05", // too_many_connections.
-    "53300",
-    // deadlock_detected, serialization_failure: the transaction was rolled
-    // back and may be retried.
-    "40P01", "40001",
+    "57014", // query_canceled: statement_timeout (also ending a lock wait), or a cancel request
+    "55P03", // lock_not_available: lock_timeout, or NOWAIT
+    "25P03", // idle_in_transaction_session_timeout ended the session
+    "57P01", // admin_shutdown: the server is stopping, or pg_terminate_backend
+    "57P02", // crash_shutdown: another server process crashed; the server restarts
+    "57P03", // cannot_connect_now: the server is starting up, shutting down or recovering
+    "57P05", // idle_session_timeout ended the session
+    "53300", // too_many_connections
+    "40P01", // deadlock_detected: the transaction was rolled back
+    "40001", // serialization_failure: the transaction was rolled back
 ];
 
 impl From<tokio_postgres::Error> for Error {

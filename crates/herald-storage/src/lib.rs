@@ -17,11 +17,10 @@
 //! throwaway PostgreSQL database per test, and a fake connection pooler).
 //!
 //! The feature `fault-switches` (test-only, never shipped) compiles in the
-//! fault switches of `herald_core::fault_switches` that act here, on the
-//! PostgreSQL backend only: `skip_fencing_check` (fenced writes skip the
-//! lease row lock and the fencing check), `renew_expired` (renewals extend
-//! an expired lease) and `drop_notify` (fenced writes send no change
-//! notice). The SQLite backend is unchanged by them.
+//! fault switches of `herald_core::fault_switches`; three act here, on the
+//! PostgreSQL backend only: `skip_fencing_check` and `drop_notify`
+//! (`postgres/ops.rs`) and `renew_expired` (`postgres/renewal.rs`).
+//! `FaultSwitch` explains each. The SQLite backend is unchanged by them.
 
 mod decode;
 mod error;

@@ -1,197 +1,19 @@
 //! The PostgreSQL backend: several Herald nodes share one database, and the
 //! writer lease decides which one of them writes.
 //!
-//! # Connections
-//! - A pool of [`PostgresOptions::pool_size`] connections for everything
-//!   except renewal: fenced writes, acquire, release and reads. Every pool
-//!   connection sets `statement_timeout` and
-//!   `idle_in_transaction_session_timeout`, so that the server itself ends a
-//!   statement or transaction of a writer that froze in the middle of it
-//!   (SIGSTOP, a paused VM) and would otherwise keep its lock on the lease
-//!   row forever (PostgreSQL documentation, "Client Connection Defaults",
-//!   `statement_timeout` and `idle_in_transaction_session_timeout`).
-//! - One dedicated **renewal** connection, outside the pool, so that writers
-//!   that fill the pool can never starve a renewal. Its `statement_timeout`
-//!   is [`PostgresOptions::renew_statement_timeout`]; an attempt that has no
-//!   answer 1 s after that is abandoned: its connection is dropped and the
-//!   next attempt opens a fresh one. It also sets
-//!   `client_connection_check_interval` (PostgreSQL 14 or newer,
-//!   "Connections and Authentication", "Connection Settings"), so that the
-//!   server ends a statement soon after its client has gone.
-//! - One dedicated **listener** connection (`application_name`
-//!   `herald-listen`), opened at connect, that runs `LISTEN` on
-//!   [`CHANGES_CHANNEL`] and feeds [`Storage::watch_changes`] (see "Change
-//!   notices" below).
-//! - One dedicated **liveness** connection (`application_name`
-//!   `herald-liveness`), opened at connect and idle for the storage's whole
-//!   life, that holds the session-level advisory lock of the storage's
-//!   session key (see "Detecting a dead holder" below).
-//! - A short-lived migration connection in [`PostgresStorage::connect`].
-//!
-//! Dropping the last handle of a storage stops the listener and liveness
-//! tasks and closes their connections.
-//!
-//! Every connection has TCP keepalives, a TCP user timeout and a connect
-//! timeout, so that a dead peer is noticed in seconds (libpq's parameters
-//! `keepalives_idle`, `keepalives_interval`, `keepalives_count`,
-//! `tcp_user_timeout`, `connect_timeout`: PostgreSQL documentation, "Database
-//! Connection Control Functions", "Parameter Key Words"; this crate uses the
-//! equivalent settings of `tokio_postgres::Config`).
-//!
-//! # Connection poolers
-//! Every connection must be one server session for its whole life: the
-//! session settings above are sent once, in the start-up parameter
-//! `options`; the liveness lock and the migration lock are session-level
-//! advisory locks; the driver prepares statements once per connection. A
-//! pooler in transaction mode (PgBouncer's `pool_mode = transaction`)
-//! breaks all of that without an error: session locks of different nodes
-//! end up in one pooled server session and outlive both, a live holder is
-//! found gone. [`PostgresStorage::connect`] therefore checks, on its first
-//! connection and before it changes anything, that consecutive
-//! transactions run in the same server session, that a second connection
-//! runs in another one, and that the settings sent in `options` and a
-//! session setting made in one transaction are in effect in the next; if
-//! not it fails with [`Error::UnsupportedPooler`]. A pooler that refuses
-//! `options` (PgBouncer without `ignore_startup_parameters = options`)
-//! gives the same error at once. Connect directly, or through a pooler in
-//! session mode that passes `options` on (PgBouncer, in any pool mode,
-//! passes none of these settings). PgBouncer documentation, pool modes:
-//! <https://www.pgbouncer.org/features.html>; `ignore_startup_parameters`:
-//! <https://www.pgbouncer.org/config.html>.
-//!
-//! # Lock modes
-//! Row-level lock modes are those of the PostgreSQL documentation,
-//! "Explicit Locking", section "Row-Level Locks" (13.3.2 in PostgreSQL 15):
-//! `FOR KEY SHARE` conflicts only with `FOR UPDATE`; `FOR NO KEY UPDATE`
-//! conflicts with `FOR UPDATE`, `FOR NO KEY UPDATE` and `FOR SHARE`, but not
-//! with `FOR KEY SHARE`.
-//!
-//! | operation | lease row lock | waits for |
-//! | --- | --- | --- |
-//! | fenced write ([`Storage::append`]) | `FOR KEY SHARE`, after `pg_advisory_xact_lock` of the lease | acquire, the previous fenced write |
-//! | renewal ([`LeaseStore::renew`]) | `FOR NO KEY UPDATE` | acquire, release, another renewal; never a fenced write |
-//! | acquire ([`LeaseStore::acquire`]) | `FOR UPDATE` | every fenced write in flight (bounded by `lock_timeout`) |
-//! | release ([`LeaseStore::release`]) | `FOR NO KEY UPDATE` (its `UPDATE`) | acquire, a renewal |
-//!
-//! # A commit whose answer is lost
-//! When the connection fails while `COMMIT` of a fenced write is in flight,
-//! the client cannot know whether the server committed: [`Storage::append`]
-//! then returns [`Error::Unavailable`] although the batch may be stored
-//! (a retry with the same idempotency keys finds it). Every other error of
-//! a fenced write means that nothing was committed.
-//!
-//! # The change feed
-//! Message ids are in commit order because the fenced writes of one lease
-//! are serialized by its advisory lock until they commit; the change feed
-//! ([`Storage::changes_since`]) relies on it. Writers of different lease
-//! names on one database are not serialized with each other, so one
-//! database holds the messages of one lease name.
-//!
-//! # Change notices
-//! A fenced write sends, inside its transaction after its inserts, one
-//! notification per channel it wrote new messages to (`pg_notify` on
-//! [`CHANGES_CHANNEL`], payload `<from> <to> <committed_at_ms> <channel>`).
-//! PostgreSQL delivers notifications only when the sending transaction
-//! commits, in commit order, and drops those of a transaction that rolls
-//! back (PostgreSQL documentation, `NOTIFY`). The listener connection
-//! receives them as asynchronous messages and sends each as
-//! [`ChangeSignal::Committed`] on a broadcast channel of
-//! [`CHANGE_SIGNAL_CAPACITY`] notices; every node's listener hears every
-//! node's commits, its own included. When the listener's connection fails
-//! it reconnects (after 100 ms, doubling up to 2 s while attempts fail or
-//! new connections are lost within 10 s; warnings at most one per 10 s,
-//! see "Reconnecting" below) and sends [`ChangeSignal::Resync`] after every successful `LISTEN`, the
-//! first included: notices sent while nobody listened are lost, and
-//! receivers catch up with [`Storage::changes_since`]. Notices are hints;
-//! the change feed stays the truth. (Queuing notifications takes a lock at
-//! commit that serializes the commits of notifying transactions in the
-//! database; fenced writes of one lease are serialized anyway.)
-//!
-//! # Detecting a dead holder
-//! Each storage draws a random session key at connect and its liveness
-//! connection holds `pg_advisory_lock(<session key>)`, a session-level
-//! advisory lock, which PostgreSQL releases when the session ends
-//! ("Explicit Locking", "Advisory Locks"). An acquire records the key as
-//! the lease's `holder_session`. A later acquire by another storage, after
-//! it holds the lease row `FOR UPDATE` and when the lease has a holder that
-//! has not expired with another session key, probes that key with
-//! `pg_try_advisory_xact_lock` in the same transaction: success means that
-//! no session holds it, so the holder's storage is gone (dropped, its
-//! process exited or crashed, or its host is unreachable), and the takeover
-//! decision, still a statement of its own after the row lock, takes the
-//! lease at once ([`crate::TakeoverReason::HolderGone`]). The probe's lock
-//! is released at commit or rollback.
-//!
-//! The server must notice a dead client host for this to work, so the
-//! liveness connection sets the per-session settings `tcp_keepalives_idle`
-//! (5 s), `tcp_keepalives_interval` (1 s), `tcp_keepalives_count` (5) and
-//! `tcp_user_timeout` (10 s) (derived from
-//! [`PostgresOptions::keepalives_idle`]; "Connections and Authentication",
-//! "TCP Settings"; they apply to TCP connections only, not Unix sockets),
-//! and turns `idle_session_timeout` and `statement_timeout` off. A process
-//! that is paused (SIGSTOP, a paused VM) keeps its connection and is not
-//! found gone; its lease expires as usual.
-//!
-//! A live holder is never found gone because of its other connections: a
-//! renewal or pool connection that fails leaves the liveness connection and
-//! its lock alone. When the liveness connection itself fails (a network
-//! fault), its task reconnects with backoff and takes the same key again,
-//! best effort: until then, another node may find the key free and take
-//! the lease over. That is safe: the takeover increments the fencing token,
-//! so the old holder's next fenced write and renewal fail with
-//! [`Error::LeaseLost`] and it stops writing.
-//!
-//! # Reconnecting
-//! The listener and liveness connections are opened again when they fail,
-//! under one policy: the pause before an attempt grows with the number of
-//! consecutive failures (100 ms, doubling, at most 2 s), where a connection
-//! lost less than 10 s after it was made counts as a failure too, so a
-//! connection that is made and lost at once is not retried every 100 ms;
-//! the pause is measured on the monotonic clock (`std::time::Instant`),
-//! so a runtime timer that fires early cannot turn the loop into a spin;
-//! and the loop logs the first warning of a run of failures, then at most
-//! one per 10 s with the number left out (`suppressed_warnings`).
-//!
-//! # Decisions after lock waits
-//! Every decision taken after a lock wait (the fencing check, the renewal's
-//! expiry guard, the takeover) is taken by a statement that runs *after*
-//! the lock is held, on the database clock (`clock_timestamp()`, PostgreSQL
-//! documentation, "Date/Time Functions and Operators", "Current Date/Time").
-//! In READ COMMITTED, a statement that waited for a row that the other
-//! transaction only locked (did not change) does not evaluate its `WHERE`
-//! again after the wait ("Transaction Isolation", "Read Committed Isolation
-//! Level"), so a guard in the locking statement itself would be judged
-//! before the wait.
-//!
-//! # References (PostgreSQL documentation)
-//! - "Explicit Locking", 13.3.2 Row-Level Locks and 13.3.5 Advisory Locks:
-//!   <https://www.postgresql.org/docs/current/explicit-locking.html#LOCKING-ROWS>,
-//!   <https://www.postgresql.org/docs/current/explicit-locking.html#ADVISORY-LOCKS>
-//! - "Transaction Isolation", 13.2.1 Read Committed Isolation Level:
-//!   <https://www.postgresql.org/docs/current/transaction-iso.html#XACT-READ-COMMITTED>
-//! - "Client Connection Defaults", `statement_timeout`, `lock_timeout`,
-//!   `idle_in_transaction_session_timeout`:
-//!   <https://www.postgresql.org/docs/current/runtime-config-client.html>
-//! - "Connections and Authentication", `client_connection_check_interval`
-//!   (PostgreSQL 14+; it works where the kernel reports a closed peer to
-//!   `poll`, e.g. Linux):
-//!   <https://www.postgresql.org/docs/current/runtime-config-connection.html#GUC-CLIENT-CONNECTION-CHECK-INTERVAL>
-//! - "Date/Time Functions and Operators", Current Date/Time
-//!   (`clock_timestamp()`):
-//!   <https://www.postgresql.org/docs/current/functions-datetime.html#FUNCTIONS-DATETIME-CURRENT>
-//! - `NOTIFY` and `LISTEN`:
-//!   <https://www.postgresql.org/docs/current/sql-notify.html>,
-//!   <https://www.postgresql.org/docs/current/sql-listen.html>
-//! - "Connections and Authentication", TCP Settings (`tcp_keepalives_idle`,
-//!   `tcp_keepalives_interval`, `tcp_keepalives_count`, `tcp_user_timeout`):
-//!   <https://www.postgresql.org/docs/current/runtime-config-connection.html#RUNTIME-CONFIG-TCP-SETTINGS>
-//! - "System Administration Functions", Advisory Lock Functions:
-//!   <https://www.postgresql.org/docs/current/functions-admin.html#FUNCTIONS-ADVISORY-LOCKS>
-//! - libpq "Parameter Key Words" (connection string, keepalives,
-//!   `connect_timeout`, `tcp_user_timeout`):
-//!   <https://www.postgresql.org/docs/current/libpq-connect.html#LIBPQ-PARAMKEYWORDS>
-//! - Appendix A, "PostgreSQL Error Codes":
-//!   <https://www.postgresql.org/docs/current/errcodes-appendix.html>
+//! The design is in `docs/storage.md` ("Operations on PostgreSQL" with its
+//! lock modes, connections, dead-holder detection and change notices, and
+//! "The safety argument"); this code follows it, and changes to one go
+//! with changes to the other. In short: a pool of connections for fenced
+//! writes, acquire, release and reads, and dedicated connections for
+//! renewal (`renewal.rs`), change notices (`listen.rs`), liveness
+//! (`liveness.rs`) and the takeover watch (`takeover.rs`), reopened under
+//! one policy (`reconnect.rs`). A fenced write holds the lease row
+//! `FOR KEY SHARE`, a renewal `FOR NO KEY UPDATE`, an acquire `FOR UPDATE`,
+//! and every decision after a lock wait is a statement of its own on the
+//! database clock (`ops.rs`). Every connection must be one server session
+//! for its whole life: [`PostgresStorage::connect`] refuses a pooler that
+//! breaks that (`pooler.rs`; docs/operations.md, "Connection poolers").
 
 mod listen;
 mod liveness;
@@ -448,7 +270,8 @@ impl PostgresStorage {
     ///
     /// First, on its first connection, it checks that every connection is
     /// a server session of its own that keeps the settings sent (see
-    /// "Connection poolers" in the module documentation).
+    /// `postgres/pooler.rs`, and "Connection poolers" in
+    /// docs/operations.md).
     ///
     /// Safe to call from several nodes at once on the same database: the
     /// migrations (`migrations/postgres`, applied by refinery in one
@@ -473,8 +296,8 @@ impl PostgresStorage {
     /// [`Error::UnsupportedPooler`] when a connection pooler between this
     /// node and the server runs one connection's transactions in different
     /// sessions (transaction pooling) or refuses or drops the session
-    /// settings sent at connection start (see "Connection poolers" in the
-    /// module documentation); nothing in the database was changed then.
+    /// settings sent at connection start (see "Connection poolers" in
+    /// docs/operations.md); nothing in the database was changed then.
     pub async fn connect(url: &str, options: PostgresOptions) -> Result<Self> {
         let base = parse_connection_string(url)?;
         let target = describe_target(&base);

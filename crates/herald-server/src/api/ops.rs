@@ -11,8 +11,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::api::{FromQuery, QueryParams, ValidQuery};
-use crate::forward::current_holder;
-use crate::role::{holder_url, last_token, lease_name};
+use crate::forward::HolderView;
 use crate::writer::log_storage_error;
 use crate::{metrics, AppState, Error, Result};
 
@@ -74,17 +73,22 @@ pub(crate) async fn status(State(state): State<AppState>) -> Json<Status> {
     let is_holder = shared.lease.is_holder();
     let role = if is_holder { "holder" } else { "standby" };
     let lease_state = shared.lease.state();
-    let holder = current_holder(
-        &lease_state,
-        is_holder,
-        &shared.config.node_id,
-        &shared.config.advertise_url,
-    )
+    let holder = if is_holder {
+        Some(HolderView::this_node(
+            &shared.config.node_id,
+            &shared.config.advertise_url,
+        ))
+    } else {
+        HolderView::from_lease_row(&lease_state)
+    }
     .map(|h| HolderStatus {
         node_id: h.node_id,
         url: h.url,
     });
-    let name = lease_name(&lease_state);
+    let name = lease_state
+        .lease_name()
+        .unwrap_or(herald_core::DEFAULT_LEASE_NAME)
+        .to_owned();
     let lease =
         match tokio::time::timeout(STATUS_LEASE_TIMEOUT, shared.storage.lease_info(&name)).await {
             Ok(Ok(info)) => info,
@@ -128,7 +132,7 @@ pub(crate) async fn readyz(
     }
     if query.role == Some(ReadyRole::Holder) && !state.shared.lease.is_holder() {
         return Err(Error::NotHolder {
-            holder_url: holder_url(&state.shared.lease.state()),
+            holder_url: state.shared.lease.state().holder_url().map(str::to_owned),
         });
     }
     match tokio::time::timeout(READY_TIMEOUT, state.shared.storage.ping()).await {
@@ -152,7 +156,7 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> impl IntoResponse 
     let shared = &state.shared;
     metrics::lease(
         shared.lease.is_holder(),
-        last_token(&shared.lease.state()),
+        shared.lease.state().last_token().map_or(0, |token| token.0),
         shared.lease.since_last_renewal(),
     );
     metrics::collect_process();

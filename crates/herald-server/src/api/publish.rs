@@ -6,12 +6,11 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use herald_core::{format_rfc3339_ms, ChannelName, NewMessage};
+use herald_core::{format_rfc3339_ms, Appended, ChannelName, NewMessage};
 use serde::Serialize;
 
 use crate::api::extract::{idempotency_key, ChannelPath, PublishBody};
-use crate::forward::{current_holder, was_forwarded, ForwardRequest, Forwarded};
-use crate::role::holder_url;
+use crate::forward::{was_forwarded, ForwardRequest, Forwarded, HolderView};
 use crate::{metrics, AppState, Error, Result};
 
 /// The answer to a publish: 201 when appended, 200 for a repeated
@@ -23,13 +22,46 @@ struct Published<'a> {
     published_at: String,
 }
 
-/// How a publish was answered.
+/// How a publish ended when it did not fail. The holder's own outcomes
+/// (`Created`, `Duplicate`) are also those of a standby that took the lease
+/// over while it forwarded the publish ([`after_takeover`]).
 enum Outcome {
-    /// This node (the holder) committed it, or found its idempotency key
-    /// (also after a takeover that ended its forward).
-    Local(Response),
-    /// This node (a standby) handed it to the holder; the holder's answer.
+    /// This node (the holder) committed it: `201`.
+    Created(Appended),
+    /// This node (the holder) found its idempotency key already used on the
+    /// channel, and stored nothing: `200` with the original offset and
+    /// time.
+    Duplicate(Appended),
+    /// This node (a standby) handed it to the holder; the holder's answer,
+    /// returned unchanged.
     Forwarded(Response),
+}
+
+impl Outcome {
+    /// The `result` label of `herald_publish_*`.
+    fn label(&self) -> &'static str {
+        match self {
+            Self::Created(_) => "created",
+            Self::Duplicate(_) => "duplicate",
+            Self::Forwarded(_) => "forwarded",
+        }
+    }
+}
+
+impl IntoResponse for Outcome {
+    fn into_response(self) -> Response {
+        let (status, appended) = match self {
+            Self::Created(appended) => (StatusCode::CREATED, appended),
+            Self::Duplicate(appended) => (StatusCode::OK, appended),
+            Self::Forwarded(response) => return response,
+        };
+        let body = Published {
+            channel: &appended.channel,
+            offset: appended.offset,
+            published_at: format_rfc3339_ms(appended.published_at_ms),
+        };
+        (status, Json(body)).into_response()
+    }
 }
 
 /// Appends one message; answers only after it is committed. On a standby
@@ -45,11 +77,7 @@ pub(crate) async fn publish(
     let started = Instant::now();
     let outcome = append(&state, channel, &headers, body).await;
     let (result, response) = match outcome {
-        Ok(Outcome::Local(response)) if response.status() == StatusCode::OK => {
-            ("duplicate", response)
-        }
-        Ok(Outcome::Local(response)) => ("created", response),
-        Ok(Outcome::Forwarded(response)) => ("forwarded", response),
+        Ok(outcome) => (outcome.label(), outcome.into_response()),
         Err(e) => (e.code(), e.into_response()),
     };
     metrics::publish_finished(result, started.elapsed().as_secs_f64());
@@ -81,11 +109,11 @@ async fn append(
     if was_forwarded(headers) {
         // One hop only: a forwarded publish is never forwarded again.
         return Err(Error::NotHolder {
-            holder_url: holder_url(&lease),
+            holder_url: lease.holder_url().map(str::to_owned),
         });
     }
     let config = &shared.config;
-    let holder = current_holder(&lease, false, &config.node_id, &config.advertise_url)
+    let holder = HolderView::from_lease_row(&lease)
         // A row naming this node's own URL is stale (this node is not
         // holder): forwarding to itself would come back as not_holder.
         // (Node ids cannot tell: nodes sharing a data dir share one.)
@@ -138,7 +166,8 @@ async fn after_takeover(state: &AppState, message: NewMessage) -> Result<Outcome
 }
 
 /// Hands `message` to this node's writer and answers once it is committed
-/// (201), or found by its idempotency key (200).
+/// ([`Outcome::Created`]), or found by its idempotency key
+/// ([`Outcome::Duplicate`]).
 async fn commit(state: &AppState, message: NewMessage) -> Result<Outcome> {
     let channel = message.channel.clone();
     let reply = state.shared.writer.submit(message)?;
@@ -151,15 +180,9 @@ async fn commit(state: &AppState, message: NewMessage) -> Result<Outcome> {
             Error::Internal("writer task ended".to_owned())
         }
     })??;
-    let status = if appended.duplicate {
-        StatusCode::OK
+    Ok(if appended.duplicate {
+        Outcome::Duplicate(appended)
     } else {
-        StatusCode::CREATED
-    };
-    let body = Published {
-        channel: &appended.channel,
-        offset: appended.offset,
-        published_at: format_rfc3339_ms(appended.published_at_ms),
-    };
-    Ok(Outcome::Local((status, Json(body)).into_response()))
+        Outcome::Created(appended)
+    })
 }

@@ -363,13 +363,18 @@ const INSERT_MESSAGES_SQL: &str = "INSERT INTO messages \
        AS u(channel, \"offset\", data, key, position) \
      ORDER BY position";
 
-/// One channel's new messages in a batch: the first and last offset they
-/// got (offsets of one channel in one batch are contiguous).
+/// A channel that a fenced write adds new messages to, and the range of
+/// their offsets (offsets of one channel in one batch are contiguous): one
+/// head bump and one change notice.
 struct Written<'a> {
+    /// The channel's name.
     channel: &'a str,
     /// New messages of this channel in the batch.
     count: i64,
+    /// Offset of the batch's first new message in the channel (known once
+    /// the head moved).
     first: i64,
+    /// Offset of the batch's last new message in the channel: the new head.
     last: i64,
 }
 
@@ -387,12 +392,10 @@ struct Written<'a> {
 /// runs them in order, so every check reads the clock after the waits of
 /// the statements before it.
 ///
-/// Test-only fault switches (`herald_core::fault_switches`, compiled in only
-/// with the cargo feature `fault-switches`): `skip_fencing_check` skips the
-/// lease row lock and the fencing check (the advisory lock stays; the
-/// commit time comes from [`COMMIT_TIME_SQL`]), so a node that lost the
-/// lease still writes; `drop_notify` skips the change notices, so other
-/// nodes never hear of the write.
+/// The test-only fault switches `skip_fencing_check` (no lease row lock, no
+/// fencing check; the commit time comes from [`COMMIT_TIME_SQL`]) and
+/// `drop_notify` (no change notices) act here: see
+/// `herald_core::fault_switches::FaultSwitch`.
 pub(super) async fn append(
     client: &mut Object,
     lease: &Lease,

@@ -48,8 +48,8 @@ const EXTEND_SQL: &str = "UPDATE storage_leases AS l \
      WHERE l.name = $1 AND l.holder = $2 AND l.token = $3 AND l.expires_at > c.now";
 
 /// [`EXTEND_SQL`] without its "not yet expired" guard, used only under the
-/// test-only fault switch `renew_expired`: it extends an expired lease that
-/// was not taken over yet, which a renewal must never do.
+/// test-only fault switch `renew_expired`
+/// (`herald_core::fault_switches::FaultSwitch::RenewExpired`).
 const EXTEND_EXPIRED_SQL: &str = "UPDATE storage_leases AS l \
      SET expires_at = c.now + $4::bigint * interval '1 millisecond', renewed_at = c.now \
      FROM (SELECT clock_timestamp() AS now) AS c \
@@ -106,9 +106,9 @@ impl Renewal {
 
     /// Extends `lease` to now + `ttl_ms` on the database clock: one
     /// transaction of two statements, the row lock then the guarded update.
-    /// (Under the test-only fault switch `renew_expired`, compiled in only
-    /// with the cargo feature `fault-switches`, the update has no expiry
-    /// guard: see [`EXTEND_EXPIRED_SQL`].)
+    /// (Under the test-only fault switch `renew_expired`, the update has no
+    /// expiry guard: see [`EXTEND_EXPIRED_SQL`] and
+    /// `herald_core::fault_switches::FaultSwitch::RenewExpired`.)
     pub(super) async fn renew(&self, lease: &Lease, ttl_ms: i64) -> Result<()> {
         let token = sql_token(lease)?;
         let name = lease.name.clone();
