@@ -43,7 +43,18 @@ use crate::{AppState, Error, Result};
 /// take a frame, while closing.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Validates the request, subscribes, and upgrades.
+/// Capacity of a session's read buffer, allocated up front for every
+/// connection. The WebSocket library's default (128 KiB) made an idle
+/// subscriber cost about 130 KB; clients only send control frames (pongs,
+/// Close) on this read-only route, so a small buffer is enough, and it
+/// grows when a larger frame arrives.
+const WS_READ_BUFFER_BYTES: usize = 4096;
+/// Largest message a client may send (the server ignores client messages):
+/// larger ones end the session.
+const WS_MAX_CLIENT_MESSAGE_BYTES: usize = 64 * 1024;
+
+/// Validates the request, subscribes, and upgrades. Frames are written out
+/// as they are sent (no write buffering), so nothing waits in a buffer.
 pub(crate) async fn upgrade(
     State(state): State<AppState>,
     ChannelPath(channel): ChannelPath,
@@ -51,7 +62,11 @@ pub(crate) async fn upgrade(
     ValidQuery(query): ValidQuery<AfterQuery>,
     upgrade: std::result::Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response> {
-    let upgrade = upgrade.map_err(|r| Error::InvalidUpgrade(r.body_text()))?;
+    let upgrade = upgrade
+        .map_err(|r| Error::InvalidUpgrade(r.body_text()))?
+        .read_buffer_size(WS_READ_BUFFER_BYTES)
+        .write_buffer_size(0)
+        .max_message_size(WS_MAX_CLIENT_MESSAGE_BYTES);
     let after = resume_after(&headers, &query)?;
     let shared = &state.shared;
     let sub =

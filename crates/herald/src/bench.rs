@@ -41,6 +41,12 @@ pub(crate) enum BenchCommand {
     /// latency percentiles and the server's mean commit batch size. Exits
     /// non-zero when any message failed.
     Publish(BenchPublishArgs),
+    /// S subscribers (SSE or WebSocket) over K channels, a publisher at R
+    /// messages/s for D seconds; report deliveries/s, publish→delivery
+    /// latency, missed and duplicated messages (must be 0) and the
+    /// server's resident memory per subscriber. Exits non-zero when any
+    /// message was missed or duplicated.
+    Fanout(crate::fanout::BenchFanoutArgs),
 }
 
 /// Flags of `herald bench publish`.
@@ -76,6 +82,7 @@ pub(crate) struct BenchPublishArgs {
 pub(crate) async fn run(command: BenchCommand) -> anyhow::Result<ExitCode> {
     match command {
         BenchCommand::Publish(args) => run_publish(args).await,
+        BenchCommand::Fanout(args) => crate::fanout::run_fanout(args).await,
     }
 }
 
@@ -572,8 +579,10 @@ herald_writer_batch_messages_count{node=\"c\"} 1
             #[command(subcommand)]
             bench: BenchCommand,
         }
-        let BenchCommand::Publish(args) = Cli::parse_from(["herald", "publish"]).bench;
-        args
+        match Cli::parse_from(["herald", "publish"]).bench {
+            BenchCommand::Publish(args) => args,
+            other => panic!("parsed as {other:?}"),
+        }
     }
 
     fn sample_report() -> Report {

@@ -2,6 +2,7 @@
 
 mod bench;
 mod client;
+mod fanout;
 mod history;
 mod logging;
 mod publish;

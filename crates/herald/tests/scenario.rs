@@ -597,6 +597,46 @@ async fn bench_publish_reports_a_complete_run() {
     assert!(messages.iter().all(|m| m["data"] == "x".repeat(198)));
 }
 
+/// `herald bench fanout --json`, over both transports: every subscriber
+/// receives every message of its channel exactly once, the report counts
+/// them, and the server's resident memory per subscriber is read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_fanout_reports_complete_delivery() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_holder(dir.path()).await;
+    for transport in ["sse", "ws"] {
+        let out = within(
+            "herald bench fanout",
+            Duration::from_secs(60),
+            herald()
+                .args(["bench", "fanout", "--server", &server.url])
+                .args(["--subscribers", "30", "--channels", "3", "--rate", "40"])
+                .args(["--duration", "1s", "--transport", transport, "--json"])
+                .output(),
+        )
+        .await
+        .unwrap();
+        assert!(out.status.success(), "fanout over {transport}: {out:?}");
+        let report = json_line(String::from_utf8(out.stdout).unwrap().trim());
+        assert_eq!(report["transport"], transport, "{report}");
+        assert_eq!(report["publish_errors"], 0, "{report}");
+        let published = report["published"].as_u64().unwrap();
+        assert_eq!(published, 40, "{report}");
+        // 30 subscribers over 3 channels: each message reaches 10.
+        assert_eq!(report["expected_deliveries"], published * 10, "{report}");
+        assert_eq!(report["deliveries"], published * 10, "{report}");
+        assert_eq!(report["missed"], 0, "{report}");
+        assert_eq!(report["duplicated"], 0, "{report}");
+        let p50 = report["latency_ms_p50"].as_f64().unwrap();
+        let max = report["latency_ms_max"].as_f64().unwrap();
+        assert!(p50 > 0.0 && p50 <= max, "{report}");
+        assert!(
+            report["resident_bytes_per_subscriber"].is_number(),
+            "{report}"
+        );
+    }
+}
+
 /// Drain: SIGTERM while an SSE subscriber is connected ends its response
 /// body, and the process exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

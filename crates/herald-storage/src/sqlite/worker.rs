@@ -230,8 +230,17 @@ mod tests {
         go_tx.send(()).unwrap();
         blocker.await.unwrap().unwrap();
         // Jobs run in order: once this one ran, the abandoned ones had their
-        // turn, and did nothing.
-        worker.call(|_| Ok(())).await.unwrap();
+        // turn, and did nothing. The thread may not have taken them off the
+        // queue yet when the blocker's answer arrives: until it has, the
+        // queue is still full and refuses at once, so ask again.
+        loop {
+            match worker.call(|_| Ok(())).await {
+                Err(Error::Unavailable(message)) if message.contains("queue is full") => {
+                    tokio::task::yield_now().await;
+                }
+                other => break other.unwrap(),
+            }
+        }
         assert_eq!(ran.load(Ordering::SeqCst), 0);
     }
 

@@ -1,0 +1,395 @@
+//! `herald bench fanout`: how fast and how completely messages reach many
+//! subscribers, measured by real clients.
+//!
+//! S subscribers (SSE or WebSocket) are spread round-robin over K channels
+//! `bench:<run id>-fanout-<k>` of the subscribe server; once every one of
+//! them is connected, one publisher sends R messages per second for D
+//! seconds, round-robin over the channels, to the publish server. Each
+//! message's data is `{"sent_us": <µs since the Unix epoch>, "seq": <n>}`:
+//! a subscriber computes publish→delivery latency from its own clock, which
+//! is the publisher's when both run on one machine (the usual case; across
+//! machines the clocks' offset adds to every figure). After the last
+//! publish, subscribers get up to 10 s to receive what they are owed.
+//!
+//! Reported: deliveries per second over the publishing window, latency
+//! p50/p99/p99.9/max, messages missed and duplicated (each subscriber must
+//! receive every acknowledged message of its channel exactly once), and the
+//! subscribe server's resident memory per connected subscriber: the
+//! difference of `process_resident_memory_bytes` on `/metrics` before the
+//! subscribers connect and once they all are, divided by S.
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use eventsource_stream::Eventsource;
+use futures::StreamExt;
+use hdrhistogram::Histogram;
+use herald_core::ChannelName;
+use serde::Serialize;
+use tokio::sync::{watch, Barrier};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::Message as WsMessage;
+
+use crate::client::{self, ServerArg};
+
+/// Highest latency tracked, in µs (one minute).
+const MAX_LATENCY_US: u64 = 60_000_000;
+/// How long subscribers may take to receive what they are owed after the
+/// last publish.
+const DRAIN: Duration = Duration::from_secs(10);
+/// How long all subscribers may take to connect.
+const CONNECT_LIMIT: Duration = Duration::from_secs(120);
+
+/// How subscribers connect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Transport {
+    /// Server-Sent Events (`GET /v1/channels/{channel}/events`).
+    Sse,
+    /// WebSocket (`GET /v1/channels/{channel}/ws`).
+    Ws,
+}
+
+/// Flags of `herald bench fanout`.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct BenchFanoutArgs {
+    /// The server publishes go to.
+    #[command(flatten)]
+    server: ServerArg,
+    /// The server subscribers connect to (default: the publish server), e.g.
+    /// a standby.
+    #[arg(long, value_name = "URL")]
+    subscribe_server: Option<String>,
+    /// Subscribers.
+    #[arg(long, value_name = "S", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    subscribers: u32,
+    /// Channels the subscribers are spread over.
+    #[arg(long, value_name = "K", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    channels: u32,
+    /// Messages published per second (over all channels).
+    #[arg(long, value_name = "R", default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    rate: u32,
+    /// How long to publish, e.g. `10s`.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// How subscribers connect.
+    #[arg(long, value_enum, default_value_t = Transport::Sse)]
+    transport: Transport,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// What one subscriber saw.
+struct Seen {
+    /// Sequence numbers received, in order (duplicates kept).
+    seqs: Vec<u64>,
+    latency_us: Histogram<u64>,
+}
+
+/// The report.
+#[derive(Debug, Serialize)]
+struct Report {
+    run: String,
+    transport: Transport,
+    subscribers: u32,
+    channels: u32,
+    rate: u32,
+    duration_s: f64,
+    published: u64,
+    publish_errors: u64,
+    /// Deliveries expected: every acknowledged message times its
+    /// channel's subscribers.
+    expected_deliveries: u64,
+    deliveries: u64,
+    deliveries_per_s: f64,
+    missed: u64,
+    duplicated: u64,
+    latency_ms_p50: f64,
+    latency_ms_p99: f64,
+    latency_ms_p999: f64,
+    latency_ms_max: f64,
+    /// `None` when the server's `/metrics` has no resident memory gauge.
+    resident_bytes_per_subscriber: Option<f64>,
+}
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// Reads `process_resident_memory_bytes` from `base`'s `/metrics`.
+async fn resident_bytes(http: &reqwest::Client, base: &str) -> Option<f64> {
+    let text = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("process_resident_memory_bytes "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// One subscriber: connects, reports `connected` once, then records every
+/// message until `stop`.
+async fn subscriber(
+    url: String,
+    transport: Transport,
+    connected: Arc<Barrier>,
+    mut stop: watch::Receiver<bool>,
+    http: reqwest::Client,
+    delivered: Arc<AtomicU64>,
+) -> anyhow::Result<Seen> {
+    let mut seen = Seen {
+        seqs: Vec::new(),
+        latency_us: Histogram::new_with_bounds(1, MAX_LATENCY_US, 3)?,
+    };
+    let mut record = |text: &str| -> anyhow::Result<()> {
+        let received = now_us();
+        let message: serde_json::Value = serde_json::from_str(text)?;
+        let data = &message["data"];
+        let (Some(sent), Some(seq)) = (data["sent_us"].as_u64(), data["seq"].as_u64()) else {
+            anyhow::bail!("a message without sent_us and seq: {text}");
+        };
+        seen.latency_us
+            .saturating_record(received.saturating_sub(sent).max(1));
+        seen.seqs.push(seq);
+        delivered.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    };
+    match transport {
+        Transport::Sse => {
+            let response = http
+                .get(format!("{url}/events"))
+                .send()
+                .await?
+                .error_for_status()?;
+            let mut events = response.bytes_stream().eventsource();
+            connected.wait().await;
+            loop {
+                let next = tokio::select! {
+                    _ = stop.wait_for(|s| *s) => break,
+                    next = events.next() => next,
+                };
+                match next {
+                    Some(Ok(event)) if event.event == "message" => record(&event.data)?,
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => anyhow::bail!("SSE stream failed: {e}"),
+                    None => anyhow::bail!("the SSE stream ended"),
+                }
+            }
+        }
+        Transport::Ws => {
+            let ws_url = format!("{}/ws", url.replacen("http", "ws", 1));
+            let (mut socket, _) = tokio_tungstenite::connect_async(ws_url).await?;
+            connected.wait().await;
+            loop {
+                let next = tokio::select! {
+                    _ = stop.wait_for(|s| *s) => break,
+                    next = socket.next() => next,
+                };
+                match next {
+                    Some(Ok(WsMessage::Text(text))) => record(text.as_str())?,
+                    Some(Ok(WsMessage::Close(_))) | None => anyhow::bail!("the WebSocket closed"),
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => anyhow::bail!("WebSocket failed: {e}"),
+                }
+            }
+        }
+    }
+    Ok(seen)
+}
+
+/// Runs `herald bench fanout`.
+pub(crate) async fn run_fanout(args: BenchFanoutArgs) -> anyhow::Result<ExitCode> {
+    let publish_base = args.server.server.as_str().trim_end_matches('/').to_owned();
+    let subscribe_base = args
+        .subscribe_server
+        .clone()
+        .unwrap_or_else(|| publish_base.clone())
+        .trim_end_matches('/')
+        .to_owned();
+    let run = format!("{:08x}", rand::random::<u32>());
+    // `/v1/channels/<name>`, for each channel.
+    let channels: Vec<String> = (0..args.channels)
+        .map(|k| {
+            let name = ChannelName::new(format!("bench:{run}-fanout-{k}"))?;
+            Ok(format!("/v1/channels/{name}"))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let http = reqwest::Client::builder()
+        .connect_timeout(client::CONNECT_TIMEOUT)
+        .pool_max_idle_per_host(usize::try_from(args.subscribers)?)
+        .build()?;
+
+    let before = resident_bytes(&http, &subscribe_base).await;
+    let subscribers = usize::try_from(args.subscribers)?;
+    let connected = Arc::new(Barrier::new(subscribers + 1));
+    let (stop_tx, stop) = watch::channel(false);
+    let delivered = Arc::new(AtomicU64::new(0));
+    let mut set = JoinSet::new();
+    for s in 0..subscribers {
+        let k = s % channels.len();
+        let url = format!("{subscribe_base}{}", channels[k]);
+        let subscribed = subscriber(
+            url,
+            args.transport,
+            connected.clone(),
+            stop.clone(),
+            http.clone(),
+            delivered.clone(),
+        );
+        set.spawn(async move { subscribed.await.map(|seen| (k, seen)) });
+    }
+    tokio::time::timeout(CONNECT_LIMIT, connected.wait())
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!("the subscribers did not all connect within {CONNECT_LIMIT:?}")
+        })?;
+    let after = resident_bytes(&http, &subscribe_base).await;
+
+    // The publisher: R messages per second, round-robin over the channels.
+    let acked: Arc<Mutex<Vec<BTreeSet<u64>>>> =
+        Arc::new(Mutex::new(vec![BTreeSet::new(); channels.len()]));
+    let mut publish_errors = 0u64;
+    let period = Duration::from_secs_f64(1.0 / f64::from(args.rate));
+    let total = (args.duration.as_secs_f64() * f64::from(args.rate)).round() as u64;
+    let started = Instant::now();
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    for seq in 0..total {
+        tick.tick().await;
+        let k = usize::try_from(seq % channels.len() as u64)?;
+        let body = serde_json::json!({ "data": { "sent_us": now_us(), "seq": seq } });
+        let sent = http
+            .post(format!("{publish_base}{}/messages", channels[k]))
+            .json(&body)
+            .send()
+            .await;
+        match sent {
+            Ok(r) if r.status().is_success() => {
+                acked.lock().unwrap_or_else(|e| e.into_inner())[k].insert(seq);
+            }
+            _ => publish_errors += 1,
+        }
+    }
+    let window = started.elapsed();
+
+    // Wait until every subscriber has what it is owed, or the drain ends.
+    let owed: Vec<BTreeSet<u64>> = acked.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let expected: u64 = (0..subscribers)
+        .map(|s| owed[s % channels.len()].len() as u64)
+        .sum();
+    let drain_end = Instant::now() + DRAIN;
+    while delivered.load(Ordering::Relaxed) < expected && Instant::now() < drain_end {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = stop_tx.send(true);
+    let mut latency_us = Histogram::<u64>::new_with_bounds(1, MAX_LATENCY_US, 3)?;
+    let (mut deliveries, mut missed, mut duplicated) = (0u64, 0u64, 0u64);
+    let mut failures = Vec::new();
+    while let Some(done) = set.join_next().await {
+        match done? {
+            Ok((k, seen)) => {
+                latency_us.add(&seen.latency_us)?;
+                deliveries += seen.seqs.len() as u64;
+                let got: BTreeSet<u64> = seen.seqs.iter().copied().collect();
+                duplicated += (seen.seqs.len() - got.len()) as u64;
+                missed += owed[k].difference(&got).count() as u64;
+            }
+            Err(e) => failures.push(e.to_string()),
+        }
+    }
+    if let Some(first) = failures.first() {
+        anyhow::bail!("{} subscribers failed; the first: {first}", failures.len());
+    }
+    let ms = |q: f64| latency_us.value_at_quantile(q) as f64 / 1000.0;
+    let report = Report {
+        run,
+        transport: args.transport,
+        subscribers: args.subscribers,
+        channels: args.channels,
+        rate: args.rate,
+        duration_s: window.as_secs_f64(),
+        published: owed.iter().map(|o| o.len() as u64).sum(),
+        publish_errors,
+        expected_deliveries: expected,
+        deliveries,
+        deliveries_per_s: deliveries as f64 / window.as_secs_f64(),
+        missed,
+        duplicated,
+        latency_ms_p50: ms(0.5),
+        latency_ms_p99: ms(0.99),
+        latency_ms_p999: ms(0.999),
+        latency_ms_max: latency_us.max() as f64 / 1000.0,
+        resident_bytes_per_subscriber: before
+            .zip(after)
+            .map(|(b, a)| (a - b) / f64::from(args.subscribers)),
+    };
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        writeln!(out, "{}", serde_json::to_string(&report)?)?;
+    } else {
+        writeln!(
+            out,
+            "run           {} ({} {} subscribers over {} channels)",
+            report.run,
+            report.subscribers,
+            match report.transport {
+                Transport::Sse => "SSE",
+                Transport::Ws => "WebSocket",
+            },
+            report.channels
+        )?;
+        writeln!(
+            out,
+            "published     {} ({} errors) at {}/s for {:.1} s",
+            report.published, report.publish_errors, report.rate, report.duration_s
+        )?;
+        writeln!(
+            out,
+            "deliveries    {} of {} expected, {:.0}/s; missed {}, duplicated {}",
+            report.deliveries,
+            report.expected_deliveries,
+            report.deliveries_per_s,
+            report.missed,
+            report.duplicated
+        )?;
+        writeln!(
+            out,
+            "latency (ms)  p50 {:.3}  p99 {:.3}  p99.9 {:.3}  max {:.3}",
+            report.latency_ms_p50,
+            report.latency_ms_p99,
+            report.latency_ms_p999,
+            report.latency_ms_max
+        )?;
+        match report.resident_bytes_per_subscriber {
+            Some(b) => writeln!(
+                out,
+                "memory        {:.1} KB resident per subscriber",
+                b / 1024.0
+            )?,
+            None => writeln!(
+                out,
+                "memory        unknown (no process_resident_memory_bytes on /metrics)"
+            )?,
+        }
+    }
+    out.flush()?;
+    Ok(
+        if report.missed == 0 && report.duplicated == 0 && report.publish_errors == 0 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        },
+    )
+}
