@@ -17,6 +17,11 @@ pub struct ServerConfig {
     /// Largest accepted publish request body, in bytes (default 65 536).
     /// A larger body is answered with 413 `payload_too_large`.
     pub max_message_bytes: usize,
+    /// Largest accepted batch publish request body (`POST /v1/messages`),
+    /// in bytes (default 4 MiB); each entry's `data` is also held to
+    /// `max_message_bytes`. A larger body is answered with 413
+    /// `payload_too_large`.
+    pub max_batch_body_bytes: usize,
     /// Capacity of the writer's queue, in publish requests (default 4 096).
     /// A publish that finds it full is answered with 503 `queue_full`.
     pub queue_capacity: usize,
@@ -61,6 +66,7 @@ impl Default for ServerConfig {
             node_id: "herald-1".to_owned(),
             advertise_url: "http://127.0.0.1:8080".to_owned(),
             max_message_bytes: 64 * 1024,
+            max_batch_body_bytes: 4 * 1024 * 1024,
             queue_capacity: 4096,
             max_batch: 512,
             heartbeat: Duration::from_secs(15),
@@ -80,6 +86,7 @@ impl ServerConfig {
     pub fn validate(&self) -> Result<()> {
         let sizes = [
             ("max_message_bytes", self.max_message_bytes),
+            ("max_batch_body_bytes", self.max_batch_body_bytes),
             ("queue_capacity", self.queue_capacity),
             ("max_batch", self.max_batch),
             ("subscriber_buffer", self.subscriber_buffer),

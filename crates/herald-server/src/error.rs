@@ -99,6 +99,16 @@ pub enum Error {
     /// The listener failed.
     #[error("listener: {0}")]
     Io(#[from] std::io::Error),
+    /// Entry `index` (from 0) of a batch publish is invalid; answered with
+    /// that entry's error's status and code, the message naming the entry.
+    /// Nothing of the batch was stored.
+    #[error("messages[{index}]: {error}")]
+    InBatchEntry {
+        /// The entry's position in `messages`, from 0.
+        index: usize,
+        /// What is wrong with it.
+        error: Box<Error>,
+    },
 }
 
 impl Error {
@@ -123,6 +133,7 @@ impl Error {
             | Self::Draining
             | Self::Storage(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) | Self::Config(_) | Self::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::InBatchEntry { error, .. } => error.status(),
         }
     }
 
@@ -146,6 +157,7 @@ impl Error {
             Self::StorageUnavailable | Self::Storage(_) => "storage_unavailable",
             Self::Draining => "draining",
             Self::Internal(_) | Self::Config(_) | Self::Io(_) => "internal",
+            Self::InBatchEntry { error, .. } => error.code(),
         }
     }
 
@@ -171,6 +183,9 @@ impl Error {
             }
             Self::Draining => "the node is shutting down; retry on another node".to_owned(),
             Self::Internal(_) | Self::Config(_) | Self::Io(_) => "internal error".to_owned(),
+            Self::InBatchEntry { index, error } => {
+                format!("messages[{index}]: {}", error.client_message())
+            }
             other => other.to_string(),
         }
     }

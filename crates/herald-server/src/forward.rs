@@ -25,7 +25,6 @@ use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::Response;
 use bytes::Bytes;
-use herald_core::ChannelName;
 use herald_lease::{LeaseState, Release, StopReason};
 use tokio::sync::watch;
 
@@ -129,8 +128,10 @@ pub(crate) enum Forwarded {
 /// What a forward needs from the incoming request.
 #[derive(Debug)]
 pub(crate) struct ForwardRequest<'a> {
-    /// The channel of the publish (a valid name: safe in a path).
-    pub(crate) channel: &'a ChannelName,
+    /// The path of the publish route on the holder (e.g.
+    /// `/v1/channels/<channel>/messages`, the channel being a valid name,
+    /// safe in a path; or `/v1/messages`).
+    pub(crate) path: String,
     /// The publish body exactly as received.
     pub(crate) body: Bytes,
     /// The incoming request's headers (`Idempotency-Key`, `Content-Type`).
@@ -175,11 +176,7 @@ impl Forwarder {
         request: ForwardRequest<'_>,
         states: watch::Receiver<LeaseState>,
     ) -> Result<Forwarded> {
-        let url = format!(
-            "{}/v1/channels/{}/messages",
-            holder_url.trim_end_matches('/'),
-            request.channel
-        );
+        let url = format!("{}{}", holder_url.trim_end_matches('/'), request.path);
         tokio::select! {
             // An answer that is complete when the takeover is seen wins.
             biased;

@@ -27,11 +27,71 @@ use crate::hub::{Hub, Notice};
 use crate::role::LeaseView;
 use crate::{metrics, Error, Result};
 
-/// One publish waiting for the writer.
+/// One publish request waiting for the writer: one message, or a batch
+/// publish's messages, which are always committed in one transaction.
 #[derive(Debug)]
 pub(crate) struct PublishRequest {
-    message: NewMessage,
-    reply: oneshot::Sender<Result<Appended>>,
+    messages: Vec<NewMessage>,
+    reply: Reply,
+}
+
+/// Where the outcome of a [`PublishRequest`] goes.
+#[derive(Debug)]
+pub(crate) enum Reply {
+    /// A single publish: one outcome.
+    One(oneshot::Sender<Result<Appended>>),
+    /// A batch publish: one outcome per message, in order.
+    Batch(oneshot::Sender<Result<Vec<Appended>>>),
+}
+
+impl Reply {
+    /// Sends `outcomes` (exactly one per message of the request). A
+    /// dropped receiver means the client went away; what was committed
+    /// stays committed.
+    fn send(self, outcomes: Vec<Appended>) {
+        match self {
+            Self::One(tx) => {
+                if let Some(outcome) = outcomes.into_iter().next() {
+                    let _ = tx.send(Ok(outcome));
+                }
+            }
+            Self::Batch(tx) => {
+                let _ = tx.send(Ok(outcomes));
+            }
+        }
+    }
+
+    /// Sends `error`.
+    fn fail(self, error: Error) {
+        match self {
+            Self::One(tx) => {
+                let _ = tx.send(Err(error));
+            }
+            Self::Batch(tx) => {
+                let _ = tx.send(Err(error));
+            }
+        }
+    }
+}
+
+/// The requests of one transaction: how many messages each has, in order,
+/// and where its outcome goes.
+pub(super) type Replies = Vec<(usize, Reply)>;
+
+/// Answers every request of a batch from `outcomes` (one per message, in
+/// batch order).
+pub(super) fn answer(replies: Replies, outcomes: Vec<Appended>) {
+    let mut outcomes = outcomes.into_iter();
+    for (count, reply) in replies {
+        reply.send(outcomes.by_ref().take(count).collect());
+    }
+}
+
+/// Fails every request of a batch with the error `error` makes.
+pub(super) fn fail_all(replies: Replies, error: impl Fn() -> Error) {
+    for (_, reply) in replies {
+        reply.fail(error());
+    }
 }
 
 /// The handlers' end of the writer's queue.
@@ -52,8 +112,29 @@ impl WriterHandle {
         message: NewMessage,
     ) -> Result<oneshot::Receiver<Result<Appended>>> {
         let (reply, rx) = oneshot::channel();
-        match self.tx.try_send(PublishRequest { message, reply }) {
-            Ok(()) => Ok(rx),
+        self.queue(vec![message], Reply::One(reply))?;
+        Ok(rx)
+    }
+
+    /// Queues a batch publish's `messages` (at least one) without waiting;
+    /// the writer commits them all in one transaction, never split, and the
+    /// receiver yields one outcome per message, in order, or one error for
+    /// all (then nothing of them was stored).
+    ///
+    /// # Errors
+    /// As [`WriterHandle::submit`].
+    pub(crate) fn submit_batch(
+        &self,
+        messages: Vec<NewMessage>,
+    ) -> Result<oneshot::Receiver<Result<Vec<Appended>>>> {
+        let (reply, rx) = oneshot::channel();
+        self.queue(messages, Reply::Batch(reply))?;
+        Ok(rx)
+    }
+
+    fn queue(&self, messages: Vec<NewMessage>, reply: Reply) -> Result<()> {
+        match self.tx.try_send(PublishRequest { messages, reply }) {
+            Ok(()) => Ok(()),
             Err(mpsc::error::TrySendError::Full(_)) => Err(Error::QueueFull),
             Err(mpsc::error::TrySendError::Closed(_)) => Err(Error::Draining),
         }
@@ -73,6 +154,9 @@ pub(crate) struct Writer {
     hub: Arc<Hub>,
     rx: mpsc::Receiver<PublishRequest>,
     max_batch: usize,
+    /// A request taken from the queue that did not fit in the previous
+    /// batch: the first of the next one.
+    held_over: Option<PublishRequest>,
     /// State of the test-only fault switch (`writer/fault.rs`); empty while
     /// it is off.
     fault: fault::FaultState,
@@ -95,6 +179,7 @@ impl Writer {
             hub,
             rx,
             max_batch: max_batch.max(1),
+            held_over: None,
             fault: fault::FaultState::default(),
         };
         (writer, WriterHandle { tx })
@@ -105,6 +190,10 @@ impl Writer {
     /// and commits (or fails) what is still queued before returning.
     pub(crate) async fn run(mut self, shutdown: CancellationToken) {
         loop {
+            if let Some(first) = self.held_over.take() {
+                self.commit_batch(first).await;
+                continue;
+            }
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
@@ -116,7 +205,14 @@ impl Writer {
         }
         self.rx.close();
         let mut drained = 0usize;
-        while let Some(first) = self.rx.recv().await {
+        loop {
+            let first = match self.held_over.take() {
+                Some(first) => first,
+                None => match self.rx.recv().await {
+                    Some(first) => first,
+                    None => break,
+                },
+            };
             drained += 1;
             self.commit_batch(first).await;
         }
@@ -124,18 +220,23 @@ impl Writer {
         tracing::debug!(batches = drained, "writer drained its queue");
     }
 
-    /// Takes `first` and what else is queued, up to `max_batch`, and commits
-    /// them in one transaction.
+    /// Takes `first` and what else is queued, whole requests only, up to
+    /// `max_batch` messages (a larger batch publish goes alone), and
+    /// commits them in one transaction.
     async fn commit_batch(&mut self, first: PublishRequest) {
         let mut messages = Vec::with_capacity(self.max_batch.min(64));
-        let mut replies = Vec::with_capacity(self.max_batch.min(64));
-        messages.push(first.message);
-        replies.push(first.reply);
+        let mut replies: Replies = Vec::with_capacity(self.max_batch.min(64));
+        replies.push((first.messages.len(), first.reply));
+        messages.extend(first.messages);
         while messages.len() < self.max_batch {
             match self.rx.try_recv() {
+                Ok(request) if messages.len() + request.messages.len() <= self.max_batch => {
+                    replies.push((request.messages.len(), request.reply));
+                    messages.extend(request.messages);
+                }
                 Ok(request) => {
-                    messages.push(request.message);
-                    replies.push(request.reply);
+                    self.held_over = Some(request);
+                    break;
                 }
                 Err(_) => break,
             }
@@ -152,9 +253,7 @@ impl Writer {
                 messages = messages.len(),
                 "lease not writable: batch refused"
             );
-            for reply in replies {
-                let _ = reply.send(Err(Error::LeaseLost));
-            }
+            fail_all(replies, || Error::LeaseLost);
             return;
         };
         if fault_switches::enabled(FaultSwitch::AckBeforeCommit) {
@@ -166,11 +265,7 @@ impl Writer {
             Ok(appended) if appended.len() == messages.len() => {
                 metrics::batch_committed(messages.len());
                 self.fan_out(&messages, &appended);
-                for (reply, outcome) in replies.into_iter().zip(appended) {
-                    // A dropped receiver means the client went away; the
-                    // message is stored all the same.
-                    let _ = reply.send(Ok(outcome));
-                }
+                answer(replies, appended);
             }
             Ok(appended) => {
                 tracing::error!(
@@ -179,11 +274,9 @@ impl Writer {
                     returned = appended.len(),
                     "storage returned a result count different from the batch size"
                 );
-                for reply in replies {
-                    let _ = reply.send(Err(Error::Internal(
-                        "storage answered a batch incompletely".to_owned(),
-                    )));
-                }
+                fail_all(replies, || {
+                    Error::Internal("storage answered a batch incompletely".to_owned())
+                });
             }
             Err(herald_storage::Error::LeaseLost { name, token }) => {
                 tracing::warn!(
@@ -193,15 +286,11 @@ impl Writer {
                     "fenced write found the lease lost; batch failed"
                 );
                 self.lease.report_lease_lost(lease.token);
-                for reply in replies {
-                    let _ = reply.send(Err(Error::LeaseLost));
-                }
+                fail_all(replies, || Error::LeaseLost);
             }
             Err(e) => {
                 log_storage_error("append", None, &e);
-                for reply in replies {
-                    let _ = reply.send(Err(Error::StorageUnavailable));
-                }
+                fail_all(replies, || Error::StorageUnavailable);
             }
         }
     }

@@ -202,47 +202,56 @@ impl FromRequest<AppState> for PublishBody {
     type Rejection = Error;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, Error> {
-        let limit = state.config().max_message_bytes as u64;
-        let too_large = Error::PayloadTooLarge {
-            limit: state.config().max_message_bytes,
-        };
-        let declared = declared_length(req.headers());
-        if declared.is_some_and(|len| len > DRAIN_LIMIT) {
-            return Err(too_large);
-        }
-        let mut body = req.into_body().into_data_stream();
-        let mut buf = BytesMut::new();
-        let mut seen = 0u64;
-        if declared.is_none_or(|len| len <= limit) {
-            while let Some(chunk) = body.next().await {
-                let chunk =
-                    chunk.map_err(|e| Error::InvalidBody(format!("cannot read the body: {e}")))?;
-                seen += chunk.len() as u64;
-                if seen > limit {
-                    break;
-                }
-                buf.extend_from_slice(&chunk);
-            }
-            if seen <= limit {
-                let data = parse_publish_body(&buf)?;
-                return Ok(Self {
-                    data,
-                    raw: buf.freeze(),
-                });
-            }
-        }
-        // Oversize: read the rest and discard it, bounded in bytes and time.
-        let _ = tokio::time::timeout(DRAIN_TIMEOUT, async {
-            while let Some(Ok(chunk)) = body.next().await {
-                seen += chunk.len() as u64;
-                if seen > DRAIN_LIMIT {
-                    break;
-                }
-            }
-        })
-        .await;
-        Err(too_large)
+        let raw = read_limited(req, state.config().max_message_bytes).await?;
+        let data = parse_publish_body(&raw)?;
+        Ok(Self { data, raw })
     }
+}
+
+/// Reads a request body of at most `limit` bytes. A body (declared by
+/// `Content-Length` or streamed) over the limit is `payload_too_large`; it
+/// is read to its end (up to 8 MiB) before the answer, because clients that
+/// send the whole body before reading the answer would otherwise see a
+/// reset connection instead of the 413.
+///
+/// # Errors
+/// [`Error::PayloadTooLarge`]; [`Error::InvalidBody`] when the body cannot
+/// be read.
+pub(crate) async fn read_limited(req: Request, limit_bytes: usize) -> Result<Bytes, Error> {
+    let limit = limit_bytes as u64;
+    let too_large = Error::PayloadTooLarge { limit: limit_bytes };
+    let declared = declared_length(req.headers());
+    if declared.is_some_and(|len| len > DRAIN_LIMIT) {
+        return Err(too_large);
+    }
+    let mut body = req.into_body().into_data_stream();
+    let mut buf = BytesMut::new();
+    let mut seen = 0u64;
+    if declared.is_none_or(|len| len <= limit) {
+        while let Some(chunk) = body.next().await {
+            let chunk =
+                chunk.map_err(|e| Error::InvalidBody(format!("cannot read the body: {e}")))?;
+            seen += chunk.len() as u64;
+            if seen > limit {
+                break;
+            }
+            buf.extend_from_slice(&chunk);
+        }
+        if seen <= limit {
+            return Ok(buf.freeze());
+        }
+    }
+    // Oversize: read the rest and discard it, bounded in bytes and time.
+    let _ = tokio::time::timeout(DRAIN_TIMEOUT, async {
+        while let Some(Ok(chunk)) = body.next().await {
+            seen += chunk.len() as u64;
+            if seen > DRAIN_LIMIT {
+                break;
+            }
+        }
+    })
+    .await;
+    Err(too_large)
 }
 
 fn declared_length(headers: &HeaderMap) -> Option<u64> {
@@ -267,11 +276,7 @@ pub(crate) fn parse_publish_body(bytes: &[u8]) -> Result<Arc<RawValue>, Error> {
     let invalid_json = |e: serde_json::Error| Error::InvalidJson(e.to_string());
     match serde_json::from_slice::<Envelope>(bytes) {
         Ok(envelope) => {
-            if nesting_depth(envelope.data.get()) > MAX_DATA_DEPTH {
-                return Err(Error::InvalidJson(format!(
-                    "data is nested deeper than {MAX_DATA_DEPTH} levels"
-                )));
-            }
+            check_depth(envelope.data.get())?;
             Ok(Arc::from(envelope.data))
         }
         Err(e) => match e.classify() {
@@ -284,6 +289,19 @@ pub(crate) fn parse_publish_body(bytes: &[u8]) -> Result<Arc<RawValue>, Error> {
             },
         },
     }
+}
+
+/// Refuses `data` (a valid JSON text) nested deeper than [`MAX_DATA_DEPTH`].
+///
+/// # Errors
+/// [`Error::InvalidJson`] naming the limit.
+pub(crate) fn check_depth(json: &str) -> Result<(), Error> {
+    if nesting_depth(json) > MAX_DATA_DEPTH {
+        return Err(Error::InvalidJson(format!(
+            "data is nested deeper than {MAX_DATA_DEPTH} levels"
+        )));
+    }
+    Ok(())
 }
 
 /// The deepest nesting of arrays and objects in `json`, a valid JSON text.

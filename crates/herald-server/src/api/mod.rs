@@ -1,6 +1,7 @@
 //! HTTP API v1: the router, its routes and the fallbacks that keep every
 //! error in the JSON error shape. The routes are documented in `docs/api.md`.
 
+mod batch;
 mod extract;
 mod ops;
 mod publish;
@@ -9,7 +10,7 @@ mod read;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::Response;
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::Router;
 use tracing::Instrument;
 
@@ -31,6 +32,13 @@ pub(crate) fn router(state: AppState) -> Router {
             get(read::history)
                 .post(publish::publish)
                 .layer(DefaultBodyLimit::max(limit)),
+        )
+        // A batch publish: its own body limit, `max_batch_body_bytes`,
+        // enforced by the handler as the publish extractor does.
+        .route(
+            "/v1/messages",
+            post(batch::publish_batch)
+                .layer(DefaultBodyLimit::max(state.config().max_batch_body_bytes)),
         )
         .route("/v1/channels/{channel}/events", get(sse::events))
         .route("/v1/channels/{channel}/ws", get(ws::upgrade))

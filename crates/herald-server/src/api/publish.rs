@@ -123,7 +123,7 @@ async fn append(
         return Err(Error::NoHolder);
     };
     let request = ForwardRequest {
-        channel: &message.channel,
+        path: format!("/v1/channels/{}/messages", message.channel),
         body: raw,
         headers,
     };

@@ -8,12 +8,10 @@
 use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use super::{answer, fail_all, log_storage_error, Replies, Writer};
+use crate::{metrics, Error};
 use herald_core::fault_switches::FaultSwitch;
 use herald_core::{Appended, ChannelName, Lease, NewMessage, Offset};
-use tokio::sync::oneshot;
-
-use super::{log_storage_error, Writer};
-use crate::{metrics, Error, Result};
 
 /// The writer's state for its fault switch; empty while the switch is off.
 #[derive(Debug, Default)]
@@ -39,7 +37,7 @@ impl Writer {
         &mut self,
         lease: &Lease,
         messages: Vec<NewMessage>,
-        replies: Vec<oneshot::Sender<Result<Appended>>>,
+        replies: Replies,
     ) {
         let published_at_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -53,9 +51,7 @@ impl Writer {
                     Err(e) => {
                         log_storage_error("read", Some(&message.channel), &e);
                         self.fault.predicted_heads.clear();
-                        for reply in replies {
-                            let _ = reply.send(Err(Error::StorageUnavailable));
-                        }
+                        fail_all(replies, || Error::StorageUnavailable);
                         return;
                     }
                 },
@@ -70,9 +66,7 @@ impl Writer {
                 duplicate: false,
             });
         }
-        for (reply, outcome) in replies.into_iter().zip(predicted) {
-            let _ = reply.send(Ok(outcome));
-        }
+        answer(replies, predicted);
         match self.storage.append(lease, &messages).await {
             Ok(appended) if appended.len() == messages.len() => {
                 metrics::batch_committed(messages.len());
@@ -127,6 +121,9 @@ mod tests {
     use crate::role::LeaseView;
     use crate::testing::{FakeLease, MemoryStorage};
     use crate::writer::tests::new_message;
+    use crate::writer::Reply;
+    use crate::Result;
+    use tokio::sync::oneshot;
 
     /// The path behind the switch, called directly (the switch itself is
     /// read from the environment once per process): it acknowledges before
@@ -141,8 +138,13 @@ mod tests {
             Writer::new(storage.clone(), lease.clone(), Hub::new(16), 16, 512);
         let held = lease.writable_lease().unwrap();
         let batch = |messages: Vec<NewMessage>| {
-            let (replies, answers): (Vec<_>, Vec<_>) =
-                messages.iter().map(|_| oneshot::channel()).unzip();
+            let (replies, answers): (Replies, Vec<_>) = messages
+                .iter()
+                .map(|_| {
+                    let (tx, rx) = oneshot::channel();
+                    ((1, Reply::One(tx)), rx)
+                })
+                .unzip();
             (messages, replies, answers)
         };
         let offsets = |answers: Vec<oneshot::Receiver<Result<Appended>>>| {

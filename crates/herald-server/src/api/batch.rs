@@ -1,0 +1,289 @@
+//! `POST /v1/messages`: a batch publish, all entries in one fenced
+//! transaction, all or nothing.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use bytes::Bytes;
+use herald_core::{format_rfc3339_ms, Appended, ChannelName, IdempotencyKey, NewMessage};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::api::extract::{check_depth, read_limited};
+use crate::forward::{was_forwarded, ForwardRequest, Forwarded, HolderView};
+use crate::{metrics, AppState, Error, Result};
+
+/// Most entries in one batch publish.
+pub(crate) const MAX_BATCH_ENTRIES: usize = 1000;
+
+/// The request body: `{"messages": [entry, ...]}`, nothing else.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchBody {
+    messages: Vec<Entry>,
+}
+
+/// One entry: `{"channel": "...", "data": <any JSON>, "idempotency_key":
+/// "..."}` (the key optional), nothing else.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Entry {
+    channel: String,
+    data: Box<RawValue>,
+    #[serde(default)]
+    idempotency_key: Option<String>,
+}
+
+/// One entry of the answer, in the order of the request.
+#[derive(Debug, Serialize)]
+struct EntryResult<'a> {
+    channel: &'a ChannelName,
+    offset: u64,
+    published_at: String,
+    /// `true` when the entry's idempotency key was already used on its
+    /// channel (by an earlier publish, or an earlier entry of this batch):
+    /// nothing new was stored for it, and `offset` and `published_at` are
+    /// the original message's.
+    duplicate: bool,
+}
+
+/// The answer: `201` when at least one entry was stored, `200` when every
+/// entry was a duplicate.
+#[derive(Debug, Serialize)]
+struct BatchAnswer<'a> {
+    results: Vec<EntryResult<'a>>,
+}
+
+/// How a batch publish ended when it did not fail.
+enum Outcome {
+    /// This node committed it (or found every key used).
+    Committed(Vec<Appended>),
+    /// This node, a standby, forwarded it; the holder's answer unchanged.
+    Forwarded(Response),
+}
+
+/// Appends every entry of the batch in one transaction; answers only after
+/// the commit. On a standby it is forwarded once to the holder, as a single
+/// publish is.
+pub(crate) async fn publish_batch(State(state): State<AppState>, req: Request) -> Response {
+    let started = Instant::now();
+    let headers = req.headers().clone();
+    let outcome = append(&state, &headers, req).await;
+    let (result, response) = match outcome {
+        Ok(Outcome::Committed(appended)) => {
+            let created = appended.iter().any(|a| !a.duplicate);
+            let results = appended
+                .iter()
+                .map(|a| EntryResult {
+                    channel: &a.channel,
+                    offset: a.offset,
+                    published_at: format_rfc3339_ms(a.published_at_ms),
+                    duplicate: a.duplicate,
+                })
+                .collect();
+            let status = if created {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            };
+            let label = if created { "created" } else { "duplicate" };
+            (
+                label,
+                (status, Json(BatchAnswer { results })).into_response(),
+            )
+        }
+        Ok(Outcome::Forwarded(response)) => ("forwarded", response),
+        Err(e) => (e.code(), e.into_response()),
+    };
+    metrics::publish_finished(result, started.elapsed().as_secs_f64());
+    response
+}
+
+async fn append(state: &AppState, headers: &HeaderMap, req: Request) -> Result<Outcome> {
+    let raw = read_limited(req, state.config().max_batch_body_bytes).await?;
+    let messages = parse_batch(&raw, state.config().max_message_bytes)?;
+    if state.draining() {
+        return Err(Error::Draining);
+    }
+    let shared = &state.shared;
+    if shared.lease.is_holder() {
+        return commit(state, messages).await;
+    }
+    let lease = shared.lease.state();
+    if was_forwarded(headers) {
+        return Err(Error::NotHolder {
+            holder_url: lease.holder_url().map(str::to_owned),
+        });
+    }
+    let config = &shared.config;
+    let holder = HolderView::from_lease_row(&lease)
+        .filter(|h| h.url.trim_end_matches('/') != config.advertise_url.trim_end_matches('/'));
+    let Some(holder) = holder else {
+        metrics::forwarded("no_holder");
+        return Err(Error::NoHolder);
+    };
+    let request = ForwardRequest {
+        path: "/v1/messages".to_owned(),
+        body: raw,
+        headers,
+    };
+    match shared
+        .forwarder
+        .forward(&holder.url, request, shared.lease.subscribe())
+        .await?
+    {
+        Forwarded::Answer(response) => Ok(Outcome::Forwarded(response)),
+        // As for a single publish: committing here is safe only when every
+        // entry carries an idempotency key (a takeover waited for the old
+        // holder's writes, and the keys find what it stored).
+        Forwarded::TakenOver => {
+            if messages.iter().any(|m| m.idempotency_key.is_none()) || !shared.lease.is_holder() {
+                return Err(Error::NoHolder);
+            }
+            commit(state, messages).await.map_err(|e| match e {
+                Error::QueueFull | Error::LeaseLost | Error::Draining | Error::NotHolder { .. } => {
+                    Error::NoHolder
+                }
+                e => e,
+            })
+        }
+    }
+}
+
+/// Hands the batch to this node's writer and answers once it is committed.
+async fn commit(state: &AppState, messages: Vec<NewMessage>) -> Result<Outcome> {
+    let reply = state.shared.writer.submit_batch(messages)?;
+    let appended = reply.await.map_err(|_| {
+        if state.draining() {
+            Error::Draining
+        } else {
+            tracing::error!("writer task ended without answering a batch publish");
+            Error::Internal("writer task ended".to_owned())
+        }
+    })??;
+    Ok(Outcome::Committed(appended))
+}
+
+/// Parses and validates a batch body: 1 to [`MAX_BATCH_ENTRIES`] entries,
+/// each with a valid channel name, `data` of at most `max_message_bytes`
+/// and nested at most `MAX_DATA_DEPTH` levels, and a valid idempotency key
+/// if any. The first invalid entry is named by its index.
+///
+/// # Errors
+/// [`Error::InvalidJson`] (not JSON), [`Error::InvalidBody`] (another
+/// shape, or no entry, or too many), [`Error::InBatchEntry`] (an invalid
+/// entry, with that entry's own error).
+pub(crate) fn parse_batch(raw: &Bytes, max_message_bytes: usize) -> Result<Vec<NewMessage>> {
+    let body: BatchBody = serde_json::from_slice(raw).map_err(|e| match e.classify() {
+        serde_json::error::Category::Data => Error::InvalidBody(format!(
+            "{e}; expected {{\"messages\": [{{\"channel\", \"data\", \"idempotency_key\"}}, ...]}}"
+        )),
+        _ => Error::InvalidJson(e.to_string()),
+    })?;
+    if body.messages.is_empty() || body.messages.len() > MAX_BATCH_ENTRIES {
+        return Err(Error::InvalidBody(format!(
+            "a batch holds 1 to {MAX_BATCH_ENTRIES} messages, not {}",
+            body.messages.len()
+        )));
+    }
+    body.messages
+        .into_iter()
+        .enumerate()
+        .map(|(index, entry)| {
+            entry_message(entry, max_message_bytes).map_err(|error| Error::InBatchEntry {
+                index,
+                error: Box::new(error),
+            })
+        })
+        .collect()
+}
+
+fn entry_message(entry: Entry, max_message_bytes: usize) -> Result<NewMessage> {
+    let channel =
+        ChannelName::new(&entry.channel).map_err(|e| Error::InvalidChannel(e.to_string()))?;
+    if entry.data.get().len() > max_message_bytes {
+        return Err(Error::PayloadTooLarge {
+            limit: max_message_bytes,
+        });
+    }
+    check_depth(entry.data.get())?;
+    let idempotency_key = entry
+        .idempotency_key
+        .map(|k| IdempotencyKey::new(&k).map_err(|e| Error::InvalidIdempotencyKey(e.to_string())))
+        .transpose()?;
+    Ok(NewMessage {
+        channel,
+        data: Arc::from(entry.data),
+        idempotency_key,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(body: &str) -> Result<Vec<NewMessage>> {
+        parse_batch(&Bytes::from(body.to_owned()), 100)
+    }
+
+    #[test]
+    fn entries_keep_their_order_data_and_keys() {
+        let messages = parse(
+            r#"{"messages":[{"channel":"a","data":{"x": 1}},{"channel":"b","data":"y","idempotency_key":"k"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(messages.len(), 2);
+        assert_eq!(messages[0].channel.as_str(), "a");
+        assert_eq!(messages[0].data.get(), r#"{"x": 1}"#);
+        assert!(messages[0].idempotency_key.is_none());
+        assert_eq!(messages[1].idempotency_key.as_ref().unwrap().as_str(), "k");
+    }
+
+    #[test]
+    fn the_first_invalid_entry_is_named() {
+        let err = parse(
+            r#"{"messages":[{"channel":"a","data":1},{"channel":"bad name","data":2},{"channel":"c","data":3,"idempotency_key":""}]}"#,
+        )
+        .unwrap_err();
+        assert_eq!(err.code(), "invalid_channel");
+        assert!(err.to_string().starts_with("messages[1]: "), "{err}");
+
+        let err =
+            parse(r#"{"messages":[{"channel":"a","data":1,"idempotency_key":""}]}"#).unwrap_err();
+        assert_eq!(err.code(), "invalid_idempotency_key");
+        assert!(err.to_string().starts_with("messages[0]: "), "{err}");
+
+        let big = format!(
+            r#"{{"messages":[{{"channel":"a","data":"{}"}}]}}"#,
+            "x".repeat(200)
+        );
+        let err = parse(&big).unwrap_err();
+        assert_eq!(err.code(), "payload_too_large");
+        assert_eq!(err.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    }
+
+    #[test]
+    fn shapes_and_counts_are_checked() {
+        assert_eq!(parse("{").unwrap_err().code(), "invalid_json");
+        assert_eq!(
+            parse(r#"{"messages":[]}"#).unwrap_err().code(),
+            "invalid_body"
+        );
+        assert_eq!(parse(r#"{"data":1}"#).unwrap_err().code(), "invalid_body");
+        assert_eq!(
+            parse(r#"{"messages":[{"channel":"a","data":1,"extra":2}]}"#)
+                .unwrap_err()
+                .code(),
+            "invalid_body"
+        );
+        let many = format!(
+            r#"{{"messages":[{}]}}"#,
+            vec![r#"{"channel":"a","data":1}"#; MAX_BATCH_ENTRIES + 1].join(",")
+        );
+        assert_eq!(parse(&many).unwrap_err().code(), "invalid_body");
+    }
+}
