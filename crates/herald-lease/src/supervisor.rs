@@ -10,7 +10,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::{Clock, LeaseConfig, LeaseHandle, LeaseState, Release, StopReason, WatchdogRecord};
+use crate::{
+    Clock, ClockInstant, LeaseConfig, LeaseHandle, LeaseState, Release, StopReason, WatchdogRecord,
+};
 
 /// What the supervisor's task returns: why it ended.
 pub type Exit = StopReason;
@@ -70,7 +72,7 @@ struct Run {
 #[derive(Debug, Default)]
 struct Progress {
     /// Clock instant at which the current attempt was sent, if one is running.
-    in_flight_since: Option<Duration>,
+    in_flight_since: Option<ClockInstant>,
     /// Wall-clock time at which the last successful renewal was sent.
     last_success_wall: Option<SystemTime>,
     /// The last failed attempt's error.
@@ -99,7 +101,7 @@ impl Run {
     /// Tries to acquire every acquire interval. Returns the lease once
     /// acquired with the clock instant its acquisition was sent, or `None`
     /// on shutdown.
-    async fn standby(&mut self) -> Option<(Lease, Duration)> {
+    async fn standby(&mut self) -> Option<(Lease, ClockInstant)> {
         loop {
             if self.shutdown.is_cancelled() {
                 return None;
@@ -188,11 +190,11 @@ impl Run {
     }
 
     /// The holder's loop: renew, retry, watch the deadline, release on drain.
-    async fn holder(&mut self, (lease, acquired_sent): (Lease, Duration)) -> Exit {
+    async fn holder(&mut self, (lease, acquired_sent): (Lease, ClockInstant)) -> Exit {
         let window = self.config.safe_window();
         let progress = Arc::new(Mutex::new(Progress {
             last_success_wall: Some(
-                SystemTime::now() - self.clock.now().saturating_sub(acquired_sent),
+                SystemTime::now() - self.clock.now().duration_since(acquired_sent),
             ),
             ..Progress::default()
         }));
@@ -273,7 +275,7 @@ impl Run {
                     {
                         let mut p = lock(&progress);
                         p.last_success_wall =
-                            Some(SystemTime::now() - self.clock.now().saturating_sub(sent));
+                            Some(SystemTime::now() - self.clock.now().duration_since(sent));
                         p.last_error = None;
                     }
                     // The period counts from the send, as the deadline
@@ -486,8 +488,8 @@ async fn watchdog(
                 WatchdogRecord {
                     token,
                     last_renewal_sent_at: p.last_success_wall.unwrap_or(SystemTime::UNIX_EPOCH),
-                    watchdog_late_by: now - deadline,
-                    attempt_in_flight_for: p.in_flight_since.map(|s| now.saturating_sub(s)),
+                    watchdog_late_by: now.duration_since(deadline),
+                    attempt_in_flight_for: p.in_flight_since.map(|s| now.duration_since(s)),
                     last_renewal_error: p.last_error.clone(),
                 }
             };
@@ -518,7 +520,7 @@ async fn watchdog(
         }
         tokio::time::sleep(
             deadline
-                .saturating_sub(now)
+                .duration_since(now)
                 .clamp(Duration::from_millis(1), WATCHDOG_TICK),
         )
         .await;

@@ -291,7 +291,7 @@ mod tests {
                 holder_url: "http://me".to_owned(),
                 token: FencingToken(4),
             },
-            safety_deadline: Duration::MAX,
+            safety_deadline: herald_lease::ClockInstant::MAX,
         };
         assert_eq!(me(&holder, true).unwrap().node_id, "me");
     }
@@ -305,7 +305,7 @@ mod tests {
                 holder_url: "http://me".to_owned(),
                 token: FencingToken(4),
             },
-            safety_deadline: Duration::ZERO,
+            safety_deadline: herald_lease::ClockInstant::ORIGIN,
         };
         let stopped = |reason| LeaseState::Stopped { reason };
         let drained = |release| stopped(StopReason::Drained { release });
