@@ -24,7 +24,7 @@ mod config;
 mod state;
 mod supervisor;
 
-pub use clock::{BootClock, Clock, TokioClock};
+pub use clock::{BootClock, Clock, ClockInstant, TokioClock};
 pub use config::{LeaseConfig, LeaseConfigError};
 pub use state::{LeaseHandle, LeaseState, Release, StopReason, WatchdogRecord};
-pub use supervisor::{Exit, Supervisor};
+pub use supervisor::Supervisor;

@@ -5,7 +5,7 @@ use herald_core::fault_switches::{self, FaultSwitch};
 use herald_core::{FencingToken, Lease, LeaseInfo};
 use tokio::sync::{mpsc, watch};
 
-use crate::Clock;
+use crate::{Clock, ClockInstant};
 
 /// Where the node stands with the lease. Published by the supervisor on a
 /// `watch` channel; read through [`LeaseHandle`].
@@ -25,7 +25,7 @@ pub enum LeaseState {
         lease: Lease,
         /// Instant on the supervisor's [`Clock`] after which this node must
         /// assume it lost the lease.
-        safety_deadline: Duration,
+        safety_deadline: ClockInstant,
     },
     /// The supervisor has ended; the node must not write any more.
     Stopped {
@@ -195,7 +195,7 @@ impl LeaseHandle {
         match &*self.state.borrow() {
             LeaseState::Holder {
                 safety_deadline, ..
-            } => Some(safety_deadline.saturating_sub(self.clock.now())),
+            } => Some(safety_deadline.duration_since(self.clock.now())),
             _ => None,
         }
     }
@@ -209,7 +209,7 @@ impl LeaseHandle {
             } => Some(
                 self.clock
                     .now()
-                    .saturating_sub(safety_deadline.saturating_sub(self.window)),
+                    .duration_since(safety_deadline.saturating_sub(self.window)),
             ),
             _ => None,
         }
@@ -266,7 +266,7 @@ mod tests {
                 holder_url: "http://me".to_owned(),
                 token: FencingToken(4),
             },
-            safety_deadline: Duration::ZERO,
+            safety_deadline: crate::ClockInstant::ORIGIN,
         };
         let held = standby(Some(row(Some("b"), 1000)));
         let expired = standby(Some(row(Some("b"), 0)));

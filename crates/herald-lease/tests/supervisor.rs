@@ -7,7 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use herald_core::{Candidate, FencingToken, Lease, LeaseInfo};
 use herald_lease::{
-    Clock, LeaseConfig, LeaseHandle, LeaseState, Release, StopReason, Supervisor, TokioClock,
+    Clock, ClockInstant, LeaseConfig, LeaseHandle, LeaseState, Release, StopReason, Supervisor,
+    TokioClock,
 };
 use herald_storage::{Acquire, Error, LeaseStore, Result, TakeoverReason};
 use tokio::time::Instant;
@@ -243,11 +244,12 @@ impl Node {
         tokio::time::sleep_until(self.t0 + Duration::from_secs_f64(secs)).await;
     }
 
+    /// The safety deadline, as time since the clock's origin.
     fn deadline(&self) -> Option<Duration> {
         match self.handle.state() {
             LeaseState::Holder {
                 safety_deadline, ..
-            } => Some(safety_deadline),
+            } => Some(safety_deadline.since_origin()),
             _ => None,
         }
     }
@@ -561,7 +563,7 @@ struct SuspendableClock {
 }
 
 impl Clock for SuspendableClock {
-    fn now(&self) -> Duration {
+    fn now(&self) -> ClockInstant {
         self.inner.now() + *self.jumped.lock().unwrap()
     }
 }

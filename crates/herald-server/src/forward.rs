@@ -290,7 +290,7 @@ mod tests {
                 holder_url: "http://me".to_owned(),
                 token: FencingToken(4),
             },
-            safety_deadline: Duration::ZERO,
+            safety_deadline: herald_lease::ClockInstant::ORIGIN,
         };
         let stopped = |reason| LeaseState::Stopped { reason };
         let drained = |release| stopped(StopReason::Drained { release });

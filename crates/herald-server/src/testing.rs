@@ -396,7 +396,7 @@ impl FakeLease {
                 holder_url: "http://node-a".to_owned(),
                 token,
             },
-            safety_deadline: Duration::MAX,
+            safety_deadline: herald_lease::ClockInstant::MAX,
         }
     }
 

@@ -1,5 +1,12 @@
 //! Log set-up: `tracing` records on stderr, human-readable or JSON.
 
+use std::collections::HashSet;
+use std::fmt;
+
+use tracing::{Event, Subscriber};
+use tracing_subscriber::fmt::format::{Format, Json, JsonFields, Writer};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormattedFields};
+use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::EnvFilter;
 
 /// How `herald serve` writes its logs.
@@ -24,10 +31,165 @@ pub(crate) fn init(format: LogFormat) {
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Human => builder.try_init(),
-        LogFormat::Json => builder
+        LogFormat::Json => builder.json().event_format(json_records()).try_init(),
+    };
+}
+
+/// The JSON record format: one object per line with `timestamp`, `level`,
+/// the event's fields (`message` among them), `target`, the fields of the
+/// spans the event was made in, and `spans` (those spans, root first, each
+/// with its `name` and fields).
+fn json_records() -> SpanFieldsOnTop<Format<Json>> {
+    SpanFieldsOnTop(
+        tracing_subscriber::fmt::format()
             .json()
             .flatten_event(true)
-            .with_current_span(false)
-            .try_init(),
-    };
+            .with_current_span(false),
+    )
+}
+
+/// Wraps a JSON event format so that the fields of the spans an event was
+/// made in also appear at the top level of its record, as its own fields
+/// do: a field that a task attaches once through a span (`node_id`) stays
+/// where log queries look for it. An event's own field wins over a span's
+/// of the same name, and an inner span's over an outer one's. A record made
+/// outside any span is written exactly as the wrapped format writes it.
+struct SpanFieldsOnTop<F>(F);
+
+impl<S, F> FormatEvent<S, JsonFields> for SpanFieldsOnTop<F>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    F: FormatEvent<S, JsonFields>,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, JsonFields>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        let mut record = String::new();
+        self.0.format_event(ctx, Writer::new(&mut record), event)?;
+        let Some(scope) = ctx.event_scope() else {
+            return writer.write_str(&record);
+        };
+        // Innermost span first.
+        let spans: Vec<String> = scope
+            .map(|span| {
+                span.extensions()
+                    .get::<FormattedFields<JsonFields>>()
+                    .map(|f| f.fields.clone())
+                    .unwrap_or_default()
+            })
+            .collect();
+        match with_fields_on_top(&record, &spans) {
+            Some(lifted) => writer.write_str(&lifted),
+            None => writer.write_str(&record),
+        }
+    }
+}
+
+/// `record` (one JSON object and a newline) with the fields of `spans`
+/// (each a JSON object, innermost first) appended at its top level, each
+/// name once and none the record already has. `None` when `record` is not
+/// a JSON object.
+fn with_fields_on_top(record: &str, spans: &[String]) -> Option<String> {
+    let object = record.trim_end();
+    let present: serde_json::Map<String, serde_json::Value> = serde_json::from_str(object).ok()?;
+    let mut names: HashSet<String> = present.into_iter().map(|(name, _)| name).collect();
+    let mut out = object.strip_suffix('}')?.to_owned();
+    for span in spans {
+        let Ok(serde_json::Value::Object(fields)) = serde_json::from_str(span) else {
+            continue;
+        };
+        for (name, value) in fields {
+            if names.insert(name.clone()) {
+                out.push(',');
+                out.push_str(&serde_json::Value::String(name).to_string());
+                out.push(':');
+                out.push_str(&value.to_string());
+            }
+        }
+    }
+    out.push_str("}\n");
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use serde_json::Value;
+
+    use super::*;
+
+    /// Log records as the JSON format writes them, one per line.
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Lines {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn records(log: impl FnOnce()) -> Vec<Value> {
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .json()
+            .event_format(json_records())
+            .finish();
+        tracing::subscriber::with_default(subscriber, log);
+        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        text.lines()
+            .map(|line| serde_json::from_str(line).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn span_fields_are_top_level_fields_of_json_records() {
+        let records = records(|| {
+            tracing::info!(token = 1, "outside");
+            let outer = tracing::info_span!("lease", node_id = "node-a", lease = "writer");
+            let _outer = outer.enter();
+            let inner = tracing::info_span!("attempt", lease = "inner", attempt = 2);
+            let _inner = inner.enter();
+            tracing::warn!(token = 7, node_id = "event", "inside");
+        });
+        let [outside, inside] = &records[..] else {
+            panic!("{records:?}");
+        };
+        assert_eq!(outside["message"], "outside");
+        assert_eq!(outside["token"], 1);
+        assert!(outside.get("spans").is_none(), "{outside}");
+
+        assert_eq!(inside["message"], "inside");
+        assert_eq!(inside["level"], "WARN");
+        assert_eq!(inside["token"], 7);
+        // The event's own field, then the innermost span's, win.
+        assert_eq!(inside["node_id"], "event");
+        assert_eq!(inside["lease"], "inner");
+        assert_eq!(inside["attempt"], 2);
+        // The span list is still there.
+        assert_eq!(inside["spans"][0]["name"], "lease");
+        assert_eq!(inside["spans"][0]["node_id"], "node-a");
+        assert_eq!(inside["spans"][1]["lease"], "inner");
+    }
+
+    #[test]
+    fn span_fields_are_appended_once_and_other_text_is_left_alone() {
+        let record = "{\"level\":\"INFO\",\"message\":\"x\"}\n";
+        assert_eq!(
+            with_fields_on_top(record, &["{\"node_id\":\"a\"}".to_owned()]).as_deref(),
+            Some("{\"level\":\"INFO\",\"message\":\"x\",\"node_id\":\"a\"}\n")
+        );
+        assert_eq!(with_fields_on_top("not json\n", &[]), None);
+        assert_eq!(with_fields_on_top(record, &[]).as_deref(), Some(record));
+    }
 }

@@ -15,12 +15,16 @@ use std::time::Duration;
 
 use anyhow::Context;
 use herald_core::{Candidate, LeaseInfo};
-use herald_lease::{BootClock, LeaseConfig, LeaseState, Release, StopReason, Supervisor};
+use herald_lease::{
+    BootClock, LeaseConfig, LeaseHandle, LeaseState, Release, StopReason, Supervisor,
+};
 use herald_server::ServerConfig;
 use herald_storage::postgres::{PostgresOptions, PostgresStorage};
 use herald_storage::sqlite::{SqliteOptions, SqliteStorage};
 use herald_storage::Storage;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::{JoinError, JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
@@ -51,6 +55,23 @@ pub(crate) enum ExitStatus {
 impl From<ExitStatus> for ExitCode {
     fn from(s: ExitStatus) -> Self {
         ExitCode::from(s as u8)
+    }
+}
+
+impl From<&StopReason> for ExitStatus {
+    /// The exit status for the way the lease supervisor stopped: 0 only
+    /// when the node did not hold the lease or released it.
+    fn from(reason: &StopReason) -> Self {
+        match reason {
+            StopReason::Watchdog(_) => ExitStatus::Watchdog,
+            StopReason::LeaseLost { .. } => ExitStatus::LeaseLost,
+            StopReason::Drained {
+                release: Release::NotHeld | Release::Released,
+            } => ExitStatus::Drained,
+            StopReason::Drained {
+                release: Release::Failed,
+            } => ExitStatus::ReleaseFailed,
+        }
     }
 }
 
@@ -275,8 +296,45 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// Starts the node step by step (each step refuses what it can before the
+/// next touches anything), then runs it until it stops.
 async fn start_and_run(args: ServeArgs) -> anyhow::Result<ExitStatus> {
-    // Test-only fault switches: refused unless this build has them.
+    check_fault_switches()?;
+    let lease_config = lease_config(&args)?;
+    // Check the server's settings before touching the database.
+    check_settings(&args)?;
+    // Bind first: a node that cannot serve neither creates nor migrates a
+    // database, nor takes the lease.
+    let listener = bind(&args.listen).await?;
+    let addr = listener.local_addr()?;
+    herald_server::install_metrics_recorder();
+    let (storage, backend) = open_storage(&args, &lease_config).await?;
+    let node_id = match &args.node_id {
+        Some(id) => id.clone(),
+        None => stable_node_id(&args.data_dir)?,
+    };
+    let server_config = server_config(&args, node_id, addr)?;
+
+    let advertise_url = server_config.advertise_url.clone();
+    let node = Node::start(listener, storage, lease_config, server_config);
+    info!(
+        node_id = %node.node_id,
+        addr = %addr,
+        advertise_url = %advertise_url,
+        backend = %backend.kind,
+        database = %backend.location,
+        "listening"
+    );
+    tokio::spawn(log_first_role(node.lease.subscribe(), node.node_id.clone()));
+    node.run(args.drain_timeout).await
+}
+
+/// Reads `HERALD_FAULT_SWITCHES`, the test-only fault switches, and warns
+/// when any is on.
+///
+/// # Errors
+/// An unknown switch, or any switch in a build without them.
+fn check_fault_switches() -> anyhow::Result<()> {
     let fault_switches = herald_core::fault_switches::init()?;
     if !fault_switches.is_empty() {
         let names: Vec<&str> = fault_switches.iter().map(|s| s.as_str()).collect();
@@ -285,7 +343,14 @@ async fn start_and_run(args: ServeArgs) -> anyhow::Result<ExitStatus> {
             "fault switches active: this build is for fault-injection tests only"
         );
     }
+    Ok(())
+}
 
+/// The lease's timing from the flags.
+///
+/// # Errors
+/// Timings the supervisor cannot keep; the message names the flags.
+fn lease_config(args: &ServeArgs) -> anyhow::Result<LeaseConfig> {
     let mut lease_config = LeaseConfig::new(args.lease_ttl, args.lease_safety_margin);
     if let Some(interval) = args.lease_renew_interval {
         lease_config.renew_interval = interval;
@@ -298,8 +363,15 @@ async fn start_and_run(args: ServeArgs) -> anyhow::Result<ExitStatus> {
         "lease timing: change --lease-ttl, --lease-safety-margin, --lease-renew-interval \
          or --renew-statement-timeout",
     )?;
+    Ok(lease_config)
+}
 
-    // Check the server's settings before touching the database.
+/// Checks the flags that need neither the network nor the database: the
+/// server's limits, `--node-id` and the form of `--database`.
+///
+/// # Errors
+/// The first bad flag, named in the message.
+fn check_settings(args: &ServeArgs) -> anyhow::Result<()> {
     ServerConfig {
         max_message_bytes: args.max_message_bytes,
         queue_capacity: args.queue_capacity,
@@ -318,19 +390,22 @@ async fn start_and_run(args: ServeArgs) -> anyhow::Result<ExitStatus> {
     if let Some(url) = &args.database_url {
         check_database_url(url)?;
     }
-    // Bind first: a node that cannot serve neither creates nor migrates a
-    // database, nor takes the lease.
-    let listener = bind(&args.listen).await?;
-    let addr = listener.local_addr()?;
-    herald_server::install_metrics_recorder();
-    let (storage, backend) = open_storage(&args, &lease_config).await?;
-    let node_id = match args.node_id {
-        Some(id) => id,
-        None => stable_node_id(&args.data_dir)?,
-    };
+    Ok(())
+}
 
-    let advertise_url = match args.advertise_url {
-        Some(url) => url,
+/// The server's settings for node `node_id` listening on `addr`. The URL
+/// standbys send publishers to is `--advertise-url`, else `http://<addr>`
+/// (with a warning when `addr` means every interface).
+///
+/// # Errors
+/// Settings the server refuses.
+fn server_config(
+    args: &ServeArgs,
+    node_id: String,
+    addr: SocketAddr,
+) -> anyhow::Result<ServerConfig> {
+    let advertise_url = match &args.advertise_url {
+        Some(url) => url.clone(),
         None => {
             if addr.ip().is_unspecified() {
                 warn!(addr = %addr, "listening on all interfaces without --advertise-url: standbys will send publishers to http://{addr}, which other hosts cannot reach");
@@ -339,146 +414,226 @@ async fn start_and_run(args: ServeArgs) -> anyhow::Result<ExitStatus> {
         }
     };
     let server_config = ServerConfig {
-        node_id: node_id.clone(),
-        advertise_url: advertise_url.clone(),
+        node_id,
+        advertise_url,
         max_message_bytes: args.max_message_bytes,
         queue_capacity: args.queue_capacity,
         header_read_timeout: args.header_read_timeout,
         ..ServerConfig::default()
     };
     server_config.validate().context("server settings")?;
+    Ok(server_config)
+}
 
-    let lease_shutdown = CancellationToken::new();
-    let (lease, supervisor) = Supervisor::start(
-        storage.clone(),
-        Candidate {
-            lease_name: lease_config.name.clone(),
-            node_id: node_id.clone(),
-            advertise_url: advertise_url.clone(),
-        },
-        lease_config,
-        Arc::new(BootClock),
-        lease_shutdown.clone(),
-    );
-    let server_shutdown = CancellationToken::new();
-    let writes_done = CancellationToken::new();
-    let mut server = tokio::spawn(herald_server::serve_with_writes_done(
-        listener,
-        storage,
-        lease.clone(),
-        server_config,
-        server_shutdown.clone(),
-        writes_done.clone(),
-    ));
-    info!(
-        node_id = %node_id,
-        addr = %addr,
-        advertise_url = %advertise_url,
-        backend = %backend.kind,
-        database = %backend.location,
-        "listening"
-    );
-    tokio::spawn(log_first_role(lease.subscribe(), node_id.clone()));
+/// A started node: the lease supervisor and the HTTP server, each with the
+/// token that stops it.
+struct Node {
+    node_id: String,
+    lease: LeaseHandle,
+    /// The lease supervisor's task; says why it stopped.
+    supervisor: JoinHandle<StopReason>,
+    /// Stops the supervisor, which then releases the lease if it holds it.
+    lease_shutdown: CancellationToken,
+    /// The HTTP server's task.
+    server: JoinHandle<herald_server::Result<()>>,
+    /// Starts the server's drain.
+    server_shutdown: CancellationToken,
+    /// Cancelled by the server once its writer has ended during a drain.
+    writes_done: CancellationToken,
+}
 
-    let mut states = lease.subscribe();
-    let stopped = async move {
-        let s = states
-            .wait_for(|s| {
-                matches!(
-                    s,
-                    LeaseState::Stopped {
-                        reason: StopReason::Watchdog(_) | StopReason::LeaseLost { .. }
-                    }
-                )
-            })
-            .await;
-        s.map(|s| s.clone()).ok()
-    };
+/// What ends a running node.
+enum NodeEvent {
+    /// SIGTERM or SIGINT.
+    DrainSignal,
+    /// The supervisor stopped the node on its own (watchdog, lost lease),
+    /// for this reason; `None` when it ended without publishing one.
+    LeaseStopped(Option<StopReason>),
+    /// The server's task ended (at start-up, or failing).
+    ServerEnded(Result<herald_server::Result<()>, JoinError>),
+}
 
-    tokio::select! {
-        () = shutdown_signal() => {
-            info!(node_id = %node_id, "drain requested");
-            let deadline = tokio::time::Instant::now() + args.drain_timeout;
-            let drain_timeout_ms = args.drain_timeout.as_millis() as u64;
-            server_shutdown.cancel();
-            // 1. The writer commits or fails what it accepted.
-            if tokio::time::timeout_at(deadline, writes_done.cancelled()).await.is_err() {
-                lease_shutdown.cancel();
-                error!(node_id = %node_id, drain_timeout_ms, "queued writes did not finish before the drain deadline; exiting without renewing");
-                // Still try to release, briefly: a standby then takes over
-                // at once instead of after expiry. Safe with a write still
-                // in flight: it either commits before the new holder's
-                // acquire (which waits for it) or fails its fencing check.
-                match tokio::time::timeout(RELEASE_AFTER_DRAIN_TIMEOUT, supervisor).await {
-                    Ok(Ok(reason)) => info!(node_id = %node_id, ?reason, "lease supervisor stopped"),
-                    Ok(Err(e)) => error!(node_id = %node_id, error = %e, "lease supervisor task failed"),
-                    Err(_) => warn!(node_id = %node_id, "releasing the lease did not finish in time; it will expire instead"),
-                }
-                return Ok(ExitStatus::DrainTimeout);
-            }
-            // 2. Nothing more will be written: release the lease now, so a
-            // standby takes over without waiting for slow clients.
-            lease_shutdown.cancel();
-            // The lease may have been lost during the drain: say so in the
-            // exit status, as outside a drain.
-            let status = match tokio::time::timeout_at(deadline, supervisor).await {
-                Ok(Ok(reason)) => {
-                    info!(node_id = %node_id, ?reason, "lease supervisor stopped");
-                    exit_status_of(&reason)
-                }
-                Ok(Err(e)) => {
-                    error!(node_id = %node_id, error = %e, "lease supervisor task failed");
-                    ExitStatus::ReleaseFailed
-                }
-                Err(_) => {
-                    warn!(node_id = %node_id, "releasing the lease did not finish before the drain deadline");
-                    ExitStatus::ReleaseFailed
-                }
-            };
-            // 3. Let open requests and streams end, until the deadline.
-            match tokio::time::timeout_at(deadline, &mut server).await {
-                Ok(Ok(Err(e))) => warn!(node_id = %node_id, error = %e, "server ended with an error during drain"),
-                Ok(_) => {}
-                Err(_) => warn!(node_id = %node_id, drain_timeout_ms, "connections still open at the drain deadline are closed"),
-            }
-            info!(node_id = %node_id, exit_status = status as u8, "drained");
-            Ok(status)
+impl Node {
+    /// Starts the lease supervisor, then the server on `listener`.
+    fn start(
+        listener: TcpListener,
+        storage: Arc<dyn Storage>,
+        lease_config: LeaseConfig,
+        server_config: ServerConfig,
+    ) -> Self {
+        let node_id = server_config.node_id.clone();
+        let lease_shutdown = CancellationToken::new();
+        let (lease, supervisor) = Supervisor::start(
+            storage.clone(),
+            Candidate {
+                lease_name: lease_config.name.clone(),
+                node_id: node_id.clone(),
+                advertise_url: server_config.advertise_url.clone(),
+            },
+            lease_config,
+            Arc::new(BootClock),
+            lease_shutdown.clone(),
+        );
+        let server_shutdown = CancellationToken::new();
+        let writes_done = CancellationToken::new();
+        let server = tokio::spawn(herald_server::serve_with_writes_done(
+            listener,
+            storage,
+            lease.clone(),
+            server_config,
+            server_shutdown.clone(),
+            writes_done.clone(),
+        ));
+        Self {
+            node_id,
+            lease,
+            supervisor,
+            lease_shutdown,
+            server,
+            server_shutdown,
+            writes_done,
         }
-        state = stopped => {
-            // The lease is gone: writes already fail. Close the server
-            // quickly so clients move to the new holder.
-            server_shutdown.cancel();
-            let _ = tokio::time::timeout(Duration::from_secs(2), &mut server).await;
-            Ok(match state {
-                Some(LeaseState::Stopped { reason: StopReason::Watchdog(_) }) => ExitStatus::Watchdog,
-                _ => ExitStatus::LeaseLost,
-            })
+    }
+
+    /// Runs until a drain signal, a lease stop or the server's end,
+    /// whichever comes first, and stops the node accordingly.
+    ///
+    /// # Errors
+    /// The server failed; the supervisor has been stopped first.
+    async fn run(mut self, drain_timeout: Duration) -> anyhow::Result<ExitStatus> {
+        let stopped = lease_stopped(self.lease.subscribe());
+        let event = tokio::select! {
+            () = shutdown_signal() => NodeEvent::DrainSignal,
+            reason = stopped => NodeEvent::LeaseStopped(reason),
+            served = &mut self.server => NodeEvent::ServerEnded(served),
+        };
+        match event {
+            NodeEvent::DrainSignal => Ok(self.drain(drain_timeout).await),
+            NodeEvent::LeaseStopped(reason) => Ok(self.close_after_lease_stop(reason).await),
+            NodeEvent::ServerEnded(served) => self.stop_after_server_end(served).await,
         }
-        served = &mut server => {
-            lease_shutdown.cancel();
-            let exit = supervisor.await;
-            info!(node_id = %node_id, exit = ?exit.as_ref().ok(), "lease supervisor stopped");
-            match served {
-                Ok(Ok(())) => Ok(exit.map_or(ExitStatus::ReleaseFailed, |r| exit_status_of(&r))),
-                Ok(Err(e)) => Err(anyhow::Error::new(e).context("server failed")),
-                Err(e) => Err(anyhow::Error::new(e).context("server task failed")),
+    }
+
+    /// The drain (docs/storage.md): stop accepting, let the writer finish,
+    /// release the lease, then let open connections end until the deadline.
+    async fn drain(mut self, drain_timeout: Duration) -> ExitStatus {
+        info!(node_id = %self.node_id, "drain requested");
+        let deadline = tokio::time::Instant::now() + drain_timeout;
+        let drain_timeout_ms = drain_timeout.as_millis() as u64;
+        self.server_shutdown.cancel();
+        // 1. The writer commits or fails what it accepted.
+        if tokio::time::timeout_at(deadline, self.writes_done.cancelled())
+            .await
+            .is_err()
+        {
+            return self.stop_renewing(drain_timeout_ms).await;
+        }
+        // 2. Nothing more will be written: release the lease now, so a
+        // standby takes over without waiting for slow clients.
+        let status = self.release_lease(deadline).await;
+        // 3. Let open requests and streams end, until the deadline.
+        match tokio::time::timeout_at(deadline, &mut self.server).await {
+            Ok(Ok(Err(e))) => {
+                warn!(node_id = %self.node_id, error = %e, "server ended with an error during drain")
             }
+            Ok(_) => {}
+            Err(_) => {
+                warn!(node_id = %self.node_id, drain_timeout_ms, "connections still open at the drain deadline are closed")
+            }
+        }
+        info!(node_id = %self.node_id, exit_status = status as u8, "drained");
+        status
+    }
+
+    /// Drain step 1 failed: the writer did not finish before the deadline.
+    /// Stops renewing and tries briefly to release the lease.
+    async fn stop_renewing(self, drain_timeout_ms: u64) -> ExitStatus {
+        self.lease_shutdown.cancel();
+        error!(node_id = %self.node_id, drain_timeout_ms, "queued writes did not finish before the drain deadline; exiting without renewing");
+        // Still try to release, briefly: a standby then takes over at once
+        // instead of after expiry. Safe with a write still in flight: it
+        // either commits before the new holder's acquire (which waits for
+        // it) or fails its fencing check.
+        match tokio::time::timeout(RELEASE_AFTER_DRAIN_TIMEOUT, self.supervisor).await {
+            Ok(Ok(reason)) => info!(node_id = %self.node_id, ?reason, "lease supervisor stopped"),
+            Ok(Err(e)) => {
+                error!(node_id = %self.node_id, error = %e, "lease supervisor task failed")
+            }
+            Err(_) => {
+                warn!(node_id = %self.node_id, "releasing the lease did not finish in time; it will expire instead")
+            }
+        }
+        ExitStatus::DrainTimeout
+    }
+
+    /// Drain step 2: stops the supervisor, which releases the lease, and
+    /// waits for it until `deadline`. The lease may have been lost during
+    /// the drain: the status says so, as outside a drain.
+    async fn release_lease(&mut self, deadline: tokio::time::Instant) -> ExitStatus {
+        self.lease_shutdown.cancel();
+        match tokio::time::timeout_at(deadline, &mut self.supervisor).await {
+            Ok(Ok(reason)) => {
+                info!(node_id = %self.node_id, ?reason, "lease supervisor stopped");
+                ExitStatus::from(&reason)
+            }
+            Ok(Err(e)) => {
+                error!(node_id = %self.node_id, error = %e, "lease supervisor task failed");
+                ExitStatus::ReleaseFailed
+            }
+            Err(_) => {
+                warn!(node_id = %self.node_id, "releasing the lease did not finish before the drain deadline");
+                ExitStatus::ReleaseFailed
+            }
+        }
+    }
+
+    /// The supervisor stopped the node: the lease is gone and writes
+    /// already fail. Closes the server quickly so clients move to the new
+    /// holder.
+    async fn close_after_lease_stop(mut self, reason: Option<StopReason>) -> ExitStatus {
+        self.server_shutdown.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(2), &mut self.server).await;
+        reason.map_or(ExitStatus::LeaseLost, |reason| ExitStatus::from(&reason))
+    }
+
+    /// The server ended by itself: stops the supervisor (which releases
+    /// the lease) and exits as the supervisor says, or fails with the
+    /// server's error.
+    async fn stop_after_server_end(
+        self,
+        served: Result<herald_server::Result<()>, JoinError>,
+    ) -> anyhow::Result<ExitStatus> {
+        self.lease_shutdown.cancel();
+        let exit = self.supervisor.await;
+        info!(node_id = %self.node_id, exit = ?exit.as_ref().ok(), "lease supervisor stopped");
+        match served {
+            Ok(Ok(())) => Ok(exit.map_or(ExitStatus::ReleaseFailed, |reason| {
+                ExitStatus::from(&reason)
+            })),
+            Ok(Err(e)) => Err(anyhow::Error::new(e).context("server failed")),
+            Err(e) => Err(anyhow::Error::new(e).context("server task failed")),
         }
     }
 }
 
-/// The exit status for the way the lease supervisor stopped: 0 only when
-/// the node did not hold the lease or released it.
-fn exit_status_of(reason: &StopReason) -> ExitStatus {
-    match reason {
-        StopReason::Watchdog(_) => ExitStatus::Watchdog,
-        StopReason::LeaseLost { .. } => ExitStatus::LeaseLost,
-        StopReason::Drained {
-            release: Release::NotHeld | Release::Released,
-        } => ExitStatus::Drained,
-        StopReason::Drained {
-            release: Release::Failed,
-        } => ExitStatus::ReleaseFailed,
+/// Resolves when the supervisor stops the node on its own (the watchdog,
+/// a lost lease) with that reason, or with `None` if the supervisor is
+/// gone without either.
+async fn lease_stopped(mut states: watch::Receiver<LeaseState>) -> Option<StopReason> {
+    let state = states
+        .wait_for(|s| {
+            matches!(
+                s,
+                LeaseState::Stopped {
+                    reason: StopReason::Watchdog(_) | StopReason::LeaseLost { .. }
+                }
+            )
+        })
+        .await
+        .ok()?;
+    match &*state {
+        LeaseState::Stopped { reason } => Some(reason.clone()),
+        _ => None,
     }
 }
 
@@ -502,7 +657,7 @@ fn check_database_url(url: &str) -> anyhow::Result<()> {
 /// Logs how this node started, once the lease supervisor's first attempt
 /// is done: a standby says who holds the writer lease (the holder's start
 /// is logged by the storage as `writer lease acquired`).
-async fn log_first_role(mut states: tokio::sync::watch::Receiver<LeaseState>, node_id: String) {
+async fn log_first_role(mut states: watch::Receiver<LeaseState>, node_id: String) {
     let first = match states
         .wait_for(|s| !matches!(s, LeaseState::Starting))
         .await
@@ -643,12 +798,12 @@ mod tests {
 
     #[test]
     fn a_drain_exits_0_only_when_no_lease_is_left_behind() {
-        let drained = |release| exit_status_of(&StopReason::Drained { release });
+        let drained = |release| ExitStatus::from(&StopReason::Drained { release });
         assert_eq!(drained(Release::Released), ExitStatus::Drained);
         assert_eq!(drained(Release::NotHeld), ExitStatus::Drained);
         assert_eq!(drained(Release::Failed), ExitStatus::ReleaseFailed);
         assert_eq!(
-            exit_status_of(&StopReason::LeaseLost {
+            ExitStatus::from(&StopReason::LeaseLost {
                 token: herald_core::FencingToken(7)
             }),
             ExitStatus::LeaseLost

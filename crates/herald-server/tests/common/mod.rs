@@ -18,7 +18,7 @@ use futures::{Stream, StreamExt};
 use herald_core::{
     Appended, Candidate, ChannelHead, ChannelName, Lease, LeaseInfo, Message, NewMessage, Offset,
 };
-use herald_lease::{BootClock, Exit, LeaseConfig, LeaseHandle, LeaseState, Supervisor};
+use herald_lease::{BootClock, LeaseConfig, LeaseHandle, LeaseState, StopReason, Supervisor};
 use herald_server::{serve, ServerConfig};
 use herald_storage::sqlite::{SqliteOptions, SqliteStorage};
 use herald_storage::{Acquire, ChangeFeed, LeaseStore, Page, Storage};
@@ -56,7 +56,7 @@ pub struct Node {
     pub shutdown: CancellationToken,
     server: Option<JoinHandle<herald_server::Result<()>>>,
     lease_shutdown: CancellationToken,
-    supervisor: Option<JoinHandle<Exit>>,
+    supervisor: Option<JoinHandle<StopReason>>,
 }
 
 impl Node {
@@ -180,7 +180,7 @@ impl Node {
     }
 
     /// Drains, then stops the supervisor (which releases the lease).
-    pub async fn stop(mut self) -> Exit {
+    pub async fn stop(mut self) -> StopReason {
         self.drain().await;
         self.lease_shutdown.cancel();
         let supervisor = self.supervisor.take().unwrap();
