@@ -233,8 +233,8 @@ mod tests {
 
     #[tokio::test]
     async fn internals_stay_out_of_the_answer() {
-        let e = Error::Storage(herald_storage::Error::Unavailable(
-            "database is locked at /secret/path".to_owned(),
+        let e = Error::Storage(herald_storage::Error::unavailable(
+            "database is locked at /secret/path",
         ));
         let r = e.into_response();
         assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);

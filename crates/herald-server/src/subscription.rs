@@ -56,7 +56,7 @@ pub(crate) const RETRY_MAX: Duration = Duration::from_secs(1);
 /// [`herald_storage::Error::Unavailable`], which it documents as "the
 /// operation may be retried" (unreachable, timed out, locked, restarting).
 fn is_transient(error: &herald_storage::Error) -> bool {
-    matches!(error, herald_storage::Error::Unavailable(_))
+    matches!(error, herald_storage::Error::Unavailable { .. })
 }
 
 /// The state of a read that is failing transiently.

@@ -341,7 +341,7 @@ pub(crate) fn log_storage_error(
 ) {
     let channel = channel.map(ChannelName::as_str);
     match error {
-        herald_storage::Error::Unavailable(_) | herald_storage::Error::LeaseLost { .. } => {
+        herald_storage::Error::Unavailable { .. } | herald_storage::Error::LeaseLost { .. } => {
             tracing::warn!(operation, channel, error = %error, "storage unavailable");
         }
         _ => tracing::error!(operation, channel, error = %error, "storage failed"),

@@ -31,3 +31,49 @@ pub(crate) fn init(format: LogFormat) {
             .try_init(),
     };
 }
+
+/// `error` and its causes on one line, `outer: cause: ...` as anyhow's
+/// `{:#}` writes them, but each cause once: the chain stops at an error
+/// that already quotes its causes in its own message and also returns them
+/// as its source (`herald_storage::Error`, `herald_server::Error`).
+pub(crate) fn one_line(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain() {
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&cause.to_string());
+        if cause.is::<herald_storage::Error>() || cause.is::<herald_server::Error>() {
+            break;
+        }
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use anyhow::Context;
+
+    use super::*;
+
+    /// A storage error quotes its cause and also returns it as its source:
+    /// the line names the cause once, as before the source was kept.
+    #[test]
+    fn a_storage_cause_is_printed_once() {
+        let json = serde_json::from_str::<serde_json::Value>("{").unwrap_err();
+        let storage = herald_storage::Error::Migration {
+            message: json.to_string(),
+            source: Some(Box::new(json)),
+        };
+        let started: Result<(), _> = Err(herald_server::Error::Storage(storage));
+        let e = started.context("server failed").unwrap_err();
+        assert_eq!(
+            one_line(&e),
+            "server failed: storage: migration failed: EOF while parsing an object at line 1 column 1"
+        );
+        // Any other chain is printed whole, as `{:#}` does.
+        let io = std::io::Error::other("disk on fire");
+        let e = anyhow::Error::new(io).context("cannot write the node id");
+        assert_eq!(one_line(&e), format!("{e:#}"));
+    }
+}

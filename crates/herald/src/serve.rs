@@ -269,7 +269,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     match start_and_run(args).await {
         Ok(status) => Ok(status.into()),
         Err(e) => {
-            error!(error = %format!("{e:#}"), "start-up failed");
+            error!(error = %crate::logging::one_line(&e), "start-up failed");
             Ok(ExitStatus::Failed.into())
         }
     }

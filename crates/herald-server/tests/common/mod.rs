@@ -817,9 +817,7 @@ impl Storage for OutageReads {
             self.outage.failed.send_modify(|f| {
                 *f.entry(channel.as_str().to_owned()).or_default() += 1;
             });
-            return Err(herald_storage::Error::Unavailable(
-                "injected outage".to_owned(),
-            ));
+            return Err(herald_storage::Error::unavailable("injected outage"));
         }
         self.inner.read(channel, after, limit).await
     }
