@@ -27,6 +27,7 @@ use herald_storage::Storage;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use crate::error::StorageFailure;
 use crate::hub::{Hub, Notice};
 use crate::role::LeaseView;
 use crate::{metrics, Error, Result};
@@ -207,7 +208,8 @@ impl Writer {
                 }
             }
             Err(e) => {
-                log_storage_error("append", None, &e);
+                // One failure for the whole batch: logged once, here.
+                StorageFailure::new("append", None, e).log();
                 for reply in replies {
                     let _ = reply.send(Err(Error::StorageUnavailable));
                 }
@@ -242,7 +244,7 @@ impl Writer {
                 None => match self.storage.read(&message.channel, 0, 0).await {
                     Ok(page) => page.head,
                     Err(e) => {
-                        log_storage_error("read", Some(&message.channel), &e);
+                        StorageFailure::new("read", Some(&message.channel), e).log();
                         self.predicted_heads.clear();
                         for reply in replies {
                             let _ = reply.send(Err(Error::StorageUnavailable));
@@ -287,7 +289,7 @@ impl Writer {
                         if matches!(e, herald_storage::Error::LeaseLost { .. }) {
                             self.lease.report_lease_lost(lease.token);
                         }
-                        log_storage_error("append", None, &e);
+                        StorageFailure::new("append", None, e).log();
                     }
                     Ok(appended) => tracing::error!(
                         token = lease.token.0,
@@ -329,22 +331,6 @@ impl Writer {
                 messages: committed,
             });
         }
-    }
-}
-
-/// Logs a storage failure where it is handled: WARN for a storage that did
-/// not answer (transient), ERROR for anything a human must look at.
-pub(crate) fn log_storage_error(
-    operation: &'static str,
-    channel: Option<&ChannelName>,
-    error: &herald_storage::Error,
-) {
-    let channel = channel.map(ChannelName::as_str);
-    match error {
-        herald_storage::Error::Unavailable { .. } | herald_storage::Error::LeaseLost { .. } => {
-            tracing::warn!(operation, channel, error = %error, "storage unavailable");
-        }
-        _ => tracing::error!(operation, channel, error = %error, "storage failed"),
     }
 }
 

@@ -35,7 +35,7 @@ pub(crate) fn init(format: LogFormat) {
 /// `error` and its causes on one line, `outer: cause: ...` as anyhow's
 /// `{:#}` writes them, but each cause once: the chain stops at an error
 /// that already quotes its causes in its own message and also returns them
-/// as its source (`herald_storage::Error`, `herald_server::Error`).
+/// as its source (`herald_storage::Error`, `herald_server::StartError`).
 pub(crate) fn one_line(error: &anyhow::Error) -> String {
     let mut line = String::new();
     for cause in error.chain() {
@@ -43,7 +43,7 @@ pub(crate) fn one_line(error: &anyhow::Error) -> String {
             line.push_str(": ");
         }
         line.push_str(&cause.to_string());
-        if cause.is::<herald_storage::Error>() || cause.is::<herald_server::Error>() {
+        if cause.is::<herald_storage::Error>() || cause.is::<herald_server::StartError>() {
             break;
         }
     }
@@ -65,7 +65,7 @@ mod tests {
             message: json.to_string(),
             source: Some(Box::new(json)),
         };
-        let started: Result<(), _> = Err(herald_server::Error::Storage(storage));
+        let started: Result<(), _> = Err(herald_server::StartError::Storage(storage));
         let e = started.context("server failed").unwrap_err();
         assert_eq!(
             one_line(&e),

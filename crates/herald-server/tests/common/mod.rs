@@ -54,7 +54,7 @@ pub struct Node {
     pub client: reqwest::Client,
     /// Drains the server.
     pub shutdown: CancellationToken,
-    server: Option<JoinHandle<herald_server::Result<()>>>,
+    server: Option<JoinHandle<Result<(), herald_server::StartError>>>,
     lease_shutdown: CancellationToken,
     supervisor: Option<JoinHandle<Exit>>,
 }
