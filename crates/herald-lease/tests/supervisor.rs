@@ -161,7 +161,7 @@ impl LeaseStore for Shared {
         let behaviour = self.0.renewal.lock().unwrap().clone();
         match behaviour {
             Renewal::Ok => self.0.extend(lease, ttl),
-            Renewal::Fail => Err(Error::Unavailable("injected failure".into())),
+            Renewal::Fail => Err(Error::unavailable("injected failure")),
             Renewal::Hang => std::future::pending().await,
             Renewal::CommitAfter(d) => {
                 let (tx, rx) = tokio::sync::oneshot::channel();
@@ -171,7 +171,7 @@ impl LeaseStore for Shared {
                     tokio::time::sleep(d).await;
                     let _ = tx.send(me.extend(&lease, ttl));
                 });
-                rx.await.unwrap_or(Err(Error::Unavailable("gone".into())))
+                rx.await.unwrap_or(Err(Error::unavailable("gone")))
             }
         }
     }
@@ -179,7 +179,7 @@ impl LeaseStore for Shared {
     async fn release(&self, lease: &Lease) -> Result<()> {
         *self.0.releases.lock().unwrap() += 1;
         if *self.0.release_fails.lock().unwrap() {
-            return Err(Error::Unavailable("release refused by the test".into()));
+            return Err(Error::unavailable("release refused by the test"));
         }
         self.0.release_by(&lease.holder);
         Ok(())

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::{Error, Result};
+use crate::StartError;
 
 /// Settings of one node's HTTP server. Every field has a default (see
 /// [`ServerConfig::default`]); [`ServerConfig::validate`] checks them.
@@ -82,8 +82,8 @@ impl ServerConfig {
     /// Checks that every size and period is usable.
     ///
     /// # Errors
-    /// [`Error::Config`] names the first field that is zero or empty.
-    pub fn validate(&self) -> Result<()> {
+    /// [`StartError::Config`] names the first field that is zero or empty.
+    pub fn validate(&self) -> Result<(), StartError> {
         let sizes = [
             ("max_message_bytes", self.max_message_bytes),
             ("max_batch_body_bytes", self.max_batch_body_bytes),
@@ -93,7 +93,9 @@ impl ServerConfig {
         ];
         for (name, value) in sizes {
             if value == 0 {
-                return Err(Error::Config(format!("{name} must be greater than zero")));
+                return Err(StartError::Config(format!(
+                    "{name} must be greater than zero"
+                )));
             }
         }
         let periods = [
@@ -104,11 +106,13 @@ impl ServerConfig {
         ];
         for (name, value) in periods {
             if value.is_zero() {
-                return Err(Error::Config(format!("{name} must be greater than zero")));
+                return Err(StartError::Config(format!(
+                    "{name} must be greater than zero"
+                )));
             }
         }
         if self.node_id.is_empty() {
-            return Err(Error::Config("node_id must not be empty".to_owned()));
+            return Err(StartError::Config("node_id must not be empty".to_owned()));
         }
         Ok(())
     }
@@ -137,21 +141,25 @@ mod tests {
             queue_capacity: 0,
             ..ServerConfig::default()
         };
-        assert!(matches!(c.validate(), Err(Error::Config(m)) if m.contains("queue_capacity")));
+        assert!(matches!(c.validate(), Err(StartError::Config(m)) if m.contains("queue_capacity")));
         let c = ServerConfig {
             heartbeat: Duration::ZERO,
             ..ServerConfig::default()
         };
-        assert!(matches!(c.validate(), Err(Error::Config(m)) if m.contains("heartbeat")));
+        assert!(matches!(c.validate(), Err(StartError::Config(m)) if m.contains("heartbeat")));
         let c = ServerConfig {
             header_read_timeout: Duration::ZERO,
             ..ServerConfig::default()
         };
-        assert!(matches!(c.validate(), Err(Error::Config(m)) if m.contains("header_read_timeout")));
+        assert!(
+            matches!(c.validate(), Err(StartError::Config(m)) if m.contains("header_read_timeout"))
+        );
         let c = ServerConfig {
             forward_timeout: Duration::ZERO,
             ..ServerConfig::default()
         };
-        assert!(matches!(c.validate(), Err(Error::Config(m)) if m.contains("forward_timeout")));
+        assert!(
+            matches!(c.validate(), Err(StartError::Config(m)) if m.contains("forward_timeout"))
+        );
     }
 }

@@ -1,21 +1,22 @@
-//! The crate's one error type, and how it becomes an HTTP answer.
+//! The crate's errors: [`Error`], which becomes an HTTP answer, and
+//! [`StartError`], why the server could not start.
 //!
 //! Every error answer has the body `{"error":{"code","message"}}` (plus
 //! `holder_url` for `not_holder`). The code is stable and documented in
 //! `docs/api.md`; the message is for humans. Internal details (storage
-//! error text) never reach the client: they are logged where the error is
-//! handled.
+//! error text) never reach the client: they go to the log, once, where the
+//! error ends (see [`StorageFailure`]).
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use herald_core::ChannelName;
 use serde_json::json;
 
 /// Result alias for this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Everything that can go wrong in the server, from a bad request to a
-/// failed start-up.
+/// Everything that can go wrong while the server answers a request.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The `{channel}` path segment breaks the channel name rules
@@ -78,8 +79,16 @@ pub enum Error {
     /// now. Nothing was written. 503 `lease_lost`, `Retry-After: 1`.
     #[error("this node lost the writer lease")]
     LeaseLost,
-    /// The storage did not answer, or failed; details are in the log.
-    /// Nothing was written. 503 `storage_unavailable`, `Retry-After: 1`.
+    /// A storage call failed; the source holds the storage's error and
+    /// what was asked. Logged where the error ends: when it becomes the
+    /// answer (`into_response`) or ends a subscription's stream.
+    /// 503 `storage_unavailable`, `Retry-After: 1`.
+    #[error("the storage is unavailable")]
+    Storage(#[from] StorageFailure),
+    /// The storage did not answer in time (`/readyz`'s ping), or failed a
+    /// whole batch of publishes, which the writer logged once for all of
+    /// them. Nothing was written, or the outcome is unknown.
+    /// 503 `storage_unavailable`, `Retry-After: 1`.
     #[error("the storage is unavailable")]
     StorageUnavailable,
     /// The node is shutting down and takes no new work.
@@ -90,15 +99,6 @@ pub enum Error {
     /// 500 `internal`.
     #[error("internal error: {0}")]
     Internal(String),
-    /// A [`crate::ServerConfig`] field is unusable (start-up only).
-    #[error("invalid server configuration: {0}")]
-    Config(String),
-    /// The storage failed at start-up.
-    #[error("storage: {0}")]
-    Storage(#[from] herald_storage::Error),
-    /// The listener failed.
-    #[error("listener: {0}")]
-    Io(#[from] std::io::Error),
     /// Entry `index` (from 0) of a batch publish is invalid; answered with
     /// that entry's error's status and code, the message naming the entry.
     /// Nothing of the batch was stored.
@@ -129,10 +129,10 @@ impl Error {
             | Self::NoHolder
             | Self::QueueFull
             | Self::LeaseLost
+            | Self::Storage(_)
             | Self::StorageUnavailable
-            | Self::Draining
-            | Self::Storage(_) => StatusCode::SERVICE_UNAVAILABLE,
-            Self::Internal(_) | Self::Config(_) | Self::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            | Self::Draining => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::InBatchEntry { error, .. } => error.status(),
         }
     }
@@ -154,9 +154,9 @@ impl Error {
             Self::NoHolder => "no_holder",
             Self::QueueFull => "queue_full",
             Self::LeaseLost => "lease_lost",
-            Self::StorageUnavailable | Self::Storage(_) => "storage_unavailable",
+            Self::Storage(_) | Self::StorageUnavailable => "storage_unavailable",
             Self::Draining => "draining",
-            Self::Internal(_) | Self::Config(_) | Self::Io(_) => "internal",
+            Self::Internal(_) => "internal",
             Self::InBatchEntry { error, .. } => error.code(),
         }
     }
@@ -178,11 +178,11 @@ impl Error {
                 "this node lost the writer lease; nothing was written; retry on the new holder"
                     .to_owned()
             }
-            Self::StorageUnavailable | Self::Storage(_) => {
+            Self::Storage(_) | Self::StorageUnavailable => {
                 "the storage is unavailable; the outcome is unknown; retry later with the same Idempotency-Key".to_owned()
             }
             Self::Draining => "the node is shutting down; retry on another node".to_owned(),
-            Self::Internal(_) | Self::Config(_) | Self::Io(_) => "internal error".to_owned(),
+            Self::Internal(_) => "internal error".to_owned(),
             Self::InBatchEntry { index, error } => {
                 format!("messages[{index}]: {}", error.client_message())
             }
@@ -195,10 +195,23 @@ impl Error {
     fn retry_later(&self) -> bool {
         self.status() == StatusCode::SERVICE_UNAVAILABLE
     }
+
+    /// Logs what the error holds that the client is not told: the storage
+    /// failure of an [`Error::Storage`] (see [`StorageFailure`]). The other
+    /// errors are logged where they happen, if a human needs them. Call it
+    /// once, where the error ends; `into_response` does.
+    pub(crate) fn log(&self) {
+        if let Self::Storage(failure) = self {
+            failure.log();
+        }
+    }
 }
 
 impl IntoResponse for Error {
+    /// The JSON error answer. Logs the storage failure of an
+    /// [`Error::Storage`] first: this is where it ends.
     fn into_response(self) -> Response {
+        self.log();
         let mut body = json!({
             "error": { "code": self.code(), "message": self.client_message() }
         });
@@ -213,6 +226,98 @@ impl IntoResponse for Error {
         }
         response
     }
+}
+
+/// A storage error and what the server asked the storage for: the source
+/// of an [`Error::Storage`]. Handlers make it by naming what they asked
+/// the storage for: `.during("read", Some(&channel))?`.
+///
+/// It is logged once, by whoever ends it: `Error::into_response` when it
+/// becomes an answer, the SSE or WebSocket session whose stream it ends,
+/// the writer when it fails a whole batch, `/v1/status` when it shows the
+/// lease as `null`. The record is a WARN `storage unavailable` for a
+/// storage that did not answer (a retry may cure it), else an ERROR
+/// `storage failed`, with the fields `operation`, `channel` and `error`.
+#[derive(Debug, thiserror::Error)]
+#[error("storage operation {operation} failed")]
+pub struct StorageFailure {
+    /// What was asked: `read`, `channels`, `ping`, `lease_info`, `append`.
+    operation: &'static str,
+    /// The channel it concerned, if one.
+    channel: Option<ChannelName>,
+    /// The storage's answer.
+    #[source]
+    error: herald_storage::Error,
+}
+
+impl StorageFailure {
+    /// `error`, met while asking the storage for `operation` (on
+    /// `channel`, if one).
+    pub(crate) fn new(
+        operation: &'static str,
+        channel: Option<&ChannelName>,
+        error: herald_storage::Error,
+    ) -> Self {
+        Self {
+            operation,
+            channel: channel.cloned(),
+            error,
+        }
+    }
+
+    /// Logs the failure (see [`StorageFailure`]): WARN for a storage that
+    /// did not answer or a lease lost under a write, which the node
+    /// handles itself; ERROR for anything a human must look at.
+    pub(crate) fn log(&self) {
+        let Self {
+            operation,
+            channel,
+            error,
+        } = self;
+        let channel = channel.as_ref().map(ChannelName::as_str);
+        match error {
+            herald_storage::Error::Unavailable { .. } | herald_storage::Error::LeaseLost { .. } => {
+                tracing::warn!(operation, channel, error = %error, "storage unavailable");
+            }
+            _ => tracing::error!(operation, channel, error = %error, "storage failed"),
+        }
+    }
+}
+
+/// Names what a storage call was for, so that `?` turns its error into an
+/// [`Error::Storage`]:
+/// `storage.read(&channel, after, limit).await.during("read", Some(&channel))?`.
+pub(crate) trait StorageContext<T> {
+    /// The value, or a [`StorageFailure`] for `operation` on `channel`.
+    fn during(
+        self,
+        operation: &'static str,
+        channel: Option<&ChannelName>,
+    ) -> Result<T, StorageFailure>;
+}
+
+impl<T> StorageContext<T> for herald_storage::Result<T> {
+    fn during(
+        self,
+        operation: &'static str,
+        channel: Option<&ChannelName>,
+    ) -> Result<T, StorageFailure> {
+        self.map_err(|error| StorageFailure::new(operation, channel, error))
+    }
+}
+
+/// Why the server could not start ([`crate::serve`],
+/// [`crate::AppState::start`], [`crate::ServerConfig::validate`]). Never an
+/// HTTP answer.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A [`crate::ServerConfig`] field is unusable: the message names it.
+    #[error("invalid server configuration: {0}")]
+    Config(String),
+    /// The storage failed before the server could serve (reading its
+    /// change cursor). The storage's error is also the source.
+    #[error("storage: {0}")]
+    Storage(#[from] herald_storage::Error),
 }
 
 #[cfg(test)]
@@ -248,8 +353,10 @@ mod tests {
 
     #[tokio::test]
     async fn internals_stay_out_of_the_answer() {
-        let e = Error::Storage(herald_storage::Error::Unavailable(
-            "database is locked at /secret/path".to_owned(),
+        let e = Error::Storage(StorageFailure::new(
+            "read",
+            None,
+            herald_storage::Error::unavailable("database is locked at /secret/path"),
         ));
         let r = e.into_response();
         assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);

@@ -28,7 +28,7 @@ use bytes::Bytes;
 use herald_lease::{LeaseState, Release, StopReason};
 use tokio::sync::watch;
 
-use crate::{metrics, Error, Result};
+use crate::{metrics, Error, Result, StartError};
 
 /// The header that marks a forwarded publish, with the forwarding node's id.
 pub(crate) const FORWARDED_BY: HeaderName = HeaderName::from_static("herald-forwarded-by");
@@ -144,11 +144,11 @@ impl Forwarder {
     /// [`CONNECT_TIMEOUT`] of it to connect).
     ///
     /// # Errors
-    /// [`Error::Config`] when `node_id` cannot be a header value or the
-    /// HTTP client cannot be built.
-    pub(crate) fn new(node_id: &str, timeout: Duration) -> Result<Self> {
+    /// [`StartError::Config`] when `node_id` cannot be a header value or
+    /// the HTTP client cannot be built.
+    pub(crate) fn new(node_id: &str, timeout: Duration) -> Result<Self, StartError> {
         let node_id = HeaderValue::from_str(node_id).map_err(|_| {
-            Error::Config("node_id must be visible ASCII to name it in a header".to_owned())
+            StartError::Config("node_id must be visible ASCII to name it in a header".to_owned())
         })?;
         let client = reqwest::Client::builder()
             .timeout(timeout)
@@ -157,7 +157,7 @@ impl Forwarder {
             // Node-to-node traffic: no proxy from the environment.
             .no_proxy()
             .build()
-            .map_err(|e| Error::Config(format!("cannot build the forwarding client: {e}")))?;
+            .map_err(|e| StartError::Config(format!("cannot build the forwarding client: {e}")))?;
         Ok(Self { client, node_id })
     }
 

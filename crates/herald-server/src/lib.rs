@@ -53,7 +53,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use config::ServerConfig;
-pub use error::{Error, Result};
+pub use error::{Error, Result, StartError, StorageFailure};
 pub use metrics::install_metrics_recorder;
 pub use state::AppState;
 
@@ -84,15 +84,15 @@ pub fn app(state: AppState) -> axum::Router {
 /// The caller then stops the lease supervisor, which releases the lease.
 ///
 /// # Errors
-/// [`Error::Config`] for an unusable config, [`Error::Storage`] when the
-/// storage does not answer at start.
+/// [`StartError::Config`] for an unusable config, [`StartError::Storage`]
+/// when the storage does not answer at start.
 pub async fn serve(
     listener: TcpListener,
     storage: Arc<dyn Storage>,
     lease: LeaseHandle,
     config: ServerConfig,
     shutdown: CancellationToken,
-) -> Result<()> {
+) -> Result<(), StartError> {
     serve_with(listener, storage, Arc::new(lease), config, shutdown, None).await
 }
 
@@ -110,7 +110,7 @@ pub async fn serve_with_writes_done(
     config: ServerConfig,
     shutdown: CancellationToken,
     writes_done: CancellationToken,
-) -> Result<()> {
+) -> Result<(), StartError> {
     serve_with(
         listener,
         storage,
@@ -130,7 +130,7 @@ pub(crate) async fn serve_with(
     config: ServerConfig,
     shutdown: CancellationToken,
     writes_done: Option<CancellationToken>,
-) -> Result<()> {
+) -> Result<(), StartError> {
     // A child token: this server's tasks follow the caller's token, and
     // cancelling it here never cancels the caller's.
     let stop = shutdown.child_token();

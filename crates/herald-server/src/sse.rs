@@ -50,9 +50,12 @@ pub(crate) async fn events(
     let stream = futures::stream::unfold(sub, |mut sub| async move {
         match sub.next().await {
             Ok(Some(message)) => Some((Ok::<_, Infallible>(event(&message)), sub)),
-            // Ended, or a storage failure that is not transient (logged):
-            // finish the body; the client resumes.
-            Ok(None) | Err(_) => {
+            // Ended, or a storage failure that is not transient: finish the
+            // body; the client resumes.
+            ended => {
+                if let Err(e) = ended {
+                    e.log();
+                }
                 tracing::debug!(channel = %sub.channel(), "SSE stream ends");
                 None
             }

@@ -17,7 +17,7 @@ use crate::hub::Hub;
 use crate::role::LeaseView;
 use crate::standby_feed::StandbyFeed;
 use crate::writer::{Writer, WriterHandle};
-use crate::{install_metrics_recorder, Result, ServerConfig};
+use crate::{install_metrics_recorder, ServerConfig, StartError};
 
 /// Interval of the metrics recorder's upkeep (draining histogram samples
 /// when nobody scrapes).
@@ -69,14 +69,14 @@ impl AppState {
     /// `shutdown` is cancelled; [`AppState::stopped`] waits for that.
     ///
     /// # Errors
-    /// [`crate::Error::Config`] for an unusable config,
-    /// [`crate::Error::Storage`] when the storage does not answer.
+    /// [`StartError::Config`] for an unusable config,
+    /// [`StartError::Storage`] when the storage does not answer.
     pub async fn start(
         storage: Arc<dyn Storage>,
         lease: LeaseHandle,
         config: ServerConfig,
         shutdown: CancellationToken,
-    ) -> Result<Self> {
+    ) -> Result<Self, StartError> {
         Self::start_with(storage, Arc::new(lease), config, shutdown).await
     }
 
@@ -86,7 +86,7 @@ impl AppState {
         lease: Arc<dyn LeaseView>,
         config: ServerConfig,
         shutdown: CancellationToken,
-    ) -> Result<Self> {
+    ) -> Result<Self, StartError> {
         config.validate()?;
         let forwarder = Forwarder::new(&config.node_id, config.forward_timeout)?;
         let metrics = install_metrics_recorder();

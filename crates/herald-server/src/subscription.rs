@@ -23,7 +23,7 @@
 //! open with heartbeats). Since nothing is queued until a read succeeds and
 //! `last` only moves with what is queued, the wait loses and repeats
 //! nothing. Any other storage error (corrupt data, an unexpected SQL error)
-//! ends the subscription with [`Error::StorageUnavailable`].
+//! ends the subscription with [`Error::Storage`], which the caller logs.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -34,9 +34,9 @@ use herald_storage::{Page, Storage};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
 
+use crate::error::StorageFailure;
 use crate::hub::{Hub, HubReceiver, Notice};
 use crate::metrics::{self, SubscriberGauge};
-use crate::writer::log_storage_error;
 use crate::{Error, Result};
 
 /// Messages read from the storage per request.
@@ -56,7 +56,7 @@ pub(crate) const RETRY_MAX: Duration = Duration::from_secs(1);
 /// [`herald_storage::Error::Unavailable`], which it documents as "the
 /// operation may be retried" (unreachable, timed out, locked, restarting).
 fn is_transient(error: &herald_storage::Error) -> bool {
-    matches!(error, herald_storage::Error::Unavailable(_))
+    matches!(error, herald_storage::Error::Unavailable { .. })
 }
 
 /// The state of a read that is failing transiently.
@@ -128,7 +128,7 @@ impl Subscription {
     /// subscriber gauge.
     ///
     /// # Errors
-    /// [`Error::StorageUnavailable`] when the first read fails with an error
+    /// [`Error::Storage`] when the first read fails with an error
     /// that is not transient.
     pub(crate) async fn start(
         storage: Arc<dyn Storage>,
@@ -178,7 +178,7 @@ impl Subscription {
     /// across one, and [`HubReceiver::recv`] is cancel safe itself.
     ///
     /// # Errors
-    /// [`Error::StorageUnavailable`] when a storage read failed with an
+    /// [`Error::Storage`] when a storage read failed with an
     /// error that is not transient; the caller ends the subscription (the
     /// client resumes from its last offset).
     pub(crate) async fn next(&mut self) -> Result<Option<Message>> {
@@ -263,7 +263,7 @@ impl Subscription {
     /// succeeds.
     ///
     /// # Errors
-    /// [`Error::StorageUnavailable`] on a failure that is not transient.
+    /// [`Error::Storage`] on a failure that is not transient.
     async fn read_page(&mut self) -> Result<usize> {
         loop {
             if let Some(retry) = self.retry {
@@ -280,7 +280,7 @@ impl Subscription {
     /// next try is scheduled in `retry`).
     ///
     /// # Errors
-    /// [`Error::StorageUnavailable`] on a failure that is not transient.
+    /// [`Error::Storage`] on a failure that is not transient.
     async fn try_read_page(&mut self) -> Result<Option<usize>> {
         match self
             .storage
@@ -337,10 +337,11 @@ impl Subscription {
                 self.retry = Some(retry);
                 Ok(None)
             }
-            Err(e) => {
-                log_storage_error("read", Some(&self.channel), &e);
-                Err(Error::StorageUnavailable)
-            }
+            Err(e) => Err(Error::Storage(StorageFailure::new(
+                "read",
+                Some(&self.channel),
+                e,
+            ))),
         }
     }
 
@@ -696,7 +697,7 @@ mod tests {
             "sse",
         )
         .await;
-        assert!(matches!(start, Err(Error::StorageUnavailable)));
+        assert!(matches!(start, Err(Error::Storage(_))));
         // The failed start left no sender behind.
         assert_eq!(hub.channel_count(), 0);
         // Mid-stream, the same error ends it.
@@ -716,6 +717,6 @@ mod tests {
         let next = tokio::time::timeout(Duration::from_secs(5), sub.next())
             .await
             .expect("next returns");
-        assert!(matches!(next, Err(Error::StorageUnavailable)));
+        assert!(matches!(next, Err(Error::Storage(_))));
     }
 }

@@ -204,7 +204,7 @@ impl MemoryStorage {
 }
 
 fn unavailable() -> herald_storage::Error {
-    herald_storage::Error::Unavailable("injected failure".to_owned())
+    herald_storage::Error::unavailable("injected failure")
 }
 
 #[async_trait]
@@ -301,7 +301,7 @@ impl Storage for MemoryStorage {
             return Err(unavailable());
         }
         if self.corrupt_reads.load(Ordering::SeqCst) {
-            return Err(herald_storage::Error::Corrupt("injected damage".to_owned()));
+            return Err(herald_storage::Error::corrupt("injected damage"));
         }
         let mem = self.mem.lock().unwrap();
         let list = mem.channels.get(channel.as_str());

@@ -641,3 +641,109 @@ async fn real_listener_refuses_a_2_mib_body_with_json() {
         .unwrap()
         .unwrap();
 }
+
+/// The log records of the calling thread, as JSON objects, while `guard`
+/// lives (tests run on a current-thread runtime, so the server's tasks log
+/// on that thread too).
+fn capture_logs() -> (
+    tracing::subscriber::DefaultGuard,
+    Arc<std::sync::Mutex<Vec<u8>>>,
+) {
+    let buffer = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let writer = {
+        let buffer = Arc::clone(&buffer);
+        move || LogWriter(Arc::clone(&buffer))
+    };
+    let subscriber = tracing_subscriber::fmt()
+        .json()
+        .flatten_event(true)
+        .with_max_level(tracing::Level::WARN)
+        .with_writer(writer)
+        .finish();
+    (tracing::subscriber::set_default(subscriber), buffer)
+}
+
+/// Appends log output to a shared buffer.
+struct LogWriter(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogWriter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Takes the records captured so far whose message is `message`.
+fn take_records(buffer: &std::sync::Mutex<Vec<u8>>, message: &str) -> Vec<Value> {
+    let bytes = std::mem::take(&mut *buffer.lock().unwrap());
+    String::from_utf8(bytes)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str::<Value>(line).unwrap())
+        .filter(|record| record["message"] == message)
+        .collect()
+}
+
+/// A storage failure is logged once, where it becomes the answer, with
+/// what was asked and the storage's error.
+#[tokio::test]
+async fn a_storage_failure_is_logged_once_with_its_operation() {
+    let (_guard, logs) = capture_logs();
+    let node = Node::start(ServerConfig::default()).await;
+
+    node.storage.fail_reads(true);
+    let (status, _, body) = node.get("/v1/channels/c/messages").await;
+    assert_error(
+        status,
+        &body,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "storage_unavailable",
+    );
+    let records = take_records(&logs, "storage unavailable");
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0]["level"], "WARN");
+    assert_eq!(records[0]["operation"], "read");
+    assert_eq!(records[0]["channel"], "c");
+    assert_eq!(records[0]["error"], "storage unavailable: injected failure");
+
+    let (status, _, _) = node.get("/readyz").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let records = take_records(&logs, "storage unavailable");
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0]["operation"], "ping");
+    node.storage.fail_reads(false);
+
+    node.storage.corrupt_reads(true);
+    for uri in ["/v1/channels/c/messages", "/v1/channels/c/events"] {
+        let (status, _, body) = node.get(uri).await;
+        assert_error(
+            status,
+            &body,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "storage_unavailable",
+        );
+        let records = take_records(&logs, "storage failed");
+        assert_eq!(records.len(), 1, "{uri}: {records:?}");
+        assert_eq!(records[0]["level"], "ERROR");
+        assert_eq!(records[0]["operation"], "read");
+        assert_eq!(records[0]["error"], "corrupt data: injected damage");
+    }
+    node.storage.corrupt_reads(false);
+
+    // A failed batch: logged once by the writer, for all its publishes.
+    node.storage.fail_appends(true);
+    let (status, _, body) = node.post("/v1/channels/c/messages", r#"{"data":1}"#).await;
+    assert_error(
+        status,
+        &body,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "storage_unavailable",
+    );
+    let records = take_records(&logs, "storage unavailable");
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0]["operation"], "append");
+    node.stop().await;
+}

@@ -23,6 +23,7 @@ use herald_storage::Storage;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use crate::error::StorageFailure;
 use crate::hub::{Hub, Notice};
 use crate::role::LeaseView;
 use crate::{metrics, Error, Result};
@@ -289,7 +290,7 @@ impl Writer {
                 fail_all(replies, || Error::LeaseLost);
             }
             Err(e) => {
-                log_storage_error("append", None, &e);
+                StorageFailure::new("append", None, e).log();
                 fail_all(replies, || Error::StorageUnavailable);
             }
         }
@@ -318,22 +319,6 @@ impl Writer {
                 messages: committed,
             });
         }
-    }
-}
-
-/// Logs a storage failure where it is handled: WARN for a storage that did
-/// not answer (transient), ERROR for anything a human must look at.
-pub(crate) fn log_storage_error(
-    operation: &'static str,
-    channel: Option<&ChannelName>,
-    error: &herald_storage::Error,
-) {
-    let channel = channel.map(ChannelName::as_str);
-    match error {
-        herald_storage::Error::Unavailable(_) | herald_storage::Error::LeaseLost { .. } => {
-            tracing::warn!(operation, channel, error = %error, "storage unavailable");
-        }
-        _ => tracing::error!(operation, channel, error = %error, "storage failed"),
     }
 }
 

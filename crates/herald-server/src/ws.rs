@@ -149,7 +149,10 @@ async fn session(
                 }
                 Ok(None) => break End::Close(close_code::AWAY, "subscription ended"),
                 // Not transient (those are waited out in `next`).
-                Err(_) => break End::Close(close_code::ERROR, "storage failed; resume later"),
+                Err(e) => {
+                    e.log();
+                    break End::Close(close_code::ERROR, "storage failed; resume later");
+                }
             },
         }
     };

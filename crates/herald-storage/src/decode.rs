@@ -64,7 +64,7 @@ pub(crate) fn sql_position(value: u64) -> i64 {
 
 /// A stored non-negative integer; a negative one is corrupt data.
 pub(crate) fn to_u64(value: i64, what: &str) -> Result<u64> {
-    u64::try_from(value).map_err(|_| Error::Corrupt(format!("{what} is negative: {value}")))
+    u64::try_from(value).map_err(|_| Error::corrupt(format!("{what} is negative: {value}")))
 }
 
 /// A stored fencing token.
@@ -74,14 +74,15 @@ pub(crate) fn to_token(value: i64) -> Result<FencingToken> {
 
 /// A stored channel name, validated again.
 pub(crate) fn to_channel(name: String) -> Result<ChannelName> {
-    ChannelName::new(name).map_err(|e| Error::Corrupt(format!("stored channel name: {e}")))
+    ChannelName::new(name)
+        .map_err(|e| Error::corrupt_because(format!("stored channel name: {e}"), e))
 }
 
 /// Stored message data, which must still be JSON text.
 pub(crate) fn to_json(text: String) -> Result<Arc<RawValue>> {
     RawValue::from_string(text)
         .map(Arc::from)
-        .map_err(|e| Error::Corrupt(format!("stored message data is not JSON: {e}")))
+        .map_err(|e| Error::corrupt_because(format!("stored message data is not JSON: {e}"), e))
 }
 
 /// The outcome of a committed acquisition of `candidate` with `token`,

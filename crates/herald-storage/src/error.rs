@@ -5,7 +5,19 @@ use herald_core::FencingToken;
 /// Result alias for this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// The cause of an [`Error::Unavailable`], [`Error::Migration`] or
+/// [`Error::Corrupt`]: the driver's, the pool's or a task's own error.
+pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// Everything that can go wrong in storage.
+///
+/// Each error's message (its `Display`) is complete: it quotes what caused
+/// it, so that a log record with only `error = %e` says everything. The
+/// variants that wrap another error also return it as their `source()`,
+/// for code that inspects it (all but [`Error::Io`], which keeps its OS
+/// error in the field `error`); a report that walks the whole chain should
+/// stop at this error, or it prints each cause twice (`herald serve`
+/// reports start-up failures so).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The lease is no longer ours: another token or holder is current, or
@@ -23,11 +35,28 @@ pub enum Error {
     /// A write that returns this committed nothing, except when the
     /// connection broke while its commit was in flight: then the outcome is
     /// unknown (retry with the same idempotency keys).
-    #[error("storage unavailable: {0}")]
-    Unavailable(String),
+    #[error("storage unavailable: {message}")]
+    Unavailable {
+        /// What failed, ending with the cause's own words when there is a
+        /// cause (e.g. `postgres: ERROR: canceling statement due to lock
+        /// timeout (SQLSTATE 55P03)`).
+        message: String,
+        /// The error that caused it; `None` when this crate found the
+        /// condition itself (a wait that ran out, a full queue, a thread or
+        /// connection that is gone, an unexpected answer).
+        #[source]
+        source: Option<Cause>,
+    },
     /// A schema migration failed at start-up.
-    #[error("migration failed: {0}")]
-    Migration(String),
+    #[error("migration failed: {message}")]
+    Migration {
+        /// What failed, with the cause's own words when there is a cause.
+        message: String,
+        /// The migration runner's error; `None` when this crate refused
+        /// (an unsupported server version).
+        #[source]
+        source: Option<Cause>,
+    },
     /// A file-system operation on the data directory failed: `operation`
     /// (e.g. "create the data directory") on `path` (absolute), with the
     /// operating system's `error`. Displayed once, as
@@ -50,17 +79,25 @@ pub enum Error {
     /// `SQLITE_BUSY` and `SQLITE_LOCKED` become [`Error::Unavailable`]
     /// instead; see the `From<rusqlite::Error>` conversion.)
     #[error("sqlite: {0}")]
-    Sqlite(rusqlite::Error),
+    Sqlite(#[source] rusqlite::Error),
     /// PostgreSQL reported an error that is not one of the above (a
     /// constraint violation, a syntax error, an unexpected answer). Timeouts,
     /// lock waits that gave up and lost connections become
     /// [`Error::Unavailable`] instead; see the `From<tokio_postgres::Error>`
     /// conversion.
     #[error("postgres: {}", describe_postgres(.0))]
-    Postgres(tokio_postgres::Error),
+    Postgres(#[source] tokio_postgres::Error),
     /// Stored data could not be decoded (a bug or a damaged database).
-    #[error("corrupt data: {0}")]
-    Corrupt(String),
+    #[error("corrupt data: {message}")]
+    Corrupt {
+        /// What is wrong, with the decoder's own words when there is a
+        /// cause.
+        message: String,
+        /// The decoder's error; `None` when data this crate reads back is
+        /// missing or out of range.
+        #[source]
+        source: Option<Cause>,
+    },
     /// A connection pooler (or another proxy) sits between this node and
     /// PostgreSQL and Herald cannot work through it: it runs the statements
     /// of one connection in different server sessions (transaction or
@@ -153,6 +190,61 @@ pub enum PoolerEvidence {
 }
 
 impl Error {
+    /// An [`Error::Unavailable`] without a cause: a wait that ran out, a
+    /// full queue, a thread or connection that is gone; `message` says
+    /// which.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::Unavailable {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// An [`Error::Unavailable`] caused by `source`; `message` already
+    /// quotes it (see [`Error`]).
+    pub(crate) fn unavailable_because(message: String, source: impl Into<Cause>) -> Self {
+        Self::Unavailable {
+            message,
+            source: Some(source.into()),
+        }
+    }
+
+    /// An [`Error::Migration`] that this crate decided: `message` says why.
+    pub(crate) fn migration(message: String) -> Self {
+        Self::Migration {
+            message,
+            source: None,
+        }
+    }
+
+    /// An [`Error::Migration`] caused by the migration runner's `source`;
+    /// the message is its text.
+    pub(crate) fn migration_because(source: impl Into<Cause>) -> Self {
+        let source = source.into();
+        Self::Migration {
+            message: source.to_string(),
+            source: Some(source),
+        }
+    }
+
+    /// An [`Error::Corrupt`] that this crate found: `message` says what is
+    /// wrong.
+    pub fn corrupt(message: impl Into<String>) -> Self {
+        Self::Corrupt {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// An [`Error::Corrupt`] caused by a decoder's `source`; `message`
+    /// already quotes it (see [`Error`]).
+    pub(crate) fn corrupt_because(message: String, source: impl Into<Cause>) -> Self {
+        Self::Corrupt {
+            message,
+            source: Some(source.into()),
+        }
+    }
+
     /// An [`Error::Io`] for `operation` on `path`.
     pub(crate) fn io(
         operation: &'static str,
@@ -177,7 +269,7 @@ impl From<rusqlite::Error> for Error {
     fn from(e: rusqlite::Error) -> Self {
         match e.sqlite_error_code() {
             Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
-                Self::Unavailable(format!("database is locked: {e}"))
+                Self::unavailable_because(format!("database is locked: {e}"), e)
             }
             _ => Self::Sqlite(e),
         }
@@ -208,10 +300,12 @@ impl From<tokio_postgres::Error> for Error {
     /// the server (25P03, 57P01, 57P02, 57P03, 57P05), too many connections
     /// (53300), a deadlock or serialization failure (40P01, 40001), any
     /// SQLSTATE of class 08 "connection exception", and errors that carry no
-    /// SQLSTATE because the connection failed (closed, I/O error, connect
-    /// timeout). See the PostgreSQL documentation, Appendix A "PostgreSQL
-    /// Error Codes", and "Client Connection Defaults" for `statement_timeout`
-    /// and `lock_timeout`. Every other error stays [`Error::Postgres`].
+    /// SQLSTATE because the connection failed (closed, or an I/O error: a
+    /// refused or reset connection, a connect timeout). See the PostgreSQL
+    /// documentation, Appendix A "PostgreSQL Error Codes", and "Client
+    /// Connection Defaults" for `statement_timeout` and `lock_timeout`.
+    /// Every other error stays [`Error::Postgres`]. The driver's error is
+    /// the result's source either way.
     fn from(e: tokio_postgres::Error) -> Self {
         if let Some(refusal) = options_refusal(&e) {
             return Self::UnsupportedPooler(PoolerEvidence::OptionsRefused {
@@ -221,15 +315,16 @@ impl From<tokio_postgres::Error> for Error {
         if let Some(code) = e.code() {
             let code = code.code();
             return if code.starts_with("08") || RETRYABLE_SQLSTATES.contains(&code) {
-                Self::Unavailable(format!("postgres: {}", describe_postgres(&e)))
+                Self::unavailable_because(format!("postgres: {}", describe_postgres(&e)), e)
             } else {
                 Self::Postgres(e)
             };
         }
+        // The driver gives a connect timeout (`connect_timeout`) as the
+        // I/O error `TimedOut` behind its "error connecting to server".
         let io = std::error::Error::source(&e).is_some_and(|s| s.is::<std::io::Error>());
-        // A connect timeout carries no cause; its text is the only sign.
-        if e.is_closed() || io || e.to_string().contains("timeout") {
-            Self::Unavailable(format!("postgres connection: {}", describe_postgres(&e)))
+        if e.is_closed() || io {
+            Self::unavailable_because(format!("postgres connection: {}", describe_postgres(&e)), e)
         } else {
             Self::Postgres(e)
         }
@@ -268,5 +363,81 @@ fn describe_postgres(e: &tokio_postgres::Error) -> String {
     match std::error::Error::source(e) {
         Some(cause) => format!("{e}: {cause}"),
         None => e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A connect timeout is told by the driver's I/O error, not by its
+    /// text: transient, with the driver's error as the source.
+    #[tokio::test]
+    async fn a_connect_timeout_is_unavailable() {
+        // A listener whose accept queue is full: the kernel drops further
+        // connection requests, so a connect waits until it times out.
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let listener = socket.listen(0).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut queued = Vec::new();
+        while let Ok(connected) = tokio::time::timeout(
+            Duration::from_millis(200),
+            tokio::net::TcpStream::connect(addr),
+        )
+        .await
+        {
+            queued.push(connected.unwrap());
+            assert!(queued.len() < 100, "the accept queue never filled");
+        }
+
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host("127.0.0.1")
+            .port(addr.port())
+            .user("herald")
+            .connect_timeout(Duration::from_millis(100));
+        let Err(driver) = config.connect(tokio_postgres::NoTls).await else {
+            panic!("connected through a full accept queue");
+        };
+        let e = Error::from(driver);
+        let Error::Unavailable {
+            message,
+            source: Some(source),
+        } = &e
+        else {
+            panic!("expected Unavailable with a source, got {e:?}");
+        };
+        assert!(message.starts_with("postgres connection: "), "{message}");
+        let io = source
+            .downcast_ref::<tokio_postgres::Error>()
+            .and_then(std::error::Error::source)
+            .and_then(|cause| cause.downcast_ref::<std::io::Error>());
+        assert_eq!(
+            io.map(std::io::Error::kind),
+            Some(std::io::ErrorKind::TimedOut),
+            "{source:?}"
+        );
+        assert_eq!(e.to_string(), format!("storage unavailable: {message}"));
+    }
+
+    /// A locked SQLite database is transient; the message reads as before
+    /// and the driver's error is the source.
+    #[test]
+    fn a_busy_sqlite_database_is_unavailable() {
+        let busy = rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY),
+            None,
+        );
+        let text = busy.to_string();
+        let e = Error::from(busy);
+        assert_eq!(
+            e.to_string(),
+            format!("storage unavailable: database is locked: {text}")
+        );
+        let source = std::error::Error::source(&e).expect("the driver's error");
+        assert!(source.is::<rusqlite::Error>(), "{source:?}");
     }
 }

@@ -33,5 +33,5 @@ pub mod conformance;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use error::{Error, PoolerEvidence, Result};
+pub use error::{Cause, Error, PoolerEvidence, Result};
 pub use traits::{Acquire, ChangeFeed, ChangeSignal, LeaseStore, Page, Storage, TakeoverReason};

@@ -317,7 +317,9 @@ impl PostgresStorage {
             .create_timeout(Some(options.connect_timeout + CONNECT_GRACE))
             .recycle_timeout(Some(options.connect_timeout))
             .build()
-            .map_err(|e| Error::Unavailable(format!("could not build the connection pool: {e}")))?;
+            .map_err(|e| {
+                Error::unavailable_because(format!("could not build the connection pool: {e}"), e)
+            })?;
         let renewal = Renewal::new(
             session_config(&base, &options, Role::Renewal),
             options.renew_statement_timeout,
@@ -611,7 +613,7 @@ async fn open_connection(
     let (client, connection) = tokio::time::timeout(limit, config.connect(NoTls))
         .await
         .map_err(|_| {
-            Error::Unavailable(format!(
+            Error::unavailable(format!(
                 "no connection to postgres within {} ms",
                 limit.as_millis()
             ))
@@ -633,7 +635,7 @@ async fn connect_raw(config: &Config, limit: Duration) -> Result<(Client, PgConn
     tokio::time::timeout(limit, config.connect(NoTls))
         .await
         .map_err(|_| {
-            Error::Unavailable(format!(
+            Error::unavailable(format!(
                 "no connection to postgres within {} ms",
                 limit.as_millis()
             ))
@@ -666,9 +668,7 @@ async fn drive<F: Future>(
                     // The connection finished; `work` may have its answer.
                     return Poll::Ready(match work.as_mut().poll(cx) {
                         Poll::Ready(output) => Ok(output),
-                        Poll::Pending => Err(Error::Unavailable(
-                            "the postgres connection closed".to_owned(),
-                        )),
+                        Poll::Pending => Err(Error::unavailable("the postgres connection closed")),
                     });
                 }
                 Poll::Pending => {
@@ -693,7 +693,10 @@ async fn migrate(base: &Config, options: &PostgresOptions, target: &str) -> Resu
     let limit = options.connect_timeout + CONNECT_GRACE;
     // The first connection of a node: say which server it could not reach.
     let in_target = |e| match e {
-        Error::Unavailable(why) => Error::Unavailable(format!("{target}: {why}")),
+        Error::Unavailable { message, source } => Error::Unavailable {
+            message: format!("{target}: {message}"),
+            source,
+        },
         other => other,
     };
     let (mut client, task) = open_connection(&config, limit).await.map_err(in_target)?;
@@ -719,9 +722,9 @@ async fn migrate_on(client: &mut Client, target: &str) -> Result<()> {
         .try_get(0)?;
     let version: i64 = version
         .parse()
-        .map_err(|_| Error::Migration(format!("unexpected server_version_num {version:?}")))?;
+        .map_err(|_| Error::migration(format!("unexpected server_version_num {version:?}")))?;
     if version < MIN_SERVER_VERSION {
-        return Err(Error::Migration(format!(
+        return Err(Error::migration(format!(
             "PostgreSQL 14 or newer is required (client_connection_check_interval); \
              the server reports server_version_num {version}"
         )));
@@ -733,7 +736,7 @@ async fn migrate_on(client: &mut Client, target: &str) -> Result<()> {
         .set_grouped(true)
         .run_async(client)
         .await
-        .map_err(|e| Error::Migration(e.to_string()));
+        .map_err(Error::migration_because);
     client
         .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK_KEY])
         .await?;
@@ -767,9 +770,9 @@ fn pool_error(e: PoolError) -> Error {
     match e {
         PoolError::Backend(e) => e.into(),
         PoolError::Timeout(kind) => {
-            Error::Unavailable(format!("no pool connection in time ({kind:?})"))
+            Error::unavailable(format!("no pool connection in time ({kind:?})"))
         }
-        other => Error::Unavailable(format!("connection pool: {other}")),
+        other => Error::unavailable_because(format!("connection pool: {other}"), other),
     }
 }
 

@@ -190,7 +190,7 @@ impl SqliteStorage {
         let data_dir = data_dir.to_path_buf();
         tokio::task::spawn_blocking(move || Self::open_blocking(data_dir, options))
             .await
-            .map_err(|e| Error::Unavailable(format!("open task failed: {e}")))?
+            .map_err(|e| Error::unavailable_because(format!("open task failed: {e}"), e))?
     }
 
     fn open_blocking(data_dir: PathBuf, options: SqliteOptions) -> Result<Self> {
@@ -409,7 +409,7 @@ fn lock_for_migration(path: &Path) -> Result<File> {
                 std::thread::sleep(MIGRATION_LOCK_POLL);
             }
             Err(TryLockError::WouldBlock) => {
-                return Err(Error::Unavailable(format!(
+                return Err(Error::unavailable(format!(
                     "another process has been migrating {} for over {} s",
                     path.display(),
                     MIGRATION_LOCK_WAIT.as_secs()
@@ -434,7 +434,7 @@ fn migrate(conn: &mut Connection) -> Result<()> {
     let report = embedded::migrations::runner()
         .set_grouped(true)
         .run(conn)
-        .map_err(|e| Error::Migration(e.to_string()));
+        .map_err(Error::migration_because);
     conn.set_transaction_behavior(TransactionBehavior::Deferred);
     for migration in report?.applied_migrations() {
         tracing::info!(migration = %migration, "sqlite schema migration applied");
@@ -475,7 +475,7 @@ impl LeaseStore for SqliteStorage {
                     "renewal did not answer in time; abandoning its connection"
                 );
                 self.replace_renewal(generation).await;
-                Err(Error::Unavailable(format!(
+                Err(Error::unavailable(format!(
                     "renewal did not answer within {} ms; its outcome is unknown",
                     limit.as_millis()
                 )))
@@ -623,7 +623,7 @@ mod tests {
             .await
             .unwrap_err();
         let waited = started.elapsed();
-        assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
+        assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
         assert!(waited >= Duration::from_millis(1100), "{waited:?}");
         assert!(waited < Duration::from_secs(3), "{waited:?}");
 

@@ -396,7 +396,7 @@ async fn renewal_blocked_on_the_lease_row_settles_in_time() {
     let blocked = storage.renew(&lease, MINUTE).await;
     let took = started.elapsed();
     assert!(
-        matches!(blocked, Err(Error::Unavailable(_))),
+        matches!(blocked, Err(Error::Unavailable { .. })),
         "expected Unavailable, got {blocked:?} after {took:?}"
     );
     assert!(took >= renew_timeout, "settled before it waited: {took:?}");
@@ -450,7 +450,7 @@ async fn silent_renewal_is_abandoned_and_the_next_attempt_uses_a_fresh_connectio
     };
     let settled = settled.unwrap();
     assert!(
-        matches!(settled, Err(Error::Unavailable(_))),
+        matches!(settled, Err(Error::Unavailable { .. })),
         "expected Unavailable, got {settled:?} after {took:?}"
     );
     assert!(
@@ -787,7 +787,7 @@ async fn acquire_gives_up_after_its_lock_timeout() {
     let result = b.acquire(&candidate("node-b"), MINUTE).await;
     let took = started.elapsed();
     match &result {
-        Err(Error::Unavailable(text)) => assert!(text.contains("55P03"), "{text}"),
+        Err(Error::Unavailable { message, .. }) => assert!(message.contains("55P03"), "{message}"),
         other => panic!("expected Unavailable, got {other:?}"),
     }
     assert!(
@@ -840,7 +840,7 @@ async fn takeover_gets_in_under_a_continuous_stream_of_fenced_writes() {
     let new = loop {
         match b.acquire(&candidate("node-b"), MINUTE).await {
             Ok(Acquire::Acquired { lease, .. }) => break lease,
-            Ok(Acquire::Held(_)) | Err(Error::Unavailable(_)) => {}
+            Ok(Acquire::Held(_)) | Err(Error::Unavailable { .. }) => {}
             Err(e) => panic!("acquire: {e}"),
         }
         assert!(
@@ -911,7 +911,7 @@ async fn a_frozen_writer_does_not_block_a_takeover_forever() {
         match b.acquire(&candidate("node-b"), MINUTE).await {
             Ok(Acquire::Acquired { lease, .. }) => break lease,
             Ok(Acquire::Held(info)) => panic!("the lease expired, yet: {info:?}"),
-            Err(Error::Unavailable(_)) => {}
+            Err(Error::Unavailable { .. }) => {}
             Err(e) => panic!("acquire: {e}"),
         }
         assert!(
@@ -1011,7 +1011,9 @@ async fn unreachable_server_is_unavailable() {
     )
     .await;
     match result {
-        Err(Error::Unavailable(text)) => assert!(!text.contains("secret-password"), "{text}"),
+        Err(Error::Unavailable { message, .. }) => {
+            assert!(!message.contains("secret-password"), "{message}")
+        }
         other => panic!("expected Unavailable, got {other:?}"),
     }
     assert!(started.elapsed() < Duration::from_secs(4));
@@ -1222,7 +1224,9 @@ async fn no_acquire_without_the_liveness_lock() {
     assert_eq!(liveness_holder(&monitor, &storage).await, None);
 
     match storage.acquire(&candidate("a"), MINUTE).await {
-        Err(Error::Unavailable(message)) => assert!(message.contains("liveness"), "{message}"),
+        Err(Error::Unavailable { message, .. }) => {
+            assert!(message.contains("liveness"), "{message}")
+        }
         other => panic!("acquired without the liveness lock: {other:?}"),
     }
     assert_eq!(storage.lease_info(LEASE).await.unwrap(), None);

@@ -288,7 +288,7 @@ async fn write_lock_held_elsewhere_makes_append_unavailable_not_lost() {
     blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
     let started = Instant::now();
     match storage.append(&lease, &[msg("x", "1")]).await {
-        Err(Error::Unavailable(_)) => {}
+        Err(Error::Unavailable { .. }) => {}
         other => panic!("expected Unavailable, got {other:?}"),
     }
     assert!(started.elapsed() >= Duration::from_millis(150));
@@ -315,7 +315,7 @@ async fn blocked_renewal_settles_within_timeout_then_succeeds() {
     blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
     let started = Instant::now();
     match storage.renew(&lease, MINUTE).await {
-        Err(Error::Unavailable(_)) => {}
+        Err(Error::Unavailable { .. }) => {}
         other => panic!("expected Unavailable, got {other:?}"),
     }
     let waited = started.elapsed();

@@ -114,9 +114,29 @@ fn with_fields_on_top(record: &str, spans: &[String]) -> Option<String> {
     Some(out)
 }
 
+/// `error` and its causes on one line, `outer: cause: ...` as anyhow's
+/// `{:#}` writes them, but each cause once: the chain stops at an error
+/// that already quotes its causes in its own message and also returns them
+/// as its source (`herald_storage::Error`, `herald_server::StartError`).
+pub(crate) fn one_line(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain() {
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&cause.to_string());
+        if cause.is::<herald_storage::Error>() || cause.is::<herald_server::StartError>() {
+            break;
+        }
+    }
+    line
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};
+
+    use anyhow::Context;
 
     use serde_json::Value;
 
@@ -191,5 +211,26 @@ mod tests {
         );
         assert_eq!(with_fields_on_top("not json\n", &[]), None);
         assert_eq!(with_fields_on_top(record, &[]).as_deref(), Some(record));
+    }
+
+    /// A storage error quotes its cause and also returns it as its source:
+    /// the line names the cause once, as before the source was kept.
+    #[test]
+    fn a_storage_cause_is_printed_once() {
+        let json = serde_json::from_str::<serde_json::Value>("{").unwrap_err();
+        let storage = herald_storage::Error::Migration {
+            message: json.to_string(),
+            source: Some(Box::new(json)),
+        };
+        let started: Result<(), _> = Err(herald_server::StartError::Storage(storage));
+        let e = started.context("server failed").unwrap_err();
+        assert_eq!(
+            one_line(&e),
+            "server failed: storage: migration failed: EOF while parsing an object at line 1 column 1"
+        );
+        // Any other chain is printed whole, as `{:#}` does.
+        let io = std::io::Error::other("disk on fire");
+        let e = anyhow::Error::new(io).context("cannot write the node id");
+        assert_eq!(one_line(&e), format!("{e:#}"));
     }
 }

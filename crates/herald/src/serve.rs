@@ -290,7 +290,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     match start_and_run(args).await {
         Ok(status) => Ok(status.into()),
         Err(e) => {
-            error!(error = %format!("{e:#}"), "start-up failed");
+            error!(error = %crate::logging::one_line(&e), "start-up failed");
             Ok(ExitStatus::Failed.into())
         }
     }
@@ -435,7 +435,7 @@ struct Node {
     /// Stops the supervisor, which then releases the lease if it holds it.
     lease_shutdown: CancellationToken,
     /// The HTTP server's task.
-    server: JoinHandle<herald_server::Result<()>>,
+    server: JoinHandle<Result<(), herald_server::StartError>>,
     /// Starts the server's drain.
     server_shutdown: CancellationToken,
     /// Cancelled by the server once its writer has ended during a drain.
@@ -450,7 +450,7 @@ enum NodeEvent {
     /// for this reason; `None` when it ended without publishing one.
     LeaseStopped(Option<StopReason>),
     /// The server's task ended (at start-up, or failing).
-    ServerEnded(Result<herald_server::Result<()>, JoinError>),
+    ServerEnded(Result<Result<(), herald_server::StartError>, JoinError>),
 }
 
 impl Node {
@@ -601,7 +601,7 @@ impl Node {
     /// server's error.
     async fn stop_after_server_end(
         self,
-        served: Result<herald_server::Result<()>, JoinError>,
+        served: Result<Result<(), herald_server::StartError>, JoinError>,
     ) -> anyhow::Result<ExitStatus> {
         self.lease_shutdown.cancel();
         let exit = self.supervisor.await;

@@ -11,8 +11,8 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::api::{FromQuery, QueryParams, ValidQuery};
+use crate::error::{StorageContext, StorageFailure};
 use crate::forward::HolderView;
-use crate::writer::log_storage_error;
 use crate::{metrics, AppState, Error, Result};
 
 /// How long `/v1/status` waits for the lease row before showing `null`.
@@ -93,7 +93,7 @@ pub(crate) async fn status(State(state): State<AppState>) -> Json<Status> {
         match tokio::time::timeout(STATUS_LEASE_TIMEOUT, shared.storage.lease_info(&name)).await {
             Ok(Ok(info)) => info,
             Ok(Err(e)) => {
-                log_storage_error("lease_info", None, &e);
+                StorageFailure::new("lease_info", None, e).log();
                 None
             }
             Err(_) => {
@@ -136,10 +136,9 @@ pub(crate) async fn readyz(
         });
     }
     match tokio::time::timeout(READY_TIMEOUT, state.shared.storage.ping()).await {
-        Ok(Ok(())) => Ok(Json(json!({ "status": "ready" }))),
-        Ok(Err(e)) => {
-            log_storage_error("ping", None, &e);
-            Err(Error::StorageUnavailable)
+        Ok(pinged) => {
+            pinged.during("ping", None)?;
+            Ok(Json(json!({ "status": "ready" })))
         }
         Err(_) => {
             tracing::warn!(

@@ -6,8 +6,8 @@ use herald_core::{ChannelHead, ChannelName, Message, Offset};
 use serde::Serialize;
 
 use crate::api::extract::{ChannelPath, FromQuery, QueryParams, ValidQuery};
-use crate::writer::log_storage_error;
-use crate::{AppState, Error, Result};
+use crate::error::StorageContext;
+use crate::{AppState, Result};
 
 /// `limit` of a history read when the query has none, in messages.
 pub(crate) const DEFAULT_LIMIT: usize = 100;
@@ -53,10 +53,7 @@ pub(crate) async fn history(
         .storage
         .read(&channel, after, limit)
         .await
-        .map_err(|e| {
-            log_storage_error("read", Some(&channel), &e);
-            Error::StorageUnavailable
-        })?;
+        .during("read", Some(&channel))?;
     Ok(Json(History {
         channel,
         head: page.head,
@@ -72,9 +69,11 @@ pub(crate) struct Channels {
 
 /// Lists the channels, ordered by name.
 pub(crate) async fn channels(State(state): State<AppState>) -> Result<Json<Channels>> {
-    let channels = state.shared.storage.channels().await.map_err(|e| {
-        log_storage_error("channels", None, &e);
-        Error::StorageUnavailable
-    })?;
+    let channels = state
+        .shared
+        .storage
+        .channels()
+        .await
+        .during("channels", None)?;
     Ok(Json(Channels { channels }))
 }

@@ -8,7 +8,8 @@
 use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::{answer, fail_all, log_storage_error, Replies, Writer};
+use super::{answer, fail_all, Replies, Writer};
+use crate::error::StorageFailure;
 use crate::{metrics, Error};
 use herald_core::fault_switches::FaultSwitch;
 use herald_core::{Appended, ChannelName, Lease, NewMessage, Offset};
@@ -49,7 +50,7 @@ impl Writer {
                 None => match self.storage.read(&message.channel, 0, 0).await {
                     Ok(page) => page.head,
                     Err(e) => {
-                        log_storage_error("read", Some(&message.channel), &e);
+                        StorageFailure::new("read", Some(&message.channel), e).log();
                         self.fault.predicted_heads.clear();
                         fail_all(replies, || Error::StorageUnavailable);
                         return;
@@ -92,7 +93,7 @@ impl Writer {
                         if matches!(e, herald_storage::Error::LeaseLost { .. }) {
                             self.lease.report_lease_lost(lease.token);
                         }
-                        log_storage_error("append", None, &e);
+                        StorageFailure::new("append", None, e).log();
                     }
                     Ok(appended) => tracing::error!(
                         token = lease.token.0,

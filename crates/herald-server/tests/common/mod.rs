@@ -54,7 +54,7 @@ pub struct Node {
     pub client: reqwest::Client,
     /// Drains the server.
     pub shutdown: CancellationToken,
-    server: Option<JoinHandle<herald_server::Result<()>>>,
+    server: Option<JoinHandle<Result<(), herald_server::StartError>>>,
     lease_shutdown: CancellationToken,
     supervisor: Option<JoinHandle<StopReason>>,
 }
@@ -817,9 +817,7 @@ impl Storage for OutageReads {
             self.outage.failed.send_modify(|f| {
                 *f.entry(channel.as_str().to_owned()).or_default() += 1;
             });
-            return Err(herald_storage::Error::Unavailable(
-                "injected outage".to_owned(),
-            ));
+            return Err(herald_storage::Error::unavailable("injected outage"));
         }
         self.inner.read(channel, after, limit).await
     }

@@ -62,7 +62,7 @@ pub(super) async fn establish(
         Ok::<_, Error>((client, connection))
     };
     tokio::time::timeout(limit, setup).await.map_err(|_| {
-        Error::Unavailable(format!(
+        Error::unavailable(format!(
             "the change listener could not connect and LISTEN within {} ms",
             limit.as_millis()
         ))

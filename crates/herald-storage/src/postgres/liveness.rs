@@ -55,7 +55,7 @@ pub(super) async fn establish(
         Ok::<_, Error>((client, connection))
     };
     tokio::time::timeout(lock_limit, setup).await.map_err(|_| {
-        Error::Unavailable(format!(
+        Error::unavailable(format!(
             "the liveness connection could not take its session lock within {} ms",
             lock_limit.as_millis()
         ))

@@ -151,10 +151,9 @@ pub(super) async fn acquire(
     let own_key_free: bool = tx.query_one(&probe, &[&own_session]).await?.try_get(0)?;
     if own_key_free {
         tx.rollback().await?;
-        return Err(Error::Unavailable(
+        return Err(Error::unavailable(
             "this node's liveness connection does not hold its session lock (it is \
-             reconnecting); the lease is not acquired until it does"
-                .to_owned(),
+             reconnecting); the lease is not acquired until it does",
         ));
     }
     let lock = tx.prepare_cached(LOCK_FOR_TAKEOVER_SQL).await?;
@@ -175,7 +174,7 @@ pub(super) async fn acquire(
             .await?;
         fresh = inserted == 1;
         if tx.query_opt(&lock, &[&name]).await?.is_none() {
-            return Err(Error::Corrupt(format!(
+            return Err(Error::corrupt(format!(
                 "the lease row {name:?} vanished inside an acquire"
             )));
         }
@@ -220,7 +219,7 @@ pub(super) async fn acquire(
         .await?;
     let Some(row) = taken else {
         let info = read_lease_info(&*tx, name).await?.ok_or_else(|| {
-            Error::Corrupt(format!("the lease row {name:?} vanished inside an acquire"))
+            Error::corrupt(format!("the lease row {name:?} vanished inside an acquire"))
         })?;
         tx.rollback().await?;
         return Ok(Acquire::Held(info));
@@ -513,7 +512,7 @@ pub(super) async fn append(
             let name: &str = row.try_get(0)?;
             let head: i64 = row.try_get(1)?;
             let w = *written_at.get(name).ok_or_else(|| {
-                Error::Corrupt(format!("the head of an unexpected channel {name:?} moved"))
+                Error::corrupt(format!("the head of an unexpected channel {name:?} moved"))
             })?;
             written[w].last = head;
             written[w].first = head - written[w].count + 1;

@@ -85,7 +85,7 @@ pub(super) async fn check(
     let observed = tokio::time::timeout(limit, observe(a, config, &marker, limit))
         .await
         .map_err(|_| {
-            Error::Unavailable(format!(
+            Error::unavailable(format!(
                 "the start-up session check did not finish within {} ms",
                 limit.as_millis()
             ))
@@ -166,7 +166,7 @@ fn pid(text: Option<String>) -> Result<i32> {
 }
 
 fn unexpected(what: &str) -> Error {
-    Error::Unavailable(format!(
+    Error::unavailable(format!(
         "unexpected answer to the start-up session check: {what}"
     ))
 }

@@ -197,7 +197,7 @@ impl Renewal {
                     limit_ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX),
                     "renewal attempt abandoned: no answer in time; its connection is dropped"
                 );
-                Err(Error::Unavailable(format!(
+                Err(Error::unavailable(format!(
                     "renewal did not answer within {} ms; its outcome is unknown",
                     limit.as_millis()
                 )))

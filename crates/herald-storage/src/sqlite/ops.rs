@@ -155,9 +155,8 @@ pub(super) fn acquire(
             (TakeoverReason::HolderGone, Some(holder))
         }
         Some(_) => {
-            let info = read_lease_info(&tx, &candidate.lease_name)?.ok_or_else(|| {
-                Error::Corrupt("the lease row vanished inside a transaction".to_owned())
-            })?;
+            let info = read_lease_info(&tx, &candidate.lease_name)?
+                .ok_or_else(|| Error::corrupt("the lease row vanished inside a transaction"))?;
             return Ok(Acquire::Held(info));
         }
     };

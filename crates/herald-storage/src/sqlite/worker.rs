@@ -148,7 +148,7 @@ impl Submitter {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<T> + Send + 'static,
     {
-        let gone = || Error::Unavailable(format!("the sqlite {} thread is gone", self.role));
+        let gone = || Error::unavailable(format!("the sqlite {} thread is gone", self.role));
         let (answer_tx, answer_rx) = oneshot::channel();
         let job: Job = Box::new(move |conn| {
             // Nobody waits for the answer any more: skip the work.
@@ -159,7 +159,7 @@ impl Submitter {
         match self.tx.as_ref().ok_or_else(gone)?.try_send(job) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => {
-                return Err(Error::Unavailable(format!(
+                return Err(Error::unavailable(format!(
                     "the sqlite {} queue is full ({QUEUE_CAPACITY} jobs waiting)",
                     self.role
                 )))
@@ -222,7 +222,7 @@ mod tests {
         // The queue is full: refused at once.
         let refused = worker.sender().call(|_| Ok(())).now_or_never();
         match refused {
-            Some(Err(Error::Unavailable(message))) => {
+            Some(Err(Error::Unavailable { message, .. })) => {
                 assert!(message.contains("queue is full"), "{message}");
             }
             other => panic!("expected a full queue, got {other:?}"),
@@ -235,7 +235,7 @@ mod tests {
         // queue is still full and refuses at once, so ask again.
         loop {
             match worker.call(|_| Ok(())).await {
-                Err(Error::Unavailable(message)) if message.contains("queue is full") => {
+                Err(Error::Unavailable { message, .. }) if message.contains("queue is full") => {
                     tokio::task::yield_now().await;
                 }
                 other => break other.unwrap(),
