@@ -486,6 +486,37 @@ mod tests {
         r.task.await.unwrap();
     }
 
+    /// A batch publish is never split across transactions: one that does
+    /// not fit in the batch being formed waits for the next, and one larger
+    /// than `max_batch` goes alone.
+    #[tokio::test]
+    async fn batch_requests_are_never_split() {
+        let r = rig(16, 4);
+        let gate = r.storage.hold_appends().await;
+        let first = r.handle.submit(new_message("a", "0", None)).unwrap();
+        r.storage.wait_for_appends_started(1).await;
+        let batch = |n: usize| -> Vec<NewMessage> {
+            (0..n)
+                .map(|i| new_message("b", &i.to_string(), None))
+                .collect()
+        };
+        let two = r.handle.submit_batch(batch(2)).unwrap();
+        let three = r.handle.submit_batch(batch(3)).unwrap();
+        let six = r.handle.submit_batch(batch(6)).unwrap();
+        let one = r.handle.submit(new_message("a", "1", None)).unwrap();
+        drop(gate);
+        assert_eq!(first.await.unwrap().unwrap().offset, 1);
+        let offsets = |v: Vec<Appended>| v.iter().map(|a| a.offset).collect::<Vec<_>>();
+        assert_eq!(offsets(two.await.unwrap().unwrap()), [1, 2]);
+        assert_eq!(offsets(three.await.unwrap().unwrap()), [3, 4, 5]);
+        assert_eq!(offsets(six.await.unwrap().unwrap()), [6, 7, 8, 9, 10, 11]);
+        assert_eq!(one.await.unwrap().unwrap().offset, 2);
+        // In queue order: two (three does not fit after it: 2 + 3 > 4),
+        // three (six does not fit after it), six alone (over max_batch),
+        // then one.
+        assert_eq!(r.storage.batch_sizes(), vec![1, 2, 3, 6, 1]);
+    }
+
     #[tokio::test]
     async fn drain_commits_what_is_queued_then_refuses() {
         let r = rig(16, 2);

@@ -70,6 +70,11 @@ pub(crate) struct BenchPublishArgs {
     /// Timeout of one request, e.g. `10s` or `500ms`.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
     timeout: Duration,
+    /// Messages per request: above 1, each request is a batch publish
+    /// (`POST /v1/messages`) of this many messages, all to one channel, and
+    /// latencies are per request.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    batch: u64,
     /// Retries of one message after a 503 before it counts as an error.
     #[arg(long, value_name = "N", default_value_t = 10)]
     max_retries: u32,
@@ -137,6 +142,12 @@ struct Work {
     body: Box<RawValue>,
     /// The messages path of each bench channel.
     paths: Vec<String>,
+    /// The bench channels' names.
+    names: Vec<String>,
+    /// Messages per request (1: single publishes).
+    batch: u64,
+    /// The payload (`data`) text.
+    payload: String,
     /// Index of the next message to publish.
     next: AtomicU64,
     total: u64,
@@ -149,24 +160,38 @@ async fn worker(work: Arc<Work>) -> anyhow::Result<Tally> {
     let mut tally = Tally::new()?;
     let channels = work.paths.len() as u64;
     loop {
-        let i = work.next.fetch_add(1, Ordering::Relaxed);
+        let i = work.next.fetch_add(work.batch, Ordering::Relaxed);
         if i >= work.total {
             return Ok(tally);
         }
-        let index = usize::try_from(i % channels)?;
-        let path = &work.paths[index];
+        // Messages in this request.
+        let n = work.batch.min(work.total - i);
+        let index = usize::try_from((i / work.batch) % channels)?;
+        let (path, body) = if work.batch > 1 {
+            let entry = format!(
+                "{{\"channel\":\"{}\",\"data\":{}}}",
+                work.names[index], work.payload
+            );
+            let entries = vec![entry; usize::try_from(n)?].join(",");
+            (
+                "/v1/messages",
+                RawValue::from_string(format!("{{\"messages\":[{entries}]}}"))?,
+            )
+        } else {
+            (work.paths[index].as_str(), work.body.clone())
+        };
         let mut attempt = 0;
         loop {
             let sent = Instant::now();
             let result = work
                 .api
-                .post_json::<RawValue, serde::de::IgnoredAny>(path, &work.body, None)
+                .post_json::<RawValue, serde::de::IgnoredAny>(path, &body, None)
                 .await;
             match result {
                 Ok(_) => {
                     let us = u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX);
                     tally.latency_us.saturating_record(us.max(1));
-                    tally.ok += 1;
+                    tally.ok += n;
                 }
                 Err(ClientError::Api(e)) if retry_here(&e) && attempt < work.max_retries => {
                     attempt += 1;
@@ -178,7 +203,7 @@ async fn worker(work: Arc<Work>) -> anyhow::Result<Tally> {
                     tokio::time::sleep(wait).await;
                     continue;
                 }
-                Err(e) => *tally.errors.entry(e.code()).or_default() += 1,
+                Err(e) => *tally.errors.entry(e.code()).or_default() += n,
             }
             break;
         }
@@ -202,18 +227,12 @@ async fn run_publish(args: BenchPublishArgs) -> anyhow::Result<ExitCode> {
         .build()?;
     let api = Api::new(&args.server.server, http);
     let run_id = format!("{:08x}", rand::random::<u32>());
-    let paths = (0..args.channels.min(args.messages))
-        .map(|i| {
-            Ok(client::messages_path(&ChannelName::new(format!(
-                "{}{i}",
-                channel_prefix(&run_id)
-            ))?))
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let body = RawValue::from_string(format!(
-        "{{\"data\":{}}}",
-        payload(usize::try_from(args.size)?)
-    ))?;
+    let names = (0..args.channels.min(args.messages))
+        .map(|i| ChannelName::new(format!("{}{i}", channel_prefix(&run_id))))
+        .collect::<Result<Vec<_>, _>>()?;
+    let paths = names.iter().map(client::messages_path).collect();
+    let data = payload(usize::try_from(args.size)?);
+    let body = RawValue::from_string(format!("{{\"data\":{data}}}"))?;
 
     let before = match scrape_batch_stats(&api).await {
         // A server that has committed nothing yet has no histogram: zero.
@@ -228,6 +247,9 @@ async fn run_publish(args: BenchPublishArgs) -> anyhow::Result<ExitCode> {
         api: api.clone(),
         body,
         paths,
+        names: names.iter().map(|n| n.as_str().to_owned()).collect(),
+        batch: args.batch,
+        payload: data,
         next: AtomicU64::new(0),
         total: args.messages,
         max_retries: args.max_retries,

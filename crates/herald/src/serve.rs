@@ -122,6 +122,9 @@ pub(crate) struct ServeArgs {
     /// Largest accepted publish body, in bytes.
     #[arg(long, env = "HERALD_MAX_MESSAGE_BYTES", default_value_t = 65_536)]
     max_message_bytes: usize,
+    /// Largest accepted batch publish body (`POST /v1/messages`), in bytes.
+    #[arg(long, env = "HERALD_MAX_BATCH_BODY_BYTES", default_value_t = 4_194_304)]
+    max_batch_body_bytes: usize,
     /// Capacity of the writer queue, in publish requests; a full queue
     /// answers 503.
     #[arg(long, env = "HERALD_QUEUE_CAPACITY", default_value_t = 4096)]
@@ -374,6 +377,7 @@ fn lease_config(args: &ServeArgs) -> anyhow::Result<LeaseConfig> {
 fn check_settings(args: &ServeArgs) -> anyhow::Result<()> {
     ServerConfig {
         max_message_bytes: args.max_message_bytes,
+        max_batch_body_bytes: args.max_batch_body_bytes,
         queue_capacity: args.queue_capacity,
         header_read_timeout: args.header_read_timeout,
         ..ServerConfig::default()
@@ -417,6 +421,7 @@ fn server_config(
         node_id,
         advertise_url,
         max_message_bytes: args.max_message_bytes,
+        max_batch_body_bytes: args.max_batch_body_bytes,
         queue_capacity: args.queue_capacity,
         header_read_timeout: args.header_read_timeout,
         ..ServerConfig::default()

@@ -597,6 +597,33 @@ async fn bench_publish_reports_a_complete_run() {
     assert!(messages.iter().all(|m| m["data"] == "x".repeat(198)));
 }
 
+/// `herald bench publish --batch 25`: every message goes through batch
+/// publishes, and the server holds each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_publish_in_batches_stores_every_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_holder(dir.path()).await;
+    let out = within(
+        "herald bench publish --batch",
+        Duration::from_secs(30),
+        herald()
+            .args(["bench", "publish", "--server", &server.url])
+            .args(["--messages", "310", "--concurrency", "4", "--batch", "25"])
+            .arg("--json")
+            .output(),
+    )
+    .await
+    .unwrap();
+    assert!(out.status.success(), "bench: {out:?}");
+    let report = json_line(String::from_utf8(out.stdout).unwrap().trim());
+    assert_eq!(report["messages"], 310, "{report}");
+    assert_eq!(report["errors"], 0, "{report}");
+    let prefix = report["channel_prefix"].as_str().expect("channel_prefix");
+    let (head, messages) = server.api.history_all(&format!("{prefix}0"), 1000).await;
+    assert_eq!(head, 310);
+    assert_eq!(messages.len(), 310);
+}
+
 /// `herald bench fanout --json`, over both transports: every subscriber
 /// receives every message of its channel exactly once, the report counts
 /// them, and the server's resident memory per subscriber is read.
