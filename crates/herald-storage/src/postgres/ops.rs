@@ -407,31 +407,40 @@ pub(super) async fn append(
         .start()
         .await?;
     let skip_fencing = fault_switches::enabled(FaultSwitch::SkipFencingCheck);
-    let (write_lock, lock_row, check, commit_time) = tokio::try_join!(
+    // Statements sent together are answered in order; after the first
+    // error the server refuses the rest ("current transaction is aborted"),
+    // so every answer is awaited and the first error in statement order,
+    // the cause, is the one returned (`tokio::join!` polls its futures in
+    // an order of its own).
+    let (write_lock, lock_row, check, commit_time) = tokio::join!(
         tx.prepare_cached(WRITE_LOCK_SQL),
         tx.prepare_cached(LOCK_FOR_WRITE_SQL),
         tx.prepare_cached(FENCING_CHECK_SQL),
         tx.prepare_cached(COMMIT_TIME_SQL),
-    )?;
+    );
+    let (write_lock, lock_row, check, commit_time) = (write_lock?, lock_row?, check?, commit_time?);
     let lock_key = fenced_write_lock_key(&lease.name);
     // 1. The prologue, in one round trip: advisory lock, lease row, check.
     let started: SystemTime = if skip_fencing {
         // Test-only fault switch: no row lock, no fencing check.
-        let (_, row) = tokio::try_join!(
+        let (locked, row) = tokio::join!(
             async { tx.execute(&write_lock, &[&lock_key]).await },
             async { tx.query_one(&commit_time, &[]).await },
-        )?;
-        row.try_get(0)?
+        );
+        locked?;
+        row?.try_get(0)?
     } else {
-        let (_, _, checked) = tokio::try_join!(
+        let (locked, row_locked, checked) = tokio::join!(
             async { tx.execute(&write_lock, &[&lock_key]).await },
             async { tx.query_opt(&lock_row, &[&lease.name]).await },
             async {
                 tx.query_opt(&check, &[&lease.name, &lease.holder, &token])
                     .await
             },
-        )?;
-        match fencing_outcome(checked)? {
+        );
+        locked?;
+        row_locked?;
+        match fencing_outcome(checked?)? {
             Some(now) => now,
             None => return Err(refuse(tx, lease).await),
         }
@@ -579,10 +588,12 @@ pub(super) async fn append(
             let channels: Vec<&str> = written.iter().map(|w| w.channel).collect();
             let firsts: Vec<i64> = written.iter().map(|w| w.first).collect();
             let lasts: Vec<i64> = written.iter().map(|w| w.last).collect();
-            tokio::try_join!(inserted, async {
+            let (inserted, notified) = tokio::join!(inserted, async {
                 tx.query(&notify, &[&CHANGES_CHANNEL, &channels, &firsts, &lasts])
                     .await
-            },)?;
+            });
+            inserted?;
+            notified?;
         }
     }
     tx.commit().await?;
