@@ -15,6 +15,12 @@
 //!
 //! The crate's `herald-chaos` binary runs all of this end to end
 //! (docs/testing.md). This crate is not shipped with the server.
+//!
+//! It keeps its own clients, process handling and PostgreSQL cluster on
+//! purpose, apart from the test-support crate `herald-testkit` that the
+//! other crates' tests share: it judges Herald from the outside, depends
+//! on no Herald crate, and a change to the shared test helpers can never
+//! change what it observes.
 
 pub mod checker;
 pub mod history;

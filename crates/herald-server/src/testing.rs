@@ -1,6 +1,12 @@
 //! Test doubles for unit tests: an in-memory [`Storage`] with knobs (hold
 //! appends, fail appends or reads, transiently or not, count reads, change
 //! the current token) and a lease view driven by hand.
+//!
+//! They stay in this crate rather than in `herald-testkit`: the unit tests
+//! that use them cannot depend on the testkit (it depends on this crate,
+//! and a second copy of its types would not match), and [`FakeLease`]
+//! implements the crate-private `LeaseView`. The integration tests in
+//! `tests/` use the testkit.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

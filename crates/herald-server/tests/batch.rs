@@ -2,10 +2,8 @@
 //! none, answered in order; duplicates inside a batch and across batches;
 //! forwarded from a standby like a single publish.
 
-mod common;
-
-use common::{Node, Role};
 use herald_server::ServerConfig;
+use herald_testkit::node::{Node, Role};
 use serde_json::{json, Value};
 
 async fn post_batch(node: &Node, body: &Value) -> (u16, Value) {

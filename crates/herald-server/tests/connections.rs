@@ -2,13 +2,14 @@
 //! request head are disconnected after the header read timeout, while
 //! requests, event streams and WebSockets that take longer are not cut.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{within, Node, Role, SseClient};
 use futures::StreamExt;
 use herald_server::ServerConfig;
+use herald_testkit::node::{Node, Role};
+use herald_testkit::sse::SseClient;
+use herald_testkit::ws::ws_connect;
+use herald_testkit::{within, NODE_WAIT};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -122,7 +123,9 @@ async fn an_idle_kept_alive_connection_is_closed_after_the_timeout() {
         .await
         .unwrap();
     let mut first = [0u8; 4096];
-    let n = within("the answer", stream.read(&mut first)).await.unwrap();
+    let n = within("the answer", NODE_WAIT, stream.read(&mut first))
+        .await
+        .unwrap();
     let answer = String::from_utf8_lossy(&first[..n]).into_owned();
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(
@@ -160,14 +163,14 @@ async fn http2_with_prior_knowledge_is_answered() {
     let request = hyper::Request::get(node.url("/v1/status"))
         .body(axum::body::Body::empty())
         .unwrap();
-    let response = within("HTTP/2 answer", sender.send_request(request))
+    let response = within("HTTP/2 answer", NODE_WAIT, sender.send_request(request))
         .await
         .expect("HTTP/2 request");
     assert_eq!(response.status(), 200);
     assert_eq!(response.version(), hyper::Version::HTTP_2);
     drop(sender);
     drop(response);
-    let _ = within("HTTP/2 connection ends", driver).await;
+    let _ = within("HTTP/2 connection ends", NODE_WAIT, driver).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -191,25 +194,18 @@ async fn streams_last_longer_than_the_timeout() {
     let mut sse =
         SseClient::connect(&node.client, &node.url("/v1/channels/long/events"), None).await;
     assert_eq!(sse.status, 200);
-    let ws_url = format!("{}/v1/channels/long/ws", node.ws_base);
-    let (mut ws, response) = within(
-        "WebSocket connect",
-        tokio_tungstenite::connect_async(ws_url),
-    )
-    .await
-    .expect("WebSocket handshake");
-    assert_eq!(response.status().as_u16(), 101);
+    let mut ws = ws_connect(&node.ws_url("/v1/channels/long/ws")).await;
 
     tokio::time::sleep(TIMEOUT * 3).await;
     let (status, body) = node.publish("long", serde_json::json!("late")).await;
     assert_eq!(status, 201, "{body}");
 
-    let event = within("SSE event after the timeout", sse.next_message())
+    let event = within("SSE event after the timeout", NODE_WAIT, sse.next_message())
         .await
         .expect("the SSE stream was cut");
     assert_eq!(event["offset"], 1);
     assert_eq!(event["data"], "late");
-    let frame = within("WebSocket message after the timeout", ws.next())
+    let frame = within("WebSocket message after the timeout", NODE_WAIT, ws.next())
         .await
         .expect("the WebSocket was closed")
         .expect("WebSocket frame");
@@ -238,7 +234,9 @@ async fn drain_returns_with_idle_and_unfinished_connections_open() {
         .await
         .unwrap();
     let mut first = [0u8; 4096];
-    let n = within("the answer", idle.read(&mut first)).await.unwrap();
+    let n = within("the answer", NODE_WAIT, idle.read(&mut first))
+        .await
+        .unwrap();
     assert!(first[..n].starts_with(b"HTTP/1.1 200"));
     let mut silent = connect(&node).await;
     // Let the server accept the silent connection before draining.

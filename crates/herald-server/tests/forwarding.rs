@@ -3,13 +3,12 @@
 //! answer; without a reachable holder the standby answers `no_holder`; a
 //! forward to a frozen holder ends when the standby takes the lease over.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{within, FakeHolder, Node, Role, WAIT};
 use herald_lease::{LeaseState, Release, StopReason};
 use herald_server::ServerConfig;
+use herald_testkit::node::{FakeHolder, Node, Role};
+use herald_testkit::{within, NODE_WAIT};
 use serde_json::{json, Value};
 use tokio::task::JoinHandle;
 
@@ -69,17 +68,6 @@ async fn post_to(
     (status, retry_after, response.json().await.expect("JSON"))
 }
 
-async fn metrics(node: &Node) -> String {
-    node.client
-        .get(node.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_publish_to_the_standby_is_committed_once_by_the_holder() {
     let dir = tempfile::tempdir().unwrap();
@@ -121,7 +109,7 @@ async fn a_publish_to_the_standby_is_committed_once_by_the_holder() {
     assert_eq!(status, 400, "{body}");
     assert_eq!(body["error"]["code"], "invalid_body");
 
-    let text = metrics(&standby).await;
+    let text = standby.metrics().await;
     assert!(
         text.contains("herald_forwarded_writes_total{result=\"ok\"}"),
         "{text}"
@@ -152,7 +140,7 @@ async fn a_standby_answers_no_holder_when_the_holder_does_not_answer() {
     assert_eq!(body["error"]["code"], "no_holder");
     assert_eq!(retry_after.as_deref(), Some("1"));
     assert_eq!(holder.head("c").await, 1, "nothing stored");
-    let text = metrics(&standby).await;
+    let text = standby.metrics().await;
     assert!(
         text.contains("herald_forwarded_writes_total{result=\"error\"}"),
         "{text}"
@@ -186,9 +174,9 @@ async fn readyz_for_the_holder_role_is_ready_only_on_the_holder() {
 }
 
 /// The forward timeout of the nodes in the takeover tests: long, so that an
-/// answer within [`WAIT`] cannot come from a forward that waited it out.
+/// answer within [`NODE_WAIT`] cannot come from a forward that waited it out.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(60);
-const _: () = assert!(WAIT.as_secs() * 2 <= FORWARD_TIMEOUT.as_secs());
+const _: () = assert!(NODE_WAIT.as_secs() * 2 <= FORWARD_TIMEOUT.as_secs());
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forward_to_a_frozen_holder_ends_when_the_standby_takes_the_lease_over() {
@@ -227,6 +215,7 @@ async fn a_forward_to_a_frozen_holder_ends_when_the_standby_takes_the_lease_over
     holder.stop().await;
     within(
         "the standby takes the lease over",
+        NODE_WAIT,
         standby
             .lease
             .wait_for(|s| matches!(s, LeaseState::Holder { .. })),
@@ -234,11 +223,12 @@ async fn a_forward_to_a_frozen_holder_ends_when_the_standby_takes_the_lease_over
     .await
     .expect("supervisor running");
 
-    // Every publish is answered within WAIT of the takeover, well before
+    // Every publish is answered within NODE_WAIT of the takeover, well before
     // the forward timeout: without a key, no_holder, retry at once...
-    let (status, retry_after, body) = within("no_holder after the takeover", without_key)
-        .await
-        .unwrap();
+    let (status, retry_after, body) =
+        within("no_holder after the takeover", NODE_WAIT, without_key)
+            .await
+            .unwrap();
     assert_eq!(status, 503, "{body}");
     assert_eq!(body["error"]["code"], "no_holder", "{body}");
     assert!(body["error"]["message"]
@@ -247,11 +237,15 @@ async fn a_forward_to_a_frozen_holder_ends_when_the_standby_takes_the_lease_over
     assert_eq!(retry_after.as_deref(), Some("1"));
     // ...with a key, committed by the new holder itself: the key the old
     // holder stored answers the original message, a new key is stored once.
-    let (status, _, body) = within("the stored key after the takeover", stored_before)
-        .await
-        .unwrap();
+    let (status, _, body) = within(
+        "the stored key after the takeover",
+        NODE_WAIT,
+        stored_before,
+    )
+    .await
+    .unwrap();
     assert_eq!((status, body["offset"].clone()), (200, json!(1)), "{body}");
-    let (status, _, body) = within("the new key after the takeover", new_key)
+    let (status, _, body) = within("the new key after the takeover", NODE_WAIT, new_key)
         .await
         .unwrap();
     assert_eq!((status, body["offset"].clone()), (201, json!(2)), "{body}");
@@ -262,7 +256,7 @@ async fn a_forward_to_a_frozen_holder_ends_when_the_standby_takes_the_lease_over
         .map(|m| m.data.get().to_owned())
         .collect();
     assert_eq!(stored, [r#""early""#, r#""new""#]);
-    let text = metrics(&standby).await;
+    let text = standby.metrics().await;
     assert!(
         text.contains("herald_forwarded_writes_total{result=\"takeover\"}"),
         "{text}"
@@ -296,6 +290,7 @@ async fn a_draining_standby_lets_its_forwards_in_flight_finish() {
     standby.stop_lease();
     within(
         "the standby's supervisor stops",
+        NODE_WAIT,
         standby.lease.wait_for(|s| {
             *s == LeaseState::Stopped {
                 reason: StopReason::Drained {
@@ -311,7 +306,9 @@ async fn a_draining_standby_lets_its_forwards_in_flight_finish() {
     // The holder it forwarded to is unchanged: its answer comes back.
     let answer = r#"{"channel":"c","offset":7,"published_at":"2026-11-21T18:50:34.123Z"}"#;
     slow.answer(201, answer);
-    let (status, _, body) = within("the holder's answer", publish).await.unwrap();
+    let (status, _, body) = within("the holder's answer", NODE_WAIT, publish)
+        .await
+        .unwrap();
     assert_eq!(status, 201, "{body}");
     assert_eq!(body, serde_json::from_str::<Value>(answer).unwrap());
     standby.stop().await;

@@ -1,12 +1,12 @@
 //! End-to-end tests of the publish and read API on a real listener with
 //! SQLite storage and the lease supervisor.
 
-mod common;
-
 use std::collections::BTreeMap;
 
-use common::{publish_n, within, AppendGate, Node, Role};
 use herald_server::ServerConfig;
+use herald_testkit::node::{publish_n, Node, Role};
+use herald_testkit::storage::AppendGate;
+use herald_testkit::{within, NODE_WAIT};
 use serde_json::{json, Value};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -60,7 +60,7 @@ async fn concurrent_publishers_get_exactly_offsets_1_to_200() {
     }
     let mut by_offset = BTreeMap::new();
     for task in tasks {
-        for (offset, data) in within("publishers", task).await.unwrap() {
+        for (offset, data) in within("publishers", NODE_WAIT, task).await.unwrap() {
             assert!(
                 by_offset.insert(offset, data).is_none(),
                 "offset {offset} given twice"
@@ -375,15 +375,7 @@ async fn status_health_and_metrics() {
     assert!(body["lease"]["expires_in_ms"].as_i64().unwrap() > 0);
     assert_eq!(node.get("/healthz").await, (200, json!({ "status": "ok" })));
     assert_eq!(node.get("/readyz").await.0, 200);
-    let text = node
-        .client
-        .get(node.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = node.metrics().await;
     for name in [
         "herald_publishes_total{result=\"created\"}",
         "herald_publish_duration_seconds_bucket",
@@ -433,15 +425,20 @@ async fn a_full_queue_answers_503_queue_full_with_retry_after() {
         });
     }
     for _ in 0..3 {
-        let (status, retry_after, body) = within("refusal", done.recv()).await.unwrap();
+        let (status, retry_after, body) = within("refusal", NODE_WAIT, done.recv()).await.unwrap();
         assert_eq!(status, 503, "{body}");
         assert_eq!(body["error"]["code"], "queue_full");
         assert_eq!(retry_after.unwrap(), "1");
     }
     gate.open();
-    let (status, _, body) = within("queued publish", done.recv()).await.unwrap();
+    let (status, _, body) = within("queued publish", NODE_WAIT, done.recv())
+        .await
+        .unwrap();
     assert_eq!(status, 201, "{body}");
-    assert_eq!(within("first publish", first).await.unwrap().0, 201);
+    assert_eq!(
+        within("first publish", NODE_WAIT, first).await.unwrap().0,
+        201
+    );
     assert_eq!(node.head("q").await, 2);
     node.stop().await;
 }

@@ -1,16 +1,16 @@
 //! End-to-end tests of live subscriptions (SSE and WebSocket), the switch
 //! from history to live, and drain.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{
-    publish_n, within, ws_connect, ws_next, AppendGate, Node, Rng, Role, SlowReads, SseClient,
-};
 use futures::{SinkExt, StreamExt};
 use herald_server::ServerConfig;
+use herald_testkit::node::{publish_n, Node, Role};
+use herald_testkit::sse::SseClient;
+use herald_testkit::storage::{AppendGate, SlowReads};
+use herald_testkit::ws::{ws_connect, ws_next};
+use herald_testkit::{within, Rng, NODE_WAIT};
 use serde_json::{json, Value};
 use tokio::sync::watch;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
@@ -36,25 +36,33 @@ async fn sse_resumes_from_last_event_id_or_after_then_goes_live() {
     let mut from_start = SseClient::connect(&node.client, &url, None).await;
 
     for offset in 3..=5u64 {
-        let m = within("history", by_header.next_message()).await.unwrap();
+        let m = within("history", NODE_WAIT, by_header.next_message())
+            .await
+            .unwrap();
         assert_eq!(m["offset"], offset);
         assert_eq!(m["data"], json!({ "i": offset }));
         assert!(m["published_at"].is_string());
     }
     assert_eq!(
-        within("history", by_query.next_message()).await.unwrap()["offset"],
+        within("history", NODE_WAIT, by_query.next_message())
+            .await
+            .unwrap()["offset"],
         5
     );
     for offset in 1..=5u64 {
         assert_eq!(
-            within("history", from_start.next_message()).await.unwrap()["offset"],
+            within("history", NODE_WAIT, from_start.next_message())
+                .await
+                .unwrap()["offset"],
             offset
         );
     }
     publish_n(&node, "news", 6, 2).await;
     for client in [&mut by_header, &mut by_query, &mut from_start] {
         for offset in 6..=7u64 {
-            let m = within("live", client.next_message()).await.unwrap();
+            let m = within("live", NODE_WAIT, client.next_message())
+                .await
+                .unwrap();
             assert_eq!(m["offset"], offset);
             assert_eq!(m["data"], json!({ "i": offset }));
         }
@@ -69,10 +77,10 @@ async fn ws_resumes_answers_pings_and_closes() {
     let dir = tempfile::tempdir().unwrap();
     let node = Node::holder(dir.path()).await;
     publish_n(&node, "ws", 1, 3).await;
-    let mut ws = ws_connect(&node, "/v1/channels/ws/ws?after=1").await;
+    let mut ws = ws_connect(&node.ws_url("/v1/channels/ws/ws?after=1")).await;
     let mut closed = None;
     for offset in 2..=3u64 {
-        let m = within("history", ws_next(&mut ws, &mut closed))
+        let m = within("history", NODE_WAIT, ws_next(&mut ws, &mut closed))
             .await
             .unwrap();
         assert_eq!(m["offset"], offset);
@@ -80,7 +88,9 @@ async fn ws_resumes_answers_pings_and_closes() {
     }
     publish_n(&node, "ws", 4, 1).await;
     assert_eq!(
-        within("live", ws_next(&mut ws, &mut closed)).await.unwrap()["offset"],
+        within("live", NODE_WAIT, ws_next(&mut ws, &mut closed))
+            .await
+            .unwrap()["offset"],
         4
     );
 
@@ -89,7 +99,7 @@ async fn ws_resumes_answers_pings_and_closes() {
     ws.send(Frame::Ping(b"hello".to_vec().into()))
         .await
         .unwrap();
-    let pong = within("pong", ws.next())
+    let pong = within("pong", NODE_WAIT, ws.next())
         .await
         .expect("socket open")
         .expect("frame");
@@ -99,7 +109,7 @@ async fn ws_resumes_answers_pings_and_closes() {
     assert_eq!(&pong[..], b"hello");
     publish_n(&node, "ws", 5, 1).await;
     assert_eq!(
-        within("live after ping", ws_next(&mut ws, &mut closed))
+        within("live after ping", NODE_WAIT, ws_next(&mut ws, &mut closed))
             .await
             .unwrap()["offset"],
         5
@@ -107,7 +117,7 @@ async fn ws_resumes_answers_pings_and_closes() {
 
     // A client Close is answered with a Close and the stream ends.
     ws.close(None).await.unwrap();
-    let rest = within("close reply", async {
+    let rest = within("close reply", NODE_WAIT, async {
         let mut frames = Vec::new();
         while let Some(Ok(frame)) = ws.next().await {
             frames.push(frame);
@@ -184,7 +194,7 @@ async fn switch_scenario(subscriber_buffer: usize) {
                     offsets.push(m["offset"].as_u64().unwrap());
                 }
             } else {
-                let mut ws = ws_connect(&node, &format!("{path}/ws?after={after}")).await;
+                let mut ws = ws_connect(&node.ws_url(&format!("{path}/ws?after={after}"))).await;
                 let mut closed = None;
                 while offsets.last() != Some(&TOTAL) {
                     let m = ws_next(&mut ws, &mut closed)
@@ -210,11 +220,13 @@ async fn switch_scenario(subscriber_buffer: usize) {
         }));
     }
     for p in publishers {
-        within("publishers", p).await.unwrap();
+        within("publishers", NODE_WAIT, p).await.unwrap();
     }
     assert_eq!(node.head("switch").await, TOTAL);
     for s in subscribers {
-        let (i, after, offsets) = within("subscriber sees the final offset", s).await.unwrap();
+        let (i, after, offsets) = within("subscriber sees the final offset", NODE_WAIT, s)
+            .await
+            .unwrap();
         let want: Vec<u64> = (after + 1..=TOTAL).collect();
         assert_eq!(offsets, want, "subscriber {i} (after {after})");
     }
@@ -241,15 +253,17 @@ async fn drain_ends_streams_and_never_acknowledges_a_lost_publish() {
     let mut sse = SseClient::connect(&node.client, &node.url("/v1/channels/d/events"), None).await;
     for offset in 1..=2u64 {
         assert_eq!(
-            within("history", sse.next_message()).await.unwrap()["offset"],
+            within("history", NODE_WAIT, sse.next_message())
+                .await
+                .unwrap()["offset"],
             offset
         );
     }
-    let mut ws = ws_connect(&node, "/v1/channels/d/ws").await;
+    let mut ws = ws_connect(&node.ws_url("/v1/channels/d/ws")).await;
     let mut closed = None;
     for offset in 1..=2u64 {
         assert_eq!(
-            within("ws history", ws_next(&mut ws, &mut closed))
+            within("ws history", NODE_WAIT, ws_next(&mut ws, &mut closed))
                 .await
                 .unwrap()["offset"],
             offset
@@ -284,9 +298,9 @@ async fn drain_ends_streams_and_never_acknowledges_a_lost_publish() {
 
     // While a commit is still held: the SSE body finishes and the
     // WebSocket gets 1001 going away.
-    let end = within("SSE stream ends", sse.next_message()).await;
+    let end = within("SSE stream ends", NODE_WAIT, sse.next_message()).await;
     assert!(end.is_none(), "no message was committed yet, got {end:?}");
-    while within("WebSocket closes", ws_next(&mut ws, &mut closed))
+    while within("WebSocket closes", NODE_WAIT, ws_next(&mut ws, &mut closed))
         .await
         .is_some()
     {}
@@ -302,7 +316,7 @@ async fn drain_ends_streams_and_never_acknowledges_a_lost_publish() {
     let mut acknowledged = std::collections::BTreeSet::new();
     let mut refused = 0;
     for p in publishes {
-        let (k, status, body) = within("publish outcome", p).await.unwrap();
+        let (k, status, body) = within("publish outcome", NODE_WAIT, p).await.unwrap();
         match status {
             Some(201) => {
                 let offset = body["offset"].as_u64().unwrap();
@@ -346,20 +360,24 @@ async fn websocket_pings_keep_an_idle_subscription_open() {
         ..ServerConfig::default()
     };
     let node = Node::start(dir.path(), "node-a", Role::Holder, config).await;
-    let mut ws = ws_connect(&node, "/v1/channels/idle/ws").await;
+    let mut ws = ws_connect(&node.ws_url("/v1/channels/idle/ws")).await;
     let mut pings = 0;
     while pings < 5 {
         // Reading answers each ping with a pong (tungstenite does it).
-        match within("a ping", ws.next()).await {
+        match within("a ping", NODE_WAIT, ws.next()).await {
             Some(Ok(Frame::Ping(_))) => pings += 1,
             other => panic!("expected pings on an idle subscription, got {other:?}"),
         }
     }
     publish_n(&node, "idle", 1, 1).await;
     let mut closed = None;
-    let message = within("a message after the pings", ws_next(&mut ws, &mut closed))
-        .await
-        .expect("the subscription is still open");
+    let message = within(
+        "a message after the pings",
+        NODE_WAIT,
+        ws_next(&mut ws, &mut closed),
+    )
+    .await
+    .expect("the subscription is still open");
     assert_eq!(message["offset"], 1);
     node.stop().await;
 }
@@ -392,15 +410,19 @@ async fn a_websocket_client_that_never_answers_a_ping_is_disconnected() {
         .await
         .unwrap();
     let mut received = Vec::new();
-    let closed = within("the server to close the silent connection", async {
-        let mut buf = [0u8; 1024];
-        loop {
-            match socket.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => received.extend_from_slice(&buf[..n]),
+    let closed = within(
+        "the server to close the silent connection",
+        NODE_WAIT,
+        async {
+            let mut buf = [0u8; 1024];
+            loop {
+                match socket.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => received.extend_from_slice(&buf[..n]),
+                }
             }
-        }
-    });
+        },
+    );
     closed.await;
     let text = String::from_utf8_lossy(&received);
     assert!(text.starts_with("HTTP/1.1 101"), "{text}");

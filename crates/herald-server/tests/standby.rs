@@ -3,11 +3,11 @@
 //! subscribers with what the holder commits, and takes over when the holder
 //! drains.
 
-mod common;
-
-use common::{publish_n, within, Node, Role, SseClient};
 use herald_lease::LeaseState;
 use herald_server::ServerConfig;
+use herald_testkit::node::{publish_n, Node, Role};
+use herald_testkit::sse::SseClient;
+use herald_testkit::{within, NODE_WAIT};
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -60,7 +60,7 @@ async fn a_standby_forwards_writes_and_follows_the_holder() {
     assert_eq!(sse.status, 200);
     for offset in 2..=3u64 {
         assert_eq!(
-            within("history on standby", sse.next_message())
+            within("history on standby", NODE_WAIT, sse.next_message())
                 .await
                 .unwrap()["offset"],
             offset
@@ -68,9 +68,13 @@ async fn a_standby_forwards_writes_and_follows_the_holder() {
     }
     publish_n(&holder, "feed", 4, 3).await;
     for offset in 4..=6u64 {
-        let m = within("holder's commits on the standby", sse.next_message())
-            .await
-            .unwrap();
+        let m = within(
+            "holder's commits on the standby",
+            NODE_WAIT,
+            sse.next_message(),
+        )
+        .await
+        .unwrap();
         assert_eq!(m["offset"], offset);
         assert_eq!(m["data"], json!({ "i": offset }));
     }
@@ -81,6 +85,7 @@ async fn a_standby_forwards_writes_and_follows_the_holder() {
     holder.stop().await;
     let became = within(
         "standby takes over",
+        NODE_WAIT,
         standby
             .lease
             .wait_for(|s| matches!(s, LeaseState::Holder { .. })),
@@ -90,9 +95,13 @@ async fn a_standby_forwards_writes_and_follows_the_holder() {
     let (status, body) = standby.publish("feed", json!({ "i": 7 })).await;
     assert_eq!(status, 201, "{body}");
     assert_eq!(body["offset"], 7);
-    let m = within("own commit on the new holder", sse.next_message())
-        .await
-        .unwrap();
+    let m = within(
+        "own commit on the new holder",
+        NODE_WAIT,
+        sse.next_message(),
+    )
+    .await
+    .unwrap();
     assert_eq!(m["offset"], 7);
     let (_, status) = standby.get("/v1/status").await;
     assert_eq!(status["role"], "holder");

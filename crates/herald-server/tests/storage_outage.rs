@@ -4,14 +4,14 @@
 //! heartbeats, and delivers every message once, in order, when the storage
 //! answers again.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{
-    publish_n, within, ws_connect, ws_next, Node, ReadOutage, Role, SseClient, SseItem, Ws,
-};
 use herald_server::ServerConfig;
+use herald_testkit::node::{publish_n, Node, Role};
+use herald_testkit::sse::{SseClient, SseItem};
+use herald_testkit::storage::ReadOutage;
+use herald_testkit::ws::{ws_connect, ws_next, Ws};
+use herald_testkit::{within, NODE_WAIT};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
@@ -47,7 +47,7 @@ impl WsFollower {
 
     /// The next message's offset; fails the test when the socket closed.
     async fn next_offset(&mut self) -> u64 {
-        match within("a WebSocket message", self.0.recv()).await {
+        match within("a WebSocket message", NODE_WAIT, self.0.recv()).await {
             Some(message) => message["offset"].as_u64().expect("an offset"),
             None => {
                 let closed = (&mut self.1).await.unwrap();
@@ -115,14 +115,14 @@ async fn subscriptions_opened_during_a_storage_outage_wait_for_its_end() {
         .to_str()
         .unwrap()
         .starts_with("text/event-stream"));
-    let mut ws = WsFollower::new(ws_connect(&node, "/v1/channels/feed/ws?after=1").await);
+    let mut ws = WsFollower::new(ws_connect(&node.ws_url("/v1/channels/feed/ws?after=1")).await);
 
     // Both read again and again (the history read above failed once too);
     // the event stream carries heartbeats meanwhile, and no event.
     outage.wait_failed("news", 4).await;
     outage.wait_failed("feed", 3).await;
     for _ in 0..2 {
-        let item = within("a heartbeat", sse.next_item()).await;
+        let item = within("a heartbeat", NODE_WAIT, sse.next_item()).await;
         assert!(
             matches!(item, Some(SseItem::Comment(_))),
             "a heartbeat, not {item:?} (None: the stream ended)"
@@ -132,7 +132,7 @@ async fn subscriptions_opened_during_a_storage_outage_wait_for_its_end() {
     // The storage is back: the history, then live messages, each once.
     outage.end();
     for offset in 1..=3u64 {
-        let m = within("history after the outage", sse.next_message())
+        let m = within("history after the outage", NODE_WAIT, sse.next_message())
             .await
             .expect("the stream goes on");
         assert_eq!(m["offset"], offset);
@@ -144,7 +144,7 @@ async fn subscriptions_opened_during_a_storage_outage_wait_for_its_end() {
     publish_n(&node, "news", 4, 1).await;
     publish_n(&node, "feed", 4, 1).await;
     assert_eq!(
-        within("live", sse.next_message()).await.unwrap()["offset"],
+        within("live", NODE_WAIT, sse.next_message()).await.unwrap()["offset"],
         4
     );
     assert_eq!(ws.next_offset().await, 4);
@@ -175,10 +175,12 @@ async fn a_read_that_fails_mid_stream_is_waited_out() {
     )
     .await;
     assert_eq!(sse.status, 200);
-    let mut ws = WsFollower::new(ws_connect(&standby, "/v1/channels/feed/ws?after=0").await);
+    let mut ws = WsFollower::new(ws_connect(&standby.ws_url("/v1/channels/feed/ws?after=0")).await);
     for offset in 1..=2u64 {
         assert_eq!(
-            within("history", sse.next_message()).await.unwrap()["offset"],
+            within("history", NODE_WAIT, sse.next_message())
+                .await
+                .unwrap()["offset"],
             offset
         );
         assert_eq!(ws.next_offset().await, offset);
@@ -192,7 +194,7 @@ async fn a_read_that_fails_mid_stream_is_waited_out() {
     outage.wait_failed("news", 1).await;
     outage.wait_failed("feed", 1).await;
     for _ in 0..2 {
-        let item = within("a heartbeat", sse.next_item()).await;
+        let item = within("a heartbeat", NODE_WAIT, sse.next_item()).await;
         assert!(
             matches!(item, Some(SseItem::Comment(_))),
             "a heartbeat, not {item:?} (None: the stream ended)"
@@ -203,7 +205,7 @@ async fn a_read_that_fails_mid_stream_is_waited_out() {
 
     outage.end();
     for offset in 3..=5u64 {
-        let m = within("after the outage", sse.next_message())
+        let m = within("after the outage", NODE_WAIT, sse.next_message())
             .await
             .expect("the stream goes on");
         assert_eq!(m["offset"], offset);
@@ -212,7 +214,7 @@ async fn a_read_that_fails_mid_stream_is_waited_out() {
     }
     publish_n(&holder, "news", 6, 1).await;
     assert_eq!(
-        within("live", sse.next_message()).await.unwrap()["offset"],
+        within("live", NODE_WAIT, sse.next_message()).await.unwrap()["offset"],
         6
     );
     standby.stop().await;

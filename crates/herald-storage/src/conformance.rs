@@ -33,10 +33,11 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use herald_core::{
-    Appended, Candidate, ChannelHead, ChannelName, FencingToken, IdempotencyKey, Lease, NewMessage,
+    Appended, Candidate, ChannelHead, ChannelName, FencingToken, Lease, NewMessage,
     DEFAULT_LEASE_NAME,
 };
-use serde_json::value::RawValue;
+
+use crate::testing::{self, keyed, msg};
 
 use crate::{Acquire, Error, Storage, TakeoverReason};
 
@@ -133,34 +134,11 @@ const HOLDER_GONE_WAIT: Duration = Duration::from_secs(5);
 
 /// Candidate `i`: node id `node-<i>`, lease [`DEFAULT_LEASE_NAME`].
 fn candidate(i: usize) -> Candidate {
-    Candidate {
-        lease_name: DEFAULT_LEASE_NAME.to_owned(),
-        node_id: format!("node-{i}"),
-        advertise_url: format!("http://node-{i}.test:8080"),
-    }
+    testing::candidate(&format!("node-{i}"))
 }
 
 fn channel(name: &str) -> ChannelName {
     ChannelName::new(name).expect("valid test channel name")
-}
-
-fn json(text: &str) -> Arc<RawValue> {
-    Arc::from(RawValue::from_string(text.to_owned()).expect("valid test JSON"))
-}
-
-fn msg(ch: &str, data: &str) -> NewMessage {
-    NewMessage {
-        channel: channel(ch),
-        data: json(data),
-        idempotency_key: None,
-    }
-}
-
-fn keyed(ch: &str, data: &str, key: &str) -> NewMessage {
-    NewMessage {
-        idempotency_key: Some(IdempotencyKey::new(key).expect("valid test key")),
-        ..msg(ch, data)
-    }
 }
 
 /// Acquires for candidate `i` and expects success.

@@ -8,7 +8,13 @@
 //! needs PostgreSQL and finds the variable unset fails; it is never skipped.
 //!
 //! [`FakePooler`] stands between a test and the cluster as a connection
-//! pooler in session or transaction mode would.
+//! pooler in session or transaction mode would. [`msg`], [`keyed`] and
+//! [`candidate`] build the values that storage calls take.
+//!
+//! The crate `herald-testkit` re-exports this module for the tests of the
+//! crates above this one; the tests of this crate use it directly (a
+//! testkit that depends on this crate would give them a second copy of its
+//! types).
 //!
 //! ```text
 //! let db = TestDatabase::create().await;
@@ -21,8 +27,11 @@ mod pooler;
 pub use pooler::{FakePooler, OptionsHandling, PoolMode, PoolerSettings, Reuse};
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
 use std::time::Duration;
 
+use herald_core::{Candidate, ChannelName, IdempotencyKey, NewMessage, DEFAULT_LEASE_NAME};
+use serde_json::value::RawValue;
 use tokio_postgres::config::Host;
 use tokio_postgres::{Client, Config, NoTls};
 
@@ -31,6 +40,40 @@ pub const DATABASE_URL_VAR: &str = "HERALD_TEST_DATABASE_URL";
 
 /// Longest wait for connecting, creating or dropping a test database.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A message for `channel` with the JSON text `data` and no idempotency
+/// key.
+///
+/// # Panics
+/// When `channel` is not a valid channel name or `data` is not JSON.
+pub fn msg(channel: &str, data: &str) -> NewMessage {
+    NewMessage {
+        channel: ChannelName::new(channel).expect("valid test channel name"),
+        data: Arc::from(RawValue::from_string(data.to_owned()).expect("valid test JSON")),
+        idempotency_key: None,
+    }
+}
+
+/// [`msg`] with the idempotency key `key`.
+///
+/// # Panics
+/// As [`msg`], and when `key` is not a valid idempotency key.
+pub fn keyed(channel: &str, data: &str, key: &str) -> NewMessage {
+    NewMessage {
+        idempotency_key: Some(IdempotencyKey::new(key).expect("valid test key")),
+        ..msg(channel, data)
+    }
+}
+
+/// The node `node` as a candidate for the default lease
+/// ([`DEFAULT_LEASE_NAME`]), advertising `http://<node>.test:8080`.
+pub fn candidate(node: &str) -> Candidate {
+    Candidate {
+        lease_name: DEFAULT_LEASE_NAME.to_owned(),
+        node_id: node.to_owned(),
+        advertise_url: format!("http://{node}.test:8080"),
+    }
+}
 
 /// The URL of the test cluster, from [`DATABASE_URL_VAR`].
 ///
@@ -137,6 +180,20 @@ impl TestDatabase {
     /// When the connection fails.
     pub async fn raw_client(&self) -> Client {
         connect(&self.url).await
+    }
+
+    /// Whether Herald's schema exists in this database (its lease table
+    /// does): a start that was refused must not have created it.
+    ///
+    /// # Panics
+    /// When the database cannot be reached.
+    pub async fn migrated(&self) -> bool {
+        self.raw_client()
+            .await
+            .query_one("SELECT to_regclass('storage_leases') IS NOT NULL", &[])
+            .await
+            .expect("look for the schema")
+            .get(0)
     }
 }
 

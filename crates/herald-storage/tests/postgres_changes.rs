@@ -5,50 +5,20 @@
 //! (`HERALD_TEST_DATABASE_URL`); a second `PostgresStorage` on it stands
 //! for a second node.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use herald_core::{Candidate, ChannelName, IdempotencyKey, Lease, NewMessage};
+use herald_core::Lease;
 use herald_storage::postgres::{PostgresOptions, PostgresStorage};
-use herald_storage::testing::TestDatabase;
+use herald_storage::testing::{candidate, keyed, msg, TestDatabase};
 use herald_storage::{Acquire, ChangeSignal, Error, LeaseStore, Storage};
-use serde_json::value::RawValue;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::broadcast::Receiver;
 use tokio_postgres::Client;
 
-const LEASE: &str = "writer";
 /// Longest a test waits for a notice that must come.
 const WAIT_LIMIT: Duration = Duration::from_secs(15);
 /// How long a test listens for a notice that must not come.
 const QUIET: Duration = Duration::from_millis(500);
-
-fn candidate(node: &str) -> Candidate {
-    Candidate {
-        lease_name: LEASE.to_owned(),
-        node_id: node.to_owned(),
-        advertise_url: format!("http://{node}.test:8080"),
-    }
-}
-
-fn channel(name: &str) -> ChannelName {
-    ChannelName::new(name).unwrap()
-}
-
-fn msg(ch: &str, data: &str) -> NewMessage {
-    NewMessage {
-        channel: channel(ch),
-        data: Arc::from(RawValue::from_string(data.to_owned()).unwrap()),
-        idempotency_key: None,
-    }
-}
-
-fn keyed(ch: &str, data: &str, key: &str) -> NewMessage {
-    NewMessage {
-        idempotency_key: Some(IdempotencyKey::new(key).unwrap()),
-        ..msg(ch, data)
-    }
-}
 
 async fn node(url: &str) -> PostgresStorage {
     PostgresStorage::connect(url, PostgresOptions::default())

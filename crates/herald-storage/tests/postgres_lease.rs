@@ -14,11 +14,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use herald_core::{Candidate, ChannelName, FencingToken, Lease, NewMessage};
+use herald_core::{Candidate, ChannelName, FencingToken, Lease};
 use herald_storage::postgres::{PostgresOptions, PostgresStorage};
-use herald_storage::testing::{self, TestDatabase};
+use herald_storage::testing::{self, candidate, msg, TestDatabase};
 use herald_storage::{Acquire, Error, LeaseStore, Storage, TakeoverReason};
-use serde_json::value::RawValue;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
@@ -32,26 +31,10 @@ const PROMPT: Duration = Duration::from_millis(500);
 /// Longest any wait for a condition in these tests polls before failing.
 const WAIT_LIMIT: Duration = Duration::from_secs(15);
 
-fn candidate(node: &str) -> Candidate {
-    Candidate {
-        lease_name: LEASE.to_owned(),
-        node_id: node.to_owned(),
-        advertise_url: format!("http://{node}.test:8080"),
-    }
-}
-
 fn named(lease_name: &str, node: &str) -> Candidate {
     Candidate {
         lease_name: lease_name.to_owned(),
         ..candidate(node)
-    }
-}
-
-fn msg(channel: &str, data: &str) -> NewMessage {
-    NewMessage {
-        channel: ChannelName::new(channel).unwrap(),
-        data: Arc::from(RawValue::from_string(data.to_owned()).unwrap()),
-        idempotency_key: None,
     }
 }
 

@@ -37,17 +37,6 @@ async fn connect(url: &str) -> Result<PostgresStorage, Error> {
     .expect("connect settles within its bounds")
 }
 
-/// Whether the schema exists in the test database: a refused start must
-/// not have migrated it.
-async fn migrated(db: &TestDatabase) -> bool {
-    db.raw_client()
-        .await
-        .query_one("SELECT to_regclass('storage_leases') IS NOT NULL", &[])
-        .await
-        .unwrap()
-        .get(0)
-}
-
 async fn raw_via(url: &str) -> Client {
     let (client, connection) = url
         .parse::<tokio_postgres::Config>()
@@ -129,7 +118,7 @@ async fn a_pooler_that_refuses_options_is_named() {
     assert!(text.contains("a connection pooler was detected"), "{text}");
     assert!(text.contains("connect directly to PostgreSQL"), "{text}");
     assert!(text.contains("pooler in session mode"), "{text}");
-    assert!(!migrated(&db).await);
+    assert!(!db.migrated().await);
 }
 
 /// PgBouncer with `ignore_startup_parameters = options` in transaction
@@ -159,7 +148,7 @@ async fn a_transaction_pooler_that_drops_options_is_refused_before_anything_chan
         "{text}"
     );
     assert!(text.contains("connect directly to PostgreSQL"), "{text}");
-    assert!(!migrated(&db).await);
+    assert!(!db.migrated().await);
 }
 
 /// A transaction pooler that passes the settings on, so that only the
@@ -192,7 +181,7 @@ async fn a_transaction_pooler_is_refused_by_the_server_sessions_it_hands_out() {
         ),
         "{evidence:?}"
     );
-    assert!(!migrated(&db).await);
+    assert!(!db.migrated().await);
 }
 
 /// A pooler in session mode that drops `options`: one session per
@@ -210,7 +199,7 @@ async fn a_session_pooler_that_drops_options_is_refused() {
             found: "0".to_owned(),
         }
     );
-    assert!(!migrated(&db).await);
+    assert!(!db.migrated().await);
 }
 
 /// Through a pooler in session mode that passes `options` on, and directly,

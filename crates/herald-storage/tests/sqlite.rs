@@ -7,27 +7,11 @@ use std::path::Path;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use herald_core::{Candidate, ChannelName, FencingToken, Lease, NewMessage, DEFAULT_LEASE_NAME};
+use herald_core::{ChannelName, FencingToken, Lease, DEFAULT_LEASE_NAME};
 use herald_storage::sqlite::{SqliteOptions, SqliteStorage, DATABASE_FILE, SESSIONS_DIR};
+use herald_storage::testing::{candidate, msg};
 use herald_storage::{Acquire, Error, LeaseStore, Storage, TakeoverReason};
 use rusqlite::Connection;
-use serde_json::value::RawValue;
-
-fn candidate(node: &str) -> Candidate {
-    Candidate {
-        lease_name: DEFAULT_LEASE_NAME.to_owned(),
-        node_id: node.to_owned(),
-        advertise_url: format!("http://{node}.test:8080"),
-    }
-}
-
-fn msg(channel: &str, data: &str) -> NewMessage {
-    NewMessage {
-        channel: ChannelName::new(channel).unwrap(),
-        data: Arc::from(RawValue::from_string(data.to_owned()).unwrap()),
-        idempotency_key: None,
-    }
-}
 
 async fn open(dir: &Path) -> SqliteStorage {
     SqliteStorage::open(dir, SqliteOptions::default())

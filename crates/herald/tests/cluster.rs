@@ -4,39 +4,22 @@
 //! crash, a hang, a drain and a database restart without losing or
 //! repeating an acknowledged message.
 
-mod support;
-
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use eventsource_stream::Eventsource;
-use futures::StreamExt;
-use herald_storage::testing::TestDatabase;
+use herald_testkit::database::{PrivateCluster, TestDatabase};
+use herald_testkit::process::{Server, FAST_LEASE};
+use herald_testkit::sse::SseClient;
+use herald_testkit::WAIT;
 use reqwest::StatusCode;
 use rustix::process::Signal;
 use serde_json::{json, Value};
-use support::{PrivateCluster, Server, WAIT};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 const CHANNEL: &str = "cluster";
-
-/// Lease timings short enough for tests: ttl 5 s, margin 1 s (safety
-/// deadline 4 s after a renewal is sent), renewal every 500 ms, statement
-/// timeout 500 ms: the shortest ttl where a renewal that times out (2.5 s)
-/// is still retried (1 s later) before the safety deadline.
-const FAST_LEASE: &[&str] = &[
-    "--lease-ttl",
-    "5s",
-    "--lease-safety-margin",
-    "1s",
-    "--lease-renew-interval",
-    "500ms",
-    "--renew-statement-timeout",
-    "500ms",
-];
 
 /// `n` nodes on `url`; node 0 is started first and is holder.
 async fn start_nodes(url: &str, dir: &std::path::Path, n: usize) -> Vec<Server> {
@@ -119,20 +102,21 @@ fn follower(bases: Vec<String>, seen: Seen, stop: CancellationToken) -> JoinHand
         while !stop.is_cancelled() {
             let last = seen.lock().unwrap().last().map_or(0, |(o, _)| *o);
             let base = &bases[node % bases.len()];
-            let resp = http
-                .get(format!("{base}/v1/channels/{CHANNEL}/events"))
-                .header("Last-Event-ID", last.to_string())
-                .send()
-                .await;
-            if let Ok(resp) = resp.and_then(|r| r.error_for_status()) {
-                let mut events = resp.bytes_stream().eventsource();
+            let url = format!("{base}/v1/channels/{CHANNEL}/events");
+            let last = last.to_string();
+            let sse = SseClient::open(&http, &url, &[("Last-Event-ID", &last)])
+                .await
+                .ok()
+                .filter(|sse| (200..300).contains(&sse.status));
+            if let Some(mut sse) = sse {
                 loop {
                     let next = tokio::select! {
                         () = stop.cancelled() => return,
-                        next = events.next() => next,
+                        next = sse.next_event() => next,
                     };
-                    let Some(Ok(event)) = next else { break };
-                    if event.event != "message" {
+                    let Some(event) = next else { break };
+                    // The event type defaults to `message`.
+                    if event.event.as_deref().unwrap_or("message") != "message" {
                         continue;
                     }
                     let message: Value = serde_json::from_str(&event.data).unwrap();

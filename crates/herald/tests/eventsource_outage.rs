@@ -13,8 +13,6 @@
 //! `HERALD_TEST_NODE_CLIENTS` (and the `node` binary in `HERALD_TEST_NODE`,
 //! else `node` on `PATH`).
 
-mod support;
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -22,9 +20,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use herald_chaos::proxy::{FaultProxy, Mode};
+use herald_testkit::api::Api;
+use herald_testkit::database::PrivateCluster;
+use herald_testkit::process::Server;
+use herald_testkit::{within, WAIT};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use support::{within, Api, PrivateCluster, Server, WAIT};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tokio::time::Instant;

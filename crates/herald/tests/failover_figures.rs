@@ -14,30 +14,18 @@
 //! its own idempotency key and a 250 ms timeout, and the figure is the
 //! time from the fault to its first acknowledged publish.
 
-mod support;
-
 use std::time::Duration;
 
-use herald_storage::testing::TestDatabase;
+use herald_testkit::process::{Server, FAST_LEASE};
+use herald_testkit::{TestDatabase, WAIT};
 use reqwest::StatusCode;
 use serde_json::json;
-use support::{Server, WAIT};
 use tokio::time::Instant;
 
 const CHANNEL: &str = "figures";
 const RUNS: usize = 10;
 /// The ttl the nodes run with.
 const TTL: Duration = Duration::from_secs(5);
-const LEASE: &[&str] = &[
-    "--lease-ttl",
-    "5s",
-    "--lease-safety-margin",
-    "1s",
-    "--lease-renew-interval",
-    "500ms",
-    "--renew-statement-timeout",
-    "500ms",
-];
 
 #[derive(Clone, Copy, Debug)]
 enum Fault {
@@ -64,7 +52,7 @@ async fn pair(backend: &Backend) -> (Server, Server, tempfile::TempDir, Option<T
     for i in 0..2 {
         let id = format!("node-{i}");
         let mut flags = vec!["--node-id", id.as_str()];
-        flags.extend_from_slice(LEASE);
+        flags.extend_from_slice(FAST_LEASE);
         // On SQLite both processes share one data dir (one database file);
         // on PostgreSQL each has its own.
         let data = match &db {

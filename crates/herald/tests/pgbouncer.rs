@@ -11,14 +11,11 @@
 //! `user` setting), since it refuses to run as root. Set `HERALD_BIN` to
 //! run against another build of the binary.
 
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
-use herald_storage::testing::TestDatabase;
-use serde_json::Value;
-use support::{herald, within, WAIT};
+use herald_testkit::process::failed_start_in_data;
+use herald_testkit::{within, TestDatabase, WAIT};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -141,39 +138,10 @@ fn free_port() -> u16 {
     listener.local_addr().unwrap().port()
 }
 
-/// Runs `herald serve` on `url`, expects exit status 1, and returns the
-/// `error` field of its `start-up failed` record.
+/// Runs `herald serve` on the database `url`, expects exit status 1, and
+/// returns the `error` field of its `start-up failed` record.
 async fn failed_start(cwd: &Path, url: &str) -> String {
-    let out = within(
-        "herald serve to fail",
-        WAIT,
-        herald()
-            .current_dir(cwd)
-            .args(["serve", "--log-format", "json", "--listen", "127.0.0.1:0"])
-            .args(["--data-dir", "data", "--database", url])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .output(),
-    )
-    .await
-    .expect("run herald serve");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{url}: {stderr}");
-    let record = stderr
-        .lines()
-        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-        .find(|r| r["message"] == "start-up failed")
-        .unwrap_or_else(|| panic!("{url}: no start-up failed record in:\n{stderr}"));
-    record["error"].as_str().expect("an error field").to_owned()
-}
-
-async fn migrated(db: &TestDatabase) -> bool {
-    db.raw_client()
-        .await
-        .query_one("SELECT to_regclass('storage_leases') IS NOT NULL", &[])
-        .await
-        .unwrap()
-        .get(0)
+    failed_start_in_data(cwd, &["--database", url]).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -207,7 +175,7 @@ async fn pgbouncer_is_refused_in_every_set_up_naming_the_fix() {
     assert!(error.contains("connect directly to PostgreSQL"), "{error}");
 
     assert!(
-        !migrated(&db).await,
+        !db.migrated().await,
         "the schema was created through PgBouncer"
     );
 }

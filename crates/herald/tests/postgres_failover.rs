@@ -9,16 +9,15 @@
 //! record, the standby takes over, and every acknowledged message is stored
 //! exactly once.
 
-mod support;
-
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use herald_storage::testing::TestDatabase;
+use herald_testkit::api::Api;
+use herald_testkit::process::Server;
+use herald_testkit::{TestDatabase, WAIT};
 use reqwest::StatusCode;
 use serde_json::json;
-use support::{Server, WAIT};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -44,7 +43,7 @@ fn flags<'a>(db: &'a TestDatabase, node: &'a str) -> Vec<&'a str> {
 /// Publishes to `api` in a loop until `stop`; records every acknowledged
 /// `(offset, data id)`.
 fn publisher(
-    api: support::Api,
+    api: Api,
     worker: u32,
     acked: Arc<Mutex<Vec<(u64, String)>>>,
     stop: CancellationToken,

@@ -5,8 +5,6 @@
 //!
 //! Set `HERALD_BIN` to run them against another build of the binary.
 
-mod support;
-
 use std::collections::{BTreeMap, HashSet};
 use std::os::unix::process::ExitStatusExt;
 use std::process::Stdio;
@@ -22,7 +20,10 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use support::{herald, within, Server, SseEnd, WAIT};
+use herald_testkit::api::Answer;
+use herald_testkit::process::{herald, Server};
+use herald_testkit::sse::SseEnd;
+use herald_testkit::{within, WAIT};
 
 /// Publishers of the concurrency scenario, and messages each.
 const CLIENTS: u64 = 8;
@@ -297,7 +298,7 @@ async fn sigkill_during_a_burst_keeps_every_acknowledged_message() {
 /// Publishes `{"data": data}` to the node at `base` as a node that already
 /// forwarded it once would (`Herald-Forwarded-By`): a standby answers it
 /// itself instead of forwarding it again.
-async fn publish_as_forwarded(base: &str, channel: &str, data: &Value) -> support::Answer {
+async fn publish_as_forwarded(base: &str, channel: &str, data: &Value) -> Answer {
     let response = reqwest::Client::new()
         .post(format!("{base}/v1/channels/{channel}/messages"))
         .header("herald-forwarded-by", "another-node")
@@ -307,7 +308,7 @@ async fn publish_as_forwarded(base: &str, channel: &str, data: &Value) -> suppor
         .expect("publish request");
     let status = response.status();
     let body = response.json().await.unwrap_or(Value::Null);
-    support::Answer { status, body }
+    Answer { status, body }
 }
 
 /// Scenario 6: a second node on the same data directory is a standby that
@@ -681,7 +682,7 @@ async fn sigterm_ends_sse_streams_and_exits_zero() {
 
     let started = Instant::now();
     server.sigterm();
-    let end = sse.next_message(WAIT).await;
+    let end = within("the next SSE event", WAIT, sse.read_message()).await;
     assert_eq!(
         end.err(),
         Some(SseEnd::Closed),

@@ -5,47 +5,10 @@
 //!
 //! Set `HERALD_BIN` to run them against another build of the binary.
 
-mod support;
-
 use std::path::Path;
-use std::process::Stdio;
 
-use serde_json::Value;
-use support::{herald, within, Server, WAIT};
-
-/// Runs `herald serve` in `cwd` with `args`, expects exit status 1, and
-/// returns the `error` field of its `start-up failed` record.
-async fn failed_start(cwd: &Path, args: &[&str]) -> String {
-    let out = within(
-        "herald serve to fail",
-        WAIT,
-        herald()
-            .current_dir(cwd)
-            .args(["serve", "--log-format", "json"])
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .output(),
-    )
-    .await
-    .expect("run herald serve");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
-    let record = stderr
-        .lines()
-        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-        .find(|r| r["message"] == "start-up failed")
-        .unwrap_or_else(|| panic!("{args:?}: no start-up failed record in:\n{stderr}"));
-    record["error"].as_str().expect("an error field").to_owned()
-}
-
-/// [`failed_start`] listening on a free port with the data dir `data`
-/// (relative to `cwd`), plus `args`.
-async fn failed_start_in_data(cwd: &Path, args: &[&str]) -> String {
-    let mut all = vec!["--listen", "127.0.0.1:0", "--data-dir", "data"];
-    all.extend_from_slice(args);
-    failed_start(cwd, &all).await
-}
+use herald_testkit::process::{failed_start, failed_start_in_data, herald, Server};
+use herald_testkit::{within, WAIT};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_value_that_is_not_postgres_names_the_forms_and_the_default() {
@@ -270,7 +233,7 @@ async fn unreachable_databases_and_bad_lease_timings_name_what_to_change() {
 /// unmigrated; without the check it started without a word.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transaction_pooler_is_refused_naming_the_fix() {
-    use herald_storage::testing::{FakePooler, OptionsHandling, PoolerSettings, TestDatabase};
+    use herald_testkit::database::{FakePooler, OptionsHandling, PoolerSettings, TestDatabase};
 
     let db = TestDatabase::create().await;
     let pooler = FakePooler::start(

@@ -1,5 +1,6 @@
 //! The run's clients and what they record: careful publishers, reconnecting
-//! SSE subscribers and the status monitor that spots takeovers.
+//! SSE subscribers and the status monitor that spots takeovers. Independent
+//! of `herald-testkit`'s clients on purpose (see the crate's docs).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

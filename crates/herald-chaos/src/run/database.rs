@@ -1,6 +1,8 @@
 //! A disposable PostgreSQL cluster: created with `initdb` in a temporary
 //! directory, started with `pg_ctl` on a free loopback port, stopped and
-//! removed when dropped (also when the run fails or is interrupted).
+//! removed when dropped (also when the run fails or is interrupted). Like
+//! `herald_testkit::database::PrivateCluster`, kept apart on purpose: this
+//! crate depends on no Herald crate.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -21,7 +21,9 @@ const START_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// The lease flags every node gets: ttl 5 s, safety margin 1 s, renewal
 /// every 500 ms, renewal statement timeout 500 ms (the shortest ttl where a
-/// renewal that times out is retried before the safety deadline).
+/// renewal that times out is retried before the safety deadline). The same
+/// as `herald_testkit::process::FAST_LEASE`, kept apart on purpose: this
+/// crate depends on no Herald crate.
 const LEASE_FLAGS: [&str; 8] = [
     "--lease-ttl",
     "5s",

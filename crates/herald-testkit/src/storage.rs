@@ -1,0 +1,283 @@
+//! A storage that passes every call on to another one, with hooks that may
+//! delay or fail reads and appends ([`Hooked`], [`StorageHooks`]), and the
+//! hooks the tests use: reads that return late ([`SlowReads`]), appends
+//! held until a gate opens ([`AppendGate`]) and a read outage switched on
+//! and off ([`ReadOutage`]).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use herald_core::{
+    Appended, Candidate, ChannelHead, ChannelName, Lease, LeaseInfo, NewMessage, Offset,
+};
+use herald_storage::{Acquire, ChangeFeed, ChangeSignal, LeaseStore, Page, Storage};
+use tokio::sync::{broadcast, watch};
+
+use crate::{within, Rng, NODE_WAIT};
+
+/// What a [`Hooked`] storage does around the calls it passes on. Every
+/// hook does nothing by default; a test implements the ones it needs.
+#[async_trait]
+pub trait StorageHooks: Send + Sync + 'static {
+    /// Runs before an append of `batch` is passed on; may wait. An `Err` is
+    /// returned instead, and the append is not passed on.
+    async fn before_append(&self, batch: &[NewMessage]) -> herald_storage::Result<()> {
+        let _ = batch;
+        Ok(())
+    }
+
+    /// Runs before a read of `channel` is passed on; may wait. An `Err` is
+    /// returned instead, and the read is not passed on.
+    async fn before_read(&self, channel: &ChannelName) -> herald_storage::Result<()> {
+        let _ = channel;
+        Ok(())
+    }
+
+    /// Runs after a read of `channel` returned `page`, before the page is
+    /// returned; may wait. Not run when the read failed.
+    async fn after_read(&self, channel: &ChannelName, page: &Page) {
+        let _ = (channel, page);
+    }
+}
+
+/// A [`Storage`] that passes every call on to `inner`, running the hooks
+/// `H` around reads and appends.
+pub struct Hooked<H> {
+    inner: Arc<dyn Storage>,
+    hooks: Arc<H>,
+}
+
+impl<H: StorageHooks> Hooked<H> {
+    /// `inner` with `hooks` around its reads and appends.
+    pub fn wrap(inner: Arc<dyn Storage>, hooks: Arc<H>) -> Arc<dyn Storage> {
+        Arc::new(Self { inner, hooks })
+    }
+}
+
+#[async_trait]
+impl<H: StorageHooks> LeaseStore for Hooked<H> {
+    async fn acquire(
+        &self,
+        candidate: &Candidate,
+        ttl: Duration,
+    ) -> herald_storage::Result<Acquire> {
+        self.inner.acquire(candidate, ttl).await
+    }
+
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> herald_storage::Result<()> {
+        self.inner.renew(lease, ttl).await
+    }
+
+    async fn release(&self, lease: &Lease) -> herald_storage::Result<()> {
+        self.inner.release(lease).await
+    }
+
+    async fn lease_info(&self, name: &str) -> herald_storage::Result<Option<LeaseInfo>> {
+        self.inner.lease_info(name).await
+    }
+
+    async fn takeover_hint(&self, held: &LeaseInfo) {
+        self.inner.takeover_hint(held).await
+    }
+}
+
+#[async_trait]
+impl<H: StorageHooks> Storage for Hooked<H> {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+
+    async fn append(
+        &self,
+        lease: &Lease,
+        batch: &[NewMessage],
+    ) -> herald_storage::Result<Vec<Appended>> {
+        self.hooks.before_append(batch).await?;
+        self.inner.append(lease, batch).await
+    }
+
+    async fn read(
+        &self,
+        channel: &ChannelName,
+        after: Offset,
+        limit: usize,
+    ) -> herald_storage::Result<Page> {
+        self.hooks.before_read(channel).await?;
+        let page = self.inner.read(channel, after, limit).await?;
+        self.hooks.after_read(channel, &page).await;
+        Ok(page)
+    }
+
+    async fn channels(&self) -> herald_storage::Result<Vec<ChannelHead>> {
+        self.inner.channels().await
+    }
+
+    async fn changes_since(&self, cursor: u64) -> herald_storage::Result<ChangeFeed> {
+        self.inner.changes_since(cursor).await
+    }
+
+    async fn change_cursor(&self) -> herald_storage::Result<u64> {
+        self.inner.change_cursor().await
+    }
+
+    fn watch_changes(&self) -> Option<broadcast::Receiver<ChangeSignal>> {
+        self.inner.watch_changes()
+    }
+
+    async fn ping(&self) -> herald_storage::Result<()> {
+        self.inner.ping().await
+    }
+}
+
+/// History reads that return late, by a random delay up to a maximum, to
+/// widen the window between a subscriber's history read and its switch to
+/// live notices, and to make live receivers lag behind while they read.
+/// Deliberate latency injection, not a wait for an event.
+pub struct SlowReads {
+    max_delay: Duration,
+    rng: Mutex<Rng>,
+}
+
+impl SlowReads {
+    /// `inner` with every successful read returned up to `max_delay` late
+    /// (uniformly, in microseconds; the seed is printed).
+    pub fn wrap(inner: Arc<dyn Storage>, max_delay: Duration) -> Arc<dyn Storage> {
+        let hooks = Self {
+            max_delay,
+            rng: Mutex::new(Rng::from_time()),
+        };
+        Hooked::wrap(inner, Arc::new(hooks))
+    }
+}
+
+#[async_trait]
+impl StorageHooks for SlowReads {
+    async fn after_read(&self, _channel: &ChannelName, _page: &Page) {
+        let micros = self.max_delay.as_micros() as u64;
+        let delay = self.rng.lock().unwrap().below(micros + 1);
+        tokio::time::sleep(Duration::from_micros(delay)).await;
+    }
+}
+
+/// Holds every `append` of the storages it wraps until opened, and counts
+/// the appends that started. Starts closed.
+pub struct AppendGate {
+    open: watch::Sender<bool>,
+    started: watch::Sender<usize>,
+}
+
+impl AppendGate {
+    /// A closed gate.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            open: watch::channel(false).0,
+            started: watch::channel(0).0,
+        })
+    }
+
+    /// Lets every held and future append through.
+    pub fn open(&self) {
+        self.open.send_replace(true);
+    }
+
+    /// Holds appends that start from now on.
+    pub fn close(&self) {
+        self.open.send_replace(false);
+    }
+
+    /// Appends started so far.
+    pub fn started(&self) -> usize {
+        *self.started.borrow()
+    }
+
+    /// Waits until `n` appends have started.
+    ///
+    /// # Panics
+    /// When they have not within [`NODE_WAIT`].
+    pub async fn wait_started(&self, n: usize) {
+        let mut started = self.started.subscribe();
+        within("appends start", NODE_WAIT, started.wait_for(|s| *s >= n))
+            .await
+            .unwrap();
+    }
+
+    /// Wraps `inner` so that its appends wait for this gate.
+    pub fn wrap(self: &Arc<Self>, inner: Arc<dyn Storage>) -> Arc<dyn Storage> {
+        Hooked::wrap(inner, Arc::clone(self))
+    }
+}
+
+#[async_trait]
+impl StorageHooks for AppendGate {
+    async fn before_append(&self, _batch: &[NewMessage]) -> herald_storage::Result<()> {
+        self.started.send_modify(|s| *s += 1);
+        let mut open = self.open.subscribe();
+        let _ = open.wait_for(|o| *o).await;
+        Ok(())
+    }
+}
+
+/// Switches a storage outage for reads on and off: while it is on, every
+/// `read` of a wrapped storage fails with `Unavailable` (a transient error,
+/// as when the database is down or restarting); everything else passes.
+/// Counts the failed reads per channel, so that tests can await them.
+pub struct ReadOutage {
+    on: AtomicBool,
+    failed: watch::Sender<BTreeMap<String, usize>>,
+}
+
+impl ReadOutage {
+    /// An outage that is off.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            on: AtomicBool::new(false),
+            failed: watch::channel(BTreeMap::new()).0,
+        })
+    }
+
+    /// Reads fail from now on.
+    pub fn start(&self) {
+        self.on.store(true, Ordering::SeqCst);
+    }
+
+    /// Reads pass again.
+    pub fn end(&self) {
+        self.on.store(false, Ordering::SeqCst);
+    }
+
+    /// Waits until `n` reads of `channel` have failed in total.
+    ///
+    /// # Panics
+    /// When they have not within [`NODE_WAIT`].
+    pub async fn wait_failed(&self, channel: &str, n: usize) {
+        let mut failed = self.failed.subscribe();
+        within(
+            &format!("{n} failed reads of {channel}"),
+            NODE_WAIT,
+            failed.wait_for(|f| f.get(channel).copied().unwrap_or(0) >= n),
+        )
+        .await
+        .unwrap();
+    }
+
+    /// Wraps `inner` so that its reads fail while the outage is on.
+    pub fn wrap(self: &Arc<Self>, inner: Arc<dyn Storage>) -> Arc<dyn Storage> {
+        Hooked::wrap(inner, Arc::clone(self))
+    }
+}
+
+#[async_trait]
+impl StorageHooks for ReadOutage {
+    async fn before_read(&self, channel: &ChannelName) -> herald_storage::Result<()> {
+        if !self.on.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.failed.send_modify(|f| {
+            *f.entry(channel.as_str().to_owned()).or_default() += 1;
+        });
+        Err(herald_storage::Error::unavailable("injected outage"))
+    }
+}
