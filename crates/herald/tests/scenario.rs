@@ -543,25 +543,43 @@ async fn command_line_clients_round_trip() {
     );
 }
 
+/// Runs `herald bench <args> --server <server> --json`, expects success and
+/// returns its one-line JSON report.
+async fn bench_json(server: &Server, args: &[&str]) -> Value {
+    let out = within(
+        "herald bench",
+        Duration::from_secs(60),
+        herald()
+            .arg("bench")
+            .args(args)
+            .args(["--server", &server.url, "--json"])
+            .output(),
+    )
+    .await
+    .unwrap();
+    assert!(out.status.success(), "herald bench {args:?}: {out:?}");
+    json_line(String::from_utf8(out.stdout).unwrap().trim())
+}
+
 /// Scenario 8: `herald bench publish --json` reports a complete run, and
 /// the server holds every message it counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_publish_reports_a_complete_run() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start_holder(dir.path()).await;
-    let out = within(
-        "herald bench publish",
-        Duration::from_secs(30),
-        herald()
-            .args(["bench", "publish", "--server", &server.url])
-            .args(["--messages", "300", "--concurrency", "8", "--size", "200"])
-            .arg("--json")
-            .output(),
+    let report = bench_json(
+        &server,
+        &[
+            "publish",
+            "--messages",
+            "300",
+            "--concurrency",
+            "8",
+            "--size",
+            "200",
+        ],
     )
-    .await
-    .unwrap();
-    assert!(out.status.success(), "bench: {out:?}");
-    let report = json_line(String::from_utf8(out.stdout).unwrap().trim());
+    .await;
     assert_eq!(report["messages"], 300, "{report}");
     assert_eq!(report["errors"], 0, "{report}");
     assert!(
@@ -604,19 +622,19 @@ async fn bench_publish_reports_a_complete_run() {
 async fn bench_publish_in_batches_stores_every_message() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start_holder(dir.path()).await;
-    let out = within(
-        "herald bench publish --batch",
-        Duration::from_secs(30),
-        herald()
-            .args(["bench", "publish", "--server", &server.url])
-            .args(["--messages", "310", "--concurrency", "4", "--batch", "25"])
-            .arg("--json")
-            .output(),
+    let report = bench_json(
+        &server,
+        &[
+            "publish",
+            "--messages",
+            "310",
+            "--concurrency",
+            "4",
+            "--batch",
+            "25",
+        ],
     )
-    .await
-    .unwrap();
-    assert!(out.status.success(), "bench: {out:?}");
-    let report = json_line(String::from_utf8(out.stdout).unwrap().trim());
+    .await;
     assert_eq!(report["messages"], 310, "{report}");
     assert_eq!(report["errors"], 0, "{report}");
     let prefix = report["channel_prefix"].as_str().expect("channel_prefix");
@@ -633,19 +651,23 @@ async fn bench_fanout_reports_complete_delivery() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start_holder(dir.path()).await;
     for transport in ["sse", "ws"] {
-        let out = within(
-            "herald bench fanout",
-            Duration::from_secs(60),
-            herald()
-                .args(["bench", "fanout", "--server", &server.url])
-                .args(["--subscribers", "30", "--channels", "3", "--rate", "40"])
-                .args(["--duration", "1s", "--transport", transport, "--json"])
-                .output(),
+        let report = bench_json(
+            &server,
+            &[
+                "fanout",
+                "--subscribers",
+                "30",
+                "--channels",
+                "3",
+                "--rate",
+                "40",
+                "--duration",
+                "1s",
+                "--transport",
+                transport,
+            ],
         )
-        .await
-        .unwrap();
-        assert!(out.status.success(), "fanout over {transport}: {out:?}");
-        let report = json_line(String::from_utf8(out.stdout).unwrap().trim());
+        .await;
         assert_eq!(report["transport"], transport, "{report}");
         assert_eq!(report["publish_errors"], 0, "{report}");
         let published = report["published"].as_u64().unwrap();

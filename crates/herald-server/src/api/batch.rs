@@ -14,7 +14,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::api::extract::{check_depth, read_limited};
-use crate::forward::{was_forwarded, ForwardRequest, Forwarded, HolderView};
+use crate::api::publish::{after_takeover_error, forward_to_holder};
+use crate::forward::Forwarded;
 use crate::{metrics, AppState, Error, Result};
 
 /// Most entries in one batch publish.
@@ -113,29 +114,7 @@ async fn append(state: &AppState, headers: &HeaderMap, req: Request) -> Result<O
     if shared.lease.is_holder() {
         return commit(state, messages).await;
     }
-    let lease = shared.lease.state();
-    if was_forwarded(headers) {
-        return Err(Error::NotHolder {
-            holder_url: lease.holder_url().map(str::to_owned),
-        });
-    }
-    let config = &shared.config;
-    let holder = HolderView::from_lease_row(&lease)
-        .filter(|h| h.url.trim_end_matches('/') != config.advertise_url.trim_end_matches('/'));
-    let Some(holder) = holder else {
-        metrics::forwarded("no_holder");
-        return Err(Error::NoHolder);
-    };
-    let request = ForwardRequest {
-        path: "/v1/messages".to_owned(),
-        body: raw,
-        headers,
-    };
-    match shared
-        .forwarder
-        .forward(&holder.url, request, shared.lease.subscribe())
-        .await?
-    {
+    match forward_to_holder(state, headers, "/v1/messages".to_owned(), raw).await? {
         Forwarded::Answer(response) => Ok(Outcome::Forwarded(response)),
         // As for a single publish: committing here is safe only when every
         // entry carries an idempotency key (a takeover waited for the old
@@ -144,12 +123,7 @@ async fn append(state: &AppState, headers: &HeaderMap, req: Request) -> Result<O
             if messages.iter().any(|m| m.idempotency_key.is_none()) || !shared.lease.is_holder() {
                 return Err(Error::NoHolder);
             }
-            commit(state, messages).await.map_err(|e| match e {
-                Error::QueueFull | Error::LeaseLost | Error::Draining | Error::NotHolder { .. } => {
-                    Error::NoHolder
-                }
-                e => e,
-            })
+            commit(state, messages).await.map_err(after_takeover_error)
         }
     }
 }

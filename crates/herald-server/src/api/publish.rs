@@ -105,6 +105,30 @@ async fn append(
     if shared.lease.is_holder() {
         return commit(state, message).await;
     }
+    let path = format!("/v1/channels/{}/messages", message.channel);
+    let forwarded = forward_to_holder(state, headers, path, raw).await?;
+    match forwarded {
+        Forwarded::Answer(response) => Ok(Outcome::Forwarded(response)),
+        Forwarded::TakenOver => after_takeover(state, message).await,
+    }
+}
+
+/// Forwards a publish request that reached this standby (`path` on the
+/// holder, the body exactly as received) once to the holder, and returns
+/// the holder's answer, or [`Forwarded::TakenOver`] when this node took
+/// the lease over first.
+///
+/// # Errors
+/// [`Error::NotHolder`] for a request that was forwarded to this node
+/// already (one hop only); [`Error::NoHolder`] when no holder is known or
+/// it cannot be reached.
+pub(crate) async fn forward_to_holder(
+    state: &AppState,
+    headers: &HeaderMap,
+    path: String,
+    body: bytes::Bytes,
+) -> Result<Forwarded> {
+    let shared = &state.shared;
     let lease = shared.lease.state();
     if was_forwarded(headers) {
         // One hop only: a forwarded publish is never forwarded again.
@@ -123,17 +147,26 @@ async fn append(
         return Err(Error::NoHolder);
     };
     let request = ForwardRequest {
-        path: format!("/v1/channels/{}/messages", message.channel),
-        body: raw,
+        path,
+        body,
         headers,
     };
-    let forwarded = shared
+    shared
         .forwarder
         .forward(&holder.url, request, shared.lease.subscribe())
-        .await?;
-    match forwarded {
-        Forwarded::Answer(response) => Ok(Outcome::Forwarded(response)),
-        Forwarded::TakenOver => after_takeover(state, message).await,
+        .await
+}
+
+/// The error of a commit attempted after a takeover (see
+/// [`after_takeover`]): every error that would say "nothing was stored"
+/// speaks for this node only, not for the old holder, so it becomes
+/// `no_holder` (outcome unknown).
+pub(crate) fn after_takeover_error(e: Error) -> Error {
+    match e {
+        Error::QueueFull | Error::LeaseLost | Error::Draining | Error::NotHolder { .. } => {
+            Error::NoHolder
+        }
+        e => e,
     }
 }
 
@@ -157,12 +190,7 @@ async fn after_takeover(state: &AppState, message: NewMessage) -> Result<Outcome
     if message.idempotency_key.is_none() || !state.shared.lease.is_holder() {
         return Err(Error::NoHolder);
     }
-    commit(state, message).await.map_err(|e| match e {
-        Error::QueueFull | Error::LeaseLost | Error::Draining | Error::NotHolder { .. } => {
-            Error::NoHolder
-        }
-        e => e,
-    })
+    commit(state, message).await.map_err(after_takeover_error)
 }
 
 /// Hands `message` to this node's writer and answers once it is committed
