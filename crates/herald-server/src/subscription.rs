@@ -388,6 +388,26 @@ mod tests {
     use super::*;
     use crate::testing::MemoryStorage;
 
+    /// A subscription of `storage` and `hub` to `channel` after `after`,
+    /// over `transport`, started (its history read done or pending).
+    async fn subscribe(
+        storage: &Arc<MemoryStorage>,
+        hub: &Arc<Hub>,
+        channel: &str,
+        after: u64,
+        transport: &'static str,
+    ) -> Subscription {
+        Subscription::start(
+            storage.clone(),
+            hub,
+            ChannelName::new(channel).unwrap(),
+            after,
+            transport,
+        )
+        .await
+        .unwrap()
+    }
+
     fn msg(offset: Offset) -> Message {
         Message {
             offset,
@@ -443,15 +463,7 @@ mod tests {
             storage.append_as_other_node("a", &i.to_string());
         }
         let hub = Hub::new(16);
-        let mut sub = Subscription::start(
-            storage.clone(),
-            &hub,
-            ChannelName::new("a").unwrap(),
-            10,
-            "sse",
-        )
-        .await
-        .unwrap();
+        let mut sub = subscribe(&storage, &hub, "a", 10, "sse").await;
         // Committed after subscribing, and also announced: must come once.
         storage.append_as_other_node("a", "2501");
         hub.publish(Notice {
@@ -514,15 +526,7 @@ mod tests {
     async fn a_lagged_subscriber_catches_up_from_storage() {
         let storage = MemoryStorage::new();
         let hub = Hub::new(2);
-        let mut sub = Subscription::start(
-            storage.clone(),
-            &hub,
-            ChannelName::new("a").unwrap(),
-            0,
-            "sse",
-        )
-        .await
-        .unwrap();
+        let mut sub = subscribe(&storage, &hub, "a", 0, "sse").await;
         for i in 1..=50u64 {
             storage.append_as_other_node("a", &i.to_string());
             hub.publish(notice("a", i, i..=i));
@@ -537,15 +541,7 @@ mod tests {
     async fn next_is_cancel_safe() {
         let storage = MemoryStorage::new();
         let hub = Hub::new(16);
-        let mut sub = Subscription::start(
-            storage.clone(),
-            &hub,
-            ChannelName::new("a").unwrap(),
-            0,
-            "ws",
-        )
-        .await
-        .unwrap();
+        let mut sub = subscribe(&storage, &hub, "a", 0, "ws").await;
         // Cancel `next` many times while it waits; then deliver.
         for _ in 0..10 {
             assert!(tokio::time::timeout(Duration::from_millis(1), sub.next())
@@ -612,15 +608,7 @@ mod tests {
     async fn a_transient_failure_of_a_catch_up_read_is_waited_out() {
         let storage = MemoryStorage::new();
         let hub = Hub::new(16);
-        let mut sub = Subscription::start(
-            storage.clone(),
-            &hub,
-            ChannelName::new("a").unwrap(),
-            0,
-            "ws",
-        )
-        .await
-        .unwrap();
+        let mut sub = subscribe(&storage, &hub, "a", 0, "ws").await;
         for round in 0..2u64 {
             // Head-moved notices make the subscription read the storage.
             storage.append_as_other_node("a", "1");
@@ -658,15 +646,7 @@ mod tests {
         let storage = MemoryStorage::new();
         let hub = Hub::new(16);
         storage.fail_reads(true);
-        let mut sub = Subscription::start(
-            storage.clone(),
-            &hub,
-            ChannelName::new("a").unwrap(),
-            0,
-            "ws",
-        )
-        .await
-        .unwrap();
+        let mut sub = subscribe(&storage, &hub, "a", 0, "ws").await;
         assert_eq!(storage.reads(), 1);
         // A WebSocket session cancels `next` whenever another branch of
         // its `select!` wins; 100 cancellations in about 100 ms must not
@@ -702,15 +682,7 @@ mod tests {
         assert_eq!(hub.channel_count(), 0);
         // Mid-stream, the same error ends it.
         storage.corrupt_reads(false);
-        let mut sub = Subscription::start(
-            storage.clone(),
-            &hub,
-            ChannelName::new("a").unwrap(),
-            0,
-            "sse",
-        )
-        .await
-        .unwrap();
+        let mut sub = subscribe(&storage, &hub, "a", 0, "sse").await;
         storage.corrupt_reads(true);
         storage.append_as_other_node("a", "1");
         hub.publish(bare("a", 1));
