@@ -384,6 +384,18 @@ async fn a_standby_without_a_reachable_holder_answers_no_holder() {
 const WAIT: Duration = Duration::from_secs(20);
 
 /// A publish of `{"data":1}` on channel `c` (with `key`, if any) sent to
+/// A node whose forwards would wait an hour, and a listener to stand for a
+/// frozen holder: only a role change can end a forward to it.
+async fn node_and_frozen_holder() -> (Node, tokio::net::TcpListener) {
+    let node = Node::start(ServerConfig {
+        forward_timeout: Duration::from_secs(3600),
+        ..ServerConfig::default()
+    })
+    .await;
+    let frozen = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    (node, frozen)
+}
+
 /// `node`, a standby whose holder is `frozen`: a listener whose
 /// connections are read and never answered. Returns once the forwarded
 /// request has reached `frozen`, with the publish's answer still to come
@@ -446,12 +458,7 @@ async fn answer_of(
 
 #[tokio::test]
 async fn a_forward_ends_with_no_holder_when_this_node_stops_after_a_takeover() {
-    let node = Node::start(ServerConfig {
-        forward_timeout: Duration::from_secs(3600),
-        ..ServerConfig::default()
-    })
-    .await;
-    let frozen = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (node, frozen) = node_and_frozen_holder().await;
     // With a key too: this node is no holder any more, it cannot commit.
     let (publish, _connection) = forward_to_frozen_holder(&node, &frozen, Some("k")).await;
     // The node took the lease over (token 8) and lost it again before the
@@ -470,12 +477,7 @@ async fn a_forward_ends_with_no_holder_when_this_node_stops_after_a_takeover() {
 
 #[tokio::test]
 async fn a_commit_refused_after_a_takeover_answers_no_holder() {
-    let node = Node::start(ServerConfig {
-        forward_timeout: Duration::from_secs(3600),
-        ..ServerConfig::default()
-    })
-    .await;
-    let frozen = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (node, frozen) = node_and_frozen_holder().await;
     let (publish, _connection) = forward_to_frozen_holder(&node, &frozen, Some("k")).await;
     // Holder with token 8, but the storage already knows token 9: the
     // commit is refused as lease_lost, which speaks only for this node.

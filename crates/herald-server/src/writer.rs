@@ -46,22 +46,6 @@ pub(crate) enum Reply {
 }
 
 impl Reply {
-    /// Sends `outcomes` (exactly one per message of the request). A
-    /// dropped receiver means the client went away; what was committed
-    /// stays committed.
-    fn send(self, outcomes: Vec<Appended>) {
-        match self {
-            Self::One(tx) => {
-                if let Some(outcome) = outcomes.into_iter().next() {
-                    let _ = tx.send(Ok(outcome));
-                }
-            }
-            Self::Batch(tx) => {
-                let _ = tx.send(Ok(outcomes));
-            }
-        }
-    }
-
     /// Sends `error`.
     fn fail(self, error: Error) {
         match self {
@@ -81,10 +65,23 @@ pub(super) type Replies = Vec<(usize, Reply)>;
 
 /// Answers every request of a batch from `outcomes` (one per message, in
 /// batch order).
+/// A dropped receiver means the client went away; what was committed
+/// stays committed.
 pub(super) fn answer(replies: Replies, outcomes: Vec<Appended>) {
     let mut outcomes = outcomes.into_iter();
     for (count, reply) in replies {
-        reply.send(outcomes.by_ref().take(count).collect());
+        match reply {
+            // A single publish (the common case) gets its outcome as is,
+            // without a vector of one.
+            Reply::One(tx) => {
+                if let Some(outcome) = outcomes.next() {
+                    let _ = tx.send(Ok(outcome));
+                }
+            }
+            Reply::Batch(tx) => {
+                let _ = tx.send(Ok(outcomes.by_ref().take(count).collect()));
+            }
+        }
     }
 }
 

@@ -22,7 +22,7 @@ use std::collections::BTreeSet;
 use std::io::Write;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use eventsource_stream::Eventsource;
@@ -258,8 +258,9 @@ pub(crate) async fn run_fanout(args: BenchFanoutArgs) -> anyhow::Result<ExitCode
     let after = resident_bytes(&http, &subscribe_base).await;
 
     // The publisher: R messages per second, round-robin over the channels.
-    let acked: Arc<Mutex<Vec<BTreeSet<u64>>>> =
-        Arc::new(Mutex::new(vec![BTreeSet::new(); channels.len()]));
+    // Acknowledged sequence numbers, per channel: what each of its
+    // subscribers is owed.
+    let mut owed: Vec<BTreeSet<u64>> = vec![BTreeSet::new(); channels.len()];
     let mut publish_errors = 0u64;
     let period = Duration::from_secs_f64(1.0 / f64::from(args.rate));
     let total = (args.duration.as_secs_f64() * f64::from(args.rate)).round() as u64;
@@ -277,7 +278,7 @@ pub(crate) async fn run_fanout(args: BenchFanoutArgs) -> anyhow::Result<ExitCode
             .await;
         match sent {
             Ok(r) if r.status().is_success() => {
-                acked.lock().unwrap_or_else(|e| e.into_inner())[k].insert(seq);
+                owed[k].insert(seq);
             }
             _ => publish_errors += 1,
         }
@@ -285,7 +286,6 @@ pub(crate) async fn run_fanout(args: BenchFanoutArgs) -> anyhow::Result<ExitCode
     let window = started.elapsed();
 
     // Wait until every subscriber has what it is owed, or the drain ends.
-    let owed: Vec<BTreeSet<u64>> = acked.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let expected: u64 = (0..subscribers)
         .map(|s| owed[s % channels.len()].len() as u64)
         .sum();

@@ -451,15 +451,19 @@ pub(super) async fn append(
         .iter()
         .filter_map(|m| Some((m.channel.as_str(), m.idempotency_key.as_ref()?.as_str())))
         .unzip();
-    let mut stored: HashMap<(String, String), (i64, SystemTime)> = HashMap::new();
-    if !keys.is_empty() {
+    let found_rows = if keys.is_empty() {
+        Vec::new()
+    } else {
         let find_keys = tx.prepare_cached(FIND_KEYS_SQL).await?;
-        for row in tx.query(&find_keys, &[&key_channels, &keys]).await? {
-            stored.insert(
-                (row.try_get(0)?, row.try_get(1)?),
-                (row.try_get(2)?, row.try_get(3)?),
-            );
-        }
+        tx.query(&find_keys, &[&key_channels, &keys]).await?
+    };
+    // Borrowed from the rows: no copy of a channel or key per lookup.
+    let mut stored: HashMap<(&str, &str), (i64, SystemTime)> = HashMap::new();
+    for row in &found_rows {
+        stored.insert(
+            (row.try_get(0)?, row.try_get(1)?),
+            (row.try_get(2)?, row.try_get(3)?),
+        );
     }
 
     // 3. The plan: duplicates (stored, or of an earlier message of this
@@ -477,8 +481,7 @@ pub(super) async fn append(
                 planned.push(Planned::DuplicateInBatch { written: w, rank });
                 continue;
             }
-            if let Some(&(offset, published_at)) = stored.get(&(channel.to_owned(), key.to_owned()))
-            {
+            if let Some(&(offset, published_at)) = stored.get(&(channel, key)) {
                 planned.push(Planned::Duplicate {
                     offset,
                     published_at,
