@@ -35,7 +35,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 
-use crate::client::{self, ServerArg};
+use crate::client::ServerArg;
 
 /// Highest latency tracked, in µs (one minute).
 const MAX_LATENCY_US: u64 = 60_000_000;
@@ -226,8 +226,9 @@ pub(crate) async fn run_fanout(args: BenchFanoutArgs) -> anyhow::Result<ExitCode
             Ok(format!("/v1/channels/{name}"))
         })
         .collect::<anyhow::Result<_>>()?;
-    let http = reqwest::Client::builder()
-        .connect_timeout(client::CONNECT_TIMEOUT)
+    let http = args
+        .server
+        .http_builder()?
         .pool_max_idle_per_host(usize::try_from(args.subscribers)?)
         .build()?;
 
