@@ -337,4 +337,92 @@ api_keys = []
             assert!(error.contains(words), "{text:?}: {error}");
         }
     }
+
+    mod property {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        /// Keys: every real one, near misses, and arbitrary names.
+        fn key() -> impl Strategy<Value = String> {
+            let known: Vec<String> = serve().get_arguments().filter_map(key_for_flag).collect();
+            prop_oneof![
+                proptest::sample::select(known.clone()),
+                proptest::sample::select(known).prop_map(|k| format!("{k}x")),
+                "[a-z_]{1,12}",
+            ]
+        }
+
+        /// Values of every TOML type, and strings that some parsers take.
+        fn value() -> impl Strategy<Value = String> {
+            prop_oneof![
+                Just("\"5s\"".to_owned()),
+                Just("\"127.0.0.1:0\"".to_owned()),
+                Just("\"postgres://u:p@h/d\"".to_owned()),
+                Just("[\"https://a.example\"]".to_owned()),
+                Just("{ a = 1 }".to_owned()),
+                Just("1979-05-27T07:32:00Z".to_owned()),
+                any::<i64>().prop_map(|i| i.to_string()),
+                any::<bool>().prop_map(|b| b.to_string()),
+                "\"[ -~]{0,16}\"".prop_map(|s| s.replace('\\', "")),
+            ]
+        }
+
+        /// A document of `key = value` lines, some under a section.
+        fn document() -> impl Strategy<Value = (Vec<(String, String)>, Option<String>)> {
+            (
+                proptest::collection::vec((key(), value()), 0..6),
+                proptest::option::of(proptest::sample::select(vec![
+                    "tls".to_owned(),
+                    "cors".to_owned(),
+                    "auth".to_owned(),
+                    "limits".to_owned(),
+                    "other".to_owned(),
+                ])),
+            )
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig {
+                cases: 256,
+                failure_persistence: None,
+                ..ProptestConfig::default()
+            })]
+
+            /// Any text: accepted, or refused with a message; never a panic.
+            #[test]
+            fn any_text_is_accepted_or_refused_with_a_message(text in "\\PC{0,200}") {
+                if let Err(e) = parse(&text, &serve()) {
+                    let message = format!("{e:#}");
+                    prop_assert!(!message.trim().is_empty());
+                }
+            }
+
+            /// A well-formed document is accepted, or refused with a message
+            /// that names a key or section of it, or a place in it.
+            #[test]
+            fn a_refusal_names_the_problem((lines, section) in document()) {
+                let mut text = String::new();
+                let mut names: Vec<String> = Vec::new();
+                for (i, (key, value)) in lines.iter().enumerate() {
+                    if i == lines.len() / 2 {
+                        if let Some(section) = &section {
+                            text.push_str(&format!("[{section}]\n"));
+                            names.push(section.clone());
+                        }
+                    }
+                    text.push_str(&format!("{key} = {value}\n"));
+                    // A dotted key is a key in a section: either part names it.
+                    names.extend(key.split('.').map(str::to_owned));
+                }
+                if let Err(e) = parse(&text, &serve()) {
+                    let message = format!("{e:#}");
+                    prop_assert!(
+                        message.contains("line ") || names.iter().any(|n| message.contains(n.as_str())),
+                        "{:?}: {}", text, message
+                    );
+                }
+            }
+        }
+    }
 }
