@@ -177,3 +177,47 @@ async fn a_standby_refuses_an_https_holder_it_does_not_trust() {
     answer.assert_error(reqwest::StatusCode::SERVICE_UNAVAILABLE, "no_holder");
     assert_eq!(holder.api.head("orders").await, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_benchmarks_speak_https_and_wss_with_a_private_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new();
+    let cert = ca.issue(dir.path(), "node");
+    let ca_file = dir.path().join("ca.pem");
+    ca.write(&ca_file);
+    let server = Server::start_tls(&dir.path().join("data"), &cert, &ca, &[]).await;
+    server.api.wait_role("holder", WAIT).await;
+    let ca_file = ca_file.to_str().unwrap();
+    for args in [
+        vec!["bench", "publish", "--messages", "20", "--concurrency", "2"],
+        vec![
+            "bench",
+            "fanout",
+            "--subscribers",
+            "2",
+            "--rate",
+            "20",
+            "--duration",
+            "1s",
+            "--transport",
+            "ws",
+        ],
+    ] {
+        let out = within(
+            "a benchmark",
+            WAIT,
+            herald()
+                .args(&args)
+                .args(["--server", &server.url, "--ca-file", ca_file])
+                .output(),
+        )
+        .await
+        .expect("run herald bench");
+        assert!(
+            out.status.success(),
+            "{args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
