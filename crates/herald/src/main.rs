@@ -29,7 +29,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the server.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Publish one message; prints the server's answer JSON.
     Publish(publish::PublishArgs),
     /// Print a channel's stored messages, one JSON per line.
@@ -52,7 +52,7 @@ enum Command {
 async fn main() -> ExitCode {
     let (cli, file) = parse_command_line();
     let result = match cli.command {
-        Command::Serve(args) => serve::run(args, file).await,
+        Command::Serve(args) => serve::run(*args, file).await,
         Command::Config(command) => config_check::run(command),
         Command::Publish(args) => publish::run(args).await,
         Command::History(args) => history::run(args).await,
