@@ -151,7 +151,8 @@ pub(crate) struct ServeArgs {
     pub(crate) config: Option<PathBuf>,
     /// Start without authentication on an address other than loopback:
     /// anyone who reaches the node may publish and read every channel.
-    #[arg(long, env = "HERALD_INSECURE_NO_AUTH")]
+    /// The variable takes `true`/`false`, `1`/`0`, `yes`/`no`, `on`/`off`.
+    #[arg(long, env = "HERALD_INSECURE_NO_AUTH", value_parser = clap::builder::BoolishValueParser::new())]
     insecure_no_auth: bool,
     /// PEM certificate chain to serve HTTPS with (with `--tls-key`);
     /// reread with the key on SIGHUP.
