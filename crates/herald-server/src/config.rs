@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::StartError;
+use crate::{CorsConfig, StartError, TlsCertificates};
 
 /// Settings of one node's HTTP server. Every field has a default (see
 /// [`ServerConfig::default`]); [`ServerConfig::validate`] checks them.
@@ -58,6 +58,16 @@ pub struct ServerConfig {
     /// takes the lease over meanwhile (see `docs/api.md`, "Writes on any
     /// node").
     pub forward_timeout: Duration,
+    /// Which web origins may call the API from a browser (default: none).
+    pub cors: CorsConfig,
+    /// The certificate and key to serve HTTPS with; `None` (the default):
+    /// plain HTTP, e.g. behind a proxy that terminates TLS.
+    pub tls: Option<TlsCertificates>,
+    /// PEM certificates of certificate authorities that the forwarder
+    /// trusts besides the system's trust store, for holders whose
+    /// advertised URL is `https://` with a certificate from a private CA
+    /// (default: none).
+    pub trusted_ca_pem: Option<Vec<u8>>,
 }
 
 impl Default for ServerConfig {
@@ -74,6 +84,9 @@ impl Default for ServerConfig {
             subscriber_buffer: 1024,
             header_read_timeout: Duration::from_secs(10),
             forward_timeout: Duration::from_secs(5),
+            cors: CorsConfig::default(),
+            tls: None,
+            trusted_ca_pem: None,
         }
     }
 }
@@ -114,6 +127,7 @@ impl ServerConfig {
         if self.node_id.is_empty() {
             return Err(StartError::Config("node_id must not be empty".to_owned()));
         }
+        self.cors.validate()?;
         Ok(())
     }
 }

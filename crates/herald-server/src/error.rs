@@ -314,6 +314,11 @@ pub enum StartError {
     /// A [`crate::ServerConfig`] field is unusable: the message names it.
     #[error("invalid server configuration: {0}")]
     Config(String),
+    /// The TLS certificate or key cannot be used (at start, or at a reload,
+    /// which then keeps the certificate in use): the message names the
+    /// file.
+    #[error("TLS: {0}")]
+    Tls(String),
     /// The storage failed before the server could serve (reading its
     /// change cursor). The storage's error is also the source.
     #[error("storage: {0}")]

@@ -141,21 +141,38 @@ pub(crate) struct ForwardRequest<'a> {
 impl Forwarder {
     /// A forwarder that names `node_id` in `Herald-Forwarded-By` and waits
     /// at most `timeout` for a holder's whole answer (at most
-    /// [`CONNECT_TIMEOUT`] of it to connect).
+    /// [`CONNECT_TIMEOUT`] of it to connect). A holder whose advertised
+    /// URL is `https://` is reached over TLS (rustls), its certificate
+    /// checked against the system's trust store and `trusted_ca_pem` (PEM
+    /// certificates of private CAs), if given.
     ///
     /// # Errors
-    /// [`StartError::Config`] when `node_id` cannot be a header value or
-    /// the HTTP client cannot be built.
-    pub(crate) fn new(node_id: &str, timeout: Duration) -> Result<Self, StartError> {
+    /// [`StartError::Config`] when `node_id` cannot be a header value,
+    /// `trusted_ca_pem` holds no usable certificate or the HTTP client
+    /// cannot be built.
+    pub(crate) fn new(
+        node_id: &str,
+        timeout: Duration,
+        trusted_ca_pem: Option<&[u8]>,
+    ) -> Result<Self, StartError> {
         let node_id = HeaderValue::from_str(node_id).map_err(|_| {
             StartError::Config("node_id must be visible ASCII to name it in a header".to_owned())
         })?;
-        let client = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(CONNECT_TIMEOUT)
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             // Node-to-node traffic: no proxy from the environment.
-            .no_proxy()
+            .no_proxy();
+        if let Some(pem) = trusted_ca_pem {
+            let certificates = reqwest::Certificate::from_pem_bundle(pem).map_err(|e| {
+                StartError::Config(format!(
+                    "the trusted CA certificates are not PEM certificates: {e}"
+                ))
+            })?;
+            builder = builder.tls_certs_merge(certificates);
+        }
+        let client = builder
             .build()
             .map_err(|e| StartError::Config(format!("cannot build the forwarding client: {e}")))?;
         Ok(Self { client, node_id })

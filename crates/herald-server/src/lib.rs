@@ -30,6 +30,7 @@
 
 mod api;
 mod config;
+mod cors;
 mod error;
 mod forward;
 mod hub;
@@ -42,6 +43,7 @@ mod state;
 mod subscription;
 #[cfg(test)]
 mod testing;
+mod tls;
 mod writer;
 mod ws;
 
@@ -53,9 +55,11 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use config::ServerConfig;
+pub use cors::CorsConfig;
 pub use error::{Error, Result, StartError, StorageFailure};
 pub use metrics::install_metrics_recorder;
 pub use state::AppState;
+pub use tls::TlsCertificates;
 
 /// The HTTP API over `state`, without a socket (tests call it with
 /// `tower::ServiceExt::oneshot`). Routes and error codes: `docs/api.md`.
@@ -74,7 +78,9 @@ pub fn app(state: AppState) -> axum::Router {
 ///    queued;
 /// 4. returns once every connection, session and background task ended.
 ///
-/// Each connection speaks HTTP/1 (with upgrades, for WebSocket) or HTTP/2.
+/// Each connection speaks HTTP/1 (with upgrades, for WebSocket) or HTTP/2,
+/// over TLS when [`ServerConfig::tls`] is set (the handshake, too, must
+/// finish within [`ServerConfig::header_read_timeout`]).
 /// A client that does not send a complete request head within
 /// [`ServerConfig::header_read_timeout`] (for its first request, or for
 /// the next one on a kept-alive connection) is disconnected. A failed
@@ -134,6 +140,10 @@ pub(crate) async fn serve_with(
     // A child token: this server's tasks follow the caller's token, and
     // cancelling it here never cancels the caller's.
     let stop = shutdown.child_token();
+    let tls = match &config.tls {
+        Some(certificates) => Some(certificates.acceptor()?),
+        None => None,
+    };
     let state = AppState::start_with(storage, lease, config, stop.clone()).await?;
     let node_id = state.config().node_id.clone();
     match listener.local_addr() {
@@ -149,6 +159,7 @@ pub(crate) async fn serve_with(
     }
     listener::serve_connections(
         listener,
+        tls,
         app(state.clone()),
         state.config().header_read_timeout,
         stop.clone(),

@@ -13,6 +13,8 @@
 //! - HTTP/2: a PING after the same period without a frame from the client,
 //!   and the connection closes when it is not answered in time.
 //!
+//! With TLS, the handshake comes first and has the same time limit.
+//!
 //! A request whose head arrived is never cut by these limits: bodies, SSE
 //! streams and WebSocket sessions last as long as the application keeps
 //! them.
@@ -33,6 +35,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 /// The HTTP/2 connection preface (RFC 9113 §3.4).
@@ -45,7 +48,9 @@ const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(50);
 const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 /// Accepts connections on `listener` and serves `app` on each until `stop`
-/// is cancelled. Then it stops accepting (the listener is closed), asks
+/// is cancelled; with `tls`, each connection first completes a TLS
+/// handshake, which must end within `header_read_timeout` (a failed one is
+/// logged at debug level and the connection closed). Then it stops accepting (the listener is closed), asks
 /// every connection to finish gracefully (in-flight requests complete, idle
 /// connections close) and returns once all of them have ended.
 ///
@@ -55,6 +60,7 @@ const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// [`ACCEPT_BACKOFF_MIN`] up to [`ACCEPT_BACKOFF_MAX`].
 pub(crate) async fn serve_connections(
     listener: TcpListener,
+    tls: Option<TlsAcceptor>,
     app: Router,
     header_read_timeout: Duration,
     stop: CancellationToken,
@@ -74,8 +80,29 @@ pub(crate) async fn serve_connections(
                 let watcher = graceful.watcher();
                 let builder = Arc::clone(&builder);
                 let service = TowerToHyperService::new(app.clone());
+                let tls = tls.clone();
                 tokio::spawn(async move {
                     let detected = Arc::new(AtomicBool::new(false));
+                    let Some(tls) = tls else {
+                        let io = TokioIo::new(DetectProtocol::new(stream, Arc::clone(&detected)));
+                        let conn =
+                            watcher.watch(builder.serve_connection_with_upgrades(io, service));
+                        serve_one(conn, &detected, header_read_timeout, peer).await;
+                        return;
+                    };
+                    let stream = match tokio::time::timeout(header_read_timeout, tls.accept(stream))
+                        .await
+                    {
+                        Ok(Ok(stream)) => stream,
+                        Ok(Err(e)) => {
+                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!(%peer, "closing a connection whose TLS handshake did not finish in time");
+                            return;
+                        }
+                    };
                     let io = TokioIo::new(DetectProtocol::new(stream, Arc::clone(&detected)));
                     let conn = watcher.watch(builder.serve_connection_with_upgrades(io, service));
                     serve_one(conn, &detected, header_read_timeout, peer).await;

@@ -88,7 +88,11 @@ impl AppState {
         shutdown: CancellationToken,
     ) -> Result<Self, StartError> {
         config.validate()?;
-        let forwarder = Forwarder::new(&config.node_id, config.forward_timeout)?;
+        let forwarder = Forwarder::new(
+            &config.node_id,
+            config.forward_timeout,
+            config.trusted_ca_pem.as_deref(),
+        )?;
         let metrics = install_metrics_recorder();
         let cursor = storage.change_cursor().await?;
         let hub = Hub::new(config.subscriber_buffer);

@@ -44,13 +44,19 @@ impl Answer {
 impl Api {
     /// A client of the server at `base`.
     pub fn new(base: &str) -> Self {
+        Self::with_builder(base, reqwest::Client::builder)
+    }
+
+    /// A client of the server at `base` whose HTTP clients start from
+    /// `builder()` (e.g. one that trusts a test CA).
+    pub fn with_builder(base: &str, builder: impl Fn() -> reqwest::ClientBuilder) -> Self {
         Self {
             base: base.trim_end_matches('/').to_owned(),
-            http: reqwest::Client::builder()
+            http: builder()
                 .timeout(WAIT)
                 .build()
                 .expect("build the HTTP client"),
-            stream_http: reqwest::Client::builder()
+            stream_http: builder()
                 .connect_timeout(WAIT)
                 .build()
                 .expect("build the HTTP client"),

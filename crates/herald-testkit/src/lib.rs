@@ -14,6 +14,8 @@
 //!   lease supervisor, `herald_server::serve` on a real listener), with a
 //!   stand-in for a frozen holder.
 //! - [`sse`] and [`ws`]: the one SSE client and the one WebSocket client.
+//! - [`tls`]: a certificate authority of the test's own that issues server
+//!   certificates, and a probe of the certificate a server presents.
 //! - [`storage`]: [`storage::Hooked`], a `Storage` that passes every call on
 //!   to another one and lets hooks delay or fail reads and appends, and the
 //!   hooks the tests use.
@@ -36,6 +38,7 @@ pub mod node;
 pub mod process;
 pub mod sse;
 pub mod storage;
+pub mod tls;
 pub mod ws;
 
 pub use database::TestDatabase;

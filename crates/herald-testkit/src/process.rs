@@ -15,6 +15,7 @@ use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 
 use crate::api::Api;
+use crate::tls::{IssuedCert, TestCa};
 use crate::{within, WAIT};
 
 /// Lease timings short enough for tests: ttl 5 s, margin 1 s (safety
@@ -82,7 +83,7 @@ pub fn herald() -> Command {
 /// One `herald serve` process.
 pub struct Server {
     child: Child,
-    /// `http://<bound address>`.
+    /// `http://<bound address>`, or `https://` when it serves TLS.
     pub url: String,
     /// A client of this server's API.
     pub api: Api,
@@ -106,7 +107,46 @@ impl Server {
 
     /// Like [`Server::start_with`], listening on `listen`.
     pub async fn start_listening(data_dir: &Path, listen: &str, extra: &[&str]) -> Self {
+        Self::launch(data_dir, listen, extra, &[], None).await
+    }
+
+    /// Like [`Server::start_with`], with `HERALD_*` (or other) environment
+    /// variables set for the process.
+    pub async fn start_with_env(data_dir: &Path, extra: &[&str], envs: &[(&str, &str)]) -> Self {
+        Self::launch(data_dir, "127.0.0.1:0", extra, envs, None).await
+    }
+
+    /// Like [`Server::start_with`], serving HTTPS with `cert` (issued by
+    /// `ca`, which the server's [`Api`] trusts); [`Server::url`] is
+    /// `https://`.
+    pub async fn start_tls(
+        data_dir: &Path,
+        cert: &IssuedCert,
+        ca: &TestCa,
+        extra: &[&str],
+    ) -> Self {
+        let mut all = vec![
+            "--tls-cert".to_owned(),
+            cert.cert.display().to_string(),
+            "--tls-key".to_owned(),
+            cert.key.display().to_string(),
+        ];
+        all.extend(extra.iter().map(|s| (*s).to_owned()));
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        Self::launch(data_dir, "127.0.0.1:0", &all, &[], Some(ca)).await
+    }
+
+    /// Starts `herald serve` with `envs` set; its API client trusts `ca`
+    /// when given.
+    async fn launch(
+        data_dir: &Path,
+        listen: &str,
+        extra: &[&str],
+        envs: &[(&str, &str)],
+        ca: Option<&TestCa>,
+    ) -> Self {
         let mut child = herald()
+            .envs(envs.iter().copied())
             .arg("serve")
             .arg("--listen")
             .arg(listen)
@@ -122,6 +162,7 @@ impl Server {
         let stderr = child.stderr.take().expect("piped stderr");
         let log = Arc::new(Mutex::new(Vec::new()));
         let logged = Arc::new(Notify::new());
+        // The URL of the address the server logs as bound.
         let (addr_tx, addr_rx) = oneshot::channel::<String>();
         let lines = log.clone();
         let line_logged = logged.clone();
@@ -132,7 +173,12 @@ impl Server {
                 if let Ok(record) = serde_json::from_str::<Value>(&line) {
                     if record["message"] == "listening" {
                         if let (Some(tx), Some(addr)) = (addr_tx.take(), record["addr"].as_str()) {
-                            let _ = tx.send(addr.to_owned());
+                            let scheme = if record["tls"] == true {
+                                "https"
+                            } else {
+                                "http"
+                            };
+                            let _ = tx.send(format!("{scheme}://{addr}"));
                         }
                     }
                 }
@@ -153,10 +199,14 @@ impl Server {
                 log.lock().unwrap().join("\n")
             );
         };
-        let url = format!("http://{addr}");
+        let url = addr;
+        let api = match ca {
+            Some(ca) => Api::with_builder(&url, || ca.client_builder()),
+            None => Api::new(&url),
+        };
         Self {
             child,
-            api: Api::new(&url),
+            api,
             url,
             log,
             logged,

@@ -220,8 +220,9 @@ fn retry_here(e: &ApiError) -> bool {
 /// Runs `herald bench publish`.
 async fn run_publish(args: BenchPublishArgs) -> anyhow::Result<ExitCode> {
     let workers = u64::from(args.concurrency).min(args.messages);
-    let http = reqwest::Client::builder()
-        .connect_timeout(client::CONNECT_TIMEOUT)
+    let http = args
+        .server
+        .http_builder()?
         .timeout(args.timeout)
         .pool_max_idle_per_host(usize::try_from(workers)?)
         .build()?;

@@ -3,6 +3,7 @@
 //! a typed [`ApiError`].
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use herald_core::{ChannelName, IdempotencyKey};
@@ -36,6 +37,49 @@ pub(crate) struct ServerArg {
         value_parser = parse_server_url
     )]
     pub(crate) server: Url,
+    /// PEM file of certificate authorities trusted besides the system's
+    /// trust store, for an `https://` server whose certificate a private CA
+    /// signed.
+    #[arg(long, env = "HERALD_CA_FILE", value_name = "PEM")]
+    pub(crate) ca_file: Option<PathBuf>,
+}
+
+impl ServerArg {
+    /// An HTTP client builder with the connect timeout and the CA
+    /// certificates of `--ca-file`, if given.
+    ///
+    /// # Errors
+    /// The CA file cannot be read or holds no PEM certificate.
+    pub(crate) fn http_builder(&self) -> anyhow::Result<reqwest::ClientBuilder> {
+        http_builder(self.ca_file.as_deref())
+    }
+}
+
+/// A client builder with the connect timeout, trusting the certificates in
+/// the PEM file `ca_file` besides the system's trust store.
+///
+/// # Errors
+/// The CA file cannot be read or holds no PEM certificate.
+pub(crate) fn http_builder(ca_file: Option<&Path>) -> anyhow::Result<reqwest::ClientBuilder> {
+    let mut builder = reqwest::Client::builder().connect_timeout(CONNECT_TIMEOUT);
+    if let Some(path) = ca_file {
+        let pem = std::fs::read(path)
+            .map_err(|e| anyhow::anyhow!("cannot read --ca-file {}: {e}", path.display()))?;
+        let certificates = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
+            anyhow::anyhow!(
+                "--ca-file {} is not a PEM certificate file: {e}",
+                path.display()
+            )
+        })?;
+        if certificates.is_empty() {
+            anyhow::bail!(
+                "--ca-file {} holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+                path.display()
+            );
+        }
+        builder = builder.tls_certs_merge(certificates);
+    }
+    Ok(builder)
 }
 
 /// Parses and checks a `--server` value: an `http://` or `https://` URL
@@ -235,20 +279,22 @@ fn describe_transport(error: &reqwest::Error) -> String {
 
 /// Builds the HTTP client for one-shot requests: keep-alive, with a total
 /// timeout per request.
-pub(crate) fn request_client(timeout: Duration) -> anyhow::Result<reqwest::Client> {
-    Ok(reqwest::Client::builder()
-        .connect_timeout(CONNECT_TIMEOUT)
-        .timeout(timeout)
-        .build()?)
+/// `server`'s `--ca-file` is trusted.
+pub(crate) fn request_client(
+    server: &ServerArg,
+    timeout: Duration,
+) -> anyhow::Result<reqwest::Client> {
+    Ok(server.http_builder()?.timeout(timeout).build()?)
 }
 
 /// Builds the HTTP client for long-lived streams: no total timeout, but a
 /// read that waits longer than `idle` fails.
-pub(crate) fn stream_client(idle: Duration) -> anyhow::Result<reqwest::Client> {
-    Ok(reqwest::Client::builder()
-        .connect_timeout(CONNECT_TIMEOUT)
-        .read_timeout(idle)
-        .build()?)
+/// The certificates of the PEM file `ca_file` are trusted.
+pub(crate) fn stream_client(
+    ca_file: Option<&Path>,
+    idle: Duration,
+) -> anyhow::Result<reqwest::Client> {
+    Ok(http_builder(ca_file)?.read_timeout(idle).build()?)
 }
 
 /// A Herald server's API, reached through one keep-alive HTTP client.

@@ -20,6 +20,7 @@
 
 use std::collections::BTreeSet;
 use std::io::Write;
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -29,13 +30,17 @@ use eventsource_stream::Eventsource;
 use futures::StreamExt;
 use hdrhistogram::Histogram;
 use herald_core::ChannelName;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::CertificateDer;
 use serde::Serialize;
 use tokio::sync::{watch, Barrier};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
+use tokio_rustls::rustls::{ClientConfig, RootCertStore};
 use tokio_tungstenite::tungstenite::Message as WsMessage;
+use tokio_tungstenite::Connector;
 
-use crate::client::{self, ServerArg};
+use crate::client::ServerArg;
 
 /// Highest latency tracked, in µs (one minute).
 const MAX_LATENCY_US: u64 = 60_000_000;
@@ -139,6 +144,35 @@ async fn resident_bytes(http: &reqwest::Client, base: &str) -> Option<f64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// The TLS settings of WebSocket subscribers for `wss://` with a private
+/// CA: the system's trust store (rustls-native-certs) and the certificates
+/// of `ca_file`. `None` without `ca_file`: tokio-tungstenite then uses the
+/// system's trust store by itself.
+///
+/// # Errors
+/// The CA file cannot be read or holds no PEM certificate.
+fn ws_connector(ca_file: Option<&Path>) -> anyhow::Result<Option<Connector>> {
+    let Some(path) = ca_file else {
+        return Ok(None);
+    };
+    let mut roots = RootCertStore::empty();
+    roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+    let extra = CertificateDer::pem_file_iter(path)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| anyhow::anyhow!("--ca-file {}: {e}", path.display()))?;
+    if extra.is_empty() {
+        anyhow::bail!("--ca-file {} holds no PEM certificate", path.display());
+    }
+    roots.add_parsable_certificates(extra);
+    let config = ClientConfig::builder_with_provider(Arc::new(
+        tokio_rustls::rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Ok(Some(Connector::Rustls(Arc::new(config))))
+}
+
 /// One subscriber: connects, reports `connected` once, then records every
 /// message until `stop`.
 async fn subscriber(
@@ -148,6 +182,7 @@ async fn subscriber(
     mut stop: watch::Receiver<bool>,
     http: reqwest::Client,
     delivered: Arc<AtomicU64>,
+    ws_tls: Option<Connector>,
 ) -> anyhow::Result<Seen> {
     let mut seen = Seen {
         seqs: Vec::new(),
@@ -190,7 +225,9 @@ async fn subscriber(
         }
         Transport::Ws => {
             let ws_url = format!("{}/ws", url.replacen("http", "ws", 1));
-            let (mut socket, _) = tokio_tungstenite::connect_async(ws_url).await?;
+            let (mut socket, _) =
+                tokio_tungstenite::connect_async_tls_with_config(ws_url, None, false, ws_tls)
+                    .await?;
             connected.wait().await;
             loop {
                 let next = tokio::select! {
@@ -226,8 +263,9 @@ pub(crate) async fn run_fanout(args: BenchFanoutArgs) -> anyhow::Result<ExitCode
             Ok(format!("/v1/channels/{name}"))
         })
         .collect::<anyhow::Result<_>>()?;
-    let http = reqwest::Client::builder()
-        .connect_timeout(client::CONNECT_TIMEOUT)
+    let http = args
+        .server
+        .http_builder()?
         .pool_max_idle_per_host(usize::try_from(args.subscribers)?)
         .build()?;
 
@@ -236,6 +274,7 @@ pub(crate) async fn run_fanout(args: BenchFanoutArgs) -> anyhow::Result<ExitCode
     let connected = Arc::new(Barrier::new(subscribers + 1));
     let (stop_tx, stop) = watch::channel(false);
     let delivered = Arc::new(AtomicU64::new(0));
+    let ws_tls = ws_connector(args.server.ca_file.as_deref())?;
     let mut set = JoinSet::new();
     for s in 0..subscribers {
         let k = s % channels.len();
@@ -247,6 +286,7 @@ pub(crate) async fn run_fanout(args: BenchFanoutArgs) -> anyhow::Result<ExitCode
             stop.clone(),
             http.clone(),
             delivered.clone(),
+            ws_tls.clone(),
         );
         set.spawn(async move { subscribed.await.map(|seen| (k, seen)) });
     }

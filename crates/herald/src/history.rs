@@ -116,7 +116,7 @@ where
 pub(crate) async fn run(args: HistoryArgs) -> anyhow::Result<ExitCode> {
     let api = Api::new(
         &args.server.server,
-        client::request_client(client::REQUEST_TIMEOUT)?,
+        client::request_client(&args.server, client::REQUEST_TIMEOUT)?,
     );
     let limit = match (args.limit, args.all) {
         (None, true) => Some(MAX_LIMIT),

@@ -2,6 +2,9 @@
 
 mod bench;
 mod client;
+mod config_check;
+mod config_file;
+mod exposure;
 mod fanout;
 mod history;
 mod logging;
@@ -9,10 +12,11 @@ mod publish;
 mod serve;
 mod status;
 mod tail;
+mod tls_reload;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// Herald: durable real-time channels over HTTP, SSE and WebSocket.
 #[derive(Debug, Parser)]
@@ -25,7 +29,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the server.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Publish one message; prints the server's answer JSON.
     Publish(publish::PublishArgs),
     /// Print a channel's stored messages, one JSON per line.
@@ -39,13 +43,17 @@ enum Command {
     /// Load generators.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Config file tools.
+    #[command(subcommand)]
+    Config(config_check::ConfigCommand),
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let (cli, file) = parse_command_line();
     let result = match cli.command {
-        Command::Serve(args) => serve::run(args).await,
+        Command::Serve(args) => serve::run(*args, file).await,
+        Command::Config(command) => config_check::run(command),
         Command::Publish(args) => publish::run(args).await,
         Command::History(args) => history::run(args).await,
         Command::Tail(args) => tail::run(args).await,
@@ -62,6 +70,41 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Parses the command line (exiting with status 2 when it is wrong, as
+/// clap does). For `herald serve --config FILE`, the file's values become
+/// the defaults of the flags and the command line is parsed again, so that
+/// flags and `HERALD_*` variables override the file; the file's other
+/// sections come back with it, or why the file was refused (`herald serve`
+/// logs that as a failed start).
+fn parse_command_line() -> (Cli, anyhow::Result<config_file::ConfigFile>) {
+    let cli = Cli::parse();
+    let Command::Serve(args) = &cli.command else {
+        return (cli, Ok(config_file::ConfigFile::default()));
+    };
+    let Some(path) = args.config.clone() else {
+        return (cli, Ok(config_file::ConfigFile::default()));
+    };
+    let file = match config_file::load(&path, &serve_command()) {
+        Ok(file) => file,
+        Err(e) => return (cli, Err(e)),
+    };
+    let command = Cli::command().mut_subcommand("serve", |serve| {
+        config_file::with_file_defaults(serve, &file)
+    });
+    let matches = command.get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    (cli, Ok(file))
+}
+
+/// The `herald serve` command as clap builds it.
+fn serve_command() -> clap::Command {
+    let mut cli = Cli::command();
+    cli.build();
+    cli.find_subcommand("serve")
+        .expect("herald has a serve subcommand")
+        .clone()
 }
 
 /// `true` when `e` comes from writing to a closed pipe.

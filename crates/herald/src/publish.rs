@@ -120,7 +120,7 @@ pub(crate) async fn run(args: PublishArgs) -> anyhow::Result<ExitCode> {
     refuse_wrapped(&data, args.raw)?;
     let api = Api::new(
         &args.server.server,
-        client::request_client(client::REQUEST_TIMEOUT)?,
+        client::request_client(&args.server, client::REQUEST_TIMEOUT)?,
     );
     let (status, answer): (u16, Box<RawValue>) = api
         .post_json_status(

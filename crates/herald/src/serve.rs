@@ -18,7 +18,7 @@ use herald_core::{Candidate, LeaseInfo};
 use herald_lease::{
     BootClock, LeaseConfig, LeaseHandle, LeaseState, Release, StopReason, Supervisor,
 };
-use herald_server::ServerConfig;
+use herald_server::{CorsConfig, ServerConfig, TlsCertificates};
 use herald_storage::postgres::{PostgresOptions, PostgresStorage};
 use herald_storage::sqlite::{SqliteOptions, SqliteStorage};
 use herald_storage::Storage;
@@ -28,6 +28,8 @@ use tokio::task::{JoinError, JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+use crate::config_file::ConfigFile;
+use crate::exposure::{self, Exposure};
 use crate::logging::LogFormat;
 
 /// Exit statuses of `herald serve`, documented in `README.md` and
@@ -142,7 +144,50 @@ pub(crate) struct ServeArgs {
     drain_timeout: Duration,
     /// Log format on stderr.
     #[arg(long, env = "HERALD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Human)]
-    log_format: LogFormat,
+    pub(crate) log_format: LogFormat,
+    /// Config file (TOML, docs/configuration.md): every flag can be set
+    /// there; flags and `HERALD_*` variables override it.
+    #[arg(long, env = "HERALD_CONFIG", value_name = "FILE")]
+    pub(crate) config: Option<PathBuf>,
+    /// Start without authentication on an address other than loopback:
+    /// anyone who reaches the node may publish and read every channel.
+    /// The variable takes `true`/`false`, `1`/`0`, `yes`/`no`, `on`/`off`.
+    #[arg(long, env = "HERALD_INSECURE_NO_AUTH", value_parser = clap::builder::BoolishValueParser::new())]
+    insecure_no_auth: bool,
+    /// PEM certificate chain to serve HTTPS with (with `--tls-key`);
+    /// reread with the key on SIGHUP.
+    #[arg(
+        long,
+        env = "HERALD_TLS_CERT",
+        value_name = "PEM",
+        requires = "tls_key"
+    )]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of `--tls-cert`.
+    #[arg(
+        long,
+        env = "HERALD_TLS_KEY",
+        value_name = "PEM",
+        requires = "tls_cert"
+    )]
+    tls_key: Option<PathBuf>,
+    /// PEM file of certificate authorities trusted besides the system's
+    /// when forwarding a publish to an `https://` holder.
+    #[arg(long, env = "HERALD_TLS_CA", value_name = "PEM")]
+    tls_ca: Option<PathBuf>,
+    /// Web origins allowed to call the API from a browser (CORS), e.g.
+    /// `https://app.example.com`, or `*` for every origin; comma-separated
+    /// or repeated. Default: none.
+    #[arg(
+        long,
+        env = "HERALD_CORS_ALLOWED_ORIGINS",
+        value_delimiter = ',',
+        value_name = "ORIGIN"
+    )]
+    cors_allowed_origins: Vec<String>,
+    /// How long browsers may cache a CORS preflight answer.
+    #[arg(long, env = "HERALD_CORS_MAX_AGE", default_value = "10m", value_parser = parse_duration)]
+    cors_max_age: Duration,
 }
 
 /// A `--listen` value: a host (an IP address or a name to resolve) and a
@@ -288,9 +333,15 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 /// Runs the server until drain or a lease stop; the exit code tells which.
-pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
+/// `file` holds the config file's sections that are not flags (empty
+/// without `--config`); `file_error` is why the config file was refused,
+/// logged as a failed start.
+pub(crate) async fn run(
+    args: ServeArgs,
+    file: anyhow::Result<ConfigFile>,
+) -> anyhow::Result<ExitCode> {
     crate::logging::init(args.log_format);
-    match start_and_run(args).await {
+    match start_and_run(args, file).await {
         Ok(status) => Ok(status.into()),
         Err(e) => {
             error!(error = %crate::logging::one_line(&e), "start-up failed");
@@ -299,35 +350,106 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// What `herald serve` checks before it touches the network or a database,
+/// shared with `herald config check`: the lease timing, the server's
+/// settings, the exposure (safe by default), the TLS files.
+pub(crate) struct Checked {
+    /// The lease's timing.
+    lease_config: LeaseConfig,
+    /// Whether the node runs without authentication off loopback.
+    exposure: Exposure,
+    /// The certificate to serve HTTPS with.
+    tls: Option<TlsCertificates>,
+    /// Extra CA certificates (PEM) the forwarder trusts.
+    trusted_ca_pem: Option<Vec<u8>>,
+}
+
+/// Runs every check of `herald serve` that needs neither the network nor a
+/// database.
+///
+/// # Errors
+/// The first setting refused, named in the message.
+pub(crate) fn check(args: &ServeArgs, file: &ConfigFile) -> anyhow::Result<Checked> {
+    let lease_config = lease_config(args)?;
+    check_settings(args)?;
+    let exposure = exposure::check(
+        &args.listen.host,
+        &args.listen.to_string(),
+        file.auth.as_ref(),
+        args.insecure_no_auth,
+    )?;
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => {
+            Some(TlsCertificates::load(cert, key).context("--tls-cert and --tls-key")?)
+        }
+        (None, None) => None,
+        _ => anyhow::bail!("--tls-cert and --tls-key go together: give both or neither"),
+    };
+    let trusted_ca_pem = match &args.tls_ca {
+        Some(path) => {
+            let pem = std::fs::read(path)
+                .map_err(|e| anyhow::anyhow!("cannot read --tls-ca {}: {e}", path.display()))?;
+            if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
+                anyhow::bail!(
+                    "--tls-ca {} holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+                    path.display()
+                );
+            }
+            Some(pem)
+        }
+        None => None,
+    };
+    Ok(Checked {
+        lease_config,
+        exposure,
+        tls,
+        trusted_ca_pem,
+    })
+}
+
 /// Starts the node step by step (each step refuses what it can before the
 /// next touches anything), then runs it until it stops.
-async fn start_and_run(args: ServeArgs) -> anyhow::Result<ExitStatus> {
+async fn start_and_run(
+    args: ServeArgs,
+    file: anyhow::Result<ConfigFile>,
+) -> anyhow::Result<ExitStatus> {
+    let file = file?;
     check_fault_switches()?;
-    let lease_config = lease_config(&args)?;
-    // Check the server's settings before touching the database.
-    check_settings(&args)?;
+    // Check the settings before touching the network or the database.
+    let checked = check(&args, &file)?;
     // Bind first: a node that cannot serve neither creates nor migrates a
     // database, nor takes the lease.
     let listener = bind(&args.listen).await?;
     let addr = listener.local_addr()?;
     herald_server::install_metrics_recorder();
-    let (storage, backend) = open_storage(&args, &lease_config).await?;
+    let (storage, backend) = open_storage(&args, &checked.lease_config).await?;
     let node_id = match &args.node_id {
         Some(id) => id.clone(),
         None => stable_node_id(&args.data_dir)?,
     };
-    let server_config = server_config(&args, node_id, addr)?;
+    let tls = checked.tls.clone();
+    let server_config = server_config(&args, node_id, addr, &checked)?;
 
     let advertise_url = server_config.advertise_url.clone();
-    let node = Node::start(listener, storage, lease_config, server_config);
+    // Watched before the node is announced: from then on a SIGHUP reloads.
+    let reloads = tls.map(crate::tls_reload::reload_on_sighup).transpose()?;
+    let tls_on = reloads.is_some();
+    let node = Node::start(listener, storage, checked.lease_config, server_config);
     info!(
         node_id = %node.node_id,
         addr = %addr,
         advertise_url = %advertise_url,
         backend = %backend.kind,
         database = %backend.location,
+        tls = tls_on,
         "listening"
     );
+    if checked.exposure == Exposure::Insecure {
+        tokio::spawn(exposure::warn_insecure(addr.to_string()));
+    }
+    if let Some(reloads) = reloads {
+        tokio::spawn(reloads);
+    }
     tokio::spawn(log_first_role(node.lease.subscribe(), node.node_id.clone()));
     node.run(args.drain_timeout).await
 }
@@ -380,6 +502,7 @@ fn check_settings(args: &ServeArgs) -> anyhow::Result<()> {
         max_batch_body_bytes: args.max_batch_body_bytes,
         queue_capacity: args.queue_capacity,
         header_read_timeout: args.header_read_timeout,
+        cors: cors_config(args),
         ..ServerConfig::default()
     }
     .validate()
@@ -397,8 +520,17 @@ fn check_settings(args: &ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The CORS settings of the flags.
+fn cors_config(args: &ServeArgs) -> CorsConfig {
+    CorsConfig {
+        allowed_origins: args.cors_allowed_origins.clone(),
+        max_age: args.cors_max_age,
+    }
+}
+
 /// The server's settings for node `node_id` listening on `addr`. The URL
 /// standbys send publishers to is `--advertise-url`, else `http://<addr>`
+/// (`https://` with TLS)
 /// (with a warning when `addr` means every interface).
 ///
 /// # Errors
@@ -407,14 +539,20 @@ fn server_config(
     args: &ServeArgs,
     node_id: String,
     addr: SocketAddr,
+    checked: &Checked,
 ) -> anyhow::Result<ServerConfig> {
+    let scheme = if checked.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     let advertise_url = match &args.advertise_url {
         Some(url) => url.clone(),
         None => {
             if addr.ip().is_unspecified() {
-                warn!(addr = %addr, "listening on all interfaces without --advertise-url: standbys will send publishers to http://{addr}, which other hosts cannot reach");
+                warn!(addr = %addr, "listening on all interfaces without --advertise-url: standbys will send publishers to {scheme}://{addr}, which other hosts cannot reach");
             }
-            format!("http://{addr}")
+            format!("{scheme}://{addr}")
         }
     };
     let server_config = ServerConfig {
@@ -424,6 +562,9 @@ fn server_config(
         max_batch_body_bytes: args.max_batch_body_bytes,
         queue_capacity: args.queue_capacity,
         header_read_timeout: args.header_read_timeout,
+        cors: cors_config(args),
+        tls: checked.tls.clone(),
+        trusted_ca_pem: checked.trusted_ca_pem.clone(),
         ..ServerConfig::default()
     };
     server_config.validate().context("server settings")?;

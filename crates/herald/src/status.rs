@@ -19,7 +19,7 @@ pub(crate) struct InfoArgs {
 pub(crate) async fn run_status(args: InfoArgs) -> anyhow::Result<ExitCode> {
     let api = Api::new(
         &args.server.server,
-        client::request_client(client::REQUEST_TIMEOUT)?,
+        client::request_client(&args.server, client::REQUEST_TIMEOUT)?,
     );
     let status: serde_json::Value = api.get_json("/v1/status").await?;
     let mut out = std::io::stdout().lock();
@@ -40,7 +40,7 @@ struct ChannelList {
 pub(crate) async fn run_channels(args: InfoArgs) -> anyhow::Result<ExitCode> {
     let api = Api::new(
         &args.server.server,
-        client::request_client(client::REQUEST_TIMEOUT)?,
+        client::request_client(&args.server, client::REQUEST_TIMEOUT)?,
     );
     let list: ChannelList = api.get_json("/v1/channels").await?;
     let mut out = std::io::stdout().lock();

@@ -4,6 +4,7 @@
 
 use std::error::Error as StdError;
 use std::io::Write;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -138,6 +139,8 @@ pub(crate) struct FollowConfig {
     pub(crate) idle_timeout: Duration,
     /// Upper bound on a server's `Retry-After`.
     pub(crate) max_retry_after: Duration,
+    /// PEM file of extra trusted certificate authorities (`--ca-file`).
+    pub(crate) ca_file: Option<PathBuf>,
 }
 
 impl Default for FollowConfig {
@@ -146,6 +149,7 @@ impl Default for FollowConfig {
             backoff: Backoff::default(),
             idle_timeout: Duration::from_secs(60),
             max_retry_after: Duration::from_secs(30),
+            ca_file: None,
         }
     }
 }
@@ -199,7 +203,10 @@ pub(crate) async fn follow<W: Write>(
     config: FollowConfig,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
-    let api = Api::new(server, client::stream_client(config.idle_timeout)?);
+    let api = Api::new(
+        server,
+        client::stream_client(config.ca_file.as_deref(), config.idle_timeout)?,
+    );
     let mut backoff = config.backoff.clone();
     let start = match after {
         Some(after) => after,
@@ -412,7 +419,10 @@ pub(crate) async fn run(args: TailArgs) -> anyhow::Result<ExitCode> {
         &args.channel,
         args.after,
         &mut out,
-        FollowConfig::default(),
+        FollowConfig {
+            ca_file: args.server.ca_file.clone(),
+            ..FollowConfig::default()
+        },
         stop,
     )
     .await?;

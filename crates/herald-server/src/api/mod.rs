@@ -51,6 +51,9 @@ pub(crate) fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), request_span))
+        // Outermost: a preflight (`OPTIONS`) is answered here, on every
+        // route, and every answer gets the CORS headers (`cors.rs`).
+        .layer(state.config().cors.layer())
         .with_state(state)
 }
 

@@ -1,0 +1,273 @@
+//! `herald config check FILE`: validates a config file as `herald serve
+//! --config FILE` would (the same parsing, the same checks, lease timing
+//! included, without binding or connecting) and prints the effective
+//! settings, each with where it came from, secrets masked as `****`.
+
+use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::parser::ValueSource;
+use clap::{ArgAction, ArgMatches, CommandFactory, FromArgMatches};
+
+use crate::config_file::{self, ConfigFile, FLAG_SECTIONS};
+use crate::serve::{self, ServeArgs};
+
+/// What a secret is replaced with.
+const MASK: &str = "****";
+
+/// Words that make a key of `[auth]`, `[namespaces]` or `[limits]` secret
+/// (its values are masked).
+const SECRET_WORDS: [&str; 6] = ["secret", "key", "password", "token", "hash", "pem"];
+
+/// `herald config` subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub(crate) enum ConfigCommand {
+    /// Validate a config file and print the effective settings (flags are
+    /// not read; `HERALD_*` variables are), secrets masked.
+    Check {
+        /// The config file (TOML).
+        file: PathBuf,
+    },
+}
+
+/// Runs a `herald config` subcommand: status 0 and the effective settings
+/// on stdout when the file is valid.
+///
+/// # Errors
+/// The file is refused: the message names the problem (status 1).
+pub(crate) fn run(command: ConfigCommand) -> anyhow::Result<ExitCode> {
+    let ConfigCommand::Check { file: path } = command;
+    let file = config_file::load(&path, &crate::serve_command())?;
+    let matches = crate::Cli::command()
+        .mut_subcommand("serve", |serve| {
+            config_file::with_file_defaults(serve, &file)
+        })
+        .try_get_matches_from([
+            OsString::from("herald"),
+            OsString::from("serve"),
+            OsString::from("--config"),
+            path.clone().into_os_string(),
+        ])
+        .map_err(|e| anyhow::anyhow!("{}", e.to_string().trim()))?;
+    let serve_matches = matches
+        .subcommand_matches("serve")
+        .expect("the serve subcommand was parsed");
+    let args = ServeArgs::from_arg_matches(serve_matches)?;
+    serve::check(&args, &file).map_err(|e| e.context(format!("config file {}", path.display())))?;
+    print!("{}", effective_settings(serve_matches, &file));
+    eprintln!("{}: valid", path.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The effective settings as a TOML file: each key with its value (secrets
+/// masked) and, in a comment, where the value came from.
+fn effective_settings(matches: &ArgMatches, file: &ConfigFile) -> String {
+    let serve = crate::serve_command();
+    let mut top = String::new();
+    let mut sections: Vec<(&str, String)> =
+        FLAG_SECTIONS.iter().map(|s| (*s, String::new())).collect();
+    for arg in serve.get_arguments() {
+        let Some(key) = config_file::key_for_flag(arg) else {
+            continue;
+        };
+        let id = arg.get_id().as_str();
+        let source = match matches.value_source(id) {
+            Some(ValueSource::EnvVariable) => format!(
+                "environment {}",
+                arg.get_env()
+                    .map(|e| e.to_string_lossy())
+                    .unwrap_or_default()
+            ),
+            Some(ValueSource::DefaultValue) if file.flags.contains_key(id) => "file".to_owned(),
+            Some(ValueSource::DefaultValue) => "default".to_owned(),
+            Some(ValueSource::CommandLine) => "command line".to_owned(),
+            _ => "not set".to_owned(),
+        };
+        let values: Vec<String> = matches
+            .get_raw(id)
+            .map(|raw| raw.map(|v| v.to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        let values: Vec<String> = values
+            .into_iter()
+            .map(|v| {
+                if id == "database_url" {
+                    mask_connection_string(&v)
+                } else if arg.is_hide_env_values_set() {
+                    MASK.to_owned()
+                } else {
+                    v
+                }
+            })
+            .collect();
+        let (target, name) = match key.split_once('.') {
+            Some((section, name)) => (
+                &mut sections
+                    .iter_mut()
+                    .find(|(s, _)| *s == section)
+                    .expect("a flag section")
+                    .1,
+                name.to_owned(),
+            ),
+            None => (&mut top, key.clone()),
+        };
+        let many = matches!(arg.get_action(), ArgAction::Append);
+        let line = match (values.as_slice(), many) {
+            ([], _) => format!("# {name} =  # {source}"),
+            (values, true) => format!("{name} = {}  # {source}", toml_array(values)),
+            ([value, ..], false) => format!("{name} = {}  # {source}", toml_string(value)),
+        };
+        let _ = writeln!(target, "{line}");
+    }
+    let mut out = String::from(
+        "# Effective settings of herald serve (command line > HERALD_* > file > default)\n",
+    );
+    out.push_str(&top);
+    for (name, body) in sections {
+        let _ = write!(out, "\n[{name}]\n{body}");
+    }
+    for (name, table) in [
+        ("auth", &file.auth),
+        ("namespaces", &file.namespaces),
+        ("limits", &file.limits),
+    ] {
+        if let Some(table) = table {
+            let mut wrapper = toml::Table::new();
+            wrapper.insert(name.to_owned(), toml::Value::Table(masked(table, false)));
+            let _ = write!(
+                out,
+                "\n{}",
+                toml::to_string(&wrapper).unwrap_or_else(|e| format!("# [{name}]: {e}\n"))
+            );
+        }
+    }
+    out
+}
+
+/// A value as TOML: an integer or a boolean bare, anything else as a basic
+/// string (the file accepts both forms for every key).
+fn toml_string(s: &str) -> String {
+    if s.parse::<i64>().is_ok() || s == "true" || s == "false" {
+        return s.to_owned();
+    }
+    toml::Value::String(s.to_owned()).to_string()
+}
+
+/// A TOML array of strings.
+fn toml_array(values: &[String]) -> String {
+    toml::Value::Array(values.iter().cloned().map(toml::Value::String).collect()).to_string()
+}
+
+/// `table` with the strings under secret keys (and every string, with
+/// `secret` set) replaced by [`MASK`].
+fn masked(table: &toml::Table, secret: bool) -> toml::Table {
+    table
+        .iter()
+        .map(|(key, value)| {
+            let lower = key.to_ascii_lowercase();
+            let secret = secret || SECRET_WORDS.iter().any(|w| lower.contains(w));
+            (key.clone(), masked_value(value, secret))
+        })
+        .collect()
+}
+
+/// `value` with its strings masked when `secret`.
+fn masked_value(value: &toml::Value, secret: bool) -> toml::Value {
+    match value {
+        toml::Value::String(_) if secret => toml::Value::String(MASK.to_owned()),
+        toml::Value::Table(t) => toml::Value::Table(masked(t, secret)),
+        toml::Value::Array(items) => {
+            toml::Value::Array(items.iter().map(|v| masked_value(v, secret)).collect())
+        }
+        other => other.clone(),
+    }
+}
+
+/// A PostgreSQL connection string with its password replaced by
+/// [`MASK`]: the password of a `postgres://user:password@host` URL, or
+/// of libpq's `password=...` setting (quoted or not).
+fn mask_connection_string(s: &str) -> String {
+    if s.contains("://") {
+        return match reqwest::Url::parse(s) {
+            Ok(mut url) if url.password().is_some() => {
+                let _ = url.set_password(Some(MASK));
+                url.to_string()
+            }
+            Ok(url) => url.to_string(),
+            Err(_) => MASK.to_owned(),
+        };
+    }
+    let mut out = String::new();
+    let mut rest = s;
+    while let Some(at) = rest.find("password") {
+        let (before, after) = rest.split_at(at + "password".len());
+        out.push_str(before);
+        let trimmed = after.trim_start();
+        let Some(value) = trimmed.strip_prefix('=') else {
+            rest = after;
+            continue;
+        };
+        let value = value.trim_start();
+        let end = if let Some(quoted) = value.strip_prefix('\'') {
+            // A quoted value ends at the first unescaped quote.
+            let mut escaped = false;
+            let close = quoted
+                .char_indices()
+                .find(|&(_, c)| {
+                    let closes = c == '\'' && !escaped;
+                    escaped = c == '\\' && !escaped;
+                    closes
+                })
+                .map_or(quoted.len(), |(i, _)| i + 1);
+            1 + close
+        } else {
+            value.find(char::is_whitespace).unwrap_or(value.len())
+        };
+        out.push('=');
+        out.push_str(MASK);
+        rest = &value[end.min(value.len())..];
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn database_passwords_are_masked_in_both_forms() {
+        assert_eq!(
+            mask_connection_string("postgres://herald:s3cret@db:5432/herald"),
+            "postgres://herald:****@db:5432/herald"
+        );
+        assert_eq!(
+            mask_connection_string("host=db password=s3cret user=herald"),
+            "host=db password=**** user=herald"
+        );
+        assert_eq!(
+            mask_connection_string("host=db password = 'a b\\' c' user=h"),
+            "host=db password=**** user=h"
+        );
+        assert_eq!(mask_connection_string("host=db"), "host=db");
+    }
+
+    #[test]
+    fn secret_keys_are_masked_in_opaque_sections() {
+        let table: toml::Table = r#"
+cluster_secret = "first-secret-value"
+[jwt]
+hs256_secret = "second-secret-value"
+[[api_keys]]
+name = "backend"
+hash = "third-secret-value"
+"#
+        .parse()
+        .unwrap();
+        let shown = toml::to_string(&masked(&table, false)).unwrap();
+        for secret in ["first-secret", "second-secret", "third-secret"] {
+            assert!(!shown.contains(secret), "{shown}");
+        }
+    }
+}

@@ -1,0 +1,191 @@
+//! `herald serve --config FILE` and `herald config check FILE` on the real
+//! binary: precedence (flag > `HERALD_*` > file > default), keys refused
+//! by name, secrets masked; and the safe default: a node off loopback
+//! without authentication refuses to start unless `--insecure-no-auth`.
+
+use std::path::{Path, PathBuf};
+
+use herald_testkit::process::{failed_start, herald, Server};
+use herald_testkit::{within, WAIT};
+
+/// Writes `text` as `herald.toml` in `dir`.
+fn write_config(dir: &Path, text: &str) -> PathBuf {
+    let path = dir.join("herald.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_line_beats_the_environment_which_beats_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "node_id = \"from-file\"\n");
+    let config = config.to_str().unwrap();
+    let data = dir.path().join("data");
+
+    let from_file = Server::start_with(&data, &["--config", config]).await;
+    assert_eq!(from_file.api.status().await["node_id"], "from-file");
+    drop(from_file);
+
+    let from_env = Server::start_with_env(
+        &data,
+        &["--config", config],
+        &[("HERALD_NODE_ID", "from-env")],
+    )
+    .await;
+    assert_eq!(from_env.api.status().await["node_id"], "from-env");
+    drop(from_env);
+
+    let from_flag = Server::start_with_env(
+        &data,
+        &["--config", config, "--node-id", "from-flag"],
+        &[("HERALD_NODE_ID", "from-env")],
+    )
+    .await;
+    assert_eq!(from_flag.api.status().await["node_id"], "from-flag");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mistyped_key_or_value_in_the_file_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    // The parser names the file; serve's own checks name the settings.
+    for (text, words, names_file) in [
+        ("lease_tll = \"5s\"\n", "unknown key lease_tll", true),
+        ("lease_ttl = \"five\"\n", "key lease_ttl", true),
+        (
+            "[tls]\ncertificate = \"a.pem\"\n",
+            "unknown field `certificate`",
+            true,
+        ),
+        ("lease_ttl = \"3s\"\n", "lease timing", false),
+    ] {
+        let config = write_config(dir.path(), text);
+        let error = failed_start(
+            dir.path(),
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--data-dir",
+                "data",
+                "--config",
+                config.to_str().unwrap(),
+            ],
+        )
+        .await;
+        assert!(error.contains(words), "{text:?}: {error}");
+        assert_eq!(
+            error.contains("herald.toml"),
+            names_file,
+            "{text:?}: {error}"
+        );
+    }
+    assert!(
+        !dir.path().join("data").exists(),
+        "a refused start created the data dir"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_check_prints_the_effective_settings_with_secrets_masked() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        "database = \"postgres://herald:pg-password-1@db.internal:5432/herald\"\n\
+         lease_ttl = \"20s\"\n\
+         [cors]\nallowed_origins = [\"https://app.example.com\"]\n\
+         [auth]\ncluster_secret = \"cluster-secret-2\"\n",
+    );
+    let out = within(
+        "herald config check",
+        WAIT,
+        herald()
+            .args(["config", "check", config.to_str().unwrap()])
+            .env("HERALD_POOL_SIZE", "3")
+            .output(),
+    )
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for line in [
+        "database = \"postgres://herald:****@db.internal:5432/herald\"  # file",
+        "lease_ttl = \"20s\"  # file",
+        "pool_size = 3  # environment HERALD_POOL_SIZE",
+        "lease_safety_margin = \"5s\"  # default",
+        "allowed_origins = [\"https://app.example.com\"]  # file",
+        "cluster_secret = \"****\"",
+    ] {
+        assert!(stdout.contains(line), "{line} not in:\n{stdout}");
+    }
+    for secret in ["pg-password-1", "cluster-secret-2"] {
+        assert!(!stdout.contains(secret), "{secret} leaked:\n{stdout}");
+    }
+
+    let bad = write_config(dir.path(), "listen = \"0.0.0.0:7700\"\n");
+    let out = herald()
+        .args(["config", "check", bad.to_str().unwrap()])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--insecure-no-auth"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_public_address_without_auth_is_refused_with_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    for listen in ["0.0.0.0:0", "[::]:0"] {
+        let error = failed_start(dir.path(), &["--listen", listen, "--data-dir", "data"]).await;
+        assert!(error.contains("refusing to listen on"), "{error}");
+        assert!(error.contains("[auth]"), "{error}");
+        assert!(error.contains("--insecure-no-auth"), "{error}");
+    }
+    assert!(
+        !dir.path().join("data").exists(),
+        "a refused start created the data dir"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn insecure_no_auth_starts_on_a_public_address_and_warns() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_listening(
+        &dir.path().join("data"),
+        "0.0.0.0:0",
+        &["--insecure-no-auth"],
+    )
+    .await;
+    let warning = server
+        .wait_log_record("the insecure warning", WAIT, |r| {
+            r["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("running without authentication"))
+        })
+        .await;
+    assert_eq!(warning["level"], "WARN", "{warning}");
+    server.api.wait_role("holder", WAIT).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_auth_section_with_an_api_key_lets_a_public_node_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        "[auth]\napi_keys = [{ name = \"backend\", hash = \"00\" }]\n",
+    );
+    let server = Server::start_listening(
+        &dir.path().join("data"),
+        "0.0.0.0:0",
+        &["--config", config.to_str().unwrap()],
+    )
+    .await;
+    assert!(
+        !server.log_text().contains("running without authentication"),
+        "{}",
+        server.log_text()
+    );
+}
