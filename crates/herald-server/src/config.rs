@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::StartError;
+use crate::{AuthConfig, NamespacesConfig, StartError};
 
 /// Settings of one node's HTTP server. Every field has a default (see
 /// [`ServerConfig::default`]); [`ServerConfig::validate`] checks them.
@@ -58,6 +58,12 @@ pub struct ServerConfig {
     /// takes the lease over meanwhile (see `docs/api.md`, "Writes on any
     /// node").
     pub forward_timeout: Duration,
+    /// Access control, the `[auth]` section (default: off, every request
+    /// allowed). See `docs/security.md`.
+    pub auth: AuthConfig,
+    /// Namespace rules, the `[namespaces.<name>]` tables (default: none;
+    /// every channel follows `auth.default_namespace`).
+    pub namespaces: NamespacesConfig,
 }
 
 impl Default for ServerConfig {
@@ -74,6 +80,8 @@ impl Default for ServerConfig {
             subscriber_buffer: 1024,
             header_read_timeout: Duration::from_secs(10),
             forward_timeout: Duration::from_secs(5),
+            auth: AuthConfig::default(),
+            namespaces: NamespacesConfig::new(),
         }
     }
 }
