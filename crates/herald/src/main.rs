@@ -4,6 +4,7 @@ mod bench;
 mod client;
 mod fanout;
 mod history;
+mod keys;
 mod logging;
 mod publish;
 mod serve;
@@ -39,6 +40,9 @@ enum Command {
     /// Load generators.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// API keys: `herald keys generate` prints a new one.
+    #[command(subcommand)]
+    Keys(keys::KeysCommand),
 }
 
 #[tokio::main]
@@ -52,6 +56,7 @@ async fn main() -> ExitCode {
         Command::Channels(args) => status::run_channels(args).await,
         Command::Status(args) => status::run_status(args).await,
         Command::Bench(command) => bench::run(command).await,
+        Command::Keys(command) => keys::run(command),
     };
     match result {
         Ok(code) => code,
