@@ -22,6 +22,8 @@ mod error;
 mod extract;
 mod jwt;
 mod policy;
+#[cfg(test)]
+mod proptests;
 mod rate_limit;
 
 use std::sync::Arc;
