@@ -152,7 +152,16 @@ async fn authenticate_then_serve(
         () = state.shared.shutdown.cancelled() => {
             return close(tx, rx, close_code::AWAY, "server is shutting down").await;
         }
-        first = tokio::time::timeout(AUTH_FRAME_TIMEOUT, rx.next()) => first,
+        // Pings and pongs before it are skipped (the protocol layer
+        // answers pings).
+        first = tokio::time::timeout(AUTH_FRAME_TIMEOUT, async {
+            loop {
+                match rx.next().await {
+                    Some(Ok(Frame::Ping(_) | Frame::Pong(_))) => continue,
+                    other => return other,
+                }
+            }
+        }) => first,
     };
     let token = match first {
         Ok(Some(Ok(Frame::Text(text)))) => serde_json::from_str::<TokenFrame>(&text).ok(),

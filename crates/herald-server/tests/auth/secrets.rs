@@ -31,6 +31,9 @@ impl<'a> MakeWriter<'a> for Captured {
     }
 }
 
+/// One request: method, path and query, headers.
+type Probe = (&'static str, String, Vec<(&'static str, String)>);
+
 async fn no_secret_leaks(backend: Backend) {
     let log = Captured::default();
     // Every record of every level, of this (current-thread) runtime's
@@ -58,7 +61,7 @@ async fn no_secret_leaks(backend: Backend) {
     let expired = creds.token(json!({"sub": "u1", "exp": now_s() - 10}));
     let key = |k: &str| Creds::bearer(k);
     let mut bodies = Vec::new();
-    let requests: Vec<(&str, String, Vec<(&str, String)>)> = vec![
+    let requests: Vec<Probe> = vec![
         (
             "POST",
             "/v1/channels/news:a/messages".into(),
