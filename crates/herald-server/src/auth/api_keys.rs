@@ -72,11 +72,6 @@ impl ApiKeys {
         Ok(Self { keys })
     }
 
-    /// `true` when no key is configured.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.keys.is_empty()
-    }
-
     /// The key whose hash is SHA-256 of `presented`, if any. Every
     /// configured hash is compared, each in constant time (`subtle`), so
     /// the time taken tells nothing about which key or how much of a hash

@@ -4,16 +4,19 @@
 //!
 //! These are plain data; [`crate::auth::Auth::new`] checks them and builds
 //! what the server uses (hashes decoded, JWT keys read from their files).
+//! They serialize with every [`Secret`] masked as `"***"`, to show the
+//! effective settings without their secrets.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize, Serializer};
 
 /// A secret from the config (a JWT secret, the cluster secret): its
-/// `Debug` form is `"***"`, so that it never reaches a log through a
-/// config dump. Deserialized from a plain TOML string.
+/// `Debug` form and its serialized form are `"***"`, so that it never
+/// reaches a log or a printed config. Deserialized from a plain TOML
+/// string.
 #[derive(Clone, PartialEq, Eq, Deserialize)]
 #[serde(transparent)]
 pub struct Secret(String);
@@ -30,6 +33,12 @@ impl Secret {
     }
 }
 
+impl Serialize for Secret {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str("***")
+    }
+}
+
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("\"***\"")
@@ -38,7 +47,7 @@ impl fmt::Debug for Secret {
 
 /// One value or a list of them: `hs256_secret = "s"` or
 /// `hs256_secret = ["new", "old"]` (several at once while rotating).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(untagged)]
 pub enum OneOrMany<T> {
     /// A single value.
@@ -64,7 +73,7 @@ impl<T> Default for OneOrMany<T> {
 }
 
 /// What an API key may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Permission {
     /// Publish (single and batch) to the key's channels.
@@ -80,7 +89,7 @@ pub enum Permission {
 /// The `[auth]` section. With neither an API key nor a JWT key configured,
 /// access control is off and every request is allowed (the development
 /// default on loopback); see `docs/security.md`.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AuthConfig {
     /// `[[auth.api_keys]]`: the server-side keys backends use.
@@ -117,8 +126,17 @@ pub struct AuthConfig {
 // The rates are finite (checked by `Auth::new`), so equality is total.
 impl Eq for AuthConfig {}
 
+impl AuthConfig {
+    /// `true` when access control is on: at least one API key or a
+    /// `[auth.jwt]` section is configured. Without, every request is
+    /// allowed (see `docs/security.md`, "The safe default").
+    pub fn enabled(&self) -> bool {
+        !self.api_keys.is_empty() || self.jwt.is_some()
+    }
+}
+
 /// `[[auth.api_keys]]`: one server-side API key.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ApiKeyConfig {
     /// A name for humans and logs (the key itself is never logged).
@@ -145,7 +163,7 @@ impl Eq for ApiKeyConfig {}
 
 /// `[auth.jwt]`: the keys that verify client tokens (RFC 7519). Several
 /// may be given at once, so that keys rotate without downtime.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct JwtConfig {
     /// HS256 shared secret(s).
@@ -169,7 +187,7 @@ pub struct JwtConfig {
 }
 
 /// Who may subscribe to a namespace's channels (SSE, WebSocket).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SubscribeRule {
     /// Anyone, without credentials.
@@ -182,7 +200,7 @@ pub enum SubscribeRule {
 }
 
 /// Who may publish to a namespace's channels.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PublishRule {
     /// Only an API key with `publish` on the channel.
@@ -196,7 +214,7 @@ pub enum PublishRule {
 /// one (`[auth.default_namespace]`). Every field has a safe default:
 /// subscribe with a token, publish with a key, history readable by
 /// subscribers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct NamespaceRule {
     /// Who may subscribe (default `token`).

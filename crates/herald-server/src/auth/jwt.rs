@@ -370,6 +370,98 @@ mod tests {
         assert!(v.verify(&bad).is_err());
     }
 
+    /// A PEM "PUBLIC KEY" block (RFC 7468 §13) of SPKI DER.
+    fn pem(der: &[u8]) -> String {
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+        let lines: Vec<&str> = b64
+            .as_bytes()
+            .chunks(64)
+            .map(|c| std::str::from_utf8(c).unwrap())
+            .collect();
+        format!(
+            "-----BEGIN PUBLIC KEY-----\n{}\n-----END PUBLIC KEY-----\n",
+            lines.join("\n")
+        )
+    }
+
+    #[test]
+    fn es256_keys_verify_from_pem_and_from_a_jwks_by_kid() {
+        use aws_lc_rs::encoding::AsDer;
+        use aws_lc_rs::signature::{EcdsaKeyPair, KeyPair, ECDSA_P256_SHA256_FIXED_SIGNING};
+        use base64::Engine;
+        let make = || EcdsaKeyPair::generate(&ECDSA_P256_SHA256_FIXED_SIGNING).unwrap();
+        let (a, b) = (make(), make());
+        let sign_with = |key: &EcdsaKeyPair, kid: Option<&str>| {
+            let mut header = Header::new(Algorithm::ES256);
+            header.kid = kid.map(str::to_owned);
+            encode(
+                &header,
+                &json!({"sub": "u", "exp": now() + 60}),
+                &EncodingKey::from_ec_der(key.to_pkcs8v1().unwrap().as_ref()),
+            )
+            .unwrap()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let pem_path = dir.path().join("a.pem");
+        std::fs::write(&pem_path, pem(a.public_key().as_der().unwrap().as_ref())).unwrap();
+        let v = JwtVerifier::new(&JwtConfig {
+            ec_public_key_pem: OneOrMany::One(pem_path),
+            ..JwtConfig::default()
+        })
+        .unwrap();
+        assert!(v.verify(&sign_with(&a, None)).is_ok());
+        assert_eq!(
+            v.verify(&sign_with(&b, None)).unwrap_err().code(),
+            "unauthorized"
+        );
+        let hs = sign(SECRET, &json!({"sub": "u", "exp": now() + 60}));
+        assert_eq!(v.verify(&hs).unwrap_err().code(), "unauthorized");
+
+        // A JWKS with both keys: the token's kid picks one.
+        let b64 = |bytes: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+        let jwk = |key: &EcdsaKeyPair, kid: &str| {
+            // The uncompressed point: 0x04, then x and y, 32 bytes each.
+            let point = key.public_key().as_ref();
+            json!({"kty": "EC", "crv": "P-256", "kid": kid, "use": "sig", "alg": "ES256",
+                   "x": b64(&point[1..33]), "y": b64(&point[33..65])})
+        };
+        let jwks_path = dir.path().join("jwks.json");
+        let set = json!({"keys": [jwk(&a, "a"), jwk(&b, "b")]});
+        std::fs::write(&jwks_path, set.to_string()).unwrap();
+        let v = JwtVerifier::new(&JwtConfig {
+            jwks_file: Some(jwks_path),
+            ..JwtConfig::default()
+        })
+        .unwrap();
+        assert!(v.verify(&sign_with(&b, Some("b"))).is_ok());
+        assert!(v.verify(&sign_with(&a, Some("a"))).is_ok());
+        assert!(v.verify(&sign_with(&b, Some("a"))).is_err());
+        assert!(v.verify(&sign_with(&a, Some("c"))).is_err());
+    }
+
+    #[test]
+    fn unreadable_or_wrong_key_files_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = JwtConfig {
+            rsa_public_key_pem: OneOrMany::One(dir.path().join("none.pem")),
+            ..JwtConfig::default()
+        };
+        assert!(JwtVerifier::new(&missing).unwrap_err().contains("none.pem"));
+        let junk = dir.path().join("junk.pem");
+        std::fs::write(&junk, "not a key").unwrap();
+        let wrong = JwtConfig {
+            ec_public_key_pem: OneOrMany::One(junk.clone()),
+            ..JwtConfig::default()
+        };
+        assert!(JwtVerifier::new(&wrong).is_err());
+        let bad_jwks = JwtConfig {
+            jwks_file: Some(junk),
+            ..JwtConfig::default()
+        };
+        assert!(JwtVerifier::new(&bad_jwks).is_err());
+    }
+
     #[test]
     fn short_secrets_and_empty_configs_are_refused() {
         assert!(JwtVerifier::new(&JwtConfig::default()).is_err());

@@ -128,7 +128,7 @@ impl Auth {
             }
         }
         Ok(Self {
-            enabled: !keys.is_empty() || jwt.is_some(),
+            enabled: config.enabled(),
             keys,
             jwt,
             cluster_secret: config
