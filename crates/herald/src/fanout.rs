@@ -24,6 +24,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
 use eventsource_stream::Eventsource;
 use futures::StreamExt;
@@ -147,6 +148,7 @@ async fn subscriber(
     connected: Arc<Barrier>,
     mut stop: watch::Receiver<bool>,
     http: reqwest::Client,
+    credential: reqwest::header::HeaderMap,
     delivered: Arc<AtomicU64>,
 ) -> anyhow::Result<Seen> {
     let mut seen = Seen {
@@ -190,7 +192,9 @@ async fn subscriber(
         }
         Transport::Ws => {
             let ws_url = format!("{}/ws", url.replacen("http", "ws", 1));
-            let (mut socket, _) = tokio_tungstenite::connect_async(ws_url).await?;
+            let mut request = ws_url.into_client_request()?;
+            request.headers_mut().extend(credential);
+            let (mut socket, _) = tokio_tungstenite::connect_async(request).await?;
             connected.wait().await;
             loop {
                 let next = tokio::select! {
@@ -226,9 +230,12 @@ pub(crate) async fn run_fanout(args: BenchFanoutArgs) -> anyhow::Result<ExitCode
             Ok(format!("/v1/channels/{name}"))
         })
         .collect::<anyhow::Result<_>>()?;
+    // `--api-key`, on every request and WebSocket.
+    let credential = client::credential_headers(args.server.api_key.as_deref())?;
     let http = reqwest::Client::builder()
         .connect_timeout(client::CONNECT_TIMEOUT)
         .pool_max_idle_per_host(usize::try_from(args.subscribers)?)
+        .default_headers(credential.clone())
         .build()?;
 
     let before = resident_bytes(&http, &subscribe_base).await;
@@ -246,6 +253,7 @@ pub(crate) async fn run_fanout(args: BenchFanoutArgs) -> anyhow::Result<ExitCode
             connected.clone(),
             stop.clone(),
             http.clone(),
+            credential.clone(),
             delivered.clone(),
         );
         set.spawn(async move { subscribed.await.map(|seen| (k, seen)) });

@@ -138,6 +138,8 @@ pub(crate) struct FollowConfig {
     pub(crate) idle_timeout: Duration,
     /// Upper bound on a server's `Retry-After`.
     pub(crate) max_retry_after: Duration,
+    /// API key or token sent as `Authorization: Bearer`, if any.
+    pub(crate) credential: Option<String>,
 }
 
 impl Default for FollowConfig {
@@ -146,6 +148,7 @@ impl Default for FollowConfig {
             backoff: Backoff::default(),
             idle_timeout: Duration::from_secs(60),
             max_retry_after: Duration::from_secs(30),
+            credential: None,
         }
     }
 }
@@ -199,7 +202,8 @@ pub(crate) async fn follow<W: Write>(
     config: FollowConfig,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
-    let api = Api::new(server, client::stream_client(config.idle_timeout)?);
+    let api = Api::new(server, client::stream_client(config.idle_timeout)?)
+        .with_credential(config.credential.as_deref())?;
     let mut backoff = config.backoff.clone();
     let start = match after {
         Some(after) => after,
@@ -412,7 +416,10 @@ pub(crate) async fn run(args: TailArgs) -> anyhow::Result<ExitCode> {
         &args.channel,
         args.after,
         &mut out,
-        FollowConfig::default(),
+        FollowConfig {
+            credential: args.server.api_key.clone(),
+            ..FollowConfig::default()
+        },
         stop,
     )
     .await?;
