@@ -372,6 +372,11 @@ mod tests {
 
     /// A PEM "PUBLIC KEY" block (RFC 7468 §13) of SPKI DER.
     fn pem(der: &[u8]) -> String {
+        pem_block("PUBLIC KEY", der)
+    }
+
+    /// A PEM block of `der` with `label` (RFC 7468 §2).
+    fn pem_block(label: &str, der: &[u8]) -> String {
         use base64::Engine;
         let b64 = base64::engine::general_purpose::STANDARD.encode(der);
         let lines: Vec<&str> = b64
@@ -380,7 +385,7 @@ mod tests {
             .map(|c| std::str::from_utf8(c).unwrap())
             .collect();
         format!(
-            "-----BEGIN PUBLIC KEY-----\n{}\n-----END PUBLIC KEY-----\n",
+            "-----BEGIN {label}-----\n{}\n-----END {label}-----\n",
             lines.join("\n")
         )
     }
@@ -438,6 +443,42 @@ mod tests {
         assert!(v.verify(&sign_with(&a, Some("a"))).is_ok());
         assert!(v.verify(&sign_with(&b, Some("a"))).is_err());
         assert!(v.verify(&sign_with(&a, Some("c"))).is_err());
+    }
+
+    #[test]
+    fn rs256_keys_verify_from_pem_and_several_at_once() {
+        use aws_lc_rs::encoding::AsDer;
+        use aws_lc_rs::rsa::{KeyPair as RsaKeyPair, KeySize};
+        use aws_lc_rs::signature::KeyPair;
+        let make = || RsaKeyPair::generate(KeySize::Rsa2048).unwrap();
+        let (new, old, other) = (make(), make(), make());
+        let sign_with = |key: &RsaKeyPair| {
+            let private = pem_block("PRIVATE KEY", key.as_der().unwrap().as_ref());
+            encode(
+                &Header::new(Algorithm::RS256),
+                &json!({"sub": "u", "exp": now() + 60}),
+                &EncodingKey::from_rsa_pem(private.as_bytes()).unwrap(),
+            )
+            .unwrap()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let mut paths = Vec::new();
+        for (name, key) in [("new.pem", &new), ("old.pem", &old)] {
+            let path = dir.path().join(name);
+            std::fs::write(&path, pem(key.public_key().as_der().unwrap().as_ref())).unwrap();
+            paths.push(path);
+        }
+        let v = JwtVerifier::new(&JwtConfig {
+            rsa_public_key_pem: OneOrMany::Many(paths),
+            ..JwtConfig::default()
+        })
+        .unwrap();
+        assert!(v.verify(&sign_with(&new)).is_ok());
+        assert!(v.verify(&sign_with(&old)).is_ok());
+        assert_eq!(
+            v.verify(&sign_with(&other)).unwrap_err().code(),
+            "unauthorized"
+        );
     }
 
     #[test]

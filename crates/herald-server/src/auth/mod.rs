@@ -141,12 +141,6 @@ impl Auth {
         })
     }
 
-    /// Access control off: no credentials configured.
-    pub fn disabled() -> Self {
-        Self::new(&AuthConfig::default(), &NamespacesConfig::new())
-            .unwrap_or_else(|_| unreachable!("the default auth config is valid"))
-    }
-
     /// `true` when API keys or JWT keys are configured: requests are then
     /// checked.
     pub fn enabled(&self) -> bool {
