@@ -103,4 +103,29 @@ mod tests {
         assert!(text.contains("channels = [\"news:*\"]"));
         assert!(text.contains("name = \"back\\\"end\""));
     }
+
+    #[test]
+    fn the_printed_lines_configure_a_key_the_server_accepts() {
+        let args = GenerateArgs {
+            name: "backend".to_owned(),
+            permissions: vec![PermissionArg::Publish, PermissionArg::Read],
+            channels: vec!["news:*".to_owned(), "a\"b".to_owned()],
+        };
+        let key = generate_api_key();
+        let text = snippet(&args, &key);
+        let file: toml::Table = text.parse().unwrap();
+        let auth: herald_server::AuthConfig = file["auth"].clone().try_into().unwrap();
+        let config = &auth.api_keys[0];
+        assert_eq!(config.name, "backend");
+        assert_eq!(config.sha256, api_key_sha256(&key));
+        assert_eq!(
+            config.permissions,
+            [
+                herald_server::Permission::Publish,
+                herald_server::Permission::Read
+            ]
+        );
+        assert_eq!(config.channels.as_deref().unwrap(), ["news:*", "a\"b"]);
+        herald_server::Auth::new(&auth, &herald_server::NamespacesConfig::new()).unwrap();
+    }
 }
