@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::{CorsConfig, StartError, TlsCertificates};
+use crate::{AuthConfig, CorsConfig, NamespacesConfig, StartError, TlsCertificates};
 
 /// Settings of one node's HTTP server. Every field has a default (see
 /// [`ServerConfig::default`]); [`ServerConfig::validate`] checks them.
@@ -68,6 +68,12 @@ pub struct ServerConfig {
     /// advertised URL is `https://` with a certificate from a private CA
     /// (default: none).
     pub trusted_ca_pem: Option<Vec<u8>>,
+    /// Access control, the `[auth]` section (default: off, every request
+    /// allowed). See `docs/security.md`.
+    pub auth: AuthConfig,
+    /// Namespace rules, the `[namespaces.<name>]` tables (default: none;
+    /// every channel follows `auth.default_namespace`).
+    pub namespaces: NamespacesConfig,
 }
 
 impl Default for ServerConfig {
@@ -87,6 +93,8 @@ impl Default for ServerConfig {
             cors: CorsConfig::default(),
             tls: None,
             trusted_ca_pem: None,
+            auth: AuthConfig::default(),
+            namespaces: NamespacesConfig::new(),
         }
     }
 }

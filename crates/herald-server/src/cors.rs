@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use axum::http::header::{
-    HeaderName, AUTHORIZATION, CONTENT_TYPE, LAST_MODIFIED, LOCATION, RETRY_AFTER,
+    HeaderName, AUTHORIZATION, CONTENT_TYPE, LAST_MODIFIED, LOCATION, RETRY_AFTER, WWW_AUTHENTICATE,
 };
 use axum::http::{HeaderValue, Method};
 use tower_http::cors::{AllowOrigin, CorsLayer};
@@ -31,8 +31,9 @@ const ALLOWED_HEADERS: [HeaderName; 5] = [
 ];
 
 /// The response headers a page may read besides the CORS-safelisted
-/// ones: `Retry-After` (on 429 and 503) and `Location`.
-const EXPOSED_HEADERS: [HeaderName; 3] = [RETRY_AFTER, LOCATION, LAST_MODIFIED];
+/// ones: `Retry-After` (on 429 and 503), `Location`, `Last-Modified` and
+/// `WWW-Authenticate` (on 401, RFC 6750 §3).
+const EXPOSED_HEADERS: [HeaderName; 4] = [RETRY_AFTER, LOCATION, LAST_MODIFIED, WWW_AUTHENTICATE];
 
 /// The CORS settings of a node.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -13,6 +13,8 @@ use axum::Json;
 use herald_core::ChannelName;
 use serde_json::json;
 
+use crate::auth::AuthError;
+
 /// Result alias for this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -99,6 +101,12 @@ pub enum Error {
     /// 500 `internal`.
     #[error("internal error: {0}")]
     Internal(String),
+    /// Refused by access control: 401 `unauthorized` (with
+    /// `WWW-Authenticate`, RFC 6750 §3), 401 `token_expired`, 403
+    /// `forbidden`, or 429 `rate_limited` (with `Retry-After`); see
+    /// [`AuthError`].
+    #[error(transparent)]
+    Auth(#[from] AuthError),
     /// Entry `index` (from 0) of a batch publish is invalid; answered with
     /// that entry's error's status and code, the message naming the entry.
     /// Nothing of the batch was stored.
@@ -133,6 +141,7 @@ impl Error {
             | Self::StorageUnavailable
             | Self::Draining => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Auth(e) => e.status(),
             Self::InBatchEntry { error, .. } => error.status(),
         }
     }
@@ -157,6 +166,7 @@ impl Error {
             Self::Storage(_) | Self::StorageUnavailable => "storage_unavailable",
             Self::Draining => "draining",
             Self::Internal(_) => "internal",
+            Self::Auth(e) => e.code(),
             Self::InBatchEntry { error, .. } => error.code(),
         }
     }
@@ -196,6 +206,16 @@ impl Error {
         self.status() == StatusCode::SERVICE_UNAVAILABLE
     }
 
+    /// The access-control refusal inside, if this is one (also inside a
+    /// batch entry's error).
+    fn auth(&self) -> Option<&AuthError> {
+        match self {
+            Self::Auth(e) => Some(e),
+            Self::InBatchEntry { error, .. } => error.auth(),
+            _ => None,
+        }
+    }
+
     /// Logs what the error holds that the client is not told: the storage
     /// failure of an [`Error::Storage`] (see [`StorageFailure`]). The other
     /// errors are logged where they happen, if a human needs them. Call it
@@ -223,6 +243,15 @@ impl IntoResponse for Error {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if let Some(auth) = self.auth() {
+            let headers = response.headers_mut();
+            if let Some(challenge) = auth.challenge() {
+                headers.insert(header::WWW_AUTHENTICATE, challenge);
+            }
+            if let Some(seconds) = auth.retry_after_s() {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+            }
         }
         response
     }

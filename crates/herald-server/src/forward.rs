@@ -8,6 +8,10 @@
 //!   standby answers it `not_holder`);
 //! - the holder gets the same body bytes, `Idempotency-Key` and
 //!   `Content-Type`, so a retry through any node publishes once;
+//! - the standby checked the client's credentials; it sends the cluster
+//!   secret (`Herald-Cluster-Secret`, when configured) instead of them,
+//!   and the holder trusts a forwarded publish only with it
+//!   (`auth/extract.rs`);
 //! - no holder known, or the holder unreachable (connect error, timeout,
 //!   broken answer) → 503 `no_holder`. Once the request may have reached
 //!   the holder, its outcome is unknown to this node: the client retries
@@ -28,6 +32,7 @@ use bytes::Bytes;
 use herald_lease::{LeaseState, Release, StopReason};
 use tokio::sync::watch;
 
+use crate::auth::{Secret, CLUSTER_SECRET};
 use crate::{metrics, Error, Result, StartError};
 
 /// The header that marks a forwarded publish, with the forwarding node's id.
@@ -111,6 +116,9 @@ pub(crate) fn was_forwarded(headers: &HeaderMap) -> bool {
 pub(crate) struct Forwarder {
     client: reqwest::Client,
     node_id: HeaderValue,
+    /// The cluster secret, sent with every forward; marked sensitive so
+    /// that it is never shown in a `Debug` form.
+    cluster_secret: Option<HeaderValue>,
 }
 
 /// How a forward ended when the holder did not fail it.
@@ -139,25 +147,36 @@ pub(crate) struct ForwardRequest<'a> {
 }
 
 impl Forwarder {
-    /// A forwarder that names `node_id` in `Herald-Forwarded-By` and waits
-    /// at most `timeout` for a holder's whole answer (at most
+    /// A forwarder that names `node_id` in `Herald-Forwarded-By`, sends
+    /// `cluster_secret` (if any) in `Herald-Cluster-Secret`, and waits at
+    /// most `timeout` for a holder's whole answer (at most
     /// [`CONNECT_TIMEOUT`] of it to connect). A holder whose advertised
     /// URL is `https://` is reached over TLS (rustls), its certificate
     /// checked against the system's trust store and `trusted_ca_pem` (PEM
     /// certificates of private CAs), if given.
     ///
     /// # Errors
-    /// [`StartError::Config`] when `node_id` cannot be a header value,
-    /// `trusted_ca_pem` holds no usable certificate or the HTTP client
-    /// cannot be built.
+    /// [`StartError::Config`] when `node_id` or the secret cannot be a
+    /// header value, `trusted_ca_pem` holds no usable certificate or the
+    /// HTTP client cannot be built.
     pub(crate) fn new(
         node_id: &str,
         timeout: Duration,
         trusted_ca_pem: Option<&[u8]>,
+        cluster_secret: Option<&Secret>,
     ) -> Result<Self, StartError> {
         let node_id = HeaderValue::from_str(node_id).map_err(|_| {
             StartError::Config("node_id must be visible ASCII to name it in a header".to_owned())
         })?;
+        let cluster_secret = cluster_secret
+            .map(|s| {
+                let mut value = HeaderValue::from_str(s.expose()).map_err(|_| {
+                    StartError::Config("auth.cluster_secret must be visible ASCII".to_owned())
+                })?;
+                value.set_sensitive(true);
+                Ok::<_, StartError>(value)
+            })
+            .transpose()?;
         let mut builder = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(CONNECT_TIMEOUT)
@@ -175,7 +194,11 @@ impl Forwarder {
         let client = builder
             .build()
             .map_err(|e| StartError::Config(format!("cannot build the forwarding client: {e}")))?;
-        Ok(Self { client, node_id })
+        Ok(Self {
+            client,
+            node_id,
+            cluster_secret,
+        })
     }
 
     /// Sends `request` to the holder at `holder_url` and returns its answer
@@ -217,6 +240,9 @@ impl Forwarder {
             .post(url)
             .header(FORWARDED_BY, self.node_id.clone())
             .body(request.body);
+        if let Some(secret) = &self.cluster_secret {
+            outgoing = outgoing.header(CLUSTER_SECRET, secret.clone());
+        }
         for name in [CONTENT_TYPE, HeaderName::from_static("idempotency-key")] {
             if let Some(value) = request.headers.get(&name) {
                 outgoing = outgoing.header(name, value.clone());

@@ -11,7 +11,8 @@
 //! live notices into one gap-free, repeat-free sequence for SSE (`sse.rs`)
 //! and WebSocket (`ws.rs`). A publish that reaches a standby is forwarded
 //! once to the holder (`forward.rs`). Every error becomes one JSON shape in
-//! `error.rs`. `listener.rs` accepts connections and serves them with
+//! `error.rs`. Access control (API keys, client tokens, namespaces,
+//! publish rate limits) is `auth/`. `listener.rs` accepts connections and serves them with
 //! HTTP/1 or HTTP/2, closing those that do not send a request head in time.
 //!
 //! Invariants:
@@ -29,6 +30,7 @@
 //! `drop_notify` (`standby_feed.rs`). `FaultSwitch` explains each.
 
 mod api;
+mod auth;
 mod config;
 mod cors;
 mod error;
@@ -54,6 +56,10 @@ use herald_storage::Storage;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+pub use auth::{
+    api_key_sha256, generate_api_key, ApiKeyConfig, Auth, AuthConfig, AuthError, JwtConfig,
+    NamespaceRule, NamespacesConfig, OneOrMany, Permission, PublishRule, Secret, SubscribeRule,
+};
 pub use config::ServerConfig;
 pub use cors::CorsConfig;
 pub use error::{Error, Result, StartError, StorageFailure};

@@ -13,6 +13,7 @@
 //! | `herald_forwarded_writes_total` | counter | `result` (`ok`, `error`, `no_holder`, `takeover`) | publishes a standby handed to the holder, by outcome (`takeover`: this node took the lease over before the holder answered) |
 //! | `herald_notify_lag_seconds` | histogram | | on a standby: wall clock at a commit signal minus the commit time |
 //! | `herald_catchup_reads_total` | counter | | subscription reads from storage that fill a gap or a lag |
+//! | `herald_publish_rate_limited_total` | counter | `credential` (`key`, `token`) | publish requests refused with 429 `rate_limited`, by the kind of credential whose rate was used up |
 //! | `herald_subscription_read_retries_total` | counter | | subscription reads from storage that failed transiently; each is tried again after a pause |
 
 use std::sync::OnceLock;
@@ -33,6 +34,7 @@ pub(crate) const FORWARDED_WRITES: &str = "herald_forwarded_writes_total";
 pub(crate) const NOTIFY_LAG: &str = "herald_notify_lag_seconds";
 pub(crate) const CATCHUP_READS: &str = "herald_catchup_reads_total";
 pub(crate) const SUBSCRIPTION_READ_RETRIES: &str = "herald_subscription_read_retries_total";
+pub(crate) const RATE_LIMITED: &str = "herald_publish_rate_limited_total";
 
 /// Upper bounds of the publish duration buckets, in seconds.
 const DURATION_BUCKETS: &[f64] = &[
@@ -142,6 +144,10 @@ fn describe() {
         SUBSCRIPTION_READ_RETRIES,
         "Subscription reads from the storage that failed transiently; each is tried again after a pause."
     );
+    describe_counter!(
+        RATE_LIMITED,
+        "Publish requests refused with 429 rate_limited, by credential: key or token."
+    );
     // Emitted by the lease supervisor (herald-lease).
     describe_counter!(
         "herald_lease_renewals_total",
@@ -190,6 +196,12 @@ pub(crate) fn lease(holder: bool, token: u64, since_renewal: Option<std::time::D
 /// `takeover`).
 pub(crate) fn forwarded(result: &'static str) {
     counter!(FORWARDED_WRITES, "result" => result).increment(1);
+}
+
+/// Counts one publish refused by a rate limit, by `credential` (`key`,
+/// `token`).
+pub(crate) fn rate_limited(credential: &'static str) {
+    counter!(RATE_LIMITED, "credential" => credential).increment(1);
 }
 
 /// Records the delay of one commit signal, in seconds (never negative).

@@ -16,7 +16,14 @@
 //! request is valid the answer is `200`, and a history or catch-up read
 //! that fails transiently is waited out inside the stream (heartbeats go on
 //! meanwhile; see `subscription.rs`). Bad input is still answered `400`
-//! before the stream starts.
+//! before the stream starts, and missing or bad credentials `401`, a
+//! channel the credentials do not grant `403` (`auth`).
+//!
+//! A subscription made with a token ends when the token expires (its
+//! `exp`): the last event is `event: token_expired` with the data
+//! `{"code":"token_expired"}`, then the stream ends. The client opens a
+//! new one with a fresh token and `Last-Event-ID` (or `?after=`), and gets
+//! every message after the last one it saw.
 
 use std::convert::Infallible;
 
@@ -28,31 +35,60 @@ use futures::StreamExt;
 use herald_core::Message;
 
 use crate::api::{resume_after, AfterQuery, ChannelPath, ValidQuery};
+use crate::auth::Subscriber;
 use crate::subscription::Subscription;
 use crate::{AppState, Result};
 
 /// Tells nginx-style proxies not to buffer the stream.
 const X_ACCEL_BUFFERING: HeaderName = HeaderName::from_static("x-accel-buffering");
 
+/// The event that ends a subscription whose token expired.
+const TOKEN_EXPIRED_EVENT: &str = "token_expired";
+
 /// Opens the event stream (see the module docs): `400` for bad input,
-/// `503 storage_unavailable` only when the storage fails with an error that
-/// is not transient, else `200`.
+/// `401`/`403` for credentials that do not grant the channel, `503
+/// storage_unavailable` only when the storage fails with an error that is
+/// not transient, else `200`.
 pub(crate) async fn events(
     State(state): State<AppState>,
+    Subscriber(who): Subscriber,
     ChannelPath(channel): ChannelPath,
     headers: HeaderMap,
     ValidQuery(query): ValidQuery<AfterQuery>,
 ) -> Result<Response> {
-    let after = resume_after(&headers, &query)?;
     let shared = &state.shared;
+    shared.auth.may_subscribe(&who, &channel)?;
+    let after = resume_after(&headers, &query)?;
+    let expiry = who
+        .token()
+        .map(|token| Box::pin(tokio::time::sleep(token.time_left())));
     let sub =
         Subscription::start(shared.storage.clone(), &shared.hub, channel, after, "sse").await?;
-    let stream = futures::stream::unfold(sub, |mut sub| async move {
-        match sub.next().await {
-            Ok(Some(message)) => Some((Ok::<_, Infallible>(event(&message)), sub)),
+    let stream = futures::stream::unfold(Some((sub, expiry)), |open| async move {
+        let (mut sub, mut expiry) = open?;
+        let next = match expiry.as_mut() {
+            Some(expired) => tokio::select! {
+                // Expiry first: a busy channel does not keep it open.
+                biased;
+                () = expired.as_mut() => None,
+                next = sub.next() => Some(next),
+            },
+            None => Some(sub.next().await),
+        };
+        match next {
+            Some(Ok(Some(message))) => {
+                Some((Ok::<_, Infallible>(event(&message)), Some((sub, expiry))))
+            }
+            None => {
+                tracing::debug!(channel = %sub.channel(), "SSE stream ends: the token expired");
+                let last = Event::default()
+                    .event(TOKEN_EXPIRED_EVENT)
+                    .data(r#"{"code":"token_expired"}"#);
+                Some((Ok(last), None))
+            }
             // Ended, or a storage failure that is not transient: finish the
             // body; the client resumes.
-            ended => {
+            Some(ended) => {
                 if let Err(e) = ended {
                     e.log();
                 }

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
+use crate::auth::Auth;
 use crate::forward::Forwarder;
 use crate::hub::Hub;
 use crate::role::LeaseView;
@@ -45,6 +46,8 @@ pub(crate) struct Shared {
     pub(crate) writer: WriterHandle,
     /// Live fan-out to subscribers.
     pub(crate) hub: Arc<Hub>,
+    /// Access control.
+    pub(crate) auth: Auth,
     /// Hands publishes that reach this node while standby to the holder.
     pub(crate) forwarder: Forwarder,
     /// Cancelled when the node drains.
@@ -88,10 +91,12 @@ impl AppState {
         shutdown: CancellationToken,
     ) -> Result<Self, StartError> {
         config.validate()?;
+        let auth = Auth::new(&config.auth, &config.namespaces)?;
         let forwarder = Forwarder::new(
             &config.node_id,
             config.forward_timeout,
             config.trusted_ca_pem.as_deref(),
+            config.auth.cluster_secret.as_ref(),
         )?;
         let metrics = install_metrics_recorder();
         let cursor = storage.change_cursor().await?;
@@ -130,6 +135,7 @@ impl AppState {
             node_id = %config.node_id,
             advertise_url = %config.advertise_url,
             backend = storage.backend(),
+            access_control = auth.enabled(),
             "server state started"
         );
         Ok(Self {
@@ -139,6 +145,7 @@ impl AppState {
                 config,
                 writer: writer_handle,
                 hub,
+                auth,
                 forwarder,
                 shutdown,
                 metrics,

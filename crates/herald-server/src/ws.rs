@@ -16,6 +16,18 @@
 //! WebSocket reports a refused handshake only as an error with close code
 //! 1006, which clients cannot tell from a permanent refusal.
 //!
+//! Access control (`auth`): the token or API key comes in the
+//! `Authorization` or `X-API-Key` header or `?token=`, checked before the
+//! upgrade (`401`/`403` as HTTP answers). A browser can also upgrade
+//! without credentials and send the token as its first text frame,
+//! `{"token":"<JWT>"}`, within 10 s ([`AUTH_FRAME_TIMEOUT`]); until then
+//! nothing is sent. A refusal then closes the socket with 4401
+//! "unauthorized" (no, bad or late token), 4403 "forbidden" (the token
+//! does not grant the channel) or 3005 "token expired". A subscription
+//! made with a token is closed with 3005 "token expired" (Centrifugo's
+//! code) when the token's `exp` passes; the client reconnects with a fresh
+//! token and `?after=<last offset>`.
+//!
 //! Keepalive: the server sends a Ping frame (RFC 6455 §5.5.2) every
 //! `heartbeat` (15 s by default, the SSE heartbeat's period), so that
 //! proxies with a read timeout (nginx's `proxy_read_timeout` is 60 s by
@@ -36,8 +48,27 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::api::{resume_after, AfterQuery, ChannelPath, ValidQuery};
+use crate::auth::{AuthError, Credential, Principal, Subscriber};
 use crate::subscription::Subscription;
 use crate::{AppState, Error, Result};
+
+/// How long a client that upgraded without credentials has to send its
+/// token frame.
+pub(crate) const AUTH_FRAME_TIMEOUT: Duration = Duration::from_secs(10);
+/// Close code: the token expired (as Centrifugo's).
+pub(crate) const CLOSE_TOKEN_EXPIRED: u16 = 3005;
+/// Close code: no token frame in time, or a bad token (private use range,
+/// RFC 6455 §7.4.2; 4000 + HTTP 401).
+pub(crate) const CLOSE_UNAUTHORIZED: u16 = 4401;
+/// Close code: the token does not grant the channel (4000 + HTTP 403).
+pub(crate) const CLOSE_FORBIDDEN: u16 = 4403;
+
+/// The first frame of a client that upgraded without credentials.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenFrame {
+    token: String,
+}
 
 /// How long the server waits for a client to answer its Close frame, or to
 /// take a frame, while closing.
@@ -53,10 +84,12 @@ const WS_READ_BUFFER_BYTES: usize = 4096;
 /// larger ones end the session.
 const WS_MAX_CLIENT_MESSAGE_BYTES: usize = 64 * 1024;
 
-/// Validates the request, subscribes, and upgrades. Frames are written out
-/// as they are sent (no write buffering), so nothing waits in a buffer.
+/// Validates the request, checks its credentials, subscribes, and
+/// upgrades. Frames are written out as they are sent (no write
+/// buffering), so nothing waits in a buffer.
 pub(crate) async fn upgrade(
     State(state): State<AppState>,
+    Subscriber(who): Subscriber,
     ChannelPath(channel): ChannelPath,
     headers: HeaderMap,
     ValidQuery(query): ValidQuery<AfterQuery>,
@@ -69,20 +102,112 @@ pub(crate) async fn upgrade(
         .max_message_size(WS_MAX_CLIENT_MESSAGE_BYTES);
     let after = resume_after(&headers, &query)?;
     let shared = &state.shared;
-    let sub =
-        Subscription::start(shared.storage.clone(), &shared.hub, channel, after, "ws").await?;
-    let shutdown = shared.shutdown.clone();
     let sessions = shared.ws_sessions.clone();
-    let heartbeat = shared.config.heartbeat;
     let span = tracing::debug_span!(
         "ws",
         node_id = %shared.config.node_id,
-        channel = %sub.channel(),
+        channel = %channel,
         after,
     );
+    match shared.auth.may_subscribe(&who, &channel) {
+        Ok(()) => {}
+        // No credentials at all: they may come in the first frame.
+        Err(AuthError::MissingCredentials(_)) if matches!(who, Principal::Anonymous) => {
+            let state = state.clone();
+            return Ok(upgrade.on_upgrade(move |socket| {
+                sessions.track_future(
+                    authenticate_then_serve(socket, state, channel, after).instrument(span),
+                )
+            }));
+        }
+        Err(e) => return Err(e.into()),
+    }
+    let expires = expiry(&who);
+    let sub =
+        Subscription::start(shared.storage.clone(), &shared.hub, channel, after, "ws").await?;
+    let shutdown = shared.shutdown.clone();
+    let heartbeat = shared.config.heartbeat;
     Ok(upgrade.on_upgrade(move |socket| {
-        sessions.track_future(session(socket, sub, heartbeat, shutdown).instrument(span))
+        sessions.track_future(session(socket, sub, heartbeat, shutdown, expires).instrument(span))
     }))
+}
+
+/// When a subscription by `who` must end: at its token's `exp`.
+fn expiry(who: &Principal) -> Option<tokio::time::Instant> {
+    who.token()
+        .map(|token| tokio::time::Instant::now() + token.time_left())
+}
+
+/// A session whose client upgraded without credentials: waits up to
+/// [`AUTH_FRAME_TIMEOUT`] for `{"token":"..."}`, checks it, then serves
+/// as [`session`]; else closes with 4401, 4403 or 3005.
+async fn authenticate_then_serve(
+    socket: WebSocket,
+    state: AppState,
+    channel: herald_core::ChannelName,
+    after: herald_core::Offset,
+) {
+    let (tx, mut rx) = socket.split();
+    let first = tokio::select! {
+        () = state.shared.shutdown.cancelled() => {
+            return close(tx, rx, close_code::AWAY, "server is shutting down").await;
+        }
+        // Pings and pongs before it are skipped (the protocol layer
+        // answers pings).
+        first = tokio::time::timeout(AUTH_FRAME_TIMEOUT, async {
+            loop {
+                match rx.next().await {
+                    Some(Ok(Frame::Ping(_) | Frame::Pong(_))) => continue,
+                    other => return other,
+                }
+            }
+        }) => first,
+    };
+    let token = match first {
+        Ok(Some(Ok(Frame::Text(text)))) => serde_json::from_str::<TokenFrame>(&text).ok(),
+        Ok(None | Some(Err(_))) => return,
+        Ok(Some(Ok(_))) | Err(_) => None,
+    };
+    let Some(TokenFrame { token }) = token else {
+        return close(tx, rx, CLOSE_UNAUTHORIZED, "send {\"token\":\"...\"} first").await;
+    };
+    let auth = &state.shared.auth;
+    let granted = auth
+        .resolve(Some(Credential::Token(&token)))
+        .and_then(|who| auth.may_subscribe(&who, &channel).map(|()| who));
+    let who = match granted {
+        Ok(who) => who,
+        Err(e) => {
+            let (code, reason) = match e {
+                AuthError::TokenExpired => (CLOSE_TOKEN_EXPIRED, "token expired"),
+                AuthError::Forbidden(_) => (CLOSE_FORBIDDEN, "forbidden"),
+                _ => (CLOSE_UNAUTHORIZED, "unauthorized"),
+            };
+            return close(tx, rx, code, reason).await;
+        }
+    };
+    let shared = &state.shared;
+    let sub = match Subscription::start(shared.storage.clone(), &shared.hub, channel, after, "ws")
+        .await
+    {
+        Ok(sub) => sub,
+        Err(e) => {
+            e.log();
+            return close(tx, rx, close_code::ERROR, "storage failed; resume later").await;
+        }
+    };
+    let socket = match tx.reunite(rx) {
+        Ok(socket) => socket,
+        Err(_) => return,
+    };
+    session(
+        socket,
+        sub,
+        shared.config.heartbeat,
+        shared.shutdown.clone(),
+        expiry(&who),
+    )
+    .await;
 }
 
 /// Why a session ends.
@@ -94,23 +219,33 @@ enum End {
 }
 
 /// Runs one WebSocket session until the client leaves (or stops answering
-/// the keepalive pings sent every `heartbeat`), the node drains, or the
-/// storage fails with an error that is not transient.
+/// the keepalive pings sent every `heartbeat`), the node drains, the
+/// storage fails with an error that is not transient, or `expires` (the
+/// token's `exp`) passes.
 async fn session(
     socket: WebSocket,
     mut sub: Subscription,
     heartbeat: Duration,
     shutdown: CancellationToken,
+    expires: Option<tokio::time::Instant>,
 ) {
     let (mut tx, mut rx) = socket.split();
     let mut pings = tokio::time::interval_at(tokio::time::Instant::now() + heartbeat, heartbeat);
     pings.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Whether the client sent any frame since the last ping.
     let mut heard = true;
+    let expired = async {
+        match expires {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(expired);
     let end = loop {
         tokio::select! {
             biased;
             () = shutdown.cancelled() => break End::Close(close_code::AWAY, "server is shutting down"),
+            () = &mut expired => break End::Close(CLOSE_TOKEN_EXPIRED, "token expired"),
             incoming = rx.next() => match incoming {
                 Some(Ok(Frame::Close(_))) => {
                     // Flushes the protocol's Close reply.

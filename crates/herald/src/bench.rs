@@ -226,7 +226,8 @@ async fn run_publish(args: BenchPublishArgs) -> anyhow::Result<ExitCode> {
         .timeout(args.timeout)
         .pool_max_idle_per_host(usize::try_from(workers)?)
         .build()?;
-    let api = Api::new(&args.server.server, http);
+    let api =
+        Api::new(&args.server.server, http).with_credential(args.server.api_key.as_deref())?;
     let run_id = format!("{:08x}", rand::random::<u32>());
     let names = (0..args.channels.min(args.messages))
         .map(|i| ChannelName::new(format!("{}{i}", channel_prefix(&run_id))))

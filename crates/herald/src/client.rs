@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use herald_core::{ChannelName, IdempotencyKey};
-use reqwest::header::{HeaderMap, RETRY_AFTER};
+use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION, RETRY_AFTER};
 use reqwest::{Response, Url};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -37,6 +37,16 @@ pub(crate) struct ServerArg {
         value_parser = parse_server_url
     )]
     pub(crate) server: Url,
+    /// API key (or client token) sent as `Authorization: Bearer` with
+    /// every request, for a server with access control on (see
+    /// docs/security.md).
+    #[arg(
+        long,
+        env = "HERALD_API_KEY",
+        value_name = "KEY",
+        hide_env_values = true
+    )]
+    pub(crate) api_key: Option<String>,
     /// PEM file of certificate authorities trusted besides the system's
     /// trust store, for an `https://` server whose certificate a private CA
     /// signed.
@@ -297,12 +307,39 @@ pub(crate) fn stream_client(
     Ok(http_builder(ca_file)?.read_timeout(idle).build()?)
 }
 
+/// `Bearer <credential>` as a header value, marked sensitive (never shown
+/// in a `Debug` form).
+///
+/// # Errors
+/// When the credential is not visible ASCII.
+fn bearer(credential: &str) -> anyhow::Result<HeaderValue> {
+    let mut value = HeaderValue::from_str(&format!("Bearer {credential}"))
+        .map_err(|_| anyhow::anyhow!("the API key must be visible ASCII"))?;
+    value.set_sensitive(true);
+    Ok(value)
+}
+
+/// The headers that carry `credential` (an API key or a token), if any:
+/// `Authorization: Bearer <credential>`.
+///
+/// # Errors
+/// When the credential is not visible ASCII.
+pub(crate) fn credential_headers(credential: Option<&str>) -> anyhow::Result<HeaderMap> {
+    let mut headers = HeaderMap::new();
+    if let Some(credential) = credential {
+        headers.insert(AUTHORIZATION, bearer(credential)?);
+    }
+    Ok(headers)
+}
+
 /// A Herald server's API, reached through one keep-alive HTTP client.
 #[derive(Debug, Clone)]
 pub(crate) struct Api {
     http: reqwest::Client,
     /// The server's base URL without a trailing `/`.
     base: String,
+    /// `Bearer <API key or token>`, sent with every request if set.
+    credential: Option<HeaderValue>,
 }
 
 impl Api {
@@ -311,7 +348,18 @@ impl Api {
         Self {
             http,
             base: base.as_str().trim_end_matches('/').to_owned(),
+            credential: None,
         }
+    }
+
+    /// This client, sending `credential` (an API key or a token, if any)
+    /// as `Authorization: Bearer` with every request.
+    ///
+    /// # Errors
+    /// When the credential is not visible ASCII.
+    pub(crate) fn with_credential(mut self, credential: Option<&str>) -> anyhow::Result<Self> {
+        self.credential = credential.map(bearer).transpose()?;
+        Ok(self)
     }
 
     /// The absolute URL of `path` (which starts with `/` and may hold a query).
@@ -387,6 +435,10 @@ impl Api {
 
     /// Sends `req` and turns a non-2xx answer into [`ClientError::Api`].
     async fn send(&self, url: &str, req: reqwest::RequestBuilder) -> Result<Response, ClientError> {
+        let req = match &self.credential {
+            Some(value) => req.header(AUTHORIZATION, value.clone()),
+            None => req,
+        };
         let resp = req.send().await.map_err(|error| ClientError::Transport {
             url: url.to_owned(),
             error,
@@ -483,6 +535,44 @@ pub(crate) fn decode_error(status: u16, retry_after: Option<Duration>, body: &[u
 mod tests {
     use super::*;
     use reqwest::header::HeaderValue;
+
+    /// Answers one request with `{}` and returns its head, lowercased.
+    async fn one_request_head(api: Api) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = Url::parse(&format!("http://{}", listener.local_addr().unwrap())).unwrap();
+        let api = Api {
+            base: base.as_str().trim_end_matches('/').to_owned(),
+            ..api
+        };
+        let server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                socket.read_exact(&mut byte).await.unwrap();
+                head.push(byte[0]);
+            }
+            let answer = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}";
+            socket.write_all(answer.as_bytes()).await.unwrap();
+            String::from_utf8(head).unwrap().to_ascii_lowercase()
+        });
+        let _: serde_json::Value = api.get_json("/v1/status").await.unwrap();
+        server.await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_credential_goes_in_a_bearer_header() {
+        let base = Url::parse("http://unused").unwrap();
+        let api = Api::new(&base, reqwest::Client::new());
+        let with = one_request_head(api.clone().with_credential(Some("k3y")).unwrap()).await;
+        assert!(with.contains("authorization: bearer k3y\r\n"), "{with}");
+        let without = one_request_head(api.with_credential(None).unwrap()).await;
+        assert!(!without.contains("authorization"), "{without}");
+        assert!(Api::new(&base, reqwest::Client::new())
+            .with_credential(Some("bad\nkey"))
+            .is_err());
+    }
 
     #[test]
     fn decodes_the_error_envelope() {

@@ -127,9 +127,29 @@ fn effective_settings(matches: &ArgMatches, file: &ConfigFile) -> String {
     for (name, body) in sections {
         let _ = write!(out, "\n[{name}]\n{body}");
     }
+    // The typed sections as tables; their secrets already serialize
+    // masked, and `masked` masks by key name on top.
+    let typed = |name: &str, value: Result<toml::Table, toml::ser::Error>| {
+        value.unwrap_or_else(|e| {
+            let mut table = toml::Table::new();
+            table.insert(
+                "error".to_owned(),
+                toml::Value::String(format!("[{name}] cannot be shown: {e}")),
+            );
+            table
+        })
+    };
+    let auth = file
+        .auth
+        .as_ref()
+        .map(|a| typed("auth", toml::Table::try_from(a)));
+    let namespaces = file
+        .namespaces
+        .as_ref()
+        .map(|n| typed("namespaces", toml::Table::try_from(n)));
     for (name, table) in [
-        ("auth", &file.auth),
-        ("namespaces", &file.namespaces),
+        ("auth", &auth),
+        ("namespaces", &namespaces),
         ("limits", &file.limits),
     ] {
         if let Some(table) = table {

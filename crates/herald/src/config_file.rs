@@ -13,8 +13,9 @@
 //!
 //! Sections with typed fields refuse unknown keys by name (serde's
 //! `deny_unknown_fields`); a top-level key that names no flag is refused
-//! too. `[auth]`, `[namespaces]` and `[limits]` are kept as TOML tables
-//! here and validated by the access-control and limits modules.
+//! too. `[auth]` and `[namespaces]` are the access-control settings of
+//! herald-server (`AuthConfig`, `NamespacesConfig`), refused by name on an
+//! unknown key as well; `[limits]` is kept as a TOML table.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -22,6 +23,7 @@ use std::path::Path;
 use anyhow::{anyhow, bail, Context};
 use clap::builder::Resettable;
 use clap::{Arg, ArgAction, Command};
+use herald_server::{AuthConfig, NamespacesConfig};
 use serde::{Deserialize, Serialize};
 
 /// Sections whose keys are `herald serve` flags `--<section>-<key>`.
@@ -39,12 +41,11 @@ pub(crate) struct ConfigFile {
     /// Values for `herald serve` flags, by the flag's clap id, as the
     /// command line spells them (one string per value).
     pub(crate) flags: BTreeMap<String, Vec<String>>,
-    /// `[auth]`: API keys, JWT keys and the cluster secret. Validated by
-    /// the access-control module (a placeholder until it is merged).
-    pub(crate) auth: Option<toml::Table>,
-    /// `[namespaces.<name>]`: per-namespace rules. Validated by the
-    /// access-control module (a placeholder until it is merged).
-    pub(crate) namespaces: Option<toml::Table>,
+    /// `[auth]`: API keys, JWT keys, the cluster secret and publish rate
+    /// limits (docs/security.md).
+    pub(crate) auth: Option<AuthConfig>,
+    /// `[namespaces.<name>]`: per-namespace rules (docs/security.md).
+    pub(crate) namespaces: Option<NamespacesConfig>,
     /// `[limits]`: connection, subscription and frame limits. Validated by
     /// the limits module (a placeholder until it is merged).
     pub(crate) limits: Option<toml::Table>,
@@ -98,8 +99,14 @@ pub(crate) fn load(path: &Path, serve: &Command) -> anyhow::Result<ConfigFile> {
 pub(crate) fn parse(text: &str, serve: &Command) -> anyhow::Result<ConfigFile> {
     let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| anyhow!("{e}"))?;
     let mut file = ConfigFile {
-        auth: take_table(&mut table, "auth")?,
-        namespaces: take_table(&mut table, "namespaces")?,
+        auth: table
+            .remove("auth")
+            .map(|value| typed_section("auth", value))
+            .transpose()?,
+        namespaces: table
+            .remove("namespaces")
+            .map(|value| typed_section("namespaces", value))
+            .transpose()?,
         limits: take_table(&mut table, "limits")?,
         ..ConfigFile::default()
     };

@@ -9,6 +9,8 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
+use herald_server::AuthConfig;
+
 use tracing::warn;
 
 /// How often a node started with `--insecure-no-auth` repeats its warning.
@@ -25,28 +27,10 @@ pub(crate) enum Exposure {
 }
 
 /// Whether the config file's `[auth]` section configures any credential: an
-/// API key or a JWT key. The one place that decides it.
-///
-/// Until the access-control module's typed section is merged, `auth` is the
-/// raw table and this looks for a non-empty `api_keys` or `jwt` entry; the
-/// merge swaps the parameter for the typed section.
-pub(crate) fn auth_configured(auth: Option<&toml::Table>) -> bool {
-    let Some(auth) = auth else {
-        return false;
-    };
-    ["api_keys", "jwt"]
-        .iter()
-        .any(|key| auth.get(*key).is_some_and(is_non_empty))
-}
-
-/// `true` unless `value` is an empty array, table or string.
-fn is_non_empty(value: &toml::Value) -> bool {
-    match value {
-        toml::Value::Array(a) => !a.is_empty(),
-        toml::Value::Table(t) => !t.is_empty(),
-        toml::Value::String(s) => !s.is_empty(),
-        _ => true,
-    }
+/// API key or a JWT key ([`AuthConfig::enabled`]). The one place that
+/// decides it.
+pub(crate) fn auth_configured(auth: Option<&AuthConfig>) -> bool {
+    auth.is_some_and(AuthConfig::enabled)
 }
 
 /// Whether a `--listen` host is loopback only: an address in
@@ -67,7 +51,7 @@ pub(crate) fn is_loopback(host: &str) -> bool {
 pub(crate) fn check(
     host: &str,
     listen: &str,
-    auth: Option<&toml::Table>,
+    auth: Option<&AuthConfig>,
     insecure_no_auth: bool,
 ) -> anyhow::Result<Exposure> {
     if is_loopback(host) || auth_configured(auth) {
@@ -128,14 +112,15 @@ mod tests {
 
     #[test]
     fn auth_is_configured_by_an_api_key_or_a_jwt_key() {
-        let table = |text: &str| text.parse::<toml::Table>().unwrap();
+        let auth = |text: &str| toml::from_str::<AuthConfig>(text).unwrap();
         assert!(!auth_configured(None));
-        assert!(!auth_configured(Some(&table(""))));
-        assert!(!auth_configured(Some(&table("api_keys = []"))));
-        assert!(auth_configured(Some(&table(
-            "[[api_keys]]\nname = \"backend\"\nhash = \"ab\""
-        ))));
-        assert!(auth_configured(Some(&table("[jwt]\nhs256_secret = \"s\""))));
+        assert!(!auth_configured(Some(&auth(""))));
+        assert!(!auth_configured(Some(&auth("api_keys = []"))));
+        assert!(auth_configured(Some(&auth(&format!(
+            "[[api_keys]]\nname = \"backend\"\nsha256 = \"{}\"\npermissions = [\"publish\"]",
+            "ab".repeat(32)
+        )))));
+        assert!(auth_configured(Some(&auth("[jwt]\nhs256_secret = \"s\""))));
     }
 
     #[test]
@@ -153,7 +138,11 @@ mod tests {
             .to_string();
         assert!(error.contains("[auth]"), "{error}");
         assert!(error.contains("--insecure-no-auth"), "{error}");
-        let auth: toml::Table = "api_keys = [{ name = \"k\" }]".parse().unwrap();
+        let auth: AuthConfig = toml::from_str(&format!(
+            "api_keys = [{{ name = \"k\", sha256 = \"{}\", permissions = [\"read\"] }}]",
+            "ab".repeat(32)
+        ))
+        .unwrap();
         assert_eq!(
             check("0.0.0.0", "0.0.0.0:1", Some(&auth), false).unwrap(),
             Exposure::Safe

@@ -25,6 +25,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
 use eventsource_stream::Eventsource;
 use futures::StreamExt;
@@ -173,6 +174,18 @@ fn ws_connector(ca_file: Option<&Path>) -> anyhow::Result<Option<Connector>> {
     Ok(Some(Connector::Rustls(Arc::new(config))))
 }
 
+/// How subscribers reach the server: the HTTP client (for SSE), and for
+/// WebSocket the credential headers and the TLS connector.
+#[derive(Clone)]
+struct Reach {
+    /// The HTTP client, with the credential among its default headers.
+    http: reqwest::Client,
+    /// `--api-key` as headers, for the WebSocket handshake.
+    credential: reqwest::header::HeaderMap,
+    /// The TLS connector of `wss://` URLs (`--ca-file`), if any.
+    ws_tls: Option<Connector>,
+}
+
 /// One subscriber: connects, reports `connected` once, then records every
 /// message until `stop`.
 async fn subscriber(
@@ -180,10 +193,14 @@ async fn subscriber(
     transport: Transport,
     connected: Arc<Barrier>,
     mut stop: watch::Receiver<bool>,
-    http: reqwest::Client,
+    reach: Reach,
     delivered: Arc<AtomicU64>,
-    ws_tls: Option<Connector>,
 ) -> anyhow::Result<Seen> {
+    let Reach {
+        http,
+        credential,
+        ws_tls,
+    } = reach;
     let mut seen = Seen {
         seqs: Vec::new(),
         latency_us: Histogram::new_with_bounds(1, MAX_LATENCY_US, 3)?,
@@ -225,8 +242,10 @@ async fn subscriber(
         }
         Transport::Ws => {
             let ws_url = format!("{}/ws", url.replacen("http", "ws", 1));
+            let mut request = ws_url.into_client_request()?;
+            request.headers_mut().extend(credential);
             let (mut socket, _) =
-                tokio_tungstenite::connect_async_tls_with_config(ws_url, None, false, ws_tls)
+                tokio_tungstenite::connect_async_tls_with_config(request, None, false, ws_tls)
                     .await?;
             connected.wait().await;
             loop {
@@ -263,10 +282,13 @@ pub(crate) async fn run_fanout(args: BenchFanoutArgs) -> anyhow::Result<ExitCode
             Ok(format!("/v1/channels/{name}"))
         })
         .collect::<anyhow::Result<_>>()?;
+    // `--api-key`, on every request and WebSocket.
+    let credential = crate::client::credential_headers(args.server.api_key.as_deref())?;
     let http = args
         .server
         .http_builder()?
         .pool_max_idle_per_host(usize::try_from(args.subscribers)?)
+        .default_headers(credential.clone())
         .build()?;
 
     let before = resident_bytes(&http, &subscribe_base).await;
@@ -284,9 +306,12 @@ pub(crate) async fn run_fanout(args: BenchFanoutArgs) -> anyhow::Result<ExitCode
             args.transport,
             connected.clone(),
             stop.clone(),
-            http.clone(),
+            Reach {
+                http: http.clone(),
+                credential: credential.clone(),
+                ws_tls: ws_tls.clone(),
+            },
             delivered.clone(),
-            ws_tls.clone(),
         );
         set.spawn(async move { subscribed.await.map(|seen| (k, seen)) });
     }

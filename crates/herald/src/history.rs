@@ -117,7 +117,8 @@ pub(crate) async fn run(args: HistoryArgs) -> anyhow::Result<ExitCode> {
     let api = Api::new(
         &args.server.server,
         client::request_client(&args.server, client::REQUEST_TIMEOUT)?,
-    );
+    )
+    .with_credential(args.server.api_key.as_deref())?;
     let limit = match (args.limit, args.all) {
         (None, true) => Some(MAX_LIMIT),
         (limit, _) => limit,

@@ -7,6 +7,7 @@ mod config_file;
 mod exposure;
 mod fanout;
 mod history;
+mod keys;
 mod logging;
 mod publish;
 mod serve;
@@ -46,6 +47,9 @@ enum Command {
     /// Config file tools.
     #[command(subcommand)]
     Config(config_check::ConfigCommand),
+    /// API keys: `herald keys generate` prints a new one.
+    #[command(subcommand)]
+    Keys(keys::KeysCommand),
 }
 
 #[tokio::main]
@@ -60,6 +64,7 @@ async fn main() -> ExitCode {
         Command::Channels(args) => status::run_channels(args).await,
         Command::Status(args) => status::run_status(args).await,
         Command::Bench(command) => bench::run(command).await,
+        Command::Keys(command) => keys::run(command),
     };
     match result {
         Ok(code) => code,

@@ -121,7 +121,8 @@ pub(crate) async fn run(args: PublishArgs) -> anyhow::Result<ExitCode> {
     let api = Api::new(
         &args.server.server,
         client::request_client(&args.server, client::REQUEST_TIMEOUT)?,
-    );
+    )
+    .with_credential(args.server.api_key.as_deref())?;
     let (status, answer): (u16, Box<RawValue>) = api
         .post_json_status(
             &client::messages_path(&args.channel),

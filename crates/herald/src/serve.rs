@@ -18,7 +18,9 @@ use herald_core::{Candidate, LeaseInfo};
 use herald_lease::{
     BootClock, LeaseConfig, LeaseHandle, LeaseState, Release, StopReason, Supervisor,
 };
-use herald_server::{CorsConfig, ServerConfig, TlsCertificates};
+use herald_server::{
+    Auth, AuthConfig, CorsConfig, NamespacesConfig, ServerConfig, TlsCertificates,
+};
 use herald_storage::postgres::{PostgresOptions, PostgresStorage};
 use herald_storage::sqlite::{SqliteOptions, SqliteStorage};
 use herald_storage::Storage;
@@ -362,6 +364,10 @@ pub(crate) struct Checked {
     tls: Option<TlsCertificates>,
     /// Extra CA certificates (PEM) the forwarder trusts.
     trusted_ca_pem: Option<Vec<u8>>,
+    /// Access control, `[auth]` (default: off).
+    auth: AuthConfig,
+    /// Namespace rules, `[namespaces]`.
+    namespaces: NamespacesConfig,
 }
 
 /// Runs every check of `herald serve` that needs neither the network nor a
@@ -399,11 +405,18 @@ pub(crate) fn check(args: &ServeArgs, file: &ConfigFile) -> anyhow::Result<Check
         }
         None => None,
     };
+    let auth = file.auth.clone().unwrap_or_default();
+    let namespaces = file.namespaces.clone().unwrap_or_default();
+    // Key hashes, key files, secret lengths and rates, checked as the
+    // server will check them at its start.
+    Auth::new(&auth, &namespaces).map_err(|e| anyhow::anyhow!("[auth]: {e}"))?;
     Ok(Checked {
         lease_config,
         exposure,
         tls,
         trusted_ca_pem,
+        auth,
+        namespaces,
     })
 }
 
@@ -565,6 +578,8 @@ fn server_config(
         cors: cors_config(args),
         tls: checked.tls.clone(),
         trusted_ca_pem: checked.trusted_ca_pem.clone(),
+        auth: checked.auth.clone(),
+        namespaces: checked.namespaces.clone(),
         ..ServerConfig::default()
     };
     server_config.validate().context("server settings")?;

@@ -20,7 +20,8 @@ pub(crate) async fn run_status(args: InfoArgs) -> anyhow::Result<ExitCode> {
     let api = Api::new(
         &args.server.server,
         client::request_client(&args.server, client::REQUEST_TIMEOUT)?,
-    );
+    )
+    .with_credential(args.server.api_key.as_deref())?;
     let status: serde_json::Value = api.get_json("/v1/status").await?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "{}", serde_json::to_string_pretty(&status)?)?;
@@ -41,7 +42,8 @@ pub(crate) async fn run_channels(args: InfoArgs) -> anyhow::Result<ExitCode> {
     let api = Api::new(
         &args.server.server,
         client::request_client(&args.server, client::REQUEST_TIMEOUT)?,
-    );
+    )
+    .with_credential(args.server.api_key.as_deref())?;
     let list: ChannelList = api.get_json("/v1/channels").await?;
     let mut out = std::io::stdout().lock();
     for channel in &list.channels {

@@ -141,6 +141,8 @@ pub(crate) struct FollowConfig {
     pub(crate) max_retry_after: Duration,
     /// PEM file of extra trusted certificate authorities (`--ca-file`).
     pub(crate) ca_file: Option<PathBuf>,
+    /// API key or token sent as `Authorization: Bearer`, if any.
+    pub(crate) credential: Option<String>,
 }
 
 impl Default for FollowConfig {
@@ -150,6 +152,7 @@ impl Default for FollowConfig {
             idle_timeout: Duration::from_secs(60),
             max_retry_after: Duration::from_secs(30),
             ca_file: None,
+            credential: None,
         }
     }
 }
@@ -206,7 +209,8 @@ pub(crate) async fn follow<W: Write>(
     let api = Api::new(
         server,
         client::stream_client(config.ca_file.as_deref(), config.idle_timeout)?,
-    );
+    )
+    .with_credential(config.credential.as_deref())?;
     let mut backoff = config.backoff.clone();
     let start = match after {
         Some(after) => after,
@@ -421,6 +425,7 @@ pub(crate) async fn run(args: TailArgs) -> anyhow::Result<ExitCode> {
         &mut out,
         FollowConfig {
             ca_file: args.server.ca_file.clone(),
+            credential: args.server.api_key.clone(),
             ..FollowConfig::default()
         },
         stop,

@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
+use herald_testkit::api::Api;
 use herald_testkit::process::{failed_start, herald, Server};
 use herald_testkit::{within, WAIT};
 
@@ -170,12 +171,18 @@ async fn insecure_no_auth_starts_on_a_public_address_and_warns() {
     server.api.wait_role("holder", WAIT).await;
 }
 
+/// A public node with an API key in the file's `[auth]` starts, and the
+/// key is enforced: the file's section reaches the server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_auth_section_with_an_api_key_lets_a_public_node_start() {
+async fn an_auth_section_with_an_api_key_lets_a_public_node_start_and_enforces_it() {
     let dir = tempfile::tempdir().unwrap();
+    let key = herald_server::generate_api_key();
     let config = write_config(
         dir.path(),
-        "[auth]\napi_keys = [{ name = \"backend\", hash = \"00\" }]\n",
+        &format!(
+            "[auth]\napi_keys = [{{ name = \"backend\", sha256 = \"{}\", permissions = [\"publish\", \"read\"] }}]\n",
+            herald_server::api_key_sha256(&key)
+        ),
     );
     let server = Server::start_listening(
         &dir.path().join("data"),
@@ -187,5 +194,24 @@ async fn an_auth_section_with_an_api_key_lets_a_public_node_start() {
         !server.log_text().contains("running without authentication"),
         "{}",
         server.log_text()
+    );
+    server.api.wait_role("holder", WAIT).await;
+    let data = serde_json::json!("x");
+    server
+        .api
+        .try_publish("a", &data, None)
+        .await
+        .unwrap()
+        .assert_error(reqwest::StatusCode::UNAUTHORIZED, "unauthorized");
+    let with_key = Api::with_builder(&server.api.base, || {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert("x-api-key", key.parse().unwrap());
+        reqwest::Client::builder().default_headers(headers)
+    });
+    assert_eq!(with_key.publish("a", &data).await, 1);
+    assert_eq!(
+        server.log_text().matches(key.as_str()).count(),
+        0,
+        "the key is never logged"
     );
 }

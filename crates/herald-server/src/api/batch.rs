@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::extract::{Request, State};
+use axum::extract::{FromRequestParts, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -15,6 +15,7 @@ use serde_json::value::RawValue;
 
 use crate::api::extract::{check_depth, read_limited};
 use crate::api::publish::{after_takeover_error, forward_to_holder};
+use crate::auth::{AuthError, Caller};
 use crate::forward::Forwarded;
 use crate::{metrics, AppState, Error, Result};
 
@@ -105,12 +106,27 @@ pub(crate) async fn publish_batch(State(state): State<AppState>, req: Request) -
 }
 
 async fn append(state: &AppState, headers: &HeaderMap, req: Request) -> Result<Outcome> {
+    let (mut parts, body) = req.into_parts();
+    let Caller(who) = Caller::from_request_parts(&mut parts, state).await?;
+    let req = Request::from_parts(parts, body);
     let raw = read_limited(req, state.config().max_batch_body_bytes).await?;
     let messages = parse_batch(&raw, state.config().max_message_bytes)?;
+    let shared = &state.shared;
+    // Every entry's channel must be allowed; the first that is not is
+    // named, and nothing of the batch is stored.
+    for (index, message) in messages.iter().enumerate() {
+        shared
+            .auth
+            .may_publish(&who, &message.channel)
+            .map_err(|e: AuthError| Error::InBatchEntry {
+                index,
+                error: Box::new(e.into()),
+            })?;
+    }
     if state.draining() {
         return Err(Error::Draining);
     }
-    let shared = &state.shared;
+    shared.auth.take_publishes(&who, messages.len())?;
     if shared.lease.is_holder() {
         return commit(state, messages).await;
     }

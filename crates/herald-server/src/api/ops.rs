@@ -4,13 +4,14 @@ use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use herald_core::LeaseInfo;
 use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::api::{FromQuery, QueryParams, ValidQuery};
+use crate::auth::Caller;
 use crate::error::{StorageContext, StorageFailure};
 use crate::forward::HolderView;
 use crate::{metrics, AppState, Error, Result};
@@ -66,12 +67,31 @@ impl FromQuery for ReadyQuery {
     }
 }
 
+/// The summary of `/v1/status` shown to callers without `admin` when
+/// access control is on.
+#[derive(Debug, Serialize)]
+struct StatusSummary {
+    node_id: String,
+    role: &'static str,
+    draining: bool,
+}
+
 /// The node's id, role, drain flag, backend, its view of the holder and the
-/// lease row (`null` when the storage does not answer within 500 ms).
-pub(crate) async fn status(State(state): State<AppState>) -> Json<Status> {
+/// lease row (`null` when the storage does not answer within 500 ms). With
+/// access control on, callers without an `admin` API key get only the id,
+/// role and drain flag (bad credentials: 401).
+pub(crate) async fn status(State(state): State<AppState>, Caller(who): Caller) -> Response {
     let shared = &state.shared;
     let is_holder = shared.lease.is_holder();
     let role = if is_holder { "holder" } else { "standby" };
+    if shared.auth.may_admin(&who).is_err() {
+        return Json(StatusSummary {
+            node_id: shared.config.node_id.clone(),
+            role,
+            draining: state.draining(),
+        })
+        .into_response();
+    }
     let lease_state = shared.lease.state();
     let holder = if is_holder {
         Some(HolderView::this_node(
@@ -113,6 +133,7 @@ pub(crate) async fn status(State(state): State<AppState>) -> Json<Status> {
         holder,
         lease,
     })
+    .into_response()
 }
 
 /// Liveness: the process answers.
@@ -151,16 +172,21 @@ pub(crate) async fn readyz(
 }
 
 /// Prometheus text exposition format; the lease gauges are set first.
-pub(crate) async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+/// Needs `admin` when `auth.protect_metrics` is set.
+pub(crate) async fn metrics(
+    State(state): State<AppState>,
+    Caller(who): Caller,
+) -> Result<impl IntoResponse> {
     let shared = &state.shared;
+    shared.auth.may_scrape(&who)?;
     metrics::lease(
         shared.lease.is_holder(),
         shared.lease.state().last_token().map_or(0, |token| token.0),
         shared.lease.since_last_renewal(),
     );
     metrics::collect_process();
-    (
+    Ok((
         [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
         shared.metrics.render(),
-    )
+    ))
 }

@@ -10,6 +10,7 @@ use herald_core::{format_rfc3339_ms, Appended, ChannelName, NewMessage};
 use serde::Serialize;
 
 use crate::api::extract::{idempotency_key, ChannelPath, PublishBody};
+use crate::auth::Caller;
 use crate::forward::{was_forwarded, ForwardRequest, Forwarded, HolderView};
 use crate::{metrics, AppState, Error, Result};
 
@@ -64,18 +65,20 @@ impl IntoResponse for Outcome {
     }
 }
 
-/// Appends one message; answers only after it is committed. On a standby
-/// the publish is forwarded once to the holder (`forward.rs`); if this
-/// node takes the lease over before the holder answered, see
-/// [`after_takeover`].
+/// Appends one message; answers only after it is committed. The caller's
+/// credentials are checked first (401), then its right to publish to the
+/// channel (403) and its publish rate (429). On a standby the publish is
+/// then forwarded once to the holder (`forward.rs`); if this node takes
+/// the lease over before the holder answered, see [`after_takeover`].
 pub(crate) async fn publish(
     State(state): State<AppState>,
+    caller: Result<Caller>,
     channel: Result<ChannelPath>,
     headers: HeaderMap,
     body: Result<PublishBody>,
 ) -> Response {
     let started = Instant::now();
-    let outcome = append(&state, channel, &headers, body).await;
+    let outcome = append(&state, caller, channel, &headers, body).await;
     let (result, response) = match outcome {
         Ok(outcome) => (outcome.label(), outcome.into_response()),
         Err(e) => (e.code(), e.into_response()),
@@ -86,17 +89,21 @@ pub(crate) async fn publish(
 
 async fn append(
     state: &AppState,
+    caller: Result<Caller>,
     channel: Result<ChannelPath>,
     headers: &HeaderMap,
     body: Result<PublishBody>,
 ) -> Result<Outcome> {
+    let Caller(who) = caller?;
     let ChannelPath(channel) = channel?;
+    let shared = &state.shared;
+    shared.auth.may_publish(&who, &channel)?;
     let idempotency_key = idempotency_key(headers)?;
     let PublishBody { data, raw } = body?;
     if state.draining() {
         return Err(Error::Draining);
     }
-    let shared = &state.shared;
+    shared.auth.take_publishes(&who, 1)?;
     let message = NewMessage {
         channel,
         data,

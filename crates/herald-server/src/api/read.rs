@@ -6,6 +6,7 @@ use herald_core::{ChannelHead, ChannelName, Message, Offset};
 use serde::Serialize;
 
 use crate::api::extract::{ChannelPath, FromQuery, QueryParams, ValidQuery};
+use crate::auth::Caller;
 use crate::error::StorageContext;
 use crate::{AppState, Result};
 
@@ -41,11 +42,14 @@ pub(crate) struct History {
 }
 
 /// Up to `limit` messages after `after`, in offset order, with the head.
+/// Needs the right to read the channel's history (`auth`).
 pub(crate) async fn history(
     State(state): State<AppState>,
+    Caller(who): Caller,
     ChannelPath(channel): ChannelPath,
     ValidQuery(query): ValidQuery<HistoryQuery>,
 ) -> Result<Json<History>> {
+    state.shared.auth.may_read_history(&who, &channel)?;
     let after = query.after.unwrap_or(0);
     let limit = query.limit.unwrap_or(DEFAULT_LIMIT);
     let page = state
@@ -67,8 +71,12 @@ pub(crate) struct Channels {
     channels: Vec<ChannelHead>,
 }
 
-/// Lists the channels, ordered by name.
-pub(crate) async fn channels(State(state): State<AppState>) -> Result<Json<Channels>> {
+/// Lists the channels, ordered by name. Needs `admin` (`auth`).
+pub(crate) async fn channels(
+    State(state): State<AppState>,
+    Caller(who): Caller,
+) -> Result<Json<Channels>> {
+    state.shared.auth.may_admin(&who)?;
     let channels = state
         .shared
         .storage

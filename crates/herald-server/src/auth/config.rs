@@ -1,0 +1,307 @@
+//! The access-control settings as the config file spells them: the
+//! `[auth]` section ([`AuthConfig`]) and the `[namespaces.<name>]` tables
+//! ([`NamespacesConfig`]). `docs/security.md` documents every key.
+//!
+//! These are plain data; [`crate::auth::Auth::new`] checks them and builds
+//! what the server uses (hashes decoded, JWT keys read from their files).
+//! They serialize with every [`Secret`] masked as `"***"`, to show the
+//! effective settings without their secrets.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize, Serializer};
+
+/// A secret from the config (a JWT secret, the cluster secret): its
+/// `Debug` form and its serialized form are `"***"`, so that it never
+/// reaches a log or a printed config. Deserialized from a plain TOML
+/// string.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps `value`.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The secret itself; never log it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Serialize for Secret {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str("***")
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("\"***\"")
+    }
+}
+
+/// One value or a list of them: `hs256_secret = "s"` or
+/// `hs256_secret = ["new", "old"]` (several at once while rotating).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum OneOrMany<T> {
+    /// A single value.
+    One(T),
+    /// Several values, all accepted.
+    Many(Vec<T>),
+}
+
+impl<T> OneOrMany<T> {
+    /// The values, in order.
+    pub fn as_slice(&self) -> &[T] {
+        match self {
+            Self::One(value) => std::slice::from_ref(value),
+            Self::Many(values) => values,
+        }
+    }
+}
+
+impl<T> Default for OneOrMany<T> {
+    fn default() -> Self {
+        Self::Many(Vec::new())
+    }
+}
+
+/// What an API key may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Permission {
+    /// Publish (single and batch) to the key's channels.
+    Publish,
+    /// Read history of, and subscribe (SSE, WebSocket) to, the key's
+    /// channels.
+    Read,
+    /// `/v1/status` details, `/v1/channels`, and `/metrics` when
+    /// [`AuthConfig::protect_metrics`] is set.
+    Admin,
+}
+
+/// The `[auth]` section. With neither an API key nor a JWT key configured,
+/// access control is off and every request is allowed (the development
+/// default on loopback); see `docs/security.md`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    /// `[[auth.api_keys]]`: the server-side keys backends use.
+    #[serde(default)]
+    pub api_keys: Vec<ApiKeyConfig>,
+    /// `[auth.jwt]`: how client tokens are verified.
+    #[serde(default)]
+    pub jwt: Option<JwtConfig>,
+    /// Shared by every node of a cluster: a standby sends it with each
+    /// publish it forwards, and the holder trusts a forwarded publish only
+    /// when it carries it. Required for forwarding once auth is on.
+    #[serde(default)]
+    pub cluster_secret: Option<Secret>,
+    /// When `true`, `/metrics` needs an API key with `admin` (default
+    /// `false`: open, for scrapers on a private network).
+    #[serde(default)]
+    pub protect_metrics: bool,
+    /// Publishes per second allowed to each API key and each token subject
+    /// (`sub`) that has no rate of its own; default 100. `0` turns the
+    /// limit off; a fraction (`0.5`) is one publish every 2 s. Each message
+    /// of a batch counts.
+    #[serde(default)]
+    pub publish_rate_per_s: Option<f64>,
+    /// Publishes allowed at once above the steady rate (the token bucket's
+    /// size), default twice the rate.
+    #[serde(default)]
+    pub publish_burst: Option<u32>,
+    /// Rules for channels without a namespace (no `:` in the name) and for
+    /// namespaces not listed under `[namespaces]`.
+    #[serde(default)]
+    pub default_namespace: NamespaceRule,
+}
+
+// The rates are finite (checked by `Auth::new`), so equality is total.
+impl Eq for AuthConfig {}
+
+impl AuthConfig {
+    /// `true` when access control is on: at least one API key or a
+    /// `[auth.jwt]` section is configured. Without, every request is
+    /// allowed (see `docs/security.md`, "The safe default").
+    pub fn enabled(&self) -> bool {
+        !self.api_keys.is_empty() || self.jwt.is_some()
+    }
+}
+
+/// `[[auth.api_keys]]`: one server-side API key.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKeyConfig {
+    /// A name for humans and logs (the key itself is never logged).
+    pub name: String,
+    /// SHA-256 of the key, 64 hex digits (`herald keys generate` prints
+    /// it).
+    pub sha256: String,
+    /// What the key may do.
+    pub permissions: Vec<Permission>,
+    /// Channel patterns the key applies to (`*` matches any run of
+    /// characters); absent means every channel.
+    #[serde(default)]
+    pub channels: Option<Vec<String>>,
+    /// This key's publish rate, per second (overrides
+    /// [`AuthConfig::publish_rate_per_s`]; `0`: no limit).
+    #[serde(default)]
+    pub publish_rate_per_s: Option<f64>,
+    /// This key's burst (overrides [`AuthConfig::publish_burst`]).
+    #[serde(default)]
+    pub publish_burst: Option<u32>,
+}
+
+impl Eq for ApiKeyConfig {}
+
+/// `[auth.jwt]`: the keys that verify client tokens (RFC 7519). Several
+/// may be given at once, so that keys rotate without downtime.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct JwtConfig {
+    /// HS256 shared secret(s).
+    #[serde(default)]
+    pub hs256_secret: OneOrMany<Secret>,
+    /// File(s) holding an RSA public key in PEM, for RS256.
+    #[serde(default)]
+    pub rsa_public_key_pem: OneOrMany<PathBuf>,
+    /// File(s) holding a P-256 public key in PEM, for ES256.
+    #[serde(default)]
+    pub ec_public_key_pem: OneOrMany<PathBuf>,
+    /// A JWKS file (RFC 7517 §5); the key is picked by the token's `kid`.
+    #[serde(default)]
+    pub jwks_file: Option<PathBuf>,
+    /// If set, a token's `aud` must name it.
+    #[serde(default)]
+    pub audience: Option<String>,
+    /// If set, a token's `iss` must be it.
+    #[serde(default)]
+    pub issuer: Option<String>,
+}
+
+/// Who may subscribe to a namespace's channels (SSE, WebSocket).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SubscribeRule {
+    /// Anyone, without credentials.
+    Public,
+    /// A token granting the channel, or an API key with `read` on it.
+    #[default]
+    Token,
+    /// Only an API key with `read` on the channel.
+    Key,
+}
+
+/// Who may publish to a namespace's channels.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PublishRule {
+    /// Only an API key with `publish` on the channel.
+    #[default]
+    Key,
+    /// Also a token whose `publish` claim matches the channel.
+    Token,
+}
+
+/// The rules of one namespace (`[namespaces.<name>]`) or of the default
+/// one (`[auth.default_namespace]`). Every field has a safe default:
+/// subscribe with a token, publish with a key, history readable by
+/// subscribers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamespaceRule {
+    /// Who may subscribe (default `token`).
+    #[serde(default)]
+    pub subscribe: SubscribeRule,
+    /// Who may publish (default `key`).
+    #[serde(default)]
+    pub publish: PublishRule,
+    /// Whether those allowed to subscribe may also read history (default
+    /// `true`); when `false`, history needs an API key with `read`.
+    #[serde(default = "yes")]
+    pub history: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for NamespaceRule {
+    fn default() -> Self {
+        Self {
+            subscribe: SubscribeRule::default(),
+            publish: PublishRule::default(),
+            history: true,
+        }
+    }
+}
+
+/// The `[namespaces]` tables: namespace name (the part of a channel name
+/// before its first `:`) to its rules.
+pub type NamespacesConfig = BTreeMap<String, NamespaceRule>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_documented_example_parses() {
+        let text = r#"
+            cluster_secret = "c"
+            protect_metrics = true
+            publish_rate_per_s = 5
+            [[api_keys]]
+            name = "backend"
+            sha256 = "00"
+            permissions = ["publish", "read"]
+            channels = ["news:*"]
+            [jwt]
+            hs256_secret = ["new", "old"]
+            audience = "herald"
+            [default_namespace]
+            subscribe = "public"
+        "#;
+        let auth: AuthConfig = toml::from_str(text).unwrap();
+        assert_eq!(
+            auth.api_keys[0].permissions,
+            [Permission::Publish, Permission::Read]
+        );
+        assert_eq!(auth.jwt.as_ref().unwrap().hs256_secret.as_slice().len(), 2);
+        assert_eq!(auth.default_namespace.subscribe, SubscribeRule::Public);
+        assert!(auth.default_namespace.history);
+        let namespaces: NamespacesConfig =
+            toml::from_str("[chat]\nsubscribe = \"key\"\npublish = \"token\"\nhistory = false\n")
+                .unwrap();
+        assert_eq!(namespaces["chat"].publish, PublishRule::Token);
+        assert!(!namespaces["chat"].history);
+    }
+
+    #[test]
+    fn unknown_keys_and_values_are_refused() {
+        assert!(toml::from_str::<AuthConfig>("api_key = []").is_err());
+        assert!(toml::from_str::<NamespacesConfig>("[a]\nsubscribe = \"anyone\"").is_err());
+        assert!(toml::from_str::<AuthConfig>(
+            "[[api_keys]]\nname=\"a\"\nsha256=\"0\"\npermissions=[\"write\"]"
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn secrets_are_masked_in_debug() {
+        let auth: AuthConfig =
+            toml::from_str("cluster_secret = \"hunter2\"\n[jwt]\nhs256_secret = \"s3cr3t\"")
+                .unwrap();
+        let shown = format!("{auth:?}");
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("s3cr3t"),
+            "{shown}"
+        );
+    }
+}

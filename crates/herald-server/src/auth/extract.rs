@@ -1,0 +1,243 @@
+//! Credentials from a request, and the extractors handlers use:
+//! [`Caller`] (headers only) and [`Subscriber`] (headers, or `?token=` for
+//! browsers' `EventSource` and WebSocket, which cannot set headers).
+//!
+//! Accepted:
+//! - `Authorization: Bearer <API key or token>` (RFC 6750 §2.1; the
+//!   scheme name is case-insensitive, RFC 9110 §11.1);
+//! - `X-API-Key: <API key>` (Centrifugo's header);
+//! - `?token=<token>` on the SSE and WebSocket routes (RFC 6750 §2.3);
+//! - a publish forwarded by a standby: `Herald-Forwarded-By` with
+//!   `Herald-Cluster-Secret: <cluster secret>`.
+//!
+//! Two credentials at once, or a forwarded request without the right
+//! cluster secret, is 401.
+
+use axum::extract::{FromRequestParts, Query};
+use axum::http::header::AUTHORIZATION;
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderName};
+
+use super::{Auth, AuthError, Principal};
+use crate::forward::was_forwarded;
+use crate::{AppState, Error};
+
+/// The header that carries the cluster secret on a forwarded publish.
+pub(crate) const CLUSTER_SECRET: HeaderName = HeaderName::from_static("herald-cluster-secret");
+/// Centrifugo's API key header.
+const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+
+/// A credential as presented.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Credential<'a> {
+    /// `Authorization: Bearer`: an API key or a token.
+    Bearer(&'a str),
+    /// `X-API-Key`: an API key only.
+    ApiKey(&'a str),
+    /// `?token=` or a WebSocket's first frame: a token only.
+    Token(&'a str),
+}
+
+/// The credential in `headers`, if one.
+///
+/// # Errors
+/// [`AuthError::InvalidCredentials`] for an `Authorization` that is not
+/// `Bearer <credential>`, a header that is not visible ASCII, or both
+/// headers at once.
+pub(crate) fn from_headers(headers: &HeaderMap) -> Result<Option<Credential<'_>>, AuthError> {
+    let bad = |why: &str| AuthError::InvalidCredentials(why.to_owned());
+    let bearer = match headers.get(AUTHORIZATION) {
+        None => None,
+        Some(value) => {
+            let text = value
+                .to_str()
+                .map_err(|_| bad("the Authorization header is not visible ASCII"))?;
+            let (scheme, credential) = text
+                .split_once(' ')
+                .ok_or_else(|| bad("use Authorization: Bearer <API key or token>"))?;
+            let credential = credential.trim();
+            if !scheme.eq_ignore_ascii_case("bearer") || credential.is_empty() {
+                return Err(bad("use Authorization: Bearer <API key or token>"));
+            }
+            Some(Credential::Bearer(credential))
+        }
+    };
+    let key = match headers.get(X_API_KEY) {
+        None => None,
+        Some(value) => {
+            let text = value
+                .to_str()
+                .map_err(|_| bad("the X-API-Key header is not visible ASCII"))?
+                .trim();
+            if text.is_empty() {
+                return Err(bad("the X-API-Key header is empty"));
+            }
+            Some(Credential::ApiKey(text))
+        }
+    };
+    match (bearer, key) {
+        (Some(_), Some(_)) => Err(bad("give Authorization or X-API-Key, not both")),
+        (bearer, key) => Ok(bearer.or(key)),
+    }
+}
+
+impl Auth {
+    /// Who presents `credential` (none: [`Principal::Anonymous`]). With
+    /// access control off, always anonymous.
+    ///
+    /// # Errors
+    /// [`AuthError::InvalidCredentials`] for an unknown API key or a token
+    /// that does not verify; [`AuthError::TokenExpired`] for an expired
+    /// one.
+    pub(crate) fn resolve(
+        &self,
+        credential: Option<Credential<'_>>,
+    ) -> Result<Principal, AuthError> {
+        if !self.enabled {
+            return Ok(Principal::Anonymous);
+        }
+        let token = |text: &str| match &self.jwt {
+            Some(jwt) => jwt.verify(text).map(|g| Principal::Token(g.into())),
+            None => Err(AuthError::InvalidCredentials(
+                "this server accepts API keys only, no tokens".to_owned(),
+            )),
+        };
+        match credential {
+            None => Ok(Principal::Anonymous),
+            Some(Credential::ApiKey(text)) => self
+                .keys
+                .find(text)
+                .map(Principal::Key)
+                .ok_or_else(|| AuthError::InvalidCredentials("unknown API key".to_owned())),
+            Some(Credential::Token(text)) => token(text),
+            Some(Credential::Bearer(text)) => match self.keys.find(text) {
+                Some(key) => Ok(Principal::Key(key)),
+                // A JWT has three dot-separated parts; an API key has none.
+                None if text.contains('.') => token(text),
+                None => Err(AuthError::InvalidCredentials(
+                    "unknown API key or invalid token".to_owned(),
+                )),
+            },
+        }
+    }
+
+    /// The principal of a request with `headers` and, if allowed here,
+    /// `query_token` (`?token=`).
+    ///
+    /// A forwarded publish (`Herald-Forwarded-By`) is
+    /// [`Principal::Cluster`] when it carries the cluster secret; without
+    /// it, it is refused once a cluster secret or access control is
+    /// configured (and passes as anonymous on an open node, as before).
+    ///
+    /// # Errors
+    /// As [`Auth::resolve`]; [`AuthError::InvalidCredentials`] for a
+    /// forwarded request without the right cluster secret, or a header and
+    /// a `?token=` at once.
+    pub(crate) fn principal(
+        &self,
+        headers: &HeaderMap,
+        query_token: Option<&str>,
+    ) -> Result<Principal, AuthError> {
+        if was_forwarded(headers) {
+            if self.cluster_secret.is_none() && !self.enabled {
+                return Ok(Principal::Anonymous);
+            }
+            let presented = headers.get(CLUSTER_SECRET).map(|v| v.as_bytes());
+            return match presented {
+                Some(secret) if self.is_cluster_secret(secret) => Ok(Principal::Cluster),
+                _ => Err(AuthError::InvalidCredentials(
+                    "a forwarded request needs the cluster secret".to_owned(),
+                )),
+            };
+        }
+        let header = from_headers(headers)?;
+        let credential = match (header, query_token) {
+            (Some(_), Some(_)) => {
+                return Err(AuthError::InvalidCredentials(
+                    "give the credential in a header or in ?token=, not both".to_owned(),
+                ))
+            }
+            (Some(c), None) => Some(c),
+            (None, token) => token.map(Credential::Token),
+        };
+        self.resolve(credential)
+    }
+}
+
+/// The checked principal of a request, from its headers. Rejects with the
+/// JSON 401 answer.
+#[derive(Debug)]
+pub(crate) struct Caller(pub(crate) Principal);
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Error> {
+        Ok(Self(state.shared.auth.principal(&parts.headers, None)?))
+    }
+}
+
+/// The checked principal of a subscription request: from its headers, or
+/// `?token=`. Rejects with the JSON 401 answer.
+#[derive(Debug)]
+pub(crate) struct Subscriber(pub(crate) Principal);
+
+impl FromRequestParts<AppState> for Subscriber {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Error> {
+        // A query that does not decode is refused by the route's own query
+        // extractor; here it only has no token.
+        let pairs = Query::<Vec<(String, String)>>::from_request_parts(parts, state)
+            .await
+            .map(|Query(pairs)| pairs)
+            .unwrap_or_default();
+        let mut tokens = pairs.iter().filter(|(name, _)| name == "token");
+        let token = tokens.next().map(|(_, value)| value.as_str());
+        if tokens.next().is_some() {
+            return Err(
+                AuthError::InvalidCredentials("token is given more than once".to_owned()).into(),
+            );
+        }
+        Ok(Self(state.shared.auth.principal(&parts.headers, token)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::HeaderValue;
+
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (name, value) in pairs {
+            h.append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn credentials_come_from_bearer_or_x_api_key() {
+        let h = headers(&[("authorization", "Bearer abc")]);
+        assert_eq!(from_headers(&h).unwrap(), Some(Credential::Bearer("abc")));
+        let h = headers(&[("authorization", "bearer  abc ")]);
+        assert_eq!(from_headers(&h).unwrap(), Some(Credential::Bearer("abc")));
+        let h = headers(&[("x-api-key", "k")]);
+        assert_eq!(from_headers(&h).unwrap(), Some(Credential::ApiKey("k")));
+        assert_eq!(from_headers(&HeaderMap::new()).unwrap(), None);
+        for bad in [
+            vec![("authorization", "Basic abc")],
+            vec![("authorization", "Bearer")],
+            vec![("authorization", "Bearer ")],
+            vec![("x-api-key", "")],
+            vec![("authorization", "Bearer a"), ("x-api-key", "b")],
+        ] {
+            let err = from_headers(&headers(&bad)).unwrap_err();
+            assert_eq!(err.code(), "unauthorized", "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,323 @@
+//! Access control: who may publish, read, subscribe and administer.
+//!
+//! - `config.rs`: the `[auth]` and `[namespaces]` settings;
+//! - `api_keys.rs`: server-side API keys (SHA-256 hashes, constant-time
+//!   lookup, key generation);
+//! - `jwt.rs`: client tokens (JWT) and what they grant;
+//! - `policy.rs`: channel patterns and namespace rules;
+//! - `extract.rs`: credentials from a request (headers, `?token=`), the
+//!   cluster secret of forwarded publishes, and the extractors handlers
+//!   use;
+//! - `rate_limit.rs`: publish rate per API key and per token subject;
+//! - `error.rs`: [`AuthError`], folded into [`crate::Error::Auth`].
+//!
+//! [`Auth`] holds the checked settings and answers every question. With
+//! neither an API key nor a JWT key configured, access control is off:
+//! every request is allowed, as on a development node on loopback.
+//! `docs/security.md` describes the model.
+
+mod api_keys;
+mod config;
+mod error;
+mod extract;
+mod jwt;
+mod policy;
+#[cfg(test)]
+mod proptests;
+mod rate_limit;
+
+use std::sync::Arc;
+
+use herald_core::ChannelName;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+pub use api_keys::{api_key_sha256, generate_api_key};
+pub use config::{
+    ApiKeyConfig, AuthConfig, JwtConfig, NamespaceRule, NamespacesConfig, OneOrMany, Permission,
+    PublishRule, Secret, SubscribeRule,
+};
+pub use error::AuthError;
+pub(crate) use extract::{Caller, Credential, Subscriber, CLUSTER_SECRET};
+pub(crate) use jwt::TokenGrant;
+
+use api_keys::{ApiKey, ApiKeys};
+use jwt::JwtVerifier;
+use policy::Namespaces;
+use rate_limit::{PublishLimits, Rate, DEFAULT_RATE_PER_S};
+
+use crate::StartError;
+
+/// Who is asking, once the request's credentials are checked.
+#[derive(Debug, Clone)]
+pub(crate) enum Principal {
+    /// No credentials (or access control is off).
+    Anonymous,
+    /// A configured API key.
+    Key(Arc<ApiKey>),
+    /// A verified client token.
+    Token(Arc<TokenGrant>),
+    /// A publish forwarded by a node of the cluster, with the cluster
+    /// secret: the forwarding node checked the client's credentials.
+    Cluster,
+}
+
+impl Principal {
+    /// The token, for a token principal (its `exp` bounds a subscription).
+    pub(crate) fn token(&self) -> Option<&TokenGrant> {
+        match self {
+            Self::Token(grant) => Some(grant),
+            _ => None,
+        }
+    }
+}
+
+/// The node's access control, built from [`AuthConfig`] and
+/// [`NamespacesConfig`] by [`Auth::new`].
+#[derive(Debug)]
+pub struct Auth {
+    enabled: bool,
+    keys: ApiKeys,
+    jwt: Option<JwtVerifier>,
+    /// SHA-256 of the cluster secret (compared as digests, so that the
+    /// comparison's time does not depend on the length either).
+    cluster_secret: Option<[u8; 32]>,
+    namespaces: Namespaces,
+    limits: PublishLimits,
+    protect_metrics: bool,
+}
+
+impl Auth {
+    /// Checks `config` and `namespaces` and builds the access control: API
+    /// key hashes decoded, JWT key files read, rate limits set up.
+    ///
+    /// # Errors
+    /// [`StartError::Config`] naming the setting that is wrong (a hash that
+    /// is not 64 hex digits, an unreadable key file, a bad rate ...).
+    pub fn new(config: &AuthConfig, namespaces: &NamespacesConfig) -> Result<Self, StartError> {
+        let keys = ApiKeys::new(&config.api_keys).map_err(StartError::Config)?;
+        let jwt = config
+            .jwt
+            .as_ref()
+            .map(JwtVerifier::new)
+            .transpose()
+            .map_err(StartError::Config)?;
+        let rate = |per_s: Option<f64>, burst: Option<u32>, what: &str| {
+            Rate::new(per_s.unwrap_or(DEFAULT_RATE_PER_S), burst)
+                .map_err(|e| StartError::Config(format!("{what}: {e}")))
+        };
+        let default_rate = rate(config.publish_rate_per_s, config.publish_burst, "auth")?;
+        let mut key_rates = Vec::new();
+        for key in &config.api_keys {
+            let own = if key.publish_rate_per_s.is_some() || key.publish_burst.is_some() {
+                rate(
+                    key.publish_rate_per_s.or(config.publish_rate_per_s),
+                    key.publish_burst.or(config.publish_burst),
+                    &format!("auth.api_keys \"{}\"", key.name),
+                )?
+            } else {
+                default_rate
+            };
+            key_rates.push((key.name.clone(), own));
+        }
+        if let Some(secret) = &config.cluster_secret {
+            if secret.expose().len() < 16 {
+                return Err(StartError::Config(
+                    "auth.cluster_secret must be at least 16 bytes".to_owned(),
+                ));
+            }
+        }
+        Ok(Self {
+            enabled: config.enabled(),
+            keys,
+            jwt,
+            cluster_secret: config
+                .cluster_secret
+                .as_ref()
+                .map(|s| Sha256::digest(s.expose().as_bytes()).into()),
+            namespaces: Namespaces::new(namespaces.clone(), config.default_namespace),
+            limits: PublishLimits::new(key_rates, default_rate),
+            protect_metrics: config.protect_metrics,
+        })
+    }
+
+    /// `true` when API keys or JWT keys are configured: requests are then
+    /// checked.
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// `true` when `presented` is the cluster secret (constant time).
+    fn is_cluster_secret(&self, presented: &[u8]) -> bool {
+        let Some(expected) = &self.cluster_secret else {
+            return false;
+        };
+        let digest: [u8; 32] = Sha256::digest(presented).into();
+        expected.ct_eq(&digest).into()
+    }
+
+    /// May `who` publish to `channel`?
+    ///
+    /// # Errors
+    /// [`AuthError::MissingCredentials`] without credentials,
+    /// [`AuthError::Forbidden`] when they do not allow it.
+    pub(crate) fn may_publish(
+        &self,
+        who: &Principal,
+        channel: &ChannelName,
+    ) -> Result<(), AuthError> {
+        if !self.enabled {
+            return Ok(());
+        }
+        match who {
+            Principal::Cluster => Ok(()),
+            Principal::Anonymous => Err(AuthError::MissingCredentials(
+                "publishing needs an API key (or a token where the namespace allows it)".to_owned(),
+            )),
+            Principal::Key(key) => {
+                if key.can(Permission::Publish) && key.channels.covers(channel) {
+                    Ok(())
+                } else {
+                    Err(AuthError::Forbidden(format!(
+                        "API key \"{}\" may not publish to {channel}",
+                        key.name
+                    )))
+                }
+            }
+            Principal::Token(grant) => {
+                if self.namespaces.rule(channel).publish != PublishRule::Token {
+                    Err(AuthError::Forbidden(format!(
+                        "{channel} takes publishes from API keys only"
+                    )))
+                } else if grant.may_publish(channel) {
+                    Ok(())
+                } else {
+                    Err(AuthError::Forbidden(format!(
+                        "this token may not publish to {channel}"
+                    )))
+                }
+            }
+        }
+    }
+
+    /// May `who` subscribe to `channel` (SSE, WebSocket)?
+    ///
+    /// # Errors
+    /// As [`Auth::may_publish`].
+    pub(crate) fn may_subscribe(
+        &self,
+        who: &Principal,
+        channel: &ChannelName,
+    ) -> Result<(), AuthError> {
+        if !self.enabled || self.namespaces.rule(channel).subscribe == SubscribeRule::Public {
+            return Ok(());
+        }
+        match who {
+            Principal::Anonymous => Err(AuthError::MissingCredentials(format!(
+                "subscribing to {channel} needs a token or an API key"
+            ))),
+            Principal::Key(key) => self.key_may_read(key, channel),
+            Principal::Token(grant) => {
+                if self.namespaces.rule(channel).subscribe != SubscribeRule::Token {
+                    Err(AuthError::Forbidden(format!(
+                        "{channel} takes subscriptions with an API key only"
+                    )))
+                } else if grant.may_read(channel) {
+                    Ok(())
+                } else {
+                    Err(AuthError::Forbidden(format!(
+                        "this token does not grant {channel}"
+                    )))
+                }
+            }
+            Principal::Cluster => Err(AuthError::Forbidden(
+                "the cluster secret is for forwarded publishes only".to_owned(),
+            )),
+        }
+    }
+
+    /// May `who` read the history of `channel`? An API key with `read`
+    /// may; others as for subscribing, if the namespace's `history` is on.
+    ///
+    /// # Errors
+    /// As [`Auth::may_publish`].
+    pub(crate) fn may_read_history(
+        &self,
+        who: &Principal,
+        channel: &ChannelName,
+    ) -> Result<(), AuthError> {
+        if !self.enabled {
+            return Ok(());
+        }
+        if let Principal::Key(key) = who {
+            return self.key_may_read(key, channel);
+        }
+        if self.namespaces.rule(channel).history {
+            return self.may_subscribe(who, channel);
+        }
+        match who {
+            Principal::Anonymous => Err(AuthError::MissingCredentials(format!(
+                "the history of {channel} needs an API key with read"
+            ))),
+            _ => Err(AuthError::Forbidden(format!(
+                "the history of {channel} is readable with an API key only"
+            ))),
+        }
+    }
+
+    fn key_may_read(&self, key: &ApiKey, channel: &ChannelName) -> Result<(), AuthError> {
+        if key.can(Permission::Read) && key.channels.covers(channel) {
+            Ok(())
+        } else {
+            Err(AuthError::Forbidden(format!(
+                "API key \"{}\" may not read {channel}",
+                key.name
+            )))
+        }
+    }
+
+    /// May `who` use the admin routes (`/v1/channels`, `/v1/status`
+    /// details)?
+    ///
+    /// # Errors
+    /// As [`Auth::may_publish`].
+    pub(crate) fn may_admin(&self, who: &Principal) -> Result<(), AuthError> {
+        if !self.enabled {
+            return Ok(());
+        }
+        match who {
+            Principal::Key(key) if key.can(Permission::Admin) => Ok(()),
+            Principal::Anonymous => Err(AuthError::MissingCredentials(
+                "this route needs an API key with admin".to_owned(),
+            )),
+            _ => Err(AuthError::Forbidden(
+                "this route needs an API key with admin".to_owned(),
+            )),
+        }
+    }
+
+    /// May `who` read `/metrics`? Anyone, unless `protect_metrics`.
+    ///
+    /// # Errors
+    /// As [`Auth::may_admin`].
+    pub(crate) fn may_scrape(&self, who: &Principal) -> Result<(), AuthError> {
+        if self.protect_metrics {
+            self.may_admin(who)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Takes `messages` publishes from `who`'s rate (per API key, per token
+    /// subject; forwarded and anonymous publishes are not counted here).
+    ///
+    /// # Errors
+    /// [`AuthError::RateLimited`] with the wait.
+    pub(crate) fn take_publishes(&self, who: &Principal, messages: usize) -> Result<(), AuthError> {
+        match who {
+            Principal::Key(key) => self.limits.check_key(&key.name, messages),
+            Principal::Token(grant) => self.limits.check_subject(&grant.subject, messages),
+            Principal::Anonymous | Principal::Cluster => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,271 @@
+//! API keys: each permission allowed and refused, on publish, batch,
+//! history, SSE, WebSocket and the admin routes.
+
+use herald_testkit::sse::SseClient;
+use herald_testkit::ws::ws_next;
+use serde_json::json;
+
+use crate::{assert_refused, Backend, Creds, Place, Role, TestNode};
+
+async fn each_permission_is_allowed_and_refused(backend: Backend) {
+    let place = Place::new(backend).await;
+    let creds = Creds::new();
+    let node = TestNode::start(&place, "node-a", Role::Holder, creds.config()).await;
+    let publisher = Creds::bearer(&creds.publisher);
+    let reader = Creds::bearer(&creds.reader);
+    let admin = Creds::bearer(&creds.admin);
+
+    // Publish: the publisher key, by either header.
+    let ok = node
+        .publish("news:a", &[("authorization", publisher.as_str())], json!(1))
+        .await;
+    assert_eq!(ok.0, 201, "{}", ok.2);
+    let ok = node
+        .publish(
+            "news:a",
+            &[("x-api-key", creds.publisher.as_str())],
+            json!(2),
+        )
+        .await;
+    assert_eq!(ok.0, 201, "{}", ok.2);
+    // No credentials: 401 with the bare challenge.
+    let none = node.publish("news:a", &[], json!(3)).await;
+    assert_refused(&none, 401, "unauthorized");
+    assert_eq!(none.1["www-authenticate"], r#"Bearer realm="herald""#);
+    // A wrong key: 401 invalid_token.
+    let wrong = node
+        .publish("news:a", &[("authorization", "Bearer nope")], json!(3))
+        .await;
+    assert_refused(&wrong, 401, "unauthorized");
+    assert!(wrong.1["www-authenticate"]
+        .to_str()
+        .unwrap()
+        .contains(r#"error="invalid_token""#));
+    // A key without publish, or not for this channel: 403.
+    assert_refused(
+        &node
+            .publish("news:a", &[("authorization", reader.as_str())], json!(3))
+            .await,
+        403,
+        "forbidden",
+    );
+    assert_refused(
+        &node
+            .publish("other", &[("authorization", publisher.as_str())], json!(3))
+            .await,
+        403,
+        "forbidden",
+    );
+
+    // A batch: every entry's channel must be allowed; nothing is stored
+    // otherwise.
+    let batch = json!({"messages": [
+        {"channel": "news:b", "data": 1},
+        {"channel": "other", "data": 2},
+    ]});
+    let refused = node
+        .call(
+            "POST",
+            "/v1/messages",
+            &[("authorization", publisher.as_str())],
+            Some(batch),
+        )
+        .await;
+    assert_refused(&refused, 403, "forbidden");
+    assert!(
+        refused.2["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("messages[1]: "),
+        "{}",
+        refused.2
+    );
+    let allowed = json!({"messages": [{"channel": "news:b", "data": 1}]});
+    let ok = node
+        .call(
+            "POST",
+            "/v1/messages",
+            &[("authorization", publisher.as_str())],
+            Some(allowed.clone()),
+        )
+        .await;
+    assert_eq!(ok.0, 201, "{}", ok.2);
+    assert_refused(
+        &node.call("POST", "/v1/messages", &[], Some(allowed)).await,
+        401,
+        "unauthorized",
+    );
+
+    // History: the reader key.
+    let history = node
+        .call(
+            "GET",
+            "/v1/channels/news:a/messages",
+            &[("authorization", reader.as_str())],
+            None,
+        )
+        .await;
+    assert_eq!(history.0, 200, "{}", history.2);
+    assert_eq!(history.2["head"], 2, "the refused publishes stored nothing");
+    let batch_history = node
+        .call(
+            "GET",
+            "/v1/channels/news:b/messages",
+            &[("authorization", reader.as_str())],
+            None,
+        )
+        .await;
+    assert_eq!(
+        batch_history.2["head"], 1,
+        "the refused batch stored nothing"
+    );
+    assert_refused(
+        &node
+            .call(
+                "GET",
+                "/v1/channels/news:a/messages",
+                &[("authorization", publisher.as_str())],
+                None,
+            )
+            .await,
+        403,
+        "forbidden",
+    );
+    assert_refused(
+        &node
+            .call("GET", "/v1/channels/news:a/messages", &[], None)
+            .await,
+        401,
+        "unauthorized",
+    );
+
+    // SSE: the reader key.
+    let url = format!("{}/v1/channels/news:a/events", node.base);
+    let mut sse = SseClient::open(&node.http, &url, &[("authorization", &reader)])
+        .await
+        .unwrap();
+    assert_eq!(sse.status, 200);
+    assert_eq!(sse.expect_message().await.0, 1);
+    let refused = SseClient::open(&node.http, &url, &[("authorization", &publisher)])
+        .await
+        .unwrap();
+    assert_eq!(refused.status, 403);
+    let refused = SseClient::open(&node.http, &url, &[]).await.unwrap();
+    assert_eq!(refused.status, 401);
+
+    // WebSocket: the reader key.
+    let mut ws = node
+        .ws("/v1/channels/news:a/ws", &[("x-api-key", &creds.reader)])
+        .await
+        .unwrap();
+    let mut closed = None;
+    assert_eq!(ws_next(&mut ws, &mut closed).await.unwrap()["offset"], 1);
+    assert_eq!(
+        node.ws("/v1/channels/news:a/ws", &[("x-api-key", &creds.publisher)])
+            .await
+            .err(),
+        Some(403)
+    );
+    assert_eq!(
+        node.ws("/v1/channels/news:a/ws", &[("x-api-key", "nope")])
+            .await
+            .err(),
+        Some(401)
+    );
+
+    // Admin routes.
+    assert_eq!(
+        node.call(
+            "GET",
+            "/v1/channels",
+            &[("authorization", admin.as_str())],
+            None
+        )
+        .await
+        .0,
+        200
+    );
+    assert_refused(
+        &node
+            .call(
+                "GET",
+                "/v1/channels",
+                &[("authorization", reader.as_str())],
+                None,
+            )
+            .await,
+        403,
+        "forbidden",
+    );
+    assert_refused(
+        &node.call("GET", "/v1/channels", &[], None).await,
+        401,
+        "unauthorized",
+    );
+    let details = node
+        .call(
+            "GET",
+            "/v1/status",
+            &[("authorization", admin.as_str())],
+            None,
+        )
+        .await;
+    assert_eq!(details.0, 200);
+    assert!(details.2.get("backend").is_some(), "{}", details.2);
+    let summary = node
+        .call(
+            "GET",
+            "/v1/status",
+            &[("authorization", reader.as_str())],
+            None,
+        )
+        .await;
+    assert_eq!(summary.0, 200);
+    assert_eq!(summary.2["role"], "holder");
+    assert!(
+        summary.2.get("backend").is_none() && summary.2.get("lease").is_none(),
+        "{}",
+        summary.2
+    );
+    assert_eq!(
+        node.call(
+            "GET",
+            "/metrics",
+            &[("authorization", admin.as_str())],
+            None
+        )
+        .await
+        .0,
+        200
+    );
+    assert_refused(
+        &node
+            .call(
+                "GET",
+                "/metrics",
+                &[("authorization", reader.as_str())],
+                None,
+            )
+            .await,
+        403,
+        "forbidden",
+    );
+    assert_refused(
+        &node.call("GET", "/metrics", &[], None).await,
+        401,
+        "unauthorized",
+    );
+    // Health and readiness stay open.
+    assert_eq!(node.call("GET", "/healthz", &[], None).await.0, 200);
+    assert_eq!(node.call("GET", "/readyz", &[], None).await.0, 200);
+}
+
+#[tokio::test]
+async fn each_permission_is_allowed_and_refused_on_sqlite() {
+    each_permission_is_allowed_and_refused(Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn each_permission_is_allowed_and_refused_on_postgres() {
+    each_permission_is_allowed_and_refused(Backend::Postgres).await;
+}

@@ -1,0 +1,217 @@
+//! Client tokens and namespace rules: `?token=`, `Authorization: Bearer`,
+//! a WebSocket's first frame, subscription tokens, expired and forged
+//! tokens, and the `open`, `keyonly` and `room` namespaces.
+
+use futures::SinkExt;
+use herald_testkit::sse::SseClient;
+use herald_testkit::ws::ws_next;
+use serde_json::json;
+use tokio_tungstenite::tungstenite::Message as Frame;
+
+use crate::{assert_refused, now_s, Backend, Creds, Place, Role, TestNode};
+
+/// The status an SSE request to `channel` with `query` and `headers` gets.
+async fn sse_status(node: &TestNode, channel: &str, query: &str, headers: &[(&str, &str)]) -> u16 {
+    let url = format!("{}/v1/channels/{channel}/events{query}", node.base);
+    SseClient::open(&node.http, &url, headers)
+        .await
+        .unwrap()
+        .status
+}
+
+async fn tokens_and_namespaces(backend: Backend) {
+    let place = Place::new(backend).await;
+    let creds = Creds::new();
+    let node = TestNode::start(&place, "node-a", Role::Holder, creds.config()).await;
+    let publisher = Creds::bearer(&creds.publisher);
+    let key = [("authorization", publisher.as_str())];
+    assert_eq!(node.publish("news:a", &key, json!(1)).await.0, 201);
+
+    let token = creds.token_for("u1", json!({"channels": ["news:*"], "publish": ["room:*"]}));
+    let bearer = Creds::bearer(&token);
+    // Subscribe with ?token= (EventSource) or the header.
+    assert_eq!(
+        sse_status(&node, "news:a", &format!("?token={token}"), &[]).await,
+        200
+    );
+    assert_eq!(
+        sse_status(&node, "news:a", "", &[("authorization", &bearer)]).await,
+        200
+    );
+    // Not a channel the token grants: 403.
+    assert_eq!(
+        sse_status(&node, "other", &format!("?token={token}"), &[]).await,
+        403
+    );
+    // History with the token (history is on in the default namespace).
+    let history = node
+        .call(
+            "GET",
+            "/v1/channels/news:a/messages",
+            &[("authorization", &bearer)],
+            None,
+        )
+        .await;
+    assert_eq!(history.0, 200, "{}", history.2);
+    // Publishing: the default namespace takes keys only; `room` tokens too,
+    // on the channels of the token's `publish` claim.
+    assert_refused(
+        &node
+            .publish("news:a", &[("authorization", &bearer)], json!(2))
+            .await,
+        403,
+        "forbidden",
+    );
+    assert_eq!(
+        node.publish("room:1", &[("authorization", &bearer)], json!(1))
+            .await
+            .0,
+        201
+    );
+    let reader_token = Creds::bearer(&creds.token_for("u2", json!({"channels": ["room:*"]})));
+    assert_refused(
+        &node
+            .publish("room:1", &[("authorization", &reader_token)], json!(2))
+            .await,
+        403,
+        "forbidden",
+    );
+
+    // `room`: subscribers may not read history (history = false).
+    assert_eq!(
+        sse_status(&node, "room:1", "", &[("authorization", &reader_token)]).await,
+        200
+    );
+    assert_refused(
+        &node
+            .call(
+                "GET",
+                "/v1/channels/room:1/messages",
+                &[("authorization", &reader_token)],
+                None,
+            )
+            .await,
+        403,
+        "forbidden",
+    );
+    // `open`: anyone subscribes, without credentials; history too.
+    assert_eq!(sse_status(&node, "open:x", "", &[]).await, 200);
+    assert_eq!(
+        node.call("GET", "/v1/channels/open:x/messages", &[], None)
+            .await
+            .0,
+        200
+    );
+    // `keyonly`: a token granting every channel is still refused.
+    let everything = creds.token_for("u3", json!({"channels": ["*"]}));
+    assert_eq!(
+        sse_status(&node, "keyonly:x", &format!("?token={everything}"), &[]).await,
+        403
+    );
+    // The default namespace without credentials: 401.
+    assert_eq!(sse_status(&node, "news:a", "", &[]).await, 401);
+
+    // A subscription token: its one channel only.
+    let sub_token = creds.token_for("u4", json!({"channel": "news:solo"}));
+    assert_eq!(
+        sse_status(&node, "news:solo", &format!("?token={sub_token}"), &[]).await,
+        200
+    );
+    assert_eq!(
+        sse_status(&node, "news:a", &format!("?token={sub_token}"), &[]).await,
+        403
+    );
+
+    // Expired: 401 token_expired, on every route.
+    let expired = creds.token(json!({"sub": "u1", "exp": now_s() - 10, "channels": ["*"]}));
+    let url = format!("{}/v1/channels/news:a/events?token={expired}", node.base);
+    let answer = node.http.get(&url).send().await.unwrap();
+    assert_eq!(answer.status(), 401);
+    assert!(answer.headers()["www-authenticate"]
+        .to_str()
+        .unwrap()
+        .contains("invalid_token"));
+    let body: serde_json::Value = answer.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "token_expired");
+    let expired_bearer = Creds::bearer(&expired);
+    assert_refused(
+        &node
+            .call(
+                "GET",
+                "/v1/channels/news:a/messages",
+                &[("authorization", &expired_bearer)],
+                None,
+            )
+            .await,
+        401,
+        "token_expired",
+    );
+    // Signed with another secret: 401 unauthorized.
+    let forged = Creds {
+        jwt_secret: "x".repeat(43),
+        ..Creds::new()
+    }
+    .token_for("u1", json!({"channels": ["*"]}));
+    assert_eq!(
+        sse_status(&node, "news:a", &format!("?token={forged}"), &[]).await,
+        401
+    );
+    // A token and a header at once: 401.
+    assert_eq!(
+        sse_status(
+            &node,
+            "news:a",
+            &format!("?token={token}"),
+            &[("authorization", &bearer)]
+        )
+        .await,
+        401
+    );
+
+    // WebSocket: ?token=, then the first frame.
+    let mut closed = None;
+    let mut ws = node
+        .ws(&format!("/v1/channels/news:a/ws?token={token}"), &[])
+        .await
+        .unwrap();
+    assert_eq!(ws_next(&mut ws, &mut closed).await.unwrap()["offset"], 1);
+    let mut ws = node.ws("/v1/channels/news:a/ws", &[]).await.unwrap();
+    ws.send(Frame::text(json!({"token": token}).to_string()))
+        .await
+        .unwrap();
+    assert_eq!(ws_next(&mut ws, &mut closed).await.unwrap()["offset"], 1);
+    // A forged token in the first frame: closed 4401; a token for other
+    // channels: 4403; an expired one: 3005.
+    for (frame_token, code) in [(&forged, 4401), (&sub_token, 4403), (&expired, 3005)] {
+        let mut ws = node.ws("/v1/channels/news:a/ws", &[]).await.unwrap();
+        ws.send(Frame::text(json!({"token": frame_token}).to_string()))
+            .await
+            .unwrap();
+        let mut closed = None;
+        assert!(ws_next(&mut ws, &mut closed).await.is_none());
+        assert_eq!(closed, Some(code));
+    }
+    // Not a token frame: 4401.
+    let mut ws = node.ws("/v1/channels/news:a/ws", &[]).await.unwrap();
+    ws.send(Frame::text("hello")).await.unwrap();
+    let mut closed = None;
+    assert!(ws_next(&mut ws, &mut closed).await.is_none());
+    assert_eq!(closed, Some(4401));
+    // A header credential that is refused is an HTTP answer.
+    assert_eq!(
+        node.ws(&format!("/v1/channels/other/ws?token={token}"), &[])
+            .await
+            .err(),
+        Some(403)
+    );
+}
+
+#[tokio::test]
+async fn tokens_and_namespaces_on_sqlite() {
+    tokens_and_namespaces(Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn tokens_and_namespaces_on_postgres() {
+    tokens_and_namespaces(Backend::Postgres).await;
+}
