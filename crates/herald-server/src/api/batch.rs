@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -72,8 +73,8 @@ enum Outcome {
 /// publish is.
 pub(crate) async fn publish_batch(State(state): State<AppState>, req: Request) -> Response {
     let started = Instant::now();
-    let headers = req.headers().clone();
-    let outcome = append(&state, &headers, req).await;
+    let (parts, body) = req.into_parts();
+    let outcome = append(&state, &parts.headers, body).await;
     let (result, response) = match outcome {
         Ok(Outcome::Committed(appended)) => {
             let created = appended.iter().any(|a| !a.duplicate);
@@ -104,8 +105,8 @@ pub(crate) async fn publish_batch(State(state): State<AppState>, req: Request) -
     response
 }
 
-async fn append(state: &AppState, headers: &HeaderMap, req: Request) -> Result<Outcome> {
-    let raw = read_limited(req, state.config().max_batch_body_bytes).await?;
+async fn append(state: &AppState, headers: &HeaderMap, body: Body) -> Result<Outcome> {
+    let raw = read_limited(headers, body, state.config().max_batch_body_bytes).await?;
     let messages = parse_batch(&raw, state.config().max_message_bytes)?;
     if state.draining() {
         return Err(Error::Draining);

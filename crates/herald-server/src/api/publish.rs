@@ -2,7 +2,8 @@
 
 use std::time::Instant;
 
-use axum::extract::State;
+use axum::body::Body;
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -68,14 +69,18 @@ impl IntoResponse for Outcome {
 /// the publish is forwarded once to the holder (`forward.rs`); if this
 /// node takes the lease over before the holder answered, see
 /// [`after_takeover`].
+///
+/// The body is read only once the path and headers are valid, so that a
+/// client that waits for `100 Continue` (`Expect: 100-continue`) gets a
+/// `4xx` decided by them at once and never sends the body.
 pub(crate) async fn publish(
     State(state): State<AppState>,
     channel: Result<ChannelPath>,
-    headers: HeaderMap,
-    body: Result<PublishBody>,
+    req: Request,
 ) -> Response {
     let started = Instant::now();
-    let outcome = append(&state, channel, &headers, body).await;
+    let (parts, body) = req.into_parts();
+    let outcome = append(&state, channel, &parts.headers, body).await;
     let (result, response) = match outcome {
         Ok(outcome) => (outcome.label(), outcome.into_response()),
         Err(e) => (e.code(), e.into_response()),
@@ -88,11 +93,12 @@ async fn append(
     state: &AppState,
     channel: Result<ChannelPath>,
     headers: &HeaderMap,
-    body: Result<PublishBody>,
+    body: Body,
 ) -> Result<Outcome> {
     let ChannelPath(channel) = channel?;
     let idempotency_key = idempotency_key(headers)?;
-    let PublishBody { data, raw } = body?;
+    let PublishBody { data, raw } =
+        PublishBody::read(headers, body, state.config().max_message_bytes).await?;
     if state.draining() {
         return Err(Error::Draining);
     }

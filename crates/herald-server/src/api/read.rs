@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::api::extract::{ChannelPath, FromQuery, QueryParams, ValidQuery};
 use crate::error::StorageContext;
-use crate::{AppState, Result};
+use crate::{AppState, Error, Result};
 
 /// `limit` of a history read when the query has none, in messages.
 pub(crate) const DEFAULT_LIMIT: usize = 100;
@@ -40,7 +40,8 @@ pub(crate) struct History {
     messages: Vec<Message>,
 }
 
-/// Up to `limit` messages after `after`, in offset order, with the head.
+/// Up to `limit` messages after `after`, in offset order, with the head;
+/// `409 offset_beyond_head` when `after` is beyond the head.
 pub(crate) async fn history(
     State(state): State<AppState>,
     ChannelPath(channel): ChannelPath,
@@ -54,6 +55,14 @@ pub(crate) async fn history(
         .read(&channel, after, limit)
         .await
         .during("read", Some(&channel))?;
+    // The head comes from the same storage read as the page: never a
+    // cached view that may lag behind the database.
+    if after > page.head {
+        return Err(Error::OffsetBeyondHead {
+            after,
+            head: page.head,
+        });
+    }
     Ok(Json(History {
         channel,
         head: page.head,
