@@ -1,5 +1,6 @@
 //! The server's settings.
 
+use std::net::IpAddr;
 use std::time::Duration;
 
 use crate::StartError;
@@ -58,6 +59,22 @@ pub struct ServerConfig {
     /// takes the lease over meanwhile (see `docs/api.md`, "Writes on any
     /// node").
     pub forward_timeout: Duration,
+    /// Most connections open at once from one client IP address (default
+    /// 256). A connection over the limit is accepted and every request on
+    /// it is answered `429 too_many_connections` (`Connection: close`).
+    /// Connections from a [`ServerConfig::trusted_proxies`] address are not
+    /// counted; the requests they carry are, each for as long as its answer
+    /// (an SSE stream, a WebSocket session) lasts, by the client address in
+    /// `X-Forwarded-For`.
+    pub max_connections_per_ip: usize,
+    /// Addresses of reverse proxies whose `X-Forwarded-For` header names
+    /// the client (default none). From any other peer the header is
+    /// ignored: a client could write anything there.
+    pub trusted_proxies: Vec<IpAddr>,
+    /// Largest message (and frame) a WebSocket client may send, in bytes
+    /// (default 65 536). A larger one closes the session with 1009 "message
+    /// too big" (RFC 6455 §7.4.1).
+    pub ws_max_message_bytes: usize,
 }
 
 impl Default for ServerConfig {
@@ -74,6 +91,9 @@ impl Default for ServerConfig {
             subscriber_buffer: 1024,
             header_read_timeout: Duration::from_secs(10),
             forward_timeout: Duration::from_secs(5),
+            max_connections_per_ip: 256,
+            trusted_proxies: Vec::new(),
+            ws_max_message_bytes: 64 * 1024,
         }
     }
 }
@@ -90,6 +110,8 @@ impl ServerConfig {
             ("queue_capacity", self.queue_capacity),
             ("max_batch", self.max_batch),
             ("subscriber_buffer", self.subscriber_buffer),
+            ("max_connections_per_ip", self.max_connections_per_ip),
+            ("ws_max_message_bytes", self.ws_max_message_bytes),
         ];
         for (name, value) in sizes {
             if value == 0 {

@@ -30,6 +30,7 @@
 
 mod api;
 mod config;
+mod conn_limit;
 mod error;
 mod forward;
 mod hub;
@@ -151,6 +152,7 @@ pub(crate) async fn serve_with(
         listener,
         app(state.clone()),
         state.config().header_read_timeout,
+        Arc::clone(&state.shared.conn_limits),
         stop.clone(),
     )
     .await;

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
+use crate::conn_limit::ConnectionLimits;
 use crate::forward::Forwarder;
 use crate::hub::Hub;
 use crate::role::LeaseView;
@@ -54,6 +55,8 @@ pub(crate) struct Shared {
     /// WebSocket sessions, which outlive their HTTP request; drain waits for
     /// them to send their Close frame.
     pub(crate) ws_sessions: TaskTracker,
+    /// Connections open per client address (`max_connections_per_ip`).
+    pub(crate) conn_limits: Arc<ConnectionLimits>,
     /// Writer, standby feed and upkeep tasks, awaited by
     /// [`AppState::stopped`].
     tasks: Mutex<Vec<JoinHandle<()>>>,
@@ -128,6 +131,10 @@ impl AppState {
             backend = storage.backend(),
             "server state started"
         );
+        let conn_limits = ConnectionLimits::new(
+            config.max_connections_per_ip,
+            config.trusted_proxies.clone(),
+        );
         Ok(Self {
             shared: Arc::new(Shared {
                 storage,
@@ -139,6 +146,7 @@ impl AppState {
                 shutdown,
                 metrics,
                 ws_sessions: TaskTracker::new(),
+                conn_limits,
                 tasks: Mutex::new(tasks),
                 writes_done,
             }),
