@@ -33,6 +33,8 @@ mod config;
 mod conn_limit;
 mod error;
 mod forward;
+#[cfg(test)]
+mod fuzz;
 mod hub;
 mod listener;
 mod metrics;

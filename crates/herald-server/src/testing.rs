@@ -162,6 +162,26 @@ impl MemoryStorage {
             .map_or(0, |m| m.offset)
     }
 
+    /// Everything a refused request must leave as it was: every channel's
+    /// messages (offsets and data) and every stored idempotency key.
+    pub(crate) fn snapshot(&self) -> Vec<(String, Offset, String)> {
+        let mem = self.mem.lock().unwrap();
+        let mut all: Vec<(String, Offset, String)> = mem
+            .channels
+            .iter()
+            .flat_map(|(name, messages)| {
+                messages
+                    .iter()
+                    .map(|m| (name.clone(), m.offset, m.data.get().to_owned()))
+            })
+            .collect();
+        all.extend(mem.keys.iter().map(|((channel, key), (offset, _, _))| {
+            (format!("{channel} {key}"), *offset, String::new())
+        }));
+        all.sort();
+        all
+    }
+
     /// Appends directly, as another node on the same database would.
     pub(crate) fn append_as_other_node(&self, channel: &str, data: &str) -> Offset {
         let mut mem = self.mem.lock().unwrap();

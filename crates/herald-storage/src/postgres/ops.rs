@@ -462,7 +462,7 @@ pub(super) async fn append(
         tx.query(&find_keys, &[&key_channels, &keys]).await?
     };
     // Borrowed from the rows: no copy of a channel or key per lookup.
-    let mut stored: HashMap<(&str, &str), (i64, SystemTime, Option<&[u8]>)> = HashMap::new();
+    let mut stored: HashMap<(&str, &str), StoredKey<'_>> = HashMap::new();
     for row in &found_rows {
         stored.insert(
             (row.try_get(0)?, row.try_get(1)?),
@@ -621,6 +621,11 @@ pub(super) async fn append(
     tx.commit().await?;
     Ok(out)
 }
+
+/// A stored idempotency key's message: offset, `published_at`, and the
+/// digest stored with the key (`None` for keys stored before schema
+/// version 2).
+type StoredKey<'a> = (i64, SystemTime, Option<&'a [u8]>);
 
 /// What the last fencing check of a fenced write decided.
 enum Decision {
