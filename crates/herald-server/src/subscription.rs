@@ -627,6 +627,38 @@ mod tests {
         assert_eq!(collect(&mut sub, 1).await, vec![4]);
     }
 
+    /// A resume point beyond the head: refused at the start; after an
+    /// outage at the start, the first read that succeeds ends the
+    /// subscription with the same error. At the head it is fine.
+    #[tokio::test(start_paused = true)]
+    async fn a_resume_point_beyond_the_head_is_refused() {
+        let storage = MemoryStorage::new();
+        let hub = Hub::new(16);
+        storage.append_as_other_node("a", "1");
+        let start = |after| {
+            Subscription::start(
+                storage.clone(),
+                &hub,
+                ChannelName::new("a").unwrap(),
+                after,
+                "sse",
+            )
+        };
+        assert!(matches!(
+            start(2).await,
+            Err(Error::OffsetBeyondHead { after: 2, head: 1 })
+        ));
+        assert!(start(1).await.is_ok());
+
+        storage.fail_reads(true);
+        let mut sub = start(5).await.expect("an outage does not refuse it");
+        storage.fail_reads(false);
+        assert!(matches!(
+            sub.next().await,
+            Err(Error::OffsetBeyondHead { after: 5, head: 1 })
+        ));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_transient_failure_of_a_catch_up_read_is_waited_out() {
         let storage = MemoryStorage::new();
