@@ -190,6 +190,8 @@ fn body_bytes(valid: impl Strategy<Value = Value>) -> impl Strategy<Value = Vec<
                 b
             }),
         1 => proptest::collection::vec(any::<u8>(), 0..64),
+        // Around the size limit (2048 bytes here).
+        1 => (2030usize..2060).prop_map(|n| format!(r#"{{"data":"{}"}}"#, "x".repeat(n)).into_bytes()),
         // Deep nesting around the depth limit.
         1 => (100usize..140).prop_map(|n| format!(r#"{{"data":{}1{}}}"#, "[".repeat(n), "]".repeat(n)).into_bytes()),
     ]
@@ -289,7 +291,14 @@ fn batch_bodies_are_answered_2xx_or_4xx() {
 fn resume_points_and_query_parameters_are_answered_2xx_or_4xx() {
     let h = Harness::new();
     let name = proptest::sample::select(vec!["after", "limit", "role", "x", "after%00"]);
-    let pair = (name, segment()).prop_map(|(n, v)| format!("{n}={v}"));
+    // Values: offsets around the seeded channel's head (1), any integer,
+    // or any percent-encoded bytes.
+    let value = prop_oneof![
+        2 => (0u64..4).prop_map(|n| n.to_string()),
+        1 => any::<u64>().prop_map(|n| n.to_string()),
+        2 => segment(),
+    ];
+    let pair = (name, value).prop_map(|(n, v)| format!("{n}={v}"));
     let query = proptest::collection::vec(pair, 0..4).prop_map(|p| p.join("&"));
     let route = proptest::sample::select(vec![
         "/v1/channels/seeded/messages",
@@ -297,7 +306,11 @@ fn resume_points_and_query_parameters_are_answered_2xx_or_4xx() {
         "/v1/channels/seeded/ws",
         "/readyz",
     ]);
-    let last_event_id = prop_oneof![Just(None), header_bytes().prop_map(Some)];
+    let last_event_id = prop_oneof![
+        Just(None),
+        (0u64..4).prop_map(|n| Some(n.to_string().into_bytes())),
+        header_bytes().prop_map(Some),
+    ];
     h.run((route, query, last_event_id), |(route, query, id)| {
         let headers: Vec<(&str, &[u8])> =
             id.iter().map(|v| ("last-event-id", v.as_slice())).collect();
