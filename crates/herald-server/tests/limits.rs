@@ -11,6 +11,7 @@ use herald_testkit::ws::{ws_connect, ws_next};
 use herald_testkit::{within, NODE_WAIT};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message as Frame;
 
 async fn holder(dir: &std::path::Path, config: ServerConfig) -> Node {
@@ -181,6 +182,25 @@ async fn through_a_trusted_proxy_the_forwarded_client_is_counted() {
     assert_eq!(body["error"]["code"], "too_many_connections");
     let other = open("192.0.2.2").await.unwrap();
     assert_eq!(other.status().as_u16(), 200);
+    // A WebSocket session holds its client's place for as long as it runs,
+    // past the end of its upgrade answer.
+    let mut upgrade = node
+        .ws_url("/v1/channels/c/ws")
+        .into_client_request()
+        .unwrap();
+    upgrade
+        .headers_mut()
+        .insert("x-forwarded-for", "192.0.2.3".parse().unwrap());
+    let (mut ws, _) = tokio_tungstenite::connect_async(upgrade).await.unwrap();
+    let (status, _) = node.publish("c", serde_json::json!(1)).await;
+    assert_eq!(status, 201);
+    let mut closed = None;
+    let m = within("the session runs", NODE_WAIT, ws_next(&mut ws, &mut closed))
+        .await
+        .unwrap();
+    assert_eq!(m["offset"], 1);
+    let refused = open("192.0.2.3").await.unwrap();
+    assert_eq!(refused.status().as_u16(), 429);
     // The proxy's own connections are not limited: many requests over
     // several connections of the one proxy address pass.
     for _ in 0..3 {
