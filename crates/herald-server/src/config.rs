@@ -154,6 +154,9 @@ mod tests {
         assert_eq!(c.standby_poll_interval, Duration::from_millis(100));
         assert_eq!(c.header_read_timeout, Duration::from_secs(10));
         assert_eq!(c.forward_timeout, Duration::from_secs(5));
+        assert_eq!(c.max_connections_per_ip, 256);
+        assert!(c.trusted_proxies.is_empty());
+        assert_eq!(c.ws_max_message_bytes, 65_536);
         c.validate().unwrap();
     }
 
