@@ -1,5 +1,6 @@
 //! The server's settings.
 
+use std::net::IpAddr;
 use std::time::Duration;
 
 use crate::{AuthConfig, CorsConfig, NamespacesConfig, StartError, TlsCertificates};
@@ -74,6 +75,22 @@ pub struct ServerConfig {
     /// Namespace rules, the `[namespaces.<name>]` tables (default: none;
     /// every channel follows `auth.default_namespace`).
     pub namespaces: NamespacesConfig,
+    /// Most connections open at once from one client IP address (default
+    /// 256). A connection over the limit is accepted and every request on
+    /// it is answered `429 too_many_connections` (`Connection: close`).
+    /// Connections from a [`ServerConfig::trusted_proxies`] address are not
+    /// counted; the requests they carry are, each for as long as its answer
+    /// (an SSE stream, a WebSocket session) lasts, by the client address in
+    /// `X-Forwarded-For`.
+    pub max_connections_per_ip: usize,
+    /// Addresses of reverse proxies whose `X-Forwarded-For` header names
+    /// the client (default none). From any other peer the header is
+    /// ignored: a client could write anything there.
+    pub trusted_proxies: Vec<IpAddr>,
+    /// Largest message (and frame) a WebSocket client may send, in bytes
+    /// (default 65 536). A larger one closes the session with 1009 "message
+    /// too big" (RFC 6455 §7.4.1).
+    pub ws_max_message_bytes: usize,
 }
 
 impl Default for ServerConfig {
@@ -95,6 +112,9 @@ impl Default for ServerConfig {
             trusted_ca_pem: None,
             auth: AuthConfig::default(),
             namespaces: NamespacesConfig::new(),
+            max_connections_per_ip: 256,
+            trusted_proxies: Vec::new(),
+            ws_max_message_bytes: 64 * 1024,
         }
     }
 }
@@ -111,6 +131,8 @@ impl ServerConfig {
             ("queue_capacity", self.queue_capacity),
             ("max_batch", self.max_batch),
             ("subscriber_buffer", self.subscriber_buffer),
+            ("max_connections_per_ip", self.max_connections_per_ip),
+            ("ws_max_message_bytes", self.ws_max_message_bytes),
         ];
         for (name, value) in sizes {
             if value == 0 {
@@ -154,6 +176,9 @@ mod tests {
         assert_eq!(c.standby_poll_interval, Duration::from_millis(100));
         assert_eq!(c.header_read_timeout, Duration::from_secs(10));
         assert_eq!(c.forward_timeout, Duration::from_secs(5));
+        assert_eq!(c.max_connections_per_ip, 256);
+        assert!(c.trusted_proxies.is_empty());
+        assert_eq!(c.ws_max_message_bytes, 65_536);
         c.validate().unwrap();
     }
 

@@ -2,7 +2,7 @@
 //! [`StartError`], why the server could not start.
 //!
 //! Every error answer has the body `{"error":{"code","message"}}` (plus
-//! `holder_url` for `not_holder`). The code is stable and documented in
+//! `holder_url` for `not_holder`, `head` for `offset_beyond_head`). The code is stable and documented in
 //! `docs/api.md`; the message is for humans. Internal details (storage
 //! error text) never reach the client: they go to the log, once, where the
 //! error ends (see [`StorageFailure`]).
@@ -40,14 +40,36 @@ pub enum Error {
     /// 400 `invalid_query`.
     #[error("invalid query: {0}")]
     InvalidQuery(String),
-    /// The `Last-Event-ID` header is not a non-negative integer.
+    /// The `Last-Event-ID` header is not exactly a non-negative decimal
+    /// integer (digits only), or is given more than once.
     /// 400 `invalid_last_event_id`.
     #[error("invalid Last-Event-ID header: it must be a non-negative integer (an offset)")]
     InvalidLastEventId,
+    /// The resume point (`?after=N` or `Last-Event-ID`) is beyond the
+    /// channel's head as the storage reads it: the channel never had that
+    /// offset, so the cursor comes from elsewhere (another database, a
+    /// restore). 409 `offset_beyond_head`, with `head` in the body.
+    #[error("the resume point {after} is beyond the channel's head {head}; resume from an offset up to the head")]
+    OffsetBeyondHead {
+        /// The resume point asked for.
+        after: herald_core::Offset,
+        /// The channel's head, read from the storage.
+        head: herald_core::Offset,
+    },
     /// A request to the WebSocket route is not a valid upgrade (RFC 6455
     /// §4.2.1). 400 `invalid_upgrade`.
     #[error("not a WebSocket upgrade request: {0}")]
     InvalidUpgrade(String),
+    /// The `Idempotency-Key` was already used on this channel for a
+    /// different message (another `data`): nothing was stored. The IETF
+    /// Idempotency-Key draft (draft-ietf-httpapi-idempotency-key-header,
+    /// "Error Scenarios") answers a key reused with a different payload
+    /// with 422. 422 `idempotency_key_reused`.
+    #[error(
+        "the Idempotency-Key was already used on this channel for a different message; \
+         a retry must send the same data, a new message needs a new key"
+    )]
+    IdempotencyKeyReused,
     /// The request body is longer than the limit, in bytes.
     /// 413 `payload_too_large`.
     #[error("request body is larger than {limit} bytes")]
@@ -55,6 +77,12 @@ pub enum Error {
         /// The limit, in bytes (`ServerConfig::max_message_bytes`).
         limit: usize,
     },
+    /// The client's address has `max_connections_per_ip` connections open
+    /// already (counted per TCP connection, or per request through a
+    /// trusted proxy). 429 `too_many_connections` (RFC 6585 §4),
+    /// `Retry-After: 1`.
+    #[error("too many connections from this client address; close some, or retry later")]
+    TooManyConnections,
     /// No route matches the path. 404 `not_found`.
     #[error("no such route")]
     NotFound,
@@ -131,7 +159,10 @@ impl Error {
             | Self::InvalidLastEventId
             | Self::InvalidUpgrade(_) => StatusCode::BAD_REQUEST,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::OffsetBeyondHead { .. } => StatusCode::CONFLICT,
             Self::NotFound => StatusCode::NOT_FOUND,
+            Self::TooManyConnections => StatusCode::TOO_MANY_REQUESTS,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::NotHolder { .. }
             | Self::NoHolder
@@ -157,7 +188,10 @@ impl Error {
             Self::InvalidLastEventId => "invalid_last_event_id",
             Self::InvalidUpgrade(_) => "invalid_upgrade",
             Self::PayloadTooLarge { .. } => "payload_too_large",
+            Self::IdempotencyKeyReused => "idempotency_key_reused",
+            Self::OffsetBeyondHead { .. } => "offset_beyond_head",
             Self::NotFound => "not_found",
+            Self::TooManyConnections => "too_many_connections",
             Self::MethodNotAllowed => "method_not_allowed",
             Self::NotHolder { .. } => "not_holder",
             Self::NoHolder => "no_holder",
@@ -201,9 +235,12 @@ impl Error {
     }
 
     /// `true` for the answers that ask the client to retry later
-    /// (`Retry-After: 1`, RFC 9110 §10.2.3).
+    /// (`Retry-After: 1`, RFC 9110 §10.2.3): every 503 and 429.
     fn retry_later(&self) -> bool {
-        self.status() == StatusCode::SERVICE_UNAVAILABLE
+        matches!(
+            self.status(),
+            StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS
+        )
     }
 
     /// The access-control refusal inside, if this is one (also inside a
@@ -237,6 +274,9 @@ impl IntoResponse for Error {
         });
         if let Self::NotHolder { holder_url } = &self {
             body["error"]["holder_url"] = json!(holder_url);
+        }
+        if let Self::OffsetBeyondHead { head, .. } = &self {
+            body["error"]["head"] = json!(head);
         }
         let mut response = (self.status(), Json(body)).into_response();
         if self.retry_later() {
@@ -401,6 +441,20 @@ mod tests {
             .as_object()
             .unwrap()
             .contains_key("holder_url"));
+    }
+
+    #[tokio::test]
+    async fn offset_beyond_head_carries_the_head() {
+        let r = Error::OffsetBeyondHead {
+            after: 50,
+            head: 10,
+        }
+        .into_response();
+        assert_eq!(r.status(), StatusCode::CONFLICT);
+        assert!(r.headers().get(header::RETRY_AFTER).is_none());
+        let body = body_json(r).await;
+        assert_eq!(body["error"]["code"], "offset_beyond_head");
+        assert_eq!(body["error"]["head"], 10);
     }
 
     #[tokio::test]

@@ -32,9 +32,12 @@
 mod api;
 mod auth;
 mod config;
+mod conn_limit;
 mod cors;
 mod error;
 mod forward;
+#[cfg(test)]
+mod fuzz;
 mod hub;
 mod listener;
 mod metrics;
@@ -168,6 +171,7 @@ pub(crate) async fn serve_with(
         tls,
         app(state.clone()),
         state.config().header_read_timeout,
+        Arc::clone(&state.shared.conn_limits),
         stop.clone(),
     )
     .await;

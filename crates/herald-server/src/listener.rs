@@ -17,7 +17,15 @@
 //!
 //! A request whose head arrived is never cut by these limits: bodies, SSE
 //! streams and WebSocket sessions last as long as the application keeps
-//! them.
+//! them. A connection closed because its request head did not come in time
+//! counts in `herald_idle_connections_closed_total`.
+//!
+//! Connections per client address (`conn_limit.rs`): a connection from an
+//! address that has `max_connections_per_ip` open already is still
+//! accepted, and every request on it is answered `429
+//! too_many_connections` with `Connection: close`, so the client learns
+//! why rather than seeing a reset. Connections from trusted proxies are not
+//! counted here (their requests are, by `X-Forwarded-For`).
 
 use std::future::Future;
 use std::io;
@@ -28,7 +36,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use std::convert::Infallible;
+
+use axum::http::header::CONNECTION;
+use axum::http::{HeaderValue, Request};
+use axum::response::IntoResponse;
 use axum::Router;
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
@@ -37,6 +51,10 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+use crate::conn_limit::{ConnectionLimits, Peer};
+use crate::{metrics, Error};
 
 /// The HTTP/2 connection preface (RFC 9113 §3.4).
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -63,8 +81,10 @@ pub(crate) async fn serve_connections(
     tls: Option<TlsAcceptor>,
     app: Router,
     header_read_timeout: Duration,
+    limits: Arc<ConnectionLimits>,
     stop: CancellationToken,
 ) {
+    let refusal = refusal_router();
     let builder = Arc::new(connection_builder(header_read_timeout));
     let graceful = GracefulShutdown::new();
     let mut backoff = Backoff::default();
@@ -79,9 +99,18 @@ pub(crate) async fn serve_connections(
                 backoff.reset();
                 let watcher = graceful.watcher();
                 let builder = Arc::clone(&builder);
-                let service = TowerToHyperService::new(app.clone());
                 let tls = tls.clone();
+                // Trusted proxies are not counted per connection.
+                let slot = if limits.is_trusted(peer.ip()) {
+                    Ok(None)
+                } else {
+                    limits.try_acquire(peer.ip()).map(Some).ok_or(())
+                };
+                let router = if slot.is_ok() { &app } else { &refusal };
+                let service = TowerToHyperService::new(with_peer(router.clone(), peer));
                 tokio::spawn(async move {
+                    // Held until the connection ends.
+                    let _slot = slot;
                     let detected = Arc::new(AtomicBool::new(false));
                     let Some(tls) = tls else {
                         let io = TokioIo::new(DetectProtocol::new(stream, Arc::clone(&detected)));
@@ -133,6 +162,35 @@ pub(crate) async fn serve_connections(
     graceful.shutdown().await;
 }
 
+/// `router`, with the connection's [`Peer`] address in each request's
+/// extensions.
+fn with_peer(
+    router: Router,
+    peer: SocketAddr,
+) -> impl tower::Service<
+    Request<Incoming>,
+    Response = axum::response::Response,
+    Error = Infallible,
+    Future = impl Future<Output = Result<axum::response::Response, Infallible>> + Send,
+> + Clone {
+    tower::service_fn(move |mut request: Request<Incoming>| {
+        request.extensions_mut().insert(Peer(peer));
+        router.clone().oneshot(request)
+    })
+}
+
+/// Answers every request `429 too_many_connections` and closes the
+/// connection after the answer.
+fn refusal_router() -> Router {
+    Router::new().fallback(|| async {
+        let mut response = Error::TooManyConnections.into_response();
+        response
+            .headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+        response
+    })
+}
+
 /// The connection settings: HTTP/1 with `header_read_timeout`, HTTP/2 with
 /// PINGs at the same period.
 fn connection_builder(header_read_timeout: Duration) -> Builder<TokioExecutor> {
@@ -165,11 +223,18 @@ async fn serve_one<F>(
         Ok(result) => result,
         Err(_) if detected.load(Ordering::Acquire) => conn.await,
         Err(_) => {
+            metrics::idle_connection_closed();
             tracing::debug!(%peer, "closing a connection that sent no request head in time");
             return;
         }
     };
     if let Err(e) = result {
+        if e.downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_timeout)
+        {
+            // hyper's header read timeout: no request head in time.
+            metrics::idle_connection_closed();
+        }
         tracing::debug!(%peer, error = %e, "connection ended with an error");
     }
 }

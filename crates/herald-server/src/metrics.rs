@@ -15,6 +15,9 @@
 //! | `herald_catchup_reads_total` | counter | | subscription reads from storage that fill a gap or a lag |
 //! | `herald_publish_rate_limited_total` | counter | `credential` (`key`, `token`) | publish requests refused with 429 `rate_limited`, by the kind of credential whose rate was used up |
 //! | `herald_subscription_read_retries_total` | counter | | subscription reads from storage that failed transiently; each is tried again after a pause |
+//! | `herald_connections_refused_total` | counter | `reason` (`per_ip`) | connections (or proxied requests) answered `429 too_many_connections` |
+//! | `herald_idle_connections_closed_total` | counter | | connections closed because no request head arrived within the header read timeout |
+//! | `herald_ws_messages_too_big_total` | counter | | WebSocket sessions closed with 1009 for a client message over the limit |
 
 use std::sync::OnceLock;
 
@@ -35,6 +38,9 @@ pub(crate) const NOTIFY_LAG: &str = "herald_notify_lag_seconds";
 pub(crate) const CATCHUP_READS: &str = "herald_catchup_reads_total";
 pub(crate) const SUBSCRIPTION_READ_RETRIES: &str = "herald_subscription_read_retries_total";
 pub(crate) const RATE_LIMITED: &str = "herald_publish_rate_limited_total";
+pub(crate) const CONNECTIONS_REFUSED: &str = "herald_connections_refused_total";
+pub(crate) const IDLE_CONNECTIONS_CLOSED: &str = "herald_idle_connections_closed_total";
+pub(crate) const WS_MESSAGES_TOO_BIG: &str = "herald_ws_messages_too_big_total";
 
 /// Upper bounds of the publish duration buckets, in seconds.
 const DURATION_BUCKETS: &[f64] = &[
@@ -148,6 +154,18 @@ fn describe() {
         RATE_LIMITED,
         "Publish requests refused with 429 rate_limited, by credential: key or token."
     );
+    describe_counter!(
+        CONNECTIONS_REFUSED,
+        "Connections (or requests through a trusted proxy) refused with 429 too_many_connections, by reason."
+    );
+    describe_counter!(
+        IDLE_CONNECTIONS_CLOSED,
+        "Connections closed because no complete request head arrived within the header read timeout."
+    );
+    describe_counter!(
+        WS_MESSAGES_TOO_BIG,
+        "WebSocket sessions closed with 1009 because the client sent a message over the limit."
+    );
     // Emitted by the lease supervisor (herald-lease).
     describe_counter!(
         "herald_lease_renewals_total",
@@ -218,6 +236,22 @@ pub(crate) fn catchup_read() {
 /// again.
 pub(crate) fn subscription_read_retry() {
     counter!(SUBSCRIPTION_READ_RETRIES).increment(1);
+}
+
+/// Counts one connection (or proxied request) refused for `reason`
+/// (`per_ip`).
+pub(crate) fn connection_refused(reason: &'static str) {
+    counter!(CONNECTIONS_REFUSED, "reason" => reason).increment(1);
+}
+
+/// Counts one connection closed for sending no request head in time.
+pub(crate) fn idle_connection_closed() {
+    counter!(IDLE_CONNECTIONS_CLOSED).increment(1);
+}
+
+/// Counts one WebSocket session closed with 1009.
+pub(crate) fn ws_message_too_big() {
+    counter!(WS_MESSAGES_TOO_BIG).increment(1);
 }
 
 /// Counts one live subscription for as long as it lives.

@@ -28,6 +28,7 @@
 use std::convert::Infallible;
 
 use axum::extract::State;
+use axum::http::header::CACHE_CONTROL;
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -99,7 +100,19 @@ pub(crate) async fn events(
     })
     .take_until(shared.shutdown.clone().cancelled_owned());
     let sse = Sse::new(stream).keep_alive(KeepAlive::new().interval(shared.config.heartbeat));
-    Ok(([(X_ACCEL_BUFFERING, HeaderValue::from_static("no"))], sse).into_response())
+    Ok((
+        [
+            (X_ACCEL_BUFFERING, HeaderValue::from_static("no")),
+            // `no-transform`: a compressing proxy must not buffer the
+            // stream to compress it (RFC 9111 §5.2.2.6).
+            (
+                CACHE_CONTROL,
+                HeaderValue::from_static("no-cache, no-transform"),
+            ),
+        ],
+        sse,
+    )
+        .into_response())
 }
 
 /// One message as an SSE event.

@@ -13,6 +13,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::auth::Auth;
+use crate::conn_limit::ConnectionLimits;
 use crate::forward::Forwarder;
 use crate::hub::Hub;
 use crate::role::LeaseView;
@@ -57,6 +58,8 @@ pub(crate) struct Shared {
     /// WebSocket sessions, which outlive their HTTP request; drain waits for
     /// them to send their Close frame.
     pub(crate) ws_sessions: TaskTracker,
+    /// Connections open per client address (`max_connections_per_ip`).
+    pub(crate) conn_limits: Arc<ConnectionLimits>,
     /// Writer, standby feed and upkeep tasks, awaited by
     /// [`AppState::stopped`].
     tasks: Mutex<Vec<JoinHandle<()>>>,
@@ -138,6 +141,10 @@ impl AppState {
             access_control = auth.enabled(),
             "server state started"
         );
+        let conn_limits = ConnectionLimits::new(
+            config.max_connections_per_ip,
+            config.trusted_proxies.clone(),
+        );
         Ok(Self {
             shared: Arc::new(Shared {
                 storage,
@@ -150,6 +157,7 @@ impl AppState {
                 shutdown,
                 metrics,
                 ws_sessions: TaskTracker::new(),
+                conn_limits,
                 tasks: Mutex::new(tasks),
                 writes_done,
             }),

@@ -115,6 +115,9 @@ pub(crate) struct Subscription {
     /// to try it again. Kept here so that a cancelled `next` does not cut
     /// the pause short.
     retry: Option<Retry>,
+    /// Whether a storage read has shown that the resume point is at or
+    /// below the channel's head (checked at the first read that succeeds).
+    resume_checked: bool,
     /// Counts this subscription in `herald_subscribers` while it lives.
     _gauge: SubscriberGauge,
 }
@@ -127,9 +130,15 @@ impl Subscription {
     /// the channel as soon as the storage is back. `transport` labels the
     /// subscriber gauge.
     ///
+    /// The resume point is judged against the head that the first
+    /// successful read returns with its page, read from the storage (on a
+    /// standby too, never a cached view): a resume point beyond it is
+    /// [`Error::OffsetBeyondHead`], here or, when that read waited out an
+    /// outage, from [`Subscription::next`].
+    ///
     /// # Errors
     /// [`Error::Storage`] when the first read fails with an error
-    /// that is not transient.
+    /// that is not transient; [`Error::OffsetBeyondHead`].
     pub(crate) async fn start(
         storage: Arc<dyn Storage>,
         hub: &Arc<Hub>,
@@ -146,6 +155,7 @@ impl Subscription {
             ready: VecDeque::new(),
             phase: Phase::History,
             retry: None,
+            resume_checked: false,
             _gauge: SubscriberGauge::new(transport),
         };
         if sub
@@ -180,7 +190,9 @@ impl Subscription {
     /// # Errors
     /// [`Error::Storage`] when a storage read failed with an
     /// error that is not transient; the caller ends the subscription (the
-    /// client resumes from its last offset).
+    /// client resumes from its last offset). [`Error::OffsetBeyondHead`]
+    /// when the first read that succeeded came after an outage at the
+    /// start and found the resume point beyond the head.
     pub(crate) async fn next(&mut self) -> Result<Option<Message>> {
         loop {
             if let Some(message) = self.ready.pop_front() {
@@ -280,7 +292,8 @@ impl Subscription {
     /// next try is scheduled in `retry`).
     ///
     /// # Errors
-    /// [`Error::Storage`] on a failure that is not transient.
+    /// [`Error::Storage`] on a failure that is not transient;
+    /// [`Error::OffsetBeyondHead`] at the first successful read.
     async fn try_read_page(&mut self) -> Result<Option<usize>> {
         match self
             .storage
@@ -288,6 +301,16 @@ impl Subscription {
             .await
         {
             Ok(page) => {
+                if !self.resume_checked {
+                    // Nothing was queued yet: `last` is the resume point.
+                    if self.last > page.head {
+                        return Err(Error::OffsetBeyondHead {
+                            after: self.last,
+                            head: page.head,
+                        });
+                    }
+                    self.resume_checked = true;
+                }
                 if let Some(retry) = self.retry.take() {
                     tracing::info!(
                         channel = %self.channel,
@@ -602,6 +625,38 @@ mod tests {
         storage.append_as_other_node("a", "4");
         hub.publish(notice("a", 4, 3..=4));
         assert_eq!(collect(&mut sub, 1).await, vec![4]);
+    }
+
+    /// A resume point beyond the head: refused at the start; after an
+    /// outage at the start, the first read that succeeds ends the
+    /// subscription with the same error. At the head it is fine.
+    #[tokio::test(start_paused = true)]
+    async fn a_resume_point_beyond_the_head_is_refused() {
+        let storage = MemoryStorage::new();
+        let hub = Hub::new(16);
+        storage.append_as_other_node("a", "1");
+        let start = |after| {
+            Subscription::start(
+                storage.clone(),
+                &hub,
+                ChannelName::new("a").unwrap(),
+                after,
+                "sse",
+            )
+        };
+        assert!(matches!(
+            start(2).await,
+            Err(Error::OffsetBeyondHead { after: 2, head: 1 })
+        ));
+        assert!(start(1).await.is_ok());
+
+        storage.fail_reads(true);
+        let mut sub = start(5).await.expect("an outage does not refuse it");
+        storage.fail_reads(false);
+        assert!(matches!(
+            sub.next().await,
+            Err(Error::OffsetBeyondHead { after: 5, head: 1 })
+        ));
     }
 
     #[tokio::test(start_paused = true)]

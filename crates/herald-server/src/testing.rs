@@ -27,7 +27,8 @@ use tokio::sync::{broadcast, watch, Notify, OwnedMutexGuard};
 #[derive(Default)]
 struct Mem {
     channels: BTreeMap<String, Vec<Message>>,
-    keys: HashMap<(String, String), (Offset, i64)>,
+    /// (channel, key) → (offset, published_at_ms, digest)
+    keys: HashMap<(String, String), (Offset, i64, herald_storage::IdempotencyDigest)>,
     /// (commit sequence number, channel, head after the commit)
     changes: Vec<(u64, String, Offset)>,
     seq: u64,
@@ -161,6 +162,26 @@ impl MemoryStorage {
             .map_or(0, |m| m.offset)
     }
 
+    /// Everything a refused request must leave as it was: every channel's
+    /// messages (offsets and data) and every stored idempotency key.
+    pub(crate) fn snapshot(&self) -> Vec<(String, Offset, String)> {
+        let mem = self.mem.lock().unwrap();
+        let mut all: Vec<(String, Offset, String)> = mem
+            .channels
+            .iter()
+            .flat_map(|(name, messages)| {
+                messages
+                    .iter()
+                    .map(|m| (name.clone(), m.offset, m.data.get().to_owned()))
+            })
+            .collect();
+        all.extend(mem.keys.iter().map(|((channel, key), (offset, _, _))| {
+            (format!("{channel} {key}"), *offset, String::new())
+        }));
+        all.sort();
+        all
+    }
+
     /// Appends directly, as another node on the same database would.
     pub(crate) fn append_as_other_node(&self, channel: &str, data: &str) -> Offset {
         let mut mem = self.mem.lock().unwrap();
@@ -175,7 +196,7 @@ impl MemoryStorage {
     fn append_locked(mem: &mut Mem, msg: &NewMessage) -> Appended {
         let name = msg.channel.as_str().to_owned();
         if let Some(key) = &msg.idempotency_key {
-            if let Some(&(offset, at)) = mem.keys.get(&(name.clone(), key.as_str().to_owned())) {
+            if let Some(&(offset, at, _)) = mem.keys.get(&(name.clone(), key.as_str().to_owned())) {
                 return Appended {
                     channel: msg.channel.clone(),
                     offset,
@@ -194,8 +215,10 @@ impl MemoryStorage {
             published_at_ms: at,
         });
         if let Some(key) = &msg.idempotency_key {
-            mem.keys
-                .insert((name.clone(), key.as_str().to_owned()), (offset, at));
+            mem.keys.insert(
+                (name.clone(), key.as_str().to_owned()),
+                (offset, at, herald_storage::idempotency_digest(msg)),
+            );
         }
         mem.seq += 1;
         let seq = mem.seq;
@@ -284,6 +307,30 @@ impl Storage for MemoryStorage {
                 name: lease.name.clone(),
                 token: lease.token,
             });
+        }
+        // A key reused for another message (stored, or earlier in this
+        // batch) refuses the whole batch, as the real backends do.
+        let mut in_batch: HashMap<(&str, &str), herald_storage::IdempotencyDigest> = HashMap::new();
+        for (index, m) in batch.iter().enumerate() {
+            let Some(key) = &m.idempotency_key else {
+                continue;
+            };
+            let digest = herald_storage::idempotency_digest(m);
+            let id = (m.channel.as_str(), key.as_str());
+            let first = in_batch.get(&id).copied().or_else(|| {
+                mem.keys
+                    .get(&(id.0.to_owned(), id.1.to_owned()))
+                    .map(|k| k.2)
+            });
+            match first {
+                Some(first) if first != digest => {
+                    return Err(herald_storage::Error::IdempotencyKeyReused { index });
+                }
+                Some(_) => {}
+                None => {
+                    in_batch.insert(id, digest);
+                }
+            }
         }
         mem.batch_sizes.push(batch.len());
         Ok(batch

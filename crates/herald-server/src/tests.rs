@@ -148,10 +148,19 @@ async fn idempotency_key_answers_the_original() {
             .unwrap()
     };
     let (s1, _, b1) = node.call(request("1")).await;
-    let (s2, _, b2) = node.call(request("2")).await;
+    let (s2, _, b2) = node.call(request("1")).await;
     assert_eq!(s1, StatusCode::CREATED);
     assert_eq!(s2, StatusCode::OK);
     assert_eq!(b1, b2);
+    assert_eq!(node.storage.head("c"), 1);
+    // The same key for another message: 422, nothing stored.
+    let (status, _, body) = node.call(request("2")).await;
+    assert_error(
+        status,
+        &body,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "idempotency_key_reused",
+    );
     assert_eq!(node.storage.head("c"), 1);
     let (status, _, body) = node
         .call(

@@ -92,6 +92,35 @@ pub(super) fn fail_all(replies: Replies, error: impl Fn() -> Error) {
     }
 }
 
+/// Takes the request that holds message `index` of the batch out of
+/// `messages` and `replies`, and answers it `idempotency_key_reused` (for a
+/// batch publish, naming its entry). `false` when `index` is outside the
+/// batch.
+fn refuse_key_reuse(messages: &mut Vec<NewMessage>, replies: &mut Replies, index: usize) -> bool {
+    let mut start = 0;
+    for position in 0..replies.len() {
+        let count = replies[position].0;
+        if index < start + count {
+            let (_, reply) = replies.remove(position);
+            messages.drain(start..start + count);
+            match reply {
+                Reply::One(tx) => {
+                    let _ = tx.send(Err(Error::IdempotencyKeyReused));
+                }
+                Reply::Batch(tx) => {
+                    let _ = tx.send(Err(Error::InBatchEntry {
+                        index: index - start,
+                        error: Box::new(Error::IdempotencyKeyReused),
+                    }));
+                }
+            }
+            return true;
+        }
+        start += count;
+    }
+    false
+}
+
 /// The handlers' end of the writer's queue.
 #[derive(Debug, Clone)]
 pub(crate) struct WriterHandle {
@@ -259,7 +288,24 @@ impl Writer {
             return self.ack_before_commit(&lease, messages, replies).await;
         }
 
-        match self.storage.append(&lease, &messages).await {
+        let mut outcome = self.storage.append(&lease, &messages).await;
+        // A request that reuses an idempotency key for another message
+        // rolled the whole transaction back: answer it, and commit the
+        // others without it (each round removes one request).
+        while let Err(herald_storage::Error::IdempotencyKeyReused { index }) = outcome {
+            if !refuse_key_reuse(&mut messages, &mut replies, index) {
+                tracing::error!(index, "storage named a message outside the batch");
+                fail_all(replies, || {
+                    Error::Internal("storage named a message outside the batch".to_owned())
+                });
+                return;
+            }
+            if messages.is_empty() {
+                return;
+            }
+            outcome = self.storage.append(&lease, &messages).await;
+        }
+        match outcome {
             Ok(appended) if appended.len() == messages.len() => {
                 metrics::batch_committed(messages.len());
                 self.fan_out(&messages, &appended);
@@ -429,7 +475,7 @@ mod tests {
         let mut live = r.hub.subscribe(&a);
         let one = r.handle.submit(new_message("a", "1", Some("k"))).unwrap();
         let one = one.await.unwrap().unwrap();
-        let two = r.handle.submit(new_message("a", "2", Some("k"))).unwrap();
+        let two = r.handle.submit(new_message("a", "1", Some("k"))).unwrap();
         let two = two.await.unwrap().unwrap();
         assert!(two.duplicate);
         assert_eq!(
@@ -440,6 +486,47 @@ mod tests {
         // The duplicate produced no notice.
         let more = tokio::time::timeout(Duration::from_millis(50), live.recv()).await;
         assert!(more.is_err());
+        r.shutdown.cancel();
+        r.task.await.unwrap();
+    }
+
+    /// A request that reuses a key for another message is answered
+    /// `idempotency_key_reused`; the other requests of its transaction are
+    /// committed without it, and a batch publish is refused whole.
+    #[tokio::test]
+    async fn a_reused_key_refuses_its_request_only() {
+        let r = rig(16, 512);
+        let gate = r.storage.hold_appends().await;
+        let first = r.handle.submit(new_message("a", "0", None)).unwrap();
+        r.storage.wait_for_appends_started(1).await;
+        let keyed = r.handle.submit(new_message("a", "1", Some("k"))).unwrap();
+        let reused = r.handle.submit(new_message("a", "2", Some("k"))).unwrap();
+        let batch = r
+            .handle
+            .submit_batch(vec![
+                new_message("b", "1", None),
+                new_message("a", "3", Some("k")),
+            ])
+            .unwrap();
+        let retry = r.handle.submit(new_message("a", "1", Some("k"))).unwrap();
+        drop(gate);
+        assert_eq!(first.await.unwrap().unwrap().offset, 1);
+        let keyed = keyed.await.unwrap().unwrap();
+        assert_eq!((keyed.offset, keyed.duplicate), (2, false));
+        assert!(matches!(
+            reused.await.unwrap(),
+            Err(Error::IdempotencyKeyReused)
+        ));
+        match batch.await.unwrap() {
+            Err(Error::InBatchEntry { index: 1, error }) => {
+                assert!(matches!(*error, Error::IdempotencyKeyReused));
+            }
+            other => panic!("expected messages[1] idempotency_key_reused, got {other:?}"),
+        }
+        let retry = retry.await.unwrap().unwrap();
+        assert_eq!((retry.offset, retry.duplicate), (2, true));
+        assert_eq!(r.storage.head("a"), 2);
+        assert_eq!(r.storage.head("b"), 0, "nothing of the refused batch");
         r.shutdown.cancel();
         r.task.await.unwrap();
     }

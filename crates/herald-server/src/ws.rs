@@ -5,7 +5,10 @@
 //! SSE). The socket is read concurrently: pings are answered (by the
 //! protocol layer), a client Close ends the session, and data frames from
 //! the client are **ignored** (the route is read-only). Close codes (RFC
-//! 6455 §7.4.1): 1001 "going away" when the node drains, 1011 when the
+//! 6455 §7.4.1): 1009 "message too big" when the client sends a message
+//! or frame over `ws_max_message_bytes`, 1008 "policy violation" when the
+//! resume point turns out to be beyond the head only after an outage at
+//! the start, 1001 "going away" when the node drains, 1011 when the
 //! storage fails mid-stream with an error that is not transient (the client
 //! resumes from its last offset).
 //!
@@ -39,16 +42,19 @@ use std::time::Duration;
 
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{close_code, CloseFrame, Message as Frame, WebSocket, WebSocketUpgrade};
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt, StreamExt};
+use tokio_tungstenite::tungstenite;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::api::{resume_after, AfterQuery, ChannelPath, ValidQuery};
 use crate::auth::{AuthError, Credential, Principal, Subscriber};
+use crate::conn_limit::ClientSlot;
+use crate::metrics;
 use crate::subscription::Subscription;
 use crate::{AppState, Error, Result};
 
@@ -80,9 +86,6 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Close) on this read-only route, so a small buffer is enough, and it
 /// grows when a larger frame arrives.
 const WS_READ_BUFFER_BYTES: usize = 4096;
-/// Largest message a client may send (the server ignores client messages):
-/// larger ones end the session.
-const WS_MAX_CLIENT_MESSAGE_BYTES: usize = 64 * 1024;
 
 /// Validates the request, checks its credentials, subscribes, and
 /// upgrades. Frames are written out as they are sent (no write
@@ -93,13 +96,18 @@ pub(crate) async fn upgrade(
     ChannelPath(channel): ChannelPath,
     headers: HeaderMap,
     ValidQuery(query): ValidQuery<AfterQuery>,
+    slot: Option<Extension<ClientSlot>>,
     upgrade: std::result::Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response> {
+    // Client messages (the server ignores them) and frames are held to
+    // `ws_max_message_bytes`: a larger one closes the session with 1009.
+    let max = state.config().ws_max_message_bytes;
     let upgrade = upgrade
         .map_err(|r| Error::InvalidUpgrade(r.body_text()))?
         .read_buffer_size(WS_READ_BUFFER_BYTES)
         .write_buffer_size(0)
-        .max_message_size(WS_MAX_CLIENT_MESSAGE_BYTES);
+        .max_message_size(max)
+        .max_frame_size(max);
     let after = resume_after(&headers, &query)?;
     let shared = &state.shared;
     let sessions = shared.ws_sessions.clone();
@@ -114,9 +122,16 @@ pub(crate) async fn upgrade(
         // No credentials at all: they may come in the first frame.
         Err(AuthError::MissingCredentials(_)) if matches!(who, Principal::Anonymous) => {
             let state = state.clone();
+            // A proxied client's connection slot lasts as long as the
+            // session.
+            let slot = slot.map(|Extension(slot)| slot);
             return Ok(upgrade.on_upgrade(move |socket| {
                 sessions.track_future(
-                    authenticate_then_serve(socket, state, channel, after).instrument(span),
+                    async move {
+                        authenticate_then_serve(socket, state, channel, after).await;
+                        drop(slot);
+                    }
+                    .instrument(span),
                 )
             }));
         }
@@ -128,7 +143,15 @@ pub(crate) async fn upgrade(
     let shutdown = shared.shutdown.clone();
     let heartbeat = shared.config.heartbeat;
     Ok(upgrade.on_upgrade(move |socket| {
-        sessions.track_future(session(socket, sub, heartbeat, shutdown, expires).instrument(span))
+        // A proxied client's connection slot lasts as long as the session.
+        let slot = slot.map(|Extension(slot)| slot);
+        sessions.track_future(
+            async move {
+                session(socket, sub, heartbeat, shutdown, expires).await;
+                drop(slot);
+            }
+            .instrument(span),
+        )
     }))
 }
 
@@ -255,6 +278,10 @@ async fn session(
                 // Pings are answered by the protocol layer; pongs and data
                 // frames only show that the client is there.
                 Some(Ok(_)) => heard = true,
+                Some(Err(e)) if is_too_big(&e) => {
+                    metrics::ws_message_too_big();
+                    break End::Close(close_code::SIZE, "message too big");
+                }
                 None | Some(Err(_)) => break End::ClientGone,
             },
             _ = pings.tick() => {
@@ -283,6 +310,12 @@ async fn session(
                     }
                 }
                 Ok(None) => break End::Close(close_code::AWAY, "subscription ended"),
+                // Found only after an outage at the start (else the
+                // upgrade was refused with 409): the client's resume point
+                // is foreign to this channel.
+                Err(Error::OffsetBeyondHead { .. }) => {
+                    break End::Close(close_code::POLICY, "offset_beyond_head");
+                }
                 // Not transient (those are waited out in `next`).
                 Err(e) => {
                     e.log();
@@ -295,6 +328,13 @@ async fn session(
         close(tx, rx, code, reason).await;
     }
     tracing::debug!(channel = %sub.channel(), "WebSocket session ended");
+}
+
+/// Whether a read error is a client message or frame over the size limit.
+fn is_too_big(error: &axum::Error) -> bool {
+    std::error::Error::source(error)
+        .and_then(|inner| inner.downcast_ref::<tungstenite::Error>())
+        .is_some_and(|e| matches!(e, tungstenite::Error::Capacity(_)))
 }
 
 /// Sends a Close frame and waits (bounded) for the client's Close reply.

@@ -33,9 +33,10 @@ async fn a_batch_is_committed_in_order_and_answered_per_entry() {
         entry("a", json!(1), None),
         entry("b", json!({"x": 2}), Some("k-b")),
         entry("a", json!(3), Some("k-a")),
-        // The same key on the same channel later in the batch: a duplicate
-        // of the entry above, nothing stored.
-        entry("a", json!(4), Some("k-a")),
+        // The same key on the same channel later in the batch, with the
+        // same data (a retry): a duplicate of the entry above, nothing
+        // stored.
+        entry("a", json!(3), Some("k-a")),
         entry("a", json!(5), None),
     ]});
     let (status, answer) = post_batch(&holder, &body).await;
@@ -75,8 +76,8 @@ async fn a_batch_is_committed_in_order_and_answered_per_entry() {
     // Across batches: keys already used answer the original message; a
     // batch of duplicates only is 200.
     let again = json!({ "messages": [
-        entry("b", json!("retry"), Some("k-b")),
-        entry("a", json!("retry"), Some("k-a")),
+        entry("b", json!({"x": 2}), Some("k-b")),
+        entry("a", json!(3), Some("k-a")),
     ]});
     let (status, answer) = post_batch(&holder, &again).await;
     assert_eq!(status, 200, "{answer}");
@@ -114,6 +115,46 @@ async fn one_invalid_entry_stores_nothing() {
     let (status, answer) = post_batch(&holder, &json!({ "messages": [] })).await;
     assert_eq!(status, 400, "{answer}");
     assert_eq!(answer["error"]["code"], "invalid_body");
+    holder.stop().await;
+}
+
+/// An entry that reuses a key for another message refuses the whole batch
+/// with `422 idempotency_key_reused` naming the entry, on the holder and
+/// through a standby alike; nothing of the batch is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_reused_for_another_message_refuses_the_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let holder = Node::holder(dir.path()).await;
+    let standby = Node::start(dir.path(), "node-b", Role::Standby, ServerConfig::default()).await;
+    let first = json!({ "messages": [entry("a", json!(1), Some("k"))] });
+    let (status, answer) = post_batch(&holder, &first).await;
+    assert_eq!(status, 201, "{answer}");
+    let cases = [
+        // Reuses a stored key.
+        json!({ "messages": [entry("b", json!(1), None), entry("a", json!(2), Some("k"))] }),
+        // Reuses a key of an earlier entry of the same batch.
+        json!({ "messages": [
+            entry("b", json!(1), None),
+            entry("c", json!(1), Some("j")),
+            entry("c", json!(2), Some("j")),
+        ]}),
+    ];
+    for node in [&holder, &standby] {
+        for (body, index) in cases.iter().zip([1, 2]) {
+            let (status, answer) = post_batch(node, body).await;
+            assert_eq!(status, 422, "{} answered {answer}", node.node_id);
+            assert_eq!(answer["error"]["code"], "idempotency_key_reused");
+            let message = answer["error"]["message"].as_str().unwrap();
+            assert!(
+                message.starts_with(&format!("messages[{index}]: ")),
+                "{message}"
+            );
+        }
+    }
+    for (channel, head) in [("a", 1), ("b", 0), ("c", 0)] {
+        assert_eq!(holder.head(channel).await, head, "{channel}");
+    }
+    standby.stop().await;
     holder.stop().await;
 }
 

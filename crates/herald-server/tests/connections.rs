@@ -135,6 +135,13 @@ async fn an_idle_kept_alive_connection_is_closed_after_the_timeout() {
     read_until_closed(&mut stream, TIMEOUT + SLACK).await;
     let idle = asked.elapsed();
     assert!(idle >= TIMEOUT, "closed {idle:?} after the request");
+    // Counted (the metrics are the process's: other tests' closes count
+    // there too; run alone, only this one does).
+    let text = node.metrics().await;
+    assert!(
+        text.contains("herald_idle_connections_closed_total "),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -93,6 +93,12 @@ async fn a_publish_to_the_standby_is_committed_once_by_the_holder() {
         assert_eq!(body["offset"], 2);
         assert_eq!(body["published_at"], published_at);
     }
+    // The same key for another message: 422 through either node.
+    for node in [&standby, &holder] {
+        let (status, _, body) = post(node, "orders", r#"{"data": 7}"#, Some("order-7")).await;
+        assert_eq!(status, 422, "{} answered {body}", node.node_id);
+        assert_eq!(body["error"]["code"], "idempotency_key_reused");
+    }
     let stored = holder.stored("orders").await;
     assert_eq!(stored.len(), 2, "stored once");
     assert_eq!(stored[1].data.get(), r#"{"b": 1.50, "a": [true, null]}"#);
@@ -206,8 +212,9 @@ async fn a_forward_to_a_frozen_holder_ends_when_the_standby_takes_the_lease_over
     let without_key = spawn_post(&standby, "c", r#"{"data": "plain"}"#, None);
     let stored_before = spawn_post(&standby, "c", r#"{"data": "early"}"#, Some("k-early"));
     let new_key = spawn_post(&standby, "c", r#"{"data": "new"}"#, Some("k-new"));
-    frozen.wait_requests(3).await;
-    for publish in [&without_key, &stored_before, &new_key] {
+    let reused = spawn_post(&standby, "c", r#"{"data": "other"}"#, Some("k-early"));
+    frozen.wait_requests(4).await;
+    for publish in [&without_key, &stored_before, &new_key, &reused] {
         assert!(!publish.is_finished(), "answered before the takeover");
     }
 
@@ -249,6 +256,13 @@ async fn a_forward_to_a_frozen_holder_ends_when_the_standby_takes_the_lease_over
         .await
         .unwrap();
     assert_eq!((status, body["offset"].clone()), (201, json!(2)), "{body}");
+    // The old holder's key for another message: refused after the
+    // takeover as on the old holder, since the digest is stored with it.
+    let (status, _, body) = within("the reused key after the takeover", NODE_WAIT, reused)
+        .await
+        .unwrap();
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["error"]["code"], "idempotency_key_reused");
     let stored: Vec<String> = standby
         .stored("c")
         .await

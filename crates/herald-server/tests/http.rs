@@ -109,11 +109,19 @@ async fn idempotency_key_twice_stores_one_message() {
     let first = send(json!("first")).await.unwrap();
     assert_eq!(first.status().as_u16(), 201);
     let first: Value = first.json().await.unwrap();
-    let second = send(json!("second")).await.unwrap();
+    // A retry (the same message) answers the original.
+    let second = send(json!("first")).await.unwrap();
     assert_eq!(second.status().as_u16(), 200);
     let second: Value = second.json().await.unwrap();
     assert_eq!(first, second);
     assert_eq!(first["offset"], 3);
+    assert_eq!(node.head("pay").await, 3);
+    // The key for another message: 422 (IETF Idempotency-Key draft), and
+    // the new body is not stored.
+    let reused = send(json!("second")).await.unwrap();
+    assert_eq!(reused.status().as_u16(), 422);
+    let reused: Value = reused.json().await.unwrap();
+    assert_eq!(reused["error"]["code"], "idempotency_key_reused");
     assert_eq!(node.head("pay").await, 3);
     let stored = node.stored("pay").await;
     assert_eq!(stored[2].data.get(), "\"first\"");

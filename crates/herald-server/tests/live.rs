@@ -30,7 +30,7 @@ async fn sse_resumes_from_last_event_id_or_after_then_goes_live() {
         .to_str()
         .unwrap()
         .starts_with("text/event-stream"));
-    assert_eq!(by_header.headers["cache-control"], "no-cache");
+    assert_eq!(by_header.headers["cache-control"], "no-cache, no-transform");
     assert_eq!(by_header.headers["x-accel-buffering"], "no");
     let mut by_query = SseClient::connect(&node.client, &format!("{url}?after=4"), None).await;
     let mut from_start = SseClient::connect(&node.client, &url, None).await;
@@ -436,4 +436,93 @@ async fn a_websocket_client_that_never_answers_a_ping_is_disconnected() {
         "a text frame was sent: {frames:02x?}"
     );
     node.stop().await;
+}
+
+/// A resume point beyond the channel's head, read from the database (on
+/// the holder and on a standby alike), is `409 offset_beyond_head` with
+/// the head, on history, SSE and WebSocket; at the head it is fine; a
+/// `Last-Event-ID` that is not exactly digits is `400`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_point_beyond_the_head_is_refused_everywhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let holder = Node::holder(dir.path()).await;
+    let standby = Node::start(dir.path(), "node-b", Role::Standby, ServerConfig::default()).await;
+    publish_n(&holder, "ten", 1, 10).await;
+    for node in [&holder, &standby] {
+        let who = &node.node_id;
+        let get = |path: &str, last_event_id: Option<&str>| {
+            let mut request = node.client.get(node.url(path));
+            if let Some(id) = last_event_id {
+                request = request.header("last-event-id", id);
+            }
+            async move {
+                let response = request.send().await.expect("request");
+                let status = response.status().as_u16();
+                // An event stream never ends: its status says enough.
+                if status == 200 {
+                    let stream = response
+                        .headers()
+                        .get("content-type")
+                        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+                    if stream {
+                        return (status, Value::Null);
+                    }
+                }
+                let body: Value = response.json().await.unwrap_or(Value::Null);
+                (status, body)
+            }
+        };
+        for (path, id, head) in [
+            ("/v1/channels/ten/messages?after=11", None, 10),
+            ("/v1/channels/none/messages?after=5", None, 0),
+            ("/v1/channels/ten/events", Some("50"), 10),
+            ("/v1/channels/none/events?after=5", None, 0),
+            ("/v1/channels/ten/events?after=1", Some("11"), 10),
+        ] {
+            let (status, body) = get(path, id).await;
+            assert_eq!(status, 409, "{who} {path} {id:?}: {body}");
+            assert_eq!(body["error"]["code"], "offset_beyond_head", "{body}");
+            assert_eq!(body["error"]["head"], head, "{body}");
+        }
+        let (status, body) = get("/v1/channels/ten/messages?after=10", None).await;
+        assert_eq!((status, body["head"].clone()), (200, json!(10)), "{who}");
+        let at_head = SseClient::connect(
+            &node.client,
+            &node.url("/v1/channels/ten/events"),
+            Some("10"),
+        )
+        .await;
+        assert_eq!(at_head.status, 200, "{who}");
+        for id in ["+7", "7 7", "-0", "0x1"] {
+            let (status, body) = get("/v1/channels/ten/events", Some(id)).await;
+            assert_eq!(status, 400, "{who} {id:?}: {body}");
+            assert_eq!(body["error"]["code"], "invalid_last_event_id");
+        }
+        let (status, body) = get("/v1/channels/ten/messages?after=+7", None).await;
+        assert_eq!(
+            (status, body["error"]["code"].clone()),
+            (400, json!("invalid_query"))
+        );
+
+        match tokio_tungstenite::connect_async(node.ws_url("/v1/channels/ten/ws?after=11")).await {
+            Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+                assert_eq!(response.status().as_u16(), 409, "{who}");
+                let body: Value =
+                    serde_json::from_slice(response.body().as_deref().unwrap_or_default()).unwrap();
+                assert_eq!(body["error"]["code"], "offset_beyond_head");
+                assert_eq!(body["error"]["head"], 10);
+            }
+            Err(other) => panic!("{who}: expected a 409 answer, got {other}"),
+            Ok(_) => panic!("{who}: upgraded a WebSocket resuming beyond the head"),
+        }
+        let mut ws = ws_connect(&node.ws_url("/v1/channels/ten/ws?after=9")).await;
+        let mut closed = None;
+        let m = within("ws at the head", NODE_WAIT, ws_next(&mut ws, &mut closed))
+            .await
+            .unwrap();
+        assert_eq!(m["offset"], 10, "{who}");
+    }
+    assert_eq!(holder.head("ten").await, 10);
+    standby.stop().await;
+    holder.stop().await;
 }

@@ -96,6 +96,7 @@ macro_rules! conformance_tests {
             idempotency_key_repeated_in_later_batch_is_duplicate,
             idempotency_key_repeated_in_same_batch_is_duplicate,
             idempotency_key_is_per_channel,
+            idempotency_key_reused_for_another_message_is_refused,
             large_mixed_batch_keeps_offsets_and_keys,
             append_with_stale_lease_after_takeover_is_lost,
             append_with_superseded_token_of_same_holder_is_lost,
@@ -611,14 +612,22 @@ pub async fn large_mixed_batch_keeps_offsets_and_keys(h: &dyn Harness) {
     for i in 0..300usize {
         let ch = &channels[i % channels.len()];
         let data = format!("{i}");
+        // A key's repeats carry the same data as its first use (a retry):
+        // a key reused for other data is refused instead (see
+        // `idempotency_key_reused_for_another_message_is_refused`).
         batch.push(if i % 5 != 0 {
             msg(ch, &data)
         } else if ch == "mix-0" {
-            keyed(ch, &data, &format!("k-{}", (i / 5) % 10))
+            let k = (i / 5) % 10;
+            keyed(ch, &format!("\"early-{k}\""), &format!("k-{k}"))
         } else {
             // The same channel's keyed messages are 35 apart: two of them
             // share each 70-wide block's key.
-            keyed(ch, &data, &format!("b-{}", i / 70))
+            keyed(
+                ch,
+                &format!("\"{ch}-b-{}\"", i / 70),
+                &format!("b-{}", i / 70),
+            )
         });
     }
     let out = node.append(&lease, &batch).await.unwrap();
@@ -704,7 +713,7 @@ pub async fn idempotency_key_repeated_in_later_batch_is_duplicate(h: &dyn Harnes
     let again = node
         .append(
             &lease,
-            &[keyed("pay", "\"retry\"", "order-42"), msg("pay", "3")],
+            &[keyed("pay", "\"original\"", "order-42"), msg("pay", "3")],
         )
         .await
         .unwrap();
@@ -731,9 +740,9 @@ pub async fn idempotency_key_repeated_in_same_batch_is_duplicate(h: &dyn Harness
             &lease,
             &[
                 keyed("q", "\"first\"", "k-1"),
-                keyed("q", "\"second\"", "k-1"),
+                keyed("q", "\"first\"", "k-1"),
                 msg("q", "\"third\""),
-                keyed("q", "\"fourth\"", "k-1"),
+                keyed("q", "\"first\"", "k-1"),
             ],
         )
         .await
@@ -767,6 +776,69 @@ pub async fn idempotency_key_is_per_channel(h: &dyn Harness) {
     for ch in ["x", "y", "z"] {
         assert_eq!(node.read(&channel(ch), 0, 10).await.unwrap().head, 1);
     }
+}
+
+/// A key used again on its channel for another message (other data, even
+/// only other whitespace) refuses the whole batch with
+/// `IdempotencyKeyReused` naming the message, and commits nothing of it;
+/// the same message again is a duplicate; another channel may use the key.
+pub async fn idempotency_key_reused_for_another_message_is_refused(h: &dyn Harness) {
+    let c = h.cluster(1).await;
+    let (lease, _) = acquire(c.node(0), 0, LONG_TTL).await;
+    let node = c.node(0);
+    let out = node
+        .append(&lease, &[keyed("r", "{\"n\":1}", "k")])
+        .await
+        .unwrap();
+    assert_eq!(offsets(&out), [1]);
+    let cursor = node.change_cursor().await.unwrap();
+
+    for (batch, index) in [
+        (vec![msg("r", "2"), keyed("r", "{\"n\":2}", "k")], 1),
+        (vec![keyed("r", "{\"n\": 1}", "k")], 0),
+        // Within one batch: the second use of a new key.
+        (
+            vec![
+                msg("other", "1"),
+                keyed("s", "1", "j"),
+                keyed("s", "2", "j"),
+            ],
+            2,
+        ),
+    ] {
+        match node.append(&lease, &batch).await {
+            Err(Error::IdempotencyKeyReused { index: got }) => assert_eq!(got, index),
+            other => panic!("expected IdempotencyKeyReused {{ index: {index} }}, got {other:?}"),
+        }
+    }
+    // Nothing of the refused batches was committed.
+    assert_eq!(node.changes_since(cursor).await.unwrap().changed, []);
+    for (ch, head) in [("r", 1), ("s", 0), ("other", 0)] {
+        assert_eq!(
+            node.read(&channel(ch), 0, 10).await.unwrap().head,
+            head,
+            "{ch}"
+        );
+    }
+
+    // A retry of the same message is a duplicate; the key is free on
+    // another channel; after a refusal the node writes on.
+    let out = node
+        .append(
+            &lease,
+            &[
+                keyed("r", "{\"n\":1}", "k"),
+                keyed("s", "2", "k"),
+                msg("r", "3"),
+            ],
+        )
+        .await
+        .unwrap();
+    let got: Vec<_> = out.iter().map(|a| (a.offset, a.duplicate)).collect();
+    assert_eq!(got, [(1, true), (1, false), (2, false)]);
+    let page = node.read(&channel("r"), 0, 10).await.unwrap();
+    let data: Vec<_> = page.messages.iter().map(|m| m.data.get()).collect();
+    assert_eq!(data, ["{\"n\":1}", "3"]);
 }
 
 /// After another node took over (expiry), the old holder's fenced write is
@@ -981,7 +1053,7 @@ pub async fn changes_since_reports_exactly_the_moved_channels(h: &dyn Harness) {
 
     // A duplicate-only write and a refused write move nothing.
     let dup = writer
-        .append(&lease, &[keyed("b", "9", "k")])
+        .append(&lease, &[keyed("b", "1", "k")])
         .await
         .unwrap();
     assert!(dup[0].duplicate);

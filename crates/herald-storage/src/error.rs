@@ -30,6 +30,21 @@ pub enum Error {
         /// The token the caller presented.
         token: FencingToken,
     },
+    /// Message `index` (from 0) of a fenced write carries an idempotency
+    /// key already used on its channel (by a stored message or an earlier
+    /// message of the same batch) for a different message: its digest
+    /// ([`crate::idempotency_digest`]) differs from the one stored with the
+    /// key. The whole transaction was rolled back: nothing of the batch was
+    /// committed. A key stored without a digest (before schema version 2)
+    /// never yields this: such a key answers the original message, whatever
+    /// the new one is. The IETF Idempotency-Key draft
+    /// (draft-ietf-httpapi-idempotency-key-header, "Error Scenarios") calls
+    /// it a key reused with a different request payload.
+    #[error("message {index} of the batch reuses an idempotency key for a different message")]
+    IdempotencyKeyReused {
+        /// The message's position in the batch passed to `append`, from 0.
+        index: usize,
+    },
     /// The storage could not be reached or did not answer in time (locked
     /// database, timeout, closed connection). The operation may be retried.
     /// A write that returns this committed nothing, except when the

@@ -23,6 +23,7 @@
 //! `FaultSwitch` explains each. The SQLite backend is unchanged by them.
 
 mod decode;
+mod digest;
 mod error;
 pub mod postgres;
 pub mod sqlite;
@@ -33,5 +34,6 @@ pub mod conformance;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use digest::{idempotency_digest, IdempotencyDigest};
 pub use error::{Cause, Error, PoolerEvidence, Result};
 pub use traits::{Acquire, ChangeFeed, ChangeSignal, LeaseStore, Page, Storage, TakeoverReason};

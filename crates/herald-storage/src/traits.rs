@@ -174,11 +174,19 @@ pub trait Storage: LeaseStore {
     /// message the next offset of its channel, in batch order. A message
     /// whose idempotency key is already used on its channel (earlier, or in
     /// the same batch) adds nothing and reports the original offset with
-    /// `duplicate: true`. Each stored message records the token that wrote
-    /// it. The returned vector has one entry per input, in input order, and
+    /// `duplicate: true`, provided it is the same message: a keyed
+    /// message is stored with its [`crate::idempotency_digest`], and one
+    /// whose digest differs from the digest stored with its key (a key
+    /// reused for another message) fails the whole batch with
+    /// [`crate::Error::IdempotencyKeyReused`]. A key stored without a
+    /// digest (schema version 1) matches any message. Each stored message
+    /// records the token that wrote it. The returned vector has one entry per input, in input order, and
     /// is returned only after the commit is durable.
     ///
     /// # Errors
+    /// [`crate::Error::IdempotencyKeyReused`] naming the first message
+    /// that reuses a key for another message (nothing was committed; the
+    /// caller may append the batch again without it);
     /// [`crate::Error::LeaseLost`] when the fencing check fails;
     /// [`crate::Error::Unavailable`] on timeouts. After `LeaseLost` nothing of
     /// the batch was committed. After `Unavailable` the outcome is unknown

@@ -733,7 +733,8 @@ async fn migrations_run_once_when_nodes_connect_at_once() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, [1]);
+    // Each migration once (schema version 2 adds the idempotency digest).
+    assert_eq!(versions, [1, 2]);
     let (lease, _) = acquire(&nodes[3], &candidate("node-3"), MINUTE).await;
     nodes[5].append(&lease, &[msg("m", "1")]).await.unwrap();
     assert_eq!(

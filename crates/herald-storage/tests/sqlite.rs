@@ -254,7 +254,9 @@ fn concurrent_opens_all_migrate_fine() {
             .unwrap()
             .collect::<Result<_, _>>()
             .unwrap();
-        assert_eq!(applied, [1]);
+        // Each migration once (schema version 2 adds the idempotency
+        // digest).
+        assert_eq!(applied, [1, 2]);
     }
 }
 
@@ -450,4 +452,32 @@ async fn a_standby_declines_a_live_lease_without_the_write_lock() {
     }
     blocker.execute_batch("ROLLBACK").unwrap();
     holder.renew(&lease, MINUTE).await.unwrap();
+}
+
+/// A key stored before schema version 2 has no digest: it answers the
+/// original message whatever is published with it, as every key did then;
+/// the migration keeps such rows as they were.
+#[tokio::test]
+async fn a_key_stored_without_a_digest_matches_any_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = open(dir.path()).await;
+    let (lease, _) = acquire(&storage, "node-a", MINUTE).await;
+    let keyed = |data: &str| herald_storage::testing::keyed("c", data, "old-key");
+    storage.append(&lease, &[keyed("1")]).await.unwrap();
+    // What a row written by schema version 1 looks like.
+    let updated = raw(dir.path())
+        .execute("UPDATE messages SET idempotency_digest = NULL", [])
+        .unwrap();
+    assert_eq!(updated, 1);
+    let out = storage.append(&lease, &[keyed("2")]).await.unwrap();
+    assert!(out[0].duplicate);
+    assert_eq!(out[0].offset, 1);
+    let versions: Vec<i64> = raw(dir.path())
+        .prepare("SELECT version FROM refinery_schema_history ORDER BY version")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(versions, [1, 2]);
 }

@@ -17,7 +17,7 @@ use crate::serve::{self, ServeArgs};
 /// What a secret is replaced with.
 const MASK: &str = "****";
 
-/// Words that make a key of `[auth]`, `[namespaces]` or `[limits]` secret
+/// Words that make a key of `[auth]` or `[namespaces]` secret
 /// (its values are masked).
 const SECRET_WORDS: [&str; 6] = ["secret", "key", "password", "token", "hash", "pem"];
 
@@ -147,11 +147,7 @@ fn effective_settings(matches: &ArgMatches, file: &ConfigFile) -> String {
         .namespaces
         .as_ref()
         .map(|n| typed("namespaces", toml::Table::try_from(n)));
-    for (name, table) in [
-        ("auth", &auth),
-        ("namespaces", &namespaces),
-        ("limits", &file.limits),
-    ] {
+    for (name, table) in [("auth", &auth), ("namespaces", &namespaces)] {
         if let Some(table) = table {
             let mut wrapper = toml::Table::new();
             wrapper.insert(name.to_owned(), toml::Value::Table(masked(table, false)));

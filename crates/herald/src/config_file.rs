@@ -15,7 +15,7 @@
 //! `deny_unknown_fields`); a top-level key that names no flag is refused
 //! too. `[auth]` and `[namespaces]` are the access-control settings of
 //! herald-server (`AuthConfig`, `NamespacesConfig`), refused by name on an
-//! unknown key as well; `[limits]` is kept as a TOML table.
+//! unknown key as well.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -29,8 +29,8 @@ use serde::{Deserialize, Serialize};
 /// Sections whose keys are `herald serve` flags `--<section>-<key>`.
 pub(crate) const FLAG_SECTIONS: [&str; 2] = ["tls", "cors"];
 
-/// Sections kept as opaque tables, validated elsewhere.
-const TABLE_SECTIONS: [&str; 3] = ["auth", "namespaces", "limits"];
+/// Sections of typed settings that are not flags: access control.
+const TABLE_SECTIONS: [&str; 2] = ["auth", "namespaces"];
 
 /// Flags that cannot be set in the file: the file's own path.
 const NOT_IN_FILE: [&str; 1] = ["config"];
@@ -46,9 +46,6 @@ pub(crate) struct ConfigFile {
     pub(crate) auth: Option<AuthConfig>,
     /// `[namespaces.<name>]`: per-namespace rules (docs/security.md).
     pub(crate) namespaces: Option<NamespacesConfig>,
-    /// `[limits]`: connection, subscription and frame limits. Validated by
-    /// the limits module (a placeholder until it is merged).
-    pub(crate) limits: Option<toml::Table>,
 }
 
 /// `[tls]`: the flags `--tls-cert`, `--tls-key` and `--tls-ca`.
@@ -107,7 +104,6 @@ pub(crate) fn parse(text: &str, serve: &Command) -> anyhow::Result<ConfigFile> {
             .remove("namespaces")
             .map(|value| typed_section("namespaces", value))
             .transpose()?,
-        limits: take_table(&mut table, "limits")?,
         ..ConfigFile::default()
     };
     let mut settings: Vec<(String, toml::Value)> = Vec::new();
@@ -158,18 +154,6 @@ pub(crate) fn key_for_flag(arg: &Arg) -> Option<String> {
         }
     }
     Some(key)
-}
-
-/// Removes the opaque section `name` from `table`.
-fn take_table(table: &mut toml::Table, name: &str) -> anyhow::Result<Option<toml::Table>> {
-    match table.remove(name) {
-        None => Ok(None),
-        Some(toml::Value::Table(t)) => Ok(Some(t)),
-        Some(other) => bail!(
-            "{name} must be a section ([{name}]), not a {}",
-            other.type_str()
-        ),
-    }
 }
 
 /// Deserializes section `name`, naming it in the error.

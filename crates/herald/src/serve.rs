@@ -7,7 +7,7 @@
 //! cargo feature `fault-switches`): an unknown name, or any name in a build
 //! without the feature, fails the start-up (status 1).
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -138,6 +138,23 @@ pub(crate) struct ServeArgs {
     /// connection is closed after that.
     #[arg(long, env = "HERALD_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     header_read_timeout: Duration,
+    /// Most connections open at once from one client IP address; a
+    /// connection over the limit is answered 429 too_many_connections.
+    #[arg(long, env = "HERALD_MAX_CONNECTIONS_PER_IP", default_value_t = 256)]
+    max_connections_per_ip: usize,
+    /// IP address of a reverse proxy whose X-Forwarded-For header names the
+    /// client, for --max-connections-per-ip (repeat the flag, or separate
+    /// addresses with commas); no other peer's header is believed.
+    #[arg(
+        long = "trusted-proxy",
+        env = "HERALD_TRUSTED_PROXIES",
+        value_delimiter = ','
+    )]
+    trusted_proxies: Vec<IpAddr>,
+    /// Largest message (and frame) a WebSocket client may send, in bytes;
+    /// a larger one closes the session with 1009.
+    #[arg(long, env = "HERALD_WS_MAX_MESSAGE_BYTES", default_value_t = 65_536)]
+    ws_max_message_bytes: usize,
     /// Longest a drain (SIGTERM/SIGINT) may take: connections still open
     /// then are closed (exit status 0); if the publishes already accepted
     /// are not committed by then, the node stops renewing and exits with
@@ -516,6 +533,8 @@ fn check_settings(args: &ServeArgs) -> anyhow::Result<()> {
         queue_capacity: args.queue_capacity,
         header_read_timeout: args.header_read_timeout,
         cors: cors_config(args),
+        max_connections_per_ip: args.max_connections_per_ip,
+        ws_max_message_bytes: args.ws_max_message_bytes,
         ..ServerConfig::default()
     }
     .validate()
@@ -580,6 +599,9 @@ fn server_config(
         trusted_ca_pem: checked.trusted_ca_pem.clone(),
         auth: checked.auth.clone(),
         namespaces: checked.namespaces.clone(),
+        max_connections_per_ip: args.max_connections_per_ip,
+        trusted_proxies: args.trusted_proxies.clone(),
+        ws_max_message_bytes: args.ws_max_message_bytes,
         ..ServerConfig::default()
     };
     server_config.validate().context("server settings")?;
@@ -969,6 +991,48 @@ mod tests {
             }),
             ExitStatus::LeaseLost
         );
+    }
+
+    #[test]
+    fn limit_flags_reach_the_server_config() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            serve: ServeArgs,
+        }
+        let cli = <Cli as clap::Parser>::try_parse_from([
+            "herald",
+            "--max-connections-per-ip",
+            "3",
+            "--trusted-proxy",
+            "10.0.0.1,::1",
+            "--trusted-proxy",
+            "10.0.0.2",
+            "--ws-max-message-bytes",
+            "1024",
+        ])
+        .unwrap();
+        let checked = check(&cli.serve, &ConfigFile::default()).unwrap();
+        let config = server_config(
+            &cli.serve,
+            "n".to_owned(),
+            "127.0.0.1:1".parse().unwrap(),
+            &checked,
+        )
+        .unwrap();
+        assert_eq!(config.max_connections_per_ip, 3);
+        assert_eq!(config.ws_max_message_bytes, 1024);
+        let proxies: Vec<IpAddr> = ["10.0.0.1", "::1", "10.0.0.2"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        assert_eq!(config.trusted_proxies, proxies);
+        assert!(<Cli as clap::Parser>::try_parse_from([
+            "herald",
+            "--trusted-proxy",
+            "proxy.local"
+        ])
+        .is_err());
     }
 
     #[test]

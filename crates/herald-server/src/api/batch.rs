@@ -4,8 +4,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use axum::body::Body;
 use axum::extract::{FromRequestParts, Request, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::request::Parts;
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
@@ -73,8 +75,8 @@ enum Outcome {
 /// publish is.
 pub(crate) async fn publish_batch(State(state): State<AppState>, req: Request) -> Response {
     let started = Instant::now();
-    let headers = req.headers().clone();
-    let outcome = append(&state, &headers, req).await;
+    let (mut parts, body) = req.into_parts();
+    let outcome = append(&state, &mut parts, body).await;
     let (result, response) = match outcome {
         Ok(Outcome::Committed(appended)) => {
             let created = appended.iter().any(|a| !a.duplicate);
@@ -105,11 +107,12 @@ pub(crate) async fn publish_batch(State(state): State<AppState>, req: Request) -
     response
 }
 
-async fn append(state: &AppState, headers: &HeaderMap, req: Request) -> Result<Outcome> {
-    let (mut parts, body) = req.into_parts();
-    let Caller(who) = Caller::from_request_parts(&mut parts, state).await?;
-    let req = Request::from_parts(parts, body);
-    let raw = read_limited(req, state.config().max_batch_body_bytes).await?;
+/// Checks the caller's credentials (401) before the body is read, so that
+/// a client waiting for `100 Continue` gets the refusal at once.
+async fn append(state: &AppState, parts: &mut Parts, body: Body) -> Result<Outcome> {
+    let Caller(who) = Caller::from_request_parts(parts, state).await?;
+    let headers = &parts.headers;
+    let raw = read_limited(headers, body, state.config().max_batch_body_bytes).await?;
     let messages = parse_batch(&raw, state.config().max_message_bytes)?;
     let shared = &state.shared;
     // Every entry's channel must be allowed; the first that is not is

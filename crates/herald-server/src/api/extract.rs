@@ -1,8 +1,9 @@
 //! Extractors whose rejections come out as [`Error`], so that every bad
 //! request gets the JSON error shape.
 
-use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
-use axum::http::header::CONTENT_LENGTH;
+use axum::body::Body;
+use axum::extract::{FromRequestParts, Path, Query};
+use axum::http::header::{CONTENT_LENGTH, EXPECT};
 use axum::http::request::Parts;
 use axum::http::HeaderMap;
 use bytes::{Bytes, BytesMut};
@@ -16,7 +17,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::{AppState, Error};
+use crate::Error;
 
 /// The `{channel}` path segment, validated.
 #[derive(Debug)]
@@ -98,8 +99,8 @@ impl QueryParams {
         let Some(text) = self.get(name)? else {
             return Ok(None);
         };
-        match text.parse::<u64>() {
-            Ok(n) if (min..=max).contains(&n) => Ok(Some(n)),
+        match parse_decimal(text) {
+            Some(n) if (min..=max).contains(&n) => Ok(Some(n)),
             _ => Err(Error::InvalidQuery(format!(
                 "{name} must be an integer from {min} to {max}, got {}",
                 quoted(text)
@@ -129,6 +130,17 @@ impl QueryParams {
                 ))
             })
     }
+}
+
+/// `text` as a non-negative decimal integer: one or more ASCII digits and
+/// nothing else (no sign, no space), at most `u64::MAX`. Rust's
+/// `u64::from_str` would also take a leading `+`, which Herald's documented
+/// syntax does not have.
+pub(crate) fn parse_decimal(text: &str) -> Option<u64> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
 }
 
 /// `text` in double quotes, cut to [`MAX_QUOTED_VALUE_CHARS`].
@@ -198,33 +210,51 @@ const DRAIN_LIMIT: u64 = 8 * 1024 * 1024;
 /// How long reading the rest of an oversize body may take.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
-impl FromRequest<AppState> for PublishBody {
-    type Rejection = Error;
-
-    async fn from_request(req: Request, state: &AppState) -> Result<Self, Error> {
-        let raw = read_limited(req, state.config().max_message_bytes).await?;
+impl PublishBody {
+    /// Reads `body` (at most `limit_bytes`, see [`read_limited`]) and
+    /// parses it.
+    ///
+    /// # Errors
+    /// As [`read_limited`] and [`parse_publish_body`].
+    pub(crate) async fn read(
+        headers: &HeaderMap,
+        body: Body,
+        limit_bytes: usize,
+    ) -> Result<Self, Error> {
+        let raw = read_limited(headers, body, limit_bytes).await?;
         let data = parse_publish_body(&raw)?;
         Ok(Self { data, raw })
     }
 }
 
-/// Reads a request body of at most `limit` bytes. A body (declared by
-/// `Content-Length` or streamed) over the limit is `payload_too_large`; it
-/// is read to its end (up to 8 MiB) before the answer, because clients that
-/// send the whole body before reading the answer would otherwise see a
-/// reset connection instead of the 413.
+/// Reads a request body of at most `limit` bytes; no more than `limit`
+/// bytes are ever buffered. A body (declared by `Content-Length` or
+/// streamed) over the limit is `payload_too_large`; it is read to its end
+/// (up to 8 MiB, discarded) before the answer, because clients that send
+/// the whole body before reading the answer would otherwise see a reset
+/// connection instead of the 413.
+///
+/// Except when the client waits for `100 Continue` (`Expect:
+/// 100-continue`, RFC 9110 §10.1.1): a declared length over the limit is
+/// then answered at once, without reading the body, so the client never
+/// sends it (hyper sends `100 Continue` only when the body is first read).
 ///
 /// # Errors
 /// [`Error::PayloadTooLarge`]; [`Error::InvalidBody`] when the body cannot
 /// be read.
-pub(crate) async fn read_limited(req: Request, limit_bytes: usize) -> Result<Bytes, Error> {
+pub(crate) async fn read_limited(
+    headers: &HeaderMap,
+    body: Body,
+    limit_bytes: usize,
+) -> Result<Bytes, Error> {
     let limit = limit_bytes as u64;
     let too_large = Error::PayloadTooLarge { limit: limit_bytes };
-    let declared = declared_length(req.headers());
-    if declared.is_some_and(|len| len > DRAIN_LIMIT) {
+    let declared = declared_length(headers);
+    let waits_for_continue = expects_continue(headers);
+    if declared.is_some_and(|len| len > DRAIN_LIMIT || (waits_for_continue && len > limit)) {
         return Err(too_large);
     }
-    let mut body = req.into_body().into_data_stream();
+    let mut body = body.into_data_stream();
     let mut buf = BytesMut::new();
     let mut seen = 0u64;
     if declared.is_none_or(|len| len <= limit) {
@@ -252,6 +282,15 @@ pub(crate) async fn read_limited(req: Request, limit_bytes: usize) -> Result<Byt
     })
     .await;
     Err(too_large)
+}
+
+/// Whether the client waits for `100 Continue` before it sends the body
+/// (`Expect: 100-continue`, case-insensitive, RFC 9110 §10.1.1).
+pub(crate) fn expects_continue(headers: &HeaderMap) -> bool {
+    headers
+        .get(EXPECT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("100-continue"))
 }
 
 fn declared_length(headers: &HeaderMap) -> Option<u64> {
@@ -367,13 +406,22 @@ impl FromQuery for AfterQuery {
 
 /// Where a subscription resumes: after the `Last-Event-ID` header's offset
 /// when present (WHATWG HTML, "Server-sent events"), else after
-/// `?after=N`, else from the beginning.
+/// `?after=N`, else from the beginning. The header must be exactly a
+/// non-negative decimal integer ([`parse_decimal`]; the HTTP layer has
+/// already removed the whitespace around a field value, RFC 9110 §5.5),
+/// given once.
+///
+/// # Errors
+/// [`Error::InvalidLastEventId`] for any other value, or a header given
+/// more than once.
 pub(crate) fn resume_after(headers: &HeaderMap, query: &AfterQuery) -> Result<Offset, Error> {
-    match headers.get("last-event-id") {
+    let mut values = headers.get_all("last-event-id").iter();
+    match values.next() {
+        Some(_) if values.next().is_some() => Err(Error::InvalidLastEventId),
         Some(value) => value
             .to_str()
             .ok()
-            .and_then(|s| s.trim().parse::<Offset>().ok())
+            .and_then(parse_decimal)
             .ok_or(Error::InvalidLastEventId),
         None => Ok(query.after.unwrap_or(0)),
     }
@@ -471,6 +519,11 @@ mod tests {
             query_error(p.one_of("role", &["holder"]).unwrap_err()),
             "role is given more than once; give it once"
         );
+        let p = params(&[("after", "+7")]);
+        assert_eq!(
+            query_error(p.integer("after", 0, 10).unwrap_err()),
+            "after must be an integer from 0 to 10, got \"+7\""
+        );
         let p = params(&[("role", "Holder")]);
         assert_eq!(
             query_error(p.one_of("role", &["holder"]).unwrap_err()),
@@ -500,6 +553,33 @@ mod tests {
             Err(Error::InvalidLastEventId)
         ));
         h.insert("last-event-id", HeaderValue::from_static("x"));
+        assert!(matches!(
+            resume_after(&h, &q),
+            Err(Error::InvalidLastEventId)
+        ));
+        // Only the documented syntax: digits, nothing else.
+        for bad in [
+            "+7",
+            "7 ",
+            " 7",
+            "0x7",
+            "7.0",
+            "1e3",
+            "",
+            "18446744073709551616",
+        ] {
+            h.insert("last-event-id", HeaderValue::from_str(bad).unwrap());
+            assert!(
+                matches!(resume_after(&h, &q), Err(Error::InvalidLastEventId)),
+                "{bad:?}"
+            );
+        }
+        h.insert(
+            "last-event-id",
+            HeaderValue::from_static("18446744073709551615"),
+        );
+        assert_eq!(resume_after(&h, &q).unwrap(), u64::MAX);
+        h.append("last-event-id", HeaderValue::from_static("1"));
         assert!(matches!(
             resume_after(&h, &q),
             Err(Error::InvalidLastEventId)

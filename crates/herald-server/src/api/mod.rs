@@ -14,7 +14,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use tracing::Instrument;
 
-use crate::{sse, ws, AppState, Error};
+use crate::{conn_limit, sse, ws, AppState, Error};
 
 pub(crate) use extract::{
     resume_after, AfterQuery, ChannelPath, FromQuery, QueryParams, ValidQuery,
@@ -50,6 +50,10 @@ pub(crate) fn router(state: AppState) -> Router {
         // After every route: it applies to the routes already added.
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            conn_limit::limit_proxied,
+        ))
         .layer(middleware::from_fn_with_state(state.clone(), request_span))
         // Outermost: a preflight (`OPTIONS`) is answered here, on every
         // route, and every answer gets the CORS headers (`cors.rs`).

@@ -2,7 +2,8 @@
 
 use std::time::Instant;
 
-use axum::extract::State;
+use axum::body::Body;
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -70,15 +71,20 @@ impl IntoResponse for Outcome {
 /// channel (403) and its publish rate (429). On a standby the publish is
 /// then forwarded once to the holder (`forward.rs`); if this node takes
 /// the lease over before the holder answered, see [`after_takeover`].
+///
+/// The body is read only once the credentials, path and headers are
+/// valid, so that a client that waits for `100 Continue`
+/// (`Expect: 100-continue`) gets a `4xx` decided by them at once and never
+/// sends the body.
 pub(crate) async fn publish(
     State(state): State<AppState>,
     caller: Result<Caller>,
     channel: Result<ChannelPath>,
-    headers: HeaderMap,
-    body: Result<PublishBody>,
+    req: Request,
 ) -> Response {
     let started = Instant::now();
-    let outcome = append(&state, caller, channel, &headers, body).await;
+    let (parts, body) = req.into_parts();
+    let outcome = append(&state, caller, channel, &parts.headers, body).await;
     let (result, response) = match outcome {
         Ok(outcome) => (outcome.label(), outcome.into_response()),
         Err(e) => (e.code(), e.into_response()),
@@ -92,14 +98,15 @@ async fn append(
     caller: Result<Caller>,
     channel: Result<ChannelPath>,
     headers: &HeaderMap,
-    body: Result<PublishBody>,
+    body: Body,
 ) -> Result<Outcome> {
     let Caller(who) = caller?;
     let ChannelPath(channel) = channel?;
     let shared = &state.shared;
     shared.auth.may_publish(&who, &channel)?;
     let idempotency_key = idempotency_key(headers)?;
-    let PublishBody { data, raw } = body?;
+    let PublishBody { data, raw } =
+        PublishBody::read(headers, body, state.config().max_message_bytes).await?;
     if state.draining() {
         return Err(Error::Draining);
     }

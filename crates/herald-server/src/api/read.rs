@@ -8,7 +8,7 @@ use serde::Serialize;
 use crate::api::extract::{ChannelPath, FromQuery, QueryParams, ValidQuery};
 use crate::auth::Caller;
 use crate::error::StorageContext;
-use crate::{AppState, Result};
+use crate::{AppState, Error, Result};
 
 /// `limit` of a history read when the query has none, in messages.
 pub(crate) const DEFAULT_LIMIT: usize = 100;
@@ -41,8 +41,9 @@ pub(crate) struct History {
     messages: Vec<Message>,
 }
 
-/// Up to `limit` messages after `after`, in offset order, with the head.
-/// Needs the right to read the channel's history (`auth`).
+/// Up to `limit` messages after `after`, in offset order, with the head;
+/// `409 offset_beyond_head` when `after` is beyond the head. Needs the
+/// right to read the channel's history (`auth`).
 pub(crate) async fn history(
     State(state): State<AppState>,
     Caller(who): Caller,
@@ -58,6 +59,14 @@ pub(crate) async fn history(
         .read(&channel, after, limit)
         .await
         .during("read", Some(&channel))?;
+    // The head comes from the same storage read as the page: never a
+    // cached view that may lag behind the database.
+    if after > page.head {
+        return Err(Error::OffsetBeyondHead {
+            after,
+            head: page.head,
+        });
+    }
     Ok(Json(History {
         channel,
         head: page.head,

@@ -23,7 +23,9 @@ use crate::decode::{
     acquired, log_lost, log_release, lost, sql_position, sql_token, to_channel, to_json, to_token,
     to_u64,
 };
-use crate::{Acquire, ChangeFeed, Error, Page, Result, TakeoverReason};
+use crate::{
+    idempotency_digest, Acquire, ChangeFeed, Error, IdempotencyDigest, Page, Result, TakeoverReason,
+};
 
 /// A `timestamptz` as whole milliseconds since the Unix epoch, rounded
 /// down (also before 1970).
@@ -335,9 +337,11 @@ const NOTIFY_SQL: &str = "SELECT pg_notify($1, \
           (SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms) AS n";
 
 /// The stored messages of a batch's idempotency keys: `(channel, key,
-/// offset, published_at)` for every `(channel, key)` pair of the arrays
-/// that is stored.
-const FIND_KEYS_SQL: &str = "SELECT m.channel, m.idempotency_key, m.\"offset\", m.published_at \
+/// offset, published_at, digest)` for every `(channel, key)` pair of the
+/// arrays that is stored (`digest` NULL for keys stored before schema
+/// version 2).
+const FIND_KEYS_SQL: &str = "SELECT m.channel, m.idempotency_key, m.\"offset\", m.published_at, \
+            m.idempotency_digest \
      FROM messages AS m \
      JOIN unnest($1::text[], $2::text[]) AS k(channel, key) \
        ON m.channel = k.channel AND m.idempotency_key = k.key";
@@ -352,14 +356,14 @@ const BUMP_HEADS_SQL: &str = "INSERT INTO channels (name, head, created_at) \
      RETURNING name, head";
 
 /// Inserts every new message of the batch in one statement:
-/// `(channel, offset, data, idempotency key)` arrays, with the batch's
-/// `published_at` (`$5`) and fencing token (`$6`), in array order, so that
-/// message ids follow the batch's order as they did row by row.
+/// `(channel, offset, data, idempotency key, digest)` arrays, with the
+/// batch's `published_at` (`$5`) and fencing token (`$6`), in array order,
+/// so that message ids follow the batch's order as they did row by row.
 const INSERT_MESSAGES_SQL: &str = "INSERT INTO messages \
-     (channel, \"offset\", data, published_at, idempotency_key, token) \
-     SELECT channel, \"offset\", data, $5, key, $6 \
-     FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[]) WITH ORDINALITY \
-       AS u(channel, \"offset\", data, key, position) \
+     (channel, \"offset\", data, published_at, idempotency_key, token, idempotency_digest) \
+     SELECT channel, \"offset\", data, $5, key, $6, digest \
+     FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $7::bytea[]) WITH ORDINALITY \
+       AS u(channel, \"offset\", data, key, digest, position) \
      ORDER BY position";
 
 /// A channel that a fenced write adds new messages to, and the range of
@@ -458,11 +462,11 @@ pub(super) async fn append(
         tx.query(&find_keys, &[&key_channels, &keys]).await?
     };
     // Borrowed from the rows: no copy of a channel or key per lookup.
-    let mut stored: HashMap<(&str, &str), (i64, SystemTime)> = HashMap::new();
+    let mut stored: HashMap<(&str, &str), StoredKey<'_>> = HashMap::new();
     for row in &found_rows {
         stored.insert(
             (row.try_get(0)?, row.try_get(1)?),
-            (row.try_get(2)?, row.try_get(3)?),
+            (row.try_get(2)?, row.try_get(3)?, row.try_get(4)?),
         );
     }
 
@@ -471,17 +475,29 @@ pub(super) async fn append(
     let mut planned: Vec<Planned> = Vec::with_capacity(batch.len());
     let mut written: Vec<Written<'_>> = Vec::new();
     let mut written_at: HashMap<&str, usize> = HashMap::new();
-    // Keys of this batch's new messages: (written index, rank).
-    let mut batch_keys: HashMap<(&str, &str), (usize, i64)> = HashMap::new();
-    for message in batch {
+    // Keys of this batch's new messages: (written index, rank, digest).
+    let mut batch_keys: HashMap<(&str, &str), (usize, i64, IdempotencyDigest)> = HashMap::new();
+    // The digest of each keyed new message, in batch order, for its row.
+    let mut digests: Vec<Option<IdempotencyDigest>> = Vec::with_capacity(batch.len());
+    for (index, message) in batch.iter().enumerate() {
         let channel = message.channel.as_str();
         let key = message.idempotency_key.as_ref().map(|k| k.as_str());
-        if let Some(key) = key {
-            if let Some(&(w, rank)) = batch_keys.get(&(channel, key)) {
+        let digest = key.map(|_| idempotency_digest(message));
+        digests.push(digest);
+        if let (Some(key), Some(digest)) = (key, digest) {
+            if let Some(&(w, rank, first)) = batch_keys.get(&(channel, key)) {
+                if first != digest {
+                    return Err(key_reused(tx, index).await);
+                }
                 planned.push(Planned::DuplicateInBatch { written: w, rank });
                 continue;
             }
-            if let Some(&(offset, published_at)) = stored.get(&(channel, key)) {
+            if let Some(&(offset, published_at, stored)) = stored.get(&(channel, key)) {
+                // A key stored without a digest (schema version 1) answers
+                // the original message, as it always did.
+                if stored.is_some_and(|stored| stored != digest) {
+                    return Err(key_reused(tx, index).await);
+                }
                 planned.push(Planned::Duplicate {
                     offset,
                     published_at,
@@ -500,8 +516,8 @@ pub(super) async fn append(
         });
         let rank = written[w].count;
         written[w].count += 1;
-        if let Some(key) = key {
-            batch_keys.insert((channel, key), (w, rank));
+        if let (Some(key), Some(digest)) = (key, digest) {
+            batch_keys.insert((channel, key), (w, rank, digest));
         }
         planned.push(Planned::New { written: w, rank });
     }
@@ -543,7 +559,8 @@ pub(super) async fn append(
     let mut rows_offset: Vec<i64> = Vec::new();
     let mut rows_data: Vec<&str> = Vec::new();
     let mut rows_key: Vec<Option<&str>> = Vec::new();
-    for (message, plan) in batch.iter().zip(planned) {
+    let mut rows_digest: Vec<Option<&[u8]>> = Vec::new();
+    for ((message, plan), digest) in batch.iter().zip(planned).zip(&digests) {
         let (offset, published_at_ms, duplicate) = match plan {
             Planned::Duplicate {
                 offset,
@@ -558,6 +575,7 @@ pub(super) async fn append(
                 rows_offset.push(offset);
                 rows_data.push(message.data.get());
                 rows_key.push(message.idempotency_key.as_ref().map(|k| k.as_str()));
+                rows_digest.push(digest.as_ref().map(<[u8; 32]>::as_slice));
                 (offset, now_ms, false)
             }
         };
@@ -580,6 +598,7 @@ pub(super) async fn append(
                     &rows_key,
                     &now,
                     &token,
+                    &rows_digest,
                 ],
             )
             .await
@@ -602,6 +621,11 @@ pub(super) async fn append(
     tx.commit().await?;
     Ok(out)
 }
+
+/// A stored idempotency key's message: offset, `published_at`, and the
+/// digest stored with the key (`None` for keys stored before schema
+/// version 2).
+type StoredKey<'a> = (i64, SystemTime, Option<&'a [u8]>);
 
 /// What the last fencing check of a fenced write decided.
 enum Decision {
@@ -668,6 +692,17 @@ async fn refuse(tx: deadpool_postgres::Transaction<'_>, lease: &Lease) -> Error 
     }
     log_lost(lease, "fenced write refused");
     lost(lease)
+}
+
+/// Rolls back a fenced write whose message `index` reuses an idempotency
+/// key for a different message, and returns
+/// [`Error::IdempotencyKeyReused`], whatever the rollback does (nothing was
+/// written yet, and a transaction that is not committed never is).
+async fn key_reused(tx: deadpool_postgres::Transaction<'_>, index: usize) -> Error {
+    if let Err(e) = tx.rollback().await {
+        tracing::debug!(error = %Error::from(e), "rollback after a reused idempotency key");
+    }
+    Error::IdempotencyKeyReused { index }
 }
 
 /// A page of one channel with the channel's head, in one statement (one

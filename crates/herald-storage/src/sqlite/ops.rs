@@ -18,7 +18,7 @@ use crate::decode::{
     acquired, log_lost, log_release, lost, sql_position, sql_token, to_channel, to_json, to_token,
     to_u64,
 };
-use crate::{Acquire, ChangeFeed, Error, Page, Result, TakeoverReason};
+use crate::{idempotency_digest, Acquire, ChangeFeed, Error, Page, Result, TakeoverReason};
 
 /// SQLite's clock in ms since the Unix epoch (needs SQLite >= 3.42 for
 /// `'subsec'`).
@@ -266,7 +266,7 @@ pub(super) fn append(
     let mut out = Vec::with_capacity(batch.len());
     {
         let mut find_key = tx.prepare_cached(
-            "SELECT \"offset\", published_at_ms FROM messages \
+            "SELECT \"offset\", published_at_ms, idempotency_digest FROM messages \
              WHERE channel = ?1 AND idempotency_key = ?2",
         )?;
         let mut bump_head = tx.prepare_cached(
@@ -274,21 +274,33 @@ pub(super) fn append(
              ON CONFLICT (name) DO UPDATE SET head = head + 1 RETURNING head",
         )?;
         let mut insert = tx.prepare_cached(
-            "INSERT INTO messages (channel, \"offset\", data, published_at_ms, idempotency_key, token) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            "INSERT INTO messages \
+             (channel, \"offset\", data, published_at_ms, idempotency_key, token, idempotency_digest) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
         )?;
-        for message in batch {
+        for (index, message) in batch.iter().enumerate() {
             let channel = message.channel.as_str();
             let key = message.idempotency_key.as_ref().map(|k| k.as_str());
-            if let Some(key) = key {
+            let digest = key.map(|_| idempotency_digest(message));
+            if let (Some(key), Some(digest)) = (key, digest) {
                 // Sees this transaction's own inserts: covers keys used
                 // earlier in the same batch too.
                 let original = find_key
                     .query_row(params![channel, key], |r| {
-                        Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
+                        Ok((
+                            r.get::<_, i64>(0)?,
+                            r.get::<_, i64>(1)?,
+                            r.get::<_, Option<Vec<u8>>>(2)?,
+                        ))
                     })
                     .optional()?;
-                if let Some((offset, published_at_ms)) = original {
+                if let Some((offset, published_at_ms, stored)) = original {
+                    // A key stored without a digest (schema version 1)
+                    // answers the original message, as it always did.
+                    if stored.is_some_and(|stored| stored != digest) {
+                        // Dropping the transaction rolls the batch back.
+                        return Err(Error::IdempotencyKeyReused { index });
+                    }
                     out.push(Appended {
                         channel: message.channel.clone(),
                         offset: to_u64(offset, "offset")?,
@@ -305,7 +317,8 @@ pub(super) fn append(
                 message.data.get(),
                 now,
                 key,
-                token
+                token,
+                digest.as_ref().map(<[u8; 32]>::as_slice)
             ])?;
             out.push(Appended {
                 channel: message.channel.clone(),

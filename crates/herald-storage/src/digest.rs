@@ -1,0 +1,63 @@
+//! The digest stored with an idempotency key, so that the key's reuse for a
+//! different message is told from a retry of the same one (the IETF
+//! Idempotency-Key draft, draft-ietf-httpapi-idempotency-key-header,
+//! suggests a fingerprint of the request payload).
+
+use herald_core::NewMessage;
+use sha2::{Digest, Sha256};
+
+/// A SHA-256 digest (FIPS 180-4), 32 bytes.
+pub type IdempotencyDigest = [u8; 32];
+
+/// The SHA-256 of `message` as it is stored: its channel name, one zero
+/// byte (which no channel name contains), then its `data` as its exact
+/// JSON text. Two publishes of the same data to the same channel have the
+/// same digest; any other difference, whitespace in `data` included, gives
+/// another one. The idempotency key itself is not part of it.
+pub fn idempotency_digest(message: &NewMessage) -> IdempotencyDigest {
+    let mut hasher = Sha256::new();
+    hasher.update(message.channel.as_str().as_bytes());
+    hasher.update([0u8]);
+    hasher.update(message.data.get().as_bytes());
+    hasher.finalize().into()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use herald_core::ChannelName;
+    use serde_json::value::RawValue;
+
+    use super::*;
+
+    fn message(channel: &str, data: &str) -> NewMessage {
+        NewMessage {
+            channel: ChannelName::new(channel).unwrap(),
+            data: Arc::from(RawValue::from_string(data.to_owned()).unwrap()),
+            idempotency_key: None,
+        }
+    }
+
+    #[test]
+    fn digest_covers_channel_and_exact_data() {
+        let a = idempotency_digest(&message("a", r#"{"x":1}"#));
+        assert_eq!(a, idempotency_digest(&message("a", r#"{"x":1}"#)));
+        assert_ne!(a, idempotency_digest(&message("a", r#"{"x": 1}"#)));
+        assert_ne!(a, idempotency_digest(&message("b", r#"{"x":1}"#)));
+        // The separator keeps channel and data apart.
+        assert_ne!(
+            idempotency_digest(&message("a1", "2")),
+            idempotency_digest(&message("a", "12"))
+        );
+        // SHA-256 of "a\0null", as computed by `printf 'a\0null' | sha256sum`.
+        let hex: String = idempotency_digest(&message("a", "null"))
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(
+            hex,
+            "bcdb18adab247bb2ffb06e162e7c02624077dd5cd2333ccd76ee03969f6c5753"
+        );
+    }
+}
