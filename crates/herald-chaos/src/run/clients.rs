@@ -86,7 +86,8 @@ pub(crate) fn publisher(
     stop: CancellationToken,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let http = reqwest::Client::builder()
+        let http = urls
+            .client()
             .timeout(PUBLISH_TIMEOUT)
             .build()
             .expect("an HTTP client");
@@ -141,7 +142,8 @@ pub(crate) fn stale_route_publisher(
     stop: CancellationToken,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let http = reqwest::Client::builder()
+        let http = urls
+            .client()
             .timeout(STALE_TIMEOUT)
             .build()
             .expect("an HTTP client");
@@ -256,7 +258,8 @@ pub(crate) fn subscriber(
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let name = format!("subscriber-{home}-{channel}");
-        let http = reqwest::Client::builder()
+        let http = urls
+            .client()
             .connect_timeout(SSE_TIMEOUT)
             .build()
             .expect("an HTTP client");
@@ -340,7 +343,8 @@ pub(crate) struct Seen {
 /// whenever a node's role turns to `holder`.
 pub(crate) fn monitor(urls: Urls, recorder: Recorder, stop: CancellationToken) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let http = reqwest::Client::builder()
+        let http = urls
+            .client()
             .timeout(STATUS_TIMEOUT)
             .build()
             .expect("an HTTP client");

@@ -240,7 +240,9 @@ impl World<'_> {
     /// The node that holds the lease now, waiting for one if none does
     /// (and restarting nodes that exited on their own meanwhile).
     async fn holder(&mut self) -> Option<usize> {
-        let http = reqwest::Client::builder()
+        let http = self
+            .urls
+            .client()
             .timeout(Duration::from_secs(1))
             .build()
             .ok()?;

@@ -2,6 +2,7 @@
 //! clients and the lease observer, the faults of the schedule, the final
 //! state and the verdict.
 
+pub(crate) mod access;
 pub(crate) mod clients;
 pub(crate) mod database;
 pub(crate) mod faults;
@@ -98,7 +99,7 @@ pub(crate) async fn run(settings: Settings) -> anyhow::Result<Report> {
     let epoch_ms = db_now_ms(&cluster.url()).await?;
     let start = Instant::now();
 
-    let urls = Urls::default();
+    let urls = Urls::new(access::Access::create(work.path())?);
     let mut nodes = Vec::new();
     for index in 0..settings.nodes {
         let mut node = Node::new(

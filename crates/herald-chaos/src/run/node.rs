@@ -14,6 +14,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::oneshot;
 
+use super::access::Access;
 use super::database::Cluster;
 
 /// How long a node may take to log its address.
@@ -35,24 +36,42 @@ const LEASE_FLAGS: [&str; 8] = [
     "500ms",
 ];
 
-/// The nodes' base URLs (`http://addr`), by node index; clients read it on
-/// every request because a restarted node may listen elsewhere.
-#[derive(Clone, Default)]
-pub(crate) struct Urls(Arc<RwLock<Vec<String>>>);
+/// How to reach the nodes: their base URLs (`http://addr`), by node index,
+/// which clients read on every request because a restarted node may listen
+/// elsewhere, and the run's access control (the credential clients
+/// present, the config file nodes start with).
+#[derive(Clone)]
+pub(crate) struct Urls {
+    urls: Arc<RwLock<Vec<String>>>,
+    access: Arc<Access>,
+}
 
 impl Urls {
+    /// No node yet; `access` for every client and node.
+    pub(crate) fn new(access: Access) -> Self {
+        Self {
+            urls: Arc::default(),
+            access: Arc::new(access),
+        }
+    }
+
     /// The URL of node `index`.
     pub(crate) fn get(&self, index: usize) -> String {
-        self.0.read().unwrap_or_else(|e| e.into_inner())[index].clone()
+        self.urls.read().unwrap_or_else(|e| e.into_inner())[index].clone()
     }
 
     /// How many nodes there are.
     pub(crate) fn len(&self) -> usize {
-        self.0.read().unwrap_or_else(|e| e.into_inner()).len()
+        self.urls.read().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// An HTTP client builder whose requests carry the run's credential.
+    pub(crate) fn client(&self) -> reqwest::ClientBuilder {
+        reqwest::Client::builder().default_headers(self.access.headers())
     }
 
     fn set(&self, index: usize, url: String) {
-        let mut urls = self.0.write().unwrap_or_else(|e| e.into_inner());
+        let mut urls = self.urls.write().unwrap_or_else(|e| e.into_inner());
         if urls.len() <= index {
             urls.resize(index + 1, String::new());
         }
@@ -144,6 +163,8 @@ impl Node {
             .arg(&database)
             .arg("--log-format")
             .arg("json")
+            .arg("--config")
+            .arg(self.urls.access.config_file())
             .args(LEASE_FLAGS)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
