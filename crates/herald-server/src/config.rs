@@ -87,6 +87,13 @@ pub struct ServerConfig {
     /// the client (default none). From any other peer the header is
     /// ignored: a client could write anything there.
     pub trusted_proxies: Vec<IpAddr>,
+    /// Most requests at once on one HTTP/2 connection (default 100):
+    /// every SSE subscription is one, so this bounds the subscriptions one
+    /// connection carries. Announced to the client as
+    /// `SETTINGS_MAX_CONCURRENT_STREAMS` (RFC 9113 §6.5.2); a stream over
+    /// it is refused with `REFUSED_STREAM`. An HTTP/1 connection carries one
+    /// request at a time, and a WebSocket session one subscription.
+    pub max_streams_per_connection: u32,
     /// Largest message (and frame) a WebSocket client may send, in bytes
     /// (default 65 536). A larger one closes the session with 1009 "message
     /// too big" (RFC 6455 §7.4.1).
@@ -114,6 +121,7 @@ impl Default for ServerConfig {
             namespaces: NamespacesConfig::new(),
             max_connections_per_ip: 256,
             trusted_proxies: Vec::new(),
+            max_streams_per_connection: 100,
             ws_max_message_bytes: 64 * 1024,
         }
     }
@@ -133,6 +141,10 @@ impl ServerConfig {
             ("subscriber_buffer", self.subscriber_buffer),
             ("max_connections_per_ip", self.max_connections_per_ip),
             ("ws_max_message_bytes", self.ws_max_message_bytes),
+            (
+                "max_streams_per_connection",
+                usize::try_from(self.max_streams_per_connection).unwrap_or(usize::MAX),
+            ),
         ];
         for (name, value) in sizes {
             if value == 0 {

@@ -171,6 +171,7 @@ pub(crate) async fn serve_with(
         tls,
         app(state.clone()),
         state.config().header_read_timeout,
+        state.config().max_streams_per_connection,
         Arc::clone(&state.shared.conn_limits),
         stop.clone(),
     )

@@ -81,11 +81,15 @@ pub(crate) async fn serve_connections(
     tls: Option<TlsAcceptor>,
     app: Router,
     header_read_timeout: Duration,
+    max_streams_per_connection: u32,
     limits: Arc<ConnectionLimits>,
     stop: CancellationToken,
 ) {
     let refusal = refusal_router();
-    let builder = Arc::new(connection_builder(header_read_timeout));
+    let builder = Arc::new(connection_builder(
+        header_read_timeout,
+        max_streams_per_connection,
+    ));
     let graceful = GracefulShutdown::new();
     let mut backoff = Backoff::default();
     loop {
@@ -192,8 +196,8 @@ fn refusal_router() -> Router {
 }
 
 /// The connection settings: HTTP/1 with `header_read_timeout`, HTTP/2 with
-/// PINGs at the same period.
-fn connection_builder(header_read_timeout: Duration) -> Builder<TokioExecutor> {
+/// PINGs at the same period and at most `max_streams` requests at once.
+fn connection_builder(header_read_timeout: Duration, max_streams: u32) -> Builder<TokioExecutor> {
     let mut builder = Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -203,7 +207,8 @@ fn connection_builder(header_read_timeout: Duration) -> Builder<TokioExecutor> {
         .http2()
         .timer(TokioTimer::new())
         .keep_alive_interval(header_read_timeout)
-        .keep_alive_timeout(header_read_timeout);
+        .keep_alive_timeout(header_read_timeout)
+        .max_concurrent_streams(max_streams);
     builder
 }
 

@@ -238,3 +238,52 @@ async fn a_websocket_message_over_the_limit_is_closed_with_1009() {
     assert!(text.contains("herald_ws_messages_too_big_total"), "{text}");
     node.stop().await;
 }
+
+/// An HTTP/2 connection announces `max_streams_per_connection` as its
+/// `SETTINGS_MAX_CONCURRENT_STREAMS`, which bounds the requests (SSE
+/// subscriptions among them) that one connection carries at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_connections_announce_the_stream_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = ServerConfig {
+        max_streams_per_connection: 7,
+        ..ServerConfig::default()
+    };
+    let node = holder(dir.path(), config).await;
+    let mut stream = connect(&node).await;
+    // The client connection preface (RFC 9113 §3.4) and an empty SETTINGS
+    // frame: length 0, type 0x4, flags 0, stream 0.
+    stream
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    // The server's preface is a SETTINGS frame (RFC 9113 §3.4): a 9-byte
+    // header, then 6 bytes per setting (16-bit id, 32-bit value).
+    let settings = within("the server's SETTINGS", NODE_WAIT, async {
+        let mut header = [0u8; 9];
+        stream
+            .read_exact(&mut header)
+            .await
+            .expect("a frame header");
+        assert_eq!(header[3], 0x4, "the first frame is SETTINGS: {header:?}");
+        let length =
+            usize::from(header[0]) << 16 | usize::from(header[1]) << 8 | usize::from(header[2]);
+        let mut payload = vec![0u8; length];
+        stream.read_exact(&mut payload).await.expect("its payload");
+        payload
+            .chunks_exact(6)
+            .map(|s| {
+                (
+                    u16::from_be_bytes([s[0], s[1]]),
+                    u32::from_be_bytes([s[2], s[3], s[4], s[5]]),
+                )
+            })
+            .collect::<Vec<_>>()
+    })
+    .await;
+    // SETTINGS_MAX_CONCURRENT_STREAMS is 0x3 (RFC 9113 §6.5.2).
+    assert!(
+        settings.contains(&(0x3, 7)),
+        "no SETTINGS_MAX_CONCURRENT_STREAMS = 7 in {settings:?}"
+    );
+}

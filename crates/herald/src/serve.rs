@@ -151,6 +151,11 @@ pub(crate) struct ServeArgs {
         value_delimiter = ','
     )]
     trusted_proxies: Vec<IpAddr>,
+    /// Most requests at once on one HTTP/2 connection, SSE subscriptions
+    /// included (SETTINGS_MAX_CONCURRENT_STREAMS); a stream over it is
+    /// refused with REFUSED_STREAM.
+    #[arg(long, env = "HERALD_MAX_STREAMS_PER_CONNECTION", default_value_t = 100)]
+    max_streams_per_connection: u32,
     /// Largest message (and frame) a WebSocket client may send, in bytes;
     /// a larger one closes the session with 1009.
     #[arg(long, env = "HERALD_WS_MAX_MESSAGE_BYTES", default_value_t = 65_536)]
@@ -534,6 +539,7 @@ fn check_settings(args: &ServeArgs) -> anyhow::Result<()> {
         header_read_timeout: args.header_read_timeout,
         cors: cors_config(args),
         max_connections_per_ip: args.max_connections_per_ip,
+        max_streams_per_connection: args.max_streams_per_connection,
         ws_max_message_bytes: args.ws_max_message_bytes,
         ..ServerConfig::default()
     }
@@ -601,6 +607,7 @@ fn server_config(
         namespaces: checked.namespaces.clone(),
         max_connections_per_ip: args.max_connections_per_ip,
         trusted_proxies: args.trusted_proxies.clone(),
+        max_streams_per_connection: args.max_streams_per_connection,
         ws_max_message_bytes: args.ws_max_message_bytes,
         ..ServerConfig::default()
     };
