@@ -38,6 +38,7 @@ mod fuzz;
 mod hub;
 mod listener;
 mod metrics;
+mod retention;
 mod role;
 mod sse;
 mod standby_feed;
@@ -58,6 +59,7 @@ use tokio_util::sync::CancellationToken;
 pub use config::ServerConfig;
 pub use error::{Error, Result, StartError, StorageFailure};
 pub use metrics::install_metrics_recorder;
+pub use retention::{RetentionConfig, RetentionHandle, RetentionPolicy, TrimPacing};
 pub use state::AppState;
 
 /// The HTTP API over `state`, without a socket (tests call it with
