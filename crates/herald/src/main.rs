@@ -6,6 +6,7 @@ mod fanout;
 mod history;
 mod logging;
 mod publish;
+mod retention;
 mod serve;
 mod status;
 mod tail;
@@ -32,7 +33,8 @@ enum Command {
     History(history::HistoryArgs),
     /// Follow a channel live, one JSON per line; reconnects by itself.
     Tail(tail::TailArgs),
-    /// List the channels and their heads, one JSON per line.
+    /// List the channels, one JSON per line: head, earliest offset, message
+    /// count and bytes stored.
     Channels(status::InfoArgs),
     /// Print the node's status.
     Status(status::InfoArgs),

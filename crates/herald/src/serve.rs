@@ -18,7 +18,7 @@ use herald_core::{Candidate, LeaseInfo};
 use herald_lease::{
     BootClock, LeaseConfig, LeaseHandle, LeaseState, Release, StopReason, Supervisor,
 };
-use herald_server::ServerConfig;
+use herald_server::{RetentionHandle, ServerConfig};
 use herald_storage::postgres::{PostgresOptions, PostgresStorage};
 use herald_storage::sqlite::{SqliteOptions, SqliteStorage};
 use herald_storage::Storage;
@@ -29,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::logging::LogFormat;
+use crate::retention::RetentionArgs;
 
 /// Exit statuses of `herald serve`, documented in `README.md` and
 /// `docs/storage.md`.
@@ -160,6 +161,9 @@ pub(crate) struct ServeArgs {
     /// Log format on stderr.
     #[arg(long, env = "HERALD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Human)]
     log_format: LogFormat,
+    /// Retention policies and the trimming task's pacing.
+    #[command(flatten)]
+    retention: RetentionArgs,
 }
 
 /// A `--listen` value: a host (an IP address or a name to resolve) and a
@@ -336,6 +340,9 @@ async fn start_and_run(args: ServeArgs) -> anyhow::Result<ExitStatus> {
     let server_config = server_config(&args, node_id, addr)?;
 
     let advertise_url = server_config.advertise_url.clone();
+    args.retention
+        .clone()
+        .reload_on_sighup(server_config.retention.clone());
     let node = Node::start(listener, storage, lease_config, server_config);
     info!(
         node_id = %node.node_id,
@@ -399,10 +406,12 @@ fn check_settings(args: &ServeArgs) -> anyhow::Result<()> {
         header_read_timeout: args.header_read_timeout,
         max_connections_per_ip: args.max_connections_per_ip,
         ws_max_message_bytes: args.ws_max_message_bytes,
+        trim_pacing: args.retention.pacing(),
         ..ServerConfig::default()
     }
     .validate()
     .context("server settings")?;
+    args.retention.load()?;
     if args
         .node_id
         .as_deref()
@@ -446,6 +455,8 @@ fn server_config(
         max_connections_per_ip: args.max_connections_per_ip,
         trusted_proxies: args.trusted_proxies.clone(),
         ws_max_message_bytes: args.ws_max_message_bytes,
+        retention: RetentionHandle::new(args.retention.load()?),
+        trim_pacing: args.retention.pacing(),
         ..ServerConfig::default()
     };
     server_config.validate().context("server settings")?;
