@@ -26,7 +26,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the server.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Publish one message; prints the server's answer JSON.
     Publish(publish::PublishArgs),
     /// Print a channel's stored messages, one JSON per line.
@@ -47,7 +47,7 @@ enum Command {
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve(args) => serve::run(args).await,
+        Command::Serve(args) => serve::run(*args).await,
         Command::Publish(args) => publish::run(args).await,
         Command::History(args) => history::run(args).await,
         Command::Tail(args) => tail::run(args).await,

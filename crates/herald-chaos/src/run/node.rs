@@ -35,6 +35,28 @@ const LEASE_FLAGS: [&str; 8] = [
     "500ms",
 ];
 
+/// Messages kept per channel of the namespace `trim` (retention).
+pub(crate) const TRIM_MAX_MESSAGES: u64 = 20;
+
+/// The retention flags every node gets: the policy file (written into the
+/// node's data directory) that bounds the namespace `trim`, and a sweep
+/// every 200 ms so that trimming runs all through the run.
+fn retention_args(data_dir: &std::path::Path) -> anyhow::Result<Vec<std::ffi::OsString>> {
+    let path = data_dir.join("retention.toml");
+    std::fs::create_dir_all(data_dir).with_context(|| format!("create {}", data_dir.display()))?;
+    std::fs::write(
+        &path,
+        format!("[retention.namespaces.trim]\nmax_messages = {TRIM_MAX_MESSAGES}\n"),
+    )
+    .with_context(|| format!("write {}", path.display()))?;
+    Ok(vec![
+        "--retention-policies".into(),
+        path.into_os_string(),
+        "--retention-trim-interval".into(),
+        "200ms".into(),
+    ])
+}
+
 /// The nodes' base URLs (`http://addr`), by node index; clients read it on
 /// every request because a restarted node may listen elsewhere.
 #[derive(Clone, Default)]
@@ -145,6 +167,7 @@ impl Node {
             .arg("--log-format")
             .arg("json")
             .args(LEASE_FLAGS)
+            .args(retention_args(&self.data_dir)?)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
