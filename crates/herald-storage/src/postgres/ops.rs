@@ -839,8 +839,9 @@ const TRIM_RECORD_SQL: &str =
 /// `max_rows` messages, removes the prefix that [`trim::plan`] picks and
 /// records the new `trimmed_through` and `bytes`. It does not take the
 /// fenced writes' advisory lock: it inserts nothing, so it cannot disturb
-/// the commit order of message ids, and appends to other channels never
-/// wait for it. Removed rows become dead tuples that autovacuum reclaims
+/// the commit order of message ids, and a fenced write to other channels
+/// never waits for it (one to this channel does, holding the advisory
+/// lock, so `max_rows` bounds what every queued write waits). Removed rows become dead tuples that autovacuum reclaims
 /// for reuse (docs/retention.md).
 ///
 /// The test-only fault switch `skip_fencing_check` skips the check here
