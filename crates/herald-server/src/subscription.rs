@@ -15,6 +15,13 @@
 //! `last` is the offset of the newest message handed out (or queued to be),
 //! so every message is delivered once, in offset order.
 //!
+//! Retention: every storage read returns the channel's earliest offset.
+//! When it is beyond `last + 1` (the resume point is older than what is
+//! kept, or trimming passed a subscriber still reading from the storage),
+//! one [`Item::Truncated`] is queued and `last` moves to `earliest − 1`:
+//! the gap is announced, never skipped silently. A notice that the
+//! channel was deleted queues [`Item::Deleted`], the last item.
+//!
 //! A storage read that fails with a transient error (the storage's
 //! `Unavailable`: the database is down, restarting, locked or slow) does not
 //! end the subscription: the read is tried again after a pause that grows
