@@ -5,12 +5,20 @@
 //!
 //! 1. every acknowledged message is stored, at its acknowledged offset,
 //!    with its id ([`Violation::AckedNotStored`]);
-//! 2. each channel's stored offsets are exactly `1..=head`
-//!    ([`Violation::OffsetsNotContiguous`]);
+//! 2. each channel's stored offsets are exactly `earliest..=head`, where
+//!    `earliest` is 1 unless retention trimmed the channel (the final
+//!    state's `earliest`) ([`Violation::OffsetsNotContiguous`]);
 //! 3. no two acknowledgements of different ids name the same channel and
 //!    offset ([`Violation::ConflictingAcks`]);
 //! 4. each subscriber connection receives every offset after its resume
-//!    point exactly once, in order, and each as stored
+//!    point exactly once, in order, and each as stored (a message trimmed
+//!    since cannot be compared), except the offsets that a `truncated`
+//!    announcement skips: accepted only when they are below the announced
+//!    earliest, the announcement starts where the connection stood, and
+//!    the announced earliest is at most the channel's final earliest (the
+//!    node never claims trimmed what is still stored)
+//!    ([`Violation::TruncatedWrongly`]); an acknowledged message may be
+//!    missing only below the channel's final earliest
 //!    ([`Violation::DeliveryGap`], [`Violation::DeliveryDuplicate`],
 //!    [`Violation::DeliveryOutOfOrder`], [`Violation::DeliveryMismatch`],
 //!    [`Violation::DeliveryWithoutSubscribe`]);
@@ -130,6 +138,27 @@ pub enum Violation {
         missing: Vec<OffsetRange>,
         /// Offsets holding more than one message, and offset 0 if used.
         extra: Vec<u64>,
+    },
+    /// (4) A `truncated` announcement that retention cannot explain: it
+    /// does not start where the connection stood, or it announces an
+    /// earliest offset beyond the channel's final earliest (messages it
+    /// skipped are still stored).
+    TruncatedWrongly {
+        /// The subscriber.
+        subscriber: String,
+        /// The node the connection was open to.
+        node: String,
+        /// The channel.
+        channel: String,
+        /// The offset the connection had reached (its next expected
+        /// offset minus one).
+        position: u64,
+        /// The announcement's `requested_after`.
+        requested_after: u64,
+        /// The announcement's `earliest`.
+        earliest: u64,
+        /// The channel's earliest offset after the run.
+        final_earliest: u64,
     },
     /// (3) Different messages were acknowledged at the same offset.
     ConflictingAcks {
@@ -353,6 +382,7 @@ impl Violation {
             Violation::UnpublishedStored { .. } => "unpublished_stored",
             Violation::LeaseResurrected { .. } => "lease_resurrected",
             Violation::DeliveryStalled { .. } => "delivery_stalled",
+            Violation::TruncatedWrongly { .. } => "truncated_wrongly",
         }
     }
 }
@@ -386,6 +416,19 @@ impl fmt::Display for Violation {
                 list(clients),
                 opt(stored_id),
                 list(id_stored_at)
+            ),
+            Violation::TruncatedWrongly {
+                subscriber,
+                node,
+                channel,
+                position,
+                requested_after,
+                earliest,
+                final_earliest,
+            } => write!(
+                f,
+                "{subscriber} on {node}, {channel}: truncated from {requested_after} to {earliest} \
+                 at position {position}; the channel's final earliest is {final_earliest}"
             ),
             Violation::OffsetsNotContiguous {
                 channel,
@@ -575,6 +618,9 @@ pub struct Counts {
     /// Lease observations (changes of the lease row seen by the harness).
     #[serde(default)]
     pub lease_observations: usize,
+    /// `truncated` announcements received by subscribers (retention).
+    #[serde(default)]
+    pub truncations: usize,
     /// Distinct fencing tokens among the lease observations.
     #[serde(default)]
     pub lease_tokens: usize,
@@ -723,6 +769,13 @@ impl fmt::Display for Report {
             "faults        {}, takeovers seen {}, lease acquisitions {}",
             c.faults, c.takeovers, acquisitions
         )?;
+        if c.truncations > 0 {
+            writeln!(
+                f,
+                "truncations   {} announced to subscribers",
+                c.truncations
+            )?;
+        }
         if c.lease_observations > 0 {
             writeln!(
                 f,
@@ -799,6 +852,8 @@ struct Store<'a> {
     by_offset: BTreeMap<&'a str, BTreeMap<u64, Vec<&'a StoredMessage>>>,
     /// Per (channel, id), the distinct offsets it is stored at, ascending.
     by_id: BTreeMap<(&'a str, &'a str), BTreeSet<u64>>,
+    /// Per channel, its final earliest offset (absent: 1).
+    earliest: &'a BTreeMap<String, u64>,
 }
 
 impl<'a> Store<'a> {
@@ -815,7 +870,17 @@ impl<'a> Store<'a> {
                     .insert(m.offset);
             }
         }
-        Store { by_offset, by_id }
+        Store {
+            by_offset,
+            by_id,
+            earliest: &state.earliest,
+        }
+    }
+
+    /// The channel's final earliest offset: every offset below it was
+    /// removed by retention.
+    fn earliest(&self, channel: &str) -> u64 {
+        self.earliest.get(channel).copied().unwrap_or(1).max(1)
     }
 
     /// The messages stored at an offset.
@@ -930,6 +995,10 @@ fn check_acks(attempts: &[Attempt<'_>], store: &Store<'_>, out: &mut Vec<Violati
             if store.at(channel, offset).iter().any(|m| m.id == id) {
                 continue;
             }
+            // Trimmed by retention: only ever below the final earliest.
+            if offset < store.earliest(channel) {
+                continue;
+            }
             out.push(Violation::AckedNotStored {
                 channel: channel.to_owned(),
                 id: id.to_owned(),
@@ -942,16 +1011,18 @@ fn check_acks(attempts: &[Attempt<'_>], store: &Store<'_>, out: &mut Vec<Violati
     }
 }
 
-/// (2): each channel's offsets are exactly `1..=head`.
+/// (2): each channel's offsets are exactly `earliest..=head`.
 fn check_offsets(store: &Store<'_>, out: &mut Vec<Violation>) {
     for (channel, offsets) in &store.by_offset {
         let head = offsets.keys().next_back().copied().unwrap_or(0);
         let mut missing = Vec::new();
         let mut extra = Vec::new();
-        let mut expected = 1;
+        let earliest = store.earliest(channel);
+        let mut expected = earliest;
         for (&offset, messages) in offsets {
-            if offset == 0 {
-                extra.push(0);
+            if offset < earliest {
+                // Stored below the earliest: it should have been trimmed.
+                extra.push(offset);
                 continue;
             }
             if offset > expected {
@@ -1098,6 +1169,35 @@ fn check_deliveries(history: &[Event], store: &Store<'_>, out: &mut Vec<Violatio
                     },
                 );
             }
+            Event::Truncated {
+                subscriber,
+                node,
+                channel,
+                requested_after,
+                earliest,
+                ..
+            } => {
+                let Some(segment) = segments.get_mut(&(subscriber.as_str(), channel.as_str()))
+                else {
+                    continue;
+                };
+                let position = segment.expected.saturating_sub(1);
+                let final_earliest = store.earliest(channel);
+                if *requested_after != position || *earliest > final_earliest {
+                    out.push(Violation::TruncatedWrongly {
+                        subscriber: subscriber.clone(),
+                        node: node.clone(),
+                        channel: channel.clone(),
+                        position,
+                        requested_after: *requested_after,
+                        earliest: *earliest,
+                        final_earliest,
+                    });
+                }
+                // The skipped offsets are accepted, below the announced
+                // earliest only.
+                segment.expected = segment.expected.max(*earliest);
+            }
             Event::Delivery {
                 subscriber,
                 node,
@@ -1151,7 +1251,9 @@ fn check_deliveries(history: &[Event], store: &Store<'_>, out: &mut Vec<Violatio
                 }
                 segment.received.insert(offset);
                 let stored = store.at(channel, offset);
-                if !stored.iter().any(|m| m.id == *id) {
+                // A message trimmed since cannot be compared.
+                let trimmed = offset < store.earliest(channel);
+                if !trimmed && !stored.iter().any(|m| m.id == *id) {
                     out.push(Violation::DeliveryMismatch {
                         subscriber: subscriber.clone(),
                         node: segment.node.to_owned(),
@@ -1231,6 +1333,10 @@ struct Connection<'a> {
     replaced_ms: Option<u64>,
     /// Offset -> when it was first received.
     received: BTreeMap<u64, u64>,
+    /// The last `truncated` announcement's earliest, and when it came:
+    /// offsets below it count as handed over then (retention removed
+    /// them).
+    truncated_below: Option<(u64, u64)>,
 }
 
 /// The faults, each widened to `[start - FAULT_LEAD_MS, end +
@@ -1309,6 +1415,7 @@ fn check_stalls(history: &[Event], attempts: &[Attempt<'_>], out: &mut Vec<Viola
                     opened_ms: *at_ms,
                     replaced_ms: None,
                     received: BTreeMap::new(),
+                    truncated_below: None,
                 });
             }
             Event::Delivery {
@@ -1320,6 +1427,17 @@ fn check_stalls(history: &[Event], attempts: &[Attempt<'_>], out: &mut Vec<Viola
             } => {
                 if let Some(&i) = current.get(&(subscriber.as_str(), channel.as_str())) {
                     connections[i].received.entry(*offset).or_insert(*at_ms);
+                }
+            }
+            Event::Truncated {
+                subscriber,
+                channel,
+                earliest,
+                at_ms,
+                ..
+            } => {
+                if let Some(&i) = current.get(&(subscriber.as_str(), channel.as_str())) {
+                    connections[i].truncated_below = Some((*earliest, *at_ms));
                 }
             }
             _ => {}
@@ -1343,6 +1461,11 @@ fn check_stalls(history: &[Event], attempts: &[Attempt<'_>], out: &mut Vec<Viola
                 continue;
             }
             if c.received.get(&offset).is_some_and(|&at| at <= due_ms) {
+                continue;
+            }
+            if c.truncated_below
+                .is_some_and(|(earliest, at)| offset < earliest && at <= due_ms)
+            {
                 continue;
             }
             if missed.insert(offset) && first_missed.is_none() {
@@ -1390,6 +1513,7 @@ fn counts(history: &[Event], attempts: &[Attempt<'_>], state: &FinalState) -> Co
             Event::Fault { .. } => c.faults += 1,
             Event::Takeover { .. } => c.takeovers += 1,
             Event::Lease { .. } => c.lease_observations += 1,
+            Event::Truncated { .. } => c.truncations += 1,
             Event::Publish { .. } => {}
         }
     }

@@ -76,6 +76,23 @@ pub enum Event {
         /// When the connection was opened.
         at_ms: u64,
     },
+    /// A subscriber was told that the messages after `requested_after` and
+    /// below `earliest` were removed by retention (SSE `event: truncated`);
+    /// what it receives next starts at `earliest`.
+    Truncated {
+        /// The subscriber.
+        subscriber: String,
+        /// The node the subscription is connected to.
+        node: String,
+        /// The channel.
+        channel: String,
+        /// The offset the subscriber had reached.
+        requested_after: u64,
+        /// The channel's earliest offset, as the node announced it.
+        earliest: u64,
+        /// When it was received.
+        at_ms: u64,
+    },
     /// A fault the harness injected, for reporting.
     Fault {
         /// What kind of fault, e.g. `kill_holder`, `partition_db`.
@@ -130,6 +147,7 @@ impl Event {
             } => (*invoke_ms).max(*complete_ms),
             Event::Delivery { at_ms, .. }
             | Event::Subscribe { at_ms, .. }
+            | Event::Truncated { at_ms, .. }
             | Event::Takeover { at_ms, .. }
             | Event::Lease { at_ms, .. } => *at_ms,
             Event::Fault {
@@ -220,6 +238,11 @@ pub struct LeaseAcquisition {
 pub struct FinalState {
     /// Every channel's stored messages, in any order.
     pub channels: BTreeMap<String, Vec<StoredMessage>>,
+    /// Each channel's earliest offset (`channels.trimmed_through + 1`):
+    /// every offset below it was removed by retention. A channel missing
+    /// here has earliest 1 (nothing removed).
+    #[serde(default)]
+    pub earliest: BTreeMap<String, u64>,
     /// The writer lease's acquisitions, when they could be recovered.
     #[serde(default)]
     pub lease_history: Option<Vec<LeaseAcquisition>>,

@@ -3,6 +3,7 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
+use crate::retention::{RetentionHandle, TrimPacing};
 use crate::{AuthConfig, CorsConfig, NamespacesConfig, StartError, TlsCertificates};
 
 /// Settings of one node's HTTP server. Every field has a default (see
@@ -98,6 +99,13 @@ pub struct ServerConfig {
     /// (default 65 536). A larger one closes the session with 1009 "message
     /// too big" (RFC 6455 §7.4.1).
     pub ws_max_message_bytes: usize,
+    /// The retention policies in force (default: none, history grows
+    /// forever); replaceable while the node runs (`RetentionHandle::replace`,
+    /// read by the trimming task at each sweep). See `docs/retention.md`.
+    pub retention: RetentionHandle,
+    /// How the holder's trimming task paces itself (sweep interval, rows
+    /// per transaction, pause between transactions).
+    pub trim_pacing: TrimPacing,
 }
 
 impl Default for ServerConfig {
@@ -123,6 +131,8 @@ impl Default for ServerConfig {
             trusted_proxies: Vec::new(),
             max_streams_per_connection: 100,
             ws_max_message_bytes: 64 * 1024,
+            retention: RetentionHandle::default(),
+            trim_pacing: TrimPacing::default(),
         }
     }
 }
@@ -145,6 +155,7 @@ impl ServerConfig {
                 "max_streams_per_connection",
                 usize::try_from(self.max_streams_per_connection).unwrap_or(usize::MAX),
             ),
+            ("trim_pacing.batch", self.trim_pacing.batch),
         ];
         for (name, value) in sizes {
             if value == 0 {
@@ -158,6 +169,7 @@ impl ServerConfig {
             ("standby_poll_interval", self.standby_poll_interval),
             ("header_read_timeout", self.header_read_timeout),
             ("forward_timeout", self.forward_timeout),
+            ("trim_pacing.interval", self.trim_pacing.interval),
         ];
         for (name, value) in periods {
             if value.is_zero() {

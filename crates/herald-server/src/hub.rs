@@ -24,6 +24,9 @@ pub(crate) struct Notice {
     /// The committed messages in offset order, when known; empty means "read
     /// up to `head` from the storage".
     pub(crate) messages: Vec<Message>,
+    /// The channel was deleted (its messages removed, `head` kept): every
+    /// subscription to it ends with a final `deleted` event.
+    pub(crate) deleted: bool,
 }
 
 /// Per-channel broadcast senders.
@@ -160,6 +163,7 @@ mod tests {
         assert_eq!(hub.channel_count(), 0);
         // Publishing to a channel without subscribers creates nothing.
         hub.publish(Notice {
+            deleted: false,
             channel: a.clone(),
             head: 1,
             messages: vec![msg(1)],
@@ -175,6 +179,7 @@ mod tests {
         let mut ra = hub.subscribe(&a);
         let mut rb = hub.subscribe(&b);
         hub.publish(Notice {
+            deleted: false,
             channel: a.clone(),
             head: 1,
             messages: vec![msg(1)],
@@ -194,6 +199,7 @@ mod tests {
         let mut r = hub.subscribe(&a);
         for head in 1..=5 {
             hub.publish(Notice {
+                deleted: false,
                 channel: a.clone(),
                 head,
                 messages: vec![],

@@ -41,6 +41,7 @@ mod fuzz;
 mod hub;
 mod listener;
 mod metrics;
+mod retention;
 mod role;
 mod sse;
 mod standby_feed;
@@ -67,6 +68,7 @@ pub use config::ServerConfig;
 pub use cors::CorsConfig;
 pub use error::{Error, Result, StartError, StorageFailure};
 pub use metrics::install_metrics_recorder;
+pub use retention::{RetentionConfig, RetentionHandle, RetentionPolicy, TrimPacing};
 pub use state::AppState;
 pub use tls::TlsCertificates;
 

@@ -18,6 +18,12 @@
 //! | `herald_connections_refused_total` | counter | `reason` (`per_ip`) | connections (or proxied requests) answered `429 too_many_connections` |
 //! | `herald_idle_connections_closed_total` | counter | | connections closed because no request head arrived within the header read timeout |
 //! | `herald_ws_messages_too_big_total` | counter | | WebSocket sessions closed with 1009 for a client message over the limit |
+//! | `herald_retention_trimmed_messages_total` | counter | | messages removed by retention (trims and channel deletions) on this node |
+//! | `herald_retention_trimmed_bytes_total` | counter | | bytes of message data removed by retention on this node |
+//! | `herald_retention_trim_duration_seconds` | histogram | | time of one trim transaction (bounded rows), seconds |
+//! | `herald_retention_backlog_messages` | gauge | | on the holder, at the start of the last sweep: messages beyond `max_messages` summed over channels (age and size backlogs are not counted: they need a read per channel) |
+//! | `herald_retention_channels_beyond_policy` | gauge | | on the holder, at the start of the last sweep: channels with more messages or bytes than their policy allows |
+//! | `herald_subscriptions_truncated_total` | counter | | `truncated` events sent: a subscriber resumed (or fell) below the channel's earliest offset |
 
 use std::sync::OnceLock;
 
@@ -41,6 +47,12 @@ pub(crate) const RATE_LIMITED: &str = "herald_publish_rate_limited_total";
 pub(crate) const CONNECTIONS_REFUSED: &str = "herald_connections_refused_total";
 pub(crate) const IDLE_CONNECTIONS_CLOSED: &str = "herald_idle_connections_closed_total";
 pub(crate) const WS_MESSAGES_TOO_BIG: &str = "herald_ws_messages_too_big_total";
+pub(crate) const TRIMMED_MESSAGES: &str = "herald_retention_trimmed_messages_total";
+pub(crate) const TRIMMED_BYTES: &str = "herald_retention_trimmed_bytes_total";
+pub(crate) const TRIM_DURATION: &str = "herald_retention_trim_duration_seconds";
+pub(crate) const RETENTION_BACKLOG: &str = "herald_retention_backlog_messages";
+pub(crate) const CHANNELS_BEYOND_POLICY: &str = "herald_retention_channels_beyond_policy";
+pub(crate) const SUBSCRIPTIONS_TRUNCATED: &str = "herald_subscriptions_truncated_total";
 
 /// Upper bounds of the publish duration buckets, in seconds.
 const DURATION_BUCKETS: &[f64] = &[
@@ -166,6 +178,35 @@ fn describe() {
         WS_MESSAGES_TOO_BIG,
         "WebSocket sessions closed with 1009 because the client sent a message over the limit."
     );
+    describe_counter!(
+        TRIMMED_MESSAGES,
+        Unit::Count,
+        "Messages removed by retention (trims and channel deletions) on this node."
+    );
+    describe_counter!(
+        TRIMMED_BYTES,
+        Unit::Bytes,
+        "Bytes of message data removed by retention on this node."
+    );
+    describe_histogram!(
+        TRIM_DURATION,
+        Unit::Seconds,
+        "Time of one trim transaction (a bounded number of rows)."
+    );
+    describe_gauge!(
+        RETENTION_BACKLOG,
+        Unit::Count,
+        "On the holder at the last sweep: messages beyond max_messages, summed over channels."
+    );
+    describe_gauge!(
+        CHANNELS_BEYOND_POLICY,
+        Unit::Count,
+        "On the holder at the last sweep: channels with more messages or bytes than their policy allows."
+    );
+    describe_counter!(
+        SUBSCRIPTIONS_TRUNCATED,
+        "Truncated events sent: a subscriber resumed or fell below the channel's earliest offset."
+    );
     // Emitted by the lease supervisor (herald-lease).
     describe_counter!(
         "herald_lease_renewals_total",
@@ -236,6 +277,24 @@ pub(crate) fn catchup_read() {
 /// again.
 pub(crate) fn subscription_read_retry() {
     counter!(SUBSCRIPTION_READ_RETRIES).increment(1);
+}
+
+/// Counts one `truncated` event handed to a subscriber.
+pub(crate) fn subscription_truncated() {
+    counter!(SUBSCRIPTIONS_TRUNCATED).increment(1);
+}
+
+/// Records one trim transaction: what it removed and how long it took.
+pub(crate) fn trimmed(messages: u64, bytes: u64, seconds: f64) {
+    counter!(TRIMMED_MESSAGES).increment(messages);
+    counter!(TRIMMED_BYTES).increment(bytes);
+    histogram!(TRIM_DURATION).record(seconds);
+}
+
+/// Sets the retention backlog gauges at the start of a sweep.
+pub(crate) fn retention_backlog(messages: u64, channels: u64) {
+    gauge!(RETENTION_BACKLOG).set(messages as f64);
+    gauge!(CHANNELS_BEYOND_POLICY).set(channels as f64);
 }
 
 /// Counts one connection (or proxied request) refused for `reason`

@@ -2,7 +2,12 @@
 //! (WHATWG HTML, "Server-sent events").
 //!
 //! Each message is one event: `id: <offset>`, `event: message`,
-//! `data: {"offset","data","published_at"}`. A comment line is sent every
+//! `data: {"offset","data","published_at"}`. When the subscriber's
+//! position is below the channel's earliest offset (retention trimmed
+//! what it had not got yet), one `event: truncated` with
+//! `{"requested_after","earliest"}` comes first and the stream goes on at
+//! `earliest`; when the channel is deleted, `event: deleted` with
+//! `{"head"}` ends the stream. A comment line is sent every
 //! `heartbeat` so that proxies keep the connection open. The client resumes
 //! with the standard `Last-Event-ID` header (or `?after=N`). On drain the
 //! stream simply ends; an `EventSource` reconnects to another node and
@@ -37,7 +42,7 @@ use herald_core::Message;
 
 use crate::api::{resume_after, AfterQuery, ChannelPath, ValidQuery};
 use crate::auth::Subscriber;
-use crate::subscription::Subscription;
+use crate::subscription::{Item, Subscription};
 use crate::{AppState, Result};
 
 /// Tells nginx-style proxies not to buffer the stream.
@@ -72,13 +77,13 @@ pub(crate) async fn events(
                 // Expiry first: a busy channel does not keep it open.
                 biased;
                 () = expired.as_mut() => None,
-                next = sub.next() => Some(next),
+                next = sub.next_item() => Some(next),
             },
-            None => Some(sub.next().await),
+            None => Some(sub.next_item().await),
         };
         match next {
-            Some(Ok(Some(message))) => {
-                Some((Ok::<_, Infallible>(event(&message)), Some((sub, expiry))))
+            Some(Ok(Some(item))) => {
+                Some((Ok::<_, Infallible>(item_event(&item)), Some((sub, expiry))))
             }
             None => {
                 tracing::debug!(channel = %sub.channel(), "SSE stream ends: the token expired");
@@ -113,6 +118,22 @@ pub(crate) async fn events(
         sse,
     )
         .into_response())
+}
+
+/// One item as an SSE event: a message, or `event: truncated` (with
+/// `id: earliest − 1`, so that a reconnecting `EventSource` resumes where
+/// the stream goes on), or `event: deleted` (the stream ends after it).
+fn item_event(item: &Item) -> Event {
+    match item {
+        Item::Message(message) => event(message),
+        Item::Truncated { earliest, .. } => Event::default()
+            .id(earliest.saturating_sub(1).to_string())
+            .event("truncated")
+            .data(item.control_json(false).unwrap_or_default()),
+        Item::Deleted { .. } => Event::default()
+            .event("deleted")
+            .data(item.control_json(false).unwrap_or_default()),
+    }
 }
 
 /// One message as an SSE event.

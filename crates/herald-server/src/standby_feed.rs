@@ -227,6 +227,7 @@ impl StandbyFeed {
                 self.cursor = feed.cursor;
                 for moved in feed.changed {
                     self.hub.publish(Notice {
+                        deleted: false,
                         channel: moved.name,
                         head: moved.head,
                         messages: Vec::new(),

@@ -1,5 +1,5 @@
 //! The node's shared state and its background tasks (writer, standby feed,
-//! metrics upkeep).
+//! retention's trimming task, metrics upkeep).
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -16,6 +16,7 @@ use crate::auth::Auth;
 use crate::conn_limit::ConnectionLimits;
 use crate::forward::Forwarder;
 use crate::hub::Hub;
+use crate::retention::Trimmer;
 use crate::role::LeaseView;
 use crate::standby_feed::StandbyFeed;
 use crate::writer::{Writer, WriterHandle};
@@ -129,9 +130,16 @@ impl AppState {
                 done.cancel();
             }
         };
+        let trimmer = Trimmer {
+            storage: Arc::clone(&storage),
+            lease: Arc::clone(&lease),
+            retention: config.retention.clone(),
+            pacing: config.trim_pacing,
+        };
         let tasks = vec![
             tokio::spawn(writer_task.instrument(span.clone())),
-            tokio::spawn(feed.run(shutdown.clone()).instrument(span)),
+            tokio::spawn(feed.run(shutdown.clone()).instrument(span.clone())),
+            tokio::spawn(trimmer.run(shutdown.clone()).instrument(span)),
             tokio::spawn(upkeep(metrics.clone(), shutdown.clone())),
         ];
         tracing::info!(

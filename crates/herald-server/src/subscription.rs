@@ -15,6 +15,13 @@
 //! `last` is the offset of the newest message handed out (or queued to be),
 //! so every message is delivered once, in offset order.
 //!
+//! Retention: every storage read returns the channel's earliest offset.
+//! When it is beyond `last + 1` (the resume point is older than what is
+//! kept, or trimming passed a subscriber still reading from the storage),
+//! one [`Item::Truncated`] is queued and `last` moves to `earliest − 1`:
+//! the gap is announced, never skipped silently. A notice that the
+//! channel was deleted queues [`Item::Deleted`], the last item.
+//!
 //! A storage read that fails with a transient error (the storage's
 //! `Unavailable`: the database is down, restarting, locked or slow) does not
 //! end the subscription: the read is tried again after a pause that grows
@@ -38,6 +45,59 @@ use crate::error::StorageFailure;
 use crate::hub::{Hub, HubReceiver, Notice};
 use crate::metrics::{self, SubscriberGauge};
 use crate::{Error, Result};
+
+/// What a subscription hands out, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Item {
+    /// The next message (offset `last + 1`).
+    Message(Message),
+    /// Messages after `requested_after` and below `earliest` were trimmed
+    /// (retention) or deleted before this subscriber got them: it goes on
+    /// at `earliest`. Sent once per gap, never a silent skip.
+    Truncated {
+        /// The offset the subscriber had reached (its resume point, or its
+        /// last message).
+        requested_after: Offset,
+        /// The channel's earliest stored offset, read from the storage.
+        earliest: Offset,
+    },
+    /// The channel was deleted; `head` is kept (the next message gets
+    /// `head + 1`). The last item: the subscription ends after it.
+    Deleted {
+        /// The channel's head at deletion.
+        head: Offset,
+    },
+}
+
+impl Item {
+    /// The JSON body of a `truncated` or `deleted` item, as SSE sends it
+    /// in `data:` (`{"requested_after":N,"earliest":M}`, `{"head":N}`)
+    /// and WebSocket in a text frame with `"type"` added; `None` for a
+    /// message.
+    pub(crate) fn control_json(&self, with_type: bool) -> Option<String> {
+        let value = match *self {
+            Item::Message(_) => return None,
+            Item::Truncated {
+                requested_after,
+                earliest,
+            } => {
+                if with_type {
+                    serde_json::json!({"type": "truncated", "requested_after": requested_after, "earliest": earliest})
+                } else {
+                    serde_json::json!({"requested_after": requested_after, "earliest": earliest})
+                }
+            }
+            Item::Deleted { head } => {
+                if with_type {
+                    serde_json::json!({"type": "deleted", "head": head})
+                } else {
+                    serde_json::json!({"head": head})
+                }
+            }
+        };
+        Some(value.to_string())
+    }
+}
 
 /// Messages read from the storage per request.
 pub(crate) const PAGE_LIMIT: usize = 1000;
@@ -105,9 +165,11 @@ pub(crate) struct Subscription {
     live: HubReceiver,
     /// Offset of the newest message queued in `ready` or already handed out.
     last: Offset,
-    /// Messages to hand out, in offset order, all `<= last`. Handed out
+    /// Items to hand out, in offset order, all `<= last`. Handed out
     /// before anything else, whatever the phase.
-    ready: VecDeque<Message>,
+    ready: VecDeque<Item>,
+    /// Set once a `deleted` notice was queued: nothing follows it.
+    ended: bool,
     /// Where the subscription is in the algorithm; kept here so that a
     /// cancelled `next` loses nothing.
     phase: Phase,
@@ -153,6 +215,7 @@ impl Subscription {
             live,
             last: after,
             ready: VecDeque::new(),
+            ended: false,
             phase: Phase::History,
             retry: None,
             resume_checked: false,
@@ -193,10 +256,13 @@ impl Subscription {
     /// client resumes from its last offset). [`Error::OffsetBeyondHead`]
     /// when the first read that succeeded came after an outage at the
     /// start and found the resume point beyond the head.
-    pub(crate) async fn next(&mut self) -> Result<Option<Message>> {
+    pub(crate) async fn next_item(&mut self) -> Result<Option<Item>> {
         loop {
-            if let Some(message) = self.ready.pop_front() {
-                return Ok(Some(message));
+            if let Some(item) = self.ready.pop_front() {
+                return Ok(Some(item));
+            }
+            if self.ended {
+                return Ok(None);
             }
             // Each arm awaits at most one read or one notice, then names
             // the next phase; `self.phase` changes only once it completed.
@@ -239,6 +305,11 @@ impl Subscription {
     /// [`Error::StorageUnavailable`] on a read failure that is not
     /// transient.
     async fn apply(&mut self, notice: Arc<Notice>) -> Result<Phase> {
+        if notice.deleted {
+            self.ready.push_back(Item::Deleted { head: notice.head });
+            self.ended = true;
+            return Ok(Phase::Live);
+        }
         match catch_up_target(&notice, self.last) {
             Some(target) => {
                 metrics::catchup_read();
@@ -369,13 +440,24 @@ impl Subscription {
     }
 
     /// Queues the page's messages that continue at `last + 1`; returns the
-    /// page's length.
+    /// page's length. When the page's `earliest` is beyond `last + 1`
+    /// (retention trimmed, or a deletion removed, what this subscriber had
+    /// not got yet), first queues one [`Item::Truncated`] and goes on at
+    /// `earliest`: the gap is announced, never skipped silently.
     fn queue(&mut self, page: Page) -> usize {
+        if page.earliest > self.last + 1 {
+            metrics::subscription_truncated();
+            self.ready.push_back(Item::Truncated {
+                requested_after: self.last,
+                earliest: page.earliest,
+            });
+            self.last = page.earliest - 1;
+        }
         let len = page.messages.len();
         for message in page.messages {
             if message.offset == self.last + 1 {
                 self.last = message.offset;
-                self.ready.push_back(message);
+                self.ready.push_back(Item::Message(message));
             }
         }
         len
@@ -386,8 +468,19 @@ impl Subscription {
         for message in &notice.messages {
             if message.offset == self.last + 1 {
                 self.last = message.offset;
-                self.ready.push_back(message.clone());
+                self.ready.push_back(Item::Message(message.clone()));
             }
+        }
+    }
+
+    /// The next message, for tests written before retention: panics on
+    /// any other item.
+    #[cfg(test)]
+    pub(crate) async fn next(&mut self) -> Result<Option<Message>> {
+        match self.next_item().await? {
+            Some(Item::Message(m)) => Ok(Some(m)),
+            None => Ok(None),
+            Some(other) => panic!("expected a message, got {other:?}"),
         }
     }
 }
@@ -442,6 +535,7 @@ mod tests {
     /// A head-moved notice without messages, as the standby feed sends.
     fn bare(channel: &str, head: Offset) -> Notice {
         Notice {
+            deleted: false,
             channel: ChannelName::new(channel).unwrap(),
             head,
             messages: Vec::new(),
@@ -450,6 +544,7 @@ mod tests {
 
     fn notice(channel: &str, head: Offset, offsets: std::ops::RangeInclusive<Offset>) -> Notice {
         Notice {
+            deleted: false,
             channel: ChannelName::new(channel).unwrap(),
             head,
             messages: offsets.map(msg).collect(),
@@ -490,6 +585,7 @@ mod tests {
         // Committed after subscribing, and also announced: must come once.
         storage.append_as_other_node("a", "2501");
         hub.publish(Notice {
+            deleted: false,
             channel: ChannelName::new("a").unwrap(),
             head: 2501,
             messages: vec![msg(2501)],
@@ -538,6 +634,7 @@ mod tests {
             storage.append_as_other_node("a", &i.to_string());
         }
         hub.publish(Notice {
+            deleted: false,
             channel: a,
             head: 4,
             messages: vec![msg(1), msg(2), msg(4)],
@@ -745,5 +842,97 @@ mod tests {
             .await
             .expect("next returns");
         assert!(matches!(next, Err(Error::Storage(_))));
+    }
+
+    /// Trims `channel` of `storage` to its newest `keep` messages.
+    async fn trim_keeping(storage: &Arc<MemoryStorage>, channel: &str, keep: u64) {
+        let lease = herald_core::Lease {
+            name: "writer".to_owned(),
+            holder: "node-a".to_owned(),
+            holder_url: "http://node-a".to_owned(),
+            token: herald_core::FencingToken(1),
+        };
+        let limits = herald_storage::TrimLimits {
+            max_messages: Some(keep),
+            ..herald_storage::TrimLimits::default()
+        };
+        storage
+            .trim(&lease, &ChannelName::new(channel).unwrap(), &limits, 1000)
+            .await
+            .unwrap();
+    }
+
+    async fn next_item(sub: &mut Subscription) -> Item {
+        tokio::time::timeout(Duration::from_secs(5), sub.next_item())
+            .await
+            .expect("subscription stalled")
+            .unwrap()
+            .expect("an item")
+    }
+
+    #[tokio::test]
+    async fn a_resume_point_below_earliest_is_announced_then_goes_on_at_earliest() {
+        let storage = MemoryStorage::new();
+        for i in 0..10 {
+            storage.append_as_other_node("a", &i.to_string());
+        }
+        trim_keeping(&storage, "a", 3).await;
+        let hub = Hub::new(16);
+        let mut sub = subscribe(&storage, &hub, "a", 2, "sse").await;
+        assert_eq!(
+            next_item(&mut sub).await,
+            Item::Truncated {
+                requested_after: 2,
+                earliest: 8
+            }
+        );
+        assert_eq!(collect(&mut sub, 3).await, vec![8, 9, 10]);
+        // Exactly at earliest − 1: nothing is announced.
+        let mut at_edge = subscribe(&storage, &hub, "a", 7, "sse").await;
+        assert_eq!(collect(&mut at_edge, 3).await, vec![8, 9, 10]);
+    }
+
+    #[tokio::test]
+    async fn a_subscriber_overtaken_by_trimming_gets_truncated_not_a_silent_skip() {
+        let storage = MemoryStorage::new();
+        for i in 0..2500 {
+            storage.append_as_other_node("a", &i.to_string());
+        }
+        let hub = Hub::new(16);
+        // The first page (1..=1000) is read at the start.
+        let mut sub = subscribe(&storage, &hub, "a", 0, "sse").await;
+        trim_keeping(&storage, "a", 100).await;
+        assert_eq!(
+            collect(&mut sub, 1000).await,
+            (1..=1000).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            next_item(&mut sub).await,
+            Item::Truncated {
+                requested_after: 1000,
+                earliest: 2401
+            }
+        );
+        assert_eq!(
+            collect(&mut sub, 100).await,
+            (2401..=2500).collect::<Vec<_>>()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_deleted_notice_is_the_last_item() {
+        let storage = MemoryStorage::new();
+        storage.append_as_other_node("a", "1");
+        let hub = Hub::new(16);
+        let mut sub = subscribe(&storage, &hub, "a", 0, "ws").await;
+        assert_eq!(collect(&mut sub, 1).await, vec![1]);
+        hub.publish(Notice {
+            deleted: true,
+            channel: ChannelName::new("a").unwrap(),
+            head: 1,
+            messages: Vec::new(),
+        });
+        assert_eq!(next_item(&mut sub).await, Item::Deleted { head: 1 });
+        assert!(sub.next_item().await.unwrap().is_none());
     }
 }

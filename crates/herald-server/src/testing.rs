@@ -32,6 +32,8 @@ struct Mem {
     /// (commit sequence number, channel, head after the commit)
     changes: Vec<(u64, String, Offset)>,
     seq: u64,
+    /// Per channel: every offset at or below this was trimmed.
+    trimmed: HashMap<String, Offset>,
     token: u64,
     clock_ms: i64,
     batch_sizes: Vec<usize>,
@@ -208,7 +210,8 @@ impl MemoryStorage {
         mem.clock_ms += 1;
         let at = mem.clock_ms;
         let list = mem.channels.entry(name.clone()).or_default();
-        let offset = list.last().map_or(1, |m| m.offset + 1);
+        let trimmed = mem.trimmed.get(&name).copied().unwrap_or(0);
+        let offset = list.last().map_or(trimmed + 1, |m| m.offset + 1);
         list.push(Message {
             offset,
             data: Arc::clone(&msg.data),
@@ -358,7 +361,8 @@ impl Storage for MemoryStorage {
         }
         let mem = self.mem.lock().unwrap();
         let list = mem.channels.get(channel.as_str());
-        let head = list.and_then(|v| v.last()).map_or(0, |m| m.offset);
+        let trimmed = mem.trimmed.get(channel.as_str()).copied().unwrap_or(0);
+        let head = list.and_then(|v| v.last()).map_or(trimmed, |m| m.offset);
         let messages = list
             .map(|v| {
                 v.iter()
@@ -368,7 +372,74 @@ impl Storage for MemoryStorage {
                     .collect()
             })
             .unwrap_or_default();
-        Ok(Page { head, messages })
+        Ok(Page {
+            head,
+            earliest: trimmed + 1,
+            messages,
+        })
+    }
+
+    async fn channel_stats(&self) -> herald_storage::Result<Vec<herald_storage::ChannelStats>> {
+        let mem = self.mem.lock().unwrap();
+        Ok(mem
+            .channels
+            .iter()
+            .map(|(name, v)| {
+                let trimmed = mem.trimmed.get(name).copied().unwrap_or(0);
+                herald_storage::ChannelStats {
+                    name: ChannelName::new(name.clone()).unwrap(),
+                    head: v.last().map_or(trimmed, |m| m.offset),
+                    earliest: v.first().map_or(trimmed + 1, |m| m.offset),
+                    messages: v.len() as u64,
+                    bytes: v.iter().map(|m| m.data.get().len() as u64).sum(),
+                }
+            })
+            .collect())
+    }
+
+    /// Trims by `max_messages` and `up_to` only (enough for the server's
+    /// unit tests), in one step.
+    async fn trim(
+        &self,
+        lease: &Lease,
+        channel: &ChannelName,
+        limits: &herald_storage::TrimLimits,
+        _max_rows: usize,
+    ) -> herald_storage::Result<herald_storage::Trimmed> {
+        let mut mem = self.mem.lock().unwrap();
+        if mem.token != lease.token.0 {
+            return Err(herald_storage::Error::LeaseLost {
+                name: lease.name.clone(),
+                token: lease.token,
+            });
+        }
+        let name = channel.as_str().to_owned();
+        let trimmed = mem.trimmed.get(&name).copied().unwrap_or(0);
+        let list = mem.channels.entry(name.clone()).or_default();
+        let head = list.last().map_or(trimmed, |m| m.offset);
+        let through = limits
+            .max_messages
+            .map_or(0, |keep| head.saturating_sub(keep))
+            .max(limits.up_to.unwrap_or(0).min(head))
+            .max(trimmed);
+        let before = list.len();
+        let bytes: u64 = list
+            .iter()
+            .filter(|m| m.offset <= through)
+            .map(|m| m.data.get().len() as u64)
+            .sum();
+        list.retain(|m| m.offset > through);
+        let messages = (before - list.len()) as u64;
+        mem.keys
+            .retain(|(ch, _), (offset, _, _)| *ch != name || *offset > through);
+        mem.trimmed.insert(name, through);
+        Ok(herald_storage::Trimmed {
+            messages,
+            bytes,
+            earliest: through + 1,
+            head,
+            done: true,
+        })
     }
 
     async fn channels(&self) -> herald_storage::Result<Vec<ChannelHead>> {
@@ -378,7 +449,9 @@ impl Storage for MemoryStorage {
             .iter()
             .map(|(name, v)| ChannelHead {
                 name: ChannelName::new(name.clone()).unwrap(),
-                head: v.last().map_or(0, |m| m.offset),
+                head: v
+                    .last()
+                    .map_or(mem.trimmed.get(name).copied().unwrap_or(0), |m| m.offset),
             })
             .collect())
     }

@@ -108,7 +108,9 @@ async fn publish_then_read_history() {
     let (_, _, body) = node.get("/v1/channels").await;
     assert_eq!(
         body,
-        json!({ "channels": [{ "name": "orders", "head": 3 }] })
+        json!({ "channels": [{
+            "name": "orders", "head": 3, "earliest": 1, "messages": 3, "bytes": 21
+        }] })
     );
     node.stop().await;
 }
@@ -317,7 +319,10 @@ async fn bad_requests_have_the_error_shape_and_change_nothing() {
     assert_eq!(node.storage.head("c"), 0);
     let (status, _, body) = node.get("/v1/channels/c/messages?limit=1000").await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(body, json!({ "channel": "c", "head": 0, "messages": [] }));
+    assert_eq!(
+        body,
+        json!({ "channel": "c", "head": 0, "earliest": 1, "truncated": false, "messages": [] })
+    );
     node.stop().await;
 }
 

@@ -1,7 +1,11 @@
 //! `GET /v1/channels/{channel}/ws`: a channel over WebSocket (RFC 6455).
 //!
 //! One text frame per message, `{"offset","data","published_at"}`, in
-//! offset order; resume with `?after=N` (or a `Last-Event-ID` header, as for
+//! offset order. Two other frames carry a `"type"`: `{"type":"truncated",
+//! "requested_after":N,"earliest":M}` when the subscriber's position is
+//! below the channel's earliest offset (the messages then go on at M), and
+//! `{"type":"deleted","head":N}` when the channel is deleted, followed by
+//! a Close with 1000 "channel deleted". Resume with `?after=N` (or a `Last-Event-ID` header, as for
 //! SSE). The socket is read concurrently: pings are answered (by the
 //! protocol layer), a client Close ends the session, and data frames from
 //! the client are **ignored** (the route is read-only). Close codes (RFC
@@ -55,7 +59,7 @@ use crate::api::{resume_after, AfterQuery, ChannelPath, ValidQuery};
 use crate::auth::{AuthError, Credential, Principal, Subscriber};
 use crate::conn_limit::ClientSlot;
 use crate::metrics;
-use crate::subscription::Subscription;
+use crate::subscription::{Item, Subscription};
 use crate::{AppState, Error, Result};
 
 /// How long a client that upgraded without credentials has to send its
@@ -295,8 +299,8 @@ async fn session(
                     () = shutdown.cancelled() => break End::Close(close_code::AWAY, "server is shutting down"),
                 }
             }
-            next = sub.next() => match next {
-                Ok(Some(message)) => {
+            next = sub.next_item() => match next {
+                Ok(Some(Item::Message(message))) => {
                     let text = match serde_json::to_string(&message) {
                         Ok(text) => text,
                         Err(e) => {
@@ -307,6 +311,17 @@ async fn session(
                     tokio::select! {
                         sent = tx.send(Frame::Text(text.into())) => if sent.is_err() { break End::ClientGone },
                         () = shutdown.cancelled() => break End::Close(close_code::AWAY, "server is shutting down"),
+                    }
+                }
+                Ok(Some(item)) => {
+                    let deleted = matches!(item, Item::Deleted { .. });
+                    let text = item.control_json(true).unwrap_or_default();
+                    tokio::select! {
+                        sent = tx.send(Frame::Text(text.into())) => if sent.is_err() { break End::ClientGone },
+                        () = shutdown.cancelled() => break End::Close(close_code::AWAY, "server is shutting down"),
+                    }
+                    if deleted {
+                        break End::Close(close_code::NORMAL, "channel deleted");
                     }
                 }
                 Ok(None) => break End::Close(close_code::AWAY, "subscription ended"),

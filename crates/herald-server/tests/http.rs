@@ -28,7 +28,9 @@ async fn publish_gives_201_and_consecutive_offsets() {
     assert_eq!(status, 200);
     assert_eq!(
         body,
-        json!({ "channels": [{ "name": "orders", "head": 5 }] })
+        json!({ "channels": [{
+            "name": "orders", "head": 5, "earliest": 1, "messages": 5, "bytes": 35
+        }] })
     );
     node.stop().await;
 }
@@ -257,7 +259,10 @@ async fn history_limit_bounds() {
     assert_eq!(status, 200);
     assert_eq!(
         body,
-        json!({ "channel": "never-written", "head": 0, "messages": [] })
+        json!({
+            "channel": "never-written", "head": 0, "earliest": 1, "truncated": false,
+            "messages": []
+        })
     );
     node.stop().await;
 }

@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! cargo run --release -p herald-storage --example renewal_latency -- <database url> \
-//!     [--renewals N] [--pause-ms MS] [--appenders N] [--hot-hold-ms MS] [--hot-gap-ms MS] [--json]
+//!     [--renewals N] [--pause-ms MS] [--appenders N] [--hot-hold-ms MS] [--hot-gap-ms MS]
+//!     [--trim-keep N] [--json]
 //! ```
 //!
 //! The URL names a role that may create databases. The benchmark creates a
@@ -27,6 +28,12 @@
 //!    fenced writes queue on the advisory lock and the remaining appenders
 //!    wait for a pool connection. While it is free, the appenders keep the
 //!    server busy. A renewal must not wait behind either.
+//!
+//! With `--trim-keep N`, the loaded phase also runs retention's trimming
+//! as fast as messages arrive: one task trims every channel to its newest
+//! N messages (`Storage::trim`, 500 rows per transaction, no pause), sweep
+//! after sweep. Run once with and once without it to see what trimming
+//! costs renewals and appends.
 //!
 //! Pool timeouts: a fenced write waits on `hot` for up to one hold, and the
 //! writes queued behind it about as long, so the pool's `statement_timeout`
@@ -67,7 +74,7 @@ use tokio_postgres::{Client, Config, NoTls};
 
 /// Command-line synopsis, printed on a usage error.
 const USAGE: &str = "usage: renewal_latency <database url> [--renewals N] [--pause-ms MS] \
-     [--appenders N] [--hot-hold-ms MS] [--hot-gap-ms MS] [--json]";
+     [--appenders N] [--hot-hold-ms MS] [--hot-gap-ms MS] [--trim-keep N] [--json]";
 
 /// The ttl every renewal asks for.
 const LEASE_TTL: Duration = Duration::from_secs(30);
@@ -129,6 +136,9 @@ struct Args {
     hot_hold: Duration,
     /// How long the hot row stays free between holds.
     hot_gap: Duration,
+    /// Trim every channel to this many newest messages during the loaded
+    /// phase, continuously.
+    trim_keep: Option<u64>,
     /// Print one JSON object instead of a table.
     json: bool,
 }
@@ -144,6 +154,7 @@ impl Args {
             appenders: 64,
             hot_hold: Duration::from_millis(1500),
             hot_gap: Duration::from_millis(500),
+            trim_keep: None,
             json: false,
         };
         while let Some(arg) = args.next() {
@@ -161,6 +172,7 @@ impl Args {
                     parsed.hot_hold = Duration::from_millis(number("--hot-hold-ms")?);
                 }
                 "--hot-gap-ms" => parsed.hot_gap = Duration::from_millis(number("--hot-gap-ms")?),
+                "--trim-keep" => parsed.trim_keep = Some(number("--trim-keep")?),
                 "--json" => parsed.json = true,
                 "-h" | "--help" => return Err(String::new()),
                 flag if flag.starts_with("--") => return Err(format!("unknown option {flag}")),
@@ -338,6 +350,10 @@ struct LoadCounters {
     failed: AtomicU64,
     /// The first failure, as text.
     first_error: Mutex<Option<String>>,
+    /// Messages removed by the trimming task.
+    trimmed: AtomicU64,
+    /// Trim transactions that failed.
+    trim_failed: AtomicU64,
 }
 
 /// What the `pg_stat_activity` sampler saw.
@@ -371,6 +387,11 @@ struct LoadReport {
     hot_error: Option<String>,
     /// What the sampler saw.
     waits: WaitSamples,
+    /// Messages trimmed during the measured window (`None` without
+    /// `--trim-keep`).
+    trimmed: Option<u64>,
+    /// Trim transactions that failed during the whole phase.
+    trim_errors: u64,
 }
 
 impl LoadReport {
@@ -440,6 +461,9 @@ impl Report {
                 "append_errors": self.load.append_errors,
                 "first_append_error": self.load.first_append_error,
                 "hot_cycles": self.load.hot_cycles,
+                "trim_keep": args.trim_keep,
+                "trimmed": self.load.trimmed,
+                "trim_errors": self.load.trim_errors,
                 "hot_error": self.load.hot_error,
                 "wait_samples": self.load.waits.samples,
                 "samples_with_fenced_write_on_row_lock": self.load.waits.with_row_lock_wait,
@@ -484,6 +508,15 @@ impl Report {
             self.load.window.as_secs_f64(),
             self.load.append_errors
         ));
+        if let Some(trimmed) = self.load.trimmed {
+            out.push(format!(
+                "trimming: every channel to its newest {} messages, {trimmed} trimmed in the window \
+                 ({:.0}/s), {} trim errors",
+                args.trim_keep.unwrap_or(0),
+                trimmed as f64 / self.load.window.as_secs_f64().max(f64::MIN_POSITIVE),
+                self.load.trim_errors
+            ));
+        }
         out.push(format!(
             "hot row: held {} ms, free {} ms, {} holds; a fenced write waited on a row lock in {} of {} samples; \
              up to {} fenced writes queued on the advisory lock",
@@ -750,6 +783,15 @@ async fn loaded_phase(
             stopped.clone(),
         ));
     }
+    if let Some(keep) = args.trim_keep {
+        appenders.spawn(trim_loop(
+            storage.clone(),
+            lease.clone(),
+            keep,
+            Arc::clone(&counters),
+            stopped.clone(),
+        ));
+    }
     let mut hot = JoinSet::new();
     hot.spawn(cycle_hot_lock(
         hot_session,
@@ -764,10 +806,12 @@ async fn loaded_phase(
     let mut sampler = JoinSet::new();
     sampler.spawn(sample_waiters(sampler_session, sampler_stopped));
     let appended_before = counters.appended.load(Ordering::SeqCst);
+    let trimmed_before = counters.trimmed.load(Ordering::SeqCst);
     let window_start = Instant::now();
     let renewals = measure_renewals(storage, lease, args, Some(&hot_state)).await;
     let window = window_start.elapsed();
     let appends = counters.appended.load(Ordering::SeqCst) - appended_before;
+    let trimmed = counters.trimmed.load(Ordering::SeqCst) - trimmed_before;
 
     let _ = stop_sampler.send(true);
     let waits = match sampler.join_next().await {
@@ -813,6 +857,8 @@ async fn loaded_phase(
         hot_cycles,
         hot_error,
         waits,
+        trimmed: args.trim_keep.map(|_| trimmed),
+        trim_errors: counters.trim_failed.load(Ordering::SeqCst),
     };
     Ok((renewals?, load))
 }
@@ -851,6 +897,46 @@ async fn append_loop(
                     .unwrap_or_else(PoisonError::into_inner)
                     .get_or_insert(e);
                 tokio::time::sleep(ERROR_BACKOFF).await;
+            }
+        }
+    }
+}
+
+/// The trimming task of `--trim-keep`: sweeps every channel, trimming each
+/// to its newest `keep` messages in transactions of 500, without a pause,
+/// until told to stop.
+async fn trim_loop(
+    storage: PostgresStorage,
+    lease: Lease,
+    keep: u64,
+    counters: Arc<LoadCounters>,
+    stop: watch::Receiver<bool>,
+) {
+    let limits = herald_storage::TrimLimits {
+        max_messages: Some(keep),
+        ..herald_storage::TrimLimits::default()
+    };
+    while !*stop.borrow() {
+        let channels = match storage.channel_stats().await {
+            Ok(channels) => channels,
+            Err(_) => {
+                counters.trim_failed.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(ERROR_BACKOFF).await;
+                continue;
+            }
+        };
+        for channel in channels.iter().filter(|c| c.messages > keep) {
+            if *stop.borrow() {
+                return;
+            }
+            match storage.trim(&lease, &channel.name, &limits, 500).await {
+                Ok(t) => {
+                    counters.trimmed.fetch_add(t.messages, Ordering::SeqCst);
+                }
+                Err(_) => {
+                    counters.trim_failed.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(ERROR_BACKOFF).await;
+                }
             }
         }
     }

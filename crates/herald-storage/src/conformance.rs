@@ -41,6 +41,14 @@ use crate::testing::{self, keyed, msg};
 
 use crate::{Acquire, Error, Storage, TakeoverReason};
 
+mod retention;
+pub use retention::{
+    concurrent_append_and_trim_keep_offsets_contiguous, delete_keeps_the_head,
+    trim_by_max_age_removes_only_old_messages, trim_by_max_bytes_keeps_what_fits,
+    trim_by_max_messages_keeps_the_newest_and_drops_their_keys,
+    trim_with_a_lost_lease_removes_nothing,
+};
+
 /// Nodes that share one database, made by a [`Harness`].
 pub struct Cluster {
     /// The nodes, each acting as a separate Herald process (its own
@@ -108,6 +116,12 @@ macro_rules! conformance_tests {
             json_data_round_trips_byte_exactly,
             concurrent_appends_never_duplicate_or_skip,
             ping_answers,
+            trim_by_max_messages_keeps_the_newest_and_drops_their_keys,
+            trim_by_max_bytes_keeps_what_fits,
+            trim_by_max_age_removes_only_old_messages,
+            trim_with_a_lost_lease_removes_nothing,
+            delete_keeps_the_head,
+            concurrent_append_and_trim_keep_offsets_contiguous,
         );
     };
     (@cases $harness:expr; $($case:ident),* $(,)?) => {

@@ -28,6 +28,7 @@ mod error;
 pub mod postgres;
 pub mod sqlite;
 mod traits;
+mod trim;
 
 #[cfg(feature = "testing")]
 pub mod conformance;
@@ -37,3 +38,4 @@ pub mod testing;
 pub use digest::{idempotency_digest, IdempotencyDigest};
 pub use error::{Cause, Error, PoolerEvidence, Result};
 pub use traits::{Acquire, ChangeFeed, ChangeSignal, LeaseStore, Page, Storage, TakeoverReason};
+pub use trim::{ChannelStats, TrimLimits, Trimmed};

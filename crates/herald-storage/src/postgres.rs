@@ -42,7 +42,10 @@ use tokio_postgres::{AsyncMessage, Client, Config, Connection, NoTls, Socket};
 
 use self::renewal::Renewal;
 use crate::decode::ttl_ms;
-use crate::{Acquire, ChangeFeed, ChangeSignal, Error, LeaseStore, Page, Result, Storage};
+use crate::{
+    Acquire, ChangeFeed, ChangeSignal, ChannelStats, Error, LeaseStore, Page, Result, Storage,
+    TrimLimits, Trimmed,
+};
 
 mod embedded {
     #![allow(missing_docs, unreachable_pub)]
@@ -891,6 +894,22 @@ impl Storage for PostgresStorage {
     async fn channels(&self) -> Result<Vec<ChannelHead>> {
         let client = self.client().await?;
         ops::channels(&client).await
+    }
+
+    async fn channel_stats(&self) -> Result<Vec<ChannelStats>> {
+        let client = self.client().await?;
+        ops::channel_stats(&client).await
+    }
+
+    async fn trim(
+        &self,
+        lease: &Lease,
+        channel: &ChannelName,
+        limits: &TrimLimits,
+        max_rows: usize,
+    ) -> Result<Trimmed> {
+        let mut client = self.client().await?;
+        ops::trim(&mut client, lease, channel, limits, max_rows).await
     }
 
     async fn changes_since(&self, cursor: u64) -> Result<ChangeFeed> {

@@ -42,7 +42,10 @@ use rusqlite::{Connection, TransactionBehavior};
 use self::session::SessionLock;
 use self::worker::Worker;
 use crate::decode::ttl_ms;
-use crate::{Acquire, ChangeFeed, Error, LeaseStore, Page, Result, Storage};
+use crate::{
+    Acquire, ChangeFeed, ChannelStats, Error, LeaseStore, Page, Result, Storage, TrimLimits,
+    Trimmed,
+};
 
 mod embedded {
     #![allow(missing_docs, unreachable_pub)]
@@ -221,6 +224,10 @@ impl SqliteStorage {
         let writer_conn = {
             let _migration_lock = lock_for_migration(&data_dir.join(MIGRATION_LOCK_FILE))?;
             let mut conn = open_connection(&db_path, Role::Writer, &options)?;
+            // Only takes effect on a database without tables yet (a new
+            // one): trims then return free pages in small steps. An older
+            // database keeps its mode; see `ops::incremental_vacuum`.
+            conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
             let mode: String =
                 conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
             if !mode.eq_ignore_ascii_case("wal") {
@@ -553,6 +560,26 @@ impl Storage for SqliteStorage {
 
     async fn channels(&self) -> Result<Vec<ChannelHead>> {
         self.inner.readers.call(ops::channels).await
+    }
+
+    async fn channel_stats(&self) -> Result<Vec<ChannelStats>> {
+        self.inner.readers.call(ops::channel_stats).await
+    }
+
+    async fn trim(
+        &self,
+        lease: &Lease,
+        channel: &ChannelName,
+        limits: &TrimLimits,
+        max_rows: usize,
+    ) -> Result<Trimmed> {
+        let lease = lease.clone();
+        let channel = channel.clone();
+        let limits = *limits;
+        self.inner
+            .writer
+            .call(move |conn| ops::trim(conn, &lease, &channel, &limits, max_rows))
+            .await
     }
 
     async fn changes_since(&self, cursor: u64) -> Result<ChangeFeed> {

@@ -5,7 +5,7 @@ use herald_core::{
     Appended, Candidate, ChannelHead, ChannelName, Lease, LeaseInfo, Message, NewMessage, Offset,
 };
 
-use crate::Result;
+use crate::{ChannelStats, Result, TrimLimits, Trimmed};
 
 /// Why an acquisition was possible.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,6 +117,11 @@ pub struct Page {
     /// The channel's head offset when the page was read (0 if it has no
     /// messages).
     pub head: Offset,
+    /// The channel's earliest offset in the same snapshot: its oldest
+    /// stored message, `head + 1` when none is stored (1 for an unknown
+    /// channel). Offsets below it were trimmed or deleted; a read with
+    /// `after < earliest − 1` starts at `earliest`.
+    pub earliest: Offset,
     /// Messages with offsets above the requested `after`, in offset order.
     pub messages: Vec<Message>,
 }
@@ -208,6 +213,37 @@ pub trait Storage: LeaseStore {
     /// # Errors
     /// [`crate::Error::Unavailable`] when the storage cannot be reached.
     async fn channels(&self) -> Result<Vec<ChannelHead>>;
+
+    /// Every channel with its head, earliest offset, message count and
+    /// bytes stored, ordered by name (one snapshot; no message is read).
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn channel_stats(&self) -> Result<Vec<ChannelStats>>;
+
+    /// Removes the oldest messages of `channel` beyond `limits`, with
+    /// their idempotency keys, in one fenced transaction of at most
+    /// `max_rows` messages (call again while [`Trimmed::done`] is false).
+    ///
+    /// The transaction makes the same fencing check as
+    /// [`Storage::append`], after its lock waits, so a node that lost the
+    /// lease removes nothing. It holds the channel's row lock, so it runs
+    /// either before or after any append to the same channel: the stored
+    /// offsets stay contiguous from `earliest` to `head`. The head never
+    /// moves (offsets are never reused). Only a prefix is removed: a
+    /// message is removed only with every older one. An unknown channel
+    /// trims nothing (earliest 1, head 0).
+    ///
+    /// # Errors
+    /// [`crate::Error::LeaseLost`] when the fencing check fails (nothing
+    /// removed); [`crate::Error::Unavailable`] on timeouts.
+    async fn trim(
+        &self,
+        lease: &Lease,
+        channel: &ChannelName,
+        limits: &TrimLimits,
+        max_rows: usize,
+    ) -> Result<Trimmed>;
 
     /// The channels whose head moved after position `cursor` of the global
     /// commit order (0 = from the beginning), and the new position. A node

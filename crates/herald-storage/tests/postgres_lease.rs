@@ -733,8 +733,8 @@ async fn migrations_run_once_when_nodes_connect_at_once() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    // Each migration once (schema version 2 adds the idempotency digest).
-    assert_eq!(versions, [1, 2]);
+    // Each migration once (2: the idempotency digest; 3: retention).
+    assert_eq!(versions, [1, 2, 3]);
     let (lease, _) = acquire(&nodes[3], &candidate("node-3"), MINUTE).await;
     nodes[5].append(&lease, &[msg("m", "1")]).await.unwrap();
     assert_eq!(

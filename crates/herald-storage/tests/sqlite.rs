@@ -254,9 +254,8 @@ fn concurrent_opens_all_migrate_fine() {
             .unwrap()
             .collect::<Result<_, _>>()
             .unwrap();
-        // Each migration once (schema version 2 adds the idempotency
-        // digest).
-        assert_eq!(applied, [1, 2]);
+        // Each migration once (2: the idempotency digest; 3: retention).
+        assert_eq!(applied, [1, 2, 3]);
     }
 }
 
@@ -479,5 +478,39 @@ async fn a_key_stored_without_a_digest_matches_any_message() {
         .unwrap()
         .collect::<Result<_, _>>()
         .unwrap();
-    assert_eq!(versions, [1, 2]);
+    assert_eq!(versions, [1, 2, 3]);
+}
+
+/// A new database is in incremental auto-vacuum mode, and a trim returns
+/// the pages it freed to the file system (the file shrinks).
+#[tokio::test]
+async fn trimming_returns_free_pages_of_a_new_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = open(dir.path()).await;
+    let conn = raw(dir.path());
+    let mode: i64 = conn
+        .query_row("PRAGMA auto_vacuum", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, 2, "auto_vacuum=INCREMENTAL");
+    let (lease, _) = acquire(&storage, "node-a", MINUTE).await;
+    let big = format!("\"{}\"", "x".repeat(8000));
+    let batch: Vec<_> = (0..100).map(|_| msg("big", &big)).collect();
+    storage.append(&lease, &batch).await.unwrap();
+    let pages = |conn: &Connection| -> i64 {
+        conn.query_row("PRAGMA page_count", [], |r| r.get(0))
+            .unwrap()
+    };
+    let before = pages(&conn);
+    let limits = herald_storage::TrimLimits {
+        max_messages: Some(0),
+        ..herald_storage::TrimLimits::default()
+    };
+    let trimmed = storage
+        .trim(&lease, &ChannelName::new("big").unwrap(), &limits, 500)
+        .await
+        .unwrap();
+    assert_eq!(trimmed.messages, 100);
+    let after = pages(&conn);
+    // 100 messages of 8 KB are about 200 pages of 4 KiB.
+    assert!(after + 150 < before, "pages before {before}, after {after}");
 }

@@ -115,6 +115,20 @@ impl<H: StorageHooks> Storage for Hooked<H> {
         self.inner.channels().await
     }
 
+    async fn channel_stats(&self) -> herald_storage::Result<Vec<herald_storage::ChannelStats>> {
+        self.inner.channel_stats().await
+    }
+
+    async fn trim(
+        &self,
+        lease: &Lease,
+        channel: &ChannelName,
+        limits: &herald_storage::TrimLimits,
+        max_rows: usize,
+    ) -> herald_storage::Result<herald_storage::Trimmed> {
+        self.inner.trim(lease, channel, limits, max_rows).await
+    }
+
     async fn changes_since(&self, cursor: u64) -> herald_storage::Result<ChangeFeed> {
         self.inner.changes_since(cursor).await
     }

@@ -3,6 +3,7 @@
 //! included, without binding or connecting) and prints the effective
 //! settings, each with where it came from, secrets masked as `****`.
 
+use herald_server::{RetentionConfig, RetentionPolicy};
 use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -147,7 +148,12 @@ fn effective_settings(matches: &ArgMatches, file: &ConfigFile) -> String {
         .namespaces
         .as_ref()
         .map(|n| typed("namespaces", toml::Table::try_from(n)));
-    for (name, table) in [("auth", &auth), ("namespaces", &namespaces)] {
+    let retention = file.retention.as_ref().map(retention_table);
+    for (name, table) in [
+        ("auth", &auth),
+        ("namespaces", &namespaces),
+        ("retention", &retention),
+    ] {
         if let Some(table) = table {
             let mut wrapper = toml::Table::new();
             wrapper.insert(name.to_owned(), toml::Value::Table(masked(table, false)));
@@ -159,6 +165,38 @@ fn effective_settings(matches: &ArgMatches, file: &ConfigFile) -> String {
         }
     }
     out
+}
+
+/// The `[retention]` section as the file spells it: the default policy's
+/// bounds, then `namespaces.<name>`.
+fn retention_table(retention: &RetentionConfig) -> toml::Table {
+    let policy = |p: &RetentionPolicy| {
+        let mut table = toml::Table::new();
+        let count = |n: u64| toml::Value::Integer(i64::try_from(n).unwrap_or(i64::MAX));
+        if let Some(n) = p.max_messages {
+            table.insert("max_messages".to_owned(), count(n));
+        }
+        if let Some(age) = p.max_age {
+            table.insert(
+                "max_age".to_owned(),
+                toml::Value::String(humantime::format_duration(age).to_string()),
+            );
+        }
+        if let Some(n) = p.max_bytes {
+            table.insert("max_bytes".to_owned(), count(n));
+        }
+        table
+    };
+    let mut table = policy(&retention.default);
+    if !retention.namespaces.is_empty() {
+        let namespaces = retention
+            .namespaces
+            .iter()
+            .map(|(name, p)| (name.clone(), toml::Value::Table(policy(p))))
+            .collect();
+        table.insert("namespaces".to_owned(), toml::Value::Table(namespaces));
+    }
+    table
 }
 
 /// A value as TOML: an integer or a boolean bare, anything else as a basic

@@ -23,17 +23,25 @@ use std::path::Path;
 use anyhow::{anyhow, bail, Context};
 use clap::builder::Resettable;
 use clap::{Arg, ArgAction, Command};
-use herald_server::{AuthConfig, NamespacesConfig};
+use herald_server::{AuthConfig, NamespacesConfig, RetentionConfig};
 use serde::{Deserialize, Serialize};
 
 /// Sections whose keys are `herald serve` flags `--<section>-<key>`.
 pub(crate) const FLAG_SECTIONS: [&str; 2] = ["tls", "cors"];
 
-/// Sections of typed settings that are not flags: access control.
-const TABLE_SECTIONS: [&str; 2] = ["auth", "namespaces"];
+/// Sections of typed settings that are not flags: access control and
+/// retention policies.
+const TABLE_SECTIONS: [&str; 3] = ["auth", "namespaces", "retention"];
 
-/// Flags that cannot be set in the file: the file's own path.
-const NOT_IN_FILE: [&str; 1] = ["config"];
+/// Flags that cannot be set in the file: the file's own path, and the
+/// default retention policy's flags, which override the file's
+/// `[retention]` section (at the start and at every reload).
+const NOT_IN_FILE: [&str; 4] = [
+    "config",
+    "retention-max-messages",
+    "retention-max-age",
+    "retention-max-bytes",
+];
 
 /// A parsed config file.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -46,6 +54,10 @@ pub(crate) struct ConfigFile {
     pub(crate) auth: Option<AuthConfig>,
     /// `[namespaces.<name>]`: per-namespace rules (docs/security.md).
     pub(crate) namespaces: Option<NamespacesConfig>,
+    /// `[retention]`: the default retention policy and
+    /// `[retention.namespaces.<name>]` (docs/retention.md); re-read on
+    /// SIGHUP by `retention.rs`.
+    pub(crate) retention: Option<RetentionConfig>,
 }
 
 /// `[tls]`: the flags `--tls-cert`, `--tls-key` and `--tls-ca`.
@@ -103,6 +115,10 @@ pub(crate) fn parse(text: &str, serve: &Command) -> anyhow::Result<ConfigFile> {
         namespaces: table
             .remove("namespaces")
             .map(|value| typed_section("namespaces", value))
+            .transpose()?,
+        retention: table
+            .remove("retention")
+            .map(|value| typed_section("retention", value))
             .transpose()?,
         ..ConfigFile::default()
     };

@@ -10,6 +10,7 @@ mod history;
 mod keys;
 mod logging;
 mod publish;
+mod retention;
 mod serve;
 mod status;
 mod tail;
@@ -37,7 +38,8 @@ enum Command {
     History(history::HistoryArgs),
     /// Follow a channel live, one JSON per line; reconnects by itself.
     Tail(tail::TailArgs),
-    /// List the channels and their heads, one JSON per line.
+    /// List the channels, one JSON per line: head, earliest offset, message
+    /// count and bytes stored.
     Channels(status::InfoArgs),
     /// Print the node's status.
     Status(status::InfoArgs),

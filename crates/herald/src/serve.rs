@@ -19,7 +19,7 @@ use herald_lease::{
     BootClock, LeaseConfig, LeaseHandle, LeaseState, Release, StopReason, Supervisor,
 };
 use herald_server::{
-    Auth, AuthConfig, CorsConfig, NamespacesConfig, ServerConfig, TlsCertificates,
+    Auth, AuthConfig, CorsConfig, NamespacesConfig, RetentionHandle, ServerConfig, TlsCertificates,
 };
 use herald_storage::postgres::{PostgresOptions, PostgresStorage};
 use herald_storage::sqlite::{SqliteOptions, SqliteStorage};
@@ -33,6 +33,7 @@ use tracing::{error, info, warn};
 use crate::config_file::ConfigFile;
 use crate::exposure::{self, Exposure};
 use crate::logging::LogFormat;
+use crate::retention::RetentionArgs;
 
 /// Exit statuses of `herald serve`, documented in `README.md` and
 /// `docs/storage.md`.
@@ -212,6 +213,9 @@ pub(crate) struct ServeArgs {
     /// How long browsers may cache a CORS preflight answer.
     #[arg(long, env = "HERALD_CORS_MAX_AGE", default_value = "10m", value_parser = parse_duration)]
     cors_max_age: Duration,
+    /// Retention policies and the trimming task's pacing.
+    #[command(flatten)]
+    retention: RetentionArgs,
 }
 
 /// A `--listen` value: a host (an IP address or a name to resolve) and a
@@ -469,6 +473,9 @@ async fn start_and_run(
     // Watched before the node is announced: from then on a SIGHUP reloads.
     let reloads = tls.map(crate::tls_reload::reload_on_sighup).transpose()?;
     let tls_on = reloads.is_some();
+    args.retention
+        .clone()
+        .reload_on_sighup(args.config.clone(), server_config.retention.clone());
     let node = Node::start(listener, storage, checked.lease_config, server_config);
     info!(
         node_id = %node.node_id,
@@ -541,10 +548,12 @@ fn check_settings(args: &ServeArgs) -> anyhow::Result<()> {
         max_connections_per_ip: args.max_connections_per_ip,
         max_streams_per_connection: args.max_streams_per_connection,
         ws_max_message_bytes: args.ws_max_message_bytes,
+        trim_pacing: args.retention.pacing(),
         ..ServerConfig::default()
     }
     .validate()
     .context("server settings")?;
+    args.retention.load(args.config.as_deref())?;
     if args
         .node_id
         .as_deref()
@@ -609,6 +618,8 @@ fn server_config(
         trusted_proxies: args.trusted_proxies.clone(),
         max_streams_per_connection: args.max_streams_per_connection,
         ws_max_message_bytes: args.ws_max_message_bytes,
+        retention: RetentionHandle::new(args.retention.load(args.config.as_deref())?),
+        trim_pacing: args.retention.pacing(),
         ..ServerConfig::default()
     };
     server_config.validate().context("server settings")?;

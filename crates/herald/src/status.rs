@@ -32,12 +32,13 @@ pub(crate) async fn run_status(args: InfoArgs) -> anyhow::Result<ExitCode> {
 /// The answer of `GET /v1/channels`.
 #[derive(Deserialize)]
 struct ChannelList {
-    /// Each `{"name","head"}`, as the server wrote it.
+    /// Each `{"name","head","earliest","messages","bytes"}`, as the
+    /// server wrote it.
     channels: Vec<Box<RawValue>>,
 }
 
-/// Runs `herald channels`: prints each channel's `{"name","head"}` as one
-/// JSON line.
+/// Runs `herald channels`: prints each channel's
+/// `{"name","head","earliest","messages","bytes"}` as one JSON line.
 pub(crate) async fn run_channels(args: InfoArgs) -> anyhow::Result<ExitCode> {
     let api = Api::new(
         &args.server.server,

@@ -1654,3 +1654,112 @@ fn the_runs_settings_are_reported_when_the_runner_gives_them() {
     assert!(!text.contains("switches"), "{text}");
     assert!(text.contains("fault kinds   none\n"), "{text}");
 }
+
+// ---- retention -------------------------------------------------------------
+
+fn truncated(subscriber: &str, channel: &str, requested_after: u64, earliest: u64) -> Event {
+    Event::Truncated {
+        subscriber: subscriber.into(),
+        node: "n2".into(),
+        channel: channel.into(),
+        requested_after,
+        earliest,
+        at_ms: 0,
+    }
+}
+
+/// Channel `t` with offsets 1..=5 acknowledged, of which 1..=3 were
+/// trimmed (final earliest 4), and a subscriber told so.
+fn trimmed_run() -> (Vec<Event>, FinalState) {
+    let mut history: Vec<Event> = (1..=5)
+        .map(|o| acked("c1", "t", &format!("m{o}"), o, (o * 10, o * 10 + 1)))
+        .collect();
+    history.push(subscribe("s1", "t", 1));
+    history.push(truncated("s1", "t", 1, 4));
+    history.push(delivery("s1", "t", 4, "m4"));
+    history.push(delivery("s1", "t", 5, "m5"));
+    let mut state = stored(&[("t", 4, "m4", 1), ("t", 5, "m5", 1)]);
+    state.earliest.insert(s("t"), 4);
+    (history, state)
+}
+
+#[test]
+fn offsets_trimmed_below_the_announced_earliest_are_accepted() {
+    let (history, state) = trimmed_run();
+    let report = check(&history, &state);
+    assert!(report.valid, "{report}");
+    assert_eq!(report.counts.truncations, 1);
+}
+
+#[test]
+fn a_truncation_beyond_the_final_earliest_is_reported() {
+    let (mut history, state) = trimmed_run();
+    // Claims 4 was trimmed too, though it is still stored.
+    history[6] = truncated("s1", "t", 1, 5);
+    history.remove(7);
+    let report = check(&history, &state);
+    assert_eq!(
+        report.violations,
+        vec![Violation::TruncatedWrongly {
+            subscriber: s("s1"),
+            node: s("n2"),
+            channel: s("t"),
+            position: 1,
+            requested_after: 1,
+            earliest: 5,
+            final_earliest: 4,
+        }]
+    );
+}
+
+#[test]
+fn a_truncation_that_does_not_start_at_the_position_is_reported() {
+    let (mut history, state) = trimmed_run();
+    history[6] = truncated("s1", "t", 0, 4);
+    let report = check(&history, &state);
+    assert_eq!(
+        report.violations_of("truncated_wrongly").len(),
+        1,
+        "{report}"
+    );
+}
+
+#[test]
+fn a_gap_without_a_truncation_is_still_a_gap_after_trimming() {
+    let (mut history, state) = trimmed_run();
+    history.remove(6);
+    let report = check(&history, &state);
+    assert_eq!(report.violations_of("delivery_gap").len(), 1, "{report}");
+}
+
+#[test]
+fn an_acknowledged_message_missing_at_or_above_the_final_earliest_is_reported() {
+    let (history, mut state) = trimmed_run();
+    remove_stored(&mut state, "t", 4);
+    let report = check(&history, &state);
+    assert!(
+        !report.violations_of("acked_not_stored").is_empty(),
+        "{report}"
+    );
+    // Offsets 1..=3, below the final earliest, are not.
+    assert!(report.violations_of("acked_not_stored").iter().all(
+        |v| matches!(v, Violation::AckedNotStored { acked_offset, .. } if *acked_offset >= 4)
+    ));
+}
+
+#[test]
+fn a_message_stored_below_the_final_earliest_is_extra() {
+    let (history, mut state) = trimmed_run();
+    state.channels.get_mut("t").unwrap().push(StoredMessage {
+        offset: 2,
+        id: s("m2"),
+        token: 1,
+        published_at_ms: 20,
+    });
+    let report = check(&history, &state);
+    assert_eq!(
+        report.violations_of("offsets_not_contiguous").len(),
+        1,
+        "{report}"
+    );
+}

@@ -1,7 +1,8 @@
-//! Access control in the run: every node runs with a config file that
-//! turns it on, as a cluster reachable from a network must, so that the
-//! faults also hit authenticated publishes, subscriptions and the
-//! forwarding of a standby's publishes with the cluster secret.
+//! The run's config file. Access control is on, as on a cluster
+//! reachable from a network, so that the faults also hit authenticated
+//! publishes, subscriptions and the forwarding of a standby's publishes
+//! with the cluster secret; and the namespace `trim` has a retention
+//! policy, so that trimming runs under the faults too.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -9,6 +10,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION};
 use sha2::{Digest, Sha256};
+
+use super::node::TRIM_MAX_MESSAGES;
 
 /// The run's API key (every permission, every channel) and the config
 /// file that holds its SHA-256 and the cluster secret.
@@ -22,7 +25,8 @@ pub(crate) struct Access {
 
 impl Access {
     /// Draws a random API key and cluster secret (32 bytes each, as hex)
-    /// and writes `dir/herald.toml` with them.
+    /// and writes `dir/herald.toml` with them and the retention policy of
+    /// the namespace `trim`.
     ///
     /// # Errors
     /// When the file cannot be written.
@@ -45,7 +49,11 @@ impl Access {
              [[auth.api_keys]]\n\
              name = \"chaos\"\n\
              sha256 = \"{sha256}\"\n\
-             permissions = [\"publish\", \"read\", \"admin\"]\n"
+             permissions = [\"publish\", \"read\", \"admin\"]\n\
+             \n\
+             # Retention: the namespace `trim` keeps its newest messages only.\n\
+             [retention.namespaces.trim]\n\
+             max_messages = {TRIM_MAX_MESSAGES}\n"
         );
         std::fs::write(&config_file, text)
             .with_context(|| format!("write {}", config_file.display()))?;

@@ -303,6 +303,29 @@ pub(crate) fn subscriber(
                     Ok(Some(Ok(event))) => event,
                     _ => break,
                 };
+                if event.event == "truncated" {
+                    // Retention removed what this subscriber had not got:
+                    // it goes on at `earliest` (the checker judges it).
+                    let Ok(notice) = serde_json::from_str::<Value>(&event.data) else {
+                        break;
+                    };
+                    let (Some(requested_after), Some(earliest)) = (
+                        notice["requested_after"].as_u64(),
+                        notice["earliest"].as_u64(),
+                    ) else {
+                        break;
+                    };
+                    recorder.push(Event::Truncated {
+                        subscriber: name.clone(),
+                        node: node_id.clone(),
+                        channel: channel.clone(),
+                        requested_after,
+                        earliest,
+                        at_ms: recorder.now_ms(),
+                    });
+                    last.store(earliest.saturating_sub(1), Ordering::SeqCst);
+                    continue;
+                }
                 if event.event != "message" {
                     continue;
                 }

@@ -26,8 +26,10 @@ use database::Cluster;
 use node::{Node, Urls};
 use schedule::FaultKind;
 
-/// The channels the clients publish to and follow.
-pub(crate) const CHANNELS: [&str; 2] = ["chaos-a", "chaos-b"];
+/// The channels the clients publish to and follow. Those in the
+/// namespace `trim` keep only their newest [`node::TRIM_MAX_MESSAGES`]
+/// messages (retention), so the run also judges trimming under faults.
+pub(crate) const CHANNELS: [&str; 3] = ["chaos-a", "chaos-b", "trim:chaos-c"];
 
 /// Number of publishers.
 const PUBLISHERS: usize = 4;
@@ -245,6 +247,13 @@ async fn read_final_state(
                 let mut state = FinalState::default();
                 for channel in channels {
                     state.channels.insert(channel.clone(), Vec::new());
+                }
+                for row in client
+                    .query("SELECT name, trimmed_through + 1 FROM channels", &[])
+                    .await?
+                {
+                    let earliest: i64 = row.get(1);
+                    state.earliest.insert(row.get(0), u64::try_from(earliest)?);
                 }
                 for row in rows {
                     let channel: String = row.get(0);

@@ -36,6 +36,10 @@ const LEASE_FLAGS: [&str; 8] = [
     "500ms",
 ];
 
+/// Messages kept per channel of the namespace `trim` (retention), by the
+/// run's config file (`access.rs`).
+pub(crate) const TRIM_MAX_MESSAGES: u64 = 20;
+
 /// How to reach the nodes: their base URLs (`http://addr`), by node index,
 /// which clients read on every request because a restarted node may listen
 /// elsewhere, and the run's access control (the credential clients
@@ -166,6 +170,10 @@ impl Node {
             .arg("--config")
             .arg(self.urls.access.config_file())
             .args(LEASE_FLAGS)
+            // A sweep every 200 ms, so that trimming runs all through the
+            // run.
+            .arg("--retention-trim-interval")
+            .arg("200ms")
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

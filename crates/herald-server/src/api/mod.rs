@@ -2,6 +2,7 @@
 //! error in the JSON error shape. The routes are documented in `docs/api.md`.
 
 mod batch;
+mod delete;
 mod extract;
 mod ops;
 mod publish;
@@ -39,6 +40,10 @@ pub(crate) fn router(state: AppState) -> Router {
             "/v1/messages",
             post(batch::publish_batch)
                 .layer(DefaultBodyLimit::max(state.config().max_batch_body_bytes)),
+        )
+        .route(
+            "/v1/channels/{channel}",
+            axum::routing::delete(delete::delete_channel),
         )
         .route("/v1/channels/{channel}/events", get(sse::events))
         .route("/v1/channels/{channel}/ws", get(ws::upgrade))

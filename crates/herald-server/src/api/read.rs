@@ -2,7 +2,7 @@
 
 use axum::extract::State;
 use axum::Json;
-use herald_core::{ChannelHead, ChannelName, Message, Offset};
+use herald_core::{ChannelName, Message, Offset};
 use serde::Serialize;
 
 use crate::api::extract::{ChannelPath, FromQuery, QueryParams, ValidQuery};
@@ -38,12 +38,19 @@ impl FromQuery for HistoryQuery {
 pub(crate) struct History {
     channel: ChannelName,
     head: Offset,
+    /// The channel's oldest stored offset (`head + 1` when none is stored).
+    earliest: Offset,
+    /// True when `after` was below `earliest − 1`: messages after it were
+    /// trimmed or deleted, and the page starts at `earliest`.
+    truncated: bool,
     messages: Vec<Message>,
 }
 
-/// Up to `limit` messages after `after`, in offset order, with the head;
-/// `409 offset_beyond_head` when `after` is beyond the head. Needs the
-/// right to read the channel's history (`auth`).
+/// Up to `limit` messages after `after`, in offset order, with the head
+/// and earliest offset; `409 offset_beyond_head` when `after` is beyond
+/// the head. An `after` below `earliest − 1` is answered from `earliest`
+/// with `truncated: true`. Needs the right to read the channel's history
+/// (`auth`).
 pub(crate) async fn history(
     State(state): State<AppState>,
     Caller(who): Caller,
@@ -70,14 +77,29 @@ pub(crate) async fn history(
     Ok(Json(History {
         channel,
         head: page.head,
+        earliest: page.earliest,
+        truncated: after.saturating_add(1) < page.earliest,
         messages: page.messages,
     }))
 }
 
-/// Every channel with its head.
+/// One channel of `GET /v1/channels`.
+#[derive(Debug, Serialize)]
+pub(crate) struct ChannelEntry {
+    name: ChannelName,
+    head: Offset,
+    /// Oldest stored offset (`head + 1` when none is stored).
+    earliest: Offset,
+    /// Messages stored.
+    messages: u64,
+    /// Bytes of message data stored (the JSON texts' UTF-8 lengths).
+    bytes: u64,
+}
+
+/// Every channel with its head, earliest offset and size.
 #[derive(Debug, Serialize)]
 pub(crate) struct Channels {
-    channels: Vec<ChannelHead>,
+    channels: Vec<ChannelEntry>,
 }
 
 /// Lists the channels, ordered by name. Needs `admin` (`auth`).
@@ -89,8 +111,17 @@ pub(crate) async fn channels(
     let channels = state
         .shared
         .storage
-        .channels()
+        .channel_stats()
         .await
-        .during("channels", None)?;
+        .during("channels", None)?
+        .into_iter()
+        .map(|c| ChannelEntry {
+            name: c.name,
+            head: c.head,
+            earliest: c.earliest,
+            messages: c.messages,
+            bytes: c.bytes,
+        })
+        .collect();
     Ok(Json(Channels { channels }))
 }

@@ -23,8 +23,10 @@ use crate::decode::{
     acquired, log_lost, log_release, lost, sql_position, sql_token, to_channel, to_json, to_token,
     to_u64,
 };
+use crate::trim;
 use crate::{
-    idempotency_digest, Acquire, ChangeFeed, Error, IdempotencyDigest, Page, Result, TakeoverReason,
+    idempotency_digest, Acquire, ChangeFeed, ChannelStats, Error, IdempotencyDigest, Page, Result,
+    TakeoverReason, TrimLimits, Trimmed,
 };
 
 /// A `timestamptz` as whole milliseconds since the Unix epoch, rounded
@@ -346,13 +348,15 @@ const FIND_KEYS_SQL: &str = "SELECT m.channel, m.idempotency_key, m.\"offset\", 
      JOIN unnest($1::text[], $2::text[]) AS k(channel, key) \
        ON m.channel = k.channel AND m.idempotency_key = k.key";
 
-/// Advances the head of every channel of the arrays by its count (creating
-/// the channel at that head, with `created_at` `$3`), in one statement;
+/// Advances the head of every channel of the arrays by its count and its
+/// stored bytes by the batch's bytes (`$4`; creating the channel at that
+/// head, with `created_at` `$3`), in one statement;
 /// returns each channel's new head. This is where the batch may wait on a
 /// channel's row lock. Each channel appears once in the arrays.
-const BUMP_HEADS_SQL: &str = "INSERT INTO channels (name, head, created_at) \
-     SELECT name, n, $3 FROM unnest($1::text[], $2::bigint[]) AS u(name, n) \
-     ON CONFLICT (name) DO UPDATE SET head = channels.head + excluded.head \
+const BUMP_HEADS_SQL: &str = "INSERT INTO channels (name, head, created_at, bytes) \
+     SELECT name, n, $3, b FROM unnest($1::text[], $2::bigint[], $4::bigint[]) AS u(name, n, b) \
+     ON CONFLICT (name) DO UPDATE SET head = channels.head + excluded.head, \
+         bytes = channels.bytes + excluded.bytes \
      RETURNING name, head";
 
 /// Inserts every new message of the batch in one statement:
@@ -379,6 +383,8 @@ struct Written<'a> {
     first: i64,
     /// Offset of the batch's last new message in the channel: the new head.
     last: i64,
+    /// Bytes of data of the batch's new messages in the channel.
+    bytes: i64,
 }
 
 /// The fenced write: one READ COMMITTED transaction that takes the lease's
@@ -511,11 +517,13 @@ pub(super) async fn append(
                 count: 0,
                 first: 0,
                 last: 0,
+                bytes: 0,
             });
             written.len() - 1
         });
         let rank = written[w].count;
         written[w].count += 1;
+        written[w].bytes += i64::try_from(message.data.get().len()).unwrap_or(i64::MAX);
         if let (Some(key), Some(digest)) = (key, digest) {
             batch_keys.insert((channel, key), (w, rank, digest));
         }
@@ -532,8 +540,12 @@ pub(super) async fn append(
         let bump_heads = tx.prepare_cached(BUMP_HEADS_SQL).await?;
         let names: Vec<&str> = written.iter().map(|w| w.channel).collect();
         let counts: Vec<i64> = written.iter().map(|w| w.count).collect();
+        let sizes: Vec<i64> = written.iter().map(|w| w.bytes).collect();
         let (heads, decided) = tokio::join!(
-            async { tx.query(&bump_heads, &[&names, &counts, &started]).await },
+            async {
+                tx.query(&bump_heads, &[&names, &counts, &started, &sizes])
+                    .await
+            },
             decide(&tx, &check, lease, token, skip_fencing, started),
         );
         for row in heads? {
@@ -716,8 +728,10 @@ pub(super) async fn read(
 ) -> Result<Page> {
     let stmt = client
         .prepare_cached(
-            "SELECT h.head, m.\"offset\", m.data, m.published_at \
-             FROM (SELECT COALESCE((SELECT head FROM channels WHERE name = $1), 0) AS head) AS h \
+            "SELECT h.head, h.trimmed_through, m.\"offset\", m.data, m.published_at \
+             FROM (SELECT COALESCE(c.head, 0) AS head, COALESCE(c.trimmed_through, 0) AS trimmed_through \
+                   FROM (SELECT 1) AS one \
+                   LEFT JOIN channels AS c ON c.name = $1) AS h \
              LEFT JOIN LATERAL ( \
                  SELECT \"offset\", data, published_at FROM messages \
                  WHERE channel = $1 AND \"offset\" > $2 ORDER BY \"offset\" LIMIT $3 \
@@ -730,20 +744,26 @@ pub(super) async fn read(
         .query(&stmt, &[&channel.as_str(), &sql_position(after), &limit])
         .await?;
     let mut head = 0;
+    let mut trimmed_through = 0;
     let mut messages = Vec::with_capacity(rows.len());
     for row in rows {
         head = to_u64(row.try_get(0)?, "head")?;
-        let Some(offset) = row.try_get::<_, Option<i64>>(1)? else {
+        trimmed_through = to_u64(row.try_get(1)?, "trimmed_through")?;
+        let Some(offset) = row.try_get::<_, Option<i64>>(2)? else {
             continue;
         };
-        let published_at: SystemTime = row.try_get(3)?;
+        let published_at: SystemTime = row.try_get(4)?;
         messages.push(Message {
             offset: to_u64(offset, "offset")?,
-            data: to_json(row.try_get(2)?)?,
+            data: to_json(row.try_get(3)?)?,
             published_at_ms: to_ms(published_at),
         });
     }
-    Ok(Page { head, messages })
+    Ok(Page {
+        head,
+        earliest: trimmed_through + 1,
+        messages,
+    })
 }
 
 /// Every channel with its head, by name in byte order.
@@ -762,6 +782,169 @@ pub(super) async fn channels(client: &Object) -> Result<Vec<ChannelHead>> {
             })
         })
         .collect()
+}
+
+/// Every channel with its head, earliest offset and size, by name in byte
+/// order.
+pub(super) async fn channel_stats(client: &Object) -> Result<Vec<ChannelStats>> {
+    let stmt = client
+        .prepare_cached(
+            "SELECT name, head, trimmed_through, bytes FROM channels ORDER BY name COLLATE \"C\"",
+        )
+        .await?;
+    client
+        .query(&stmt, &[])
+        .await?
+        .into_iter()
+        .map(|row| {
+            let head = to_u64(row.try_get(1)?, "head")?;
+            let trimmed_through = to_u64(row.try_get(2)?, "trimmed_through")?;
+            Ok(ChannelStats {
+                name: to_channel(row.try_get(0)?)?,
+                head,
+                earliest: trimmed_through + 1,
+                messages: head.saturating_sub(trimmed_through),
+                bytes: to_u64(row.try_get(3)?, "bytes")?,
+            })
+        })
+        .collect()
+}
+
+/// Locks a channel's row against appends (which update it) until commit,
+/// and reads what a trim needs of it.
+const LOCK_CHANNEL_SQL: &str =
+    "SELECT head, trimmed_through, bytes FROM channels WHERE name = $1 FOR UPDATE";
+
+/// The oldest `$4` stored messages of channel `$1` above `$2`: offset,
+/// data size in bytes, and whether older than `$3` ms on the database
+/// clock (false when `$3` is NULL).
+const TRIM_CANDIDATES_SQL: &str = "SELECT \"offset\", octet_length(data)::bigint, \
+         COALESCE(published_at <= clock_timestamp() - $3::bigint * interval '1 millisecond', false) \
+     FROM messages WHERE channel = $1 AND \"offset\" > $2 ORDER BY \"offset\" LIMIT $4";
+
+/// Removes the messages of channel `$1` in `$2 < offset <= $3` (their
+/// idempotency keys are columns of their rows and go with them).
+const TRIM_DELETE_SQL: &str =
+    "DELETE FROM messages WHERE channel = $1 AND \"offset\" > $2 AND \"offset\" <= $3";
+
+/// Records a trim on the channel's row.
+const TRIM_RECORD_SQL: &str =
+    "UPDATE channels SET trimmed_through = $2, bytes = bytes - $3 WHERE name = $1";
+
+/// The fenced trim: one READ COMMITTED transaction that locks the lease
+/// row `FOR KEY SHARE` (as a fenced write does: an acquire waits for it,
+/// a renewal does not), then the channel's row `FOR UPDATE` (so appends to
+/// that channel wait for it, and it for them: offsets stay contiguous),
+/// then makes the fencing check after both waits; then reads the oldest
+/// `max_rows` messages, removes the prefix that [`trim::plan`] picks and
+/// records the new `trimmed_through` and `bytes`. It does not take the
+/// fenced writes' advisory lock: it inserts nothing, so it cannot disturb
+/// the commit order of message ids, and a fenced write to other channels
+/// never waits for it (one to this channel does, holding the advisory
+/// lock, so `max_rows` bounds what every queued write waits). Removed rows become dead tuples that autovacuum reclaims
+/// for reuse (docs/retention.md).
+///
+/// The test-only fault switch `skip_fencing_check` skips the check here
+/// too.
+pub(super) async fn trim(
+    client: &mut Object,
+    lease: &Lease,
+    channel: &ChannelName,
+    limits: &TrimLimits,
+    max_rows: usize,
+) -> Result<Trimmed> {
+    let token = sql_token(lease)?;
+    let tx = client
+        .build_transaction()
+        .isolation_level(IsolationLevel::ReadCommitted)
+        .start()
+        .await?;
+    let skip_fencing = fault_switches::enabled(FaultSwitch::SkipFencingCheck);
+    let (lock_row, lock_channel, check) = tokio::join!(
+        tx.prepare_cached(LOCK_FOR_WRITE_SQL),
+        tx.prepare_cached(LOCK_CHANNEL_SQL),
+        tx.prepare_cached(FENCING_CHECK_SQL),
+    );
+    let (lock_row, lock_channel, check) = (lock_row?, lock_channel?, check?);
+    let name = channel.as_str();
+    let (row_locked, window, checked) = tokio::join!(
+        async { tx.query_opt(&lock_row, &[&lease.name]).await },
+        async { tx.query_opt(&lock_channel, &[&name]).await },
+        async {
+            if skip_fencing {
+                Ok(None)
+            } else {
+                tx.query_opt(&check, &[&lease.name, &lease.holder, &token])
+                    .await
+            }
+        },
+    );
+    row_locked?;
+    let window = window?;
+    if !skip_fencing && fencing_outcome(checked?)?.is_none() {
+        return Err(refuse(tx, lease).await);
+    }
+    let Some(window) = window else {
+        tx.rollback().await?;
+        return Ok(Trimmed {
+            earliest: 1,
+            done: true,
+            ..Trimmed::default()
+        });
+    };
+    let window = trim::ChannelWindow {
+        head: window.try_get(0)?,
+        trimmed_through: window.try_get(1)?,
+        bytes: window.try_get(2)?,
+    };
+    let max_age_ms = limits
+        .max_age_ms
+        .map(|ms| i64::try_from(ms).unwrap_or(i64::MAX));
+    let rows_limit = i64::try_from(max_rows).unwrap_or(i64::MAX);
+    let candidates_stmt = tx.prepare_cached(TRIM_CANDIDATES_SQL).await?;
+    let candidates = tx
+        .query(
+            &candidates_stmt,
+            &[&name, &window.trimmed_through, &max_age_ms, &rows_limit],
+        )
+        .await?
+        .into_iter()
+        .map(|row| {
+            Ok(trim::Candidate {
+                offset: row.try_get(0)?,
+                size: row.try_get(1)?,
+                expired: row.try_get(2)?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let plan = trim::plan(window, &candidates, limits, max_rows);
+    if plan.messages > 0 {
+        let (delete, record) = tokio::join!(
+            tx.prepare_cached(TRIM_DELETE_SQL),
+            tx.prepare_cached(TRIM_RECORD_SQL),
+        );
+        let (delete, record) = (delete?, record?);
+        let (deleted, recorded) = tokio::join!(
+            async {
+                tx.execute(&delete, &[&name, &window.trimmed_through, &plan.through])
+                    .await
+            },
+            async {
+                tx.execute(&record, &[&name, &plan.through, &plan.bytes])
+                    .await
+            },
+        );
+        deleted?;
+        recorded?;
+    }
+    tx.commit().await?;
+    Ok(Trimmed {
+        messages: to_u64(plan.messages, "messages trimmed")?,
+        bytes: to_u64(plan.bytes, "bytes trimmed")?,
+        earliest: to_u64(plan.through, "trimmed_through")? + 1,
+        head: to_u64(window.head, "head")?,
+        done: plan.done,
+    })
 }
 
 /// The channels with a message whose id is above `cursor`, with their

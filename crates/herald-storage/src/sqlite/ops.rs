@@ -18,7 +18,11 @@ use crate::decode::{
     acquired, log_lost, log_release, lost, sql_position, sql_token, to_channel, to_json, to_token,
     to_u64,
 };
-use crate::{idempotency_digest, Acquire, ChangeFeed, Error, Page, Result, TakeoverReason};
+use crate::trim;
+use crate::{
+    idempotency_digest, Acquire, ChangeFeed, ChannelStats, Error, Page, Result, TakeoverReason,
+    TrimLimits, Trimmed,
+};
 
 /// SQLite's clock in ms since the Unix epoch (needs SQLite >= 3.42 for
 /// `'subsec'`).
@@ -270,8 +274,9 @@ pub(super) fn append(
              WHERE channel = ?1 AND idempotency_key = ?2",
         )?;
         let mut bump_head = tx.prepare_cached(
-            "INSERT INTO channels (name, head, created_at_ms) VALUES (?1, 1, ?2) \
-             ON CONFLICT (name) DO UPDATE SET head = head + 1 RETURNING head",
+            "INSERT INTO channels (name, head, created_at_ms, bytes) VALUES (?1, 1, ?2, ?3) \
+             ON CONFLICT (name) DO UPDATE SET head = head + 1, bytes = bytes + excluded.bytes \
+             RETURNING head",
         )?;
         let mut insert = tx.prepare_cached(
             "INSERT INTO messages \
@@ -310,7 +315,8 @@ pub(super) fn append(
                     continue;
                 }
             }
-            let offset: i64 = bump_head.query_row(params![channel, now], |r| r.get(0))?;
+            let size = data_size(message);
+            let offset: i64 = bump_head.query_row(params![channel, now, size], |r| r.get(0))?;
             insert.execute(params![
                 channel,
                 offset,
@@ -340,11 +346,11 @@ pub(super) fn read(
     limit: usize,
 ) -> Result<Page> {
     let tx = conn.transaction()?;
-    let head: i64 = tx
-        .prepare_cached("SELECT head FROM channels WHERE name = ?1")?
-        .query_row([channel.as_str()], |r| r.get(0))
+    let (head, trimmed_through): (i64, i64) = tx
+        .prepare_cached("SELECT head, trimmed_through FROM channels WHERE name = ?1")?
+        .query_row([channel.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?
-        .unwrap_or(0);
+        .unwrap_or((0, 0));
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     let mut messages = Vec::new();
     {
@@ -364,8 +370,157 @@ pub(super) fn read(
     tx.commit()?;
     Ok(Page {
         head: to_u64(head, "head")?,
+        earliest: to_u64(trimmed_through, "trimmed_through")? + 1,
         messages,
     })
+}
+
+/// Every channel with its head, earliest offset and size, by name in byte
+/// order.
+pub(super) fn channel_stats(conn: &mut Connection) -> Result<Vec<ChannelStats>> {
+    let mut stmt = conn
+        .prepare_cached("SELECT name, head, trimmed_through, bytes FROM channels ORDER BY name")?;
+    let mut rows = stmt.query([])?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        let head = to_u64(row.get(1)?, "head")?;
+        let trimmed_through = to_u64(row.get(2)?, "trimmed_through")?;
+        out.push(ChannelStats {
+            name: to_channel(row.get(0)?)?,
+            head,
+            earliest: trimmed_through + 1,
+            messages: head.saturating_sub(trimmed_through),
+            bytes: to_u64(row.get(3)?, "bytes")?,
+        });
+    }
+    Ok(out)
+}
+
+/// The fenced trim: one `BEGIN IMMEDIATE` transaction (which holds the
+/// database's write lock, so no append runs meanwhile) that proves the
+/// lease current and unexpired as [`append`] does, reads the channel's row
+/// and its `max_rows` oldest messages, removes the prefix that
+/// [`trim::plan`] picks and records the new `trimmed_through` and `bytes`.
+/// After the commit, when the database is in incremental auto-vacuum mode,
+/// returns up to [`VACUUM_PAGES`] free pages to the file system in a
+/// transaction of their own.
+pub(super) fn trim(
+    conn: &mut Connection,
+    lease: &Lease,
+    channel: &ChannelName,
+    limits: &TrimLimits,
+    max_rows: usize,
+) -> Result<Trimmed> {
+    let token = sql_token(lease)?;
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let live: Option<i64> = tx
+        .prepare_cached(concat!(
+            "SELECT 1 FROM storage_leases WHERE name = ?1 AND holder = ?2 AND token = ?3",
+            " AND expires_at_ms > ",
+            now_ms!()
+        ))?
+        .query_row(params![lease.name, lease.holder, token], |r| r.get(0))
+        .optional()?;
+    if live.is_none() {
+        drop(tx);
+        log_lost(lease, "fenced trim refused");
+        return Err(lost(lease));
+    }
+    let window = tx
+        .prepare_cached("SELECT head, trimmed_through, bytes FROM channels WHERE name = ?1")?
+        .query_row([channel.as_str()], |r| {
+            Ok(trim::ChannelWindow {
+                head: r.get(0)?,
+                trimmed_through: r.get(1)?,
+                bytes: r.get(2)?,
+            })
+        })
+        .optional()?;
+    let Some(window) = window else {
+        return Ok(Trimmed {
+            earliest: 1,
+            done: true,
+            ..Trimmed::default()
+        });
+    };
+    let rows_limit = i64::try_from(max_rows).unwrap_or(i64::MAX);
+    let max_age_ms = limits
+        .max_age_ms
+        .map_or(i64::MIN, |ms| i64::try_from(ms).unwrap_or(i64::MAX));
+    let mut candidates = Vec::new();
+    {
+        let mut stmt = tx.prepare_cached(concat!(
+            "SELECT \"offset\", length(CAST(data AS BLOB)), published_at_ms <= ",
+            now_ms!(),
+            " - ?3 FROM messages WHERE channel = ?1 AND \"offset\" > ?2",
+            " ORDER BY \"offset\" LIMIT ?4"
+        ))?;
+        let mut rows = stmt.query(params![
+            channel.as_str(),
+            window.trimmed_through,
+            max_age_ms,
+            rows_limit
+        ])?;
+        while let Some(row) = rows.next()? {
+            candidates.push(trim::Candidate {
+                offset: row.get(0)?,
+                size: row.get(1)?,
+                expired: row.get(2)?,
+            });
+        }
+    }
+    let plan = trim::plan(window, &candidates, limits, max_rows);
+    if plan.messages > 0 {
+        tx.prepare_cached(
+            "DELETE FROM messages WHERE channel = ?1 AND \"offset\" > ?2 AND \"offset\" <= ?3",
+        )?
+        .execute(params![
+            channel.as_str(),
+            window.trimmed_through,
+            plan.through
+        ])?;
+        tx.prepare_cached(
+            "UPDATE channels SET trimmed_through = ?2, bytes = bytes - ?3 WHERE name = ?1",
+        )?
+        .execute(params![channel.as_str(), plan.through, plan.bytes])?;
+    }
+    tx.commit()?;
+    if plan.messages > 0 {
+        incremental_vacuum(conn)?;
+    }
+    Ok(Trimmed {
+        messages: to_u64(plan.messages, "messages trimmed")?,
+        bytes: to_u64(plan.bytes, "bytes trimmed")?,
+        earliest: to_u64(plan.through, "trimmed_through")? + 1,
+        head: to_u64(window.head, "head")?,
+        done: plan.done,
+    })
+}
+
+/// Free pages returned to the file system after each trim that removed
+/// something, at most (4 KiB pages: 1 MiB): a small step, so the write
+/// lock is held briefly.
+pub(super) const VACUUM_PAGES: i64 = 256;
+
+/// `PRAGMA incremental_vacuum(VACUUM_PAGES)` when the database is in
+/// incremental auto-vacuum mode (`PRAGMA auto_vacuum` = 2); nothing
+/// otherwise: a database created before schema version 3 keeps its mode
+/// (changing it needs a full `VACUUM`), and SQLite reuses its free pages
+/// for new rows (<https://www.sqlite.org/pragma.html#pragma_auto_vacuum>).
+fn incremental_vacuum(conn: &mut Connection) -> Result<()> {
+    let mode: i64 = conn.query_row("PRAGMA auto_vacuum", [], |r| r.get(0))?;
+    if mode == 2 {
+        // The pragma frees pages as its statement is stepped.
+        let mut stmt = conn.prepare(&format!("PRAGMA incremental_vacuum({VACUUM_PAGES})"))?;
+        let mut rows = stmt.query([])?;
+        while rows.next()?.is_some() {}
+    }
+    Ok(())
+}
+
+/// The size of a message's data as stored, in bytes.
+fn data_size(message: &NewMessage) -> i64 {
+    i64::try_from(message.data.get().len()).unwrap_or(i64::MAX)
 }
 
 /// Every channel with its head, by name in byte order.

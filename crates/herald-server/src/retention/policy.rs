@@ -1,0 +1,231 @@
+//! Retention policies: how much history each channel keeps, per namespace
+//! (the part of a channel's name before its first `:`), with a default.
+//!
+//! The shape is the `[retention]` section of the node's configuration
+//! file (TOML):
+//!
+//! ```toml
+//! [retention]
+//! max_messages = 100000      # the default policy
+//! max_age = "7d"             # humantime durations
+//!
+//! [retention.namespaces.chat]
+//! max_messages = 1000
+//! max_bytes = 10485760
+//! ```
+//!
+//! A namespace's policy replaces the default entirely (a bound it leaves
+//! out is unbounded). Absent bounds are unbounded: without any, history
+//! grows forever, as before retention existed.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use herald_core::ChannelName;
+use herald_storage::TrimLimits;
+use serde::{Deserialize, Deserializer};
+use tokio::sync::watch;
+
+/// How much history one channel keeps: every bound that is set applies
+/// (a message goes when it is beyond any of them).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetentionPolicy {
+    /// Keep at most this many newest messages.
+    #[serde(default)]
+    pub max_messages: Option<u64>,
+    /// Remove messages published at least this long ago (storage clock).
+    /// In the file: a humantime duration such as `"90s"`, `"12h"`, `"7d"`
+    /// (the `humantime` crate's syntax).
+    #[serde(default, deserialize_with = "humantime_opt")]
+    pub max_age: Option<Duration>,
+    /// Keep at most this many bytes of message data (the JSON texts' UTF-8
+    /// lengths), counting from the newest message.
+    #[serde(default)]
+    pub max_bytes: Option<u64>,
+}
+
+impl RetentionPolicy {
+    /// True when no bound is set (history grows forever).
+    pub fn is_unbounded(&self) -> bool {
+        self.limits().is_unbounded()
+    }
+
+    /// The bounds as the storage's trim takes them.
+    pub fn limits(&self) -> TrimLimits {
+        TrimLimits {
+            max_messages: self.max_messages,
+            max_age_ms: self
+                .max_age
+                .map(|a| u64::try_from(a.as_millis()).unwrap_or(u64::MAX)),
+            max_bytes: self.max_bytes,
+            up_to: None,
+        }
+    }
+}
+
+/// The policies of a node: a default and one per namespace. The
+/// `[retention]` section of the configuration file: the default's bounds
+/// at its top level, each namespace's in `[retention.namespaces.<name>]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(from = "RetentionSection")]
+pub struct RetentionConfig {
+    /// The policy of every channel whose namespace has none of its own.
+    pub default: RetentionPolicy,
+    /// Policies by namespace (the part of a channel's name before its first
+    /// `:`; a name without `:` has no namespace and gets the default).
+    pub namespaces: BTreeMap<String, RetentionPolicy>,
+}
+
+/// [`RetentionConfig`] as the file spells it (serde's `flatten` does not
+/// combine with `deny_unknown_fields`, so the default's fields are listed).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RetentionSection {
+    #[serde(default)]
+    max_messages: Option<u64>,
+    #[serde(default, deserialize_with = "humantime_opt")]
+    max_age: Option<Duration>,
+    #[serde(default)]
+    max_bytes: Option<u64>,
+    #[serde(default)]
+    namespaces: BTreeMap<String, RetentionPolicy>,
+}
+
+impl From<RetentionSection> for RetentionConfig {
+    fn from(s: RetentionSection) -> Self {
+        Self {
+            default: RetentionPolicy {
+                max_messages: s.max_messages,
+                max_age: s.max_age,
+                max_bytes: s.max_bytes,
+            },
+            namespaces: s.namespaces,
+        }
+    }
+}
+
+impl RetentionConfig {
+    /// The policy of `channel`.
+    pub fn policy_for(&self, channel: &ChannelName) -> &RetentionPolicy {
+        channel
+            .as_str()
+            .split_once(':')
+            .and_then(|(namespace, _)| self.namespaces.get(namespace))
+            .unwrap_or(&self.default)
+    }
+
+    /// True when no policy bounds anything: the trimmer then reads nothing.
+    pub fn is_unbounded(&self) -> bool {
+        self.default.is_unbounded() && self.namespaces.values().all(RetentionPolicy::is_unbounded)
+    }
+}
+
+/// The policies in force on a node, replaceable while it runs (reload):
+/// the trimmer reads the current ones at the start of every sweep. Clones
+/// share the same policies.
+#[derive(Clone)]
+pub struct RetentionHandle {
+    tx: Arc<watch::Sender<Arc<RetentionConfig>>>,
+}
+
+impl RetentionHandle {
+    /// A handle with `config` in force.
+    pub fn new(config: RetentionConfig) -> Self {
+        Self {
+            tx: Arc::new(watch::channel(Arc::new(config)).0),
+        }
+    }
+
+    /// The policies in force now.
+    pub fn current(&self) -> Arc<RetentionConfig> {
+        Arc::clone(&self.tx.borrow())
+    }
+
+    /// Puts `config` in force from the trimmer's next sweep on.
+    pub fn replace(&self, config: RetentionConfig) {
+        self.tx.send_replace(Arc::new(config));
+    }
+}
+
+impl Default for RetentionHandle {
+    fn default() -> Self {
+        Self::new(RetentionConfig::default())
+    }
+}
+
+impl std::fmt::Debug for RetentionHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.current().fmt(f)
+    }
+}
+
+/// Two handles are equal when the policies in force are.
+impl PartialEq for RetentionHandle {
+    fn eq(&self, other: &Self) -> bool {
+        self.current() == other.current()
+    }
+}
+
+impl Eq for RetentionHandle {}
+
+/// Reads an optional humantime duration (`"7d"`, `"90s"`).
+fn humantime_opt<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    let Some(text) = Option::<String>::deserialize(d)? else {
+        return Ok(None);
+    };
+    humantime::parse_duration(&text)
+        .map(Some)
+        .map_err(|e| serde::de::Error::custom(format!("invalid duration {text:?}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(s: &str) -> ChannelName {
+        ChannelName::new(s).unwrap()
+    }
+
+    #[test]
+    fn namespaces_get_their_policy_and_the_rest_the_default() {
+        let config: RetentionConfig = serde_json::from_value(serde_json::json!({
+            "max_messages": 100,
+            "namespaces": {"chat": {"max_age": "1h", "max_bytes": 1000}}
+        }))
+        .unwrap();
+        assert_eq!(config.policy_for(&name("news")).max_messages, Some(100));
+        assert_eq!(config.policy_for(&name("news:x")).max_messages, Some(100));
+        let chat = config.policy_for(&name("chat:room-1"));
+        assert_eq!(chat.max_messages, None);
+        assert_eq!(chat.max_age, Some(Duration::from_secs(3600)));
+        assert_eq!(chat.limits().max_age_ms, Some(3_600_000));
+        assert_eq!(chat.max_bytes, Some(1000));
+        assert!(!config.is_unbounded());
+        assert!(RetentionConfig::default().is_unbounded());
+    }
+
+    #[test]
+    fn bad_durations_and_unknown_fields_are_refused() {
+        let bad = serde_json::from_value::<RetentionConfig>(serde_json::json!({"max_age": "soon"}));
+        assert!(bad.unwrap_err().to_string().contains("invalid duration"));
+        let unknown =
+            serde_json::from_value::<RetentionConfig>(serde_json::json!({"max_mesages": 1}));
+        assert!(unknown.is_err());
+    }
+
+    #[test]
+    fn a_replaced_config_is_seen_by_every_clone() {
+        let handle = RetentionHandle::default();
+        let clone = handle.clone();
+        handle.replace(RetentionConfig {
+            default: RetentionPolicy {
+                max_messages: Some(5),
+                ..RetentionPolicy::default()
+            },
+            ..RetentionConfig::default()
+        });
+        assert_eq!(clone.current().default.max_messages, Some(5));
+    }
+}

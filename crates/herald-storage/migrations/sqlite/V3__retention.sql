@@ -1,0 +1,18 @@
+-- Herald's SQLite schema, version 3: retention.
+--
+-- `trimmed_through`: every offset of the channel at or below it was
+-- removed (trimmed by its retention policy, or the channel deleted); the
+-- channel's earliest offset is `trimmed_through + 1`. The stored messages
+-- are exactly the offsets `trimmed_through + 1 ..= head`. A trim never
+-- moves `head`, and a deleted channel keeps its row, so offsets are never
+-- reused.
+--
+-- `bytes`: the bytes of message data stored for the channel (the JSON
+-- texts' UTF-8 lengths), kept by every append and trim, so that a trim by
+-- size and `herald channels` never add up the messages.
+ALTER TABLE channels ADD COLUMN trimmed_through INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE channels ADD COLUMN bytes INTEGER NOT NULL DEFAULT 0;
+UPDATE channels SET bytes = (
+    SELECT COALESCE(SUM(length(CAST(m.data AS BLOB))), 0)
+    FROM messages AS m WHERE m.channel = channels.name
+);
