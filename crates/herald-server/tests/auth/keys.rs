@@ -202,6 +202,44 @@ async fn each_permission_is_allowed_and_refused(backend: Backend) {
         401,
         "unauthorized",
     );
+    // Deleting a channel is an admin route too; a refusal deletes nothing.
+    assert_refused(
+        &node
+            .call(
+                "DELETE",
+                "/v1/channels/news:a",
+                &[("authorization", reader.as_str())],
+                None,
+            )
+            .await,
+        403,
+        "forbidden",
+    );
+    assert_refused(
+        &node.call("DELETE", "/v1/channels/news:a", &[], None).await,
+        401,
+        "unauthorized",
+    );
+    let (status, _, page) = node
+        .call(
+            "GET",
+            "/v1/channels/news:a/messages",
+            &[("authorization", reader.as_str())],
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["messages"].as_array().map(Vec::len), Some(2), "{page}");
+    let (status, _, deleted) = node
+        .call(
+            "DELETE",
+            "/v1/channels/news:a",
+            &[("authorization", admin.as_str())],
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{deleted}");
+    assert_eq!(deleted["head"], 2, "{deleted}");
     let details = node
         .call(
             "GET",
