@@ -34,6 +34,8 @@ struct Mem {
     token: u64,
     clock_ms: i64,
     batch_sizes: Vec<usize>,
+    /// Channel epochs, made up from a counter on first ask.
+    epochs: BTreeMap<String, String>,
 }
 
 /// An in-memory storage that follows the `Storage` contract closely enough
@@ -322,6 +324,16 @@ impl Storage for MemoryStorage {
             })
             .unwrap_or_default();
         Ok(Page { head, messages })
+    }
+
+    async fn channel_epoch(&self, channel: &ChannelName) -> herald_storage::Result<String> {
+        let mut mem = self.mem.lock().unwrap();
+        let next = format!("{:016x}", mem.epochs.len() + 1);
+        Ok(mem
+            .epochs
+            .entry(channel.as_str().to_owned())
+            .or_insert(next)
+            .clone())
     }
 
     async fn channels(&self) -> herald_storage::Result<Vec<ChannelHead>> {

@@ -107,6 +107,7 @@ macro_rules! conformance_tests {
             json_data_round_trips_byte_exactly,
             concurrent_appends_never_duplicate_or_skip,
             ping_answers,
+            channel_epoch_is_stable_and_shared,
         );
     };
     (@cases $harness:expr; $($case:ident),* $(,)?) => {
@@ -1104,4 +1105,33 @@ pub async fn ping_answers(h: &dyn Harness) {
     let c = h.cluster(1).await;
     c.node(0).ping().await.unwrap();
     assert!(!c.node(0).backend().is_empty());
+}
+
+/// A channel's epoch is created on first ask (before any message), is the
+/// same on every node, stays the same after messages and a takeover,
+/// differs between channels, and adds no channel to `channels()`.
+pub async fn channel_epoch_is_stable_and_shared(h: &dyn Harness) {
+    let c = h.cluster(2).await;
+    let news = channel("news");
+    let first = c.node(1).channel_epoch(&news).await.unwrap();
+    assert_eq!(first.len(), 16, "epoch {first:?}");
+    assert!(first.bytes().all(|b| b.is_ascii_hexdigit()), "epoch {first:?}");
+    assert!(
+        c.node(0).channels().await.unwrap().is_empty(),
+        "an epoch is not a message"
+    );
+    let (lease, _) = acquire(c.node(0), 0, LONG_TTL).await;
+    c.node(0).append(&lease, &[msg("news", "1")]).await.unwrap();
+    assert_eq!(c.node(0).channel_epoch(&news).await.unwrap(), first);
+    c.node(0).release(&lease).await.unwrap();
+    let (lease, _) = acquire(c.node(1), 1, LONG_TTL).await;
+    c.node(1).append(&lease, &[msg("news", "2")]).await.unwrap();
+    assert_eq!(c.node(1).channel_epoch(&news).await.unwrap(), first);
+    assert_eq!(c.node(0).channel_epoch(&news).await.unwrap(), first);
+    let other = c.node(0).channel_epoch(&channel("sport")).await.unwrap();
+    assert_ne!(other, first);
+    // Both nodes asking for a new channel's epoch at once get one answer.
+    let fresh = channel("fresh");
+    let (a, b) = tokio::join!(c.node(0).channel_epoch(&fresh), c.node(1).channel_epoch(&fresh));
+    assert_eq!(a.unwrap(), b.unwrap());
 }

@@ -15,6 +15,7 @@
 //! for its whole life: [`PostgresStorage::connect`] refuses a pooler that
 //! breaks that (`pooler.rs`; docs/operations.md, "Connection poolers").
 
+mod epoch;
 mod listen;
 mod liveness;
 mod ops;
@@ -891,6 +892,11 @@ impl Storage for PostgresStorage {
     async fn channels(&self) -> Result<Vec<ChannelHead>> {
         let client = self.client().await?;
         ops::channels(&client).await
+    }
+
+    async fn channel_epoch(&self, channel: &ChannelName) -> Result<String> {
+        let client = self.client().await?;
+        epoch::get_or_create(&client, channel).await
     }
 
     async fn changes_since(&self, cursor: u64) -> Result<ChangeFeed> {

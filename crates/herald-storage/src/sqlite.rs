@@ -23,6 +23,7 @@
 //! transaction in progress to finish, bounded by
 //! [`SqliteOptions::renew_statement_timeout`].
 
+mod epoch;
 mod ops;
 mod session;
 mod worker;
@@ -553,6 +554,23 @@ impl Storage for SqliteStorage {
 
     async fn channels(&self) -> Result<Vec<ChannelHead>> {
         self.inner.readers.call(ops::channels).await
+    }
+
+    async fn channel_epoch(&self, channel: &ChannelName) -> Result<String> {
+        let name = channel.clone();
+        if let Some(epoch) = self
+            .inner
+            .readers
+            .call(move |conn| epoch::find(conn, &name))
+            .await?
+        {
+            return Ok(epoch);
+        }
+        let name = channel.clone();
+        self.inner
+            .writer
+            .call(move |conn| epoch::create(conn, &name))
+            .await
     }
 
     async fn changes_since(&self, cursor: u64) -> Result<ChangeFeed> {

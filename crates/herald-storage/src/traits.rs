@@ -195,6 +195,24 @@ pub trait Storage: LeaseStore {
     /// [`crate::Error::Unavailable`] when the storage cannot be reached.
     async fn read(&self, channel: &ChannelName, after: Offset, limit: usize) -> Result<Page>;
 
+    /// The epoch of `channel`: a short random text (16 lowercase hex
+    /// digits, 64 random bits, drawn by the database) that names the
+    /// channel's one unbroken history. It is created the first time any
+    /// node asks, whether or not the channel has messages yet, stored
+    /// durably, and never changes afterwards: every node, before and after
+    /// a takeover or a restart, answers the same epoch. A fresh database
+    /// gives a channel a new one, so a client's offset from another
+    /// history is recognised as such (Centrifugo's `epoch`, see
+    /// `docs/centrifugo.md`).
+    ///
+    /// Creating the epoch is a plain insert-if-absent, not a fenced write:
+    /// any node, holder or standby, may create it, and when two race, both
+    /// read the winner's.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn channel_epoch(&self, channel: &ChannelName) -> Result<String>;
+
     /// Every channel with its head, ordered by name.
     ///
     /// # Errors

@@ -115,6 +115,10 @@ impl<H: StorageHooks> Storage for Hooked<H> {
         self.inner.channels().await
     }
 
+    async fn channel_epoch(&self, channel: &ChannelName) -> herald_storage::Result<String> {
+        self.inner.channel_epoch(channel).await
+    }
+
     async fn changes_since(&self, cursor: u64) -> herald_storage::Result<ChangeFeed> {
         self.inner.changes_since(cursor).await
     }
