@@ -64,6 +64,9 @@ pub struct ServerConfig {
     /// Namespace rules, the `[namespaces.<name>]` tables (default: none;
     /// every channel follows `auth.default_namespace`).
     pub namespaces: NamespacesConfig,
+    /// The Centrifugo protocols' settings (`/connection/websocket`): ping
+    /// period, pong timeout, connect timeout. See `docs/centrifugo.md`.
+    pub centrifugo: crate::CentrifugoConfig,
 }
 
 impl Default for ServerConfig {
@@ -82,6 +85,7 @@ impl Default for ServerConfig {
             forward_timeout: Duration::from_secs(5),
             auth: AuthConfig::default(),
             namespaces: NamespacesConfig::new(),
+            centrifugo: crate::CentrifugoConfig::default(),
         }
     }
 }
@@ -122,6 +126,7 @@ impl ServerConfig {
         if self.node_id.is_empty() {
             return Err(StartError::Config("node_id must not be empty".to_owned()));
         }
+        self.centrifugo.validate()?;
         Ok(())
     }
 }

@@ -9,7 +9,8 @@
 //! (`hub.rs`) fed by the writer on the holder and by the standby feed
 //! (`standby_feed.rs`) on a standby; `subscription.rs` turns history plus
 //! live notices into one gap-free, repeat-free sequence for SSE (`sse.rs`)
-//! and WebSocket (`ws.rs`). A publish that reaches a standby is forwarded
+//! and WebSocket (`ws.rs`), and for Centrifugo's client protocol
+//! (`centrifugo/`, which also serves Centrifugo's server API). A publish that reaches a standby is forwarded
 //! once to the holder (`forward.rs`). Every error becomes one JSON shape in
 //! `error.rs`. Access control (API keys, client tokens, namespaces,
 //! publish rate limits) is `auth/`. `listener.rs` accepts connections and serves them with
@@ -31,6 +32,7 @@
 
 mod api;
 mod auth;
+mod centrifugo;
 mod config;
 mod error;
 mod forward;
@@ -58,6 +60,7 @@ pub use auth::{
     api_key_sha256, generate_api_key, ApiKeyConfig, Auth, AuthConfig, AuthError, JwtConfig,
     NamespaceRule, NamespacesConfig, OneOrMany, Permission, PublishRule, Secret, SubscribeRule,
 };
+pub use centrifugo::CentrifugoConfig;
 pub use config::ServerConfig;
 pub use error::{Error, Result, StartError, StorageFailure};
 pub use metrics::install_metrics_recorder;

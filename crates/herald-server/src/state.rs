@@ -57,6 +57,8 @@ pub(crate) struct Shared {
     /// WebSocket sessions, which outlive their HTTP request; drain waits for
     /// them to send their Close frame.
     pub(crate) ws_sessions: TaskTracker,
+    /// This node's Centrifugo connections (`centrifugo/registry.rs`).
+    pub(crate) centrifugo: crate::centrifugo::Registry,
     /// Writer, standby feed and upkeep tasks, awaited by
     /// [`AppState::stopped`].
     tasks: Mutex<Vec<JoinHandle<()>>>,
@@ -149,6 +151,7 @@ impl AppState {
                 shutdown,
                 metrics,
                 ws_sessions: TaskTracker::new(),
+                centrifugo: crate::centrifugo::Registry::default(),
                 tasks: Mutex::new(tasks),
                 writes_done,
             }),

@@ -1115,7 +1115,10 @@ pub async fn channel_epoch_is_stable_and_shared(h: &dyn Harness) {
     let news = channel("news");
     let first = c.node(1).channel_epoch(&news).await.unwrap();
     assert_eq!(first.len(), 16, "epoch {first:?}");
-    assert!(first.bytes().all(|b| b.is_ascii_hexdigit()), "epoch {first:?}");
+    assert!(
+        first.bytes().all(|b| b.is_ascii_hexdigit()),
+        "epoch {first:?}"
+    );
     assert!(
         c.node(0).channels().await.unwrap().is_empty(),
         "an epoch is not a message"
@@ -1132,6 +1135,9 @@ pub async fn channel_epoch_is_stable_and_shared(h: &dyn Harness) {
     assert_ne!(other, first);
     // Both nodes asking for a new channel's epoch at once get one answer.
     let fresh = channel("fresh");
-    let (a, b) = tokio::join!(c.node(0).channel_epoch(&fresh), c.node(1).channel_epoch(&fresh));
+    let (a, b) = tokio::join!(
+        c.node(0).channel_epoch(&fresh),
+        c.node(1).channel_epoch(&fresh)
+    );
     assert_eq!(a.unwrap(), b.unwrap());
 }

@@ -1,7 +1,9 @@
 //! Access control end to end, on SQLite and PostgreSQL: nodes served
 //! in-process on a real listener with an `[auth]` config, driven over
-//! HTTP, SSE and WebSocket.
+//! HTTP, SSE and WebSocket; and Centrifugo's protocols on top of it
+//! (`centrifugo/`).
 
+mod centrifugo;
 mod expiry;
 mod forwarding;
 mod keys;

@@ -1,0 +1,58 @@
+//! The settings of the Centrifugo protocols.
+
+use std::time::Duration;
+
+use crate::StartError;
+
+/// Settings of `/connection/websocket` (see `docs/centrifugo.md`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CentrifugoConfig {
+    /// How often the server sends its `{}` ping to a connected client, and
+    /// the `ping` it advertises in the connect reply, in whole seconds
+    /// (Centrifugo's `client.ping_interval`, default 25 s). At least 1 s.
+    pub ping_interval: Duration,
+    /// How long after a ping the client's `{}` pong may take before the
+    /// server closes the connection with 3012 "no pong" (Centrifugo's
+    /// `client.pong_timeout`, default 8 s). Must be shorter than
+    /// `ping_interval`.
+    pub pong_timeout: Duration,
+    /// How long a client may take to send its `connect` command after the
+    /// upgrade before the server closes with 3502 "stale" (Centrifugo's
+    /// `client.stale_close_delay`, default 10 s).
+    pub connect_timeout: Duration,
+}
+
+impl Default for CentrifugoConfig {
+    fn default() -> Self {
+        Self {
+            ping_interval: Duration::from_secs(25),
+            pong_timeout: Duration::from_secs(8),
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl CentrifugoConfig {
+    /// Checks the periods.
+    ///
+    /// # Errors
+    /// [`StartError::Config`] naming the first unusable one.
+    pub fn validate(&self) -> Result<(), StartError> {
+        if self.ping_interval < Duration::from_secs(1) || self.ping_interval.subsec_nanos() != 0 {
+            return Err(StartError::Config(
+                "centrifugo ping_interval must be a whole number of seconds, at least 1".to_owned(),
+            ));
+        }
+        if self.pong_timeout.is_zero() || self.pong_timeout >= self.ping_interval {
+            return Err(StartError::Config(
+                "centrifugo pong_timeout must be above 0 and below ping_interval".to_owned(),
+            ));
+        }
+        if self.connect_timeout.is_zero() {
+            return Err(StartError::Config(
+                "centrifugo connect_timeout must be above 0".to_owned(),
+            ));
+        }
+        Ok(())
+    }
+}
