@@ -120,8 +120,20 @@ impl TestNode {
         role: Role,
         config: ServerConfig,
     ) -> Self {
-        let (storage, leases) = place.open().await;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::start_on(place, node_id, role, config, listener).await
+    }
+
+    /// [`TestNode::start`] on `listener` (a restarted node keeps its
+    /// address).
+    pub(crate) async fn start_on(
+        place: &Place,
+        node_id: &str,
+        role: Role,
+        config: ServerConfig,
+        listener: tokio::net::TcpListener,
+    ) -> Self {
+        let (storage, leases) = place.open().await;
         let addr = listener.local_addr().unwrap();
         let base = format!("http://{addr}");
         let candidate = Candidate {
@@ -234,6 +246,21 @@ impl TestNode {
                 Err(response.status().as_u16())
             }
             Err(e) => panic!("WebSocket connect failed: {e}"),
+        }
+    }
+}
+
+impl TestNode {
+    /// Drains the server (its WebSockets are closed with their going-away
+    /// code), then stops the supervisor, which releases the lease.
+    pub(crate) async fn stop(mut self) {
+        self.shutdown.cancel();
+        if let Some(server) = self.server.take() {
+            let _ = within("server drain", NODE_WAIT, server).await;
+        }
+        self.lease_shutdown.cancel();
+        if let Some(supervisor) = self.supervisor.take() {
+            let _ = within("lease release", NODE_WAIT, supervisor).await;
         }
     }
 }

@@ -4,6 +4,7 @@
 //! access control (API keys, tokens, namespaces) on both backends.
 
 mod client;
+mod js;
 mod protocol;
 mod recovery;
 mod server_api;
