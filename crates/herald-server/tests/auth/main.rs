@@ -286,6 +286,9 @@ pub(crate) struct Creds {
     pub(crate) reader: String,
     /// `admin`.
     pub(crate) admin: String,
+    /// `publish`, `read` and `admin` on every channel, as an application
+    /// backend's key for Centrifugo's server API.
+    pub(crate) backend: String,
     /// `publish` on every channel, 3 at once then one per 1000 s.
     pub(crate) limited: String,
     pub(crate) jwt_secret: String,
@@ -298,6 +301,7 @@ impl Creds {
             publisher: generate_api_key(),
             reader: generate_api_key(),
             admin: generate_api_key(),
+            backend: generate_api_key(),
             limited: generate_api_key(),
             jwt_secret: generate_api_key(),
             cluster_secret: generate_api_key(),
@@ -363,6 +367,12 @@ impl Creds {
                     Some(vec!["news:*"]),
                 ),
                 key("admin", &self.admin, vec![Permission::Admin], None),
+                key(
+                    "backend",
+                    &self.backend,
+                    vec![Permission::Publish, Permission::Read, Permission::Admin],
+                    None,
+                ),
                 limited,
             ],
             jwt: Some(JwtConfig {

@@ -3,6 +3,7 @@
 //! (`client.rs`), and the server API at `/api/<method>`, with Herald's
 //! access control (API keys, tokens, namespaces) on both backends.
 
+mod cent;
 mod client;
 mod js;
 mod protocol;
