@@ -10,8 +10,8 @@
 //! (`standby_feed.rs`) on a standby; `subscription.rs` turns history plus
 //! live notices into one gap-free, repeat-free sequence for SSE (`sse.rs`)
 //! and WebSocket (`ws.rs`), and for Centrifugo's client protocol
-//! (`centrifugo/`, which also serves Centrifugo's server API). A publish that reaches a standby is forwarded
-//! once to the holder (`forward.rs`). Every error becomes one JSON shape in
+//! (`centrifugo/`, which also serves Centrifugo's server API). A publish
+//! that reaches a standby is forwarded once to the holder (`forward.rs`). Every error becomes one JSON shape in
 //! `error.rs`. Access control (API keys, client tokens, namespaces,
 //! publish rate limits) is `auth/`. `listener.rs` accepts connections and serves them with
 //! HTTP/1 or HTTP/2, closing those that do not send a request head in time.

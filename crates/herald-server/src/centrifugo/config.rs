@@ -56,3 +56,49 @@ impl CentrifugoConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_centrifugos_and_valid() {
+        let c = CentrifugoConfig::default();
+        assert_eq!(c.ping_interval, Duration::from_secs(25));
+        assert_eq!(c.pong_timeout, Duration::from_secs(8));
+        assert_eq!(c.connect_timeout, Duration::from_secs(10));
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn rejects_unusable_periods() {
+        let bad = [
+            CentrifugoConfig {
+                ping_interval: Duration::from_millis(1500),
+                ..CentrifugoConfig::default()
+            },
+            CentrifugoConfig {
+                ping_interval: Duration::ZERO,
+                ..CentrifugoConfig::default()
+            },
+            CentrifugoConfig {
+                pong_timeout: Duration::from_secs(25),
+                ..CentrifugoConfig::default()
+            },
+            CentrifugoConfig {
+                pong_timeout: Duration::ZERO,
+                ..CentrifugoConfig::default()
+            },
+            CentrifugoConfig {
+                connect_timeout: Duration::ZERO,
+                ..CentrifugoConfig::default()
+            },
+        ];
+        for c in bad {
+            assert!(
+                matches!(c.validate(), Err(StartError::Config(_))),
+                "{c:?} was accepted"
+            );
+        }
+    }
+}
