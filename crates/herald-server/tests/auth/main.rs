@@ -105,6 +105,8 @@ pub(crate) struct TestNode {
     pub(crate) base: String,
     pub(crate) ws_base: String,
     pub(crate) http: reqwest::Client,
+    /// The supervisor's view of the lease.
+    pub(crate) lease: herald_lease::LeaseHandle,
     shutdown: CancellationToken,
     lease_shutdown: CancellationToken,
     server: Option<JoinHandle<Result<(), herald_server::StartError>>>,
@@ -165,8 +167,15 @@ impl TestNode {
             advertise_url: base.clone(),
             ..config
         };
-        let server = tokio::spawn(serve(listener, storage, lease, config, shutdown.clone()));
+        let server = tokio::spawn(serve(
+            listener,
+            storage,
+            lease.clone(),
+            config,
+            shutdown.clone(),
+        ));
         Self {
+            lease,
             ws_base: format!("ws://{addr}"),
             base,
             http: reqwest::Client::new(),

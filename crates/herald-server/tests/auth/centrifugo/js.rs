@@ -48,6 +48,9 @@ struct JsClient {
     /// arrival order.
     received: Vec<(u64, Value)>,
     channel: &'static str,
+    /// `connecting` reports for a lost connection (code 0 is the SDK's
+    /// own `connect()` call).
+    reconnects: usize,
 }
 
 impl JsClient {
@@ -74,6 +77,7 @@ impl JsClient {
             reports,
             received: Vec::new(),
             channel,
+            reconnects: 0,
         }
     }
 
@@ -100,6 +104,9 @@ impl JsClient {
                     .unwrap_or_else(|| panic!("centrifuge.mjs ended before {what}"));
                 let report: Value = serde_json::from_str(&line).unwrap();
                 assert_ne!(report["type"], "failed", "{report}");
+                if report["type"] == "connecting" && report["code"] != 0 {
+                    self.reconnects += 1;
+                }
                 if report["type"] == "publication" && report["channel"] == self.channel {
                     self.received
                         .push((report["offset"].as_u64().unwrap(), report["data"].clone()));
@@ -232,4 +239,68 @@ async fn centrifuge_js_on_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn centrifuge_js_on_postgres() {
     centrifuge_js(Backend::Postgres).await;
+}
+
+/// The holder stops (and releases the lease) while a centrifuge-js client
+/// follows a channel on the standby: the standby takes over, the client
+/// stays connected (no reconnect), and every publication, before and
+/// after the takeover, arrives exactly once, in order.
+async fn holder_failover(backend: Backend) {
+    let place = Place::new(backend).await;
+    let creds = Creds::new();
+    let holder = TestNode::start(&place, "node-a", Role::Holder, creds.config()).await;
+    let standby = TestNode::start(&place, "node-b", Role::Standby, creds.config()).await;
+    let publisher = Creds::bearer(&creds.publisher);
+    let key = [("authorization", publisher.as_str())];
+    let token = creds.token_for("js", json!({"channels": ["news:*"]}));
+    let mut js = JsClient::start(
+        &format!("{}/connection/websocket", standby.ws_base),
+        &token,
+        "news:fo",
+    );
+    js.expect("connected", is("connected", "")).await;
+    js.send(json!({"op": "subscribe", "channel": "news:fo"}))
+        .await;
+    js.expect("subscribed", is("subscribed", "news:fo")).await;
+    for i in 1..=3 {
+        // Through the standby: forwarded to the holder.
+        assert_eq!(
+            standby.publish("news:fo", &key, json!({"n": i})).await.0,
+            201
+        );
+    }
+    js.received_up_to(3).await;
+    holder.stop().await;
+    // The standby takes the lease over; its publishes commit there.
+    let took_over = within(
+        "takeover",
+        NODE_WAIT,
+        standby
+            .lease
+            .wait_for(|s| matches!(s, herald_lease::LeaseState::Holder { .. })),
+    )
+    .await;
+    assert!(took_over.is_some(), "the standby's supervisor ended");
+    for i in 4..=6 {
+        let (status, _, body) = standby.publish("news:fo", &key, json!({"n": i})).await;
+        assert_eq!((status, body["offset"].clone()), (201, json!(i)), "{body}");
+    }
+    js.received_up_to(6).await;
+    let expected: Vec<(u64, Value)> = (1..=6).map(|i| (i, json!({"n": i}))).collect();
+    assert_eq!(js.received, expected);
+    assert_eq!(
+        js.reconnects, 0,
+        "the client was disconnected by the failover"
+    );
+    js.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_js_survives_holder_failover_on_sqlite() {
+    holder_failover(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_js_survives_holder_failover_on_postgres() {
+    holder_failover(Backend::Postgres).await;
 }
