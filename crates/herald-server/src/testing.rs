@@ -36,6 +36,9 @@ struct Mem {
     batch_sizes: Vec<usize>,
     /// Channel epochs, made up from a counter on first ask.
     epochs: BTreeMap<String, String>,
+    /// Presence entries by (channel, client), with their session (no
+    /// expiry: the server's unit tests do not wait for one).
+    presence: BTreeMap<(String, String), (String, herald_storage::PresenceEntry)>,
 }
 
 /// An in-memory storage that follows the `Storage` contract closely enough
@@ -324,6 +327,48 @@ impl Storage for MemoryStorage {
             })
             .unwrap_or_default();
         Ok(Page { head, messages })
+    }
+
+    async fn presence_add(
+        &self,
+        session: &str,
+        entry: &herald_storage::PresenceEntry,
+        _ttl: Duration,
+    ) -> herald_storage::Result<()> {
+        let key = (entry.channel.as_str().to_owned(), entry.client.clone());
+        self.mem
+            .lock()
+            .unwrap()
+            .presence
+            .insert(key, (session.to_owned(), entry.clone()));
+        Ok(())
+    }
+
+    async fn presence_remove(
+        &self,
+        channel: &ChannelName,
+        client: &str,
+    ) -> herald_storage::Result<()> {
+        let key = (channel.as_str().to_owned(), client.to_owned());
+        self.mem.lock().unwrap().presence.remove(&key);
+        Ok(())
+    }
+
+    async fn presence_touch(&self, _session: &str, _ttl: Duration) -> herald_storage::Result<()> {
+        Ok(())
+    }
+
+    async fn presence(
+        &self,
+        channel: &ChannelName,
+    ) -> herald_storage::Result<Vec<herald_storage::PresenceEntry>> {
+        let mem = self.mem.lock().unwrap();
+        Ok(mem
+            .presence
+            .values()
+            .filter(|(_, e)| &e.channel == channel)
+            .map(|(_, e)| e.clone())
+            .collect())
     }
 
     async fn channel_epoch(&self, channel: &ChannelName) -> herald_storage::Result<String> {

@@ -39,7 +39,7 @@ use herald_core::{
 
 use crate::testing::{self, keyed, msg};
 
-use crate::{Acquire, Error, Storage, TakeoverReason};
+use crate::{Acquire, Error, PresenceEntry, Storage, TakeoverReason};
 
 /// Nodes that share one database, made by a [`Harness`].
 pub struct Cluster {
@@ -108,6 +108,7 @@ macro_rules! conformance_tests {
             concurrent_appends_never_duplicate_or_skip,
             ping_answers,
             channel_epoch_is_stable_and_shared,
+            presence_is_shared_renewed_and_expires,
         );
     };
     (@cases $harness:expr; $($case:ident),* $(,)?) => {
@@ -1140,4 +1141,62 @@ pub async fn channel_epoch_is_stable_and_shared(h: &dyn Harness) {
         c.node(1).channel_epoch(&fresh)
     );
     assert_eq!(a.unwrap(), b.unwrap());
+}
+
+/// Presence entries are seen by every node, replaced per (channel,
+/// client), removed on request, kept alive by their session's
+/// `presence_touch`, and gone once their ttl passes without one.
+pub async fn presence_is_shared_renewed_and_expires(h: &dyn Harness) {
+    let c = h.cluster(2).await;
+    let room = channel("room");
+    let entry = |client: &str, user: &str| PresenceEntry {
+        channel: room.clone(),
+        client: client.to_owned(),
+        user: user.to_owned(),
+    };
+    c.node(0)
+        .presence_add("s0", &entry("c1", "ann"), LONG_TTL)
+        .await
+        .unwrap();
+    c.node(1)
+        .presence_add("s1", &entry("c2", "bob"), LONG_TTL)
+        .await
+        .unwrap();
+    c.node(1)
+        .presence_add("s1", &entry("c2", "bob"), LONG_TTL)
+        .await
+        .unwrap();
+    assert_eq!(
+        c.node(0).presence(&room).await.unwrap(),
+        vec![entry("c1", "ann"), entry("c2", "bob")]
+    );
+    assert!(c
+        .node(0)
+        .presence(&channel("other"))
+        .await
+        .unwrap()
+        .is_empty());
+    c.node(0).presence_remove(&room, "c1").await.unwrap();
+    assert_eq!(
+        c.node(1).presence(&room).await.unwrap(),
+        vec![entry("c2", "bob")]
+    );
+
+    // Session s1's entries live only while it renews them.
+    c.node(1).presence_touch("s1", SHORT_TTL).await.unwrap();
+    let deadline = Instant::now() + EXPIRY_WAIT;
+    while !c.node(0).presence(&room).await.unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "the entry did not expire");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Renewed before expiry, an entry stays.
+    c.node(0)
+        .presence_add("s0", &entry("c3", "cid"), SHORT_TTL)
+        .await
+        .unwrap();
+    c.node(0).presence_touch("s0", LONG_TTL).await.unwrap();
+    assert_eq!(
+        c.node(1).presence(&room).await.unwrap(),
+        vec![entry("c3", "cid")]
+    );
 }

@@ -34,4 +34,6 @@ pub mod conformance;
 pub mod testing;
 
 pub use error::{Cause, Error, PoolerEvidence, Result};
-pub use traits::{Acquire, ChangeFeed, ChangeSignal, LeaseStore, Page, Storage, TakeoverReason};
+pub use traits::{
+    Acquire, ChangeFeed, ChangeSignal, LeaseStore, Page, PresenceEntry, Storage, TakeoverReason,
+};

@@ -20,6 +20,7 @@ mod listen;
 mod liveness;
 mod ops;
 mod pooler;
+mod presence;
 mod reconnect;
 mod renewal;
 mod takeover;
@@ -892,6 +893,31 @@ impl Storage for PostgresStorage {
     async fn channels(&self) -> Result<Vec<ChannelHead>> {
         let client = self.client().await?;
         ops::channels(&client).await
+    }
+
+    async fn presence_add(
+        &self,
+        session: &str,
+        entry: &crate::PresenceEntry,
+        ttl: Duration,
+    ) -> Result<()> {
+        let client = self.client().await?;
+        presence::add(&client, session, entry, ttl).await
+    }
+
+    async fn presence_remove(&self, channel: &ChannelName, id: &str) -> Result<()> {
+        let client = self.client().await?;
+        presence::remove(&client, channel, id).await
+    }
+
+    async fn presence_touch(&self, session: &str, ttl: Duration) -> Result<()> {
+        let client = self.client().await?;
+        presence::touch(&client, session, ttl).await
+    }
+
+    async fn presence(&self, channel: &ChannelName) -> Result<Vec<crate::PresenceEntry>> {
+        let client = self.client().await?;
+        presence::list(&client, channel).await
     }
 
     async fn channel_epoch(&self, channel: &ChannelName) -> Result<String> {

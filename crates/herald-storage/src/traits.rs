@@ -160,6 +160,17 @@ pub enum ChangeSignal {
     Resync,
 }
 
+/// One client subscribed to a channel, as presence shows it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PresenceEntry {
+    /// The channel.
+    pub channel: ChannelName,
+    /// The client's connection id.
+    pub client: String,
+    /// The client's user (the token's `sub`; empty when anonymous).
+    pub user: String,
+}
+
 /// Herald's storage: lease, fenced writes and reads. One implementation per
 /// backend; every implementation passes the `conformance` suite.
 #[async_trait]
@@ -212,6 +223,37 @@ pub trait Storage: LeaseStore {
     /// # Errors
     /// [`crate::Error::Unavailable`] when the storage cannot be reached.
     async fn channel_epoch(&self, channel: &ChannelName) -> Result<String>;
+
+    /// Records `entry` (replacing an entry of the same channel and client)
+    /// for node process `session`, expiring `ttl` from now on the storage's
+    /// clock unless renewed by [`Storage::presence_touch`]. Deletes expired
+    /// entries of the channel on the way. Not a fenced write: any node
+    /// records its own clients.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn presence_add(&self, session: &str, entry: &PresenceEntry, ttl: Duration)
+        -> Result<()>;
+
+    /// Removes the entry of `client` in `channel`, if any.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn presence_remove(&self, channel: &ChannelName, client: &str) -> Result<()>;
+
+    /// Renews every entry of node process `session` to expire `ttl` from
+    /// now (the node's heartbeat).
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn presence_touch(&self, session: &str, ttl: Duration) -> Result<()>;
+
+    /// The unexpired entries of `channel`, from every node, ordered by
+    /// client.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn presence(&self, channel: &ChannelName) -> Result<Vec<PresenceEntry>>;
 
     /// Every channel with its head, ordered by name.
     ///

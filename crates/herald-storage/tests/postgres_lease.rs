@@ -733,7 +733,7 @@ async fn migrations_run_once_when_nodes_connect_at_once() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, [1, 4]);
+    assert_eq!(versions, [1, 4, 5]);
     let (lease, _) = acquire(&nodes[3], &candidate("node-3"), MINUTE).await;
     nodes[5].append(&lease, &[msg("m", "1")]).await.unwrap();
     assert_eq!(
