@@ -1,6 +1,7 @@
 //! The commands of a connection: what each does and answers. Replies are
 //! built with `protocol.rs`; errors are Centrifugo's codes (`codes.rs`).
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use herald_core::{ChannelName, Offset};
@@ -10,6 +11,7 @@ use tokio::time::Instant;
 
 use super::codes::{self, Disconnect, ReplyError};
 use super::history::{history, HistoryQuery};
+use super::presence;
 use super::protocol::{
     self, error_reply, publications, reply, ChannelRequest, Command, ConnectRequest,
     HistoryRequest, Publication, PublishRequest, RefreshRequest, SubRefreshRequest,
@@ -162,12 +164,16 @@ impl Session {
         if let Some(req) = c.subscribe {
             self.subscribe(id, req).await
         } else if let Some(ChannelRequest { channel }) = c.unsubscribe {
-            answer(id, "unsubscribe", self.unsubscribe_command(&channel))
+            answer(id, "unsubscribe", self.unsubscribe_command(&channel).await)
         } else if let Some(req) = c.publish {
             answer(id, "publish", self.publish(req).await.map(|()| Empty {}))
         } else if let Some(req) = c.history {
             self.history(id, req).await
-        } else if c.presence.is_some() || c.presence_stats.is_some() || c.rpc.is_some() {
+        } else if let Some(ChannelRequest { channel }) = c.presence {
+            answer(id, "presence", self.presence(&channel, false).await)
+        } else if let Some(ChannelRequest { channel }) = c.presence_stats {
+            answer(id, "presence_stats", self.presence(&channel, true).await)
+        } else if c.rpc.is_some() {
             Answer::Reply(error_reply(id, &ReplyError::not_available()))
         } else if c.send.is_some() {
             // An asynchronous message with nothing to take it: Centrifugo
@@ -266,6 +272,10 @@ impl Session {
         if shared.auth.may_subscribe(&who, &channel).is_err() {
             return Answer::Reply(error_reply(id, &ReplyError::permission_denied()));
         }
+        if let Err(e) = presence::join(&self.state, &self.client, &self.user(), &channel).await {
+            return Answer::Reply(error_reply(id, &e));
+        }
+        let shared = &self.state.shared;
         let storage = shared.storage.as_ref();
         let failed = |operation, e| {
             crate::StorageFailure::new(operation, Some(&channel), e).log();
@@ -290,6 +300,7 @@ impl Session {
             Ok(recovery) => recovery,
             Err(e) => {
                 e.log();
+                presence::leave(&self.state, &self.client, BTreeSet::from([channel]));
                 return Answer::Reply(error_reply(id, &ReplyError::internal()));
             }
         };
@@ -312,6 +323,7 @@ impl Session {
             Ok(live) => live,
             Err(e) => {
                 e.log();
+                presence::leave(&self.state, &self.client, BTreeSet::from([channel]));
                 return Answer::Reply(error_reply(id, &ReplyError::internal()));
             }
         };
@@ -358,8 +370,18 @@ impl Session {
         ))
     }
 
-    /// Ends the subscription to `channel`; `false` if there was none.
+    /// Ends the subscription to `channel`, its presence row removed in the
+    /// background; `false` if there was none.
     pub(crate) fn unsubscribe(&mut self, channel: &ChannelName) -> bool {
+        let removed = self.end_subscription(channel);
+        if removed {
+            presence::leave(&self.state, &self.client, BTreeSet::from([channel.clone()]));
+        }
+        removed
+    }
+
+    /// Ends the subscription to `channel` (not its presence row).
+    fn end_subscription(&mut self, channel: &ChannelName) -> bool {
         let removed = self.subs.remove(channel).is_some();
         if removed {
             self.state
@@ -370,9 +392,50 @@ impl Session {
         removed
     }
 
-    fn unsubscribe_command(&mut self, name: &str) -> Result<Empty, ReplyError> {
+    /// Ends every subscription (the connection closes).
+    pub(crate) fn end_subscriptions(&mut self) {
+        let channels: BTreeSet<ChannelName> = self.subs.keys().cloned().collect();
+        self.subs.clear();
+        presence::leave(&self.state, &self.client, channels);
+    }
+
+    /// The connection's user: its token's `sub`, empty when anonymous.
+    fn user(&self) -> String {
+        self.who
+            .as_ref()
+            .and_then(Principal::token)
+            .map(|t| t.subject.clone())
+            .unwrap_or_default()
+    }
+
+    /// `presence` (or `presence_stats` with `stats`) of a channel the
+    /// connection may subscribe to.
+    async fn presence(&self, name: &str, stats: bool) -> Result<serde_json::Value, ReplyError> {
         let channel = channel(name)?;
-        self.unsubscribe(&channel);
+        let who = self.who.clone().unwrap_or(Principal::Anonymous);
+        if self
+            .state
+            .shared
+            .auth
+            .may_subscribe(&who, &channel)
+            .is_err()
+        {
+            return Err(ReplyError::permission_denied());
+        }
+        if stats {
+            presence::stats(&self.state, &channel).await
+        } else {
+            presence::presence(&self.state, &channel).await
+        }
+    }
+
+    /// The `unsubscribe` command: its presence row is gone when it is
+    /// answered.
+    async fn unsubscribe_command(&mut self, name: &str) -> Result<Empty, ReplyError> {
+        let channel = channel(name)?;
+        if self.end_subscription(&channel) {
+            presence::remove(&self.state, &self.client, &channel).await;
+        }
         Ok(Empty {})
     }
 

@@ -20,6 +20,15 @@ pub struct CentrifugoConfig {
     /// upgrade before the server closes with 3502 "stale" (Centrifugo's
     /// `client.stale_close_delay`, default 10 s).
     pub connect_timeout: Duration,
+    /// Whether `presence` and `presence_stats` are answered (default
+    /// off: error 108 "not available", as Centrifugo without presence).
+    /// On, every subscription is recorded in the storage's presence rows,
+    /// seen by every node.
+    pub presence: bool,
+    /// How long a node's presence rows outlive its last heartbeat; the
+    /// node renews them every third of it (default 30 s). A node that dies
+    /// drops out of presence within this long.
+    pub presence_ttl: Duration,
 }
 
 impl Default for CentrifugoConfig {
@@ -28,6 +37,8 @@ impl Default for CentrifugoConfig {
             ping_interval: Duration::from_secs(25),
             pong_timeout: Duration::from_secs(8),
             connect_timeout: Duration::from_secs(10),
+            presence: false,
+            presence_ttl: Duration::from_secs(30),
         }
     }
 }
@@ -53,6 +64,11 @@ impl CentrifugoConfig {
                 "centrifugo connect_timeout must be above 0".to_owned(),
             ));
         }
+        if self.presence_ttl < Duration::from_millis(30) {
+            return Err(StartError::Config(
+                "centrifugo presence_ttl must be at least 30 ms".to_owned(),
+            ));
+        }
         Ok(())
     }
 }
@@ -67,6 +83,8 @@ mod tests {
         assert_eq!(c.ping_interval, Duration::from_secs(25));
         assert_eq!(c.pong_timeout, Duration::from_secs(8));
         assert_eq!(c.connect_timeout, Duration::from_secs(10));
+        assert!(!c.presence);
+        assert_eq!(c.presence_ttl, Duration::from_secs(30));
         c.validate().unwrap();
     }
 
@@ -91,6 +109,10 @@ mod tests {
             },
             CentrifugoConfig {
                 connect_timeout: Duration::ZERO,
+                ..CentrifugoConfig::default()
+            },
+            CentrifugoConfig {
+                presence_ttl: Duration::ZERO,
                 ..CentrifugoConfig::default()
             },
         ];

@@ -12,6 +12,7 @@
 //! - `publish.rs`: a publish into the same channel sequence as Herald's
 //!   own, forwarded to the holder from a standby;
 //! - `registry.rs`: this node's connections, for the server API;
+//! - `presence.rs`: cluster-wide presence in the storage, when enabled;
 //! - `config.rs`: ping, pong and connect timeouts.
 //!
 //! Access control is Herald's (`auth/`): the connection token is a
@@ -23,6 +24,7 @@ mod codes;
 mod commands;
 mod config;
 mod history;
+mod presence;
 mod protocol;
 mod publish;
 mod recovery;

@@ -36,6 +36,8 @@ pub(crate) struct Registry {
     conns: Mutex<HashMap<String, Entry>>,
     /// When the node started, for `info`'s `uptime`.
     started: std::time::Instant,
+    /// This process's presence session (`presence.rs`).
+    pub(crate) presence: super::presence::PresenceSession,
 }
 
 impl Default for Registry {
@@ -43,6 +45,7 @@ impl Default for Registry {
         Self {
             conns: Mutex::default(),
             started: std::time::Instant::now(),
+            presence: super::presence::PresenceSession::default(),
         }
     }
 }

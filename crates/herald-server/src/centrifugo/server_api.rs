@@ -168,9 +168,10 @@ async fn run(state: &AppState, who: &Principal, method: &str, p: &RawValue) -> O
         "info" => info(state, who),
         "unsubscribe" => unsubscribe(state, who, params(p)?),
         "disconnect" => disconnect(state, who, params(p)?),
-        // Presence comes with its own issue; history is durable and
-        // removed only by retention.
-        "presence" | "presence_stats" | "history_remove" => Err(ReplyError::not_available()),
+        "presence" => presence_method(state, who, params(p)?, false).await,
+        "presence_stats" => presence_method(state, who, params(p)?, true).await,
+        // History is durable and removed only by retention.
+        "history_remove" => Err(ReplyError::not_available()),
         _ => Err(ReplyError::method_not_found()),
     }
 }
@@ -410,4 +411,29 @@ fn disconnect(state: &AppState, who: &Principal, p: DisconnectParams) -> Outcome
         .centrifugo
         .tell_user(&p.user, None, &Control::Disconnect(d));
     raw(&json!({}))
+}
+
+#[derive(Deserialize)]
+struct ChannelParams {
+    channel: String,
+}
+
+/// `presence` (`presence_stats` with `stats`), for a key that may read the
+/// channel; 108 when presence is off.
+async fn presence_method(
+    state: &AppState,
+    who: &Principal,
+    p: ChannelParams,
+    stats: bool,
+) -> Outcome {
+    let channel = channel(&p.channel)?;
+    if state.shared.auth.may_read_history(who, &channel).is_err() {
+        return Err(ReplyError::permission_denied());
+    }
+    let result = if stats {
+        super::presence::stats(state, &channel).await?
+    } else {
+        super::presence::presence(state, &channel).await?
+    };
+    raw(&result)
 }

@@ -226,7 +226,7 @@ async fn run(socket: WebSocket, state: AppState) {
             }
         }
     };
-    session.subs.clear();
+    session.end_subscriptions();
     if let Some(d) = end {
         tracing::debug!(client = %session.client, code = d.code, reason = d.reason, "closing");
         close(tx, rx, d).await;

@@ -6,6 +6,7 @@
 mod cent;
 mod client;
 mod js;
+mod presence;
 mod protocol;
 mod recovery;
 mod server_api;
