@@ -411,6 +411,9 @@ impl Session {
     /// `presence` (or `presence_stats` with `stats`) of a channel the
     /// connection may subscribe to.
     async fn presence(&self, name: &str, stats: bool) -> Result<serde_json::Value, ReplyError> {
+        if !presence::enabled(&self.state) {
+            return Err(ReplyError::not_available());
+        }
         let channel = channel(name)?;
         let who = self.who.clone().unwrap_or(Principal::Anonymous);
         if self

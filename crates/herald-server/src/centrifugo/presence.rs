@@ -67,6 +67,12 @@ impl PresenceSession {
     }
 }
 
+/// Whether presence is on; when off, `presence` and `presence_stats`
+/// answer 108 before anything else is checked.
+pub(crate) fn enabled(state: &AppState) -> bool {
+    state.shared.config.centrifugo.presence
+}
+
 /// Records that `client` of `user` subscribed to `channel` (nothing when
 /// presence is off).
 ///

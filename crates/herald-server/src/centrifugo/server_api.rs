@@ -426,6 +426,9 @@ async fn presence_method(
     p: ChannelParams,
     stats: bool,
 ) -> Outcome {
+    if !super::presence::enabled(state) {
+        return Err(ReplyError::not_available());
+    }
     let channel = channel(&p.channel)?;
     if state.shared.auth.may_read_history(who, &channel).is_err() {
         return Err(ReplyError::permission_denied());

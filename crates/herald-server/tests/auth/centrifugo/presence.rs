@@ -98,6 +98,8 @@ async fn presence(backend: Backend) {
         }
     })
     .await;
+    standby.stop().await;
+    holder.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
