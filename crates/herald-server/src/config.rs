@@ -106,6 +106,9 @@ pub struct ServerConfig {
     /// How the holder's trimming task paces itself (sweep interval, rows
     /// per transaction, pause between transactions).
     pub trim_pacing: TrimPacing,
+    /// The Centrifugo protocols' settings (`/connection/websocket`): ping
+    /// period, pong timeout, connect timeout. See `docs/centrifugo.md`.
+    pub centrifugo: crate::CentrifugoConfig,
 }
 
 impl Default for ServerConfig {
@@ -133,6 +136,7 @@ impl Default for ServerConfig {
             ws_max_message_bytes: 64 * 1024,
             retention: RetentionHandle::default(),
             trim_pacing: TrimPacing::default(),
+            centrifugo: crate::CentrifugoConfig::default(),
         }
     }
 }
@@ -182,6 +186,7 @@ impl ServerConfig {
             return Err(StartError::Config("node_id must not be empty".to_owned()));
         }
         self.cors.validate()?;
+        self.centrifugo.validate()?;
         Ok(())
     }
 }

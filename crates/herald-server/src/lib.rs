@@ -9,8 +9,9 @@
 //! (`hub.rs`) fed by the writer on the holder and by the standby feed
 //! (`standby_feed.rs`) on a standby; `subscription.rs` turns history plus
 //! live notices into one gap-free, repeat-free sequence for SSE (`sse.rs`)
-//! and WebSocket (`ws.rs`). A publish that reaches a standby is forwarded
-//! once to the holder (`forward.rs`). Every error becomes one JSON shape in
+//! and WebSocket (`ws.rs`), and for Centrifugo's client protocol
+//! (`centrifugo/`, which also serves Centrifugo's server API). A publish
+//! that reaches a standby is forwarded once to the holder (`forward.rs`). Every error becomes one JSON shape in
 //! `error.rs`. Access control (API keys, client tokens, namespaces,
 //! publish rate limits) is `auth/`. `listener.rs` accepts connections and serves them with
 //! HTTP/1 or HTTP/2, closing those that do not send a request head in time.
@@ -31,6 +32,7 @@
 
 mod api;
 mod auth;
+mod centrifugo;
 mod config;
 mod conn_limit;
 mod cors;
@@ -64,6 +66,7 @@ pub use auth::{
     api_key_sha256, generate_api_key, ApiKeyConfig, Auth, AuthConfig, AuthError, JwtConfig,
     NamespaceRule, NamespacesConfig, OneOrMany, Permission, PublishRule, Secret, SubscribeRule,
 };
+pub use centrifugo::CentrifugoConfig;
 pub use config::ServerConfig;
 pub use cors::CorsConfig;
 pub use error::{Error, Result, StartError, StorageFailure};

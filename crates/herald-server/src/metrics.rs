@@ -7,7 +7,7 @@
 //! | `herald_publish_duration_seconds` | histogram | | time from request to answer of a publish, seconds |
 //! | `herald_writer_batch_messages` | histogram | | messages per group commit |
 //! | `herald_writer_queue_depth` | gauge | | publish requests waiting in the writer's queue |
-//! | `herald_subscribers` | gauge | `transport` (`sse`, `ws`) | live subscriptions |
+//! | `herald_subscribers` | gauge | `transport` (`sse`, `ws`, `centrifugo`) | live subscriptions |
 //! | `herald_lease_role` | gauge | | 1 while this node is holder, else 0 (set at scrape time) |
 //! | `herald_lease_token` | gauge | | fencing token as this node last saw it (set at scrape time) |
 //! | `herald_forwarded_writes_total` | counter | `result` (`ok`, `error`, `no_holder`, `takeover`) | publishes a standby handed to the holder, by outcome (`takeover`: this node took the lease over before the holder answered) |
@@ -320,7 +320,8 @@ pub(crate) struct SubscriberGauge {
 }
 
 impl SubscriberGauge {
-    /// Counts a new subscription on `transport` (`"sse"` or `"ws"`).
+    /// Counts a new subscription on `transport` (`"sse"`, `"ws"` or
+    /// `"centrifugo"`).
     pub(crate) fn new(transport: &'static str) -> Self {
         gauge!(SUBSCRIBERS, "transport" => transport).increment(1.0);
         Self { transport }

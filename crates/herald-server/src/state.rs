@@ -61,6 +61,8 @@ pub(crate) struct Shared {
     pub(crate) ws_sessions: TaskTracker,
     /// Connections open per client address (`max_connections_per_ip`).
     pub(crate) conn_limits: Arc<ConnectionLimits>,
+    /// This node's Centrifugo connections (`centrifugo/registry.rs`).
+    pub(crate) centrifugo: crate::centrifugo::Registry,
     /// Writer, standby feed and upkeep tasks, awaited by
     /// [`AppState::stopped`].
     tasks: Mutex<Vec<JoinHandle<()>>>,
@@ -166,6 +168,7 @@ impl AppState {
                 metrics,
                 ws_sessions: TaskTracker::new(),
                 conn_limits,
+                centrifugo: crate::centrifugo::Registry::default(),
                 tasks: Mutex::new(tasks),
                 writes_done,
             }),

@@ -37,6 +37,11 @@ struct Mem {
     token: u64,
     clock_ms: i64,
     batch_sizes: Vec<usize>,
+    /// Channel epochs, made up from a counter on first ask.
+    epochs: BTreeMap<String, String>,
+    /// Presence entries by (channel, client), with their session (no
+    /// expiry: the server's unit tests do not wait for one).
+    presence: BTreeMap<(String, String), (String, herald_storage::PresenceEntry)>,
 }
 
 /// An in-memory storage that follows the `Storage` contract closely enough
@@ -440,6 +445,58 @@ impl Storage for MemoryStorage {
             head,
             done: true,
         })
+    }
+
+    async fn presence_add(
+        &self,
+        session: &str,
+        entry: &herald_storage::PresenceEntry,
+        _ttl: Duration,
+    ) -> herald_storage::Result<()> {
+        let key = (entry.channel.as_str().to_owned(), entry.client.clone());
+        self.mem
+            .lock()
+            .unwrap()
+            .presence
+            .insert(key, (session.to_owned(), entry.clone()));
+        Ok(())
+    }
+
+    async fn presence_remove(
+        &self,
+        channel: &ChannelName,
+        client: &str,
+    ) -> herald_storage::Result<()> {
+        let key = (channel.as_str().to_owned(), client.to_owned());
+        self.mem.lock().unwrap().presence.remove(&key);
+        Ok(())
+    }
+
+    async fn presence_touch(&self, _session: &str, _ttl: Duration) -> herald_storage::Result<()> {
+        Ok(())
+    }
+
+    async fn presence(
+        &self,
+        channel: &ChannelName,
+    ) -> herald_storage::Result<Vec<herald_storage::PresenceEntry>> {
+        let mem = self.mem.lock().unwrap();
+        Ok(mem
+            .presence
+            .values()
+            .filter(|(_, e)| &e.channel == channel)
+            .map(|(_, e)| e.clone())
+            .collect())
+    }
+
+    async fn channel_epoch(&self, channel: &ChannelName) -> herald_storage::Result<String> {
+        let mut mem = self.mem.lock().unwrap();
+        let next = format!("{:016x}", mem.epochs.len() + 1);
+        Ok(mem
+            .epochs
+            .entry(channel.as_str().to_owned())
+            .or_insert(next)
+            .clone())
     }
 
     async fn channels(&self) -> herald_storage::Result<Vec<ChannelHead>> {

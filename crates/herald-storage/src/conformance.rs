@@ -39,7 +39,7 @@ use herald_core::{
 
 use crate::testing::{self, keyed, msg};
 
-use crate::{Acquire, Error, Storage, TakeoverReason};
+use crate::{Acquire, Error, PresenceEntry, Storage, TakeoverReason};
 
 mod retention;
 pub use retention::{
@@ -122,6 +122,8 @@ macro_rules! conformance_tests {
             trim_with_a_lost_lease_removes_nothing,
             delete_keeps_the_head,
             concurrent_append_and_trim_keep_offsets_contiguous,
+            channel_epoch_is_stable_and_shared,
+            presence_is_shared_renewed_and_expires,
         );
     };
     (@cases $harness:expr; $($case:ident),* $(,)?) => {
@@ -1190,4 +1192,97 @@ pub async fn ping_answers(h: &dyn Harness) {
     let c = h.cluster(1).await;
     c.node(0).ping().await.unwrap();
     assert!(!c.node(0).backend().is_empty());
+}
+
+/// A channel's epoch is created on first ask (before any message), is the
+/// same on every node, stays the same after messages and a takeover,
+/// differs between channels, and adds no channel to `channels()`.
+pub async fn channel_epoch_is_stable_and_shared(h: &dyn Harness) {
+    let c = h.cluster(2).await;
+    let news = channel("news");
+    let first = c.node(1).channel_epoch(&news).await.unwrap();
+    assert_eq!(first.len(), 16, "epoch {first:?}");
+    assert!(
+        first.bytes().all(|b| b.is_ascii_hexdigit()),
+        "epoch {first:?}"
+    );
+    assert!(
+        c.node(0).channels().await.unwrap().is_empty(),
+        "an epoch is not a message"
+    );
+    let (lease, _) = acquire(c.node(0), 0, LONG_TTL).await;
+    c.node(0).append(&lease, &[msg("news", "1")]).await.unwrap();
+    assert_eq!(c.node(0).channel_epoch(&news).await.unwrap(), first);
+    c.node(0).release(&lease).await.unwrap();
+    let (lease, _) = acquire(c.node(1), 1, LONG_TTL).await;
+    c.node(1).append(&lease, &[msg("news", "2")]).await.unwrap();
+    assert_eq!(c.node(1).channel_epoch(&news).await.unwrap(), first);
+    assert_eq!(c.node(0).channel_epoch(&news).await.unwrap(), first);
+    let other = c.node(0).channel_epoch(&channel("sport")).await.unwrap();
+    assert_ne!(other, first);
+    // Both nodes asking for a new channel's epoch at once get one answer.
+    let fresh = channel("fresh");
+    let (a, b) = tokio::join!(
+        c.node(0).channel_epoch(&fresh),
+        c.node(1).channel_epoch(&fresh)
+    );
+    assert_eq!(a.unwrap(), b.unwrap());
+}
+
+/// Presence entries are seen by every node, replaced per (channel,
+/// client), removed on request, kept alive by their session's
+/// `presence_touch`, and gone once their ttl passes without one.
+pub async fn presence_is_shared_renewed_and_expires(h: &dyn Harness) {
+    let c = h.cluster(2).await;
+    let room = channel("room");
+    let entry = |client: &str, user: &str| PresenceEntry {
+        channel: room.clone(),
+        client: client.to_owned(),
+        user: user.to_owned(),
+    };
+    c.node(0)
+        .presence_add("s0", &entry("c1", "ann"), LONG_TTL)
+        .await
+        .unwrap();
+    c.node(1)
+        .presence_add("s1", &entry("c2", "bob"), LONG_TTL)
+        .await
+        .unwrap();
+    c.node(1)
+        .presence_add("s1", &entry("c2", "bob"), LONG_TTL)
+        .await
+        .unwrap();
+    assert_eq!(
+        c.node(0).presence(&room).await.unwrap(),
+        vec![entry("c1", "ann"), entry("c2", "bob")]
+    );
+    assert!(c
+        .node(0)
+        .presence(&channel("other"))
+        .await
+        .unwrap()
+        .is_empty());
+    c.node(0).presence_remove(&room, "c1").await.unwrap();
+    assert_eq!(
+        c.node(1).presence(&room).await.unwrap(),
+        vec![entry("c2", "bob")]
+    );
+
+    // Session s1's entries live only while it renews them.
+    c.node(1).presence_touch("s1", SHORT_TTL).await.unwrap();
+    let deadline = Instant::now() + EXPIRY_WAIT;
+    while !c.node(0).presence(&room).await.unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "the entry did not expire");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Renewed before expiry, an entry stays.
+    c.node(0)
+        .presence_add("s0", &entry("c3", "cid"), SHORT_TTL)
+        .await
+        .unwrap();
+    c.node(0).presence_touch("s0", LONG_TTL).await.unwrap();
+    assert_eq!(
+        c.node(1).presence(&room).await.unwrap(),
+        vec![entry("c3", "cid")]
+    );
 }

@@ -37,5 +37,7 @@ pub mod testing;
 
 pub use digest::{idempotency_digest, IdempotencyDigest};
 pub use error::{Cause, Error, PoolerEvidence, Result};
-pub use traits::{Acquire, ChangeFeed, ChangeSignal, LeaseStore, Page, Storage, TakeoverReason};
+pub use traits::{
+    Acquire, ChangeFeed, ChangeSignal, LeaseStore, Page, PresenceEntry, Storage, TakeoverReason,
+};
 pub use trim::{ChannelStats, TrimLimits, Trimmed};

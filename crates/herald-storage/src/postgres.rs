@@ -15,10 +15,12 @@
 //! for its whole life: [`PostgresStorage::connect`] refuses a pooler that
 //! breaks that (`pooler.rs`; docs/operations.md, "Connection poolers").
 
+mod epoch;
 mod listen;
 mod liveness;
 mod ops;
 mod pooler;
+mod presence;
 mod reconnect;
 mod renewal;
 mod takeover;
@@ -910,6 +912,36 @@ impl Storage for PostgresStorage {
     ) -> Result<Trimmed> {
         let mut client = self.client().await?;
         ops::trim(&mut client, lease, channel, limits, max_rows).await
+    }
+
+    async fn presence_add(
+        &self,
+        session: &str,
+        entry: &crate::PresenceEntry,
+        ttl: Duration,
+    ) -> Result<()> {
+        let client = self.client().await?;
+        presence::add(&client, session, entry, ttl).await
+    }
+
+    async fn presence_remove(&self, channel: &ChannelName, id: &str) -> Result<()> {
+        let client = self.client().await?;
+        presence::remove(&client, channel, id).await
+    }
+
+    async fn presence_touch(&self, session: &str, ttl: Duration) -> Result<()> {
+        let client = self.client().await?;
+        presence::touch(&client, session, ttl).await
+    }
+
+    async fn presence(&self, channel: &ChannelName) -> Result<Vec<crate::PresenceEntry>> {
+        let client = self.client().await?;
+        presence::list(&client, channel).await
+    }
+
+    async fn channel_epoch(&self, channel: &ChannelName) -> Result<String> {
+        let client = self.client().await?;
+        epoch::get_or_create(&client, channel).await
     }
 
     async fn changes_since(&self, cursor: u64) -> Result<ChangeFeed> {

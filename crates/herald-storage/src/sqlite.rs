@@ -23,7 +23,9 @@
 //! transaction in progress to finish, bounded by
 //! [`SqliteOptions::renew_statement_timeout`].
 
+mod epoch;
 mod ops;
+mod presence;
 mod session;
 mod worker;
 
@@ -579,6 +581,62 @@ impl Storage for SqliteStorage {
         self.inner
             .writer
             .call(move |conn| ops::trim(conn, &lease, &channel, &limits, max_rows))
+            .await
+    }
+
+    async fn presence_add(
+        &self,
+        session: &str,
+        entry: &crate::PresenceEntry,
+        ttl: Duration,
+    ) -> Result<()> {
+        let session = session.to_owned();
+        let entry = entry.clone();
+        self.inner
+            .writer
+            .call(move |conn| presence::add(conn, &session, &entry, ttl))
+            .await
+    }
+
+    async fn presence_remove(&self, channel: &ChannelName, client: &str) -> Result<()> {
+        let channel = channel.clone();
+        let client = client.to_owned();
+        self.inner
+            .writer
+            .call(move |conn| presence::remove(conn, &channel, &client))
+            .await
+    }
+
+    async fn presence_touch(&self, session: &str, ttl: Duration) -> Result<()> {
+        let session = session.to_owned();
+        self.inner
+            .writer
+            .call(move |conn| presence::touch(conn, &session, ttl))
+            .await
+    }
+
+    async fn presence(&self, channel: &ChannelName) -> Result<Vec<crate::PresenceEntry>> {
+        let channel = channel.clone();
+        self.inner
+            .readers
+            .call(move |conn| presence::list(conn, &channel))
+            .await
+    }
+
+    async fn channel_epoch(&self, channel: &ChannelName) -> Result<String> {
+        let name = channel.clone();
+        if let Some(epoch) = self
+            .inner
+            .readers
+            .call(move |conn| epoch::find(conn, &name))
+            .await?
+        {
+            return Ok(epoch);
+        }
+        let name = channel.clone();
+        self.inner
+            .writer
+            .call(move |conn| epoch::create(conn, &name))
             .await
     }
 

@@ -165,6 +165,17 @@ pub enum ChangeSignal {
     Resync,
 }
 
+/// One client subscribed to a channel, as presence shows it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PresenceEntry {
+    /// The channel.
+    pub channel: ChannelName,
+    /// The client's connection id.
+    pub client: String,
+    /// The client's user (the token's `sub`; empty when anonymous).
+    pub user: String,
+}
+
 /// Herald's storage: lease, fenced writes and reads. One implementation per
 /// backend; every implementation passes the `conformance` suite.
 #[async_trait]
@@ -207,6 +218,55 @@ pub trait Storage: LeaseStore {
     /// # Errors
     /// [`crate::Error::Unavailable`] when the storage cannot be reached.
     async fn read(&self, channel: &ChannelName, after: Offset, limit: usize) -> Result<Page>;
+
+    /// The epoch of `channel`: a short random text (16 lowercase hex
+    /// digits, 64 random bits, drawn by the database) that names the
+    /// channel's one unbroken history. It is created the first time any
+    /// node asks, whether or not the channel has messages yet, stored
+    /// durably, and never changes afterwards: every node, before and after
+    /// a takeover or a restart, answers the same epoch. A fresh database
+    /// gives a channel a new one, so a client's offset from another
+    /// history is recognised as such (Centrifugo's `epoch`, see
+    /// `docs/centrifugo.md`).
+    ///
+    /// Creating the epoch is a plain insert-if-absent, not a fenced write:
+    /// any node, holder or standby, may create it, and when two race, both
+    /// read the winner's.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn channel_epoch(&self, channel: &ChannelName) -> Result<String>;
+
+    /// Records `entry` (replacing an entry of the same channel and client)
+    /// for node process `session`, expiring `ttl` from now on the storage's
+    /// clock unless renewed by [`Storage::presence_touch`]. Deletes expired
+    /// entries of the channel on the way. Not a fenced write: any node
+    /// records its own clients.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn presence_add(&self, session: &str, entry: &PresenceEntry, ttl: Duration)
+        -> Result<()>;
+
+    /// Removes the entry of `client` in `channel`, if any.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn presence_remove(&self, channel: &ChannelName, client: &str) -> Result<()>;
+
+    /// Renews every entry of node process `session` to expire `ttl` from
+    /// now (the node's heartbeat).
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn presence_touch(&self, session: &str, ttl: Duration) -> Result<()>;
+
+    /// The unexpired entries of `channel`, from every node, ordered by
+    /// client.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn presence(&self, channel: &ChannelName) -> Result<Vec<PresenceEntry>>;
 
     /// Every channel with its head, ordered by name.
     ///

@@ -129,6 +129,38 @@ impl<H: StorageHooks> Storage for Hooked<H> {
         self.inner.trim(lease, channel, limits, max_rows).await
     }
 
+    async fn presence_add(
+        &self,
+        session: &str,
+        entry: &herald_storage::PresenceEntry,
+        ttl: Duration,
+    ) -> herald_storage::Result<()> {
+        self.inner.presence_add(session, entry, ttl).await
+    }
+
+    async fn presence_remove(
+        &self,
+        channel: &ChannelName,
+        client: &str,
+    ) -> herald_storage::Result<()> {
+        self.inner.presence_remove(channel, client).await
+    }
+
+    async fn presence_touch(&self, session: &str, ttl: Duration) -> herald_storage::Result<()> {
+        self.inner.presence_touch(session, ttl).await
+    }
+
+    async fn presence(
+        &self,
+        channel: &ChannelName,
+    ) -> herald_storage::Result<Vec<herald_storage::PresenceEntry>> {
+        self.inner.presence(channel).await
+    }
+
+    async fn channel_epoch(&self, channel: &ChannelName) -> herald_storage::Result<String> {
+        self.inner.channel_epoch(channel).await
+    }
+
     async fn changes_since(&self, cursor: u64) -> herald_storage::Result<ChangeFeed> {
         self.inner.changes_since(cursor).await
     }

@@ -27,7 +27,7 @@ use herald_server::{AuthConfig, NamespacesConfig, RetentionConfig};
 use serde::{Deserialize, Serialize};
 
 /// Sections whose keys are `herald serve` flags `--<section>-<key>`.
-pub(crate) const FLAG_SECTIONS: [&str; 2] = ["tls", "cors"];
+pub(crate) const FLAG_SECTIONS: [&str; 3] = ["tls", "cors", "centrifugo"];
 
 /// Sections of typed settings that are not flags: access control and
 /// retention policies.
@@ -87,6 +87,27 @@ struct CorsSection {
     max_age: Option<String>,
 }
 
+/// `[centrifugo]`: the flags `--centrifugo-*` (docs/centrifugo.md).
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct CentrifugoSection {
+    /// Server ping period, e.g. `"25s"` (`--centrifugo-ping-interval`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ping_interval: Option<String>,
+    /// Longest wait for a pong (`--centrifugo-pong-timeout`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pong_timeout: Option<String>,
+    /// Longest wait for `connect` (`--centrifugo-connect-timeout`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    connect_timeout: Option<String>,
+    /// Presence on (`--centrifugo-presence`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    presence: Option<bool>,
+    /// Presence rows' lifetime (`--centrifugo-presence-ttl`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    presence_ttl: Option<String>,
+}
+
 /// Reads and parses the config file at `path` for the `herald serve`
 /// command `serve`.
 ///
@@ -130,6 +151,10 @@ pub(crate) fn parse(text: &str, serve: &Command) -> anyhow::Result<ConfigFile> {
     if let Some(value) = table.remove("cors") {
         let section: CorsSection = typed_section("cors", value)?;
         settings.extend(prefixed("cors", &section)?);
+    }
+    if let Some(value) = table.remove("centrifugo") {
+        let section: CentrifugoSection = typed_section("centrifugo", value)?;
+        settings.extend(prefixed("centrifugo", &section)?);
     }
     settings.extend(table);
     for (key, value) in settings {

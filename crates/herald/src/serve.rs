@@ -19,7 +19,8 @@ use herald_lease::{
     BootClock, LeaseConfig, LeaseHandle, LeaseState, Release, StopReason, Supervisor,
 };
 use herald_server::{
-    Auth, AuthConfig, CorsConfig, NamespacesConfig, RetentionHandle, ServerConfig, TlsCertificates,
+    Auth, AuthConfig, CentrifugoConfig, CorsConfig, NamespacesConfig, RetentionHandle,
+    ServerConfig, TlsCertificates,
 };
 use herald_storage::postgres::{PostgresOptions, PostgresStorage};
 use herald_storage::sqlite::{SqliteOptions, SqliteStorage};
@@ -216,6 +217,26 @@ pub(crate) struct ServeArgs {
     /// Retention policies and the trimming task's pacing.
     #[command(flatten)]
     retention: RetentionArgs,
+    /// Centrifugo protocol: period of the server's `{}` pings to clients
+    /// of `/connection/websocket` (whole seconds, at least 1 s).
+    #[arg(long, env = "HERALD_CENTRIFUGO_PING_INTERVAL", default_value = "25s", value_parser = parse_duration)]
+    centrifugo_ping_interval: Duration,
+    /// Centrifugo protocol: longest wait for a client's pong before the
+    /// server closes with 3012; shorter than the ping interval.
+    #[arg(long, env = "HERALD_CENTRIFUGO_PONG_TIMEOUT", default_value = "8s", value_parser = parse_duration)]
+    centrifugo_pong_timeout: Duration,
+    /// Centrifugo protocol: longest wait for `connect` after the upgrade
+    /// before the server closes with 3502.
+    #[arg(long, env = "HERALD_CENTRIFUGO_CONNECT_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    centrifugo_connect_timeout: Duration,
+    /// Centrifugo protocol: answer `presence` and `presence_stats`
+    /// (cluster-wide, kept in the database); off, they answer 108.
+    #[arg(long, env = "HERALD_CENTRIFUGO_PRESENCE", value_parser = clap::builder::BoolishValueParser::new())]
+    centrifugo_presence: bool,
+    /// Centrifugo protocol: how long a node's presence rows outlive its
+    /// last heartbeat (renewed every third of it).
+    #[arg(long, env = "HERALD_CENTRIFUGO_PRESENCE_TTL", default_value = "30s", value_parser = parse_duration)]
+    centrifugo_presence_ttl: Duration,
 }
 
 /// A `--listen` value: a host (an IP address or a name to resolve) and a
@@ -549,6 +570,7 @@ fn check_settings(args: &ServeArgs) -> anyhow::Result<()> {
         max_streams_per_connection: args.max_streams_per_connection,
         ws_max_message_bytes: args.ws_max_message_bytes,
         trim_pacing: args.retention.pacing(),
+        centrifugo: centrifugo_config(args),
         ..ServerConfig::default()
     }
     .validate()
@@ -565,6 +587,17 @@ fn check_settings(args: &ServeArgs) -> anyhow::Result<()> {
         check_database_url(url)?;
     }
     Ok(())
+}
+
+/// The Centrifugo protocol's settings of the flags.
+fn centrifugo_config(args: &ServeArgs) -> CentrifugoConfig {
+    CentrifugoConfig {
+        ping_interval: args.centrifugo_ping_interval,
+        pong_timeout: args.centrifugo_pong_timeout,
+        connect_timeout: args.centrifugo_connect_timeout,
+        presence: args.centrifugo_presence,
+        presence_ttl: args.centrifugo_presence_ttl,
+    }
 }
 
 /// The CORS settings of the flags.
@@ -620,6 +653,7 @@ fn server_config(
         ws_max_message_bytes: args.ws_max_message_bytes,
         retention: RetentionHandle::new(args.retention.load(args.config.as_deref())?),
         trim_pacing: args.retention.pacing(),
+        centrifugo: centrifugo_config(args),
         ..ServerConfig::default()
     };
     server_config.validate().context("server settings")?;
@@ -1008,6 +1042,39 @@ mod tests {
                 token: herald_core::FencingToken(7)
             }),
             ExitStatus::LeaseLost
+        );
+    }
+
+    #[test]
+    fn centrifugo_flags_reach_the_server_config() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            serve: ServeArgs,
+        }
+        let cli = <Cli as clap::Parser>::try_parse_from([
+            "herald",
+            "--centrifugo-presence",
+            "--centrifugo-ping-interval",
+            "5s",
+            "--centrifugo-pong-timeout",
+            "2s",
+        ])
+        .unwrap();
+        let checked = check(&cli.serve, &ConfigFile::default()).unwrap();
+        let config = server_config(
+            &cli.serve,
+            "n".to_owned(),
+            "127.0.0.1:1".parse().unwrap(),
+            &checked,
+        )
+        .unwrap();
+        assert!(config.centrifugo.presence);
+        assert_eq!(config.centrifugo.ping_interval, Duration::from_secs(5));
+        assert_eq!(config.centrifugo.pong_timeout, Duration::from_secs(2));
+        assert_eq!(
+            config.centrifugo.connect_timeout,
+            CentrifugoConfig::default().connect_timeout
         );
     }
 

@@ -15,7 +15,9 @@ use axum::routing::{get, post};
 use axum::Router;
 use tracing::Instrument;
 
-use crate::{conn_limit, sse, ws, AppState, Error};
+use crate::{centrifugo, conn_limit, sse, ws, AppState, Error};
+
+pub(crate) use publish::{after_takeover_error, forward_to_holder};
 
 pub(crate) use extract::{
     resume_after, AfterQuery, ChannelPath, FromQuery, QueryParams, ValidQuery,
@@ -48,6 +50,13 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/v1/channels/{channel}/events", get(sse::events))
         .route("/v1/channels/{channel}/ws", get(ws::upgrade))
         .route("/v1/channels", get(read::channels))
+        // Centrifugo's client protocol and server API (`docs/centrifugo.md`).
+        .route("/connection/websocket", get(centrifugo::upgrade))
+        .route(
+            "/api/{method}",
+            post(centrifugo::server_api)
+                .layer(DefaultBodyLimit::max(state.config().max_batch_body_bytes)),
+        )
         .route("/v1/status", get(ops::status))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))

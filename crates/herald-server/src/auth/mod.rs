@@ -44,6 +44,7 @@ pub(crate) use jwt::TokenGrant;
 use api_keys::{ApiKey, ApiKeys};
 use jwt::JwtVerifier;
 use policy::Namespaces;
+pub(crate) use policy::Pattern;
 use rate_limit::{PublishLimits, Rate, DEFAULT_RATE_PER_S};
 
 use crate::StartError;

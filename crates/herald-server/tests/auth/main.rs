@@ -1,7 +1,9 @@
 //! Access control end to end, on SQLite and PostgreSQL: nodes served
 //! in-process on a real listener with an `[auth]` config, driven over
-//! HTTP, SSE and WebSocket.
+//! HTTP, SSE and WebSocket; and Centrifugo's protocols on top of it
+//! (`centrifugo/`).
 
+mod centrifugo;
 mod expiry;
 mod forwarding;
 mod keys;
@@ -103,6 +105,8 @@ pub(crate) struct TestNode {
     pub(crate) base: String,
     pub(crate) ws_base: String,
     pub(crate) http: reqwest::Client,
+    /// The supervisor's view of the lease.
+    pub(crate) lease: herald_lease::LeaseHandle,
     shutdown: CancellationToken,
     lease_shutdown: CancellationToken,
     server: Option<JoinHandle<Result<(), herald_server::StartError>>>,
@@ -118,8 +122,20 @@ impl TestNode {
         role: Role,
         config: ServerConfig,
     ) -> Self {
-        let (storage, leases) = place.open().await;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::start_on(place, node_id, role, config, listener).await
+    }
+
+    /// [`TestNode::start`] on `listener` (a restarted node keeps its
+    /// address).
+    pub(crate) async fn start_on(
+        place: &Place,
+        node_id: &str,
+        role: Role,
+        config: ServerConfig,
+        listener: tokio::net::TcpListener,
+    ) -> Self {
+        let (storage, leases) = place.open().await;
         let addr = listener.local_addr().unwrap();
         let base = format!("http://{addr}");
         let candidate = Candidate {
@@ -151,8 +167,15 @@ impl TestNode {
             advertise_url: base.clone(),
             ..config
         };
-        let server = tokio::spawn(serve(listener, storage, lease, config, shutdown.clone()));
+        let server = tokio::spawn(serve(
+            listener,
+            storage,
+            lease.clone(),
+            config,
+            shutdown.clone(),
+        ));
         Self {
+            lease,
             ws_base: format!("ws://{addr}"),
             base,
             http: reqwest::Client::new(),
@@ -236,6 +259,21 @@ impl TestNode {
     }
 }
 
+impl TestNode {
+    /// Drains the server (its WebSockets are closed with their going-away
+    /// code), then stops the supervisor, which releases the lease.
+    pub(crate) async fn stop(mut self) {
+        self.shutdown.cancel();
+        if let Some(server) = self.server.take() {
+            let _ = within("server drain", NODE_WAIT, server).await;
+        }
+        self.lease_shutdown.cancel();
+        if let Some(supervisor) = self.supervisor.take() {
+            let _ = within("lease release", NODE_WAIT, supervisor).await;
+        }
+    }
+}
+
 impl Drop for TestNode {
     fn drop(&mut self) {
         self.shutdown.cancel();
@@ -257,6 +295,9 @@ pub(crate) struct Creds {
     pub(crate) reader: String,
     /// `admin`.
     pub(crate) admin: String,
+    /// `publish`, `read` and `admin` on every channel, as an application
+    /// backend's key for Centrifugo's server API.
+    pub(crate) backend: String,
     /// `publish` on every channel, 3 at once then one per 1000 s.
     pub(crate) limited: String,
     pub(crate) jwt_secret: String,
@@ -269,6 +310,7 @@ impl Creds {
             publisher: generate_api_key(),
             reader: generate_api_key(),
             admin: generate_api_key(),
+            backend: generate_api_key(),
             limited: generate_api_key(),
             jwt_secret: generate_api_key(),
             cluster_secret: generate_api_key(),
@@ -334,6 +376,12 @@ impl Creds {
                     Some(vec!["news:*"]),
                 ),
                 key("admin", &self.admin, vec![Permission::Admin], None),
+                key(
+                    "backend",
+                    &self.backend,
+                    vec![Permission::Publish, Permission::Read, Permission::Admin],
+                    None,
+                ),
                 limited,
             ],
             jwt: Some(JwtConfig {

@@ -1,0 +1,589 @@
+//! The commands of a connection: what each does and answers. Replies are
+//! built with `protocol.rs`; errors are Centrifugo's codes (`codes.rs`).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use herald_core::{ChannelName, Offset};
+use serde::Serialize;
+use serde_json::value::RawValue;
+use tokio::time::Instant;
+
+use super::codes::{self, Disconnect, ReplyError};
+use super::history::{history, HistoryQuery};
+use super::presence;
+use super::protocol::{
+    self, error_reply, publications, reply, ChannelRequest, Command, ConnectRequest,
+    HistoryRequest, Publication, PublishRequest, RefreshRequest, SubRefreshRequest,
+    SubscribeRequest,
+};
+use super::recovery::{recover, Recovery};
+use super::session::{Out, Session, Sub};
+use crate::auth::{AuthError, Credential, Principal};
+use crate::subscription::{Item, Subscription};
+
+/// The version the connect reply names: Herald's.
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// What one frame of commands produced.
+#[derive(Debug, Default)]
+pub(crate) struct Handled {
+    /// The replies, in command order, to send in one frame.
+    pub(crate) replies: Vec<String>,
+    /// Close the connection with this, after sending the replies.
+    pub(crate) close: Option<Disconnect>,
+    /// The frame held a pong (`{}`).
+    pub(crate) pong: bool,
+}
+
+/// The outcome of one command.
+enum Answer {
+    /// A reply.
+    Reply(String),
+    /// No reply (a pong).
+    Nothing,
+    /// Close the connection.
+    Close(Disconnect),
+}
+
+/// `Ok(result)` → the reply named `method`; `Err(error)` → the error reply.
+fn answer<T: Serialize>(id: u32, method: &str, result: Result<T, ReplyError>) -> Answer {
+    Answer::Reply(match result {
+        Ok(result) => reply(id, method, &result),
+        Err(e) => error_reply(id, &e),
+    })
+}
+
+/// The seconds left until `at` (at least 1, so that a live token never
+/// reads as expired), for `ttl` fields.
+fn ttl_s(left: std::time::Duration) -> u32 {
+    u32::try_from(left.as_secs().max(1)).unwrap_or(u32::MAX)
+}
+
+/// A channel name from a request, or 107 bad request.
+fn channel(name: &str) -> Result<ChannelName, ReplyError> {
+    ChannelName::new(name).map_err(|_| ReplyError::bad_request())
+}
+
+#[derive(Serialize)]
+struct ConnectResult<'a> {
+    client: &'a str,
+    version: &'a str,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    expires: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ttl: Option<u32>,
+    ping: u64,
+    pong: bool,
+}
+
+#[derive(Serialize)]
+struct SubscribeResult<'a> {
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    expires: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ttl: Option<u32>,
+    recoverable: bool,
+    positioned: bool,
+    epoch: &'a str,
+    offset: Offset,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    publications: Vec<Publication<'a>>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    recovered: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    was_recovering: bool,
+}
+
+#[derive(Serialize)]
+struct HistoryResult<'a> {
+    publications: Vec<Publication<'a>>,
+    epoch: &'a str,
+    offset: Offset,
+}
+
+#[derive(Serialize)]
+struct Expiry {
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    expires: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ttl: Option<u32>,
+}
+
+impl Expiry {
+    fn of(who: &Principal) -> Self {
+        let ttl = who.token().map(|t| ttl_s(t.time_left()));
+        Self {
+            expires: ttl.is_some(),
+            ttl,
+        }
+    }
+}
+
+/// When `who`'s token expires, on the session's clock.
+fn expiry_instant(who: &Principal) -> Option<Instant> {
+    who.token().map(|t| Instant::now() + t.time_left())
+}
+
+/// Centrifugo's empty result, `{}`.
+#[derive(Serialize)]
+struct Empty {}
+
+impl Session {
+    /// Runs the commands of one text frame, in order. A line that is not a
+    /// command closes the connection with 3501 after the replies so far.
+    pub(crate) async fn handle_frame(&mut self, text: &str) -> Handled {
+        let mut handled = Handled::default();
+        for line in text.split('\n').map(str::trim).filter(|l| !l.is_empty()) {
+            let Ok(command) = serde_json::from_str::<Command>(line) else {
+                handled.close = Some(codes::BAD_REQUEST);
+                return handled;
+            };
+            match self.handle(command, &mut handled.pong).await {
+                Answer::Reply(text) => handled.replies.push(text),
+                Answer::Nothing => {}
+                Answer::Close(d) => {
+                    handled.close = Some(d);
+                    return handled;
+                }
+            }
+        }
+        handled
+    }
+
+    /// Runs one command.
+    async fn handle(&mut self, c: Command, pong: &mut bool) -> Answer {
+        let id = c.id;
+        if let Some(req) = c.connect {
+            return self.connect(id, req);
+        }
+        if self.who.is_none() {
+            // Centrifugo: any command before `connect` is a protocol error.
+            return Answer::Close(codes::BAD_REQUEST);
+        }
+        if let Some(req) = c.subscribe {
+            self.subscribe(id, req).await
+        } else if let Some(ChannelRequest { channel }) = c.unsubscribe {
+            answer(id, "unsubscribe", self.unsubscribe_command(&channel).await)
+        } else if let Some(req) = c.publish {
+            answer(id, "publish", self.publish(req).await.map(|()| Empty {}))
+        } else if let Some(req) = c.history {
+            self.history(id, req).await
+        } else if let Some(ChannelRequest { channel }) = c.presence {
+            answer(id, "presence", self.presence(&channel, false).await)
+        } else if let Some(ChannelRequest { channel }) = c.presence_stats {
+            answer(id, "presence_stats", self.presence(&channel, true).await)
+        } else if c.rpc.is_some() {
+            Answer::Reply(error_reply(id, &ReplyError::not_available()))
+        } else if c.send.is_some() {
+            // An asynchronous message with nothing to take it: Centrifugo
+            // closes with 3508 "not available".
+            Answer::Close(codes::NOT_AVAILABLE)
+        } else if c.ping.is_some() {
+            Answer::Reply(reply(id, "ping", &Empty {}))
+        } else if let Some(req) = c.refresh {
+            self.refresh(id, req)
+        } else if let Some(req) = c.sub_refresh {
+            self.sub_refresh(id, req)
+        } else if id == 0 {
+            *pong = true;
+            Answer::Nothing
+        } else {
+            Answer::Reply(error_reply(id, &ReplyError::method_not_found()))
+        }
+    }
+
+    /// Checks a client token: the principal, or the answer to give
+    /// (109 for an expired token, which the SDK renews; 3500 for a token
+    /// that does not verify, or names another user than the connection's).
+    fn check_token(&self, id: u32, token: &str) -> Result<Principal, Answer> {
+        let auth = &self.state.shared.auth;
+        let who = match auth.resolve(Some(Credential::Token(token))) {
+            Ok(who) => who,
+            Err(AuthError::TokenExpired) => {
+                return Err(Answer::Reply(error_reply(id, &ReplyError::token_expired())))
+            }
+            Err(_) => return Err(Answer::Close(codes::INVALID_TOKEN)),
+        };
+        let user = |p: &Principal| p.token().map(|t| t.subject.clone());
+        if let (Some(current), Some(new)) = (self.who.as_ref().and_then(user), user(&who)) {
+            if current != new {
+                return Err(Answer::Close(codes::INVALID_TOKEN));
+            }
+        }
+        Ok(who)
+    }
+
+    fn connect(&mut self, id: u32, req: ConnectRequest) -> Answer {
+        if self.who.is_some() {
+            return Answer::Close(codes::BAD_REQUEST);
+        }
+        let who = if req.token.is_empty() {
+            Principal::Anonymous
+        } else {
+            match self.check_token(id, &req.token) {
+                Ok(who) => who,
+                Err(answer) => return answer,
+            }
+        };
+        tracing::debug!(client = %self.client, name = %req.name, version = %req.version, "connected");
+        let expiry = Expiry::of(&who);
+        let user = who.token().map(|t| t.subject.clone()).unwrap_or_default();
+        if let Some(control) = self.control.take() {
+            self.state
+                .shared
+                .centrifugo
+                .insert(&self.client, &user, control);
+        }
+        self.expires = expiry_instant(&who);
+        self.who = Some(who);
+        let config = &self.state.config().centrifugo;
+        Answer::Reply(reply(
+            id,
+            "connect",
+            &ConnectResult {
+                client: &self.client,
+                version: VERSION,
+                expires: expiry.expires,
+                ttl: expiry.ttl,
+                ping: config.ping_interval.as_secs(),
+                pong: true,
+            },
+        ))
+    }
+
+    async fn subscribe(&mut self, id: u32, req: SubscribeRequest) -> Answer {
+        let channel = match channel(&req.channel) {
+            Ok(channel) => channel,
+            Err(e) => return Answer::Reply(error_reply(id, &e)),
+        };
+        if self.subs.contains_key(&channel) {
+            return Answer::Reply(error_reply(id, &ReplyError::already_subscribed()));
+        }
+        let (who, sub_token) = if req.token.is_empty() {
+            (self.who.clone().unwrap_or(Principal::Anonymous), false)
+        } else {
+            match self.check_token(id, &req.token) {
+                Ok(who) => (who, true),
+                Err(answer) => return answer,
+            }
+        };
+        let shared = &self.state.shared;
+        if shared.auth.may_subscribe(&who, &channel).is_err() {
+            return Answer::Reply(error_reply(id, &ReplyError::permission_denied()));
+        }
+        if let Err(e) = presence::join(&self.state, &self.client, &self.user(), &channel).await {
+            return Answer::Reply(error_reply(id, &e));
+        }
+        let shared = &self.state.shared;
+        let storage = shared.storage.as_ref();
+        let failed = |operation, e| {
+            crate::StorageFailure::new(operation, Some(&channel), e).log();
+            Answer::Reply(error_reply(id, &ReplyError::internal()))
+        };
+        let epoch = match storage.channel_epoch(&channel).await {
+            Ok(epoch) => epoch,
+            Err(e) => return failed("channel_epoch", e),
+        };
+        let recovery = if req.recover {
+            recover(storage, &channel, &epoch, &req.epoch, req.offset).await
+        } else {
+            storage
+                .read(&channel, Offset::MAX, 1)
+                .await
+                .map(|page| Recovery::NotRecovered {
+                    position: page.head,
+                })
+                .map_err(|e| crate::StorageFailure::new("read", Some(&channel), e).into())
+        };
+        let recovery = match recovery {
+            Ok(recovery) => recovery,
+            Err(e) => {
+                e.log();
+                presence::leave(&self.state, &self.client, BTreeSet::from([channel]));
+                return Answer::Reply(error_reply(id, &ReplyError::internal()));
+            }
+        };
+        let (missed, position, recovered) = match recovery {
+            Recovery::Recovered {
+                publications,
+                position,
+            } => (publications, position, true),
+            Recovery::NotRecovered { position } => (Vec::new(), position, false),
+        };
+        let live = match Subscription::start(
+            Arc::clone(&shared.storage),
+            &shared.hub,
+            channel.clone(),
+            position,
+            "centrifugo",
+        )
+        .await
+        {
+            Ok(live) => live,
+            Err(e) => {
+                e.log();
+                presence::leave(&self.state, &self.client, BTreeSet::from([channel]));
+                return Answer::Reply(error_reply(id, &ReplyError::internal()));
+            }
+        };
+        self.generations += 1;
+        let generation = self.generations;
+        let task = tokio::spawn(follow(live, generation, self.out.clone()));
+        let expiry = if sub_token {
+            Expiry::of(&who)
+        } else {
+            Expiry {
+                expires: false,
+                ttl: None,
+            }
+        };
+        self.subs.insert(
+            channel.clone(),
+            Sub {
+                generation,
+                task,
+                expires: if sub_token {
+                    expiry_instant(&who)
+                } else {
+                    None
+                },
+            },
+        );
+        shared
+            .centrifugo
+            .set_subscribed(&self.client, &channel, true);
+        Answer::Reply(reply(
+            id,
+            "subscribe",
+            &SubscribeResult {
+                expires: expiry.expires,
+                ttl: expiry.ttl,
+                recoverable: true,
+                positioned: true,
+                epoch: &epoch,
+                offset: position,
+                publications: publications(&missed),
+                recovered: req.recover && recovered,
+                was_recovering: req.recover,
+            },
+        ))
+    }
+
+    /// Ends the subscription to `channel`, its presence row removed in the
+    /// background; `false` if there was none.
+    pub(crate) fn unsubscribe(&mut self, channel: &ChannelName) -> bool {
+        let removed = self.end_subscription(channel);
+        if removed {
+            presence::leave(&self.state, &self.client, BTreeSet::from([channel.clone()]));
+        }
+        removed
+    }
+
+    /// Ends the subscription to `channel` (not its presence row).
+    fn end_subscription(&mut self, channel: &ChannelName) -> bool {
+        let removed = self.subs.remove(channel).is_some();
+        if removed {
+            self.state
+                .shared
+                .centrifugo
+                .set_subscribed(&self.client, channel, false);
+        }
+        removed
+    }
+
+    /// Ends every subscription (the connection closes).
+    pub(crate) fn end_subscriptions(&mut self) {
+        let channels: BTreeSet<ChannelName> = self.subs.keys().cloned().collect();
+        self.subs.clear();
+        presence::leave(&self.state, &self.client, channels);
+    }
+
+    /// The connection's user: its token's `sub`, empty when anonymous.
+    fn user(&self) -> String {
+        self.who
+            .as_ref()
+            .and_then(Principal::token)
+            .map(|t| t.subject.clone())
+            .unwrap_or_default()
+    }
+
+    /// `presence` (or `presence_stats` with `stats`) of a channel the
+    /// connection may subscribe to.
+    async fn presence(&self, name: &str, stats: bool) -> Result<serde_json::Value, ReplyError> {
+        if !presence::enabled(&self.state) {
+            return Err(ReplyError::not_available());
+        }
+        let channel = channel(name)?;
+        let who = self.who.clone().unwrap_or(Principal::Anonymous);
+        if self
+            .state
+            .shared
+            .auth
+            .may_subscribe(&who, &channel)
+            .is_err()
+        {
+            return Err(ReplyError::permission_denied());
+        }
+        if stats {
+            presence::stats(&self.state, &channel).await
+        } else {
+            presence::presence(&self.state, &channel).await
+        }
+    }
+
+    /// The `unsubscribe` command: its presence row is gone when it is
+    /// answered.
+    async fn unsubscribe_command(&mut self, name: &str) -> Result<Empty, ReplyError> {
+        let channel = channel(name)?;
+        if self.end_subscription(&channel) {
+            presence::remove(&self.state, &self.client, &channel).await;
+        }
+        Ok(Empty {})
+    }
+
+    async fn publish(&mut self, req: PublishRequest) -> Result<(), ReplyError> {
+        let channel = channel(&req.channel)?;
+        let who = self.who.clone().unwrap_or(Principal::Anonymous);
+        let auth = &self.state.shared.auth;
+        if auth.may_publish(&who, &channel).is_err() {
+            return Err(ReplyError::permission_denied());
+        }
+        if auth.take_publishes(&who, 1).is_err() {
+            return Err(ReplyError::too_many_requests());
+        }
+        let data: Arc<RawValue> = Arc::from(req.data);
+        super::publish::publish(&self.state, channel, data, None)
+            .await
+            .map(|_| ())
+    }
+
+    async fn history(&mut self, id: u32, req: HistoryRequest) -> Answer {
+        let channel = match channel(&req.channel) {
+            Ok(channel) => channel,
+            Err(e) => return Answer::Reply(error_reply(id, &e)),
+        };
+        let who = self.who.clone().unwrap_or(Principal::Anonymous);
+        let shared = &self.state.shared;
+        if shared.auth.may_read_history(&who, &channel).is_err() {
+            return Answer::Reply(error_reply(id, &ReplyError::permission_denied()));
+        }
+        let epoch = match shared.storage.channel_epoch(&channel).await {
+            Ok(epoch) => epoch,
+            Err(e) => {
+                crate::StorageFailure::new("channel_epoch", Some(&channel), e).log();
+                return Answer::Reply(error_reply(id, &ReplyError::internal()));
+            }
+        };
+        let query = HistoryQuery {
+            limit: req.limit,
+            since: req.since,
+            reverse: req.reverse,
+        };
+        match history(shared.storage.as_ref(), &channel, epoch, &query).await {
+            Ok(h) => Answer::Reply(reply(
+                id,
+                "history",
+                &HistoryResult {
+                    publications: publications(&h.publications),
+                    epoch: &h.epoch,
+                    offset: h.offset,
+                },
+            )),
+            Err(e) => Answer::Reply(error_reply(id, &e)),
+        }
+    }
+
+    fn refresh(&mut self, id: u32, req: RefreshRequest) -> Answer {
+        let who = match self.check_token(id, &req.token) {
+            Ok(who) => who,
+            Err(answer) => return answer,
+        };
+        let expiry = Expiry::of(&who);
+        self.expires = expiry_instant(&who);
+        self.who = Some(who);
+        #[derive(Serialize)]
+        struct RefreshResult<'a> {
+            client: &'a str,
+            version: &'a str,
+            #[serde(flatten)]
+            expiry: Expiry,
+        }
+        Answer::Reply(reply(
+            id,
+            "refresh",
+            &RefreshResult {
+                client: &self.client,
+                version: VERSION,
+                expiry,
+            },
+        ))
+    }
+
+    fn sub_refresh(&mut self, id: u32, req: SubRefreshRequest) -> Answer {
+        let channel = match channel(&req.channel) {
+            Ok(channel) => channel,
+            Err(e) => return Answer::Reply(error_reply(id, &e)),
+        };
+        if !self.subs.contains_key(&channel) {
+            return Answer::Reply(error_reply(id, &ReplyError::permission_denied()));
+        }
+        let who = match self.check_token(id, &req.token) {
+            Ok(who) => who,
+            Err(answer) => return answer,
+        };
+        if self
+            .state
+            .shared
+            .auth
+            .may_subscribe(&who, &channel)
+            .is_err()
+        {
+            return Answer::Reply(error_reply(id, &ReplyError::permission_denied()));
+        }
+        let expires = expiry_instant(&who);
+        if let Some(sub) = self.subs.get_mut(&channel) {
+            sub.expires = expires;
+        }
+        Answer::Reply(reply(id, "sub_refresh", &Expiry::of(&who)))
+    }
+}
+
+/// Follows one subscription: queues a push per publication, in offset
+/// order, until the session drops it (the task is aborted) or the
+/// storage fails with an error that is not transient (3004, the client
+/// reconnects and recovers). When retention trimmed messages this
+/// subscriber had not got yet, or the channel was deleted, the session
+/// ends with 3010 "insufficient state": the client reconnects and its
+/// recovery answers `recovered: false`, never a silent gap.
+async fn follow(mut live: Subscription, generation: u64, out: tokio::sync::mpsc::Sender<Out>) {
+    let channel = live.channel().clone();
+    loop {
+        match live.next_item().await {
+            Ok(Some(Item::Truncated { .. } | Item::Deleted { .. })) => {
+                let _ = out.send(Out::End(codes::INSUFFICIENT_STATE)).await;
+                return;
+            }
+            Ok(Some(Item::Message(message))) => {
+                let text = protocol::publication_push(channel.as_str(), &message);
+                let push = Out::Push {
+                    channel: channel.clone(),
+                    generation,
+                    text,
+                };
+                if out.send(push).await.is_err() {
+                    return;
+                }
+            }
+            Ok(None) => {
+                let _ = out.send(Out::End(codes::SHUTDOWN)).await;
+                return;
+            }
+            Err(e) => {
+                e.log();
+                let _ = out.send(Out::End(codes::SERVER_ERROR)).await;
+                return;
+            }
+        }
+    }
+}

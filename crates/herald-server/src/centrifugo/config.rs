@@ -1,0 +1,126 @@
+//! The settings of the Centrifugo protocols.
+
+use std::time::Duration;
+
+use crate::StartError;
+
+/// Settings of `/connection/websocket` (see `docs/centrifugo.md`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CentrifugoConfig {
+    /// How often the server sends its `{}` ping to a connected client, and
+    /// the `ping` it advertises in the connect reply, in whole seconds
+    /// (Centrifugo's `client.ping_interval`, default 25 s). At least 1 s.
+    pub ping_interval: Duration,
+    /// How long after a ping the client's `{}` pong may take before the
+    /// server closes the connection with 3012 "no pong" (Centrifugo's
+    /// `client.pong_timeout`, default 8 s). Must be shorter than
+    /// `ping_interval`.
+    pub pong_timeout: Duration,
+    /// How long a client may take to send its `connect` command after the
+    /// upgrade before the server closes with 3502 "stale" (Centrifugo's
+    /// `client.stale_close_delay`, default 10 s).
+    pub connect_timeout: Duration,
+    /// Whether `presence` and `presence_stats` are answered (default
+    /// off: error 108 "not available", as Centrifugo without presence).
+    /// On, every subscription is recorded in the storage's presence rows,
+    /// seen by every node.
+    pub presence: bool,
+    /// How long a node's presence rows outlive its last heartbeat; the
+    /// node renews them every third of it (default 30 s). A node that dies
+    /// drops out of presence within this long.
+    pub presence_ttl: Duration,
+}
+
+impl Default for CentrifugoConfig {
+    fn default() -> Self {
+        Self {
+            ping_interval: Duration::from_secs(25),
+            pong_timeout: Duration::from_secs(8),
+            connect_timeout: Duration::from_secs(10),
+            presence: false,
+            presence_ttl: Duration::from_secs(30),
+        }
+    }
+}
+
+impl CentrifugoConfig {
+    /// Checks the periods.
+    ///
+    /// # Errors
+    /// [`StartError::Config`] naming the first unusable one.
+    pub fn validate(&self) -> Result<(), StartError> {
+        if self.ping_interval < Duration::from_secs(1) || self.ping_interval.subsec_nanos() != 0 {
+            return Err(StartError::Config(
+                "centrifugo ping_interval must be a whole number of seconds, at least 1".to_owned(),
+            ));
+        }
+        if self.pong_timeout.is_zero() || self.pong_timeout >= self.ping_interval {
+            return Err(StartError::Config(
+                "centrifugo pong_timeout must be above 0 and below ping_interval".to_owned(),
+            ));
+        }
+        if self.connect_timeout.is_zero() {
+            return Err(StartError::Config(
+                "centrifugo connect_timeout must be above 0".to_owned(),
+            ));
+        }
+        if self.presence_ttl < Duration::from_millis(30) {
+            return Err(StartError::Config(
+                "centrifugo presence_ttl must be at least 30 ms".to_owned(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_centrifugos_and_valid() {
+        let c = CentrifugoConfig::default();
+        assert_eq!(c.ping_interval, Duration::from_secs(25));
+        assert_eq!(c.pong_timeout, Duration::from_secs(8));
+        assert_eq!(c.connect_timeout, Duration::from_secs(10));
+        assert!(!c.presence);
+        assert_eq!(c.presence_ttl, Duration::from_secs(30));
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn rejects_unusable_periods() {
+        let bad = [
+            CentrifugoConfig {
+                ping_interval: Duration::from_millis(1500),
+                ..CentrifugoConfig::default()
+            },
+            CentrifugoConfig {
+                ping_interval: Duration::ZERO,
+                ..CentrifugoConfig::default()
+            },
+            CentrifugoConfig {
+                pong_timeout: Duration::from_secs(25),
+                ..CentrifugoConfig::default()
+            },
+            CentrifugoConfig {
+                pong_timeout: Duration::ZERO,
+                ..CentrifugoConfig::default()
+            },
+            CentrifugoConfig {
+                connect_timeout: Duration::ZERO,
+                ..CentrifugoConfig::default()
+            },
+            CentrifugoConfig {
+                presence_ttl: Duration::ZERO,
+                ..CentrifugoConfig::default()
+            },
+        ];
+        for c in bad {
+            assert!(
+                matches!(c.validate(), Err(StartError::Config(_))),
+                "{c:?} was accepted"
+            );
+        }
+    }
+}

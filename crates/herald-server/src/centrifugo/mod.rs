@@ -1,0 +1,38 @@
+//! Centrifugo's protocols, so that the apps built on Centrifugo's SDKs and
+//! server API clients work with Herald unchanged (`docs/centrifugo.md`):
+//!
+//! - `GET /connection/websocket`: the bidirectional client protocol v2,
+//!   JSON form (`session.rs` runs a connection, `commands.rs` answers its
+//!   commands, `protocol.rs` is the wire format, `codes.rs` the error and
+//!   disconnect codes);
+//! - `POST /api/<method>`: the server HTTP API (`server_api.rs`);
+//! - `recovery.rs`: recovery on subscribe that never lies, with the
+//!   channel's epoch from the storage (`Storage::channel_epoch`);
+//! - `history.rs`: history with Centrifugo's `limit`, `since`, `reverse`;
+//! - `publish.rs`: a publish into the same channel sequence as Herald's
+//!   own, forwarded to the holder from a standby;
+//! - `registry.rs`: this node's connections, for the server API;
+//! - `presence.rs`: cluster-wide presence in the storage, when enabled;
+//! - `config.rs`: ping, pong and connect timeouts.
+//!
+//! Access control is Herald's (`auth/`): the connection token is a
+//! Herald client token (Centrifugo's claim names `sub`, `exp`,
+//! `channel`), subscriptions and publishes follow the namespace rules, and
+//! the server API takes Herald's API keys.
+
+mod codes;
+mod commands;
+mod config;
+mod history;
+mod presence;
+mod protocol;
+mod publish;
+mod recovery;
+mod registry;
+mod server_api;
+mod session;
+
+pub use config::CentrifugoConfig;
+pub(crate) use registry::Registry;
+pub(crate) use server_api::call as server_api;
+pub(crate) use session::upgrade;

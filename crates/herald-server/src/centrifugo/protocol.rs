@@ -1,0 +1,199 @@
+//! The JSON form of Centrifugo's client protocol v2 (`client.proto` of
+//! centrifugal/protocol): a frame holds one or more JSON objects separated
+//! by newlines, both ways. A command carries an `id` and one request field
+//! named after its method; the reply carries the same `id` and a result
+//! field of the same name, or `error`. Pushes have no `id`. An empty
+//! object is a ping (server to client) or a pong (client to server).
+//!
+//! Only the fields Herald acts on are read; others are ignored, as
+//! protobuf's JSON mapping does for unknown fields.
+
+use herald_core::Message;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use super::codes::ReplyError;
+
+/// One command of a client frame.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct Command {
+    /// Matches the reply to the command; 0 for a pong (or a `send`, which
+    /// gets no reply).
+    #[serde(default)]
+    pub(crate) id: u32,
+    pub(crate) connect: Option<ConnectRequest>,
+    pub(crate) subscribe: Option<SubscribeRequest>,
+    pub(crate) unsubscribe: Option<ChannelRequest>,
+    pub(crate) publish: Option<PublishRequest>,
+    pub(crate) presence: Option<ChannelRequest>,
+    pub(crate) presence_stats: Option<ChannelRequest>,
+    pub(crate) history: Option<HistoryRequest>,
+    pub(crate) ping: Option<serde::de::IgnoredAny>,
+    pub(crate) send: Option<serde::de::IgnoredAny>,
+    pub(crate) rpc: Option<serde::de::IgnoredAny>,
+    pub(crate) refresh: Option<RefreshRequest>,
+    pub(crate) sub_refresh: Option<SubRefreshRequest>,
+}
+
+/// `connect`: the connection token and the client's name and version.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct ConnectRequest {
+    /// The connection JWT (empty: anonymous).
+    #[serde(default)]
+    pub(crate) token: String,
+    /// The client's name (`js`, `python` ...), for logs.
+    #[serde(default)]
+    pub(crate) name: String,
+    /// The client's version, for logs.
+    #[serde(default)]
+    pub(crate) version: String,
+}
+
+/// `subscribe`.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct SubscribeRequest {
+    /// The channel.
+    pub(crate) channel: String,
+    /// A subscription JWT for this channel (empty: the connection's
+    /// credentials decide).
+    #[serde(default)]
+    pub(crate) token: String,
+    /// Recover the publications after `offset` of `epoch`.
+    #[serde(default)]
+    pub(crate) recover: bool,
+    /// The epoch the client last saw.
+    #[serde(default)]
+    pub(crate) epoch: String,
+    /// The offset of the last publication the client received.
+    #[serde(default)]
+    pub(crate) offset: u64,
+}
+
+/// A request naming only a channel (`unsubscribe`, `presence`,
+/// `presence_stats`).
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct ChannelRequest {
+    /// The channel.
+    pub(crate) channel: String,
+}
+
+/// `publish`.
+#[derive(Debug, Deserialize)]
+pub(crate) struct PublishRequest {
+    /// The channel.
+    pub(crate) channel: String,
+    /// The JSON value to publish, kept as its exact text.
+    pub(crate) data: Box<RawValue>,
+}
+
+/// A stream position, `since` of `history`.
+#[derive(Debug, Default, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub(crate) struct StreamPosition {
+    /// An offset.
+    #[serde(default)]
+    pub(crate) offset: u64,
+    /// The epoch the offset belongs to.
+    #[serde(default)]
+    pub(crate) epoch: String,
+}
+
+/// `history`.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct HistoryRequest {
+    /// The channel.
+    pub(crate) channel: String,
+    /// Publications wanted: 0 only the stream position, negative as many
+    /// as allowed (bounded by the server).
+    #[serde(default)]
+    pub(crate) limit: i64,
+    /// Only publications after this position (before it with `reverse`).
+    #[serde(default)]
+    pub(crate) since: Option<StreamPosition>,
+    /// Newest first.
+    #[serde(default)]
+    pub(crate) reverse: bool,
+}
+
+/// `refresh`: a new connection token.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct RefreshRequest {
+    /// The new connection JWT.
+    #[serde(default)]
+    pub(crate) token: String,
+}
+
+/// `sub_refresh`: a new subscription token.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct SubRefreshRequest {
+    /// The channel.
+    pub(crate) channel: String,
+    /// The new subscription JWT.
+    #[serde(default)]
+    pub(crate) token: String,
+}
+
+/// A publication as the protocol shows it: `{"data":...,"offset":N}`
+/// (`time`, ms since the Unix epoch, is Herald's commit time).
+#[derive(Debug, Serialize)]
+pub(crate) struct Publication<'a> {
+    /// The published JSON value, byte for byte.
+    pub(crate) data: &'a RawValue,
+    /// Its offset in the channel.
+    pub(crate) offset: u64,
+    /// Commit time, ms since the Unix epoch.
+    pub(crate) time: i64,
+}
+
+impl<'a> From<&'a Message> for Publication<'a> {
+    fn from(m: &'a Message) -> Self {
+        Self {
+            data: &m.data,
+            offset: m.offset,
+            time: m.published_at_ms,
+        }
+    }
+}
+
+/// The publications of a list, serialized in order.
+pub(crate) fn publications(messages: &[Message]) -> Vec<Publication<'_>> {
+    messages.iter().map(Publication::from).collect()
+}
+
+/// `{"id":N,"<method>":<result>}`.
+pub(crate) fn reply(id: u32, method: &str, result: &impl Serialize) -> String {
+    let result = serde_json::to_string(result).unwrap_or_else(|_| "{}".to_owned());
+    format!("{{\"id\":{id},\"{method}\":{result}}}")
+}
+
+/// `{"id":N,"error":{...}}`.
+pub(crate) fn error_reply(id: u32, error: &ReplyError) -> String {
+    reply(id, "error", error)
+}
+
+/// A publication push: `{"push":{"channel":"...","pub":{...}}}`.
+pub(crate) fn publication_push(channel: &str, message: &Message) -> String {
+    #[derive(Serialize)]
+    struct Push<'a> {
+        channel: &'a str,
+        #[serde(rename = "pub")]
+        publication: Publication<'a>,
+    }
+    let push = Push {
+        channel,
+        publication: Publication::from(message),
+    };
+    reply_push(&push)
+}
+
+/// An unsubscribe push: `{"push":{"channel":"...","unsubscribe":{"code":N,"reason":"..."}}}`.
+pub(crate) fn unsubscribe_push(channel: &str, code: u32, reason: &str) -> String {
+    reply_push(&serde_json::json!({
+        "channel": channel,
+        "unsubscribe": {"code": code, "reason": reason},
+    }))
+}
+
+fn reply_push(push: &impl Serialize) -> String {
+    let push = serde_json::to_string(push).unwrap_or_else(|_| "{}".to_owned());
+    format!("{{\"push\":{push}}}")
+}

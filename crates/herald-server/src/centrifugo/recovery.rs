@@ -1,0 +1,160 @@
+//! Recovery on subscribe, and the rule that it never lies: the client's
+//! missed publications are returned with `recovered: true` only when the
+//! storage holds every one of them, in the client's epoch; otherwise
+//! `recovered: false` and the client's documented path (the SDK reports
+//! it, the app reloads its state) follows. Herald's history is durable, so
+//! recovery succeeds for any offset the channel still holds, however old.
+
+use herald_core::{ChannelName, Message, Offset};
+use herald_storage::{Page, Storage};
+
+use crate::error::StorageContext;
+use crate::Result;
+
+/// Most publications a subscribe reply recovers; a client further behind
+/// gets `recovered: false` (and reads the history itself if it wants).
+pub(crate) const MAX_RECOVERED: usize = 10_000;
+
+/// The outcome of a recovery attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Recovery {
+    /// Every publication after the client's offset, in order; live
+    /// publications continue after `position`.
+    Recovered {
+        /// The missed publications (possibly none).
+        publications: Vec<Message>,
+        /// The offset of the last of them, or the client's offset.
+        position: Offset,
+    },
+    /// Not recoverable; live publications continue after `position`, the
+    /// channel's head.
+    NotRecovered {
+        /// The channel's head when read.
+        position: Offset,
+    },
+}
+
+/// Decides a recovery from `page`, the storage's answer to a read after
+/// `offset` with a limit of [`MAX_RECOVERED`] + 1:
+/// - the client's `epoch` is not the channel's → not recovered;
+/// - `offset` is beyond the head (the client saw offsets this history
+///   never had) → not recovered;
+/// - the first message held is not `offset + 1` (removed by retention) →
+///   not recovered;
+/// - more than [`MAX_RECOVERED`] missed → not recovered;
+/// - else recovered, with every message after `offset`.
+pub(crate) fn decide(channel_epoch: &str, epoch: &str, offset: Offset, page: Page) -> Recovery {
+    let not_recovered = Recovery::NotRecovered {
+        position: page.head,
+    };
+    if epoch != channel_epoch || offset > page.head || page.messages.len() > MAX_RECOVERED {
+        return not_recovered;
+    }
+    match page.messages.first() {
+        None if page.head == offset => Recovery::Recovered {
+            publications: Vec::new(),
+            position: offset,
+        },
+        Some(first) if first.offset == offset + 1 => {
+            let position = page.messages.last().map_or(offset, |m| m.offset);
+            Recovery::Recovered {
+                publications: page.messages,
+                position,
+            }
+        }
+        _ => not_recovered,
+    }
+}
+
+/// Reads what [`decide`] needs and decides.
+///
+/// # Errors
+/// [`crate::Error::Storage`] when the read fails.
+pub(crate) async fn recover(
+    storage: &dyn Storage,
+    channel: &ChannelName,
+    channel_epoch: &str,
+    epoch: &str,
+    offset: Offset,
+) -> Result<Recovery> {
+    let page = storage
+        .read(channel, offset, MAX_RECOVERED + 1)
+        .await
+        .during("read", Some(channel))?;
+    Ok(decide(channel_epoch, epoch, offset, page))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use serde_json::value::RawValue;
+
+    use super::*;
+
+    fn page(head: Offset, offsets: &[Offset]) -> Page {
+        Page {
+            head,
+            earliest: offsets.first().copied().unwrap_or(head + 1),
+            messages: offsets
+                .iter()
+                .map(|&offset| Message {
+                    offset,
+                    data: Arc::from(RawValue::from_string("1".to_owned()).unwrap()),
+                    published_at_ms: 0,
+                })
+                .collect(),
+        }
+    }
+
+    fn offsets(r: &Recovery) -> Option<(Vec<Offset>, Offset)> {
+        match r {
+            Recovery::Recovered {
+                publications,
+                position,
+            } => Some((publications.iter().map(|m| m.offset).collect(), *position)),
+            Recovery::NotRecovered { .. } => None,
+        }
+    }
+
+    #[test]
+    fn recovers_every_missed_publication_in_the_same_epoch() {
+        let r = decide("e1", "e1", 2, page(5, &[3, 4, 5]));
+        assert_eq!(offsets(&r), Some((vec![3, 4, 5], 5)));
+    }
+
+    #[test]
+    fn nothing_missed_is_recovered_with_no_publications() {
+        let r = decide("e1", "e1", 5, page(5, &[]));
+        assert_eq!(offsets(&r), Some((vec![], 5)));
+    }
+
+    #[test]
+    fn another_epoch_is_not_recovered() {
+        let r = decide("e1", "e0", 2, page(5, &[3, 4, 5]));
+        assert_eq!(r, Recovery::NotRecovered { position: 5 });
+    }
+
+    #[test]
+    fn an_offset_beyond_the_head_is_not_recovered() {
+        let r = decide("e1", "e1", 9, page(5, &[]));
+        assert_eq!(r, Recovery::NotRecovered { position: 5 });
+    }
+
+    #[test]
+    fn a_gap_before_the_first_held_publication_is_not_recovered() {
+        // Offsets 3 and 4 were removed (retention): 5 does not follow 2.
+        let r = decide("e1", "e1", 2, page(6, &[5, 6]));
+        assert_eq!(r, Recovery::NotRecovered { position: 6 });
+        let r = decide("e1", "e1", 2, page(6, &[]));
+        assert_eq!(r, Recovery::NotRecovered { position: 6 });
+    }
+
+    #[test]
+    fn too_many_missed_is_not_recovered() {
+        let all: Vec<Offset> = (1..=(MAX_RECOVERED as Offset + 1)).collect();
+        let head = *all.last().unwrap();
+        let r = decide("e1", "e1", 0, page(head, &all));
+        assert_eq!(r, Recovery::NotRecovered { position: head });
+    }
+}

@@ -1,0 +1,147 @@
+//! This node's Centrifugo connections, for the server API's `disconnect`,
+//! `unsubscribe`, `channels` and `info`: each connection's user and
+//! channels, and a way to tell its session to act.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Mutex;
+
+use herald_core::ChannelName;
+use tokio::sync::mpsc;
+
+use super::codes::Disconnect;
+
+/// What the server API asks a session to do.
+#[derive(Debug, Clone)]
+pub(crate) enum Control {
+    /// Close the connection with this code.
+    Disconnect(Disconnect),
+    /// End the subscription to this channel (push `unsubscribe`).
+    Unsubscribe(ChannelName),
+}
+
+/// One connection as the registry knows it.
+#[derive(Debug)]
+struct Entry {
+    /// The token's `sub` ("" for an anonymous connection).
+    user: String,
+    /// The channels it is subscribed to.
+    channels: BTreeSet<ChannelName>,
+    /// Its session's control queue.
+    control: mpsc::Sender<Control>,
+}
+
+/// The connections of this node, by client id.
+#[derive(Debug)]
+pub(crate) struct Registry {
+    conns: Mutex<HashMap<String, Entry>>,
+    /// When the node started, for `info`'s `uptime`.
+    started: std::time::Instant,
+    /// This process's presence session (`presence.rs`).
+    pub(crate) presence: super::presence::PresenceSession,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Self {
+            conns: Mutex::default(),
+            started: std::time::Instant::now(),
+            presence: super::presence::PresenceSession::default(),
+        }
+    }
+}
+
+/// Counts of this node's connections.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Counts {
+    /// Connections.
+    pub(crate) clients: usize,
+    /// Distinct users among them.
+    pub(crate) users: usize,
+    /// Subscriptions.
+    pub(crate) subs: usize,
+    /// Distinct channels subscribed to.
+    pub(crate) channels: usize,
+}
+
+impl Registry {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
+        self.conns
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Seconds since the node started.
+    pub(crate) fn uptime_s(&self) -> u64 {
+        self.started.elapsed().as_secs()
+    }
+
+    /// Adds connection `client` of `user`.
+    pub(crate) fn insert(&self, client: &str, user: &str, control: mpsc::Sender<Control>) {
+        self.lock().insert(
+            client.to_owned(),
+            Entry {
+                user: user.to_owned(),
+                channels: BTreeSet::new(),
+                control,
+            },
+        );
+    }
+
+    /// Removes connection `client`.
+    pub(crate) fn remove(&self, client: &str) {
+        self.lock().remove(client);
+    }
+
+    /// Records that `client` is (or no longer is) subscribed to `channel`.
+    pub(crate) fn set_subscribed(&self, client: &str, channel: &ChannelName, subscribed: bool) {
+        if let Some(entry) = self.lock().get_mut(client) {
+            if subscribed {
+                entry.channels.insert(channel.clone());
+            } else {
+                entry.channels.remove(channel);
+            }
+        }
+    }
+
+    /// Sends `control` to every connection of `user` (to those subscribed
+    /// to `only_channel`, if given); returns how many got it. A session
+    /// whose queue is full misses it (it is busy closing anyway).
+    pub(crate) fn tell_user(
+        &self,
+        user: &str,
+        only_channel: Option<&ChannelName>,
+        control: &Control,
+    ) -> usize {
+        let conns = self.lock();
+        conns
+            .values()
+            .filter(|e| e.user == user)
+            .filter(|e| only_channel.is_none_or(|c| e.channels.contains(c)))
+            .filter(|e| e.control.try_send(control.clone()).is_ok())
+            .count()
+    }
+
+    /// Subscribers per channel on this node.
+    pub(crate) fn subscribers(&self) -> BTreeMap<ChannelName, usize> {
+        let mut out = BTreeMap::new();
+        for entry in self.lock().values() {
+            for channel in &entry.channels {
+                *out.entry(channel.clone()).or_insert(0) += 1;
+            }
+        }
+        out
+    }
+
+    /// Connection counts on this node.
+    pub(crate) fn counts(&self) -> Counts {
+        let conns = self.lock();
+        let users: BTreeSet<&str> = conns.values().map(|e| e.user.as_str()).collect();
+        let channels: BTreeSet<&ChannelName> = conns.values().flat_map(|e| &e.channels).collect();
+        Counts {
+            clients: conns.len(),
+            users: users.len(),
+            subs: conns.values().map(|e| e.channels.len()).sum(),
+            channels: channels.len(),
+        }
+    }
+}

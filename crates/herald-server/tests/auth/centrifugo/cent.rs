@@ -1,0 +1,173 @@
+//! Centrifugo's Python clients against Herald unchanged: `cent` (PyPI),
+//! the server API client (`tests/clients/python/cent_api.py`): publish
+//! (idempotent with a key), broadcast, history, batch, channels, info, and
+//! presence answered "not available", its publishes in the sequence of
+//! Herald's own publish route; and centrifuge-python (PyPI
+//! `centrifuge-python`), the client SDK (`centrifuge_sdk.py`): subscribe,
+//! publications, history, recovery after a disconnect.
+//!
+//! The test command makes a virtualenv from the committed
+//! `tests/clients/python/requirements.lock` and names its Python in
+//! `HERALD_TEST_PYTHON`.
+
+use std::path::PathBuf;
+
+use herald_testkit::{within, NODE_WAIT};
+use serde_json::{json, Value};
+
+use crate::{Backend, Creds, Place, Role, TestNode};
+
+/// The virtualenv's Python, with `cent` installed.
+fn python() -> PathBuf {
+    let Some(python) = std::env::var_os("HERALD_TEST_PYTHON") else {
+        panic!(
+            "HERALD_TEST_PYTHON is not set. It names the Python of a virtualenv with the \
+             packages of tests/clients/python/requirements.lock; ./scripts/test makes it. \
+             By hand: `python3 -m venv /tmp/cent && /tmp/cent/bin/pip install --no-deps -r \
+             tests/clients/python/requirements.lock`, then \
+             `HERALD_TEST_PYTHON=/tmp/cent/bin/python cargo test ...`"
+        );
+    };
+    PathBuf::from(python)
+}
+
+/// `tests/clients/python/cent_api.py`, from this crate's directory.
+fn script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/clients/python/cent_api.py")
+}
+
+async fn cent(backend: Backend) {
+    let place = Place::new(backend).await;
+    let creds = Creds::new();
+    let holder = TestNode::start(&place, "node-a", Role::Holder, creds.config()).await;
+    // An admin key that may also publish and read, as a backend's key.
+    let bearer = Creds::bearer(&creds.publisher);
+    let own = holder
+        .publish(
+            "news:cent",
+            &[("authorization", bearer.as_str())],
+            json!({"n": 0}),
+        )
+        .await;
+    assert_eq!(own.2["offset"], 1);
+    let output = within(
+        "cent_api.py",
+        NODE_WAIT,
+        tokio::process::Command::new(python())
+            .arg(script())
+            .arg(format!("{}/api", holder.base))
+            .arg(&creds.backend)
+            .arg("news:cent")
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "cent_api.py: {stderr}");
+    let steps: Vec<Value> = String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let step = |name: &str| -> Vec<&Value> { steps.iter().filter(|s| s["step"] == name).collect() };
+
+    let published = step("publish");
+    assert_eq!(published[0]["offset"], 2, "{steps:?}");
+    assert_eq!(published[1]["offset"], 3);
+    let epoch = published[0]["epoch"].as_str().unwrap();
+    assert_eq!(epoch.len(), 16);
+    let keyed = step("publish_keyed");
+    assert_eq!(keyed[0]["offset"], 4);
+    assert_eq!(keyed[1]["offset"], 4, "the repeated key stored nothing");
+    assert_eq!(step("broadcast")[0]["offsets"], json!([5, 1]));
+    let history = step("history")[0];
+    assert_eq!(history["offsets"], json!([1, 2, 3, 4, 5]));
+    assert_eq!(history["data"][1], json!({"n": 1}));
+    assert_eq!(history["epoch"], epoch);
+    assert_eq!(history["offset"], 5);
+    let batch = step("batch")[0];
+    assert_eq!(batch["publish_offset"], 6);
+    assert_eq!(batch["history_offset"], 6);
+    let channels = &step("channels")[0]["channels"];
+    assert_eq!(channels, &json!(["news:cent", "news:cent-b"]));
+    assert_eq!(step("info")[0]["uids"], json!(["node-a"]));
+    assert_eq!(step("presence")[0]["code"], 108);
+    // Herald's own route sees the same sequence.
+    let next = holder
+        .publish(
+            "news:cent",
+            &[("authorization", bearer.as_str())],
+            json!({"n": 7}),
+        )
+        .await;
+    assert_eq!(next.2["offset"], 7);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cent_on_sqlite() {
+    cent(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cent_on_postgres() {
+    cent(Backend::Postgres).await;
+}
+
+/// `tests/clients/python/centrifuge_sdk.py`, from this crate's directory.
+fn sdk_script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/clients/python/centrifuge_sdk.py")
+}
+
+/// centrifuge-python, Centrifugo's Python client SDK, with publishes made
+/// through `cent`: subscribe, publications, history, and recovery of what
+/// was published while it was disconnected: every publication exactly
+/// once, in order, `recovered: true`, one epoch.
+async fn centrifuge_python(backend: Backend) {
+    let place = Place::new(backend).await;
+    let creds = Creds::new();
+    let node = TestNode::start(&place, "node-a", Role::Holder, creds.config()).await;
+    let token = creds.token_for("py", json!({"channels": ["news:*"]}));
+    let output = within(
+        "centrifuge_sdk.py",
+        NODE_WAIT + NODE_WAIT,
+        tokio::process::Command::new(python())
+            .arg(sdk_script())
+            .arg(format!("{}/connection/websocket", node.ws_base))
+            .arg(&token)
+            .arg(format!("{}/api", node.base))
+            .arg(&creds.backend)
+            .arg("news:py")
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "centrifuge_sdk.py: {stderr}");
+    let seen: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let subscribed = seen["subscribed"].as_array().unwrap();
+    assert_eq!(subscribed.len(), 2, "{seen}");
+    assert_eq!(subscribed[0]["recoverable"], true, "{seen}");
+    let epoch = subscribed[0]["epoch"].as_str().unwrap();
+    assert_eq!(epoch.len(), 16, "{seen}");
+    assert_eq!(subscribed[1]["was_recovering"], true, "{seen}");
+    assert_eq!(subscribed[1]["recovered"], true, "{seen}");
+    assert_eq!(subscribed[1]["epoch"], epoch);
+    let expected: Vec<Value> = (1..=5)
+        .map(|n| json!({"offset": n, "data": {"n": n}}))
+        .collect();
+    assert_eq!(seen["publications"], json!(expected), "{seen}");
+    assert_eq!(seen["history"]["offsets"], json!([1, 2, 3]), "{seen}");
+    assert_eq!(seen["history"]["epoch"], epoch);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_python_on_sqlite() {
+    centrifuge_python(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_python_on_postgres() {
+    centrifuge_python(Backend::Postgres).await;
+}

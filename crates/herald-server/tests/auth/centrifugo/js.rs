@@ -1,0 +1,306 @@
+//! centrifuge-js, Centrifugo's JavaScript SDK (npm `centrifuge` 5.x under
+//! Node with the `ws` package, `tests/clients/centrifuge.mjs`), against
+//! Herald unchanged: it connects with a JWT, subscribes, receives
+//! publications, publishes where the namespace allows it, reads history,
+//! recovers what it missed while it was disconnected, and recovers again
+//! after the node restarts: every publication exactly once, in order,
+//! `recovered: true`, the same epoch throughout.
+//!
+//! The test command installs the packages (`npm ci` in `tests/clients`)
+//! and names that directory in `HERALD_TEST_NODE_CLIENTS` (and `node` in
+//! `HERALD_TEST_NODE`, else `node` on `PATH`).
+
+use std::path::PathBuf;
+use std::process::Stdio;
+
+use herald_testkit::{within, NODE_WAIT};
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+
+use crate::{Backend, Creds, Place, Role, TestNode};
+
+/// The Node.js test clients' directory, with centrifuge-js installed.
+fn node_clients() -> PathBuf {
+    let Some(dir) = std::env::var_os("HERALD_TEST_NODE_CLIENTS") else {
+        panic!(
+            "HERALD_TEST_NODE_CLIENTS is not set. It names tests/clients once `npm ci` has \
+             installed its packages there; ./scripts/test does both. By hand: \
+             `(cd tests/clients && npm ci)`, then \
+             `HERALD_TEST_NODE_CLIENTS=$PWD/tests/clients cargo test ...`"
+        );
+    };
+    let dir = PathBuf::from(dir);
+    assert!(
+        dir.join("node_modules/centrifuge/package.json").is_file(),
+        "centrifuge is not installed in {}: run `npm ci` there",
+        dir.display()
+    );
+    dir
+}
+
+/// One `node centrifuge.mjs` process: commands in, reports out.
+struct JsClient {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    reports: Lines<BufReader<ChildStdout>>,
+    /// `(offset, data)` of every publication of the followed channel, in
+    /// arrival order.
+    received: Vec<(u64, Value)>,
+    channel: &'static str,
+    /// `connecting` reports for a lost connection (code 0 is the SDK's
+    /// own `connect()` call).
+    reconnects: usize,
+}
+
+impl JsClient {
+    fn start(url: &str, token: &str, channel: &'static str) -> Self {
+        let clients = node_clients();
+        let node = std::env::var_os("HERALD_TEST_NODE")
+            .map_or_else(|| PathBuf::from("node"), PathBuf::from);
+        let mut child = Command::new(&node)
+            .arg(clients.join("centrifuge.mjs"))
+            .arg(url)
+            .arg(token)
+            .current_dir(&clients)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", node.display()));
+        let stdin = child.stdin.take();
+        let reports = BufReader::new(child.stdout.take().unwrap()).lines();
+        Self {
+            child,
+            stdin,
+            reports,
+            received: Vec::new(),
+            channel,
+            reconnects: 0,
+        }
+    }
+
+    async fn send(&mut self, command: Value) {
+        let stdin = self.stdin.as_mut().unwrap();
+        stdin
+            .write_all(format!("{command}\n").as_bytes())
+            .await
+            .unwrap();
+        stdin.flush().await.unwrap();
+    }
+
+    /// Reads reports until one satisfies `wanted`; publications of the
+    /// followed channel are recorded on the way; a failed command fails
+    /// the test.
+    async fn expect(&mut self, what: &str, wanted: impl Fn(&Value) -> bool) -> Value {
+        within(what, NODE_WAIT, async {
+            loop {
+                let line = self
+                    .reports
+                    .next_line()
+                    .await
+                    .unwrap()
+                    .unwrap_or_else(|| panic!("centrifuge.mjs ended before {what}"));
+                let report: Value = serde_json::from_str(&line).unwrap();
+                assert_ne!(report["type"], "failed", "{report}");
+                if report["type"] == "connecting" && report["code"] != 0 {
+                    self.reconnects += 1;
+                }
+                if report["type"] == "publication" && report["channel"] == self.channel {
+                    self.received
+                        .push((report["offset"].as_u64().unwrap(), report["data"].clone()));
+                }
+                if wanted(&report) {
+                    return report;
+                }
+            }
+        })
+        .await
+    }
+
+    /// Waits until the followed channel's publications reach `offset`.
+    async fn received_up_to(&mut self, offset: u64) {
+        if self.received.last().is_some_and(|(o, _)| *o >= offset) {
+            return;
+        }
+        self.expect(&format!("publication {offset}"), |r| {
+            r["type"] == "publication" && r["offset"].as_u64() >= Some(offset)
+        })
+        .await;
+    }
+
+    async fn stop(mut self) {
+        drop(self.stdin.take());
+        let status = within("centrifuge.mjs exit", NODE_WAIT, self.child.wait())
+            .await
+            .unwrap();
+        assert!(status.success(), "centrifuge.mjs: {status}");
+    }
+}
+
+fn is(kind: &'static str, channel: &'static str) -> impl Fn(&Value) -> bool {
+    move |r| r["type"] == kind && (channel.is_empty() || r["channel"] == channel)
+}
+
+async fn centrifuge_js(backend: Backend) {
+    let place = Place::new(backend).await;
+    let creds = Creds::new();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let node = TestNode::start_on(&place, "node-a", Role::Holder, creds.config(), listener).await;
+    let publisher = Creds::bearer(&creds.publisher);
+    let key = [("authorization", publisher.as_str())];
+    let token = creds.token_for(
+        "js",
+        json!({"channels": ["news:*", "room:*"], "publish": ["room:*"]}),
+    );
+    let mut js = JsClient::start(
+        &format!("ws://{addr}/connection/websocket"),
+        &token,
+        "news:js",
+    );
+    js.expect("connected", is("connected", "")).await;
+
+    js.send(json!({"op": "subscribe", "channel": "news:js"}))
+        .await;
+    let subscribed = js.expect("subscribed", is("subscribed", "news:js")).await;
+    assert_eq!(subscribed["recoverable"], true, "{subscribed}");
+    let epoch = subscribed["epoch"].as_str().unwrap().to_owned();
+    for i in 1..=3 {
+        assert_eq!(node.publish("news:js", &key, json!({"n": i})).await.0, 201);
+    }
+    js.received_up_to(3).await;
+
+    // Publish from the client, in `room` (publish = "token").
+    js.send(json!({"op": "subscribe", "channel": "room:js"}))
+        .await;
+    js.expect("subscribed to room:js", is("subscribed", "room:js"))
+        .await;
+    js.send(json!({"op": "publish", "channel": "room:js", "data": {"from": "js"}}))
+        .await;
+    let publication = js
+        .expect("the client's publication", is("publication", "room:js"))
+        .await;
+    assert_eq!(publication["data"], json!({"from": "js"}));
+    assert_eq!(publication["offset"], 1);
+
+    // History.
+    js.send(json!({"op": "history", "channel": "news:js", "limit": 10}))
+        .await;
+    let history = js.expect("history", is("history", "news:js")).await;
+    assert_eq!(history["offsets"], json!([1, 2, 3]), "{history}");
+    assert_eq!(history["epoch"], epoch.as_str());
+
+    // Disconnected while 4 and 5 are published: recovered on connect.
+    js.send(json!({"op": "disconnect"})).await;
+    js.expect("disconnected", is("disconnected", "")).await;
+    for i in 4..=5 {
+        assert_eq!(node.publish("news:js", &key, json!({"n": i})).await.0, 201);
+    }
+    js.send(json!({"op": "connect"})).await;
+    let again = js.expect("resubscribed", is("subscribed", "news:js")).await;
+    assert_eq!(again["wasRecovering"], true, "{again}");
+    assert_eq!(again["recovered"], true, "{again}");
+    assert_eq!(again["epoch"], epoch.as_str());
+    js.received_up_to(5).await;
+
+    // The node restarts on the same address: the client reconnects by
+    // itself and recovers, same epoch; 6 is published while it is away.
+    node.stop().await;
+    js.expect("reconnecting", is("connecting", "")).await;
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let node = TestNode::start_on(&place, "node-a", Role::Holder, creds.config(), listener).await;
+    assert_eq!(node.publish("news:js", &key, json!({"n": 6})).await.0, 201);
+    let restarted = js
+        .expect(
+            "resubscribed after the restart",
+            is("subscribed", "news:js"),
+        )
+        .await;
+    assert_eq!(restarted["wasRecovering"], true, "{restarted}");
+    assert_eq!(restarted["recovered"], true, "{restarted}");
+    assert_eq!(restarted["epoch"], epoch.as_str());
+    assert_eq!(node.publish("news:js", &key, json!({"n": 7})).await.0, 201);
+    js.received_up_to(7).await;
+
+    // Every publication exactly once, in order, with its data.
+    let expected: Vec<(u64, Value)> = (1..=7).map(|i| (i, json!({"n": i}))).collect();
+    assert_eq!(js.received, expected);
+    js.stop().await;
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_js_on_sqlite() {
+    centrifuge_js(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_js_on_postgres() {
+    centrifuge_js(Backend::Postgres).await;
+}
+
+/// The holder stops (and releases the lease) while a centrifuge-js client
+/// follows a channel on the standby: the standby takes over, the client
+/// stays connected (no reconnect), and every publication, before and
+/// after the takeover, arrives exactly once, in order.
+async fn holder_failover(backend: Backend) {
+    let place = Place::new(backend).await;
+    let creds = Creds::new();
+    let holder = TestNode::start(&place, "node-a", Role::Holder, creds.config()).await;
+    let standby = TestNode::start(&place, "node-b", Role::Standby, creds.config()).await;
+    let publisher = Creds::bearer(&creds.publisher);
+    let key = [("authorization", publisher.as_str())];
+    let token = creds.token_for("js", json!({"channels": ["news:*"]}));
+    let mut js = JsClient::start(
+        &format!("{}/connection/websocket", standby.ws_base),
+        &token,
+        "news:fo",
+    );
+    js.expect("connected", is("connected", "")).await;
+    js.send(json!({"op": "subscribe", "channel": "news:fo"}))
+        .await;
+    js.expect("subscribed", is("subscribed", "news:fo")).await;
+    for i in 1..=3 {
+        // Through the standby: forwarded to the holder.
+        assert_eq!(
+            standby.publish("news:fo", &key, json!({"n": i})).await.0,
+            201
+        );
+    }
+    js.received_up_to(3).await;
+    holder.stop().await;
+    // The standby takes the lease over; its publishes commit there.
+    let took_over = within(
+        "takeover",
+        NODE_WAIT,
+        standby
+            .lease
+            .wait_for(|s| matches!(s, herald_lease::LeaseState::Holder { .. })),
+    )
+    .await;
+    assert!(took_over.is_some(), "the standby's supervisor ended");
+    for i in 4..=6 {
+        let (status, _, body) = standby.publish("news:fo", &key, json!({"n": i})).await;
+        assert_eq!((status, body["offset"].clone()), (201, json!(i)), "{body}");
+    }
+    js.received_up_to(6).await;
+    let expected: Vec<(u64, Value)> = (1..=6).map(|i| (i, json!({"n": i}))).collect();
+    assert_eq!(js.received, expected);
+    assert_eq!(
+        js.reconnects, 0,
+        "the client was disconnected by the failover"
+    );
+    js.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_js_survives_holder_failover_on_sqlite() {
+    holder_failover(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_js_survives_holder_failover_on_postgres() {
+    holder_failover(Backend::Postgres).await;
+}

@@ -1,0 +1,129 @@
+// Drives centrifuge-js (npm `centrifuge`, Centrifugo's JavaScript SDK) under
+// Node with the `ws` package, for Herald's tests of its Centrifugo protocol.
+//
+//   node centrifuge.mjs <WebSocket URL> <connection token>
+//
+// It reads commands on stdin, one JSON object per line:
+//
+//   {"op":"subscribe","channel":"news:a"}
+//   {"op":"publish","channel":"room:a","data":{...}}
+//   {"op":"history","channel":"news:a","limit":10}
+//   {"op":"disconnect"}            the client's own disconnect()
+//   {"op":"connect"}               connect() again
+//
+// and reports on stdout, one JSON object per line:
+//
+//   {"type":"connected","client":"..."}
+//   {"type":"connecting","code":N,"reason":"..."}   (it reconnects by itself)
+//   {"type":"disconnected","code":N,"reason":"..."}
+//   {"type":"subscribed","channel":"...","recoverable":true,"wasRecovering":false,
+//    "recovered":false,"offset":N,"epoch":"..."}
+//   {"type":"subscribing","channel":"...","code":N,"reason":"..."}
+//   {"type":"publication","channel":"...","offset":N,"data":...}
+//   {"type":"published","channel":"..."}
+//   {"type":"history","channel":"...","offsets":[...],"offset":N,"epoch":"..."}
+//   {"type":"failed","op":"...","code":N,"message":"..."}  a command's error
+//
+// It exits with status 0 when its stdin ends.
+
+import { Centrifuge } from "centrifuge";
+import WebSocket from "ws";
+import readline from "node:readline";
+
+const [url, token] = process.argv.slice(2);
+if (!url) {
+  process.stderr.write("usage: node centrifuge.mjs <WebSocket URL> <token>\n");
+  process.exit(2);
+}
+
+const report = (record) => process.stdout.write(`${JSON.stringify(record)}\n`);
+
+const client = new Centrifuge(url, {
+  websocket: WebSocket,
+  token: token || undefined,
+  // Reconnect soon after a restart, so that the tests do not wait long.
+  minReconnectDelay: 100,
+  maxReconnectDelay: 1000,
+});
+
+client.on("connected", (ctx) => report({ type: "connected", client: ctx.client }));
+client.on("connecting", (ctx) => report({ type: "connecting", code: ctx.code, reason: ctx.reason }));
+client.on("disconnected", (ctx) => report({ type: "disconnected", code: ctx.code, reason: ctx.reason }));
+
+const subscription = (channel) => {
+  const existing = client.getSubscription(channel);
+  if (existing) {
+    return existing;
+  }
+  const sub = client.newSubscription(channel);
+  sub.on("subscribed", (ctx) =>
+    report({
+      type: "subscribed",
+      channel,
+      recoverable: ctx.recoverable,
+      wasRecovering: ctx.wasRecovering,
+      recovered: ctx.recovered,
+      offset: ctx.streamPosition ? Number(ctx.streamPosition.offset) : null,
+      epoch: ctx.streamPosition ? ctx.streamPosition.epoch : null,
+    }),
+  );
+  sub.on("subscribing", (ctx) => report({ type: "subscribing", channel, code: ctx.code, reason: ctx.reason }));
+  sub.on("publication", (ctx) =>
+    report({ type: "publication", channel, offset: Number(ctx.offset), data: ctx.data }),
+  );
+  sub.on("error", (ctx) =>
+    report({ type: "failed", op: "subscription", channel, code: ctx.error.code, message: ctx.error.message }),
+  );
+  return sub;
+};
+
+const failed = (op) => (e) => report({ type: "failed", op, code: e.code ?? null, message: e.message ?? String(e) });
+
+const run = (command) => {
+  switch (command.op) {
+    case "subscribe":
+      subscription(command.channel).subscribe();
+      break;
+    case "publish":
+      subscription(command.channel)
+        .publish(command.data)
+        .then(() => report({ type: "published", channel: command.channel }), failed("publish"));
+      break;
+    case "history":
+      subscription(command.channel)
+        .history({ limit: command.limit })
+        .then(
+          (result) =>
+            report({
+              type: "history",
+              channel: command.channel,
+              offsets: result.publications.map((p) => Number(p.offset)),
+              offset: Number(result.offset),
+              epoch: result.epoch,
+            }),
+          failed("history"),
+        );
+      break;
+    case "disconnect":
+      client.disconnect();
+      break;
+    case "connect":
+      client.connect();
+      break;
+    default:
+      report({ type: "failed", op: command.op, code: null, message: "unknown op" });
+  }
+};
+
+const lines = readline.createInterface({ input: process.stdin });
+lines.on("line", (line) => {
+  if (line.trim()) {
+    run(JSON.parse(line));
+  }
+});
+lines.on("close", () => {
+  client.disconnect();
+  process.exit(0);
+});
+
+client.connect();

@@ -1,0 +1,77 @@
+"""Drives `cent` (PyPI, Centrifugo's Python server API client) against a
+Herald node, for Herald's tests of its Centrifugo server API.
+
+    python cent_api.py <API URL> <API key> <channel>
+
+It runs one scenario and prints one JSON object per step on stdout, for the
+test to check: publishes (one repeated with its idempotency key), a
+broadcast, history, a batch, channels, info, and presence (which Herald
+answers "not available"). Exits 0 when every call returned.
+"""
+
+import json
+import sys
+
+from cent import (
+    BatchRequest,
+    BroadcastRequest,
+    ChannelsRequest,
+    Client,
+    HistoryRequest,
+    InfoRequest,
+    PresenceRequest,
+    PublishRequest,
+)
+from cent.exceptions import CentApiResponseError
+
+
+def report(step, **fields):
+    print(json.dumps({"step": step, **fields}), flush=True)
+
+
+def main():
+    url, key, channel = sys.argv[1:4]
+    with Client(url, key) as client:
+        for n in (1, 2):
+            r = client.publish(PublishRequest(channel=channel, data={"n": n}))
+            report("publish", offset=r.offset, epoch=r.epoch)
+        for _ in range(2):
+            r = client.publish(
+                PublishRequest(channel=channel, data={"n": 3}, idempotency_key="cent-3")
+            )
+            report("publish_keyed", offset=r.offset, epoch=r.epoch)
+        r = client.broadcast(BroadcastRequest(channels=[channel, channel + "-b"], data={"n": 4}))
+        report(
+            "broadcast",
+            offsets=[resp.result.offset if resp.result else None for resp in r.responses],
+        )
+        r = client.history(HistoryRequest(channel=channel, limit=100))
+        report(
+            "history",
+            offsets=[p.offset for p in r.publications],
+            data=[p.data for p in r.publications],
+            offset=r.offset,
+            epoch=r.epoch,
+        )
+        r = client.batch(
+            BatchRequest(
+                requests=[
+                    PublishRequest(channel=channel, data={"n": 5}),
+                    HistoryRequest(channel=channel, limit=0),
+                ]
+            )
+        )
+        report("batch", publish_offset=r.replies[0].offset, history_offset=r.replies[1].offset)
+        r = client.channels(ChannelsRequest())
+        report("channels", channels=sorted(r.channels.keys()))
+        r = client.info(InfoRequest())
+        report("info", uids=[node.uid for node in r.nodes])
+        try:
+            client.presence(PresenceRequest(channel=channel))
+            report("presence", code=None)
+        except CentApiResponseError as e:
+            report("presence", code=e.code)
+
+
+if __name__ == "__main__":
+    main()
