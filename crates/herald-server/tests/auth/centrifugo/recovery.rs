@@ -113,3 +113,68 @@ async fn recovery_never_lies_on_sqlite() {
 async fn recovery_never_lies_on_postgres() {
     recovery(Backend::Postgres).await;
 }
+
+/// A live subscriber whose channel is deleted (its messages removed, as
+/// retention removes them) is disconnected with 3010 "insufficient
+/// state", and its recovery then says `recovered: false` for the offsets
+/// that are gone; never a silent skip.
+async fn deletion(backend: Backend) {
+    let place = Place::new(backend).await;
+    let creds = Creds::new();
+    let holder = TestNode::start(&place, "node-a", Role::Holder, creds.config()).await;
+    let publisher = Creds::bearer(&creds.publisher);
+    let admin = Creds::bearer(&creds.admin);
+    let key = [("authorization", publisher.as_str())];
+    let token = creds.token_for("carol", json!({"channels": ["news:*"]}));
+    for i in 1..=3 {
+        assert_eq!(holder.publish("news:d", &key, json!(i)).await.0, 201);
+    }
+    let (mut c, _) = Client::connect(&holder, &token).await;
+    let sub = c.command("subscribe", json!({"channel": "news:d"})).await;
+    let epoch = sub["subscribe"]["epoch"].as_str().unwrap().to_owned();
+    assert_eq!(sub["subscribe"]["offset"], 3);
+
+    let (status, _, deleted) = holder
+        .call(
+            "DELETE",
+            "/v1/channels/news:d",
+            &[("authorization", admin.as_str())],
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{deleted}");
+    assert_eq!(c.closed_with().await, Some(3010));
+
+    // Offsets 2 and 3 are gone: not recovered.
+    let (mut c, _) = Client::connect(&holder, &token).await;
+    let r = c
+        .command(
+            "subscribe",
+            json!({"channel": "news:d", "recover": true, "epoch": epoch, "offset": 1}),
+        )
+        .await;
+    assert_ne!(r["subscribe"]["recovered"], true, "{r}");
+    assert_eq!(r["subscribe"]["offset"], 3);
+    // A client that had everything misses nothing: recovered, and the next
+    // message continues after the kept head.
+    let (mut c, _) = Client::connect(&holder, &token).await;
+    let r = c
+        .command(
+            "subscribe",
+            json!({"channel": "news:d", "recover": true, "epoch": epoch, "offset": 3}),
+        )
+        .await;
+    assert_eq!(r["subscribe"]["recovered"], true, "{r}");
+    assert_eq!(holder.publish("news:d", &key, json!(4)).await.0, 201);
+    assert_eq!(c.push().await["pub"]["offset"], 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_channel_disconnects_its_subscribers_on_sqlite() {
+    deletion(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_channel_disconnects_its_subscribers_on_postgres() {
+    deletion(Backend::Postgres).await;
+}
