@@ -23,9 +23,10 @@ fn python() -> PathBuf {
         panic!(
             "HERALD_TEST_PYTHON is not set. It names the Python of a virtualenv with the \
              packages of tests/clients/python/requirements.lock; ./scripts/test makes it. \
-             By hand: `python3 -m venv /tmp/cent && /tmp/cent/bin/pip install --no-deps -r \
+             By hand: `python3 -m venv tests/clients/python/.venv && \
+             tests/clients/python/.venv/bin/pip install --no-deps -r \
              tests/clients/python/requirements.lock`, then \
-             `HERALD_TEST_PYTHON=/tmp/cent/bin/python cargo test ...`"
+             `HERALD_TEST_PYTHON=$PWD/tests/clients/python/.venv/bin/python cargo test ...`"
         );
     };
     PathBuf::from(python)
