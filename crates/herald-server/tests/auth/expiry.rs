@@ -7,7 +7,7 @@ use herald_testkit::ws::ws_next;
 use herald_testkit::{within, NODE_WAIT};
 use serde_json::json;
 
-use crate::{now_s, on_both_backends, Backend, Creds, Node, Place, Role};
+use crate::{now_s, on_both_backends, publish_as, Backend, Creds, Node, Place, Role};
 
 /// A token for `news:*` that expires in 2 s.
 fn short_lived(creds: &Creds) -> String {
@@ -16,9 +16,7 @@ fn short_lived(creds: &Creds) -> String {
 
 async fn publish(node: &Node, creds: &Creds, i: u64) {
     let key = Creds::bearer(&creds.publisher);
-    let answer = node
-        .publish_with("news:live", &[("authorization", &key)], json!(i))
-        .await;
+    let answer = publish_as(&node, "news:live", &key, json!(i)).await;
     assert_eq!(answer.0, 201, "{}", answer.2);
 }
 

@@ -5,7 +5,7 @@
 use herald_server::{Secret, ServerConfig};
 use serde_json::json;
 
-use crate::{assert_refused, get, on_both_backends, Backend, Creds, Node, Place, Role};
+use crate::{assert_refused, get, on_both_backends, publish_as, Backend, Creds, Node, Place, Role};
 
 async fn forwarding(backend: Backend) {
     let place = Place::new(backend).await;
@@ -18,9 +18,7 @@ async fn forwarding(backend: Backend) {
 
     // Through the standby: the key is checked there, the publish lands on
     // the holder.
-    let ok = standby
-        .publish_with("news:f", &[("authorization", &key)], json!(1))
-        .await;
+    let ok = publish_as(&standby, "news:f", &key, json!(1)).await;
     assert_eq!(ok.0, 201, "{}", ok.2);
     assert_eq!(ok.2["offset"], 1);
     let history = get(&holder, "/v1/channels/news:f/messages", &as_reader).await;
@@ -70,9 +68,7 @@ async fn forwarding(backend: Backend) {
     other.auth.cluster_secret = Some(Secret::new("another-cluster-secret-0123456789"));
     let stranger = Node::start(&place, "node-c", Role::Standby, ServerConfig { ..other }).await;
     assert_refused(
-        &stranger
-            .publish_with("news:f", &[("authorization", &key)], json!(3))
-            .await,
+        &publish_as(&stranger, "news:f", &key, json!(3)).await,
         401,
         "unauthorized",
     );

@@ -3,16 +3,9 @@
 //! `Retry-After`. The rate (one publish per 1000 s) refills nothing during
 //! the test, so the outcome does not depend on timing.
 
-use reqwest::header::HeaderMap;
-use serde_json::{json, Value};
+use serde_json::json;
 
-use crate::{assert_refused, get, on_both_backends, Backend, Creds, Node, Place, Role};
-
-/// Publishes `i` to `channel` with `Authorization: <bearer>`.
-async fn publish(node: &Node, channel: &str, bearer: &str, i: u64) -> (u16, HeaderMap, Value) {
-    node.publish_with(channel, &[("authorization", bearer)], json!(i))
-        .await
-}
+use crate::{assert_refused, get, on_both_backends, publish_as, Backend, Creds, Node, Place, Role};
 
 async fn rate_limits(backend: Backend) {
     let place = Place::new(backend).await;
@@ -26,10 +19,10 @@ async fn rate_limits(backend: Backend) {
     // The `limited` key: its own burst of 3.
     let limited = Creds::bearer(&creds.limited);
     for i in 0..3 {
-        let ok = publish(&node, "any", &limited, i).await;
+        let ok = publish_as(&node, "any", &limited, json!(i)).await;
         assert_eq!(ok.0, 201, "{}", ok.2);
     }
-    let refused = publish(&node, "any", &limited, 3).await;
+    let refused = publish_as(&node, "any", &limited, json!(3)).await;
     assert_refused(&refused, 429, "rate_limited");
     let retry_after: u64 = refused.1["retry-after"].to_str().unwrap().parse().unwrap();
     assert!(retry_after >= 1, "{retry_after}");
@@ -49,10 +42,13 @@ async fn rate_limits(backend: Backend) {
     // Another key has its own bucket (the default burst of 2).
     let publisher = Creds::bearer(&creds.publisher);
     for i in 0..2 {
-        assert_eq!(publish(&node, "news:r", &publisher, i).await.0, 201);
+        assert_eq!(
+            publish_as(&node, "news:r", &publisher, json!(i)).await.0,
+            201
+        );
     }
     assert_refused(
-        &publish(&node, "news:r", &publisher, 2).await,
+        &publish_as(&node, "news:r", &publisher, json!(2)).await,
         429,
         "rate_limited",
     );
@@ -60,16 +56,19 @@ async fn rate_limits(backend: Backend) {
     // Token subjects: a burst of 2 each.
     let u1 = Creds::bearer(&creds.token_for("u1", json!({"publish": ["room:*"]})));
     let u1_again = Creds::bearer(&creds.token_for("u1", json!({"publish": ["room:*"], "iat": 1})));
-    assert_eq!(publish(&node, "room:1", &u1, 1).await.0, 201);
-    assert_eq!(publish(&node, "room:1", &u1_again, 2).await.0, 201);
+    assert_eq!(publish_as(&node, "room:1", &u1, json!(1)).await.0, 201);
+    assert_eq!(
+        publish_as(&node, "room:1", &u1_again, json!(2)).await.0,
+        201
+    );
     // Another token of the same subject shares the bucket.
     assert_refused(
-        &publish(&node, "room:1", &u1_again, 3).await,
+        &publish_as(&node, "room:1", &u1_again, json!(3)).await,
         429,
         "rate_limited",
     );
     let u2 = Creds::bearer(&creds.token_for("u2", json!({"publish": ["room:*"]})));
-    assert_eq!(publish(&node, "room:1", &u2, 4).await.0, 201);
+    assert_eq!(publish_as(&node, "room:1", &u2, json!(4)).await.0, 201);
 
     let admin = Creds::bearer(&creds.admin);
     let metrics = get(&node, "/metrics", &[("authorization", &admin)]).await.2;

@@ -156,6 +156,18 @@ pub(crate) async fn get(
     node.call("GET", path, headers, None).await
 }
 
+/// Publishes `{"data": data}` to `channel` on `node` with
+/// `Authorization: <authorization>`.
+pub(crate) async fn publish_as(
+    node: &Node,
+    channel: &str,
+    authorization: &str,
+    data: Value,
+) -> (u16, HeaderMap, Value) {
+    node.publish_with(channel, &[("authorization", authorization)], data)
+        .await
+}
+
 /// The two tests of a scenario `async fn(Backend)`: `$sqlite` runs it on
 /// SQLite, `$postgres` on PostgreSQL.
 macro_rules! on_both_backends {

@@ -8,7 +8,9 @@ use herald_testkit::ws::ws_next;
 use serde_json::json;
 use tokio_tungstenite::tungstenite::Message as Frame;
 
-use crate::{assert_refused, get, now_s, on_both_backends, Backend, Creds, Node, Place, Role};
+use crate::{
+    assert_refused, get, now_s, on_both_backends, publish_as, Backend, Creds, Node, Place, Role,
+};
 
 /// The status an SSE request to `channel` with `query` and `headers` gets.
 async fn sse_status(node: &Node, channel: &str, query: &str, headers: &[(&str, &str)]) -> u16 {
@@ -54,23 +56,14 @@ async fn tokens_and_namespaces(backend: Backend) {
     // Publishing: the default namespace takes keys only; `room` tokens too,
     // on the channels of the token's `publish` claim.
     assert_refused(
-        &node
-            .publish_with("news:a", &[("authorization", &bearer)], json!(2))
-            .await,
+        &publish_as(&node, "news:a", &bearer, json!(2)).await,
         403,
         "forbidden",
     );
-    assert_eq!(
-        node.publish_with("room:1", &[("authorization", &bearer)], json!(1))
-            .await
-            .0,
-        201
-    );
+    assert_eq!(publish_as(&node, "room:1", &bearer, json!(1)).await.0, 201);
     let reader_token = Creds::bearer(&creds.token_for("u2", json!({"channels": ["room:*"]})));
     assert_refused(
-        &node
-            .publish_with("room:1", &[("authorization", &reader_token)], json!(2))
-            .await,
+        &publish_as(&node, "room:1", &reader_token, json!(2)).await,
         403,
         "forbidden",
     );
