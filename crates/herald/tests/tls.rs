@@ -126,40 +126,51 @@ async fn the_cli_speaks_https_with_a_private_ca() {
     assert_eq!(server.api.head("orders").await, 1);
 }
 
-/// Two HTTPS nodes on one PostgreSQL database; the standby trusts the test
-/// CA with `--tls-ca` when `trust` is set.
-async fn https_pair(
-    db: &herald_testkit::database::TestDatabase,
-    dir: &std::path::Path,
-    ca: &TestCa,
-    trust: bool,
-) -> (Server, Server) {
-    let ca_file = dir.join("ca.pem");
+/// Two HTTPS nodes on one fresh PostgreSQL database, certificates of one
+/// test CA; the standby trusts that CA with `--tls-ca` when `trust` is
+/// set. The nodes stop before their files and database go (fields drop in
+/// order).
+struct HttpsPair {
+    holder: Server,
+    standby: Server,
+    _dir: tempfile::TempDir,
+    _db: herald_testkit::database::TestDatabase,
+}
+
+async fn https_pair(trust: bool) -> HttpsPair {
+    let db = herald_testkit::database::TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new();
+    let ca_file = dir.path().join("ca.pem");
     ca.write(&ca_file);
     let mut nodes = Vec::new();
     for (i, role) in ["holder", "standby"].into_iter().enumerate() {
         let id = format!("node-{i}");
-        let cert = ca.issue(dir, &id);
+        let cert = ca.issue(dir.path(), &id);
         let mut flags = vec!["--database", db.url(), "--node-id", id.as_str()];
         flags.extend_from_slice(herald_testkit::process::FAST_LEASE);
         if trust {
             flags.extend_from_slice(&["--tls-ca", ca_file.to_str().unwrap()]);
         }
-        let node = Server::start_tls(&dir.join(&id), &cert, ca, &flags).await;
+        let node = Server::start_tls(&dir.path().join(&id), &cert, &ca, &flags).await;
         node.api.wait_role(role, WAIT).await;
         nodes.push(node);
     }
     let standby = nodes.pop().unwrap();
     let holder = nodes.pop().unwrap();
-    (holder, standby)
+    HttpsPair {
+        holder,
+        standby,
+        _dir: dir,
+        _db: db,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_forwards_to_an_https_holder_it_trusts() {
-    let db = herald_testkit::database::TestDatabase::create().await;
-    let dir = tempfile::tempdir().unwrap();
-    let ca = TestCa::new();
-    let (holder, standby) = https_pair(&db, dir.path(), &ca, true).await;
+    let HttpsPair {
+        holder, standby, ..
+    } = &https_pair(true).await;
     let listening = holder
         .wait_log_record("listening", WAIT, |r| r["message"] == "listening")
         .await;
@@ -174,10 +185,9 @@ async fn a_standby_forwards_to_an_https_holder_it_trusts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_refuses_an_https_holder_it_does_not_trust() {
-    let db = herald_testkit::database::TestDatabase::create().await;
-    let dir = tempfile::tempdir().unwrap();
-    let ca = TestCa::new();
-    let (holder, standby) = https_pair(&db, dir.path(), &ca, false).await;
+    let HttpsPair {
+        holder, standby, ..
+    } = &https_pair(false).await;
     let answer = standby
         .api
         .try_publish("orders", &json!({"via": "standby"}), None)
