@@ -16,7 +16,7 @@ fn short_lived(creds: &Creds) -> String {
 
 async fn publish(node: &Node, creds: &Creds, i: u64) {
     let key = Creds::bearer(&creds.publisher);
-    let answer = publish_as(&node, "news:live", &key, json!(i)).await;
+    let answer = publish_as(node, "news:live", &key, json!(i)).await;
     assert_eq!(answer.0, 201, "{}", answer.2);
 }
 
