@@ -46,6 +46,17 @@ async fn preflight(node: &Node, path: &str, origin: &str, method: &str, headers:
         .unwrap()
 }
 
+/// A simple request (no preflight) from `origin`: the history of
+/// `orders`.
+async fn history_from(node: &Node, origin: &str) -> Response {
+    node.client
+        .get(node.url("/v1/channels/orders/messages?after=0"))
+        .header(ORIGIN, origin)
+        .send()
+        .await
+        .unwrap()
+}
+
 fn header<'a>(response: &'a Response, name: &reqwest::header::HeaderName) -> Option<&'a str> {
     response.headers().get(name).map(|v| v.to_str().unwrap())
 }
@@ -121,13 +132,7 @@ async fn a_simple_request_with_an_allowed_origin_carries_allow_origin() {
     let node = node_allowing(dir.path()).await;
     let (status, _) = node.publish("orders", json!(1)).await;
     assert_eq!(status, 201);
-    let response = node
-        .client
-        .get(node.url("/v1/channels/orders/messages?after=0"))
-        .header(ORIGIN, ALLOWED)
-        .send()
-        .await
-        .unwrap();
+    let response = history_from(&node, ALLOWED).await;
     assert_eq!(response.status(), 200);
     assert_eq!(
         header(&response, &ACCESS_CONTROL_ALLOW_ORIGIN),
@@ -137,13 +142,7 @@ async fn a_simple_request_with_an_allowed_origin_carries_allow_origin() {
         .unwrap()
         .to_ascii_lowercase()
         .contains("origin"));
-    let refused = node
-        .client
-        .get(node.url("/v1/channels/orders/messages?after=0"))
-        .header(ORIGIN, REFUSED)
-        .send()
-        .await
-        .unwrap();
+    let refused = history_from(&node, REFUSED).await;
     assert_eq!(refused.status(), 200);
     assert_eq!(header(&refused, &ACCESS_CONTROL_ALLOW_ORIGIN), None);
     node.stop().await;
@@ -159,13 +158,7 @@ async fn by_default_no_origin_is_allowed() {
         None,
         "{response:?}"
     );
-    let response = node
-        .client
-        .get(node.url("/v1/channels/orders/messages?after=0"))
-        .header(ORIGIN, ALLOWED)
-        .send()
-        .await
-        .unwrap();
+    let response = history_from(&node, ALLOWED).await;
     assert_eq!(response.status(), 200);
     assert_eq!(header(&response, &ACCESS_CONTROL_ALLOW_ORIGIN), None);
     node.stop().await;

@@ -10,9 +10,11 @@
 //! - [`process`]: `herald serve` as a child process ([`process::Server`]),
 //!   killed when dropped, with its JSON log.
 //! - [`api`]: a client of one node's HTTP API ([`api::Api`]).
-//! - [`node`]: a node built in-process as the binary builds it (SQLite, the
-//!   lease supervisor, `herald_server::serve` on a real listener), with a
-//!   stand-in for a frozen holder.
+//! - [`node`]: a node built in-process as the binary builds it (its
+//!   storage, the lease supervisor, `herald_server::serve` on a real
+//!   listener), with a stand-in for a frozen holder.
+//! - [`place`]: where such a node keeps its messages, SQLite or PostgreSQL,
+//!   so that one scenario runs on both backends.
 //! - [`sse`] and [`ws`]: the one SSE client and the one WebSocket client.
 //! - [`tls`]: a certificate authority of the test's own that issues server
 //!   certificates, and a probe of the certificate a server presents.
@@ -35,6 +37,7 @@ use std::time::Duration;
 pub mod api;
 pub mod database;
 pub mod node;
+pub mod place;
 pub mod process;
 pub mod sse;
 pub mod storage;

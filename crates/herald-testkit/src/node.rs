@@ -1,22 +1,25 @@
-//! A node built in-process as the binary builds it: SQLite storage in a
-//! directory of the test's, the lease supervisor, and `herald_server::serve`
-//! on a real listener on 127.0.0.1:0 ([`Node`]); a stand-in for a holder
+//! A node built in-process as the binary builds it: its storage (SQLite in
+//! a directory of the test's, or a PostgreSQL database: [`StorageAt`]), the
+//! lease supervisor, and `herald_server::serve` on a real listener on
+//! 127.0.0.1:0 ([`Node`]); a stand-in for a holder
 //! that accepts requests and answers none until told ([`FakeHolder`]).
 //! Waits here are bounded by [`NODE_WAIT`].
 
-use std::path::Path;
 use std::sync::Arc;
 
 use herald_core::{Candidate, ChannelName, Message};
 use herald_lease::{BootClock, LeaseConfig, LeaseHandle, LeaseState, StopReason, Supervisor};
 use herald_server::{serve, ServerConfig};
-use herald_storage::sqlite::{SqliteOptions, SqliteStorage};
 use herald_storage::{LeaseStore, Storage};
+use reqwest::header::HeaderMap;
 use serde_json::Value;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_util::sync::CancellationToken;
 
+pub use crate::place::StorageAt;
+use crate::ws::Ws;
 use crate::{within, NODE_WAIT};
 
 /// Which role `Node::start` waits for before serving.
@@ -37,7 +40,7 @@ pub struct Node {
     /// `ws://<listener address>`.
     pub ws_base: String,
     /// The node's storage, unwrapped (as the supervisor has it).
-    pub storage: Arc<SqliteStorage>,
+    pub storage: Arc<dyn Storage>,
     /// The supervisor's handle.
     pub lease: LeaseHandle,
     /// A client for the node's API (no timeouts).
@@ -50,55 +53,93 @@ pub struct Node {
 }
 
 impl Node {
-    /// A holder on a fresh data directory, default settings.
-    pub async fn holder(dir: &Path) -> Self {
-        Self::start(dir, "node-a", Role::Holder, ServerConfig::default()).await
+    /// A holder on fresh storage (a data directory: `&Path`, or a
+    /// [`crate::place::Place`]), default settings.
+    pub async fn holder(at: impl Into<StorageAt<'_>>) -> Self {
+        Self::start(at, "node-a", Role::Holder, ServerConfig::default()).await
     }
 
-    /// Opens the storage in `dir`, starts the supervisor, waits for `role`,
-    /// then serves.
-    pub async fn start(dir: &Path, node_id: &str, role: Role, config: ServerConfig) -> Self {
-        Self::start_with(dir, node_id, role, config, |s| s).await
+    /// Opens the storage `at` (a SQLite data directory: `&Path`, or a
+    /// [`crate::place::Place`] on either backend), starts the supervisor,
+    /// waits for `role`, then serves.
+    pub async fn start(
+        at: impl Into<StorageAt<'_>>,
+        node_id: &str,
+        role: Role,
+        config: ServerConfig,
+    ) -> Self {
+        Self::start_with(at, node_id, role, config, |s| s).await
     }
 
     /// [`Node::start`], with the server's storage wrapped by `wrap` (the
     /// supervisor always gets the plain one).
     pub async fn start_with(
-        dir: &Path,
+        at: impl Into<StorageAt<'_>>,
         node_id: &str,
         role: Role,
         config: ServerConfig,
         wrap: impl FnOnce(Arc<dyn Storage>) -> Arc<dyn Storage>,
     ) -> Self {
-        Self::launch(dir, node_id, role, config, wrap, None).await
+        Self::launch(at.into(), node_id, role, config, wrap, None, None).await
+    }
+
+    /// [`Node::start`] on `listener`: a node restarted after
+    /// [`Node::stop`] keeps its address when the test binds a listener to
+    /// the old one, so that clients can reconnect to it.
+    pub async fn start_on(
+        at: impl Into<StorageAt<'_>>,
+        node_id: &str,
+        role: Role,
+        config: ServerConfig,
+        listener: tokio::net::TcpListener,
+    ) -> Self {
+        Self::launch(
+            at.into(),
+            node_id,
+            role,
+            config,
+            |s| s,
+            None,
+            Some(listener),
+        )
+        .await
     }
 
     /// [`Node::start`], advertising `advertise_url` in the lease instead of
     /// its own listener's URL: standbys forward publishes there.
     pub async fn start_advertising(
-        dir: &Path,
+        at: impl Into<StorageAt<'_>>,
         node_id: &str,
         role: Role,
         config: ServerConfig,
         advertise_url: &str,
     ) -> Self {
-        Self::launch(dir, node_id, role, config, |s| s, Some(advertise_url)).await
+        Self::launch(
+            at.into(),
+            node_id,
+            role,
+            config,
+            |s| s,
+            Some(advertise_url),
+            None,
+        )
+        .await
     }
 
     async fn launch(
-        dir: &Path,
+        at: StorageAt<'_>,
         node_id: &str,
         role: Role,
         config: ServerConfig,
         wrap: impl FnOnce(Arc<dyn Storage>) -> Arc<dyn Storage>,
         advertise_url: Option<&str>,
+        listener: Option<tokio::net::TcpListener>,
     ) -> Self {
-        let storage = Arc::new(
-            SqliteStorage::open(dir, SqliteOptions::default())
-                .await
-                .expect("open storage"),
-        );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let storage = at.open().await;
+        let listener = match listener {
+            Some(listener) => listener,
+            None => tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        };
         let addr = listener.local_addr().unwrap();
         let base = format!("http://{addr}");
         let advertise_url = advertise_url.unwrap_or(&base).to_owned();
@@ -133,7 +174,7 @@ impl Node {
         };
         let server = tokio::spawn(serve(
             listener,
-            wrap(storage.clone() as Arc<dyn Storage>),
+            wrap(storage.clone()),
             lease.clone(),
             config,
             shutdown.clone(),
@@ -170,7 +211,14 @@ impl Node {
         self.lease_shutdown.cancel();
     }
 
-    /// Drains, then stops the supervisor (which releases the lease).
+    /// Drains (the server closes its WebSockets with their going-away
+    /// code), then stops the supervisor, which releases the lease; returns
+    /// why the supervisor stopped. A test can then start a node again on
+    /// the same address with [`Node::start_on`].
+    ///
+    /// # Panics
+    /// When `serve` or the supervisor fails or takes longer than
+    /// [`NODE_WAIT`].
     pub async fn stop(mut self) -> StopReason {
         self.drain().await;
         self.lease_shutdown.cancel();
@@ -188,6 +236,78 @@ impl Node {
     /// The WebSocket URL of `path` (with its query) on this node.
     pub fn ws_url(&self, path: &str) -> String {
         format!("{}{path}", self.ws_base)
+    }
+
+    /// Sends a `method` request to `path` (with its query) with `headers`
+    /// and, when given, a JSON `body`; returns status, headers and the
+    /// answer's body as JSON (or as a JSON string when it is not JSON).
+    pub async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<Value>,
+    ) -> (u16, HeaderMap, Value) {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("an HTTP method");
+        let mut request = self.client.request(method, self.url(path));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.expect("a request");
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let text = response.text().await.expect("an answer's body");
+        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (status, headers, body)
+    }
+
+    /// Publishes `{"data": data}` to `channel` with `headers`; returns what
+    /// [`Node::call`] returns.
+    pub async fn publish_with(
+        &self,
+        channel: &str,
+        headers: &[(&str, &str)],
+        data: Value,
+    ) -> (u16, HeaderMap, Value) {
+        self.call(
+            "POST",
+            &format!("/v1/channels/{channel}/messages"),
+            headers,
+            Some(serde_json::json!({ "data": data })),
+        )
+        .await
+    }
+
+    /// Opens a WebSocket to `path` (with its query) with `headers`: the
+    /// socket, or the HTTP status the upgrade was refused with.
+    ///
+    /// # Panics
+    /// When the connection fails otherwise or takes longer than
+    /// [`NODE_WAIT`].
+    pub async fn ws(&self, path: &str, headers: &[(&str, &str)]) -> Result<Ws, u16> {
+        let mut request = self.ws_url(path).into_client_request().expect("a URL");
+        for (name, value) in headers {
+            request.headers_mut().insert(
+                reqwest::header::HeaderName::from_bytes(name.as_bytes()).expect("a header name"),
+                value.parse().expect("a header value"),
+            );
+        }
+        match within(
+            "WebSocket connect",
+            NODE_WAIT,
+            tokio_tungstenite::connect_async(request),
+        )
+        .await
+        {
+            Ok((ws, _)) => Ok(ws),
+            Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+                Err(response.status().as_u16())
+            }
+            Err(e) => panic!("WebSocket connect failed: {e}"),
+        }
     }
 
     /// Publishes `data` and returns (status, body).

@@ -7,27 +7,25 @@ use herald_testkit::ws::ws_next;
 use herald_testkit::{within, NODE_WAIT};
 use serde_json::json;
 
-use crate::{now_s, Backend, Creds, Place, Role, TestNode};
+use crate::{now_s, on_both_backends, publish_as, Backend, Creds, Node, Place, Role};
 
 /// A token for `news:*` that expires in 2 s.
 fn short_lived(creds: &Creds) -> String {
     creds.token(json!({"sub": "u1", "exp": now_s() + 2, "channels": ["news:*"]}))
 }
 
-async fn publish(node: &TestNode, creds: &Creds, i: u64) {
+async fn publish(node: &Node, creds: &Creds, i: u64) {
     let key = Creds::bearer(&creds.publisher);
-    let answer = node
-        .publish("news:live", &[("authorization", &key)], json!(i))
-        .await;
+    let answer = publish_as(node, "news:live", &key, json!(i)).await;
     assert_eq!(answer.0, 201, "{}", answer.2);
 }
 
 async fn sse_expires_and_resumes(backend: Backend) {
     let place = Place::new(backend).await;
     let creds = Creds::new();
-    let node = TestNode::start(&place, "node-a", Role::Holder, creds.config()).await;
+    let node = Node::start(&place, "node-a", Role::Holder, creds.config()).await;
     let url = |token: &str| format!("{}/v1/channels/news:live/events?token={token}", node.base);
-    let mut sse = SseClient::open(&node.http, &url(&short_lived(&creds)), &[])
+    let mut sse = SseClient::open(&node.client, &url(&short_lived(&creds)), &[])
         .await
         .unwrap();
     assert_eq!(sse.status, 200);
@@ -58,7 +56,7 @@ async fn sse_expires_and_resumes(backend: Backend) {
     // A fresh token, from the last offset seen.
     let last = seen.last().copied().unwrap_or(0).to_string();
     let fresh = creds.token_for("u1", json!({"channels": ["news:*"]}));
-    let mut sse = SseClient::open(&node.http, &url(&fresh), &[("last-event-id", &last)])
+    let mut sse = SseClient::open(&node.client, &url(&fresh), &[("last-event-id", &last)])
         .await
         .unwrap();
     assert_eq!(sse.status, 200);
@@ -75,7 +73,7 @@ async fn sse_expires_and_resumes(backend: Backend) {
 async fn ws_expires_and_resumes(backend: Backend) {
     let place = Place::new(backend).await;
     let creds = Creds::new();
-    let node = TestNode::start(&place, "node-a", Role::Holder, creds.config()).await;
+    let node = Node::start(&place, "node-a", Role::Holder, creds.config()).await;
     let token = short_lived(&creds);
     let mut ws = node
         .ws(
@@ -113,22 +111,12 @@ async fn ws_expires_and_resumes(backend: Backend) {
     assert_eq!(seen, [1, 2, 3, 4], "every message once, in order");
 }
 
-#[tokio::test]
-async fn sse_ends_at_token_expiry_and_resumes_on_sqlite() {
-    sse_expires_and_resumes(Backend::Sqlite).await;
-}
+on_both_backends!(
+    sse_expires_and_resumes: sse_ends_at_token_expiry_and_resumes_on_sqlite,
+    sse_ends_at_token_expiry_and_resumes_on_postgres
+);
 
-#[tokio::test]
-async fn sse_ends_at_token_expiry_and_resumes_on_postgres() {
-    sse_expires_and_resumes(Backend::Postgres).await;
-}
-
-#[tokio::test]
-async fn ws_closes_at_token_expiry_and_resumes_on_sqlite() {
-    ws_expires_and_resumes(Backend::Sqlite).await;
-}
-
-#[tokio::test]
-async fn ws_closes_at_token_expiry_and_resumes_on_postgres() {
-    ws_expires_and_resumes(Backend::Postgres).await;
-}
+on_both_backends!(
+    ws_expires_and_resumes: ws_closes_at_token_expiry_and_resumes_on_sqlite,
+    ws_closes_at_token_expiry_and_resumes_on_postgres
+);

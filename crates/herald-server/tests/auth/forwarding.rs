@@ -5,99 +5,74 @@
 use herald_server::{Secret, ServerConfig};
 use serde_json::json;
 
-use crate::{assert_refused, Backend, Creds, Place, Role, TestNode};
+use crate::{assert_refused, get, on_both_backends, publish_as, Backend, Creds, Node, Place, Role};
 
 async fn forwarding(backend: Backend) {
     let place = Place::new(backend).await;
     let creds = Creds::new();
-    let holder = TestNode::start(&place, "node-a", Role::Holder, creds.config()).await;
-    let standby = TestNode::start(&place, "node-b", Role::Standby, creds.config()).await;
+    let holder = Node::start(&place, "node-a", Role::Holder, creds.config()).await;
+    let standby = Node::start(&place, "node-b", Role::Standby, creds.config()).await;
     let key = Creds::bearer(&creds.publisher);
     let reader = Creds::bearer(&creds.reader);
+    let as_reader = [("authorization", reader.as_str())];
 
     // Through the standby: the key is checked there, the publish lands on
     // the holder.
-    let ok = standby
-        .publish("news:f", &[("authorization", &key)], json!(1))
-        .await;
+    let ok = publish_as(&standby, "news:f", &key, json!(1)).await;
     assert_eq!(ok.0, 201, "{}", ok.2);
     assert_eq!(ok.2["offset"], 1);
-    let history = holder
-        .call(
-            "GET",
-            "/v1/channels/news:f/messages",
-            &[("authorization", &reader)],
-            None,
-        )
-        .await;
+    let history = get(&holder, "/v1/channels/news:f/messages", &as_reader).await;
     assert_eq!(history.2["head"], 1, "{}", history.2);
     // The standby refuses by itself what the client may not do.
     assert_refused(
-        &standby.publish("news:f", &[], json!(2)).await,
+        &standby.publish_with("news:f", &[], json!(2)).await,
         401,
         "unauthorized",
     );
     assert_refused(
-        &standby
-            .publish("news:f", &[("authorization", &reader)], json!(2))
-            .await,
+        &standby.publish_with("news:f", &as_reader, json!(2)).await,
         403,
         "forbidden",
     );
 
     // At the holder: a forwarded request without the secret, or with a
-    // wrong one, is refused; with the right one it is trusted.
-    let forwarded = [("herald-forwarded-by", "node-x")];
-    assert_refused(
-        &holder.publish("news:f", &forwarded, json!(2)).await,
-        401,
-        "unauthorized",
-    );
-    let wrong = [
-        ("herald-forwarded-by", "node-x"),
-        ("herald-cluster-secret", "not-the-secret"),
+    // wrong one, is refused, even with a valid client key (the forward
+    // marker needs the secret); with the right one it is trusted.
+    let forwarded: [&[(&str, &str)]; 3] = [
+        &[("herald-forwarded-by", "node-x")],
+        &[
+            ("herald-forwarded-by", "node-x"),
+            ("herald-cluster-secret", "not-the-secret"),
+        ],
+        &[
+            ("herald-forwarded-by", "node-x"),
+            ("authorization", key.as_str()),
+        ],
     ];
-    assert_refused(
-        &holder.publish("news:f", &wrong, json!(2)).await,
-        401,
-        "unauthorized",
-    );
-    // Even with a valid client key: the forward marker needs the secret.
-    let with_key = [
-        ("herald-forwarded-by", "node-x"),
-        ("authorization", key.as_str()),
-    ];
-    assert_refused(
-        &holder.publish("news:f", &with_key, json!(2)).await,
-        401,
-        "unauthorized",
-    );
+    for headers in forwarded {
+        assert_refused(
+            &holder.publish_with("news:f", headers, json!(2)).await,
+            401,
+            "unauthorized",
+        );
+    }
     let right = [
         ("herald-forwarded-by", "node-x"),
         ("herald-cluster-secret", creds.cluster_secret.as_str()),
     ];
-    assert_eq!(holder.publish("news:f", &right, json!(2)).await.0, 201);
+    assert_eq!(holder.publish_with("news:f", &right, json!(2)).await.0, 201);
 
     // A standby configured with another cluster secret: the holder refuses
     // its forwards, and the client gets that 401.
     let mut other = creds.config();
     other.auth.cluster_secret = Some(Secret::new("another-cluster-secret-0123456789"));
-    let stranger = TestNode::start(&place, "node-c", Role::Standby, ServerConfig { ..other }).await;
+    let stranger = Node::start(&place, "node-c", Role::Standby, ServerConfig { ..other }).await;
     assert_refused(
-        &stranger
-            .publish("news:f", &[("authorization", &key)], json!(3))
-            .await,
+        &publish_as(&stranger, "news:f", &key, json!(3)).await,
         401,
         "unauthorized",
     );
-    let history = holder
-        .call(
-            "GET",
-            "/v1/channels/news:f/messages",
-            &[("authorization", &reader)],
-            None,
-        )
-        .await;
+    let history = get(&holder, "/v1/channels/news:f/messages", &as_reader).await;
     assert_eq!(
         history.2["head"], 2,
         "refused forwards stored nothing: {}",
@@ -105,12 +80,7 @@ async fn forwarding(backend: Backend) {
     );
 }
 
-#[tokio::test]
-async fn forwarding_needs_the_cluster_secret_on_sqlite() {
-    forwarding(Backend::Sqlite).await;
-}
-
-#[tokio::test]
-async fn forwarding_needs_the_cluster_secret_on_postgres() {
-    forwarding(Backend::Postgres).await;
-}
+on_both_backends!(
+    forwarding: forwarding_needs_the_cluster_secret_on_sqlite,
+    forwarding_needs_the_cluster_secret_on_postgres
+);

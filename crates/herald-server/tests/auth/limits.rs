@@ -5,7 +5,7 @@
 
 use serde_json::json;
 
-use crate::{assert_refused, Backend, Creds, Place, Role, TestNode};
+use crate::{assert_refused, get, on_both_backends, publish_as, Backend, Creds, Node, Place, Role};
 
 async fn rate_limits(backend: Backend) {
     let place = Place::new(backend).await;
@@ -14,19 +14,15 @@ async fn rate_limits(backend: Backend) {
     // Keys without a rate of their own, and every token subject: 2 at once.
     config.auth.publish_rate_per_s = Some(0.001);
     config.auth.publish_burst = Some(2);
-    let node = TestNode::start(&place, "node-a", Role::Holder, config).await;
+    let node = Node::start(&place, "node-a", Role::Holder, config).await;
 
     // The `limited` key: its own burst of 3.
     let limited = Creds::bearer(&creds.limited);
     for i in 0..3 {
-        let ok = node
-            .publish("any", &[("authorization", &limited)], json!(i))
-            .await;
+        let ok = publish_as(&node, "any", &limited, json!(i)).await;
         assert_eq!(ok.0, 201, "{}", ok.2);
     }
-    let refused = node
-        .publish("any", &[("authorization", &limited)], json!(3))
-        .await;
+    let refused = publish_as(&node, "any", &limited, json!(3)).await;
     assert_refused(&refused, 429, "rate_limited");
     let retry_after: u64 = refused.1["retry-after"].to_str().unwrap().parse().unwrap();
     assert!(retry_after >= 1, "{retry_after}");
@@ -47,16 +43,12 @@ async fn rate_limits(backend: Backend) {
     let publisher = Creds::bearer(&creds.publisher);
     for i in 0..2 {
         assert_eq!(
-            node.publish("news:r", &[("authorization", &publisher)], json!(i))
-                .await
-                .0,
+            publish_as(&node, "news:r", &publisher, json!(i)).await.0,
             201
         );
     }
     assert_refused(
-        &node
-            .publish("news:r", &[("authorization", &publisher)], json!(2))
-            .await,
+        &publish_as(&node, "news:r", &publisher, json!(2)).await,
         429,
         "rate_limited",
     );
@@ -64,39 +56,22 @@ async fn rate_limits(backend: Backend) {
     // Token subjects: a burst of 2 each.
     let u1 = Creds::bearer(&creds.token_for("u1", json!({"publish": ["room:*"]})));
     let u1_again = Creds::bearer(&creds.token_for("u1", json!({"publish": ["room:*"], "iat": 1})));
+    assert_eq!(publish_as(&node, "room:1", &u1, json!(1)).await.0, 201);
     assert_eq!(
-        node.publish("room:1", &[("authorization", &u1)], json!(1))
-            .await
-            .0,
-        201
-    );
-    assert_eq!(
-        node.publish("room:1", &[("authorization", &u1_again)], json!(2))
-            .await
-            .0,
+        publish_as(&node, "room:1", &u1_again, json!(2)).await.0,
         201
     );
     // Another token of the same subject shares the bucket.
     assert_refused(
-        &node
-            .publish("room:1", &[("authorization", &u1_again)], json!(3))
-            .await,
+        &publish_as(&node, "room:1", &u1_again, json!(3)).await,
         429,
         "rate_limited",
     );
     let u2 = Creds::bearer(&creds.token_for("u2", json!({"publish": ["room:*"]})));
-    assert_eq!(
-        node.publish("room:1", &[("authorization", &u2)], json!(4))
-            .await
-            .0,
-        201
-    );
+    assert_eq!(publish_as(&node, "room:1", &u2, json!(4)).await.0, 201);
 
     let admin = Creds::bearer(&creds.admin);
-    let metrics = node
-        .call("GET", "/metrics", &[("authorization", &admin)], None)
-        .await
-        .2;
+    let metrics = get(&node, "/metrics", &[("authorization", &admin)]).await.2;
     let text = metrics.as_str().unwrap();
     assert!(
         text.contains(r#"herald_publish_rate_limited_total{credential="key"}"#),
@@ -108,12 +83,7 @@ async fn rate_limits(backend: Backend) {
     );
 }
 
-#[tokio::test]
-async fn publish_rate_is_limited_per_key_and_subject_on_sqlite() {
-    rate_limits(Backend::Sqlite).await;
-}
-
-#[tokio::test]
-async fn publish_rate_is_limited_per_key_and_subject_on_postgres() {
-    rate_limits(Backend::Postgres).await;
-}
+on_both_backends!(
+    rate_limits: publish_rate_is_limited_per_key_and_subject_on_sqlite,
+    publish_rate_is_limited_per_key_and_subject_on_postgres
+);

@@ -1,7 +1,8 @@
 //! Access control end to end, on SQLite and PostgreSQL: nodes served
-//! in-process on a real listener with an `[auth]` config, driven over
-//! HTTP, SSE and WebSocket; and Centrifugo's protocols on top of it
-//! (`centrifugo/`).
+//! in-process on a real listener with an `[auth]` config
+//! (`herald_testkit::node::Node` on a `herald_testkit::place::Place`),
+//! driven over HTTP, SSE and WebSocket; and Centrifugo's protocols on top
+//! of it (`centrifugo/`).
 
 mod centrifugo;
 mod expiry;
@@ -11,281 +12,15 @@ mod limits;
 mod secrets;
 mod tokens;
 
-use std::sync::Arc;
-
-use herald_core::Candidate;
-use herald_lease::{BootClock, LeaseConfig, LeaseState, StopReason, Supervisor};
 use herald_server::{
-    api_key_sha256, generate_api_key, serve, ApiKeyConfig, AuthConfig, JwtConfig, NamespaceRule,
+    api_key_sha256, generate_api_key, ApiKeyConfig, AuthConfig, JwtConfig, NamespaceRule,
     NamespacesConfig, OneOrMany, Permission, PublishRule, Secret, ServerConfig, SubscribeRule,
 };
-use herald_storage::postgres::{PostgresOptions, PostgresStorage};
-use herald_storage::sqlite::{SqliteOptions, SqliteStorage};
-use herald_storage::{LeaseStore, Storage};
-use herald_testkit::{within, TestDatabase, NODE_WAIT};
+pub(crate) use herald_testkit::node::{Node, Role};
+pub(crate) use herald_testkit::place::{Backend, Place};
 use jsonwebtoken::{encode, EncodingKey, Header};
 use reqwest::header::HeaderMap;
 use serde_json::{json, Value};
-use tempfile::TempDir;
-use tokio::task::JoinHandle;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_util::sync::CancellationToken;
-
-/// Where the nodes of a test keep their messages.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Backend {
-    Sqlite,
-    Postgres,
-}
-
-/// One storage (a temp dir, or a fresh database), shared by a test's
-/// nodes.
-pub(crate) struct Place {
-    pub(crate) dir: TempDir,
-    /// Kept so that the database lives as long as the test (dropped at its
-    /// end).
-    _db: Option<TestDatabase>,
-    /// The database URL the nodes use (PostgreSQL).
-    pub(crate) url: Option<String>,
-}
-
-impl Place {
-    pub(crate) async fn new(backend: Backend) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        match backend {
-            Backend::Sqlite => Self {
-                dir,
-                _db: None,
-                url: None,
-            },
-            Backend::Postgres => {
-                let db = TestDatabase::create().await;
-                let url = db.url().to_owned();
-                Self {
-                    dir,
-                    _db: Some(db),
-                    url: Some(url),
-                }
-            }
-        }
-    }
-
-    /// A new connection to the storage.
-    pub(crate) async fn open(&self) -> (Arc<dyn Storage>, Arc<dyn LeaseStore>) {
-        match &self.url {
-            None => {
-                let s = Arc::new(
-                    SqliteStorage::open(self.dir.path(), SqliteOptions::default())
-                        .await
-                        .unwrap(),
-                );
-                (s.clone(), s)
-            }
-            Some(url) => {
-                let s = Arc::new(
-                    PostgresStorage::connect(url, PostgresOptions::default())
-                        .await
-                        .unwrap(),
-                );
-                (s.clone(), s)
-            }
-        }
-    }
-}
-
-/// Which role a node waits for before serving.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Role {
-    Holder,
-    Standby,
-}
-
-/// A node served in-process.
-pub(crate) struct TestNode {
-    pub(crate) base: String,
-    pub(crate) ws_base: String,
-    pub(crate) http: reqwest::Client,
-    /// The supervisor's view of the lease.
-    pub(crate) lease: herald_lease::LeaseHandle,
-    shutdown: CancellationToken,
-    lease_shutdown: CancellationToken,
-    server: Option<JoinHandle<Result<(), herald_server::StartError>>>,
-    supervisor: Option<JoinHandle<StopReason>>,
-}
-
-impl TestNode {
-    /// Opens the storage of `place`, waits for `role`, then serves with
-    /// `config`.
-    pub(crate) async fn start(
-        place: &Place,
-        node_id: &str,
-        role: Role,
-        config: ServerConfig,
-    ) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        Self::start_on(place, node_id, role, config, listener).await
-    }
-
-    /// [`TestNode::start`] on `listener` (a restarted node keeps its
-    /// address).
-    pub(crate) async fn start_on(
-        place: &Place,
-        node_id: &str,
-        role: Role,
-        config: ServerConfig,
-        listener: tokio::net::TcpListener,
-    ) -> Self {
-        let (storage, leases) = place.open().await;
-        let addr = listener.local_addr().unwrap();
-        let base = format!("http://{addr}");
-        let candidate = Candidate {
-            lease_name: herald_core::DEFAULT_LEASE_NAME.to_owned(),
-            node_id: node_id.to_owned(),
-            advertise_url: base.clone(),
-        };
-        let lease_shutdown = CancellationToken::new();
-        let (lease, supervisor) = Supervisor::start(
-            leases,
-            candidate,
-            LeaseConfig::default(),
-            Arc::new(BootClock),
-            lease_shutdown.clone(),
-        );
-        let reached = within(
-            "lease role",
-            NODE_WAIT,
-            lease.wait_for(|s| match role {
-                Role::Holder => matches!(s, LeaseState::Holder { .. }),
-                Role::Standby => matches!(s, LeaseState::Standby { holder: Some(_) }),
-            }),
-        )
-        .await;
-        assert!(reached.is_some(), "supervisor ended before {role:?}");
-        let shutdown = CancellationToken::new();
-        let config = ServerConfig {
-            node_id: node_id.to_owned(),
-            advertise_url: base.clone(),
-            ..config
-        };
-        let server = tokio::spawn(serve(
-            listener,
-            storage,
-            lease.clone(),
-            config,
-            shutdown.clone(),
-        ));
-        Self {
-            lease,
-            ws_base: format!("ws://{addr}"),
-            base,
-            http: reqwest::Client::new(),
-            shutdown,
-            lease_shutdown,
-            server: Some(server),
-            supervisor: Some(supervisor),
-        }
-    }
-
-    /// Sends a request; returns status, headers and the body as JSON (or
-    /// as a JSON string when it is not JSON).
-    pub(crate) async fn call(
-        &self,
-        method: &str,
-        path: &str,
-        headers: &[(&str, &str)],
-        body: Option<Value>,
-    ) -> (u16, HeaderMap, Value) {
-        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
-        let mut request = self.http.request(method, format!("{}{path}", self.base));
-        for (name, value) in headers {
-            request = request.header(*name, *value);
-        }
-        if let Some(body) = body {
-            request = request.json(&body);
-        }
-        let response = request.send().await.unwrap();
-        let status = response.status().as_u16();
-        let headers = response.headers().clone();
-        let text = response.text().await.unwrap();
-        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        (status, headers, body)
-    }
-
-    /// Publishes `{"data": data}` to `channel` with `headers`.
-    pub(crate) async fn publish(
-        &self,
-        channel: &str,
-        headers: &[(&str, &str)],
-        data: Value,
-    ) -> (u16, HeaderMap, Value) {
-        self.call(
-            "POST",
-            &format!("/v1/channels/{channel}/messages"),
-            headers,
-            Some(json!({ "data": data })),
-        )
-        .await
-    }
-
-    /// Opens a WebSocket to `path` with `headers`: the socket, or the
-    /// status the upgrade was refused with.
-    pub(crate) async fn ws(
-        &self,
-        path: &str,
-        headers: &[(&str, &str)],
-    ) -> Result<herald_testkit::ws::Ws, u16> {
-        let mut request = format!("{}{path}", self.ws_base)
-            .into_client_request()
-            .unwrap();
-        for (name, value) in headers {
-            request.headers_mut().insert(
-                reqwest::header::HeaderName::from_bytes(name.as_bytes()).unwrap(),
-                value.parse().unwrap(),
-            );
-        }
-        match within(
-            "WebSocket connect",
-            NODE_WAIT,
-            tokio_tungstenite::connect_async(request),
-        )
-        .await
-        {
-            Ok((ws, _)) => Ok(ws),
-            Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
-                Err(response.status().as_u16())
-            }
-            Err(e) => panic!("WebSocket connect failed: {e}"),
-        }
-    }
-}
-
-impl TestNode {
-    /// Drains the server (its WebSockets are closed with their going-away
-    /// code), then stops the supervisor, which releases the lease.
-    pub(crate) async fn stop(mut self) {
-        self.shutdown.cancel();
-        if let Some(server) = self.server.take() {
-            let _ = within("server drain", NODE_WAIT, server).await;
-        }
-        self.lease_shutdown.cancel();
-        if let Some(supervisor) = self.supervisor.take() {
-            let _ = within("lease release", NODE_WAIT, supervisor).await;
-        }
-    }
-}
-
-impl Drop for TestNode {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-        self.lease_shutdown.cancel();
-        if let Some(server) = self.server.take() {
-            server.abort();
-        }
-        if let Some(supervisor) = self.supervisor.take() {
-            supervisor.abort();
-        }
-    }
-}
 
 /// The credentials of a test, all generated now.
 pub(crate) struct Creds {
@@ -423,6 +158,44 @@ impl Creds {
 pub(crate) fn now_s() -> u64 {
     jsonwebtoken::get_current_timestamp()
 }
+
+/// GETs `path` on `node` with `headers`.
+pub(crate) async fn get(
+    node: &Node,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (u16, HeaderMap, Value) {
+    node.call("GET", path, headers, None).await
+}
+
+/// Publishes `{"data": data}` to `channel` on `node` with
+/// `Authorization: <authorization>`.
+pub(crate) async fn publish_as(
+    node: &Node,
+    channel: &str,
+    authorization: &str,
+    data: Value,
+) -> (u16, HeaderMap, Value) {
+    node.publish_with(channel, &[("authorization", authorization)], data)
+        .await
+}
+
+/// The two tests of a scenario `async fn(Backend)`: `$sqlite` runs it on
+/// SQLite, `$postgres` on PostgreSQL.
+macro_rules! on_both_backends {
+    ($scenario:ident: $sqlite:ident, $postgres:ident) => {
+        #[tokio::test]
+        async fn $sqlite() {
+            $scenario($crate::Backend::Sqlite).await;
+        }
+
+        #[tokio::test]
+        async fn $postgres() {
+            $scenario($crate::Backend::Postgres).await;
+        }
+    };
+}
+pub(crate) use on_both_backends;
 
 /// Asserts an error answer's status and code.
 pub(crate) fn assert_refused(answer: &(u16, HeaderMap, Value), status: u16, code: &str) {

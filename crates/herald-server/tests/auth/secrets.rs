@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use serde_json::json;
 use tracing_subscriber::fmt::MakeWriter;
 
-use crate::{now_s, Backend, Creds, Place, Role, TestNode};
+use crate::{now_s, on_both_backends, Backend, Creds, Node, Place, Role};
 
 /// A log sink shared with the test.
 #[derive(Clone, Default)]
@@ -55,8 +55,8 @@ async fn no_secret_leaks(backend: Backend) {
         place.url = Some(format!("{scheme}://{user}:{password}@{host}"));
     }
     let creds = Creds::new();
-    let holder = TestNode::start(&place, "node-a", Role::Holder, creds.config()).await;
-    let standby = TestNode::start(&place, "node-b", Role::Standby, creds.config()).await;
+    let holder = Node::start(&place, "node-a", Role::Holder, creds.config()).await;
+    let standby = Node::start(&place, "node-b", Role::Standby, creds.config()).await;
     let token = creds.token_for("u1", json!({"channels": ["news:*"], "publish": ["room:*"]}));
     let expired = creds.token(json!({"sub": "u1", "exp": now_s() - 10}));
     let key = |k: &str| Creds::bearer(k);
@@ -190,12 +190,7 @@ async fn no_secret_leaks(backend: Backend) {
     }
 }
 
-#[tokio::test]
-async fn no_secret_in_logs_status_or_errors_on_sqlite() {
-    no_secret_leaks(Backend::Sqlite).await;
-}
-
-#[tokio::test]
-async fn no_secret_in_logs_status_or_errors_on_postgres() {
-    no_secret_leaks(Backend::Postgres).await;
-}
+on_both_backends!(
+    no_secret_leaks: no_secret_in_logs_status_or_errors_on_sqlite,
+    no_secret_in_logs_status_or_errors_on_postgres
+);

@@ -8,12 +8,14 @@ use herald_testkit::ws::ws_next;
 use serde_json::json;
 use tokio_tungstenite::tungstenite::Message as Frame;
 
-use crate::{assert_refused, now_s, Backend, Creds, Place, Role, TestNode};
+use crate::{
+    assert_refused, get, now_s, on_both_backends, publish_as, Backend, Creds, Node, Place, Role,
+};
 
 /// The status an SSE request to `channel` with `query` and `headers` gets.
-async fn sse_status(node: &TestNode, channel: &str, query: &str, headers: &[(&str, &str)]) -> u16 {
+async fn sse_status(node: &Node, channel: &str, query: &str, headers: &[(&str, &str)]) -> u16 {
     let url = format!("{}/v1/channels/{channel}/events{query}", node.base);
-    SseClient::open(&node.http, &url, headers)
+    SseClient::open(&node.client, &url, headers)
         .await
         .unwrap()
         .status
@@ -22,10 +24,10 @@ async fn sse_status(node: &TestNode, channel: &str, query: &str, headers: &[(&st
 async fn tokens_and_namespaces(backend: Backend) {
     let place = Place::new(backend).await;
     let creds = Creds::new();
-    let node = TestNode::start(&place, "node-a", Role::Holder, creds.config()).await;
+    let node = Node::start(&place, "node-a", Role::Holder, creds.config()).await;
     let publisher = Creds::bearer(&creds.publisher);
     let key = [("authorization", publisher.as_str())];
-    assert_eq!(node.publish("news:a", &key, json!(1)).await.0, 201);
+    assert_eq!(node.publish_with("news:a", &key, json!(1)).await.0, 201);
 
     let token = creds.token_for("u1", json!({"channels": ["news:*"], "publish": ["room:*"]}));
     let bearer = Creds::bearer(&token);
@@ -44,35 +46,24 @@ async fn tokens_and_namespaces(backend: Backend) {
         403
     );
     // History with the token (history is on in the default namespace).
-    let history = node
-        .call(
-            "GET",
-            "/v1/channels/news:a/messages",
-            &[("authorization", &bearer)],
-            None,
-        )
-        .await;
+    let history = get(
+        &node,
+        "/v1/channels/news:a/messages",
+        &[("authorization", &bearer)],
+    )
+    .await;
     assert_eq!(history.0, 200, "{}", history.2);
     // Publishing: the default namespace takes keys only; `room` tokens too,
     // on the channels of the token's `publish` claim.
     assert_refused(
-        &node
-            .publish("news:a", &[("authorization", &bearer)], json!(2))
-            .await,
+        &publish_as(&node, "news:a", &bearer, json!(2)).await,
         403,
         "forbidden",
     );
-    assert_eq!(
-        node.publish("room:1", &[("authorization", &bearer)], json!(1))
-            .await
-            .0,
-        201
-    );
+    assert_eq!(publish_as(&node, "room:1", &bearer, json!(1)).await.0, 201);
     let reader_token = Creds::bearer(&creds.token_for("u2", json!({"channels": ["room:*"]})));
     assert_refused(
-        &node
-            .publish("room:1", &[("authorization", &reader_token)], json!(2))
-            .await,
+        &publish_as(&node, "room:1", &reader_token, json!(2)).await,
         403,
         "forbidden",
     );
@@ -83,25 +74,18 @@ async fn tokens_and_namespaces(backend: Backend) {
         200
     );
     assert_refused(
-        &node
-            .call(
-                "GET",
-                "/v1/channels/room:1/messages",
-                &[("authorization", &reader_token)],
-                None,
-            )
-            .await,
+        &get(
+            &node,
+            "/v1/channels/room:1/messages",
+            &[("authorization", &reader_token)],
+        )
+        .await,
         403,
         "forbidden",
     );
     // `open`: anyone subscribes, without credentials; history too.
     assert_eq!(sse_status(&node, "open:x", "", &[]).await, 200);
-    assert_eq!(
-        node.call("GET", "/v1/channels/open:x/messages", &[], None)
-            .await
-            .0,
-        200
-    );
+    assert_eq!(get(&node, "/v1/channels/open:x/messages", &[]).await.0, 200);
     // `keyonly`: a token granting every channel is still refused.
     let everything = creds.token_for("u3", json!({"channels": ["*"]}));
     assert_eq!(
@@ -125,7 +109,7 @@ async fn tokens_and_namespaces(backend: Backend) {
     // Expired: 401 token_expired, on every route.
     let expired = creds.token(json!({"sub": "u1", "exp": now_s() - 10, "channels": ["*"]}));
     let url = format!("{}/v1/channels/news:a/events?token={expired}", node.base);
-    let answer = node.http.get(&url).send().await.unwrap();
+    let answer = node.client.get(&url).send().await.unwrap();
     assert_eq!(answer.status(), 401);
     assert!(answer.headers()["www-authenticate"]
         .to_str()
@@ -135,14 +119,12 @@ async fn tokens_and_namespaces(backend: Backend) {
     assert_eq!(body["error"]["code"], "token_expired");
     let expired_bearer = Creds::bearer(&expired);
     assert_refused(
-        &node
-            .call(
-                "GET",
-                "/v1/channels/news:a/messages",
-                &[("authorization", &expired_bearer)],
-                None,
-            )
-            .await,
+        &get(
+            &node,
+            "/v1/channels/news:a/messages",
+            &[("authorization", &expired_bearer)],
+        )
+        .await,
         401,
         "token_expired",
     );
@@ -206,12 +188,7 @@ async fn tokens_and_namespaces(backend: Backend) {
     );
 }
 
-#[tokio::test]
-async fn tokens_and_namespaces_on_sqlite() {
-    tokens_and_namespaces(Backend::Sqlite).await;
-}
-
-#[tokio::test]
-async fn tokens_and_namespaces_on_postgres() {
-    tokens_and_namespaces(Backend::Postgres).await;
-}
+on_both_backends!(
+    tokens_and_namespaces: tokens_and_namespaces_on_sqlite,
+    tokens_and_namespaces_on_postgres
+);

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use herald_testkit::{within, NODE_WAIT};
 use serde_json::{json, Value};
 
-use crate::{Backend, Creds, Place, Role, TestNode};
+use crate::{Backend, Creds, Node, Place, Role};
 
 /// The virtualenv's Python, with `cent` installed.
 fn python() -> PathBuf {
@@ -40,11 +40,11 @@ fn script() -> PathBuf {
 async fn cent(backend: Backend) {
     let place = Place::new(backend).await;
     let creds = Creds::new();
-    let holder = TestNode::start(&place, "node-a", Role::Holder, creds.config()).await;
+    let holder = Node::start(&place, "node-a", Role::Holder, creds.config()).await;
     // An admin key that may also publish and read, as a backend's key.
     let bearer = Creds::bearer(&creds.publisher);
     let own = holder
-        .publish(
+        .publish_with(
             "news:cent",
             &[("authorization", bearer.as_str())],
             json!({"n": 0}),
@@ -96,7 +96,7 @@ async fn cent(backend: Backend) {
     assert_eq!(step("presence")[0]["code"], 108);
     // Herald's own route sees the same sequence.
     let next = holder
-        .publish(
+        .publish_with(
             "news:cent",
             &[("authorization", bearer.as_str())],
             json!({"n": 7}),
@@ -127,7 +127,7 @@ fn sdk_script() -> PathBuf {
 async fn centrifuge_python(backend: Backend) {
     let place = Place::new(backend).await;
     let creds = Creds::new();
-    let node = TestNode::start(&place, "node-a", Role::Holder, creds.config()).await;
+    let node = Node::start(&place, "node-a", Role::Holder, creds.config()).await;
     let token = creds.token_for("py", json!({"channels": ["news:*"]}));
     let output = within(
         "centrifuge_sdk.py",

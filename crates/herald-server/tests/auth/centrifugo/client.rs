@@ -11,7 +11,7 @@ use herald_testkit::{within, NODE_WAIT};
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::Message as Frame;
 
-use crate::TestNode;
+use crate::Node;
 
 /// One connection to `/connection/websocket`.
 pub(crate) struct Client {
@@ -29,7 +29,7 @@ pub(crate) struct Client {
 
 impl Client {
     /// Opens a connection (not yet `connect`ed).
-    pub(crate) async fn open(node: &TestNode) -> Self {
+    pub(crate) async fn open(node: &Node) -> Self {
         let ws = node
             .ws("/connection/websocket", &[])
             .await
@@ -46,7 +46,7 @@ impl Client {
 
     /// Opens a connection and connects with `token` ("" for none); the
     /// connect result.
-    pub(crate) async fn connect(node: &TestNode, token: &str) -> (Self, Value) {
+    pub(crate) async fn connect(node: &Node, token: &str) -> (Self, Value) {
         let mut client = Self::open(node).await;
         let reply = client.command("connect", json!({ "token": token })).await;
         let result = reply["connect"].clone();

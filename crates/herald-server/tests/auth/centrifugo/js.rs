@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
-use crate::{Backend, Creds, Place, Role, TestNode};
+use crate::{Backend, Creds, Node, Place, Role};
 
 /// The Node.js test clients' directory, with centrifuge-js installed.
 fn node_clients() -> PathBuf {
@@ -148,7 +148,7 @@ async fn centrifuge_js(backend: Backend) {
     let creds = Creds::new();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let node = TestNode::start_on(&place, "node-a", Role::Holder, creds.config(), listener).await;
+    let node = Node::start_on(&place, "node-a", Role::Holder, creds.config(), listener).await;
     let publisher = Creds::bearer(&creds.publisher);
     let key = [("authorization", publisher.as_str())];
     let token = creds.token_for(
@@ -168,7 +168,10 @@ async fn centrifuge_js(backend: Backend) {
     assert_eq!(subscribed["recoverable"], true, "{subscribed}");
     let epoch = subscribed["epoch"].as_str().unwrap().to_owned();
     for i in 1..=3 {
-        assert_eq!(node.publish("news:js", &key, json!({"n": i})).await.0, 201);
+        assert_eq!(
+            node.publish_with("news:js", &key, json!({"n": i})).await.0,
+            201
+        );
     }
     js.received_up_to(3).await;
 
@@ -196,7 +199,10 @@ async fn centrifuge_js(backend: Backend) {
     js.send(json!({"op": "disconnect"})).await;
     js.expect("disconnected", is("disconnected", "")).await;
     for i in 4..=5 {
-        assert_eq!(node.publish("news:js", &key, json!({"n": i})).await.0, 201);
+        assert_eq!(
+            node.publish_with("news:js", &key, json!({"n": i})).await.0,
+            201
+        );
     }
     js.send(json!({"op": "connect"})).await;
     let again = js.expect("resubscribed", is("subscribed", "news:js")).await;
@@ -210,8 +216,11 @@ async fn centrifuge_js(backend: Backend) {
     node.stop().await;
     js.expect("reconnecting", is("connecting", "")).await;
     let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
-    let node = TestNode::start_on(&place, "node-a", Role::Holder, creds.config(), listener).await;
-    assert_eq!(node.publish("news:js", &key, json!({"n": 6})).await.0, 201);
+    let node = Node::start_on(&place, "node-a", Role::Holder, creds.config(), listener).await;
+    assert_eq!(
+        node.publish_with("news:js", &key, json!({"n": 6})).await.0,
+        201
+    );
     let restarted = js
         .expect(
             "resubscribed after the restart",
@@ -221,7 +230,10 @@ async fn centrifuge_js(backend: Backend) {
     assert_eq!(restarted["wasRecovering"], true, "{restarted}");
     assert_eq!(restarted["recovered"], true, "{restarted}");
     assert_eq!(restarted["epoch"], epoch.as_str());
-    assert_eq!(node.publish("news:js", &key, json!({"n": 7})).await.0, 201);
+    assert_eq!(
+        node.publish_with("news:js", &key, json!({"n": 7})).await.0,
+        201
+    );
     js.received_up_to(7).await;
 
     // Every publication exactly once, in order, with its data.
@@ -248,8 +260,8 @@ async fn centrifuge_js_on_postgres() {
 async fn holder_failover(backend: Backend) {
     let place = Place::new(backend).await;
     let creds = Creds::new();
-    let holder = TestNode::start(&place, "node-a", Role::Holder, creds.config()).await;
-    let standby = TestNode::start(&place, "node-b", Role::Standby, creds.config()).await;
+    let holder = Node::start(&place, "node-a", Role::Holder, creds.config()).await;
+    let standby = Node::start(&place, "node-b", Role::Standby, creds.config()).await;
     let publisher = Creds::bearer(&creds.publisher);
     let key = [("authorization", publisher.as_str())];
     let token = creds.token_for("js", json!({"channels": ["news:*"]}));
@@ -265,7 +277,10 @@ async fn holder_failover(backend: Backend) {
     for i in 1..=3 {
         // Through the standby: forwarded to the holder.
         assert_eq!(
-            standby.publish("news:fo", &key, json!({"n": i})).await.0,
+            standby
+                .publish_with("news:fo", &key, json!({"n": i}))
+                .await
+                .0,
             201
         );
     }
@@ -282,7 +297,7 @@ async fn holder_failover(backend: Backend) {
     .await;
     assert!(took_over.is_some(), "the standby's supervisor ended");
     for i in 4..=6 {
-        let (status, _, body) = standby.publish("news:fo", &key, json!({"n": i})).await;
+        let (status, _, body) = standby.publish_with("news:fo", &key, json!({"n": i})).await;
         assert_eq!((status, body["offset"].clone()), (201, json!(i)), "{body}");
     }
     js.received_up_to(6).await;

@@ -8,11 +8,12 @@ use std::time::Duration;
 
 use herald_server::{CentrifugoConfig, ServerConfig};
 use herald_storage::PresenceEntry;
+use herald_testkit::place::StorageAt;
 use herald_testkit::{within, NODE_WAIT};
 use serde_json::json;
 
 use super::client::Client;
-use crate::{Backend, Creds, Place, Role, TestNode};
+use crate::{Backend, Creds, Node, Place, Role};
 
 async fn presence(backend: Backend) {
     let place = Place::new(backend).await;
@@ -26,8 +27,8 @@ async fn presence(backend: Backend) {
         },
         ..creds.config()
     };
-    let holder = TestNode::start(&place, "node-a", Role::Holder, config.clone()).await;
-    let standby = TestNode::start(&place, "node-b", Role::Standby, config).await;
+    let holder = Node::start(&place, "node-a", Role::Holder, config.clone()).await;
+    let standby = Node::start(&place, "node-b", Role::Standby, config).await;
     let ann = creds.token_for("ann", json!({"channels": ["news:*"]}));
     let bob = creds.token_for("bob", json!({"channels": ["news:*"]}));
     let (mut a, a_info) = Client::connect(&holder, &ann).await;
@@ -75,7 +76,7 @@ async fn presence(backend: Backend) {
     // A row of a node process that no longer renews it (as a node that
     // died leaves) expires; the live node's row is kept by its heartbeat
     // though it was written before, with the same ttl.
-    let (storage, _) = place.open().await;
+    let storage = StorageAt::from(&place).open().await;
     let gone = PresenceEntry {
         channel: herald_core::ChannelName::new("news:p").unwrap(),
         client: "gone-client".to_owned(),

@@ -10,12 +10,12 @@ use tokio_tungstenite::tungstenite::Message as Frame;
 
 use super::client::Client;
 use super::offsets;
-use crate::{now_s, Backend, Creds, Place, Role, TestNode};
+use crate::{now_s, Backend, Creds, Node, Place, Role};
 
 async fn subscribe_publish_history(backend: Backend) {
     let place = Place::new(backend).await;
     let creds = Creds::new();
-    let node = TestNode::start(&place, "node-a", Role::Holder, creds.config()).await;
+    let node = Node::start(&place, "node-a", Role::Holder, creds.config()).await;
     let publisher = Creds::bearer(&creds.publisher);
     let key = [("authorization", publisher.as_str())];
     let token = creds.token_for(
@@ -38,7 +38,10 @@ async fn subscribe_publish_history(backend: Backend) {
     assert_eq!(sub["offset"].as_u64().unwrap_or(0), 0);
 
     for i in 1..=3 {
-        assert_eq!(node.publish("news:a", &key, json!({"n": i})).await.0, 201);
+        assert_eq!(
+            node.publish_with("news:a", &key, json!({"n": i})).await.0,
+            201
+        );
     }
     for i in 1..=3u64 {
         let push = c.push().await;
@@ -62,7 +65,10 @@ async fn subscribe_publish_history(backend: Backend) {
     assert_eq!(push["channel"], "room:1");
     assert_eq!(push["pub"]["data"], json!({"hi": 1}));
     // It is in the channel's sequence as any publish.
-    assert_eq!(node.publish("room:1", &key, json!(2)).await.2["offset"], 2);
+    assert_eq!(
+        node.publish_with("room:1", &key, json!(2)).await.2["offset"],
+        2
+    );
 
     // History: all, since a position, reverse, wrong epoch.
     let h = c
@@ -118,8 +124,8 @@ async fn subscribe_publish_history(backend: Backend) {
     // room:1's, published after news:a's.
     let un = c.command("unsubscribe", json!({"channel": "news:a"})).await;
     assert_eq!(un["unsubscribe"], json!({}));
-    node.publish("news:a", &key, json!(4)).await;
-    node.publish("room:1", &key, json!(3)).await;
+    node.publish_with("news:a", &key, json!(4)).await;
+    node.publish_with("room:1", &key, json!(3)).await;
     let push = c.push().await;
     assert_eq!(push["channel"], "room:1", "{push}");
     assert_eq!(push["pub"]["offset"], 2);
@@ -146,7 +152,7 @@ async fn several_commands_per_frame_and_bad_frames() {
         },
         ..ServerConfig::default()
     };
-    let node = TestNode::start(&place, "node-a", Role::Holder, config).await;
+    let node = Node::start(&place, "node-a", Role::Holder, config).await;
 
     // Three commands in one frame: three replies in one frame, in order.
     let mut c = Client::open(&node).await;
@@ -204,7 +210,7 @@ async fn ping_pong_and_no_pong() {
         },
         ..ServerConfig::default()
     };
-    let node = TestNode::start(&place, "node-a", Role::Holder, config).await;
+    let node = Node::start(&place, "node-a", Role::Holder, config).await;
     let (mut quiet, connected) = Client::connect(&node, "").await;
     assert_eq!(connected["ping"], 1);
     quiet.pong = false;
@@ -236,7 +242,7 @@ async fn token_expiry_refresh_and_bad_tokens() {
         },
         ..creds.config()
     };
-    let node = TestNode::start(&place, "node-a", Role::Holder, config).await;
+    let node = Node::start(&place, "node-a", Role::Holder, config).await;
     let exp = now_s() + 2;
     let short = creds.token(json!({"sub": "bob", "exp": exp, "channels": ["news:*"]}));
     let long = creds.token_for("bob", json!({"channels": ["news:*"]}));

@@ -8,13 +8,13 @@ use serde_json::json;
 
 use super::client::Client;
 use super::offsets;
-use crate::{Backend, Creds, Place, Role, TestNode};
+use crate::{Backend, Creds, Node, Place, Role};
 
 async fn recovery(backend: Backend) {
     let place = Place::new(backend).await;
     let creds = Creds::new();
-    let holder = TestNode::start(&place, "node-a", Role::Holder, creds.config()).await;
-    let standby = TestNode::start(&place, "node-b", Role::Standby, creds.config()).await;
+    let holder = Node::start(&place, "node-a", Role::Holder, creds.config()).await;
+    let standby = Node::start(&place, "node-b", Role::Standby, creds.config()).await;
     let publisher = Creds::bearer(&creds.publisher);
     let key = [("authorization", publisher.as_str())];
     let token = creds.token_for(
@@ -22,7 +22,7 @@ async fn recovery(backend: Backend) {
         json!({"channels": ["news:*", "room:*"], "publish": ["room:*"]}),
     );
     for i in 1..=5 {
-        assert_eq!(holder.publish("news:r", &key, json!(i)).await.0, 201);
+        assert_eq!(holder.publish_with("news:r", &key, json!(i)).await.0, 201);
     }
     let (mut first, _) = Client::connect(&holder, &token).await;
     let sub = first
@@ -46,7 +46,7 @@ async fn recovery(backend: Backend) {
     assert_eq!(offsets(&r["publications"]), vec![3, 4, 5]);
     assert_eq!(r["publications"][0]["data"], 3);
     assert_eq!(r["offset"], 5);
-    assert_eq!(holder.publish("news:r", &key, json!(6)).await.0, 201);
+    assert_eq!(holder.publish_with("news:r", &key, json!(6)).await.0, 201);
     assert_eq!(c.push().await["pub"]["offset"], 6);
     assert_eq!(first.push().await["pub"]["offset"], 6);
 
@@ -99,7 +99,7 @@ async fn recovery(backend: Backend) {
     assert_eq!(push["pub"]["offset"], 1);
     assert_eq!(push["pub"]["data"], "via standby");
     assert_eq!(
-        holder.publish("room:s", &key, json!(2)).await.2["offset"],
+        holder.publish_with("room:s", &key, json!(2)).await.2["offset"],
         2
     );
 }
@@ -121,13 +121,13 @@ async fn recovery_never_lies_on_postgres() {
 async fn deletion(backend: Backend) {
     let place = Place::new(backend).await;
     let creds = Creds::new();
-    let holder = TestNode::start(&place, "node-a", Role::Holder, creds.config()).await;
+    let holder = Node::start(&place, "node-a", Role::Holder, creds.config()).await;
     let publisher = Creds::bearer(&creds.publisher);
     let admin = Creds::bearer(&creds.admin);
     let key = [("authorization", publisher.as_str())];
     let token = creds.token_for("carol", json!({"channels": ["news:*"]}));
     for i in 1..=3 {
-        assert_eq!(holder.publish("news:d", &key, json!(i)).await.0, 201);
+        assert_eq!(holder.publish_with("news:d", &key, json!(i)).await.0, 201);
     }
     let (mut c, _) = Client::connect(&holder, &token).await;
     let sub = c.command("subscribe", json!({"channel": "news:d"})).await;
@@ -165,7 +165,7 @@ async fn deletion(backend: Backend) {
         )
         .await;
     assert_eq!(r["subscribe"]["recovered"], true, "{r}");
-    assert_eq!(holder.publish("news:d", &key, json!(4)).await.0, 201);
+    assert_eq!(holder.publish_with("news:d", &key, json!(4)).await.0, 201);
     assert_eq!(c.push().await["pub"]["offset"], 4);
 }
 

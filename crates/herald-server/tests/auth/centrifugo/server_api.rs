@@ -8,9 +8,9 @@ use serde_json::{json, Value};
 
 use super::client::Client;
 use super::offsets;
-use crate::{Backend, Creds, Place, Role, TestNode};
+use crate::{Backend, Creds, Node, Place, Role};
 
-async fn api(node: &TestNode, method: &str, headers: &[(&str, &str)], body: Value) -> (u16, Value) {
+async fn api(node: &Node, method: &str, headers: &[(&str, &str)], body: Value) -> (u16, Value) {
     let (status, _, body) = node
         .call("POST", &format!("/api/{method}"), headers, Some(body))
         .await;
@@ -20,8 +20,8 @@ async fn api(node: &TestNode, method: &str, headers: &[(&str, &str)], body: Valu
 async fn server_api(backend: Backend) {
     let place = Place::new(backend).await;
     let creds = Creds::new();
-    let holder = TestNode::start(&place, "node-a", Role::Holder, creds.config()).await;
-    let node = TestNode::start(&place, "node-b", Role::Standby, creds.config()).await;
+    let holder = Node::start(&place, "node-a", Role::Holder, creds.config()).await;
+    let node = Node::start(&place, "node-b", Role::Standby, creds.config()).await;
     let publisher = [("x-api-key", creds.publisher.as_str())];
     let apikey = format!("apikey {}", creds.publisher);
     let admin = [("x-api-key", creds.admin.as_str())];
@@ -41,7 +41,7 @@ async fn server_api(backend: Backend) {
     let epoch = r["result"]["epoch"].as_str().unwrap().to_owned();
     let bearer = Creds::bearer(&creds.publisher);
     let own = holder
-        .publish(
+        .publish_with(
             "news:a",
             &[("authorization", bearer.as_str())],
             json!({"n": 2}),
