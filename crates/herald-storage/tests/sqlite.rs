@@ -26,6 +26,17 @@ async fn acquire(storage: &SqliteStorage, node: &str, ttl: Duration) -> (Lease, 
     }
 }
 
+/// The schema versions applied to the database in `dir`, in order.
+fn applied_migrations(dir: &Path) -> Vec<i64> {
+    raw(dir)
+        .prepare("SELECT version FROM refinery_schema_history ORDER BY version")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
 fn raw(dir: &Path) -> Connection {
     let conn = Connection::open(dir.join(DATABASE_FILE)).unwrap();
     conn.busy_timeout(Duration::from_secs(5)).unwrap();
@@ -247,13 +258,7 @@ fn concurrent_opens_all_migrate_fine() {
         for thread in threads {
             thread.join().unwrap().expect("concurrent open");
         }
-        let applied: Vec<i64> = raw(dir.path())
-            .prepare("SELECT version FROM refinery_schema_history ORDER BY version")
-            .unwrap()
-            .query_map([], |r| r.get(0))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
+        let applied = applied_migrations(dir.path());
         // Each migration once (2: the idempotency digest; 3: retention;
         // 4: channel epochs; 5: presence).
         assert_eq!(applied, [1, 2, 3, 4, 5]);
@@ -472,13 +477,7 @@ async fn a_key_stored_without_a_digest_matches_any_message() {
     let out = storage.append(&lease, &[keyed("2")]).await.unwrap();
     assert!(out[0].duplicate);
     assert_eq!(out[0].offset, 1);
-    let versions: Vec<i64> = raw(dir.path())
-        .prepare("SELECT version FROM refinery_schema_history ORDER BY version")
-        .unwrap()
-        .query_map([], |r| r.get(0))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
+    let versions = applied_migrations(dir.path());
     assert_eq!(versions, [1, 2, 3, 4, 5]);
 }
 

@@ -1045,30 +1045,39 @@ mod tests {
         );
     }
 
-    #[test]
-    fn centrifugo_flags_reach_the_server_config() {
-        #[derive(clap::Parser)]
-        struct Cli {
-            #[command(flatten)]
-            serve: ServeArgs,
-        }
-        let cli = <Cli as clap::Parser>::try_parse_from([
-            "herald",
-            "--centrifugo-presence",
-            "--centrifugo-ping-interval",
-            "5s",
-            "--centrifugo-pong-timeout",
-            "2s",
-        ])
+    /// `herald serve`'s flags alone.
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    /// The `ServerConfig` that `herald serve` builds from `flags` (after
+    /// the program name), with no config file.
+    fn config_of(flags: &[&str]) -> ServerConfig {
+        let cli = <Cli as clap::Parser>::try_parse_from(
+            std::iter::once("herald").chain(flags.iter().copied()),
+        )
         .unwrap();
         let checked = check(&cli.serve, &ConfigFile::default()).unwrap();
-        let config = server_config(
+        server_config(
             &cli.serve,
             "n".to_owned(),
             "127.0.0.1:1".parse().unwrap(),
             &checked,
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    #[test]
+    fn centrifugo_flags_reach_the_server_config() {
+        let config = config_of(&[
+            "--centrifugo-presence",
+            "--centrifugo-ping-interval",
+            "5s",
+            "--centrifugo-pong-timeout",
+            "2s",
+        ]);
         assert!(config.centrifugo.presence);
         assert_eq!(config.centrifugo.ping_interval, Duration::from_secs(5));
         assert_eq!(config.centrifugo.pong_timeout, Duration::from_secs(2));
@@ -1080,13 +1089,7 @@ mod tests {
 
     #[test]
     fn limit_flags_reach_the_server_config() {
-        #[derive(clap::Parser)]
-        struct Cli {
-            #[command(flatten)]
-            serve: ServeArgs,
-        }
-        let cli = <Cli as clap::Parser>::try_parse_from([
-            "herald",
+        let config = config_of(&[
             "--max-connections-per-ip",
             "3",
             "--trusted-proxy",
@@ -1095,16 +1098,7 @@ mod tests {
             "10.0.0.2",
             "--ws-max-message-bytes",
             "1024",
-        ])
-        .unwrap();
-        let checked = check(&cli.serve, &ConfigFile::default()).unwrap();
-        let config = server_config(
-            &cli.serve,
-            "n".to_owned(),
-            "127.0.0.1:1".parse().unwrap(),
-            &checked,
-        )
-        .unwrap();
+        ]);
         assert_eq!(config.max_connections_per_ip, 3);
         assert_eq!(config.ws_max_message_bytes, 1024);
         let proxies: Vec<IpAddr> = ["10.0.0.1", "::1", "10.0.0.2"]
