@@ -1,0 +1,265 @@
+//! The browser check: centrifuge-js, Centrifugo's JavaScript SDK (npm
+//! `centrifuge`, its browser bundle), running in a page in headless
+//! Chromium, connects to `herald serve`'s `/connection/websocket` with an
+//! HS256 token, subscribes, and receives a message published through
+//! Herald's HTTP API with an API key: the data byte for byte and the
+//! acknowledged offset, right after the subscribe position.
+//!
+//! The page is served and driven by `tests/clients/browser.mjs` (Node.js
+//! with `playwright-core`), which prints what the page sees as JSON lines.
+//! The test command installs the packages (`npm ci` in `tests/clients`)
+//! and Debian's `chromium`, and names them in `HERALD_TEST_NODE_CLIENTS`
+//! and `HERALD_TEST_CHROMIUM` (and `node` in `HERALD_TEST_NODE`, else
+//! `node` on `PATH`).
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use herald_testkit::process::Server;
+use herald_testkit::{within, WAIT};
+use jsonwebtoken::{encode, EncodingKey, Header};
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+
+/// The channel the page subscribes to (the default namespace rule:
+/// subscribing needs a token that lists it).
+const CHANNEL: &str = "news:browser";
+
+/// Bound of each wait on the browser: starting Chromium and loading a page
+/// on a busy machine takes seconds.
+const BROWSER_WAIT: Duration = Duration::from_secs(60);
+
+/// The Node.js test clients' directory, with centrifuge-js and
+/// playwright-core installed; fails the test with what to do otherwise.
+fn node_clients() -> PathBuf {
+    let Some(dir) = std::env::var_os("HERALD_TEST_NODE_CLIENTS") else {
+        panic!(
+            "HERALD_TEST_NODE_CLIENTS is not set. It names tests/clients once `npm ci` has \
+             installed its packages there; ./scripts/test does both. By hand: \
+             `(cd tests/clients && npm ci)`, then \
+             `HERALD_TEST_NODE_CLIENTS=$PWD/tests/clients cargo test ...`"
+        );
+    };
+    let dir = PathBuf::from(dir);
+    for package in ["centrifuge", "playwright-core"] {
+        assert!(
+            dir.join("node_modules")
+                .join(package)
+                .join("package.json")
+                .is_file(),
+            "{package} is not installed in {}: run `npm ci` there",
+            dir.display()
+        );
+    }
+    dir
+}
+
+/// The Chromium binary named by `HERALD_TEST_CHROMIUM`; fails the test
+/// with what to do when it is not set or names no file.
+fn chromium() -> PathBuf {
+    let Some(path) = std::env::var_os("HERALD_TEST_CHROMIUM") else {
+        panic!(
+            "HERALD_TEST_CHROMIUM is not set. It names the Chromium binary the browser check \
+             runs headless; ./scripts/test installs Debian's `chromium` package when it is \
+             missing and sets it. By hand: `apt-get install chromium`, then \
+             `HERALD_TEST_CHROMIUM=/usr/bin/chromium cargo test ...`"
+        );
+    };
+    let path = PathBuf::from(path);
+    assert!(
+        path.is_file(),
+        "HERALD_TEST_CHROMIUM={} is not a file: it must name the Chromium binary",
+        path.display()
+    );
+    path
+}
+
+/// One `node browser.mjs` process (which owns the browser): reports out.
+/// Dropping it kills `node`; Chromium, started by Playwright with
+/// `--remote-debugging-pipe`, exits by itself when that pipe closes.
+struct Browser {
+    child: Child,
+    /// Kept open: the script closes the browser and exits when it ends.
+    _stdin: ChildStdin,
+    reports: Lines<BufReader<ChildStdout>>,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Browser {
+    /// Starts the page: its client connects to `ws_url` with `token` and
+    /// subscribes to `channel`. Temporary files (the browser's profile)
+    /// go to `tmp`.
+    fn start(tmp: &Path, ws_url: &str, token: &str, channel: &str) -> Self {
+        let clients = node_clients();
+        let chromium = chromium();
+        let node = std::env::var_os("HERALD_TEST_NODE")
+            .map_or_else(|| PathBuf::from("node"), PathBuf::from);
+        let mut child = Command::new(&node)
+            .arg(clients.join("browser.mjs"))
+            .arg(&chromium)
+            .arg(ws_url)
+            .arg(token)
+            .arg(channel)
+            .current_dir(&clients)
+            .env("TMPDIR", tmp)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", node.display()));
+        let stdin = child.stdin.take().expect("piped stdin");
+        let reports = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let mut pipe = child.stderr.take().expect("piped stderr");
+        let sink = stderr.clone();
+        tokio::spawn(async move {
+            let mut text = String::new();
+            let _ = pipe.read_to_string(&mut text).await;
+            sink.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push_str(&text);
+        });
+        Self {
+            child,
+            _stdin: stdin,
+            reports,
+            stderr,
+        }
+    }
+
+    /// What the script wrote on stderr so far.
+    fn stderr_text(&self) -> String {
+        self.stderr
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The next report, which must be of `kind`; a `failed` report, or
+    /// the script ending first, fails the test with what it said.
+    async fn expect(&mut self, kind: &str) -> Value {
+        let line = within(
+            &format!("the page's {kind} report"),
+            BROWSER_WAIT,
+            self.reports.next_line(),
+        )
+        .await
+        .expect("read the script's stdout");
+        let Some(line) = line else {
+            let status = within("browser.mjs to exit", WAIT, self.child.wait()).await;
+            panic!(
+                "browser.mjs ended ({status:?}) before a {kind} report; stderr:\n{}",
+                self.stderr_text()
+            );
+        };
+        let report: Value = serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("a report that is not JSON ({e}): {line}"));
+        assert_eq!(
+            report["type"],
+            kind,
+            "{report}; stderr:\n{}",
+            self.stderr_text()
+        );
+        report
+    }
+}
+
+/// An HS256 token for the user `browser`, valid for 5 minutes, that may
+/// subscribe to `news:*`.
+fn token(secret: &str) -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let claims = json!({ "sub": "browser", "iat": now, "exp": now + 300, "channels": ["news:*"] });
+    encode(
+        &Header::default(),
+        &claims,
+        &EncodingKey::from_secret(secret.as_bytes()),
+    )
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_js_in_headless_chromium_receives_a_publication() {
+    // Fail at once, before a server starts, when the set-up is missing.
+    node_clients();
+    chromium();
+
+    let dir = tempfile::tempdir().unwrap();
+    let api_key = herald_server::generate_api_key();
+    let jwt_secret = herald_server::generate_api_key();
+    let config = dir.path().join("herald.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[auth]\n\
+             api_keys = [{{ name = \"backend\", sha256 = \"{}\", permissions = [\"publish\"] }}]\n\
+             \n\
+             [auth.jwt]\n\
+             hs256_secret = \"{jwt_secret}\"\n",
+            herald_server::api_key_sha256(&api_key)
+        ),
+    )
+    .unwrap();
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+
+    let server = Server::start_with(
+        &dir.path().join("data"),
+        &["--config", config.to_str().unwrap()],
+    )
+    .await;
+    let ws_url = format!(
+        "{}/connection/websocket",
+        server.url.replacen("http://", "ws://", 1)
+    );
+
+    let mut browser = Browser::start(&tmp, &ws_url, &token(&jwt_secret), CHANNEL);
+    let subscribed = browser.expect("subscribed").await;
+    println!("{subscribed}");
+    assert_eq!(subscribed["channel"], CHANNEL, "{subscribed}");
+    assert_eq!(subscribed["offset"], 0, "a new channel: {subscribed}");
+    let user_agent = subscribed["userAgent"].as_str().unwrap_or_default();
+    assert!(
+        user_agent.contains("HeadlessChrome"),
+        "not headless Chromium: {subscribed}"
+    );
+
+    // Published through Herald's own HTTP API, with the API key.
+    let data = json!({ "text": "hello, browser", "n": 1 });
+    let http = reqwest::Client::builder().timeout(WAIT).build().unwrap();
+    let answer = http
+        .post(format!("{}/v1/channels/{CHANNEL}/messages", server.url))
+        .header("authorization", format!("Bearer {api_key}"))
+        .json(&json!({ "data": data }))
+        .send()
+        .await
+        .expect("publish request");
+    assert_eq!(answer.status(), reqwest::StatusCode::CREATED);
+    let answer: Value = answer.json().await.unwrap();
+    let offset = answer["offset"].as_u64().expect("an offset");
+    assert_eq!(offset, 1, "{answer}");
+
+    let publication = browser.expect("publication").await;
+    println!("{publication}");
+    assert_eq!(publication["channel"], CHANNEL, "{publication}");
+    assert_eq!(publication["offset"], offset, "{publication}");
+    assert_eq!(publication["data"], data, "{publication}");
+
+    // The script closes the browser and its HTTP server, then exits 0.
+    let status = within("browser.mjs to exit", BROWSER_WAIT, browser.child.wait())
+        .await
+        .unwrap();
+    assert!(
+        status.success(),
+        "browser.mjs exited with {status}; stderr:\n{}",
+        browser.stderr_text()
+    );
+    let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().collect();
+    assert!(left.is_empty(), "the browser left files behind: {left:?}");
+}
