@@ -352,8 +352,9 @@ fn is_too_big(error: &axum::Error) -> bool {
         .is_some_and(|e| matches!(e, tungstenite::Error::Capacity(_)))
 }
 
-/// Sends a Close frame and waits (bounded) for the client's Close reply.
-async fn close(
+/// Sends a Close frame and waits (bounded, [`CLOSE_TIMEOUT`] each way)
+/// for the client's Close reply. Also ends Centrifugo sessions.
+pub(crate) async fn close(
     mut tx: SplitSink<WebSocket, Frame>,
     mut rx: SplitStream<WebSocket>,
     code: u16,

@@ -35,6 +35,7 @@ use std::future::Future;
 use std::time::Duration;
 
 pub mod api;
+pub mod clients;
 pub mod database;
 pub mod node;
 pub mod place;

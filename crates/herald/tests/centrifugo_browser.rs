@@ -17,6 +17,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use herald_testkit::clients::{node_bin, node_clients};
 use herald_testkit::process::Server;
 use herald_testkit::{within, WAIT};
 use jsonwebtoken::{encode, EncodingKey, Header};
@@ -31,31 +32,6 @@ const CHANNEL: &str = "news:browser";
 /// Bound of each wait on the browser: starting Chromium and loading a page
 /// on a busy machine takes seconds.
 const BROWSER_WAIT: Duration = Duration::from_secs(60);
-
-/// The Node.js test clients' directory, with centrifuge-js and
-/// playwright-core installed; fails the test with what to do otherwise.
-fn node_clients() -> PathBuf {
-    let Some(dir) = std::env::var_os("HERALD_TEST_NODE_CLIENTS") else {
-        panic!(
-            "HERALD_TEST_NODE_CLIENTS is not set. It names tests/clients once `npm ci` has \
-             installed its packages there; ./scripts/test does both. By hand: \
-             `(cd tests/clients && npm ci)`, then \
-             `HERALD_TEST_NODE_CLIENTS=$PWD/tests/clients cargo test ...`"
-        );
-    };
-    let dir = PathBuf::from(dir);
-    for package in ["centrifuge", "playwright-core"] {
-        assert!(
-            dir.join("node_modules")
-                .join(package)
-                .join("package.json")
-                .is_file(),
-            "{package} is not installed in {}: run `npm ci` there",
-            dir.display()
-        );
-    }
-    dir
-}
 
 /// The Chromium binary named by `HERALD_TEST_CHROMIUM`; fails the test
 /// with what to do when it is not set or names no file.
@@ -93,10 +69,9 @@ impl Browser {
     /// subscribes to `channel`. Temporary files (the browser's profile)
     /// go to `tmp`.
     fn start(tmp: &Path, ws_url: &str, token: &str, channel: &str) -> Self {
-        let clients = node_clients();
+        let clients = node_clients(&["centrifuge", "playwright-core"], &["browser.mjs"]);
         let chromium = chromium();
-        let node = std::env::var_os("HERALD_TEST_NODE")
-            .map_or_else(|| PathBuf::from("node"), PathBuf::from);
+        let node = node_bin();
         let mut child = Command::new(&node)
             .arg(clients.join("browser.mjs"))
             .arg(&chromium)
@@ -187,7 +162,7 @@ fn token(secret: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn centrifuge_js_in_headless_chromium_receives_a_publication() {
     // Fail at once, before a server starts, when the set-up is missing.
-    node_clients();
+    node_clients(&["centrifuge", "playwright-core"], &["browser.mjs"]);
     chromium();
 
     let dir = tempfile::tempdir().unwrap();

@@ -14,13 +14,14 @@
 //! else `node` on `PATH`).
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use herald_chaos::proxy::{FaultProxy, Mode};
 use herald_testkit::api::Api;
+use herald_testkit::clients::{node_bin, node_clients};
 use herald_testkit::database::PrivateCluster;
 use herald_testkit::process::Server;
 use herald_testkit::{within, WAIT};
@@ -34,37 +35,6 @@ const CHANNEL: &str = "outage";
 
 /// How long the database stays down.
 const OUTAGE: Duration = Duration::from_secs(6);
-
-/// The directory of the Node.js test clients, with their packages
-/// installed; fails the test with what to do when it is not set up.
-fn node_clients() -> PathBuf {
-    let Some(dir) = std::env::var_os("HERALD_TEST_NODE_CLIENTS") else {
-        panic!(
-            "HERALD_TEST_NODE_CLIENTS is not set. It names the directory of the Node.js test \
-             clients (tests/clients in the repository) once `npm ci` has installed their \
-             packages there; ./scripts/test does both. By hand: \
-             `(cd tests/clients && npm ci)`, then \
-             `HERALD_TEST_NODE_CLIENTS=$PWD/tests/clients cargo test ...`"
-        );
-    };
-    let dir = PathBuf::from(dir);
-    assert!(
-        dir.join("follow.mjs").is_file(),
-        "HERALD_TEST_NODE_CLIENTS={} has no follow.mjs: it must name tests/clients",
-        dir.display()
-    );
-    assert!(
-        dir.join("node_modules/eventsource/package.json").is_file(),
-        "the eventsource package is not installed in {}: run `npm ci` there",
-        dir.display()
-    );
-    dir
-}
-
-/// The `node` binary: `HERALD_TEST_NODE`, else `node` on `PATH`.
-fn node_bin() -> PathBuf {
-    std::env::var_os("HERALD_TEST_NODE").map_or_else(|| PathBuf::from("node"), PathBuf::from)
-}
 
 /// One `node follow.mjs` process and what it reported so far; every
 /// report is checked as it is read.
@@ -244,7 +214,7 @@ async fn publish_once(api: &Api, i: u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eventsource_clients_follow_a_channel_across_a_database_outage() {
-    let clients = node_clients();
+    let clients = node_clients(&["eventsource"], &["follow.mjs"]);
     let pg = PrivateCluster::start().await;
     let dir = tempfile::tempdir().unwrap();
     let url = pg.url();

@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
-use axum::extract::ws::{CloseFrame, Message as Frame, WebSocket, WebSocketUpgrade};
+use axum::extract::ws::{Message as Frame, WebSocket, WebSocketUpgrade};
 use axum::extract::State;
 use axum::response::Response;
 use futures::stream::{SplitSink, SplitStream};
@@ -271,26 +271,10 @@ async fn send(
     tx.send(Frame::Text(text.into())).await
 }
 
-/// Sends the Close frame of `d` and waits (bounded) for the client's.
-async fn close(mut tx: SplitSink<WebSocket, Frame>, mut rx: SplitStream<WebSocket>, d: Disconnect) {
-    let frame = Frame::Close(Some(CloseFrame {
-        code: d.code,
-        reason: d.reason.into(),
-    }));
-    if !matches!(
-        tokio::time::timeout(CLOSE_TIMEOUT, tx.send(frame)).await,
-        Ok(Ok(()))
-    ) {
-        return;
-    }
-    let _ = tokio::time::timeout(CLOSE_TIMEOUT, async {
-        while let Some(Ok(frame)) = rx.next().await {
-            if matches!(frame, Frame::Close(_)) {
-                break;
-            }
-        }
-    })
-    .await;
+/// Sends the Close frame of `d` and waits (bounded) for the client's, as
+/// Herald's own WebSocket route does.
+async fn close(tx: SplitSink<WebSocket, Frame>, rx: SplitStream<WebSocket>, d: Disconnect) {
+    crate::ws::close(tx, rx, d.code, d.reason).await;
 }
 
 #[cfg(test)]

@@ -10,34 +10,15 @@
 //! and names that directory in `HERALD_TEST_NODE_CLIENTS` (and `node` in
 //! `HERALD_TEST_NODE`, else `node` on `PATH`).
 
-use std::path::PathBuf;
 use std::process::Stdio;
 
+use herald_testkit::clients::{node_bin, node_clients};
 use herald_testkit::{within, NODE_WAIT};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
 use crate::{Backend, Creds, Node, Place, Role};
-
-/// The Node.js test clients' directory, with centrifuge-js installed.
-fn node_clients() -> PathBuf {
-    let Some(dir) = std::env::var_os("HERALD_TEST_NODE_CLIENTS") else {
-        panic!(
-            "HERALD_TEST_NODE_CLIENTS is not set. It names tests/clients once `npm ci` has \
-             installed its packages there; ./scripts/test does both. By hand: \
-             `(cd tests/clients && npm ci)`, then \
-             `HERALD_TEST_NODE_CLIENTS=$PWD/tests/clients cargo test ...`"
-        );
-    };
-    let dir = PathBuf::from(dir);
-    assert!(
-        dir.join("node_modules/centrifuge/package.json").is_file(),
-        "centrifuge is not installed in {}: run `npm ci` there",
-        dir.display()
-    );
-    dir
-}
 
 /// One `node centrifuge.mjs` process: commands in, reports out.
 struct JsClient {
@@ -55,9 +36,8 @@ struct JsClient {
 
 impl JsClient {
     fn start(url: &str, token: &str, channel: &'static str) -> Self {
-        let clients = node_clients();
-        let node = std::env::var_os("HERALD_TEST_NODE")
-            .map_or_else(|| PathBuf::from("node"), PathBuf::from);
+        let clients = node_clients(&["centrifuge", "ws"], &["centrifuge.mjs"]);
+        let node = node_bin();
         let mut child = Command::new(&node)
             .arg(clients.join("centrifuge.mjs"))
             .arg(url)
