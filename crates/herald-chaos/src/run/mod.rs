@@ -235,8 +235,17 @@ async fn read_final_state(
     let mut last_error = None;
     for _ in 0..20 {
         match database::connect(url).await {
-            Ok(client) => {
-                let rows = client
+            Ok(mut client) => {
+                // One snapshot for the messages and the earliest offsets:
+                // the holder's trimming goes on while this reads, and two
+                // statements apart would see different moments.
+                let snapshot = client
+                    .build_transaction()
+                    .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+                    .read_only(true)
+                    .start()
+                    .await?;
+                let rows = snapshot
                     .query(
                         "SELECT channel, \"offset\", data, token, \
                          (extract(epoch FROM published_at) * 1000)::bigint \
@@ -248,7 +257,7 @@ async fn read_final_state(
                 for channel in channels {
                     state.channels.insert(channel.clone(), Vec::new());
                 }
-                for row in client
+                for row in snapshot
                     .query("SELECT name, trimmed_through + 1 FROM channels", &[])
                     .await?
                 {
@@ -277,6 +286,7 @@ async fn read_final_state(
                             published_at_ms: u64::try_from((published - epoch_ms).max(0))?,
                         });
                 }
+                snapshot.commit().await?;
                 return Ok(state);
             }
             Err(e) => last_error = Some(e),
