@@ -4,7 +4,7 @@
 //! ```text
 //! cargo run --release -p herald-storage --example renewal_latency -- <database url> \
 //!     [--renewals N] [--pause-ms MS] [--appenders N] [--hot-hold-ms MS] [--hot-gap-ms MS]
-//!     [--trim-keep N] [--json]
+//!     [--trim-keep N] [--trim-pause-ms MS] [--trim-interval-ms MS] [--json]
 //! ```
 //!
 //! The URL names a role that may create databases. The benchmark creates a
@@ -31,8 +31,12 @@
 //!
 //! With `--trim-keep N`, the loaded phase also runs retention's trimming
 //! as fast as messages arrive: one task trims every channel to its newest
-//! N messages (`Storage::trim`, 500 rows per transaction, no pause), sweep
-//! after sweep. Run once with and once without it to see what trimming
+//! N messages (`Storage::trim`, 500 rows per transaction), sweep after
+//! sweep. By default it never pauses; `--trim-pause-ms` (a pause after each
+//! transaction that removed something) and `--trim-interval-ms` (a pause
+//! after each sweep) pace it as the server's trimming task does with
+//! `--retention-trim-pause` and `--retention-trim-interval` (10 ms and
+//! 1000 ms there by default). Run once with and once without it to see what trimming
 //! costs renewals and appends.
 //!
 //! Pool timeouts: a fenced write waits on `hot` for up to one hold, and the
@@ -74,7 +78,8 @@ use tokio_postgres::{Client, Config, NoTls};
 
 /// Command-line synopsis, printed on a usage error.
 const USAGE: &str = "usage: renewal_latency <database url> [--renewals N] [--pause-ms MS] \
-     [--appenders N] [--hot-hold-ms MS] [--hot-gap-ms MS] [--trim-keep N] [--json]";
+     [--appenders N] [--hot-hold-ms MS] [--hot-gap-ms MS] [--trim-keep N] [--trim-pause-ms MS] \
+     [--trim-interval-ms MS] [--json]";
 
 /// The ttl every renewal asks for.
 const LEASE_TTL: Duration = Duration::from_secs(30);
@@ -139,6 +144,11 @@ struct Args {
     /// Trim every channel to this many newest messages during the loaded
     /// phase, continuously.
     trim_keep: Option<u64>,
+    /// Pause of the trimming task after each transaction that removed
+    /// something (0: none).
+    trim_pause: Duration,
+    /// Pause of the trimming task after each sweep (0: none).
+    trim_interval: Duration,
     /// Print one JSON object instead of a table.
     json: bool,
 }
@@ -155,6 +165,8 @@ impl Args {
             hot_hold: Duration::from_millis(1500),
             hot_gap: Duration::from_millis(500),
             trim_keep: None,
+            trim_pause: Duration::ZERO,
+            trim_interval: Duration::ZERO,
             json: false,
         };
         while let Some(arg) = args.next() {
@@ -173,6 +185,12 @@ impl Args {
                 }
                 "--hot-gap-ms" => parsed.hot_gap = Duration::from_millis(number("--hot-gap-ms")?),
                 "--trim-keep" => parsed.trim_keep = Some(number("--trim-keep")?),
+                "--trim-pause-ms" => {
+                    parsed.trim_pause = Duration::from_millis(number("--trim-pause-ms")?);
+                }
+                "--trim-interval-ms" => {
+                    parsed.trim_interval = Duration::from_millis(number("--trim-interval-ms")?);
+                }
                 "--json" => parsed.json = true,
                 "-h" | "--help" => return Err(String::new()),
                 flag if flag.starts_with("--") => return Err(format!("unknown option {flag}")),
@@ -462,6 +480,8 @@ impl Report {
                 "first_append_error": self.load.first_append_error,
                 "hot_cycles": self.load.hot_cycles,
                 "trim_keep": args.trim_keep,
+                "trim_pause_ms": whole_ms(args.trim_pause),
+                "trim_interval_ms": whole_ms(args.trim_interval),
                 "trimmed": self.load.trimmed,
                 "trim_errors": self.load.trim_errors,
                 "hot_error": self.load.hot_error,
@@ -787,7 +807,11 @@ async fn loaded_phase(
         appenders.spawn(trim_loop(
             storage.clone(),
             lease.clone(),
-            keep,
+            TrimPace {
+                keep,
+                pause: args.trim_pause,
+                interval: args.trim_interval,
+            },
             Arc::clone(&counters),
             stopped.clone(),
         ));
@@ -902,18 +926,28 @@ async fn append_loop(
     }
 }
 
+/// What the trimming task of `--trim-keep` keeps and how it paces itself.
+struct TrimPace {
+    /// Newest messages kept per channel.
+    keep: u64,
+    /// Pause after each transaction that removed something.
+    pause: Duration,
+    /// Pause after each sweep.
+    interval: Duration,
+}
+
 /// The trimming task of `--trim-keep`: sweeps every channel, trimming each
-/// to its newest `keep` messages in transactions of 500, without a pause,
-/// until told to stop.
+/// to its newest `pace.keep` messages in transactions of 500, with the
+/// pauses of `pace`, until told to stop.
 async fn trim_loop(
     storage: PostgresStorage,
     lease: Lease,
-    keep: u64,
+    pace: TrimPace,
     counters: Arc<LoadCounters>,
-    stop: watch::Receiver<bool>,
+    mut stop: watch::Receiver<bool>,
 ) {
     let limits = herald_storage::TrimLimits {
-        max_messages: Some(keep),
+        max_messages: Some(pace.keep),
         ..herald_storage::TrimLimits::default()
     };
     while !*stop.borrow() {
@@ -925,19 +959,28 @@ async fn trim_loop(
                 continue;
             }
         };
-        for channel in channels.iter().filter(|c| c.messages > keep) {
+        for channel in channels.iter().filter(|c| c.messages > pace.keep) {
             if *stop.borrow() {
                 return;
             }
             match storage.trim(&lease, &channel.name, &limits, 500).await {
                 Ok(t) => {
                     counters.trimmed.fetch_add(t.messages, Ordering::SeqCst);
+                    if t.messages > 0
+                        && !pace.pause.is_zero()
+                        && sleep_or_stop(&mut stop, pace.pause).await
+                    {
+                        return;
+                    }
                 }
                 Err(_) => {
                     counters.trim_failed.fetch_add(1, Ordering::SeqCst);
                     tokio::time::sleep(ERROR_BACKOFF).await;
                 }
             }
+        }
+        if !pace.interval.is_zero() && sleep_or_stop(&mut stop, pace.interval).await {
+            return;
         }
     }
 }
