@@ -6,6 +6,8 @@
 // It reads commands on stdin, one JSON object per line:
 //
 //   {"op":"subscribe","channel":"news:a"}
+//   {"op":"subscribe","channel":"chat:a","joinLeave":true}   asks for joins and leaves
+//   {"op":"unsubscribe","channel":"news:a"}
 //   {"op":"publish","channel":"room:a","data":{...}}
 //   {"op":"history","channel":"news:a","limit":10}
 //   {"op":"disconnect"}            the client's own disconnect()
@@ -19,7 +21,10 @@
 //   {"type":"subscribed","channel":"...","recoverable":true,"wasRecovering":false,
 //    "recovered":false,"offset":N,"epoch":"..."}
 //   {"type":"subscribing","channel":"...","code":N,"reason":"..."}
+//   {"type":"unsubscribed","channel":"...","code":N,"reason":"..."}
 //   {"type":"publication","channel":"...","offset":N,"data":...}
+//   {"type":"join","channel":"...","client":"...","user":"...","connInfo":...,"chanInfo":...}
+//   {"type":"leave","channel":"...","client":"...","user":"...","connInfo":...,"chanInfo":...}
 //   {"type":"published","channel":"..."}
 //   {"type":"history","channel":"...","offsets":[...],"offset":N,"epoch":"..."}
 //   {"type":"failed","op":"...","code":N,"message":"..."}  a command's error
@@ -50,12 +55,22 @@ client.on("connected", (ctx) => report({ type: "connected", client: ctx.client }
 client.on("connecting", (ctx) => report({ type: "connecting", code: ctx.code, reason: ctx.reason }));
 client.on("disconnected", (ctx) => report({ type: "disconnected", code: ctx.code, reason: ctx.reason }));
 
-const subscription = (channel) => {
+const joinLeaveReport = (type, channel) => (ctx) =>
+  report({
+    type,
+    channel,
+    client: ctx.info.client,
+    user: ctx.info.user,
+    connInfo: ctx.info.connInfo ?? null,
+    chanInfo: ctx.info.chanInfo ?? null,
+  });
+
+const subscription = (channel, options = {}) => {
   const existing = client.getSubscription(channel);
   if (existing) {
     return existing;
   }
-  const sub = client.newSubscription(channel);
+  const sub = client.newSubscription(channel, options);
   sub.on("subscribed", (ctx) =>
     report({
       type: "subscribed",
@@ -68,6 +83,9 @@ const subscription = (channel) => {
     }),
   );
   sub.on("subscribing", (ctx) => report({ type: "subscribing", channel, code: ctx.code, reason: ctx.reason }));
+  sub.on("unsubscribed", (ctx) => report({ type: "unsubscribed", channel, code: ctx.code, reason: ctx.reason }));
+  sub.on("join", joinLeaveReport("join", channel));
+  sub.on("leave", joinLeaveReport("leave", channel));
   sub.on("publication", (ctx) =>
     report({ type: "publication", channel, offset: Number(ctx.offset), data: ctx.data }),
   );
@@ -82,7 +100,10 @@ const failed = (op) => (e) => report({ type: "failed", op, code: e.code ?? null,
 const run = (command) => {
   switch (command.op) {
     case "subscribe":
-      subscription(command.channel).subscribe();
+      subscription(command.channel, { joinLeave: command.joinLeave === true }).subscribe();
+      break;
+    case "unsubscribe":
+      subscription(command.channel).unsubscribe();
       break;
     case "publish":
       subscription(command.channel)

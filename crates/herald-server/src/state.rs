@@ -123,6 +123,8 @@ impl AppState {
         );
         // Every log record of these tasks carries the node's id.
         let span = tracing::info_span!("herald", node_id = %config.node_id);
+        let centrifugo =
+            crate::centrifugo::Registry::new(Arc::clone(&storage), shutdown.clone(), span.clone());
         let writes_done = CancellationToken::new();
         let writer_task = {
             let shutdown = shutdown.clone();
@@ -168,7 +170,7 @@ impl AppState {
                 metrics,
                 ws_sessions: TaskTracker::new(),
                 conn_limits,
-                centrifugo: crate::centrifugo::Registry::default(),
+                centrifugo,
                 tasks: Mutex::new(tasks),
                 writes_done,
             }),
@@ -195,7 +197,9 @@ impl AppState {
     /// Waits until the background tasks have ended and every WebSocket
     /// session has closed. Call it after cancelling the `shutdown` token
     /// given to [`AppState::start`]; before that it waits for the drain.
-    /// Queued publishes are committed (or failed) before it returns.
+    /// Queued publishes are committed (or failed) before it returns, and
+    /// the leaves of the closed Centrifugo connections are sent to the
+    /// other nodes.
     pub async fn stopped(&self) {
         self.shared.shutdown.cancelled().await;
         let tasks = std::mem::take(
@@ -212,6 +216,7 @@ impl AppState {
         }
         self.shared.ws_sessions.close();
         self.shared.ws_sessions.wait().await;
+        self.shared.centrifugo.join_leave.finish().await;
     }
 }
 

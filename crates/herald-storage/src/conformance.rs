@@ -39,7 +39,10 @@ use herald_core::{
 
 use crate::testing::{self, keyed, msg};
 
-use crate::{Acquire, Error, PresenceEntry, Storage, TakeoverReason};
+use crate::{
+    Acquire, ClientInfo, Error, PresenceEntry, PresenceEvent, PresenceEventKind, Storage,
+    TakeoverReason,
+};
 
 mod retention;
 pub use retention::{
@@ -124,6 +127,7 @@ macro_rules! conformance_tests {
             concurrent_append_and_trim_keep_offsets_contiguous,
             channel_epoch_is_stable_and_shared,
             presence_is_shared_renewed_and_expires,
+            presence_events_reach_the_other_nodes_in_order,
         );
     };
     (@cases $harness:expr; $($case:ident),* $(,)?) => {
@@ -1285,4 +1289,71 @@ pub async fn presence_is_shared_renewed_and_expires(h: &dyn Harness) {
         c.node(1).presence(&room).await.unwrap(),
         vec![entry("c3", "cid")]
     );
+}
+
+/// Join and leave events that one node sends reach every other node's
+/// receivers in the order sent, each once (a join repeated after a leave
+/// too), and never the sender's own receivers; an event too long for the
+/// backend's transport arrives without its infos (or with them, where
+/// nothing limits it) and holds back none of the others. A backend with
+/// no way between processes has no receivers and sends nothing.
+pub async fn presence_events_reach_the_other_nodes_in_order(h: &dyn Harness) {
+    let c = h.cluster(2).await;
+    let event = |kind, client: &str, conn_info: Option<String>| PresenceEvent {
+        kind,
+        channel: channel("chat:room"),
+        info: ClientInfo {
+            user: "ann".to_owned(),
+            client: client.to_owned(),
+            conn_info,
+            chan_info: Some("{\"seat\":3}".to_owned()),
+        },
+    };
+    let (join, leave) = (PresenceEventKind::Join, PresenceEventKind::Leave);
+    let Some(mut theirs) = c.node(1).watch_presence_events() else {
+        assert!(c.node(0).watch_presence_events().is_none());
+        c.node(0)
+            .send_presence_events(&[event(join, "c1", None)])
+            .await
+            .unwrap();
+        return;
+    };
+    let mut own = c.node(0).watch_presence_events().expect("both nodes watch");
+    let info = Some("{\"name\":\"Ann\"}".to_owned());
+    let big = Some(format!("\"{}\"", "x".repeat(10_000)));
+    let sent = [
+        event(join, "c1", info.clone()),
+        event(leave, "c1", info.clone()),
+        event(join, "c1", info),
+        event(join, "c2", big),
+        event(leave, "c2", None),
+    ];
+    c.node(0).send_presence_events(&sent[..3]).await.unwrap();
+    c.node(0).send_presence_events(&sent[3..]).await.unwrap();
+    let answer = event(join, "c9", None);
+    c.node(1)
+        .send_presence_events(std::slice::from_ref(&answer))
+        .await
+        .unwrap();
+    for (i, expected) in sent.iter().enumerate() {
+        let got = next(&mut theirs).await;
+        if i == 3 && got.info.conn_info.is_none() {
+            let mut trimmed = expected.clone();
+            trimmed.info.conn_info = None;
+            trimmed.info.chan_info = None;
+            assert_eq!(got, trimmed, "event {i}");
+        } else {
+            assert_eq!(&got, expected, "event {i}");
+        }
+    }
+    // Node 0 hears node 1's event, sent after its own five, first.
+    assert_eq!(next(&mut own).await, answer);
+}
+
+/// The next event of `rx`, within [`EXPIRY_WAIT`].
+async fn next(rx: &mut tokio::sync::broadcast::Receiver<PresenceEvent>) -> PresenceEvent {
+    tokio::time::timeout(EXPIRY_WAIT, rx.recv())
+        .await
+        .expect("an event within the wait")
+        .expect("a receiver that did not lag")
 }

@@ -38,6 +38,7 @@ pub mod testing;
 pub use digest::{idempotency_digest, IdempotencyDigest};
 pub use error::{Cause, Error, PoolerEvidence, Result};
 pub use traits::{
-    Acquire, ChangeFeed, ChangeSignal, LeaseStore, Page, PresenceEntry, Storage, TakeoverReason,
+    Acquire, ChangeFeed, ChangeSignal, ClientInfo, LeaseStore, Page, PresenceEntry, PresenceEvent,
+    PresenceEventKind, Storage, TakeoverReason,
 };
 pub use trim::{ChannelStats, TrimLimits, Trimmed};

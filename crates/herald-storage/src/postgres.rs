@@ -8,7 +8,8 @@
 //! writes, acquire, release and reads, and dedicated connections for
 //! renewal (`renewal.rs`), change notices (`listen.rs`), liveness
 //! (`liveness.rs`) and the takeover watch (`takeover.rs`), reopened under
-//! one policy (`reconnect.rs`). A fenced write holds the lease row
+//! one policy (`reconnect.rs`). Join and leave events between nodes are
+//! notifications too (`presence_events.rs`), heard by the same listener. A fenced write holds the lease row
 //! `FOR KEY SHARE`, a renewal `FOR NO KEY UPDATE`, an acquire `FOR UPDATE`,
 //! and every decision after a lock wait is a statement of its own on the
 //! database clock (`ops.rs`). Every connection must be one server session
@@ -21,6 +22,7 @@ mod liveness;
 mod ops;
 mod pooler;
 mod presence;
+mod presence_events;
 mod reconnect;
 mod renewal;
 mod takeover;
@@ -28,6 +30,7 @@ mod takeover;
 use std::fmt;
 use std::future::{poll_fn, Future};
 use std::pin::pin;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
@@ -45,9 +48,11 @@ use tokio_postgres::{AsyncMessage, Client, Config, Connection, NoTls, Socket};
 use self::renewal::Renewal;
 use crate::decode::ttl_ms;
 use crate::{
-    Acquire, ChangeFeed, ChangeSignal, ChannelStats, Error, LeaseStore, Page, Result, Storage,
-    TrimLimits, Trimmed,
+    Acquire, ChangeFeed, ChangeSignal, ChannelStats, Error, LeaseStore, Page, PresenceEvent,
+    Result, Storage, TrimLimits, Trimmed,
 };
+
+pub use presence_events::{MAX_PAYLOAD_BYTES, PRESENCE_CHANNEL, PRESENCE_EVENT_CAPACITY};
 
 mod embedded {
     #![allow(missing_docs, unreachable_pub)]
@@ -216,6 +221,10 @@ struct Inner {
     changes: broadcast::Sender<ChangeSignal>,
     /// Lease releases heard by the listener (a counter).
     releases: watch::Receiver<u64>,
+    /// Join and leave events of other nodes heard by the listener.
+    presence_inbox: presence_events::Inbox,
+    /// Numbers the join and leave events this storage sends.
+    presence_seq: AtomicU64,
     /// Which lease the takeover watch waits on (set by `takeover_hint`).
     watch_target: watch::Sender<takeover::Target>,
     /// Holder sessions the takeover watch saw end (a counter).
@@ -348,9 +357,11 @@ impl PostgresStorage {
 
         let (changes, _) = broadcast::channel(CHANGE_SIGNAL_CAPACITY);
         let (releases, _) = watch::channel(0);
+        let presence_inbox = presence_events::Inbox::new(session_key);
         let outputs = listen::Outputs {
             changes: changes.clone(),
             releases: releases.clone(),
+            presence: presence_inbox.clone(),
         };
         let listener_config = session_config(&base, &options, Role::Listener);
         let listening = listen::establish(&listener_config, connect_limit, &outputs).await?;
@@ -382,6 +393,8 @@ impl PostgresStorage {
                 session_key,
                 changes,
                 releases: releases.subscribe(),
+                presence_inbox,
+                presence_seq: AtomicU64::new(0),
                 watch_target,
                 watch_fired,
                 seen_at_acquire: Mutex::new((0, 0)),
@@ -961,6 +974,24 @@ impl Storage for PostgresStorage {
 
     fn watch_changes(&self) -> Option<broadcast::Receiver<ChangeSignal>> {
         Some(self.inner.changes.subscribe())
+    }
+
+    async fn send_presence_events(&self, events: &[PresenceEvent]) -> Result<()> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        let client = self.client().await?;
+        presence_events::send(
+            &client,
+            self.inner.session_key,
+            &self.inner.presence_seq,
+            events,
+        )
+        .await
+    }
+
+    fn watch_presence_events(&self) -> Option<broadcast::Receiver<PresenceEvent>> {
+        Some(self.inner.presence_inbox.subscribe())
     }
 }
 

@@ -176,6 +176,43 @@ pub struct PresenceEntry {
     pub user: String,
 }
 
+/// Who joined or left a channel, as Centrifugo's `ClientInfo` carries it
+/// in join and leave pushes (`client.proto` of centrifugal/protocol).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientInfo {
+    /// The client's user (the token's `sub`; empty when anonymous).
+    pub user: String,
+    /// The client's connection id.
+    pub client: String,
+    /// The connection token's `info` claim, as JSON text; the storage
+    /// keeps it as opaque text.
+    pub conn_info: Option<String>,
+    /// The subscription token's `info` claim, as JSON text; opaque too.
+    pub chan_info: Option<String>,
+}
+
+/// Whether a [`PresenceEvent`] is a join or a leave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PresenceEventKind {
+    /// The client subscribed to the channel.
+    Join,
+    /// The client unsubscribed from the channel, or disconnected.
+    Leave,
+}
+
+/// A client joined or left a channel: what one node tells the others
+/// through [`Storage::send_presence_events`], so that their subscribers
+/// get Centrifugo's join and leave pushes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PresenceEvent {
+    /// Join or leave.
+    pub kind: PresenceEventKind,
+    /// The channel.
+    pub channel: ChannelName,
+    /// Who.
+    pub info: ClientInfo,
+}
+
 /// Herald's storage: lease, fenced writes and reads. One implementation per
 /// backend; every implementation passes the `conformance` suite.
 #[async_trait]
@@ -331,6 +368,42 @@ pub trait Storage: LeaseStore {
     /// [`ChangeSignal::Resync`]. The PostgreSQL backend delivers notices of
     /// writes committed by any node (its own included); SQLite has none.
     fn watch_changes(&self) -> Option<tokio::sync::broadcast::Receiver<ChangeSignal>> {
+        None
+    }
+
+    /// Tells the other nodes of the same database (their storages'
+    /// [`Storage::watch_presence_events`] receivers) about `events`, in
+    /// order.
+    ///
+    /// Delivery is at most once: an event is lost when a receiving node's
+    /// listening connection is down or its receiver lags, and a failed
+    /// call sends nothing or only a prefix. Events that one storage sends
+    /// in successive calls (each awaited before the next) arrive in that
+    /// order. A backend whose transport limits an event's size drops the
+    /// event's `conn_info` and `chan_info` when they do not fit, and the
+    /// event itself (logged) when it does not fit without them: on
+    /// PostgreSQL a `NOTIFY` payload must be shorter than 8000 bytes
+    /// (PostgreSQL documentation, `NOTIFY`). A backend with no way to
+    /// other processes (SQLite, the default) sends nothing and returns
+    /// `Ok`.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn send_presence_events(&self, events: &[PresenceEvent]) -> Result<()> {
+        let _ = events;
+        Ok(())
+    }
+
+    /// The events that other storages of the same database send with
+    /// [`Storage::send_presence_events`] from now on (never this
+    /// storage's own: its node delivers those itself); `None` when the
+    /// backend has no way between processes (SQLite, the default).
+    ///
+    /// Each call returns a new receiver. A receiver that falls behind by
+    /// more than the channel's capacity gets
+    /// [`tokio::sync::broadcast::error::RecvError::Lagged`]: those events
+    /// are lost.
+    fn watch_presence_events(&self) -> Option<tokio::sync::broadcast::Receiver<PresenceEvent>> {
         None
     }
 

@@ -173,6 +173,17 @@ impl<H: StorageHooks> Storage for Hooked<H> {
         self.inner.watch_changes()
     }
 
+    async fn send_presence_events(
+        &self,
+        events: &[herald_storage::PresenceEvent],
+    ) -> herald_storage::Result<()> {
+        self.inner.send_presence_events(events).await
+    }
+
+    fn watch_presence_events(&self) -> Option<broadcast::Receiver<herald_storage::PresenceEvent>> {
+        self.inner.watch_presence_events()
+    }
+
     async fn ping(&self) -> herald_storage::Result<()> {
         self.inner.ping().await
     }

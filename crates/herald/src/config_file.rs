@@ -106,6 +106,13 @@ struct CentrifugoSection {
     /// Presence rows' lifetime (`--centrifugo-presence-ttl`).
     #[serde(skip_serializing_if = "Option::is_none")]
     presence_ttl: Option<String>,
+    /// Join and leave pushes on (`--centrifugo-join-leave`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    join_leave: Option<bool>,
+    /// Join and leave pushes to every subscriber
+    /// (`--centrifugo-force-push-join-leave`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    force_push_join_leave: Option<bool>,
 }
 
 /// Reads and parses the config file at `path` for the `herald serve`
@@ -337,11 +344,24 @@ max_age = "1h"
 
 [auth]
 api_keys = []
+
+[centrifugo]
+presence = true
+join_leave = true
+force_push_join_leave = false
+
+[namespaces.chat]
+presence = false
+join_leave = true
 "#,
             &serve(),
         )
         .unwrap();
         assert_eq!(file.flags["pool_size"], ["4"]);
+        assert_eq!(file.flags["centrifugo_join_leave"], ["true"]);
+        assert_eq!(file.flags["centrifugo_force_push_join_leave"], ["false"]);
+        let chat = file.namespaces.as_ref().unwrap()["chat"];
+        assert_eq!((chat.presence, chat.join_leave), (Some(false), Some(true)));
         assert_eq!(file.flags["insecure_no_auth"], ["true"]);
         assert_eq!(file.flags["tls_cert"], ["/etc/herald/cert.pem"]);
         assert_eq!(
@@ -361,6 +381,11 @@ api_keys = []
             ("listen = [\"a:1\"]", "key listen takes one value"),
             ("[tls]\ncret = \"x\"", "[tls]: unknown field `cret`"),
             ("[cors]\nmax_age = 5", "[cors]"),
+            (
+                "[centrifugo]\njoinleave = true",
+                "unknown field `joinleave`",
+            ),
+            ("[namespaces.chat]\njoin_leave = 1", "[namespaces]"),
             ("config = \"other.toml\"", "unknown key config"),
             ("auth = 1", "auth must be a section"),
             ("listen = ", "line 1"),

@@ -230,9 +230,20 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "HERALD_CENTRIFUGO_CONNECT_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     centrifugo_connect_timeout: Duration,
     /// Centrifugo protocol: answer `presence` and `presence_stats`
-    /// (cluster-wide, kept in the database); off, they answer 108.
+    /// (cluster-wide, kept in the database); off, they answer 108. The
+    /// default for namespaces without `presence` of their own.
     #[arg(long, env = "HERALD_CENTRIFUGO_PRESENCE", value_parser = clap::builder::BoolishValueParser::new())]
     centrifugo_presence: bool,
+    /// Centrifugo protocol: push joins and leaves to the subscribers that
+    /// ask (cluster-wide). The default for namespaces without
+    /// `join_leave` of their own.
+    #[arg(long, env = "HERALD_CENTRIFUGO_JOIN_LEAVE", value_parser = clap::builder::BoolishValueParser::new())]
+    centrifugo_join_leave: bool,
+    /// Centrifugo protocol: push joins and leaves to every subscriber,
+    /// asked or not. The default for namespaces without
+    /// `force_push_join_leave` of their own.
+    #[arg(long, env = "HERALD_CENTRIFUGO_FORCE_PUSH_JOIN_LEAVE", value_parser = clap::builder::BoolishValueParser::new())]
+    centrifugo_force_push_join_leave: bool,
     /// Centrifugo protocol: how long a node's presence rows outlive its
     /// last heartbeat (renewed every third of it).
     #[arg(long, env = "HERALD_CENTRIFUGO_PRESENCE_TTL", default_value = "30s", value_parser = parse_duration)]
@@ -597,6 +608,8 @@ fn centrifugo_config(args: &ServeArgs) -> CentrifugoConfig {
         connect_timeout: args.centrifugo_connect_timeout,
         presence: args.centrifugo_presence,
         presence_ttl: args.centrifugo_presence_ttl,
+        join_leave: args.centrifugo_join_leave,
+        force_push_join_leave: args.centrifugo_force_push_join_leave,
     }
 }
 
@@ -1077,8 +1090,16 @@ mod tests {
             "5s",
             "--centrifugo-pong-timeout",
             "2s",
+            "--centrifugo-join-leave",
         ]);
         assert!(config.centrifugo.presence);
+        assert!(config.centrifugo.join_leave);
+        assert!(!config.centrifugo.force_push_join_leave);
+        assert!(
+            config_of(&["--centrifugo-force-push-join-leave"])
+                .centrifugo
+                .force_push_join_leave
+        );
         assert_eq!(config.centrifugo.ping_interval, Duration::from_secs(5));
         assert_eq!(config.centrifugo.pong_timeout, Duration::from_secs(2));
         assert_eq!(

@@ -213,7 +213,10 @@ pub enum PublishRule {
 /// The rules of one namespace (`[namespaces.<name>]`) or of the default
 /// one (`[auth.default_namespace]`). Every field has a safe default:
 /// subscribe with a token, publish with a key, history readable by
-/// subscribers.
+/// subscribers. The last three are Centrifugo's channel options of the
+/// same names (Centrifugo's documentation, "Channels", "Channel
+/// options"); absent, the `[centrifugo]` setting of the same name (off
+/// by default) applies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct NamespaceRule {
@@ -227,6 +230,22 @@ pub struct NamespaceRule {
     /// `true`); when `false`, history needs an API key with `read`.
     #[serde(default = "yes")]
     pub history: bool,
+    /// Whether Centrifugo's `presence` and `presence_stats` are answered
+    /// for the namespace's channels (off: error 108 "not available") and
+    /// its subscribers recorded in the storage's presence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub presence: Option<bool>,
+    /// Whether a Centrifugo client's subscribe and unsubscribe (or
+    /// disconnect) in the namespace's channels are announced to the
+    /// channel's subscribers as join and leave pushes, on every node;
+    /// a subscriber gets them when its subscribe asked (`join_leave`)
+    /// or `force_push_join_leave` is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub join_leave: Option<bool>,
+    /// With `join_leave`, push joins and leaves to every subscriber,
+    /// whether or not its subscribe asked for them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub force_push_join_leave: Option<bool>,
 }
 
 fn yes() -> bool {
@@ -239,6 +258,9 @@ impl Default for NamespaceRule {
             subscribe: SubscribeRule::default(),
             publish: PublishRule::default(),
             history: true,
+            presence: None,
+            join_leave: None,
+            force_push_join_leave: None,
         }
     }
 }
@@ -281,6 +303,18 @@ mod tests {
                 .unwrap();
         assert_eq!(namespaces["chat"].publish, PublishRule::Token);
         assert!(!namespaces["chat"].history);
+        assert_eq!(namespaces["chat"].presence, None);
+        let namespaces: NamespacesConfig = toml::from_str(
+            "[chat]\npresence = true\njoin_leave = true\nforce_push_join_leave = false\n",
+        )
+        .unwrap();
+        let chat = namespaces["chat"];
+        assert_eq!(
+            (chat.presence, chat.join_leave, chat.force_push_join_leave),
+            (Some(true), Some(true), Some(false))
+        );
+        assert!(toml::from_str::<NamespacesConfig>("[chat]\njoinleave = true").is_err());
+        assert!(toml::from_str::<NamespacesConfig>("[chat]\npresence = \"yes\"").is_err());
     }
 
     #[test]

@@ -12,7 +12,11 @@
 //! - `channel` (optional, one exact channel name): a subscription token,
 //!   which may subscribe to and read that channel;
 //! - `publish` (optional list of channel patterns): may publish there, in
-//!   namespaces whose rule is `publish = "token"`.
+//!   namespaces whose rule is `publish = "token"`;
+//! - `info` (optional, any JSON value): Centrifugo's information about the
+//!   connection (a connection token) or the subscription (a subscription
+//!   token), shown to other subscribers in join and leave pushes as
+//!   `conn_info` and `chan_info`.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -39,6 +43,8 @@ pub(crate) struct TokenGrant {
     channel: Option<String>,
     /// Channels it may publish to (`publish`).
     publish: Patterns,
+    /// The `info` claim as JSON text (`null` counts as absent).
+    pub(crate) info: Option<String>,
 }
 
 impl TokenGrant {
@@ -72,6 +78,8 @@ struct Claims {
     channel: Option<String>,
     #[serde(default)]
     publish: Vec<String>,
+    #[serde(default)]
+    info: Option<Box<serde_json::value::RawValue>>,
 }
 
 /// One verification key.
@@ -247,6 +255,10 @@ fn grant(claims: Claims) -> TokenGrant {
         channels: Patterns::of(&claims.channels),
         channel: claims.channel,
         publish: Patterns::of(&claims.publish),
+        info: claims
+            .info
+            .map(|raw| raw.get().to_owned())
+            .filter(|text| text != "null"),
     }
 }
 
@@ -307,6 +319,21 @@ mod tests {
         assert!(g.may_read(&ch("room:1")));
         assert!(!g.may_read(&ch("room:2")));
         assert!(!g.may_publish(&ch("room:1")));
+        assert_eq!(g.info, None);
+        let with_info = sign(
+            SECRET,
+            &json!({"sub": "u1", "exp": now() + 60, "info": {"name": "Ann", "seat": [1, 2]}}),
+        );
+        let info = v.verify(&with_info).unwrap().info.unwrap();
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&info).unwrap(),
+            json!({"name": "Ann", "seat": [1, 2]})
+        );
+        let null = sign(
+            SECRET,
+            &json!({"sub": "u1", "exp": now() + 60, "info": null}),
+        );
+        assert_eq!(v.verify(&null).unwrap().info, None);
     }
 
     #[test]

@@ -142,6 +142,12 @@ impl Auth {
         })
     }
 
+    /// The rule of `channel`'s namespace (the default rule for a channel
+    /// without one, or in a namespace not listed).
+    pub(crate) fn namespace_rule(&self, channel: &ChannelName) -> &NamespaceRule {
+        self.namespaces.rule(channel)
+    }
+
     /// `true` when API keys or JWT keys are configured: requests are then
     /// checked.
     pub fn enabled(&self) -> bool {

@@ -5,10 +5,12 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use herald_core::{ChannelName, Offset};
+use herald_storage::{ClientInfo, PresenceEvent, PresenceEventKind};
 use serde::Serialize;
 use serde_json::value::RawValue;
 use tokio::time::Instant;
 
+use super::channel_options::ChannelOptions;
 use super::codes::{self, Disconnect, ReplyError};
 use super::history::{history, HistoryQuery};
 use super::presence;
@@ -272,6 +274,7 @@ impl Session {
         if shared.auth.may_subscribe(&who, &channel).is_err() {
             return Answer::Reply(error_reply(id, &ReplyError::permission_denied()));
         }
+        let options = ChannelOptions::of(&self.state, &channel);
         if let Err(e) = presence::join(&self.state, &self.client, &self.user(), &channel).await {
             return Answer::Reply(error_reply(id, &e));
         }
@@ -338,6 +341,11 @@ impl Session {
                 ttl: None,
             }
         };
+        let chan_info = if sub_token {
+            who.token().and_then(|t| t.info.clone())
+        } else {
+            None
+        };
         self.subs.insert(
             channel.clone(),
             Sub {
@@ -348,11 +356,27 @@ impl Session {
                 } else {
                     None
                 },
+                join_leave: options.join_leave,
+                chan_info: chan_info.clone(),
             },
         );
         shared
             .centrifugo
             .set_subscribed(&self.client, &channel, true);
+        // Listening first: a subscriber that asked gets its own join,
+        // after this reply (the session writes the reply before it reads
+        // its push queue again), as Centrifugo's subscribers do.
+        let join_leave = &shared.centrifugo.join_leave;
+        if options.pushes_join_leave(req.join_leave) {
+            join_leave.listen(&channel, &self.client, generation, self.out.clone());
+        }
+        if options.join_leave {
+            join_leave.emit(self.presence_event(
+                PresenceEventKind::Join,
+                channel.clone(),
+                chan_info,
+            ));
+        }
         Answer::Reply(reply(
             id,
             "subscribe",
@@ -380,23 +404,63 @@ impl Session {
         removed
     }
 
-    /// Ends the subscription to `channel` (not its presence row).
+    /// Ends the subscription to `channel` (not its presence row), and
+    /// announces its leave.
     fn end_subscription(&mut self, channel: &ChannelName) -> bool {
-        let removed = self.subs.remove(channel).is_some();
-        if removed {
-            self.state
-                .shared
-                .centrifugo
-                .set_subscribed(&self.client, channel, false);
-        }
-        removed
+        let Some(sub) = self.subs.remove(channel) else {
+            return false;
+        };
+        self.state
+            .shared
+            .centrifugo
+            .set_subscribed(&self.client, channel, false);
+        self.ended(channel.clone(), sub);
+        true
     }
 
-    /// Ends every subscription (the connection closes).
+    /// Ends every subscription (the connection closes): their leaves are
+    /// announced and their presence rows removed in the background.
     pub(crate) fn end_subscriptions(&mut self) {
-        let channels: BTreeSet<ChannelName> = self.subs.keys().cloned().collect();
-        self.subs.clear();
+        let subs = std::mem::take(&mut self.subs);
+        let channels: BTreeSet<ChannelName> = subs.keys().cloned().collect();
+        for (channel, sub) in subs {
+            self.ended(channel, sub);
+        }
         presence::leave(&self.state, &self.client, channels);
+    }
+
+    /// After `sub` of `channel` ended: no more pushes of the channel, and
+    /// a leave where the channel has `join_leave` (the client itself, no
+    /// longer a listener, does not get it).
+    fn ended(&self, channel: ChannelName, sub: Sub) {
+        let join_leave = &self.state.shared.centrifugo.join_leave;
+        join_leave.unlisten(&channel, &self.client);
+        if sub.join_leave {
+            let chan_info = sub.chan_info.clone();
+            drop(sub);
+            join_leave.emit(self.presence_event(PresenceEventKind::Leave, channel, chan_info));
+        }
+    }
+
+    /// A join or leave of this connection in `channel`: its user, client
+    /// id, connection token's `info` and `chan_info`.
+    fn presence_event(
+        &self,
+        kind: PresenceEventKind,
+        channel: ChannelName,
+        chan_info: Option<String>,
+    ) -> PresenceEvent {
+        let token = self.who.as_ref().and_then(Principal::token);
+        PresenceEvent {
+            kind,
+            channel,
+            info: ClientInfo {
+                user: self.user(),
+                client: self.client.clone(),
+                conn_info: token.and_then(|t| t.info.clone()),
+                chan_info,
+            },
+        }
     }
 
     /// The connection's user: its token's `sub`, empty when anonymous.
@@ -409,12 +473,13 @@ impl Session {
     }
 
     /// `presence` (or `presence_stats` with `stats`) of a channel the
-    /// connection may subscribe to.
+    /// connection may subscribe to; 108 when its namespace has no
+    /// presence.
     async fn presence(&self, name: &str, stats: bool) -> Result<serde_json::Value, ReplyError> {
-        if !presence::enabled(&self.state) {
+        let channel = channel(name)?;
+        if !presence::enabled(&self.state, &channel) {
             return Err(ReplyError::not_available());
         }
-        let channel = channel(name)?;
         let who = self.who.clone().unwrap_or(Principal::Anonymous);
         if self
             .state

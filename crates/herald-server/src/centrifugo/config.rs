@@ -23,12 +23,23 @@ pub struct CentrifugoConfig {
     /// Whether `presence` and `presence_stats` are answered (default
     /// off: error 108 "not available", as Centrifugo without presence).
     /// On, every subscription is recorded in the storage's presence rows,
-    /// seen by every node.
+    /// seen by every node. The default for channels whose namespace has
+    /// no `presence` of its own ([`crate::NamespaceRule::presence`]).
     pub presence: bool,
     /// How long a node's presence rows outlive its last heartbeat; the
     /// node renews them every third of it (default 30 s). A node that dies
     /// drops out of presence within this long.
     pub presence_ttl: Duration,
+    /// Whether subscribes and unsubscribes are pushed to the channel's
+    /// subscribers as joins and leaves (Centrifugo's `join_leave`, default
+    /// off); the default for channels whose namespace has no `join_leave`
+    /// of its own ([`crate::NamespaceRule::join_leave`]).
+    pub join_leave: bool,
+    /// Whether joins and leaves go to every subscriber, not only to those
+    /// whose subscribe asked (Centrifugo's `force_push_join_leave`,
+    /// default off); the default for namespaces that do not say
+    /// ([`crate::NamespaceRule::force_push_join_leave`]).
+    pub force_push_join_leave: bool,
 }
 
 impl Default for CentrifugoConfig {
@@ -39,6 +50,8 @@ impl Default for CentrifugoConfig {
             connect_timeout: Duration::from_secs(10),
             presence: false,
             presence_ttl: Duration::from_secs(30),
+            join_leave: false,
+            force_push_join_leave: false,
         }
     }
 }
@@ -84,6 +97,8 @@ mod tests {
         assert_eq!(c.pong_timeout, Duration::from_secs(8));
         assert_eq!(c.connect_timeout, Duration::from_secs(10));
         assert!(!c.presence);
+        assert!(!c.join_leave);
+        assert!(!c.force_push_join_leave);
         assert_eq!(c.presence_ttl, Duration::from_secs(30));
         c.validate().unwrap();
     }

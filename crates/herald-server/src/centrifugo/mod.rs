@@ -13,17 +13,23 @@
 //!   own, forwarded to the holder from a standby;
 //! - `registry.rs`: this node's connections, for the server API;
 //! - `presence.rs`: cluster-wide presence in the storage, when enabled;
-//! - `config.rs`: ping, pong and connect timeouts.
+//! - `join_leave.rs`: join and leave pushes, cluster-wide, when enabled;
+//! - `channel_options.rs`: `presence`, `join_leave` and
+//!   `force_push_join_leave` per namespace;
+//! - `config.rs`: ping, pong and connect timeouts, and the defaults of
+//!   the channel options.
 //!
 //! Access control is Herald's (`auth/`): the connection token is a
 //! Herald client token (Centrifugo's claim names `sub`, `exp`,
 //! `channel`), subscriptions and publishes follow the namespace rules, and
 //! the server API takes Herald's API keys.
 
+mod channel_options;
 mod codes;
 mod commands;
 mod config;
 mod history;
+mod join_leave;
 mod presence;
 mod protocol;
 mod publish;

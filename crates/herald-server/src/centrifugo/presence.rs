@@ -1,6 +1,8 @@
-//! Presence, when `CentrifugoConfig::presence` is on: each subscription
-//! is a row of the storage's presence (`Storage::presence_add`), written
-//! by the node that holds the connection under its process's session id
+//! Presence, in channels whose namespace has it (`channel_options.rs`:
+//! the namespace's `presence`, else `CentrifugoConfig::presence`): each
+//! subscription is a row of the storage's presence
+//! (`Storage::presence_add`), written by the node that holds the
+//! connection under its process's session id
 //! and renewed by that node's heartbeat every third of `presence_ttl`, so
 //! every node answers `presence` for the whole cluster, and the clients of
 //! a node that died drop out within `presence_ttl`.
@@ -14,6 +16,7 @@ use herald_storage::{PresenceEntry, Storage};
 use serde_json::{json, Map, Value};
 use tokio_util::sync::CancellationToken;
 
+use super::channel_options::ChannelOptions;
 use super::codes::ReplyError;
 use crate::AppState;
 
@@ -67,14 +70,15 @@ impl PresenceSession {
     }
 }
 
-/// Whether presence is on; when off, `presence` and `presence_stats`
-/// answer 108 before anything else is checked.
-pub(crate) fn enabled(state: &AppState) -> bool {
-    state.shared.config.centrifugo.presence
+/// Whether `channel` has presence; when not, `presence` and
+/// `presence_stats` answer 108 before permissions are checked, as
+/// Centrifugo's do.
+pub(crate) fn enabled(state: &AppState, channel: &ChannelName) -> bool {
+    ChannelOptions::of(state, channel).presence
 }
 
 /// Records that `client` of `user` subscribed to `channel` (nothing when
-/// presence is off).
+/// the channel has no presence).
 ///
 /// # Errors
 /// 100 when the storage fails (logged).
@@ -84,11 +88,11 @@ pub(crate) async fn join(
     user: &str,
     channel: &ChannelName,
 ) -> Result<(), ReplyError> {
-    let shared = &state.shared;
-    let config = &shared.config.centrifugo;
-    if !config.presence {
+    if !enabled(state, channel) {
         return Ok(());
     }
+    let shared = &state.shared;
+    let config = &shared.config.centrifugo;
     let session = &shared.centrifugo.presence;
     session.ensure_heartbeat(
         Arc::clone(&shared.storage),
@@ -110,10 +114,11 @@ pub(crate) async fn join(
         })
 }
 
-/// Removes `client`'s rows of `channels`, in the background (a failure
-/// is logged; the rows then expire).
-pub(crate) fn leave(state: &AppState, client: &str, channels: BTreeSet<ChannelName>) {
-    if !state.shared.config.centrifugo.presence || channels.is_empty() {
+/// Removes `client`'s rows of those of `channels` that have presence, in
+/// the background (a failure is logged; the rows then expire).
+pub(crate) fn leave(state: &AppState, client: &str, mut channels: BTreeSet<ChannelName>) {
+    channels.retain(|channel| enabled(state, channel));
+    if channels.is_empty() {
         return;
     }
     let storage = Arc::clone(&state.shared.storage);
@@ -130,7 +135,7 @@ pub(crate) fn leave(state: &AppState, client: &str, channels: BTreeSet<ChannelNa
 /// Removes `client`'s row of `channel` now (a failure is logged; the row
 /// then expires).
 pub(crate) async fn remove(state: &AppState, client: &str, channel: &ChannelName) {
-    if !state.shared.config.centrifugo.presence {
+    if !enabled(state, channel) {
         return;
     }
     if let Err(e) = state.shared.storage.presence_remove(channel, client).await {
@@ -138,12 +143,12 @@ pub(crate) async fn remove(state: &AppState, client: &str, channel: &ChannelName
     }
 }
 
-/// The entries of `channel`, or 108 when presence is off.
+/// The entries of `channel`, or 108 when it has no presence.
 async fn entries(
     state: &AppState,
     channel: &ChannelName,
 ) -> Result<Vec<PresenceEntry>, ReplyError> {
-    if !state.shared.config.centrifugo.presence {
+    if !enabled(state, channel) {
         return Err(ReplyError::not_available());
     }
     state.shared.storage.presence(channel).await.map_err(|e| {
@@ -155,7 +160,7 @@ async fn entries(
 /// `presence`'s result: `{"presence": {"<client>": {"client", "user"}}}`.
 ///
 /// # Errors
-/// 108 when presence is off; 100 when the storage fails.
+/// 108 when the channel has no presence; 100 when the storage fails.
 pub(crate) async fn presence(state: &AppState, channel: &ChannelName) -> Result<Value, ReplyError> {
     let map: Map<String, Value> = entries(state, channel)
         .await?

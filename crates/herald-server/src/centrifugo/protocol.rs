@@ -9,6 +9,7 @@
 //! protobuf's JSON mapping does for unknown fields.
 
 use herald_core::Message;
+use herald_storage::{PresenceEvent, PresenceEventKind};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
@@ -67,6 +68,10 @@ pub(crate) struct SubscribeRequest {
     /// The offset of the last publication the client received.
     #[serde(default)]
     pub(crate) offset: u64,
+    /// Push joins and leaves of the channel to this subscriber, where
+    /// its namespace has `join_leave`.
+    #[serde(default)]
+    pub(crate) join_leave: bool,
 }
 
 /// A request naming only a channel (`unsubscribe`, `presence`,
@@ -193,7 +198,94 @@ pub(crate) fn unsubscribe_push(channel: &str, code: u32, reason: &str) -> String
     }))
 }
 
+/// A join or leave push:
+/// `{"push":{"channel":"...","join":{"info":{"user","client","conn_info","chan_info"}}}}`
+/// (`leave` instead of `join`). `user` and `client` are always there, as
+/// Centrifugo writes them; an info is there when set and JSON text.
+pub(crate) fn join_leave_push(event: &PresenceEvent) -> String {
+    #[derive(Serialize)]
+    struct Info<'a> {
+        user: &'a str,
+        client: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        conn_info: Option<&'a RawValue>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        chan_info: Option<&'a RawValue>,
+    }
+    #[derive(Serialize)]
+    struct Body<'a> {
+        info: Info<'a>,
+    }
+    #[derive(Serialize)]
+    struct Push<'a> {
+        channel: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        join: Option<Body<'a>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        leave: Option<Body<'a>>,
+    }
+    fn raw(text: Option<&str>) -> Option<&RawValue> {
+        text.and_then(|t| serde_json::from_str(t).ok())
+    }
+    let body = Body {
+        info: Info {
+            user: &event.info.user,
+            client: &event.info.client,
+            conn_info: raw(event.info.conn_info.as_deref()),
+            chan_info: raw(event.info.chan_info.as_deref()),
+        },
+    };
+    let (join, leave) = match event.kind {
+        PresenceEventKind::Join => (Some(body), None),
+        PresenceEventKind::Leave => (None, Some(body)),
+    };
+    reply_push(&Push {
+        channel: event.channel.as_str(),
+        join,
+        leave,
+    })
+}
+
 fn reply_push(push: &impl Serialize) -> String {
     let push = serde_json::to_string(push).unwrap_or_else(|_| "{}".to_owned());
     format!("{{\"push\":{push}}}")
+}
+
+#[cfg(test)]
+mod tests {
+    use herald_core::ChannelName;
+    use herald_storage::ClientInfo;
+    use serde_json::{json, Value};
+
+    use super::*;
+
+    #[test]
+    fn join_and_leave_pushes_have_centrifugos_shape() {
+        let mut event = PresenceEvent {
+            kind: PresenceEventKind::Join,
+            channel: ChannelName::new("chat:a").unwrap(),
+            info: ClientInfo {
+                user: String::new(),
+                client: "c-1".to_owned(),
+                conn_info: Some(r#"{"name":"Ann"}"#.to_owned()),
+                chan_info: None,
+            },
+        };
+        let parsed = |text: String| serde_json::from_str::<Value>(&text).unwrap();
+        assert_eq!(
+            parsed(join_leave_push(&event)),
+            json!({"push": {"channel": "chat:a", "join": {"info": {
+                "user": "", "client": "c-1", "conn_info": {"name": "Ann"}
+            }}}})
+        );
+        event.kind = PresenceEventKind::Leave;
+        event.info.conn_info = Some("not json".to_owned());
+        event.info.chan_info = Some("7".to_owned());
+        assert_eq!(
+            parsed(join_leave_push(&event)),
+            json!({"push": {"channel": "chat:a", "leave": {"info": {
+                "user": "", "client": "c-1", "chan_info": 7
+            }}}})
+        );
+    }
 }

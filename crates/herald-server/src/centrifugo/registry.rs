@@ -1,12 +1,15 @@
 //! This node's Centrifugo connections, for the server API's `disconnect`,
 //! `unsubscribe`, `channels` and `info`: each connection's user and
-//! channels, and a way to tell its session to act.
+//! channels, and a way to tell its session to act; with the node's
+//! presence session and its join and leave fan-out.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use herald_core::ChannelName;
+use herald_storage::Storage;
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 use super::codes::Disconnect;
 
@@ -38,16 +41,8 @@ pub(crate) struct Registry {
     started: std::time::Instant,
     /// This process's presence session (`presence.rs`).
     pub(crate) presence: super::presence::PresenceSession,
-}
-
-impl Default for Registry {
-    fn default() -> Self {
-        Self {
-            conns: Mutex::default(),
-            started: std::time::Instant::now(),
-            presence: super::presence::PresenceSession::default(),
-        }
-    }
+    /// Join and leave pushes (`join_leave.rs`).
+    pub(crate) join_leave: super::join_leave::JoinLeave,
 }
 
 /// Counts of this node's connections.
@@ -64,6 +59,21 @@ pub(crate) struct Counts {
 }
 
 impl Registry {
+    /// An empty registry; starts the join and leave fan-out on `storage`
+    /// (see [`super::join_leave::JoinLeave::start`]).
+    pub(crate) fn new(
+        storage: Arc<dyn Storage>,
+        shutdown: CancellationToken,
+        span: tracing::Span,
+    ) -> Self {
+        Self {
+            conns: Mutex::default(),
+            started: std::time::Instant::now(),
+            presence: super::presence::PresenceSession::default(),
+            join_leave: super::join_leave::JoinLeave::start(storage, shutdown, span),
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
         self.conns
             .lock()

@@ -419,17 +419,17 @@ struct ChannelParams {
 }
 
 /// `presence` (`presence_stats` with `stats`), for a key that may read the
-/// channel; 108 when presence is off.
+/// channel; 108 when the channel's namespace has no presence.
 async fn presence_method(
     state: &AppState,
     who: &Principal,
     p: ChannelParams,
     stats: bool,
 ) -> Outcome {
-    if !super::presence::enabled(state) {
+    let channel = channel(&p.channel)?;
+    if !super::presence::enabled(state, &channel) {
         return Err(ReplyError::not_available());
     }
-    let channel = channel(&p.channel)?;
     if state.shared.auth.may_read_history(who, &channel).is_err() {
         return Err(ReplyError::permission_denied());
     }

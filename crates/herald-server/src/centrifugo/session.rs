@@ -65,6 +65,10 @@ pub(crate) struct Sub {
     pub(crate) task: JoinHandle<()>,
     /// When its subscription token expires, if it was made with one.
     pub(crate) expires: Option<Instant>,
+    /// Its channel has `join_leave`: its end is announced as a leave.
+    pub(crate) join_leave: bool,
+    /// The subscription token's `info` (Centrifugo's `chan_info`).
+    pub(crate) chan_info: Option<String>,
 }
 
 impl Drop for Sub {
@@ -94,7 +98,11 @@ pub(crate) struct Session {
 
 impl Drop for Session {
     fn drop(&mut self) {
-        self.state.shared.centrifugo.remove(&self.client);
+        let registry = &self.state.shared.centrifugo;
+        registry.remove(&self.client);
+        for channel in self.subs.keys() {
+            registry.join_leave.unlisten(channel, &self.client);
+        }
     }
 }
 

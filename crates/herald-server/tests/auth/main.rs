@@ -133,6 +133,7 @@ impl Creds {
             subscribe,
             publish,
             history,
+            ..NamespaceRule::default()
         };
         namespaces.insert(
             "open".to_owned(),

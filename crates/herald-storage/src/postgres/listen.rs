@@ -2,7 +2,8 @@
 //! `LISTEN` on [`CHANGES_CHANNEL`] and turns each notification into a
 //! [`ChangeSignal`] on a broadcast channel, and `LISTEN` on
 //! [`LEASE_CHANNEL`], whose notifications (a lease was released) bump a
-//! counter that standbys wait on.
+//! counter that standbys wait on, and `LISTEN` on [`PRESENCE_CHANNEL`],
+//! whose join and leave events go to `presence_events.rs`.
 //!
 //! Fenced writes send their notices with `pg_notify` inside their
 //! transaction; PostgreSQL delivers them only when that transaction commits,
@@ -26,13 +27,14 @@ use herald_core::ChannelName;
 use tokio::sync::{broadcast, watch};
 use tokio_postgres::{AsyncMessage, Client, Config};
 
+use super::presence_events::{Inbox, PRESENCE_CHANNEL};
 use super::reconnect::{millis, pause, Reconnect};
 use super::{connect_raw, drive, PgConnection, CHANGES_CHANNEL, LEASE_CHANNEL};
 use crate::{ChangeSignal, Error, Result};
 
 /// The statements that subscribe the connection to the notices.
 fn listen_sql() -> String {
-    format!("LISTEN {CHANGES_CHANNEL}; LISTEN {LEASE_CHANNEL}")
+    format!("LISTEN {CHANGES_CHANNEL}; LISTEN {LEASE_CHANNEL}; LISTEN {PRESENCE_CHANNEL}")
 }
 
 /// Where the listener sends what it hears.
@@ -43,6 +45,8 @@ pub(super) struct Outputs {
     /// Counts lease releases heard (and reconnects, when some may have been
     /// missed).
     pub(super) releases: watch::Sender<u64>,
+    /// Join and leave events of other nodes.
+    pub(super) presence: Inbox,
 }
 
 /// Opens a listening connection: connects and runs `LISTEN`, both within
@@ -136,13 +140,16 @@ pub(super) async fn run(
 /// Forwards one asynchronous message: a change notice of ours becomes a
 /// signal; a payload that does not parse becomes [`ChangeSignal::Resync`],
 /// so that receivers catch up instead of missing it. A lease notice bumps
-/// the release counter.
+/// the release counter. A join or leave event goes to the presence inbox.
 fn handle(message: AsyncMessage, outputs: &Outputs) {
     let sender = &outputs.changes;
     match message {
         AsyncMessage::Notification(n) if n.channel() == LEASE_CHANNEL => {
             tracing::debug!(lease = %n.payload(), "lease released");
             outputs.releases.send_modify(|count| *count += 1);
+        }
+        AsyncMessage::Notification(n) if n.channel() == PRESENCE_CHANNEL => {
+            outputs.presence.heard(n.payload());
         }
         AsyncMessage::Notification(n) if n.channel() == CHANGES_CHANNEL => {
             let signal = parse_payload(n.payload()).unwrap_or_else(|| {

@@ -4,7 +4,9 @@
 //! publications, publishes where the namespace allows it, reads history,
 //! recovers what it missed while it was disconnected, and recovers again
 //! after the node restarts: every publication exactly once, in order,
-//! `recovered: true`, the same epoch throughout.
+//! `recovered: true`, the same epoch throughout. With `joinLeave` it sees
+//! the joins and leaves of another client, on another node on
+//! PostgreSQL.
 //!
 //! The test command installs the packages (`npm ci` in `tests/clients`)
 //! and names that directory in `HERALD_TEST_NODE_CLIENTS` (and `node` in
@@ -12,6 +14,7 @@
 
 use std::process::Stdio;
 
+use herald_server::NamespaceRule;
 use herald_testkit::clients::{node_bin, node_clients};
 use herald_testkit::{within, NODE_WAIT};
 use serde_json::{json, Value};
@@ -298,4 +301,110 @@ async fn centrifuge_js_survives_holder_failover_on_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn centrifuge_js_survives_holder_failover_on_postgres() {
     holder_failover(Backend::Postgres).await;
+}
+
+/// centrifuge-js subscribed with `joinLeave: true` in a namespace with
+/// `join_leave` sees its own join, then the join of another client (with
+/// its connection token's `info` as `connInfo`), its leave when it
+/// unsubscribes, and again a join and a leave when it subscribes and
+/// disconnects. On PostgreSQL the other client is on the other node; on
+/// SQLite both are on one node (its nodes are processes on one host that
+/// do not pass joins and leaves to each other, see docs/centrifugo.md).
+async fn joins_and_leaves(backend: Backend) {
+    let place = Place::new(backend).await;
+    let creds = Creds::new();
+    let mut config = creds.config();
+    config.namespaces.insert(
+        "chat".to_owned(),
+        NamespaceRule {
+            join_leave: Some(true),
+            ..NamespaceRule::default()
+        },
+    );
+    let holder = Node::start(&place, "node-a", Role::Holder, config.clone()).await;
+    let standby = match backend {
+        Backend::Postgres => Some(Node::start(&place, "node-b", Role::Standby, config).await),
+        Backend::Sqlite => None,
+    };
+    let other_node = standby.as_ref().unwrap_or(&holder);
+    let ann = creds.token_for("ann", json!({"channels": ["chat:*"]}));
+    let bob = creds.token_for(
+        "bob",
+        json!({"channels": ["chat:*"], "info": {"name": "Bob"}}),
+    );
+    let mut watcher = JsClient::start(
+        &format!("{}/connection/websocket", holder.ws_base),
+        &ann,
+        "chat:js",
+    );
+    let me = watcher.expect("connected", is("connected", "")).await["client"].clone();
+    watcher
+        .send(json!({"op": "subscribe", "channel": "chat:js", "joinLeave": true}))
+        .await;
+    watcher
+        .expect("subscribed", is("subscribed", "chat:js"))
+        .await;
+    let own = watcher.expect("its own join", is("join", "chat:js")).await;
+    assert_eq!(
+        (&own["client"], &own["user"]),
+        (&me, &json!("ann")),
+        "{own}"
+    );
+
+    let mut other = JsClient::start(
+        &format!("{}/connection/websocket", other_node.ws_base),
+        &bob,
+        "chat:js",
+    );
+    let theirs = other.expect("connected", is("connected", "")).await["client"].clone();
+    let event = |kind: &str| {
+        json!({"type": kind, "channel": "chat:js", "client": theirs, "user": "bob",
+               "connInfo": {"name": "Bob"}, "chanInfo": null})
+    };
+    other
+        .send(json!({"op": "subscribe", "channel": "chat:js"}))
+        .await;
+    other
+        .expect("subscribed", is("subscribed", "chat:js"))
+        .await;
+    let join = watcher.expect("bob's join", is("join", "chat:js")).await;
+    assert_eq!(join, event("join"));
+    other
+        .send(json!({"op": "unsubscribe", "channel": "chat:js"}))
+        .await;
+    other
+        .expect("unsubscribed", is("unsubscribed", "chat:js"))
+        .await;
+    let leave = watcher.expect("bob's leave", is("leave", "chat:js")).await;
+    assert_eq!(leave, event("leave"));
+
+    // Subscribed again, then disconnected: a join, then a leave.
+    other
+        .send(json!({"op": "subscribe", "channel": "chat:js"}))
+        .await;
+    other
+        .expect("subscribed", is("subscribed", "chat:js"))
+        .await;
+    let join = watcher.expect("bob's join", is("join", "chat:js")).await;
+    assert_eq!(join, event("join"));
+    other.send(json!({"op": "disconnect"})).await;
+    other.expect("disconnected", is("disconnected", "")).await;
+    let leave = watcher.expect("bob's leave", is("leave", "chat:js")).await;
+    assert_eq!(leave, event("leave"));
+    other.stop().await;
+    watcher.stop().await;
+    if let Some(standby) = standby {
+        standby.stop().await;
+    }
+    holder.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_js_sees_joins_and_leaves_on_sqlite() {
+    joins_and_leaves(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_js_sees_joins_and_leaves_across_nodes_on_postgres() {
+    joins_and_leaves(Backend::Postgres).await;
 }

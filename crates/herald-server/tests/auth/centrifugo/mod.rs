@@ -5,6 +5,7 @@
 
 mod cent;
 mod client;
+mod join_leave;
 mod js;
 mod presence;
 mod protocol;
