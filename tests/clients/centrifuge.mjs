@@ -19,7 +19,12 @@
 //   {"type":"subscribed","channel":"...","recoverable":true,"wasRecovering":false,
 //    "recovered":false,"offset":N,"epoch":"..."}
 //   {"type":"subscribing","channel":"...","code":N,"reason":"..."}
-//   {"type":"publication","channel":"...","offset":N,"data":...}
+//   {"type":"publication","channel":"...","offset":N,"data":...,"tags":{...}|null}
+//   {"type":"server_subscribed","channel":"...","recoverable":true,"wasRecovering":false,
+//    "recovered":false,"offset":N,"epoch":"...","data":...|null}
+//                                  a server-side subscription (the token's `subs`)
+//   {"type":"server_publication","channel":"...","offset":N,"data":...,"tags":{...}|null}
+//   {"type":"server_unsubscribed","channel":"..."}
 //   {"type":"published","channel":"..."}
 //   {"type":"history","channel":"...","offsets":[...],"offset":N,"epoch":"..."}
 //   {"type":"failed","op":"...","code":N,"message":"..."}  a command's error
@@ -49,6 +54,29 @@ const client = new Centrifuge(url, {
 client.on("connected", (ctx) => report({ type: "connected", client: ctx.client }));
 client.on("connecting", (ctx) => report({ type: "connecting", code: ctx.code, reason: ctx.reason }));
 client.on("disconnected", (ctx) => report({ type: "disconnected", code: ctx.code, reason: ctx.reason }));
+// Server-side subscriptions are reported by the client object itself.
+client.on("subscribed", (ctx) =>
+  report({
+    type: "server_subscribed",
+    channel: ctx.channel,
+    recoverable: ctx.recoverable,
+    wasRecovering: ctx.wasRecovering,
+    recovered: ctx.recovered,
+    offset: ctx.streamPosition ? Number(ctx.streamPosition.offset) : null,
+    epoch: ctx.streamPosition ? ctx.streamPosition.epoch : null,
+    data: ctx.data ?? null,
+  }),
+);
+client.on("publication", (ctx) =>
+  report({
+    type: "server_publication",
+    channel: ctx.channel,
+    offset: Number(ctx.offset),
+    data: ctx.data,
+    tags: ctx.tags ?? null,
+  }),
+);
+client.on("unsubscribed", (ctx) => report({ type: "server_unsubscribed", channel: ctx.channel }));
 
 const subscription = (channel) => {
   const existing = client.getSubscription(channel);
@@ -69,7 +97,7 @@ const subscription = (channel) => {
   );
   sub.on("subscribing", (ctx) => report({ type: "subscribing", channel, code: ctx.code, reason: ctx.reason }));
   sub.on("publication", (ctx) =>
-    report({ type: "publication", channel, offset: Number(ctx.offset), data: ctx.data }),
+    report({ type: "publication", channel, offset: Number(ctx.offset), data: ctx.data, tags: ctx.tags ?? null }),
   );
   sub.on("error", (ctx) =>
     report({ type: "failed", op: "subscription", channel, code: ctx.error.code, message: ctx.error.message }),

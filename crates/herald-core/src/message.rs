@@ -4,7 +4,7 @@ use serde::ser::SerializeStruct;
 use serde::{Serialize, Serializer};
 use serde_json::value::RawValue;
 
-use crate::{format_rfc3339_ms, ChannelName, IdempotencyKey};
+use crate::{format_rfc3339_ms, ChannelName, IdempotencyKey, Tags};
 
 /// A message's position in its channel: 1 for the first message, then
 /// contiguous, never reused.
@@ -12,7 +12,8 @@ pub type Offset = u64;
 
 /// A stored message, as history and subscriptions deliver it.
 ///
-/// Serializes to `{"offset": u64, "data": <JSON>, "published_at": "<RFC 3339>"}`.
+/// Serializes to `{"offset": u64, "data": <JSON>, "published_at": "<RFC 3339>"}`,
+/// plus `"tags": {"<key>": "<value>", ...}` when it has tags.
 #[derive(Debug, Clone)]
 pub struct Message {
     /// The message's offset in its channel.
@@ -21,14 +22,22 @@ pub struct Message {
     pub data: Arc<RawValue>,
     /// Commit time in milliseconds since the Unix epoch, from the storage's clock.
     pub published_at_ms: i64,
+    /// The tags the publisher sent with it (usually none).
+    pub tags: Tags,
 }
 
 impl Serialize for Message {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut st = s.serialize_struct("Message", 3)?;
+        let fields = if self.tags.is_empty() { 3 } else { 4 };
+        let mut st = s.serialize_struct("Message", fields)?;
         st.serialize_field("offset", &self.offset)?;
         st.serialize_field("data", &*self.data)?;
         st.serialize_field("published_at", &format_rfc3339_ms(self.published_at_ms))?;
+        if self.tags.is_empty() {
+            st.skip_field("tags")?;
+        } else {
+            st.serialize_field("tags", &self.tags)?;
+        }
         st.end()
     }
 }
@@ -38,6 +47,7 @@ impl PartialEq for Message {
         self.offset == other.offset
             && self.data.get() == other.data.get()
             && self.published_at_ms == other.published_at_ms
+            && self.tags == other.tags
     }
 }
 
@@ -50,6 +60,8 @@ pub struct NewMessage {
     pub data: Arc<RawValue>,
     /// Optional key that makes the publish idempotent per channel.
     pub idempotency_key: Option<IdempotencyKey>,
+    /// Tags stored and delivered with the message (usually none).
+    pub tags: Tags,
 }
 
 /// The outcome of appending one [`NewMessage`].

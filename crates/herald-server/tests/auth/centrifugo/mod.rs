@@ -5,11 +5,14 @@
 
 mod cent;
 mod client;
+mod history_remove;
 mod js;
 mod presence;
 mod protocol;
 mod recovery;
 mod server_api;
+mod server_subs;
+mod tags;
 
 use serde_json::Value;
 
