@@ -4,8 +4,13 @@
 //! ordinary publication pushes with `channel`; a reconnecting client's
 //! `subs` recovers each one (`recovered: true` with every missed
 //! publication, or `recovered: false`); the namespace rules still apply;
-//! a refresh whose token changes `subs` closes with 3010.
+//! a refresh whose token changes `subs` closes with 3010; a storage
+//! failure while they start closes with 3004.
 
+use std::sync::Arc;
+
+use herald_storage::Storage;
+use herald_testkit::storage::{Hooked, ReadOutage};
 use serde_json::{json, Value};
 
 use super::client::Client;
@@ -170,4 +175,40 @@ async fn server_side_subscriptions_on_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_side_subscriptions_on_postgres() {
     server_side_subscriptions(Backend::Postgres).await;
+}
+
+/// The storage fails while the server-side subscriptions of a `connect`
+/// start: the connection is closed with 3004 (the SDK reconnects), and a
+/// connect once the storage is back subscribes.
+async fn a_storage_failure_at_connect_closes(backend: Backend) {
+    let place = Place::new(backend).await;
+    let creds = Creds::new();
+    let outage = ReadOutage::new();
+    let node = Node::start_with(&place, "node-a", Role::Holder, creds.config(), {
+        let outage = Arc::clone(&outage);
+        move |s: Arc<dyn Storage>| Hooked::wrap(s, outage)
+    })
+    .await;
+    let token = creds.token_for("erin", json!({"subs": {"news:f": {}}}));
+    outage.start();
+    let mut c = Client::open(&node).await;
+    c.send_text(&json!({"id": 1, "connect": {"token": token}}).to_string())
+        .await;
+    assert_eq!(c.closed_with().await, Some(3004));
+    outage.end();
+    let (_, connected) = Client::connect(&node, &token).await;
+    assert_eq!(
+        connected["subs"]["news:f"]["recoverable"], true,
+        "{connected}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storage_failure_at_connect_closes_with_3004_on_sqlite() {
+    a_storage_failure_at_connect_closes(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storage_failure_at_connect_closes_with_3004_on_postgres() {
+    a_storage_failure_at_connect_closes(Backend::Postgres).await;
 }
