@@ -77,3 +77,33 @@ pub struct Appended {
     /// nothing was added.
     pub duplicate: bool,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(tags: &[(&str, &str)]) -> Message {
+        Message {
+            offset: 7,
+            data: Arc::from(RawValue::from_string(r#"{"a": 1}"#.to_owned()).unwrap()),
+            published_at_ms: 0,
+            tags: tags
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn tags_are_serialized_only_when_there_are_some() {
+        assert_eq!(
+            serde_json::to_string(&message(&[])).unwrap(),
+            r#"{"offset":7,"data":{"a": 1},"published_at":"1970-01-01T00:00:00.000Z"}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&message(&[("k", "v")])).unwrap(),
+            r#"{"offset":7,"data":{"a": 1},"published_at":"1970-01-01T00:00:00.000Z","tags":{"k":"v"}}"#
+        );
+        assert_ne!(message(&[("k", "v")]), message(&[]));
+    }
+}
