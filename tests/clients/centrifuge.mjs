@@ -22,9 +22,14 @@
 //    "recovered":false,"offset":N,"epoch":"..."}
 //   {"type":"subscribing","channel":"...","code":N,"reason":"..."}
 //   {"type":"unsubscribed","channel":"...","code":N,"reason":"..."}
-//   {"type":"publication","channel":"...","offset":N,"data":...}
+//   {"type":"publication","channel":"...","offset":N,"data":...,"tags":{...}|null}
 //   {"type":"join","channel":"...","client":"...","user":"...","connInfo":...,"chanInfo":...}
 //   {"type":"leave","channel":"...","client":"...","user":"...","connInfo":...,"chanInfo":...}
+//   {"type":"server_subscribed","channel":"...","recoverable":true,"wasRecovering":false,
+//    "recovered":false,"offset":N,"epoch":"...","data":...|null}
+//                                  a server-side subscription (the token's `subs`)
+//   {"type":"server_publication","channel":"...","offset":N,"data":...,"tags":{...}|null}
+//   {"type":"server_unsubscribed","channel":"..."}
 //   {"type":"published","channel":"..."}
 //   {"type":"history","channel":"...","offsets":[...],"offset":N,"epoch":"..."}
 //   {"type":"failed","op":"...","code":N,"message":"..."}  a command's error
@@ -54,6 +59,29 @@ const client = new Centrifuge(url, {
 client.on("connected", (ctx) => report({ type: "connected", client: ctx.client }));
 client.on("connecting", (ctx) => report({ type: "connecting", code: ctx.code, reason: ctx.reason }));
 client.on("disconnected", (ctx) => report({ type: "disconnected", code: ctx.code, reason: ctx.reason }));
+// Server-side subscriptions are reported by the client object itself.
+client.on("subscribed", (ctx) =>
+  report({
+    type: "server_subscribed",
+    channel: ctx.channel,
+    recoverable: ctx.recoverable,
+    wasRecovering: ctx.wasRecovering,
+    recovered: ctx.recovered,
+    offset: ctx.streamPosition ? Number(ctx.streamPosition.offset) : null,
+    epoch: ctx.streamPosition ? ctx.streamPosition.epoch : null,
+    data: ctx.data ?? null,
+  }),
+);
+client.on("publication", (ctx) =>
+  report({
+    type: "server_publication",
+    channel: ctx.channel,
+    offset: Number(ctx.offset),
+    data: ctx.data,
+    tags: ctx.tags ?? null,
+  }),
+);
+client.on("unsubscribed", (ctx) => report({ type: "server_unsubscribed", channel: ctx.channel }));
 
 const joinLeaveReport = (type, channel) => (ctx) =>
   report({
@@ -87,7 +115,7 @@ const subscription = (channel, options = {}) => {
   sub.on("join", joinLeaveReport("join", channel));
   sub.on("leave", joinLeaveReport("leave", channel));
   sub.on("publication", (ctx) =>
-    report({ type: "publication", channel, offset: Number(ctx.offset), data: ctx.data }),
+    report({ type: "publication", channel, offset: Number(ctx.offset), data: ctx.data, tags: ctx.tags ?? null }),
   );
   sub.on("error", (ctx) =>
     report({ type: "failed", op: "subscription", channel, code: ctx.error.code, message: ctx.error.message }),

@@ -13,10 +13,12 @@ pub mod fault_switches;
 mod idempotency;
 mod lease;
 mod message;
+mod tags;
 mod time;
 
 pub use channel::{ChannelHead, ChannelName, InvalidChannelName, MAX_CHANNEL_NAME_BYTES};
 pub use idempotency::{IdempotencyKey, InvalidIdempotencyKey, MAX_IDEMPOTENCY_KEY_BYTES};
 pub use lease::{Candidate, FencingToken, Lease, LeaseInfo, DEFAULT_LEASE_NAME};
 pub use message::{Appended, Message, NewMessage, Offset};
+pub use tags::Tags;
 pub use time::format_rfc3339_ms;

@@ -4,7 +4,7 @@ use serde::ser::SerializeStruct;
 use serde::{Serialize, Serializer};
 use serde_json::value::RawValue;
 
-use crate::{format_rfc3339_ms, ChannelName, IdempotencyKey};
+use crate::{format_rfc3339_ms, ChannelName, IdempotencyKey, Tags};
 
 /// A message's position in its channel: 1 for the first message, then
 /// contiguous, never reused.
@@ -12,7 +12,8 @@ pub type Offset = u64;
 
 /// A stored message, as history and subscriptions deliver it.
 ///
-/// Serializes to `{"offset": u64, "data": <JSON>, "published_at": "<RFC 3339>"}`.
+/// Serializes to `{"offset": u64, "data": <JSON>, "published_at": "<RFC 3339>"}`,
+/// plus `"tags": {"<key>": "<value>", ...}` when it has tags.
 #[derive(Debug, Clone)]
 pub struct Message {
     /// The message's offset in its channel.
@@ -21,14 +22,22 @@ pub struct Message {
     pub data: Arc<RawValue>,
     /// Commit time in milliseconds since the Unix epoch, from the storage's clock.
     pub published_at_ms: i64,
+    /// The tags the publisher sent with it (usually none).
+    pub tags: Tags,
 }
 
 impl Serialize for Message {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut st = s.serialize_struct("Message", 3)?;
+        let fields = if self.tags.is_empty() { 3 } else { 4 };
+        let mut st = s.serialize_struct("Message", fields)?;
         st.serialize_field("offset", &self.offset)?;
         st.serialize_field("data", &*self.data)?;
         st.serialize_field("published_at", &format_rfc3339_ms(self.published_at_ms))?;
+        if self.tags.is_empty() {
+            st.skip_field("tags")?;
+        } else {
+            st.serialize_field("tags", &self.tags)?;
+        }
         st.end()
     }
 }
@@ -38,6 +47,7 @@ impl PartialEq for Message {
         self.offset == other.offset
             && self.data.get() == other.data.get()
             && self.published_at_ms == other.published_at_ms
+            && self.tags == other.tags
     }
 }
 
@@ -50,6 +60,8 @@ pub struct NewMessage {
     pub data: Arc<RawValue>,
     /// Optional key that makes the publish idempotent per channel.
     pub idempotency_key: Option<IdempotencyKey>,
+    /// Tags stored and delivered with the message (usually none).
+    pub tags: Tags,
 }
 
 /// The outcome of appending one [`NewMessage`].
@@ -64,4 +76,34 @@ pub struct Appended {
     /// `true` when the idempotency key was already used on this channel and
     /// nothing was added.
     pub duplicate: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(tags: &[(&str, &str)]) -> Message {
+        Message {
+            offset: 7,
+            data: Arc::from(RawValue::from_string(r#"{"a": 1}"#.to_owned()).unwrap()),
+            published_at_ms: 0,
+            tags: tags
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn tags_are_serialized_only_when_there_are_some() {
+        assert_eq!(
+            serde_json::to_string(&message(&[])).unwrap(),
+            r#"{"offset":7,"data":{"a": 1},"published_at":"1970-01-01T00:00:00.000Z"}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&message(&[("k", "v")])).unwrap(),
+            r#"{"offset":7,"data":{"a": 1},"published_at":"1970-01-01T00:00:00.000Z","tags":{"k":"v"}}"#
+        );
+        assert_ne!(message(&[("k", "v")]), message(&[]));
+    }
 }

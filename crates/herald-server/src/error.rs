@@ -32,9 +32,9 @@ pub enum Error {
     /// The publish body is not JSON at all. 400 `invalid_json`.
     #[error("request body is not valid JSON: {0}")]
     InvalidJson(String),
-    /// The publish body is JSON but not exactly `{"data": <value>}`.
-    /// 400 `invalid_body`.
-    #[error("request body must be the object {{\"data\": <any JSON value>}}: {0}")]
+    /// The publish body is JSON but not exactly `{"data": <value>}` (with
+    /// optional `"tags"`). 400 `invalid_body`.
+    #[error("request body must be the object {{\"data\": <any JSON value>}}, with optional \"tags\": {{<string>: <string>}}: {0}")]
     InvalidBody(String),
     /// A query parameter is missing its number or out of range.
     /// 400 `invalid_query`.

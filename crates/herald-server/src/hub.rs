@@ -147,6 +147,7 @@ mod tests {
             offset,
             data: Arc::from(RawValue::from_string(offset.to_string()).unwrap()),
             published_at_ms: 0,
+            tags: herald_core::Tags::default(),
         }
     }
 

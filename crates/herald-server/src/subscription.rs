@@ -529,6 +529,7 @@ mod tests {
             offset,
             data: Arc::from(serde_json::value::RawValue::from_string(offset.to_string()).unwrap()),
             published_at_ms: 0,
+            tags: herald_core::Tags::default(),
         }
     }
 

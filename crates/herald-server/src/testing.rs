@@ -196,6 +196,7 @@ impl MemoryStorage {
             channel: ChannelName::new(channel).unwrap(),
             data: Arc::from(serde_json::value::RawValue::from_string(data.to_owned()).unwrap()),
             idempotency_key: None,
+            tags: herald_core::Tags::default(),
         };
         Self::append_locked(&mut mem, &msg).offset
     }
@@ -221,6 +222,7 @@ impl MemoryStorage {
             offset,
             data: Arc::clone(&msg.data),
             published_at_ms: at,
+            tags: msg.tags.clone(),
         });
         if let Some(key) = &msg.idempotency_key {
             mem.keys.insert(

@@ -351,6 +351,7 @@ impl Writer {
                 offset: outcome.offset,
                 data: Arc::clone(&new.data),
                 published_at_ms: outcome.published_at_ms,
+                tags: new.tags.clone(),
             });
         }
         for (channel, mut committed) in by_channel {
@@ -381,6 +382,7 @@ mod tests {
             channel: ChannelName::new(channel).unwrap(),
             data: Arc::from(RawValue::from_string(data.to_owned()).unwrap()),
             idempotency_key: key.map(|k| herald_core::IdempotencyKey::new(k).unwrap()),
+            tags: herald_core::Tags::default(),
         }
     }
 

@@ -724,6 +724,7 @@ fn message(channel: &ChannelName, seq: u64) -> BenchResult<NewMessage> {
         channel: channel.clone(),
         data: Arc::from(data),
         idempotency_key: None,
+        tags: herald_core::Tags::default(),
     })
 }
 

@@ -109,6 +109,7 @@ async fn phase(
                         .expect("valid JSON")
                         .into(),
                     idempotency_key: None,
+                    tags: herald_core::Tags::default(),
                 };
                 let started = Instant::now();
                 holder

@@ -37,7 +37,7 @@ use herald_core::{
     DEFAULT_LEASE_NAME,
 };
 
-use crate::testing::{self, keyed, msg};
+use crate::testing::{self, keyed, msg, tagged};
 
 use crate::{
     Acquire, ClientInfo, Error, PresenceEntry, PresenceEvent, PresenceEventKind, Storage,
@@ -117,6 +117,7 @@ macro_rules! conformance_tests {
             channels_are_sorted_with_heads,
             changes_since_reports_exactly_the_moved_channels,
             json_data_round_trips_byte_exactly,
+            tags_are_stored_with_their_message,
             concurrent_appends_never_duplicate_or_skip,
             ping_answers,
             trim_by_max_messages_keeps_the_newest_and_drops_their_keys,
@@ -1118,6 +1119,65 @@ pub async fn json_data_round_trips_byte_exactly(h: &dyn Harness) {
         .map(|m| m.data.get().to_owned())
         .collect();
     assert_eq!(got, texts);
+}
+
+/// Tags are stored with their message and read back with it, by any node,
+/// as the same map (keys and values byte for byte); a message without tags
+/// reads back without. An idempotency key repeated with the same data and
+/// tags is a duplicate; with other tags, or none, it is a reuse of the key
+/// for another message.
+pub async fn tags_are_stored_with_their_message(h: &dyn Harness) {
+    let c = h.cluster(2).await;
+    let (lease, _) = acquire(c.node(0), 0, LONG_TTL).await;
+    let spaced = [("kind", "a b"), ("ü", "\"quoted\" ✓"), ("", "")];
+    let keyed_tagged = |data: &str, tags: &[(&str, &str)]| NewMessage {
+        idempotency_key: Some(herald_core::IdempotencyKey::new("key").unwrap()),
+        ..tagged("t", data, tags)
+    };
+    // Tagged and untagged messages in one batch, on two channels.
+    let out = c
+        .node(0)
+        .append(
+            &lease,
+            &[
+                msg("t", "1"),
+                tagged("t", "2", &spaced),
+                keyed_tagged("3", &[("k", "v")]),
+                tagged("u", "4", &[("only", "u")]),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(offsets(&out), [1, 2, 3, 1]);
+
+    let page = c.node(1).read(&channel("t"), 0, 10).await.unwrap();
+    let tags: Vec<Vec<(&str, &str)>> = page
+        .messages
+        .iter()
+        .map(|m| m.tags.iter().collect())
+        .collect();
+    let mut sorted = spaced.to_vec();
+    sorted.sort_unstable();
+    assert_eq!(tags, [vec![], sorted, vec![("k", "v")]]);
+    assert!(page.messages[0].tags.is_empty());
+    let u = c.node(1).read(&channel("u"), 0, 10).await.unwrap();
+    assert_eq!(u.messages[0].tags.get("only"), Some("u"));
+
+    // The same data and tags again: a duplicate of offset 3.
+    let again = c
+        .node(0)
+        .append(&lease, &[keyed_tagged("3", &[("k", "v")])])
+        .await
+        .unwrap();
+    assert_eq!((again[0].offset, again[0].duplicate), (3, true));
+    // Other tags, or none, with the same key and data: refused.
+    for other in [keyed_tagged("3", &[("k", "w")]), keyed("t", "3", "key")] {
+        match c.node(0).append(&lease, &[other]).await {
+            Err(Error::IdempotencyKeyReused { index: 0 }) => {}
+            got => panic!("expected IdempotencyKeyReused, got {got:?}"),
+        }
+    }
+    assert_eq!(c.node(1).read(&channel("t"), 0, 10).await.unwrap().head, 3);
 }
 
 /// Appends from many tasks at once with the same lease: every offset of a

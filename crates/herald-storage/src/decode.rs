@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use herald_core::{Candidate, ChannelName, FencingToken, Lease};
+use herald_core::{Candidate, ChannelName, FencingToken, Lease, Tags};
 use serde_json::value::RawValue;
 
 use crate::{Acquire, Error, Result, TakeoverReason};
@@ -83,6 +83,20 @@ pub(crate) fn to_json(text: String) -> Result<Arc<RawValue>> {
     RawValue::from_string(text)
         .map(Arc::from)
         .map_err(|e| Error::corrupt_because(format!("stored message data is not JSON: {e}"), e))
+}
+
+/// Stored message tags: NULL for none, else the JSON object text of
+/// [`Tags::to_json`], which must still be an object of strings.
+pub(crate) fn to_tags(text: Option<String>) -> Result<Tags> {
+    match text {
+        None => Ok(Tags::default()),
+        Some(text) => Tags::from_json(&text).map_err(|e| {
+            Error::corrupt_because(
+                format!("stored message tags are not a JSON object of strings: {e}"),
+                e,
+            )
+        }),
+    }
 }
 
 /// The outcome of a committed acquisition of `candidate` with `token`,

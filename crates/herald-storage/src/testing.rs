@@ -51,6 +51,7 @@ pub fn msg(channel: &str, data: &str) -> NewMessage {
         channel: ChannelName::new(channel).expect("valid test channel name"),
         data: Arc::from(RawValue::from_string(data.to_owned()).expect("valid test JSON")),
         idempotency_key: None,
+        tags: herald_core::Tags::default(),
     }
 }
 
@@ -61,6 +62,20 @@ pub fn msg(channel: &str, data: &str) -> NewMessage {
 pub fn keyed(channel: &str, data: &str, key: &str) -> NewMessage {
     NewMessage {
         idempotency_key: Some(IdempotencyKey::new(key).expect("valid test key")),
+        ..msg(channel, data)
+    }
+}
+
+/// [`msg`] with the tags `tags` (`(key, value)` pairs).
+///
+/// # Panics
+/// As [`msg`].
+pub fn tagged(channel: &str, data: &str, tags: &[(&str, &str)]) -> NewMessage {
+    NewMessage {
+        tags: tags
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
         ..msg(channel, data)
     }
 }

@@ -5,8 +5,10 @@ Herald node, for Herald's tests of its Centrifugo server API.
 
 It runs one scenario and prints one JSON object per step on stdout, for the
 test to check: publishes (one repeated with its idempotency key), a
-broadcast, history, a batch, channels, info, and presence (which Herald
-answers "not available"). Exits 0 when every call returned.
+broadcast, history, a batch, channels, info, presence (which Herald
+answers "not available"), a publish with tags and the history that shows
+them, then history_remove and the history after it. Exits 0 when every
+call returned.
 """
 
 import json
@@ -17,6 +19,7 @@ from cent import (
     BroadcastRequest,
     ChannelsRequest,
     Client,
+    HistoryRemoveRequest,
     HistoryRequest,
     InfoRequest,
     PresenceRequest,
@@ -71,6 +74,20 @@ def main():
             report("presence", code=None)
         except CentApiResponseError as e:
             report("presence", code=e.code)
+        r = client.publish(
+            PublishRequest(channel=channel, data={"n": 6}, tags={"kind": "tagged"})
+        )
+        report("publish_tagged", offset=r.offset)
+        r = client.history(HistoryRequest(channel=channel, limit=100))
+        report("history_tags", tags=[p.tags for p in r.publications])
+        client.history_remove(HistoryRemoveRequest(channel=channel))
+        r = client.history(HistoryRequest(channel=channel, limit=100))
+        report(
+            "history_removed",
+            offsets=[p.offset for p in r.publications],
+            offset=r.offset,
+            epoch=r.epoch,
+        )
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
-use herald_core::{format_rfc3339_ms, Appended, ChannelName, IdempotencyKey, NewMessage};
+use herald_core::{format_rfc3339_ms, Appended, ChannelName, IdempotencyKey, NewMessage, Tags};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
@@ -32,7 +32,8 @@ struct BatchBody {
 }
 
 /// One entry: `{"channel": "...", "data": <any JSON>, "idempotency_key":
-/// "..."}` (the key optional), nothing else.
+/// "...", "tags": {"<key>": "<value>"}}` (key and tags optional), nothing
+/// else.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Entry {
@@ -40,6 +41,8 @@ struct Entry {
     data: Box<RawValue>,
     #[serde(default)]
     idempotency_key: Option<String>,
+    #[serde(default)]
+    tags: Tags,
 }
 
 /// One entry of the answer, in the order of the request.
@@ -198,7 +201,7 @@ pub(crate) fn parse_batch(raw: &Bytes, max_message_bytes: usize) -> Result<Vec<N
 fn entry_message(entry: Entry, max_message_bytes: usize) -> Result<NewMessage> {
     let channel =
         ChannelName::new(&entry.channel).map_err(|e| Error::InvalidChannel(e.to_string()))?;
-    if entry.data.get().len() > max_message_bytes {
+    if entry.data.get().len() + entry.tags.byte_len() > max_message_bytes {
         return Err(Error::PayloadTooLarge {
             limit: max_message_bytes,
         });
@@ -212,6 +215,7 @@ fn entry_message(entry: Entry, max_message_bytes: usize) -> Result<NewMessage> {
         channel,
         data: Arc::from(entry.data),
         idempotency_key,
+        tags: entry.tags,
     })
 }
 

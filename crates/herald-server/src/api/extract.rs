@@ -8,7 +8,7 @@ use axum::http::request::Parts;
 use axum::http::HeaderMap;
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
-use herald_core::{ChannelName, IdempotencyKey, Offset, MAX_CHANNEL_NAME_BYTES};
+use herald_core::{ChannelName, IdempotencyKey, Offset, Tags, MAX_CHANNEL_NAME_BYTES};
 use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::error::Category;
@@ -152,23 +152,28 @@ fn quoted(text: &str) -> String {
 }
 
 /// The publish body `{"data": <any JSON value>}`, with `data` kept as its
-/// exact text. Any or no `Content-Type` is accepted. A body (declared by
-/// `Content-Length` or streamed) over `max_message_bytes` is
-/// `payload_too_large`; it is read to its end (up to 8 MiB) before the
-/// answer, because clients that send the whole body before reading the
-/// answer would otherwise see a reset connection instead of the 413.
+/// exact text, and optionally `"tags": {"<key>": "<value>", ...}`. Any or
+/// no `Content-Type` is accepted. A body (declared by `Content-Length` or
+/// streamed) over `max_message_bytes` is `payload_too_large`; it is read to
+/// its end (up to 8 MiB) before the answer, because clients that send the
+/// whole body before reading the answer would otherwise see a reset
+/// connection instead of the 413.
 #[derive(Debug)]
 pub(crate) struct PublishBody {
     /// The text of `data`.
     pub(crate) data: Arc<RawValue>,
+    /// The message's tags (none without `tags`).
+    pub(crate) tags: Tags,
     /// The whole body exactly as received (what a standby forwards).
     pub(crate) raw: Bytes,
 }
 
-/// Exactly the object `{"data": <value>}`: no other field, no repeat, and
-/// not an array (which serde's derived struct visitor would accept).
+/// Exactly the object `{"data": <value>}` or `{"data": <value>, "tags":
+/// {<string>: <string>, ...}}`: no other field, no repeat, and not an array
+/// (which serde's derived struct visitor would accept).
 struct Envelope {
     data: Box<RawValue>,
+    tags: Tags,
 }
 
 impl<'de> Deserialize<'de> for Envelope {
@@ -183,22 +188,28 @@ impl<'de> Visitor<'de> for EnvelopeVisitor {
     type Value = Envelope;
 
     fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(r#"an object {"data": <any JSON value>}"#)
+        f.write_str(
+            r#"an object {"data": <any JSON value>} with optional "tags": {<string>: <string>}"#,
+        )
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Envelope, A::Error> {
         let mut data: Option<Box<RawValue>> = None;
+        let mut tags: Option<Tags> = None;
         while let Some(key) = map.next_key::<Cow<'de, str>>()? {
-            if key != "data" {
-                return Err(de::Error::unknown_field(&key, &["data"]));
+            match key.as_ref() {
+                "data" if data.is_some() => return Err(de::Error::duplicate_field("data")),
+                "data" => data = Some(map.next_value()?),
+                "tags" if tags.is_some() => return Err(de::Error::duplicate_field("tags")),
+                "tags" => tags = Some(map.next_value()?),
+                _ => return Err(de::Error::unknown_field(&key, &["data", "tags"])),
             }
-            if data.is_some() {
-                return Err(de::Error::duplicate_field("data"));
-            }
-            data = Some(map.next_value()?);
         }
-        data.map(|data| Envelope { data })
-            .ok_or_else(|| de::Error::missing_field("data"))
+        let data = data.ok_or_else(|| de::Error::missing_field("data"))?;
+        Ok(Envelope {
+            data,
+            tags: tags.unwrap_or_default(),
+        })
     }
 }
 
@@ -222,8 +233,8 @@ impl PublishBody {
         limit_bytes: usize,
     ) -> Result<Self, Error> {
         let raw = read_limited(headers, body, limit_bytes).await?;
-        let data = parse_publish_body(&raw)?;
-        Ok(Self { data, raw })
+        let (data, tags) = parse_publish_body(&raw)?;
+        Ok(Self { data, tags, raw })
     }
 }
 
@@ -308,15 +319,16 @@ fn declared_length(headers: &HeaderMap) -> Option<u64> {
 /// subscriber can read what it is sent.
 pub(crate) const MAX_DATA_DEPTH: usize = 128;
 
-/// Parses `{"data": <value>}`: not JSON, or `data` nested deeper than
-/// [`MAX_DATA_DEPTH`] → `invalid_json`; JSON of another shape →
-/// `invalid_body`.
-pub(crate) fn parse_publish_body(bytes: &[u8]) -> Result<Arc<RawValue>, Error> {
+/// Parses `{"data": <value>}` (with optional `"tags"`) into the data and
+/// the tags: not JSON, or `data` nested deeper than [`MAX_DATA_DEPTH`] →
+/// `invalid_json`; JSON of another shape (tags that are not an object of
+/// strings included) → `invalid_body`.
+pub(crate) fn parse_publish_body(bytes: &[u8]) -> Result<(Arc<RawValue>, Tags), Error> {
     let invalid_json = |e: serde_json::Error| Error::InvalidJson(e.to_string());
     match serde_json::from_slice::<Envelope>(bytes) {
         Ok(envelope) => {
             check_depth(envelope.data.get())?;
-            Ok(Arc::from(envelope.data))
+            Ok((Arc::from(envelope.data), envelope.tags))
         }
         Err(e) => match e.classify() {
             Category::Syntax | Category::Eof | Category::Io => Err(invalid_json(e)),
@@ -434,16 +446,17 @@ mod tests {
 
     #[test]
     fn body_shapes() {
+        let (data, tags) = parse_publish_body(br#"{"data": {"a": [1, 2]}}"#).unwrap();
+        assert_eq!(data.get(), r#"{"a": [1, 2]}"#);
+        assert!(tags.is_empty());
         assert_eq!(
-            parse_publish_body(br#"{"data": {"a": [1, 2]}}"#)
-                .unwrap()
-                .get(),
-            r#"{"a": [1, 2]}"#
-        );
-        assert_eq!(
-            parse_publish_body(br#"{"data":null}"#).unwrap().get(),
+            parse_publish_body(br#"{"data":null}"#).unwrap().0.get(),
             "null"
         );
+        let (data, tags) =
+            parse_publish_body(br#"{"tags": {"k": "v", "a": ""}, "data": 1}"#).unwrap();
+        assert_eq!(data.get(), "1");
+        assert_eq!(tags.iter().collect::<Vec<_>>(), [("a", ""), ("k", "v")]);
         let unclosed = "[".repeat(1000);
         let deep = format!(r#"{{"data":{}1{}}}"#, "[".repeat(200), "]".repeat(200));
         for bad_json in [
@@ -465,6 +478,10 @@ mod tests {
             br#"[1]"#,
             br#""data""#,
             br#"{"data":1,"data":2}"#,
+            br#"{"data":1,"tags":{"k":1}}"#,
+            br#"{"data":1,"tags":["k"]}"#,
+            br#"{"data":1,"tags":{},"tags":{}}"#,
+            br#"{"tags":{"k":"v"}}"#,
         ] {
             assert!(
                 matches!(parse_publish_body(bad_body), Err(Error::InvalidBody(_))),

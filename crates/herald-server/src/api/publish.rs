@@ -105,7 +105,7 @@ async fn append(
     let shared = &state.shared;
     shared.auth.may_publish(&who, &channel)?;
     let idempotency_key = idempotency_key(headers)?;
-    let PublishBody { data, raw } =
+    let PublishBody { data, tags, raw } =
         PublishBody::read(headers, body, state.config().max_message_bytes).await?;
     if state.draining() {
         return Err(Error::Draining);
@@ -115,6 +115,7 @@ async fn append(
         channel,
         data,
         idempotency_key,
+        tags,
     };
     if shared.lease.is_holder() {
         return commit(state, message).await;

@@ -17,13 +17,21 @@
 //!   connection (a connection token) or the subscription (a subscription
 //!   token), shown to other subscribers in join and leave pushes as
 //!   `conn_info` and `chan_info`.
+//! - `subs` (optional map of exact channel names to options, Centrifugo's
+//!   claim): server-side subscriptions of a Centrifugo connection, made at
+//!   connect; the token may subscribe to and read these channels. Of the
+//!   options only `data` (any JSON, handed to the client in the connect
+//!   reply) is used; `info`, `b64info`, `b64data` and `override` are
+//!   ignored.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::jwk::{AlgorithmParameters, JwkSet};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
+use serde_json::value::RawValue;
 
 use super::config::JwtConfig;
 use super::policy::Patterns;
@@ -45,12 +53,22 @@ pub(crate) struct TokenGrant {
     publish: Patterns,
     /// The `info` claim as JSON text (`null` counts as absent).
     pub(crate) info: Option<String>,
+    /// Server-side subscriptions (`subs`), with each one's `data`.
+    subs: BTreeMap<ChannelName, Option<Box<RawValue>>>,
 }
 
 impl TokenGrant {
     /// `true` when the token may subscribe to and read `channel`.
     pub(crate) fn may_read(&self, channel: &ChannelName) -> bool {
-        self.channel.as_deref() == Some(channel.as_str()) || self.channels.covers(channel)
+        self.channel.as_deref() == Some(channel.as_str())
+            || self.channels.covers(channel)
+            || self.subs.contains_key(channel)
+    }
+
+    /// The server-side subscriptions the token asks for (`subs`), by
+    /// channel, each with the `data` to hand the client (if any).
+    pub(crate) fn server_subs(&self) -> &BTreeMap<ChannelName, Option<Box<RawValue>>> {
+        &self.subs
     }
 
     /// `true` when the token may publish to `channel`.
@@ -79,7 +97,16 @@ struct Claims {
     #[serde(default)]
     publish: Vec<String>,
     #[serde(default)]
-    info: Option<Box<serde_json::value::RawValue>>,
+    info: Option<Box<RawValue>>,
+    #[serde(default)]
+    subs: BTreeMap<String, SubOptions>,
+}
+
+/// One entry of `subs`: only `data` is read.
+#[derive(Deserialize)]
+struct SubOptions {
+    #[serde(default)]
+    data: Option<Box<RawValue>>,
 }
 
 /// One verification key.
@@ -205,7 +232,7 @@ impl JwtVerifier {
         let mut last = invalid("no configured key for its alg and kid");
         for key in candidates.by_ref() {
             match jsonwebtoken::decode::<Claims>(token, &key.key, &self.validation(key.algorithm)) {
-                Ok(data) => return Ok(grant(data.claims)),
+                Ok(data) => return grant(data.claims),
                 Err(e) => match e.kind() {
                     ErrorKind::InvalidSignature => last = invalid("bad signature"),
                     ErrorKind::ExpiredSignature => return Err(AuthError::TokenExpired),
@@ -216,7 +243,7 @@ impl JwtVerifier {
                         return Err(invalid("a required claim is missing (sub, exp, and aud or iss when configured)"))
                     }
                     ErrorKind::Json(_) => {
-                        return Err(invalid("claims of the wrong type (sub: string, exp: integer, channels/publish: lists of strings, channel: string)"))
+                        return Err(invalid("claims of the wrong type (sub: string, exp: integer, channels/publish: lists of strings, channel: string, subs: object of objects)"))
                     }
                     _ => last = invalid("malformed"),
                 },
@@ -248,8 +275,22 @@ impl JwtVerifier {
     }
 }
 
-fn grant(claims: Claims) -> TokenGrant {
-    TokenGrant {
+/// What verified `claims` grant.
+///
+/// # Errors
+/// [`AuthError::InvalidCredentials`] for a `subs` key that is not a valid
+/// channel name.
+fn grant(claims: Claims) -> Result<TokenGrant, AuthError> {
+    let mut subs = BTreeMap::new();
+    for (name, options) in claims.subs {
+        let channel = ChannelName::new(name).map_err(|e| {
+            AuthError::InvalidCredentials(format!(
+                "invalid token: a subs key is not a channel name: {e}"
+            ))
+        })?;
+        subs.insert(channel, options.data);
+    }
+    Ok(TokenGrant {
         subject: claims.sub,
         expires_at_s: claims.exp,
         channels: Patterns::of(&claims.channels),
@@ -259,7 +300,8 @@ fn grant(claims: Claims) -> TokenGrant {
             .info
             .map(|raw| raw.get().to_owned())
             .filter(|text| text != "null"),
-    }
+        subs,
+    })
 }
 
 fn read(path: &std::path::Path) -> Result<Vec<u8>, String> {
@@ -334,6 +376,46 @@ mod tests {
             &json!({"sub": "u1", "exp": now() + 60, "info": null}),
         );
         assert_eq!(v.verify(&null).unwrap().info, None);
+    }
+
+    #[test]
+    fn the_subs_claim_grants_its_channels_for_server_side_subscriptions() {
+        let v = verifier(&[SECRET]);
+        let ch = |n: &str| ChannelName::new(n).unwrap();
+        let t = sign(
+            SECRET,
+            &json!({"sub": "u1", "exp": now() + 60,
+                    "subs": {"feed:u1": {"data": {"hello": 1}}, "news:all": {"override": {"presence": {"value": true}}}}}),
+        );
+        let g = v.verify(&t).unwrap();
+        let subs: Vec<(&str, Option<&str>)> = g
+            .server_subs()
+            .iter()
+            .map(|(c, d)| (c.as_str(), d.as_deref().map(RawValue::get)))
+            .collect();
+        assert_eq!(
+            subs,
+            [("feed:u1", Some(r#"{"hello":1}"#)), ("news:all", None)]
+        );
+        assert!(g.may_read(&ch("feed:u1")));
+        assert!(!g.may_read(&ch("feed:u2")));
+        assert!(!g.may_publish(&ch("feed:u1")));
+        // No subs: none.
+        let plain = sign(SECRET, &json!({"sub": "u1", "exp": now() + 60}));
+        assert!(v.verify(&plain).unwrap().server_subs().is_empty());
+        // A key that is not a channel name, or options that are not an
+        // object, make the token invalid.
+        for bad in [
+            json!({"bad name": {}}),
+            json!({"feed:u1": 1}),
+            json!(["feed:u1"]),
+        ] {
+            let t = sign(
+                SECRET,
+                &json!({"sub": "u1", "exp": now() + 60, "subs": bad}),
+            );
+            assert_eq!(v.verify(&t).unwrap_err().code(), "unauthorized", "{bad}");
+        }
     }
 
     #[test]

@@ -5,19 +5,19 @@
 //! codes Herald sends are here: 102 "unknown channel" never applies (a
 //! channel in a namespace without rules follows the default namespace).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// An error in a reply: `{"code":N,"message":"..."}`, plus
 /// `"temporary":true` for errors worth retrying (internal error, too many
 /// requests), as Centrifugo marks them.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct ReplyError {
     /// The code, 100–112.
     pub(crate) code: u32,
     /// Centrifugo's message for the code.
     pub(crate) message: String,
     /// Set for the codes a client may retry at once.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) temporary: bool,
 }
 

@@ -1,10 +1,10 @@
 //! The commands of a connection: what each does and answers. Replies are
 //! built with `protocol.rs`; errors are Centrifugo's codes (`codes.rs`).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use herald_core::{ChannelName, Offset};
+use herald_core::{ChannelName, Message, Offset, Tags};
 use herald_storage::{ClientInfo, PresenceEvent, PresenceEventKind};
 use serde::Serialize;
 use serde_json::value::RawValue;
@@ -19,9 +19,10 @@ use super::protocol::{
     HistoryRequest, Publication, PublishRequest, RefreshRequest, SubRefreshRequest,
     SubscribeRequest,
 };
-use super::recovery::{recover, Recovery};
+use super::recovery::{self, Recovery};
 use super::session::{Out, Session, Sub};
 use crate::auth::{AuthError, Credential, Principal};
+use crate::error::StorageContext;
 use crate::subscription::{Item, Subscription};
 
 /// The version the connect reply names: Herald's.
@@ -77,6 +78,9 @@ struct ConnectResult<'a> {
     ttl: Option<u32>,
     ping: u64,
     pong: bool,
+    /// The server-side subscriptions, by channel.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    subs: BTreeMap<&'a str, SubscribeResult<'a>>,
 }
 
 #[derive(Serialize)]
@@ -95,6 +99,57 @@ struct SubscribeResult<'a> {
     recovered: bool,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     was_recovering: bool,
+    /// The `data` of a server-side subscription's `subs` entry.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    data: Option<&'a RawValue>,
+}
+
+/// A subscription as it started: what its subscribe result reports.
+struct Started {
+    /// The channel's epoch.
+    epoch: String,
+    /// Live publications continue after this offset.
+    position: Offset,
+    /// Every publication after the client's offset, when recovered.
+    missed: Vec<Message>,
+    /// A recovery was asked for and succeeded.
+    recovered: bool,
+    /// A recovery was asked for.
+    was_recovering: bool,
+}
+
+impl Started {
+    /// The subscribe result, with `expiry` and `data`.
+    fn result<'a>(&'a self, expiry: &Expiry, data: Option<&'a RawValue>) -> SubscribeResult<'a> {
+        SubscribeResult {
+            expires: expiry.expires,
+            ttl: expiry.ttl,
+            recoverable: true,
+            positioned: true,
+            epoch: &self.epoch,
+            offset: self.position,
+            publications: publications(&self.missed),
+            recovered: self.recovered,
+            was_recovering: self.was_recovering,
+            data,
+        }
+    }
+}
+
+/// Where a client asks to recover from: the epoch and offset it saw.
+struct RecoverFrom<'a> {
+    epoch: &'a str,
+    offset: Offset,
+}
+
+/// The join and leave part of a new subscription.
+#[derive(Default)]
+struct JoinLeave {
+    /// The subscribe request asked for join and leave pushes
+    /// (`join_leave`).
+    asked: bool,
+    /// The subscription token's `info`, announced as `chan_info`.
+    chan_info: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -113,6 +168,12 @@ struct Expiry {
 }
 
 impl Expiry {
+    /// No expiry.
+    const NONE: Self = Self {
+        expires: false,
+        ttl: None,
+    };
+
     fn of(who: &Principal) -> Self {
         let ttl = who.token().map(|t| ttl_s(t.time_left()));
         Self {
@@ -157,7 +218,7 @@ impl Session {
     async fn handle(&mut self, c: Command, pong: &mut bool) -> Answer {
         let id = c.id;
         if let Some(req) = c.connect {
-            return self.connect(id, req);
+            return self.connect(id, req).await;
         }
         if self.who.is_none() {
             // Centrifugo: any command before `connect` is a protocol error.
@@ -216,7 +277,15 @@ impl Session {
         Ok(who)
     }
 
-    fn connect(&mut self, id: u32, req: ConnectRequest) -> Answer {
+    /// `connect`: checks the token and, when it has a `subs` claim, makes
+    /// its server-side subscriptions (recovering each from where `req.subs`
+    /// says), reported in the reply's `subs`. Every server-side
+    /// subscription must be allowed by the namespace rules (the claim
+    /// grants it as a subscription token would), else the reply is 103 and
+    /// the connection stays unconnected; a storage failure while they start
+    /// closes the connection with 3004 (the client reconnects), as
+    /// Centrifugo does.
+    async fn connect(&mut self, id: u32, req: ConnectRequest) -> Answer {
         if self.who.is_some() {
             return Answer::Close(codes::BAD_REQUEST);
         }
@@ -228,6 +297,20 @@ impl Session {
                 Err(answer) => return answer,
             }
         };
+        let server_subs: Vec<(ChannelName, Option<Box<RawValue>>)> = who
+            .token()
+            .map(|t| {
+                t.server_subs()
+                    .iter()
+                    .map(|(c, d)| (c.clone(), d.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        for (channel, _) in &server_subs {
+            if self.state.shared.auth.may_subscribe(&who, channel).is_err() {
+                return Answer::Reply(error_reply(id, &ReplyError::permission_denied()));
+            }
+        }
         tracing::debug!(client = %self.client, name = %req.name, version = %req.version, "connected");
         let expiry = Expiry::of(&who);
         let user = who.token().map(|t| t.subject.clone()).unwrap_or_default();
@@ -239,6 +322,26 @@ impl Session {
         }
         self.expires = expiry_instant(&who);
         self.who = Some(who);
+        let mut started = Vec::with_capacity(server_subs.len());
+        for (channel, data) in server_subs {
+            let recover = req
+                .subs
+                .get(channel.as_str())
+                .filter(|r| r.recover)
+                .map(|r| RecoverFrom {
+                    epoch: &r.epoch,
+                    offset: r.offset,
+                });
+            match self
+                .start_subscription(&channel, recover, None, JoinLeave::default())
+                .await
+            {
+                Ok(s) => started.push((channel, data, s)),
+                // What the session started so far ends with it.
+                Err(_) => return Answer::Close(codes::SERVER_ERROR),
+            }
+        }
+        self.server_subs = started.iter().map(|(c, ..)| c.clone()).collect();
         let config = &self.state.config().centrifugo;
         Answer::Reply(reply(
             id,
@@ -250,6 +353,10 @@ impl Session {
                 ttl: expiry.ttl,
                 ping: config.ping_interval.as_secs(),
                 pong: true,
+                subs: started
+                    .iter()
+                    .map(|(c, data, s)| (c.as_str(), s.result(&Expiry::NONE, data.as_deref())))
+                    .collect(),
             },
         ))
     }
@@ -270,41 +377,130 @@ impl Session {
                 Err(answer) => return answer,
             }
         };
-        let shared = &self.state.shared;
-        if shared.auth.may_subscribe(&who, &channel).is_err() {
+        if self
+            .state
+            .shared
+            .auth
+            .may_subscribe(&who, &channel)
+            .is_err()
+        {
             return Answer::Reply(error_reply(id, &ReplyError::permission_denied()));
         }
-        let options = ChannelOptions::of(&self.state, &channel);
-        if let Err(e) = presence::join(&self.state, &self.client, &self.user(), &channel).await {
-            return Answer::Reply(error_reply(id, &e));
-        }
-        let shared = &self.state.shared;
-        let storage = shared.storage.as_ref();
-        let failed = |operation, e| {
-            crate::StorageFailure::new(operation, Some(&channel), e).log();
-            Answer::Reply(error_reply(id, &ReplyError::internal()))
-        };
-        let epoch = match storage.channel_epoch(&channel).await {
-            Ok(epoch) => epoch,
-            Err(e) => return failed("channel_epoch", e),
-        };
-        let recovery = if req.recover {
-            recover(storage, &channel, &epoch, &req.epoch, req.offset).await
+        let (expiry, expires) = if sub_token {
+            (Expiry::of(&who), expiry_instant(&who))
         } else {
-            storage
-                .read(&channel, Offset::MAX, 1)
-                .await
-                .map(|page| Recovery::NotRecovered {
-                    position: page.head,
-                })
-                .map_err(|e| crate::StorageFailure::new("read", Some(&channel), e).into())
+            (Expiry::NONE, None)
         };
-        let recovery = match recovery {
-            Ok(recovery) => recovery,
+        let join_leave = JoinLeave {
+            asked: req.join_leave,
+            chan_info: if sub_token {
+                who.token().and_then(|t| t.info.clone())
+            } else {
+                None
+            },
+        };
+        let recover = req.recover.then_some(RecoverFrom {
+            epoch: &req.epoch,
+            offset: req.offset,
+        });
+        match self
+            .start_subscription(&channel, recover, expires, join_leave)
+            .await
+        {
+            Ok(started) => Answer::Reply(reply(id, "subscribe", &started.result(&expiry, None))),
+            Err(e) => Answer::Reply(error_reply(id, &e)),
+        }
+    }
+
+    /// Starts this connection's subscription to `channel` (its rights were
+    /// checked): its presence row, the channel's epoch, the recovery from
+    /// `recover` if asked (see `recovery.rs`), then the live
+    /// [`Subscription`] after the last publication handed out, followed by
+    /// a task that queues its pushes. `expires` is when a subscription
+    /// token ends it. Where the channel's namespace has `join_leave`, its
+    /// join is announced, and the connection gets the channel's join and
+    /// leave pushes (its own join first, after the reply) when it asked for
+    /// them or the namespace forces them. On failure nothing of it is left.
+    ///
+    /// # Errors
+    /// 100 (logged) when the storage fails.
+    async fn start_subscription(
+        &mut self,
+        channel: &ChannelName,
+        recover: Option<RecoverFrom<'_>>,
+        expires: Option<Instant>,
+        join_leave: JoinLeave,
+    ) -> Result<Started, ReplyError> {
+        let options = ChannelOptions::of(&self.state, channel);
+        presence::join(&self.state, &self.client, &self.user(), channel).await?;
+        let started = self.follow_channel(channel, recover.as_ref()).await;
+        let (started, live) = match started {
+            Ok(started) => started,
             Err(e) => {
                 e.log();
-                presence::leave(&self.state, &self.client, BTreeSet::from([channel]));
-                return Answer::Reply(error_reply(id, &ReplyError::internal()));
+                presence::leave(&self.state, &self.client, BTreeSet::from([channel.clone()]));
+                return Err(ReplyError::internal());
+            }
+        };
+        self.generations += 1;
+        let generation = self.generations;
+        let task = tokio::spawn(follow(live, generation, self.out.clone()));
+        self.subs.insert(
+            channel.clone(),
+            Sub {
+                generation,
+                task,
+                expires,
+                join_leave: options.join_leave,
+                chan_info: join_leave.chan_info.clone(),
+            },
+        );
+        let shared = &self.state.shared;
+        shared
+            .centrifugo
+            .set_subscribed(&self.client, channel, true);
+        // Listening first: a subscriber that asked gets its own join,
+        // after the reply (the session writes the reply before it reads
+        // its push queue again), as Centrifugo's subscribers do.
+        let pushes = &shared.centrifugo.join_leave;
+        if options.pushes_join_leave(join_leave.asked) {
+            pushes.listen(channel, &self.client, generation, self.out.clone());
+        }
+        if options.join_leave {
+            pushes.emit(self.presence_event(
+                PresenceEventKind::Join,
+                channel.clone(),
+                join_leave.chan_info,
+            ));
+        }
+        Ok(started)
+    }
+
+    /// The storage's part of [`Session::start_subscription`]: the epoch,
+    /// the recovery, and the live subscription after its last publication.
+    async fn follow_channel(
+        &self,
+        channel: &ChannelName,
+        recover: Option<&RecoverFrom<'_>>,
+    ) -> crate::Result<(Started, Subscription)> {
+        let shared = &self.state.shared;
+        let storage = shared.storage.as_ref();
+        let epoch = storage
+            .channel_epoch(channel)
+            .await
+            .during("channel_epoch", Some(channel))?;
+        let recovery = match recover {
+            Some(from) => {
+                recovery::recover(storage, channel, &epoch, from.epoch, from.offset).await?
+            }
+            None => {
+                let page = storage
+                    .read(channel, Offset::MAX, 1)
+                    .await
+                    .during("read", Some(channel))?;
+                Recovery::NotRecovered {
+                    position: page.head,
+                }
             }
         };
         let (missed, position, recovered) = match recovery {
@@ -314,84 +510,22 @@ impl Session {
             } => (publications, position, true),
             Recovery::NotRecovered { position } => (Vec::new(), position, false),
         };
-        let live = match Subscription::start(
+        let live = Subscription::start(
             Arc::clone(&shared.storage),
             &shared.hub,
             channel.clone(),
             position,
             "centrifugo",
         )
-        .await
-        {
-            Ok(live) => live,
-            Err(e) => {
-                e.log();
-                presence::leave(&self.state, &self.client, BTreeSet::from([channel]));
-                return Answer::Reply(error_reply(id, &ReplyError::internal()));
-            }
+        .await?;
+        let started = Started {
+            epoch,
+            position,
+            missed,
+            recovered,
+            was_recovering: recover.is_some(),
         };
-        self.generations += 1;
-        let generation = self.generations;
-        let task = tokio::spawn(follow(live, generation, self.out.clone()));
-        let expiry = if sub_token {
-            Expiry::of(&who)
-        } else {
-            Expiry {
-                expires: false,
-                ttl: None,
-            }
-        };
-        let chan_info = if sub_token {
-            who.token().and_then(|t| t.info.clone())
-        } else {
-            None
-        };
-        self.subs.insert(
-            channel.clone(),
-            Sub {
-                generation,
-                task,
-                expires: if sub_token {
-                    expiry_instant(&who)
-                } else {
-                    None
-                },
-                join_leave: options.join_leave,
-                chan_info: chan_info.clone(),
-            },
-        );
-        shared
-            .centrifugo
-            .set_subscribed(&self.client, &channel, true);
-        // Listening first: a subscriber that asked gets its own join,
-        // after this reply (the session writes the reply before it reads
-        // its push queue again), as Centrifugo's subscribers do.
-        let join_leave = &shared.centrifugo.join_leave;
-        if options.pushes_join_leave(req.join_leave) {
-            join_leave.listen(&channel, &self.client, generation, self.out.clone());
-        }
-        if options.join_leave {
-            join_leave.emit(self.presence_event(
-                PresenceEventKind::Join,
-                channel.clone(),
-                chan_info,
-            ));
-        }
-        Answer::Reply(reply(
-            id,
-            "subscribe",
-            &SubscribeResult {
-                expires: expiry.expires,
-                ttl: expiry.ttl,
-                recoverable: true,
-                positioned: true,
-                epoch: &epoch,
-                offset: position,
-                publications: publications(&missed),
-                recovered: req.recover && recovered,
-                was_recovering: req.recover,
-            },
-        ))
+        Ok((started, live))
     }
 
     /// Ends the subscription to `channel`, its presence row removed in the
@@ -518,7 +652,8 @@ impl Session {
             return Err(ReplyError::too_many_requests());
         }
         let data: Arc<RawValue> = Arc::from(req.data);
-        super::publish::publish(&self.state, channel, data, None)
+        // Centrifugo's client publish carries no tags.
+        super::publish::publish(&self.state, channel, data, Tags::default(), None)
             .await
             .map(|_| ())
     }
@@ -559,11 +694,26 @@ impl Session {
         }
     }
 
+    /// `refresh`: a new connection token for the same user. A token whose
+    /// `subs` differ from the server-side subscriptions the connection has
+    /// (a channel added, or one made at connect gone) closes it with 3010
+    /// instead, so that the client reconnects with the new token's
+    /// subscriptions (Centrifugo does the same).
     fn refresh(&mut self, id: u32, req: RefreshRequest) -> Answer {
         let who = match self.check_token(id, &req.token) {
             Ok(who) => who,
             Err(answer) => return answer,
         };
+        let empty = BTreeMap::new();
+        let wanted = who.token().map_or(&empty, |t| t.server_subs());
+        let added = wanted.keys().any(|c| !self.subs.contains_key(c));
+        let dropped = self
+            .server_subs
+            .iter()
+            .any(|c| self.subs.contains_key(c) && !wanted.contains_key(c));
+        if added || dropped {
+            return Answer::Close(codes::INSUFFICIENT_STATE);
+        }
         let expiry = Expiry::of(&who);
         self.expires = expiry_instant(&who);
         self.who = Some(who);

@@ -5,7 +5,9 @@
 //!   JSON form (`session.rs` runs a connection, `commands.rs` answers its
 //!   commands, `protocol.rs` is the wire format, `codes.rs` the error and
 //!   disconnect codes);
-//! - `POST /api/<method>`: the server HTTP API (`server_api.rs`);
+//! - `POST /api/<method>`: the server HTTP API (`server_api.rs`;
+//!   `history_remove.rs` its `history_remove`, forwarded to the holder
+//!   from a standby);
 //! - `recovery.rs`: recovery on subscribe that never lies, with the
 //!   channel's epoch from the storage (`Storage::channel_epoch`);
 //! - `history.rs`: history with Centrifugo's `limit`, `since`, `reverse`;
@@ -29,6 +31,7 @@ mod codes;
 mod commands;
 mod config;
 mod history;
+mod history_remove;
 mod join_leave;
 mod presence;
 mod protocol;

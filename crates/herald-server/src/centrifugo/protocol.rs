@@ -8,7 +8,9 @@
 //! Only the fields Herald acts on are read; others are ignored, as
 //! protobuf's JSON mapping does for unknown fields.
 
-use herald_core::Message;
+use std::collections::BTreeMap;
+
+use herald_core::{Message, Tags};
 use herald_storage::{PresenceEvent, PresenceEventKind};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -36,7 +38,8 @@ pub(crate) struct Command {
     pub(crate) sub_refresh: Option<SubRefreshRequest>,
 }
 
-/// `connect`: the connection token and the client's name and version.
+/// `connect`: the connection token, the client's name and version, and
+/// the recovery it asks for its server-side subscriptions.
 #[derive(Debug, Default, Deserialize)]
 pub(crate) struct ConnectRequest {
     /// The connection JWT (empty: anonymous).
@@ -48,6 +51,28 @@ pub(crate) struct ConnectRequest {
     /// The client's version, for logs.
     #[serde(default)]
     pub(crate) version: String,
+    /// Per channel of a server-side subscription it had on its previous
+    /// connection: where to recover from (`ConnectRequest.subs` of
+    /// `client.proto`, a map of `SubscribeRequest`s of which only
+    /// `recover`, `epoch` and `offset` are read). Channels that are not
+    /// server-side subscriptions of this connection are ignored.
+    #[serde(default)]
+    pub(crate) subs: BTreeMap<String, ServerSubRecovery>,
+}
+
+/// The recovery a reconnecting client asks for one server-side
+/// subscription.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct ServerSubRecovery {
+    /// Recover the publications after `offset` of `epoch`.
+    #[serde(default)]
+    pub(crate) recover: bool,
+    /// The epoch the client last saw.
+    #[serde(default)]
+    pub(crate) epoch: String,
+    /// The offset of the last publication the client received.
+    #[serde(default)]
+    pub(crate) offset: u64,
 }
 
 /// `subscribe`.
@@ -138,7 +163,9 @@ pub(crate) struct SubRefreshRequest {
 }
 
 /// A publication as the protocol shows it: `{"data":...,"offset":N}`
-/// (`time`, ms since the Unix epoch, is Herald's commit time).
+/// (`time`, ms since the Unix epoch, is Herald's commit time), with
+/// `"tags":{...}` when the message has tags (`Publication.tags` of
+/// `client.proto`).
 #[derive(Debug, Serialize)]
 pub(crate) struct Publication<'a> {
     /// The published JSON value, byte for byte.
@@ -147,6 +174,9 @@ pub(crate) struct Publication<'a> {
     pub(crate) offset: u64,
     /// Commit time, ms since the Unix epoch.
     pub(crate) time: i64,
+    /// The tags published with it.
+    #[serde(skip_serializing_if = "Tags::is_empty")]
+    pub(crate) tags: &'a Tags,
 }
 
 impl<'a> From<&'a Message> for Publication<'a> {
@@ -155,6 +185,7 @@ impl<'a> From<&'a Message> for Publication<'a> {
             data: &m.data,
             offset: m.offset,
             time: m.published_at_ms,
+            tags: &m.tags,
         }
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
-use herald_core::{ChannelName, IdempotencyKey, NewMessage, Offset};
+use herald_core::{ChannelName, IdempotencyKey, NewMessage, Offset, Tags};
 use serde_json::value::RawValue;
 
 use super::codes::ReplyError;
@@ -19,22 +19,24 @@ use crate::{AppState, Error};
 /// Largest holder answer read back from a forwarded publish, in bytes.
 const MAX_FORWARD_ANSWER_BYTES: usize = 64 * 1024;
 
-/// Publishes `data` to `channel` and returns its offset once committed
-/// (the original offset for a repeated `idempotency_key`). Rights and
-/// rate limits are the caller's to check first.
+/// Publishes `data` with `tags` to `channel` and returns its offset once
+/// committed (the original offset for a repeated `idempotency_key`).
+/// Rights and rate limits are the caller's to check first.
 ///
 /// # Errors
-/// The Centrifugo error for what went wrong: 106 when `data` is larger
-/// than `max_message_bytes`, 100 (temporary) when the storage, the writer
-/// or the holder failed, 111 when the holder's rate limit refused it.
+/// The Centrifugo error for what went wrong: 106 when `data` and `tags`
+/// together ([`Tags::byte_len`]) are larger than `max_message_bytes`, 100
+/// (temporary) when the storage, the writer or the holder failed, 111 when
+/// the holder's rate limit refused it.
 pub(crate) async fn publish(
     state: &AppState,
     channel: ChannelName,
     data: Arc<RawValue>,
+    tags: Tags,
     idempotency_key: Option<IdempotencyKey>,
 ) -> Result<Offset, ReplyError> {
     let shared = &state.shared;
-    if data.get().len() > shared.config.max_message_bytes {
+    if data.get().len() + tags.byte_len() > shared.config.max_message_bytes {
         return Err(ReplyError::limit_exceeded());
     }
     if state.draining() {
@@ -44,6 +46,7 @@ pub(crate) async fn publish(
         channel,
         data,
         idempotency_key,
+        tags,
     };
     if shared.lease.is_holder() {
         return commit(state, message).await.map_err(|e| logged(&e));
@@ -55,7 +58,10 @@ pub(crate) async fn publish(
             headers.insert(HeaderName::from_static("idempotency-key"), value);
         }
     }
-    let body = format!("{{\"data\":{}}}", message.data.get());
+    let body = match message.tags.to_json() {
+        None => format!("{{\"data\":{}}}", message.data.get()),
+        Some(tags) => format!("{{\"data\":{},\"tags\":{tags}}}", message.data.get()),
+    };
     let path = format!("/v1/channels/{}/messages", message.channel);
     match forward_to_holder(state, &headers, path, body.into()).await {
         Ok(Forwarded::Answer(response)) => holder_answer(response).await,

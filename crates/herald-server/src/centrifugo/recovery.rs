@@ -102,6 +102,7 @@ mod tests {
                     offset,
                     data: Arc::from(RawValue::from_string("1".to_owned()).unwrap()),
                     published_at_ms: 0,
+                    tags: herald_core::Tags::default(),
                 })
                 .collect(),
         }

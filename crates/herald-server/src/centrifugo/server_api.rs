@@ -17,7 +17,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use bytes::Bytes;
-use herald_core::{ChannelName, IdempotencyKey};
+use herald_core::{ChannelName, IdempotencyKey, Tags};
 use serde::Deserialize;
 use serde_json::value::{to_raw_value, RawValue};
 use serde_json::{json, Map, Value};
@@ -55,19 +55,26 @@ pub(crate) async fn call(
         Err(_) => return answer(&Err(ReplyError::bad_request())),
     };
     if method == "batch" {
-        return batch(&state, &who, &params).await;
+        return batch(&state, &who, &headers, &params).await;
     }
-    answer(&run(&state, &who, &method, &params).await)
+    answer(&run(&state, &who, &headers, &method, &params).await)
 }
 
 /// The caller, from its API key; 401 when access control is on and the key
-/// is missing or unknown.
+/// is missing or unknown. A call a standby forwarded (`Herald-Forwarded-By`,
+/// `history_remove`) is the cluster's when it carries the cluster secret,
+/// and 401 without it, as a forwarded publish is (`auth/extract.rs`).
 fn principal(
     state: &AppState,
     headers: &HeaderMap,
     query: Option<&str>,
 ) -> Result<Principal, StatusCode> {
     let auth = &state.shared.auth;
+    if crate::forward::was_forwarded(headers) {
+        return auth
+            .principal(headers, None)
+            .map_err(|_| StatusCode::UNAUTHORIZED);
+    }
     if !auth.enabled() {
         return Ok(Principal::Anonymous);
     }
@@ -113,7 +120,12 @@ fn answer(outcome: &Outcome) -> Response {
 }
 
 /// `batch`: `{"commands": [{"<method>": {...}}, ...]}`, run in order.
-async fn batch(state: &AppState, who: &Principal, params: &RawValue) -> Response {
+async fn batch(
+    state: &AppState,
+    who: &Principal,
+    headers: &HeaderMap,
+    params: &RawValue,
+) -> Response {
     #[derive(Deserialize)]
     struct Batch {
         commands: Vec<Map<String, Value>>,
@@ -125,7 +137,7 @@ async fn batch(state: &AppState, who: &Principal, params: &RawValue) -> Response
     for command in commands {
         let reply = match command.into_iter().next() {
             Some((method, params)) if method != "batch" => match to_raw_value(&params) {
-                Ok(params) => match run(state, who, &method, &params).await {
+                Ok(params) => match run(state, who, headers, &method, &params).await {
                     Ok(result) => format!("{{{}:{}}}", json!(method), result.get()),
                     Err(e) => json!({ "error": e }).to_string(),
                 },
@@ -158,8 +170,14 @@ fn channel(name: &str) -> Result<ChannelName, ReplyError> {
     ChannelName::new(name).map_err(|_| ReplyError::bad_request())
 }
 
-/// Runs one method.
-async fn run(state: &AppState, who: &Principal, method: &str, p: &RawValue) -> Outcome {
+/// Runs one method (`headers` are the request's, for a call to forward).
+async fn run(
+    state: &AppState,
+    who: &Principal,
+    headers: &HeaderMap,
+    method: &str,
+    p: &RawValue,
+) -> Outcome {
     match method {
         "publish" => publish(state, who, params(p)?).await,
         "broadcast" => broadcast(state, who, params(p)?).await,
@@ -170,8 +188,12 @@ async fn run(state: &AppState, who: &Principal, method: &str, p: &RawValue) -> O
         "disconnect" => disconnect(state, who, params(p)?),
         "presence" => presence_method(state, who, params(p)?, false).await,
         "presence_stats" => presence_method(state, who, params(p)?, true).await,
-        // History is durable and removed only by retention.
-        "history_remove" => Err(ReplyError::not_available()),
+        "history_remove" => {
+            let p: ChannelParams = params(p)?;
+            let channel = channel(&p.channel)?;
+            super::history_remove::history_remove(state, who, headers, channel).await?;
+            raw(&json!({}))
+        }
         _ => Err(ReplyError::method_not_found()),
     }
 }
@@ -191,18 +213,28 @@ struct PublishParams {
     b64data: Option<String>,
     #[serde(default)]
     idempotency_key: Option<String>,
+    /// `null` is no tags, as protobuf's JSON mapping reads it.
     #[serde(default)]
-    tags: Option<Map<String, Value>>,
+    tags: Option<Tags>,
     #[serde(default)]
     skip_history: bool,
 }
 
+/// What `publish` and `broadcast` store: the data, its tags, and the
+/// idempotency key.
+struct Payload {
+    data: Arc<RawValue>,
+    tags: Tags,
+    key: Option<IdempotencyKey>,
+}
+
 impl PublishParams {
-    /// The JSON to store and the idempotency key, or 107 for data that is
-    /// missing, not JSON, or asks for what Herald does not do (tags,
-    /// `skip_history`).
-    fn payload(self) -> Result<(Arc<RawValue>, Option<IdempotencyKey>), ReplyError> {
-        if self.skip_history || self.tags.is_some_and(|t| !t.is_empty()) {
+    /// The JSON to store, its tags and the idempotency key, or 107 for data
+    /// that is missing, not JSON, or asks for what Herald does not do
+    /// (`skip_history`: every publication is stored). (Tags that are not
+    /// an object of strings fail the parameters' parse: 107 too.)
+    fn payload(self) -> Result<Payload, ReplyError> {
+        if self.skip_history {
             return Err(ReplyError::bad_request());
         }
         let data = match (self.data, self.b64data) {
@@ -222,7 +254,11 @@ impl PublishParams {
             .map(IdempotencyKey::new)
             .transpose()
             .map_err(|_| ReplyError::bad_request())?;
-        Ok((Arc::from(data), key))
+        Ok(Payload {
+            data: Arc::from(data),
+            tags: self.tags.unwrap_or_default(),
+            key,
+        })
     }
 }
 
@@ -231,8 +267,7 @@ async fn publish_one(
     state: &AppState,
     who: &Principal,
     channel: ChannelName,
-    data: Arc<RawValue>,
-    key: Option<IdempotencyKey>,
+    payload: &Payload,
 ) -> Outcome {
     let auth = &state.shared.auth;
     if auth.may_publish(who, &channel).is_err() {
@@ -242,25 +277,32 @@ async fn publish_one(
         return Err(ReplyError::too_many_requests());
     }
     let epoch = epoch(state, &channel).await?;
-    let offset = super::publish::publish(state, channel, data, key).await?;
+    let offset = super::publish::publish(
+        state,
+        channel,
+        Arc::clone(&payload.data),
+        payload.tags.clone(),
+        payload.key.clone(),
+    )
+    .await?;
     raw(&json!({ "offset": offset, "epoch": epoch }))
 }
 
 async fn publish(state: &AppState, who: &Principal, p: PublishParams) -> Outcome {
     let channel = channel(&p.channel)?;
-    let (data, key) = p.payload()?;
-    publish_one(state, who, channel, data, key).await
+    let payload = p.payload()?;
+    publish_one(state, who, channel, &payload).await
 }
 
 /// Publishes to each channel in turn: `{"responses":[...]}`, one publish
 /// answer per channel.
 async fn broadcast(state: &AppState, who: &Principal, p: PublishParams) -> Outcome {
     let channels = p.channels.clone();
-    let (data, key) = p.payload()?;
+    let payload = p.payload()?;
     let mut responses = Vec::with_capacity(channels.len());
     for name in &channels {
         let outcome = match channel(name) {
-            Ok(c) => publish_one(state, who, c, Arc::clone(&data), key.clone()).await,
+            Ok(c) => publish_one(state, who, c, &payload).await,
             Err(e) => Err(e),
         };
         responses.push(match outcome {

@@ -1,7 +1,8 @@
 //! One connection at `/connection/websocket`: the socket loop. It reads
 //! frames of newline-separated commands (answered in one frame, in
-//! order), writes the subscriptions' publication pushes (several per frame
-//! when they queue up), sends the `{}` ping every `ping_interval` once
+//! order), writes the subscriptions' publication pushes (client-side and
+//! server-side subscriptions alike; several per frame when they queue
+//! up), sends the `{}` ping every `ping_interval` once
 //! connected and closes with 3012 "no pong" when the client's `{}` does
 //! not follow within `pong_timeout`, and closes with Centrifugo's codes
 //! when the connection or a subscription token expires (3005, 3006), the
@@ -9,7 +10,7 @@
 //! in time (3502), or the node drains (3001, the client reconnects to
 //! another node).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{Message as Frame, WebSocket, WebSocketUpgrade};
@@ -86,8 +87,11 @@ pub(crate) struct Session {
     pub(crate) who: Option<Principal>,
     /// When the connection token expires.
     pub(crate) expires: Option<Instant>,
-    /// The live subscriptions.
+    /// The live subscriptions (client-side and server-side).
     pub(crate) subs: HashMap<ChannelName, Sub>,
+    /// The channels of the server-side subscriptions made at connect (the
+    /// token's `subs`), to tell a `refresh` whose token changes them.
+    pub(crate) server_subs: BTreeSet<ChannelName>,
     /// Counter behind [`Sub::generation`].
     pub(crate) generations: u64,
     /// Where subscription tasks queue their pushes.
@@ -154,6 +158,7 @@ async fn run(socket: WebSocket, state: AppState) {
         who: None,
         expires: None,
         subs: HashMap::new(),
+        server_subs: BTreeSet::new(),
         generations: 0,
         out,
         control: Some(control),

@@ -20,8 +20,8 @@ use tokio_postgres::{GenericClient, IsolationLevel};
 
 use super::{fenced_write_lock_key, CHANGES_CHANNEL, LEASE_CHANNEL};
 use crate::decode::{
-    acquired, log_lost, log_release, lost, sql_position, sql_token, to_channel, to_json, to_token,
-    to_u64,
+    acquired, log_lost, log_release, lost, sql_position, sql_token, to_channel, to_json, to_tags,
+    to_token, to_u64,
 };
 use crate::trim;
 use crate::{
@@ -360,14 +360,15 @@ const BUMP_HEADS_SQL: &str = "INSERT INTO channels (name, head, created_at, byte
      RETURNING name, head";
 
 /// Inserts every new message of the batch in one statement:
-/// `(channel, offset, data, idempotency key, digest)` arrays, with the
-/// batch's `published_at` (`$5`) and fencing token (`$6`), in array order,
-/// so that message ids follow the batch's order as they did row by row.
+/// `(channel, offset, data, idempotency key, digest, tags)` arrays, with
+/// the batch's `published_at` (`$5`) and fencing token (`$6`), in array
+/// order, so that message ids follow the batch's order as they did row by
+/// row.
 const INSERT_MESSAGES_SQL: &str = "INSERT INTO messages \
-     (channel, \"offset\", data, published_at, idempotency_key, token, idempotency_digest) \
-     SELECT channel, \"offset\", data, $5, key, $6, digest \
-     FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $7::bytea[]) WITH ORDINALITY \
-       AS u(channel, \"offset\", data, key, digest, position) \
+     (channel, \"offset\", data, published_at, idempotency_key, token, idempotency_digest, tags) \
+     SELECT channel, \"offset\", data, $5, key, $6, digest, tags \
+     FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $7::bytea[], $8::text[]) \
+       WITH ORDINALITY AS u(channel, \"offset\", data, key, digest, tags, position) \
      ORDER BY position";
 
 /// A channel that a fenced write adds new messages to, and the range of
@@ -572,6 +573,7 @@ pub(super) async fn append(
     let mut rows_data: Vec<&str> = Vec::new();
     let mut rows_key: Vec<Option<&str>> = Vec::new();
     let mut rows_digest: Vec<Option<&[u8]>> = Vec::new();
+    let mut rows_tags: Vec<Option<String>> = Vec::new();
     for ((message, plan), digest) in batch.iter().zip(planned).zip(&digests) {
         let (offset, published_at_ms, duplicate) = match plan {
             Planned::Duplicate {
@@ -588,6 +590,7 @@ pub(super) async fn append(
                 rows_data.push(message.data.get());
                 rows_key.push(message.idempotency_key.as_ref().map(|k| k.as_str()));
                 rows_digest.push(digest.as_ref().map(<[u8; 32]>::as_slice));
+                rows_tags.push(message.tags.to_json());
                 (offset, now_ms, false)
             }
         };
@@ -611,6 +614,7 @@ pub(super) async fn append(
                     &now,
                     &token,
                     &rows_digest,
+                    &rows_tags,
                 ],
             )
             .await
@@ -728,12 +732,12 @@ pub(super) async fn read(
 ) -> Result<Page> {
     let stmt = client
         .prepare_cached(
-            "SELECT h.head, h.trimmed_through, m.\"offset\", m.data, m.published_at \
+            "SELECT h.head, h.trimmed_through, m.\"offset\", m.data, m.published_at, m.tags \
              FROM (SELECT COALESCE(c.head, 0) AS head, COALESCE(c.trimmed_through, 0) AS trimmed_through \
                    FROM (SELECT 1) AS one \
                    LEFT JOIN channels AS c ON c.name = $1) AS h \
              LEFT JOIN LATERAL ( \
-                 SELECT \"offset\", data, published_at FROM messages \
+                 SELECT \"offset\", data, published_at, tags FROM messages \
                  WHERE channel = $1 AND \"offset\" > $2 ORDER BY \"offset\" LIMIT $3 \
              ) AS m ON true \
              ORDER BY m.\"offset\"",
@@ -757,6 +761,7 @@ pub(super) async fn read(
             offset: to_u64(offset, "offset")?,
             data: to_json(row.try_get(3)?)?,
             published_at_ms: to_ms(published_at),
+            tags: to_tags(row.try_get(5)?)?,
         });
     }
     Ok(Page {

@@ -15,8 +15,8 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::session;
 use crate::decode::{
-    acquired, log_lost, log_release, lost, sql_position, sql_token, to_channel, to_json, to_token,
-    to_u64,
+    acquired, log_lost, log_release, lost, sql_position, sql_token, to_channel, to_json, to_tags,
+    to_token, to_u64,
 };
 use crate::trim;
 use crate::{
@@ -280,8 +280,8 @@ pub(super) fn append(
         )?;
         let mut insert = tx.prepare_cached(
             "INSERT INTO messages \
-             (channel, \"offset\", data, published_at_ms, idempotency_key, token, idempotency_digest) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+             (channel, \"offset\", data, published_at_ms, idempotency_key, token, idempotency_digest, tags) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
         )?;
         for (index, message) in batch.iter().enumerate() {
             let channel = message.channel.as_str();
@@ -324,7 +324,8 @@ pub(super) fn append(
                 now,
                 key,
                 token,
-                digest.as_ref().map(<[u8; 32]>::as_slice)
+                digest.as_ref().map(<[u8; 32]>::as_slice),
+                message.tags.to_json()
             ])?;
             out.push(Appended {
                 channel: message.channel.clone(),
@@ -355,7 +356,7 @@ pub(super) fn read(
     let mut messages = Vec::new();
     {
         let mut stmt = tx.prepare_cached(
-            "SELECT \"offset\", data, published_at_ms FROM messages \
+            "SELECT \"offset\", data, published_at_ms, tags FROM messages \
              WHERE channel = ?1 AND \"offset\" > ?2 ORDER BY \"offset\" LIMIT ?3",
         )?;
         let mut rows = stmt.query(params![channel.as_str(), sql_position(after), limit])?;
@@ -364,6 +365,7 @@ pub(super) fn read(
                 offset: to_u64(row.get(0)?, "offset")?,
                 data: to_json(row.get(1)?)?,
                 published_at_ms: row.get(2)?,
+                tags: to_tags(row.get(3)?)?,
             });
         }
     }

@@ -1,8 +1,9 @@
 //! Centrifugo's Python clients against Herald unchanged: `cent` (PyPI),
 //! the server API client (`tests/clients/python/cent_api.py`): publish
-//! (idempotent with a key), broadcast, history, batch, channels, info, and
-//! presence answered "not available", its publishes in the sequence of
-//! Herald's own publish route; and centrifuge-python (PyPI
+//! (idempotent with a key), broadcast, history, batch, channels, info,
+//! presence answered "not available", a publish with tags, and
+//! history_remove (the history goes, the position stays), its publishes in
+//! the sequence of Herald's own publish route; and centrifuge-python (PyPI
 //! `centrifuge-python`), the client SDK (`centrifuge_sdk.py`): subscribe,
 //! publications, history, recovery after a disconnect.
 //!
@@ -94,15 +95,24 @@ async fn cent(backend: Backend) {
     assert_eq!(channels, &json!(["news:cent", "news:cent-b"]));
     assert_eq!(step("info")[0]["uids"], json!(["node-a"]));
     assert_eq!(step("presence")[0]["code"], 108);
+    assert_eq!(step("publish_tagged")[0]["offset"], 7);
+    let tags = &step("history_tags")[0]["tags"];
+    assert_eq!(tags[5], Value::Null, "{tags}");
+    assert_eq!(tags[6], json!({"kind": "tagged"}), "{tags}");
+    let removed = step("history_removed")[0];
+    assert_eq!(removed["offsets"], json!([]), "{removed}");
+    assert_eq!(removed["offset"], 7, "the position is kept");
+    assert_eq!(removed["epoch"], epoch);
+    assert_eq!(holder.stored("news:cent").await, []);
     // Herald's own route sees the same sequence.
     let next = holder
         .publish_with(
             "news:cent",
             &[("authorization", bearer.as_str())],
-            json!({"n": 7}),
+            json!({"n": 8}),
         )
         .await;
-    assert_eq!(next.2["offset"], 7);
+    assert_eq!(next.2["offset"], 8);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,7 +6,9 @@
 //! after the node restarts: every publication exactly once, in order,
 //! `recovered: true`, the same epoch throughout. With `joinLeave` it sees
 //! the joins and leaves of another client, on another node on
-//! PostgreSQL.
+//! PostgreSQL. The same recovery holds for a server-side subscription (the
+//! token's `subs`), whose publications, with their tags, the SDK reports
+//! on the client object.
 //!
 //! The test command installs the packages (`npm ci` in `tests/clients`)
 //! and names that directory in `HERALD_TEST_NODE_CLIENTS` (and `node` in
@@ -28,9 +30,11 @@ struct JsClient {
     child: Child,
     stdin: Option<ChildStdin>,
     reports: Lines<BufReader<ChildStdout>>,
-    /// `(offset, data)` of every publication of the followed channel, in
-    /// arrival order.
+    /// `(offset, data)` of every publication of the followed channel
+    /// (client-side or server-side subscription), in arrival order.
     received: Vec<(u64, Value)>,
+    /// The tags of each of `received` (`null` for none).
+    received_tags: Vec<Value>,
     channel: &'static str,
     /// `connecting` reports for a lost connection (code 0 is the SDK's
     /// own `connect()` call).
@@ -59,6 +63,7 @@ impl JsClient {
             stdin,
             reports,
             received: Vec::new(),
+            received_tags: Vec::new(),
             channel,
             reconnects: 0,
         }
@@ -90,9 +95,10 @@ impl JsClient {
                 if report["type"] == "connecting" && report["code"] != 0 {
                     self.reconnects += 1;
                 }
-                if report["type"] == "publication" && report["channel"] == self.channel {
+                if is_publication(&report) && report["channel"] == self.channel {
                     self.received
                         .push((report["offset"].as_u64().unwrap(), report["data"].clone()));
+                    self.received_tags.push(report["tags"].clone());
                 }
                 if wanted(&report) {
                     return report;
@@ -107,8 +113,9 @@ impl JsClient {
         if self.received.last().is_some_and(|(o, _)| *o >= offset) {
             return;
         }
+        let channel = self.channel;
         self.expect(&format!("publication {offset}"), |r| {
-            r["type"] == "publication" && r["offset"].as_u64() >= Some(offset)
+            is_publication(r) && r["channel"] == channel && r["offset"].as_u64() >= Some(offset)
         })
         .await;
     }
@@ -120,6 +127,11 @@ impl JsClient {
             .unwrap();
         assert!(status.success(), "centrifuge.mjs: {status}");
     }
+}
+
+/// A publication of a client-side or a server-side subscription.
+fn is_publication(report: &Value) -> bool {
+    report["type"] == "publication" || report["type"] == "server_publication"
 }
 
 fn is(kind: &'static str, channel: &'static str) -> impl Fn(&Value) -> bool {
@@ -234,6 +246,95 @@ async fn centrifuge_js_on_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn centrifuge_js_on_postgres() {
     centrifuge_js(Backend::Postgres).await;
+}
+
+/// Publishes `{"n": n}` with the tag `n` to `feed:js` through the server
+/// API with `key`; it gets offset `n`.
+async fn publish_feed(node: &Node, key: &str, n: u64) {
+    let body = json!({"channel": "feed:js", "data": {"n": n}, "tags": {"n": n.to_string()}});
+    let (status, _, r) = node
+        .call("POST", "/api/publish", &[("x-api-key", key)], Some(body))
+        .await;
+    assert_eq!(
+        (status, r["result"]["offset"].clone()),
+        (200, json!(n)),
+        "{r}"
+    );
+}
+
+/// A server-side subscription (the connection token's `subs`): the SDK
+/// reports it subscribed at connect and its publications, tags included,
+/// on the client object; it recovers after the node restarts on the same
+/// address (`recovered: true`, the same epoch), and every publication
+/// arrives exactly once, in order.
+async fn server_side_subscription(backend: Backend) {
+    let place = Place::new(backend).await;
+    let creds = Creds::new();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let node = Node::start_on(&place, "node-a", Role::Holder, creds.config(), listener).await;
+    let token = creds.token_for(
+        "js",
+        json!({"subs": {"feed:js": {"data": {"hello": "js"}}}}),
+    );
+    let mut js = JsClient::start(
+        &format!("ws://{addr}/connection/websocket"),
+        &token,
+        "feed:js",
+    );
+    js.expect("connected", is("connected", "")).await;
+    let subscribed = js
+        .expect("server-side subscribed", is("server_subscribed", "feed:js"))
+        .await;
+    assert_eq!(subscribed["recoverable"], true, "{subscribed}");
+    assert_eq!(subscribed["data"], json!({"hello": "js"}), "{subscribed}");
+    let epoch = subscribed["epoch"].as_str().unwrap().to_owned();
+    assert_eq!(epoch.len(), 16);
+    for n in 1..=2 {
+        publish_feed(&node, &creds.backend, n).await;
+    }
+    js.received_up_to(2).await;
+
+    // The node restarts on the same address: the client reconnects by
+    // itself and its connect asks to recover the server-side subscription.
+    // 3 is published while it is away (through another node, before the
+    // address listens again), so it can only come by the recovery.
+    node.stop().await;
+    js.expect("reconnecting", is("connecting", "")).await;
+    let other = Node::start(&place, "node-x", Role::Holder, creds.config()).await;
+    publish_feed(&other, &creds.backend, 3).await;
+    other.stop().await;
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let node = Node::start_on(&place, "node-a", Role::Holder, creds.config(), listener).await;
+    let again = js
+        .expect(
+            "server-side subscribed after the restart",
+            is("server_subscribed", "feed:js"),
+        )
+        .await;
+    assert_eq!(again["wasRecovering"], true, "{again}");
+    assert_eq!(again["recovered"], true, "{again}");
+    assert_eq!(again["epoch"], epoch.as_str());
+    assert_eq!(js.received.len(), 2, "3 came before the recovery");
+    publish_feed(&node, &creds.backend, 4).await;
+    js.received_up_to(4).await;
+
+    let expected: Vec<(u64, Value)> = (1..=4).map(|n| (n, json!({"n": n}))).collect();
+    assert_eq!(js.received, expected);
+    let tags: Vec<Value> = (1..=4).map(|n| json!({"n": n.to_string()})).collect();
+    assert_eq!(js.received_tags, tags);
+    js.stop().await;
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_js_server_side_subscription_on_sqlite() {
+    server_side_subscription(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_js_server_side_subscription_on_postgres() {
+    server_side_subscription(Backend::Postgres).await;
 }
 
 /// The holder stops (and releases the lease) while a centrifuge-js client

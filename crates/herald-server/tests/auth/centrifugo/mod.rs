@@ -5,12 +5,15 @@
 
 mod cent;
 mod client;
+mod history_remove;
 mod join_leave;
 mod js;
 mod presence;
 mod protocol;
 mod recovery;
 mod server_api;
+mod server_subs;
+mod tags;
 
 use serde_json::Value;
 
