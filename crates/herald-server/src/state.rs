@@ -1,5 +1,5 @@
 //! The node's shared state and its background tasks (writer, standby feed,
-//! retention's trimming task, metrics upkeep).
+//! retention's trimming task, cluster events, metrics upkeep).
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -62,7 +62,7 @@ pub(crate) struct Shared {
     /// Connections open per client address (`max_connections_per_ip`).
     pub(crate) conn_limits: Arc<ConnectionLimits>,
     /// This node's Centrifugo connections (`centrifugo/registry.rs`).
-    pub(crate) centrifugo: crate::centrifugo::Registry,
+    pub(crate) centrifugo: Arc<crate::centrifugo::Registry>,
     /// Writer, standby feed and upkeep tasks, awaited by
     /// [`AppState::stopped`].
     tasks: Mutex<Vec<JoinHandle<()>>>,
@@ -73,8 +73,10 @@ pub(crate) struct Shared {
 }
 
 impl AppState {
-    /// Validates `config`, reads the storage's change cursor and starts the
-    /// writer, the standby feed and the metrics upkeep. They stop when
+    /// Validates `config`, reads the storage's change and deletion cursors
+    /// and starts the writer, the standby feed, the trimming task, the
+    /// task that applies other nodes' cluster events and the metrics
+    /// upkeep. They stop when
     /// `shutdown` is cancelled; [`AppState::stopped`] waits for that.
     ///
     /// # Errors
@@ -105,7 +107,10 @@ impl AppState {
             config.auth.cluster_secret.as_ref(),
         )?;
         let metrics = install_metrics_recorder();
-        let cursor = storage.change_cursor().await?;
+        let cursors = (
+            storage.change_cursor().await?,
+            storage.deletion_cursor().await?,
+        );
         let hub = Hub::new(config.subscriber_buffer);
         let (writer, writer_handle) = Writer::new(
             Arc::clone(&storage),
@@ -118,8 +123,15 @@ impl AppState {
             Arc::clone(&storage),
             Arc::clone(&lease),
             Arc::clone(&hub),
-            cursor,
+            cursors,
             config.standby_poll_interval,
+        );
+        let centrifugo = Arc::new(crate::centrifugo::Registry::default());
+        // Subscribed now: every event sent after the start is applied.
+        let cluster_events = crate::cluster::run(
+            storage.watch_cluster_events(),
+            Arc::clone(&centrifugo),
+            shutdown.clone(),
         );
         // Every log record of these tasks carries the node's id.
         let span = tracing::info_span!("herald", node_id = %config.node_id);
@@ -141,7 +153,8 @@ impl AppState {
         let tasks = vec![
             tokio::spawn(writer_task.instrument(span.clone())),
             tokio::spawn(feed.run(shutdown.clone()).instrument(span.clone())),
-            tokio::spawn(trimmer.run(shutdown.clone()).instrument(span)),
+            tokio::spawn(trimmer.run(shutdown.clone()).instrument(span.clone())),
+            tokio::spawn(cluster_events.instrument(span)),
             tokio::spawn(upkeep(metrics.clone(), shutdown.clone())),
         ];
         tracing::info!(
@@ -168,7 +181,7 @@ impl AppState {
                 metrics,
                 ws_sessions: TaskTracker::new(),
                 conn_limits,
-                centrifugo: crate::centrifugo::Registry::default(),
+                centrifugo,
                 tasks: Mutex::new(tasks),
                 writes_done,
             }),

@@ -44,8 +44,8 @@ use crate::{Acquire, Error, PresenceEntry, Storage, TakeoverReason};
 mod retention;
 pub use retention::{
     concurrent_append_and_trim_keep_offsets_contiguous, delete_keeps_the_head,
-    trim_by_max_age_removes_only_old_messages, trim_by_max_bytes_keeps_what_fits,
-    trim_by_max_messages_keeps_the_newest_and_drops_their_keys,
+    deletions_are_numbered_shared_and_fenced, trim_by_max_age_removes_only_old_messages,
+    trim_by_max_bytes_keeps_what_fits, trim_by_max_messages_keeps_the_newest_and_drops_their_keys,
     trim_with_a_lost_lease_removes_nothing,
 };
 
@@ -121,6 +121,7 @@ macro_rules! conformance_tests {
             trim_by_max_age_removes_only_old_messages,
             trim_with_a_lost_lease_removes_nothing,
             delete_keeps_the_head,
+            deletions_are_numbered_shared_and_fenced,
             concurrent_append_and_trim_keep_offsets_contiguous,
             channel_epoch_is_stable_and_shared,
             presence_is_shared_renewed_and_expires,

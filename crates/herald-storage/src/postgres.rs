@@ -15,6 +15,7 @@
 //! for its whole life: [`PostgresStorage::connect`] refuses a pooler that
 //! breaks that (`pooler.rs`; docs/operations.md, "Connection poolers").
 
+mod cluster;
 mod epoch;
 mod listen;
 mod liveness;
@@ -45,8 +46,8 @@ use tokio_postgres::{AsyncMessage, Client, Config, Connection, NoTls, Socket};
 use self::renewal::Renewal;
 use crate::decode::ttl_ms;
 use crate::{
-    Acquire, ChangeFeed, ChangeSignal, ChannelStats, Error, LeaseStore, Page, Result, Storage,
-    TrimLimits, Trimmed,
+    Acquire, ChangeFeed, ChangeSignal, ChannelStats, ClusterEvent, Deletions, Error, LeaseStore,
+    Page, Result, Storage, TrimLimits, Trimmed,
 };
 
 mod embedded {
@@ -75,6 +76,17 @@ pub const CHANGES_CHANNEL: &str = "herald_changes";
 /// acquire at once instead of on their next acquire period. Delivered only
 /// if the release commits (PostgreSQL documentation, `NOTIFY`).
 pub const LEASE_CHANNEL: &str = "herald_lease";
+
+/// The notification channel on which nodes send each other cluster
+/// events (`crate::cluster`: the payload is JSON, shorter than 8000
+/// bytes). Each node's listener passes on the events other nodes sent
+/// ([`Storage::watch_cluster_events`]).
+pub const CLUSTER_CHANNEL: &str = "herald_cluster";
+
+/// Capacity of the broadcast channel behind
+/// [`Storage::watch_cluster_events`]: a receiver that falls this many
+/// events behind loses the oldest.
+pub const CLUSTER_EVENT_CAPACITY: usize = 1024;
 
 /// Capacity of the broadcast channel behind [`Storage::watch_changes`]: a
 /// receiver that falls this many notices behind loses the oldest and is
@@ -214,6 +226,8 @@ struct Inner {
     session_key: i64,
     /// The listener task sends on this; receivers come from `subscribe`.
     changes: broadcast::Sender<ChangeSignal>,
+    /// Other nodes' cluster events, from the listener task.
+    cluster: broadcast::Sender<ClusterEvent>,
     /// Lease releases heard by the listener (a counter).
     releases: watch::Receiver<u64>,
     /// Which lease the takeover watch waits on (set by `takeover_hint`).
@@ -348,9 +362,12 @@ impl PostgresStorage {
 
         let (changes, _) = broadcast::channel(CHANGE_SIGNAL_CAPACITY);
         let (releases, _) = watch::channel(0);
+        let (cluster, _) = broadcast::channel(CLUSTER_EVENT_CAPACITY);
         let outputs = listen::Outputs {
             changes: changes.clone(),
             releases: releases.clone(),
+            cluster: cluster.clone(),
+            session_key,
         };
         let listener_config = session_config(&base, &options, Role::Listener);
         let listening = listen::establish(&listener_config, connect_limit, &outputs).await?;
@@ -381,6 +398,7 @@ impl PostgresStorage {
                 target,
                 session_key,
                 changes,
+                cluster,
                 releases: releases.subscribe(),
                 watch_target,
                 watch_fired,
@@ -952,6 +970,36 @@ impl Storage for PostgresStorage {
     async fn change_cursor(&self) -> Result<u64> {
         let client = self.client().await?;
         ops::change_cursor(&client).await
+    }
+
+    async fn record_deletion(
+        &self,
+        lease: &Lease,
+        channel: &ChannelName,
+        head: Offset,
+    ) -> Result<u64> {
+        let mut client = self.client().await?;
+        ops::record_deletion(&mut client, lease, channel, head).await
+    }
+
+    async fn deletions_since(&self, cursor: u64) -> Result<Deletions> {
+        let client = self.client().await?;
+        ops::deletions_since(&client, cursor).await
+    }
+
+    async fn deletion_cursor(&self) -> Result<u64> {
+        let client = self.client().await?;
+        ops::deletion_cursor(&client).await
+    }
+
+    async fn send_cluster_event(&self, event: &ClusterEvent) -> Result<()> {
+        event.check_size()?;
+        let client = self.client().await?;
+        cluster::send(&client, self.inner.session_key, event).await
+    }
+
+    fn watch_cluster_events(&self) -> Option<broadcast::Receiver<ClusterEvent>> {
+        Some(self.inner.cluster.subscribe())
     }
 
     async fn ping(&self) -> Result<()> {

@@ -734,8 +734,8 @@ async fn migrations_run_once_when_nodes_connect_at_once() {
         .map(|r| r.get(0))
         .collect();
     // Each migration once (2: the idempotency digest; 3: retention;
-    // 4: channel epochs; 5: presence).
-    assert_eq!(versions, [1, 2, 3, 4, 5]);
+    // 4: channel epochs; 5: presence; 6: channel deletions).
+    assert_eq!(versions, [1, 2, 3, 4, 5, 6]);
     let (lease, _) = acquire(&nodes[3], &candidate("node-3"), MINUTE).await;
     nodes[5].append(&lease, &[msg("m", "1")]).await.unwrap();
     assert_eq!(

@@ -11,7 +11,8 @@
 //! - `history.rs`: history with Centrifugo's `limit`, `since`, `reverse`;
 //! - `publish.rs`: a publish into the same channel sequence as Herald's
 //!   own, forwarded to the holder from a standby;
-//! - `registry.rs`: this node's connections, for the server API;
+//! - `registry.rs`: this node's connections, for the server API, which
+//!   also applies other nodes' cluster events to them (`cluster.rs`);
 //! - `presence.rs`: cluster-wide presence in the storage, when enabled;
 //! - `config.rs`: ping, pong and connect timeouts.
 //!
@@ -33,6 +34,8 @@ mod server_api;
 mod session;
 
 pub use config::CentrifugoConfig;
+#[cfg(test)]
+pub(crate) use registry::Control;
 pub(crate) use registry::Registry;
 pub(crate) use server_api::call as server_api;
 pub(crate) use session::upgrade;

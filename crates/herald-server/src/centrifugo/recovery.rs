@@ -104,6 +104,7 @@ mod tests {
                     published_at_ms: 0,
                 })
                 .collect(),
+            deletion: 0,
         }
     }
 

@@ -21,9 +21,12 @@ use crate::{AppState, Error, Result};
 /// Deletes `channel` on this node, which must be holder: removes every
 /// message up to the head read at the start (messages published while it
 /// runs survive), in transactions of [`TrimPacing::batch`] messages, then
-/// ends this node's live subscriptions to it with a final `deleted` event.
-/// Returns the head, which the channel keeps (the next message gets
-/// `head + 1`).
+/// records the deletion (`Storage::record_deletion`, a fenced write whose
+/// record every node reads, and whose change notice, on PostgreSQL,
+/// reaches the standbys at its commit) and ends this node's live
+/// subscriptions to it with a final `deleted` event; each standby's feed
+/// ends its own (`standby_feed.rs`). Returns the head, which the channel
+/// keeps (the next message gets `head + 1`).
 ///
 /// # Errors
 /// [`Error::NotHolder`] when this node does not hold the lease;
@@ -45,6 +48,10 @@ pub(crate) async fn delete_channel(state: &AppState, channel: &ChannelName) -> R
         up_to: Some(page.head),
         ..TrimLimits::default()
     };
+    let failed = |e: herald_storage::Error, what: &'static str| match e {
+        herald_storage::Error::LeaseLost { .. } => Error::LeaseLost,
+        e => Error::Storage(StorageFailure::new(what, Some(channel), e)),
+    };
     loop {
         let step = trimmer::trim_step(
             &*shared.storage,
@@ -58,22 +65,24 @@ pub(crate) async fn delete_channel(state: &AppState, channel: &ChannelName) -> R
         match step {
             Ok(t) if t.done => break,
             Ok(_) => {}
-            Err(herald_storage::Error::LeaseLost { .. }) => return Err(Error::LeaseLost),
-            Err(e) => {
-                return Err(Error::Storage(StorageFailure::new(
-                    "trim",
-                    Some(channel),
-                    e,
-                )))
-            }
+            Err(e) => return Err(failed(e, "trim")),
         }
     }
+    let recorded = shared
+        .storage
+        .record_deletion(&lease, channel, page.head)
+        .await;
+    if let Err(herald_storage::Error::LeaseLost { token, .. }) = &recorded {
+        // As the writer and the trimming task report it.
+        shared.lease.report_lease_lost(*token);
+    }
+    let number = recorded.map_err(|e| failed(e, "record_deletion"))?;
     shared.hub.publish(Notice {
         channel: channel.clone(),
         head: page.head,
         messages: Vec::new(),
-        deleted: true,
+        deleted: Some(number),
     });
-    tracing::info!(channel = %channel, head = page.head, "channel deleted");
+    tracing::info!(channel = %channel, head = page.head, deletion = number, "channel deleted");
     Ok(page.head)
 }

@@ -1,8 +1,9 @@
 //! The change listener: one dedicated connection per storage that runs
 //! `LISTEN` on [`CHANGES_CHANNEL`] and turns each notification into a
-//! [`ChangeSignal`] on a broadcast channel, and `LISTEN` on
+//! [`ChangeSignal`] on a broadcast channel, `LISTEN` on
 //! [`LEASE_CHANNEL`], whose notifications (a lease was released) bump a
-//! counter that standbys wait on.
+//! counter that standbys wait on, and `LISTEN` on [`CLUSTER_CHANNEL`],
+//! whose notifications are other nodes' cluster events (`cluster.rs`).
 //!
 //! Fenced writes send their notices with `pg_notify` inside their
 //! transaction; PostgreSQL delivers them only when that transaction commits,
@@ -27,12 +28,14 @@ use tokio::sync::{broadcast, watch};
 use tokio_postgres::{AsyncMessage, Client, Config};
 
 use super::reconnect::{millis, pause, Reconnect};
-use super::{connect_raw, drive, PgConnection, CHANGES_CHANNEL, LEASE_CHANNEL};
-use crate::{ChangeSignal, Error, Result};
+use super::{
+    cluster, connect_raw, drive, PgConnection, CHANGES_CHANNEL, CLUSTER_CHANNEL, LEASE_CHANNEL,
+};
+use crate::{ChangeSignal, ClusterEvent, Deletion, Error, Result};
 
 /// The statements that subscribe the connection to the notices.
 fn listen_sql() -> String {
-    format!("LISTEN {CHANGES_CHANNEL}; LISTEN {LEASE_CHANNEL}")
+    format!("LISTEN {CHANGES_CHANNEL}; LISTEN {LEASE_CHANNEL}; LISTEN {CLUSTER_CHANNEL}")
 }
 
 /// Where the listener sends what it hears.
@@ -43,6 +46,10 @@ pub(super) struct Outputs {
     /// Counts lease releases heard (and reconnects, when some may have been
     /// missed).
     pub(super) releases: watch::Sender<u64>,
+    /// Other nodes' cluster events.
+    pub(super) cluster: broadcast::Sender<ClusterEvent>,
+    /// This storage's session key: its own cluster events are dropped.
+    pub(super) session_key: i64,
 }
 
 /// Opens a listening connection: connects and runs `LISTEN`, both within
@@ -144,6 +151,9 @@ fn handle(message: AsyncMessage, outputs: &Outputs) {
             tracing::debug!(lease = %n.payload(), "lease released");
             outputs.releases.send_modify(|count| *count += 1);
         }
+        AsyncMessage::Notification(n) if n.channel() == CLUSTER_CHANNEL => {
+            cluster::hear(n.payload(), outputs.session_key, &outputs.cluster);
+        }
         AsyncMessage::Notification(n) if n.channel() == CHANGES_CHANNEL => {
             let signal = parse_payload(n.payload()).unwrap_or_else(|| {
                 tracing::warn!(payload = %n.payload(), "unreadable change notice; asking receivers to resync");
@@ -161,9 +171,13 @@ fn handle(message: AsyncMessage, outputs: &Outputs) {
 
 /// Reads the payload a fenced write sends for one channel (see
 /// `NOTIFY_SQL` in the fenced write): `<from> <to> <committed_at_ms>
-/// <channel>`, decimal numbers and the channel name last; `None` when it
-/// does not have that shape.
+/// <channel>`, decimal numbers and the channel name last; or, for a
+/// deletion (`NOTIFY_DELETION_SQL`), `deleted <number> <head> <channel>`;
+/// `None` when it has neither shape.
 pub(super) fn parse_payload(payload: &str) -> Option<ChangeSignal> {
+    if let Some(deletion) = payload.strip_prefix("deleted ") {
+        return parse_deletion(deletion);
+    }
     let mut parts = payload.splitn(4, ' ');
     let from: u64 = parts.next()?.parse().ok()?;
     let to: u64 = parts.next()?.parse().ok()?;
@@ -175,6 +189,19 @@ pub(super) fn parse_payload(payload: &str) -> Option<ChangeSignal> {
         to,
         committed_at_ms,
     })
+}
+
+/// Reads `<number> <head> <channel>` of a deletion's payload.
+fn parse_deletion(payload: &str) -> Option<ChangeSignal> {
+    let mut parts = payload.splitn(3, ' ');
+    let number: u64 = parts.next()?.parse().ok()?;
+    let head: u64 = parts.next()?.parse().ok()?;
+    let channel = ChannelName::new(parts.next()?).ok()?;
+    (number >= 1).then_some(ChangeSignal::Deleted(Deletion {
+        channel,
+        head,
+        number,
+    }))
 }
 
 #[cfg(test)]
@@ -195,6 +222,18 @@ mod tests {
     }
 
     #[test]
+    fn deletion_payloads_round_trip() {
+        assert_eq!(
+            parse_payload("deleted 4 17 room:a"),
+            Some(ChangeSignal::Deleted(Deletion {
+                channel: ChannelName::new("room:a").unwrap(),
+                head: 17,
+                number: 4,
+            }))
+        );
+    }
+
+    #[test]
     fn malformed_payloads_are_rejected() {
         for bad in [
             "",
@@ -204,6 +243,10 @@ mod tests {
             "2 1 3 ch",
             "0 1 3 ch",
             "1 2 3 bad name",
+            "deleted 0 3 ch",
+            "deleted 1 x ch",
+            "deleted 1 3",
+            "deleted 1 3 bad name",
         ] {
             assert_eq!(parse_payload(bad), None, "{bad:?}");
         }

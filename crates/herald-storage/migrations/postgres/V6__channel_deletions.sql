@@ -1,0 +1,18 @@
+-- Version 6: channel deletions.
+--
+-- One row per deleted channel: its latest deletion. `deletion` numbers
+-- deletions from 1 across all channels, in commit order (fenced writes,
+-- which record them, are serialized by the lease's advisory lock); `head`
+-- is the channel's head when it was deleted (every message up to it was
+-- removed). Standbys read the rows after the number they last saw, so
+-- that a deletion ends their subscriptions to the channel even when they
+-- missed its notification; a subscriber compares a channel's number with
+-- the deletion it hears of, so that only subscriptions that began before
+-- the deletion end. A table of its own, so that the fenced append and the
+-- `channels` table are unchanged.
+CREATE TABLE channel_deletions (
+    channel text COLLATE "C" PRIMARY KEY,
+    deletion bigint NOT NULL UNIQUE,
+    head bigint NOT NULL,
+    deleted_at timestamptz NOT NULL
+);

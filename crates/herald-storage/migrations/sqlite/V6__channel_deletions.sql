@@ -1,0 +1,18 @@
+-- Herald's SQLite schema, version 6: channel deletions.
+--
+-- One row per deleted channel: its latest deletion. `deletion` numbers
+-- deletions from 1 across all channels, in commit order (fenced writes,
+-- which record them, hold the database's write lock); `head` is the
+-- channel's head when it was deleted (every message up to it was
+-- removed). Standbys (other processes on the same data directory) read
+-- the rows after the number they last saw, so that a deletion ends their
+-- subscriptions to the channel; a subscriber compares a channel's number
+-- with the deletion it hears of, so that only subscriptions that began
+-- before the deletion end. A table of its own, so that the fenced append
+-- and the `channels` table are unchanged.
+CREATE TABLE channel_deletions (
+    channel TEXT PRIMARY KEY,
+    deletion INTEGER NOT NULL UNIQUE,
+    head INTEGER NOT NULL,
+    deleted_at_ms INTEGER NOT NULL
+) STRICT;
