@@ -1,5 +1,6 @@
 //! The node's shared state and its background tasks (writer, standby feed,
-//! retention's trimming task, cluster events, metrics upkeep).
+//! retention's trimming task, cluster events, the node's report for
+//! Centrifugo's `info`, metrics upkeep).
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -75,8 +76,8 @@ pub(crate) struct Shared {
 impl AppState {
     /// Validates `config`, reads the storage's change and deletion cursors
     /// and starts the writer, the standby feed, the trimming task, the
-    /// task that applies other nodes' cluster events and the metrics
-    /// upkeep. They stop when
+    /// task that applies other nodes' cluster events, the node's report
+    /// (Centrifugo's `info`) and the metrics upkeep. They stop when
     /// `shutdown` is cancelled; [`AppState::stopped`] waits for that.
     ///
     /// # Errors
@@ -154,7 +155,16 @@ impl AppState {
             tokio::spawn(writer_task.instrument(span.clone())),
             tokio::spawn(feed.run(shutdown.clone()).instrument(span.clone())),
             tokio::spawn(trimmer.run(shutdown.clone()).instrument(span.clone())),
-            tokio::spawn(cluster_events.instrument(span)),
+            tokio::spawn(cluster_events.instrument(span.clone())),
+            tokio::spawn(
+                crate::centrifugo::node_report_task(
+                    Arc::clone(&storage),
+                    Arc::clone(&centrifugo),
+                    config.node_id.clone(),
+                    shutdown.clone(),
+                )
+                .instrument(span),
+            ),
             tokio::spawn(upkeep(metrics.clone(), shutdown.clone())),
         ];
         tracing::info!(

@@ -47,6 +47,9 @@ struct Mem {
     deletions: BTreeMap<String, (u64, Offset)>,
     /// The number of the latest deletion.
     deletion_seq: u64,
+    /// Node reports by node id (no expiry: the server's unit tests do not
+    /// wait for one).
+    nodes: BTreeMap<String, herald_storage::NodeReport>,
 }
 
 /// An in-memory storage that follows the `Storage` contract closely enough
@@ -530,6 +533,23 @@ impl Storage for MemoryStorage {
             .filter(|(_, e)| &e.channel == channel)
             .map(|(_, e)| e.clone())
             .collect())
+    }
+
+    async fn report_node(
+        &self,
+        report: &herald_storage::NodeReport,
+        _ttl: Duration,
+    ) -> herald_storage::Result<()> {
+        self.mem
+            .lock()
+            .unwrap()
+            .nodes
+            .insert(report.node_id.clone(), report.clone());
+        Ok(())
+    }
+
+    async fn node_reports(&self) -> herald_storage::Result<Vec<herald_storage::NodeReport>> {
+        Ok(self.mem.lock().unwrap().nodes.values().cloned().collect())
     }
 
     async fn channel_epoch(&self, channel: &ChannelName) -> herald_storage::Result<String> {

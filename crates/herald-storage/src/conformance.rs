@@ -39,7 +39,7 @@ use herald_core::{
 
 use crate::testing::{self, keyed, msg};
 
-use crate::{Acquire, Error, PresenceEntry, Storage, TakeoverReason};
+use crate::{Acquire, Error, NodeReport, PresenceEntry, Storage, TakeoverReason};
 
 mod retention;
 pub use retention::{
@@ -125,6 +125,7 @@ macro_rules! conformance_tests {
             concurrent_append_and_trim_keep_offsets_contiguous,
             channel_epoch_is_stable_and_shared,
             presence_is_shared_renewed_and_expires,
+            node_reports_are_shared_replaced_and_expire,
         );
     };
     (@cases $harness:expr; $($case:ident),* $(,)?) => {
@@ -1285,5 +1286,53 @@ pub async fn presence_is_shared_renewed_and_expires(h: &dyn Harness) {
     assert_eq!(
         c.node(1).presence(&room).await.unwrap(),
         vec![entry("c3", "cid")]
+    );
+}
+
+/// Node reports (Centrifugo's `info`): each node's report is read by every
+/// node, replaced by the node's next report, and expires unless reported
+/// again.
+pub async fn node_reports_are_shared_replaced_and_expire(h: &dyn Harness) {
+    let c = h.cluster(2).await;
+    let report = |node_id: &str, clients: u64| NodeReport {
+        node_id: node_id.to_owned(),
+        version: "1.2.3".to_owned(),
+        uptime_s: 7,
+        clients,
+        users: 1,
+        subs: 2,
+        channels: 3,
+    };
+    assert!(c.node(1).node_reports().await.unwrap().is_empty());
+    c.node(0)
+        .report_node(&report("node-b", 4), LONG_TTL)
+        .await
+        .unwrap();
+    c.node(1)
+        .report_node(&report("node-a", 1), LONG_TTL)
+        .await
+        .unwrap();
+    c.node(0)
+        .report_node(&report("node-b", 5), LONG_TTL)
+        .await
+        .unwrap();
+    assert_eq!(
+        c.node(1).node_reports().await.unwrap(),
+        vec![report("node-a", 1), report("node-b", 5)]
+    );
+
+    // A report lives only while it is renewed.
+    c.node(0)
+        .report_node(&report("node-b", 5), SHORT_TTL)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + EXPIRY_WAIT;
+    while c.node(1).node_reports().await.unwrap().len() > 1 {
+        assert!(Instant::now() < deadline, "the report did not expire");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        c.node(0).node_reports().await.unwrap(),
+        vec![report("node-a", 1)]
     );
 }

@@ -19,6 +19,7 @@ mod cluster;
 mod epoch;
 mod listen;
 mod liveness;
+mod nodes;
 mod ops;
 mod pooler;
 mod presence;
@@ -47,7 +48,7 @@ use self::renewal::Renewal;
 use crate::decode::ttl_ms;
 use crate::{
     Acquire, ChangeFeed, ChangeSignal, ChannelStats, ClusterEvent, Deletions, Error, LeaseStore,
-    Page, Result, Storage, TrimLimits, Trimmed,
+    NodeReport, Page, Result, Storage, TrimLimits, Trimmed,
 };
 
 mod embedded {
@@ -950,6 +951,16 @@ impl Storage for PostgresStorage {
     async fn presence_touch(&self, session: &str, ttl: Duration) -> Result<()> {
         let client = self.client().await?;
         presence::touch(&client, session, ttl).await
+    }
+
+    async fn report_node(&self, report: &NodeReport, ttl: Duration) -> Result<()> {
+        let client = self.client().await?;
+        nodes::report(&client, report, ttl).await
+    }
+
+    async fn node_reports(&self) -> Result<Vec<NodeReport>> {
+        let client = self.client().await?;
+        nodes::list(&client).await
     }
 
     async fn presence(&self, channel: &ChannelName) -> Result<Vec<crate::PresenceEntry>> {

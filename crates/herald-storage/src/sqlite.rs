@@ -24,6 +24,7 @@
 //! [`SqliteOptions::renew_statement_timeout`].
 
 mod epoch;
+mod nodes;
 mod ops;
 mod presence;
 mod session;
@@ -45,8 +46,8 @@ use self::session::SessionLock;
 use self::worker::Worker;
 use crate::decode::ttl_ms;
 use crate::{
-    Acquire, ChangeFeed, ChannelStats, ClusterEvent, Deletions, Error, LeaseStore, Page, Result,
-    Storage, TrimLimits, Trimmed,
+    Acquire, ChangeFeed, ChannelStats, ClusterEvent, Deletions, Error, LeaseStore, NodeReport,
+    Page, Result, Storage, TrimLimits, Trimmed,
 };
 
 mod embedded {
@@ -613,6 +614,18 @@ impl Storage for SqliteStorage {
             .writer
             .call(move |conn| presence::touch(conn, &session, ttl))
             .await
+    }
+
+    async fn report_node(&self, report: &NodeReport, ttl: Duration) -> Result<()> {
+        let report = report.clone();
+        self.inner
+            .writer
+            .call(move |conn| nodes::report(conn, &report, ttl))
+            .await
+    }
+
+    async fn node_reports(&self) -> Result<Vec<NodeReport>> {
+        self.inner.readers.call(nodes::list).await
     }
 
     async fn presence(&self, channel: &ChannelName) -> Result<Vec<crate::PresenceEntry>> {

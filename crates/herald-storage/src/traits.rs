@@ -209,6 +209,27 @@ pub struct PresenceEntry {
     pub user: String,
 }
 
+/// One node as it last reported itself ([`Storage::report_node`]), for
+/// Centrifugo's server API `info`: its counts of Centrifugo connections
+/// at the time of the report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeReport {
+    /// The node's id (`--node-id`), which keys its report.
+    pub node_id: String,
+    /// Its Herald version.
+    pub version: String,
+    /// Seconds it had been running.
+    pub uptime_s: u64,
+    /// Connections.
+    pub clients: u64,
+    /// Distinct users among them.
+    pub users: u64,
+    /// Subscriptions.
+    pub subs: u64,
+    /// Distinct channels subscribed to.
+    pub channels: u64,
+}
+
 /// Herald's storage: lease, fenced writes and reads. One implementation per
 /// backend; every implementation passes the `conformance` suite.
 #[async_trait]
@@ -300,6 +321,21 @@ pub trait Storage: LeaseStore {
     /// # Errors
     /// [`crate::Error::Unavailable`] when the storage cannot be reached.
     async fn presence(&self, channel: &ChannelName) -> Result<Vec<PresenceEntry>>;
+
+    /// Records `report`, replacing the report of the same node id,
+    /// expiring `ttl` from now on the storage's clock unless reported
+    /// again. Deletes expired reports on the way. Not a fenced write: every
+    /// node reports itself.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn report_node(&self, report: &NodeReport, ttl: Duration) -> Result<()>;
+
+    /// The unexpired reports of every node, ordered by node id.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn node_reports(&self) -> Result<Vec<NodeReport>>;
 
     /// Every channel with its head, ordered by name.
     ///

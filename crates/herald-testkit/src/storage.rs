@@ -173,6 +173,18 @@ impl<H: StorageHooks> Storage for Hooked<H> {
         self.inner.presence(channel).await
     }
 
+    async fn report_node(
+        &self,
+        report: &herald_storage::NodeReport,
+        ttl: Duration,
+    ) -> herald_storage::Result<()> {
+        self.inner.report_node(report, ttl).await
+    }
+
+    async fn node_reports(&self) -> herald_storage::Result<Vec<herald_storage::NodeReport>> {
+        self.inner.node_reports().await
+    }
+
     async fn channel_epoch(&self, channel: &ChannelName) -> herald_storage::Result<String> {
         self.inner.channel_epoch(channel).await
     }

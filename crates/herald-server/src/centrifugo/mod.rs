@@ -14,6 +14,8 @@
 //! - `registry.rs`: this node's connections, for the server API, which
 //!   also applies other nodes' cluster events to them (`cluster.rs`);
 //! - `presence.rs`: cluster-wide presence in the storage, when enabled;
+//! - `node_info.rs`: each node's report of its connections in the
+//!   storage, for a cluster-wide `info`;
 //! - `config.rs`: ping, pong and connect timeouts.
 //!
 //! Access control is Herald's (`auth/`): the connection token is a
@@ -25,6 +27,7 @@ mod codes;
 mod commands;
 mod config;
 mod history;
+mod node_info;
 mod presence;
 mod protocol;
 mod publish;
@@ -34,6 +37,7 @@ mod server_api;
 mod session;
 
 pub use config::CentrifugoConfig;
+pub(crate) use node_info::report_task as node_report_task;
 #[cfg(test)]
 pub(crate) use registry::Control;
 pub(crate) use registry::Registry;

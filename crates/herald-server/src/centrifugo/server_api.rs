@@ -165,7 +165,7 @@ async fn run(state: &AppState, who: &Principal, method: &str, p: &RawValue) -> O
         "broadcast" => broadcast(state, who, params(p)?).await,
         "history" => history_method(state, who, params(p)?).await,
         "channels" => channels(state, who, params(p)?).await,
-        "info" => info(state, who),
+        "info" => info(state, who).await,
         "unsubscribe" => unsubscribe(state, who, params(p)?).await,
         "disconnect" => disconnect(state, who, params(p)?).await,
         "presence" => presence_method(state, who, params(p)?, false).await,
@@ -343,23 +343,12 @@ async fn channels(state: &AppState, who: &Principal, p: ChannelsParams) -> Outco
     raw(&json!({ "channels": channels }))
 }
 
-/// This node (Herald's nodes do not gossip their counts).
-fn info(state: &AppState, who: &Principal) -> Outcome {
+/// Every live node, as it last reported itself (`node_info.rs`).
+async fn info(state: &AppState, who: &Principal) -> Outcome {
     if state.shared.auth.may_admin(who).is_err() {
         return Err(ReplyError::permission_denied());
     }
-    let counts = state.shared.centrifugo.counts();
-    let config = state.config();
-    raw(&json!({ "nodes": [{
-        "uid": config.node_id,
-        "name": config.node_id,
-        "version": env!("CARGO_PKG_VERSION"),
-        "num_clients": counts.clients,
-        "num_users": counts.users,
-        "num_subs": counts.subs,
-        "num_channels": counts.channels,
-        "uptime": state.shared.centrifugo.uptime_s(),
-    }]}))
+    raw(&super::node_info::info(state).await?)
 }
 
 #[derive(Deserialize)]

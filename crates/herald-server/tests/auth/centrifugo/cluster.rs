@@ -4,7 +4,8 @@
 //! the deletion's change notice or from the stored deletions (a standby
 //! that missed the notice, or one on SQLite, which has none); and the
 //! server API's `unsubscribe` and `disconnect` called on one node reach
-//! the user's clients on another (PostgreSQL).
+//! the user's clients on another (PostgreSQL), and `info` on one node
+//! lists every node with its connections (both backends).
 
 use std::sync::Arc;
 
@@ -253,4 +254,56 @@ async fn unsubscribe_and_disconnect_reach_every_node_on_postgres() {
     assert_eq!(r["result"], json!({}), "{r}");
     assert_eq!(eve_a.closed_with().await, Some(3011));
     assert_eq!(eve_b.closed_with().await, Some(3011));
+}
+
+/// `info` asked on one node lists every live node with its counts as of
+/// its last report (this node's own as of now).
+async fn info_lists_every_node(backend: Backend) {
+    let place = Place::new(backend).await;
+    let creds = Creds::new();
+    let a = Node::start(&place, "node-a", Role::Holder, creds.config()).await;
+    let b = Node::start(&place, "node-b", Role::Standby, creds.config()).await;
+    let admin = [("x-api-key", creds.admin.as_str())];
+    let token = creds.token_for("ann", json!({"channels": ["news:*"]}));
+    let (mut ann, _) = Client::connect(&b, &token).await;
+    for channel in ["news:a", "news:b"] {
+        let r = ann.command("subscribe", json!({"channel": channel})).await;
+        assert!(r["subscribe"].is_object(), "{r}");
+    }
+    // node-b reports every few seconds: wait for a report made since.
+    let wanted = json!({"num_clients": 1, "num_users": 1, "num_subs": 2, "num_channels": 2});
+    let nodes = within("node-b's report reaches node-a's info", NODE_WAIT, async {
+        loop {
+            let (_, _, r) = a.call("POST", "/api/info", &admin, Some(json!({}))).await;
+            let nodes = r["result"]["nodes"].as_array().cloned().unwrap_or_default();
+            let counts = |n: &Value| {
+                json!({"num_clients": n["num_clients"], "num_users": n["num_users"],
+                       "num_subs": n["num_subs"], "num_channels": n["num_channels"]})
+            };
+            if nodes.len() == 2 && counts(&nodes[1]) == wanted {
+                return nodes;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert_eq!(nodes[0]["uid"], "node-a");
+    assert_eq!(nodes[0]["num_clients"], 0);
+    assert_eq!(nodes[1]["uid"], "node-b");
+    assert_eq!(nodes[1]["name"], "node-b");
+    assert_eq!(nodes[1]["version"], env!("CARGO_PKG_VERSION"));
+    // Asked on node-b, its own counts are of now.
+    let (_, _, r) = b.call("POST", "/api/info", &admin, Some(json!({}))).await;
+    assert_eq!(r["result"]["nodes"][1]["num_subs"], 2, "{r}");
+    assert_eq!(r["result"]["nodes"][0]["uid"], "node-a", "{r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn info_lists_every_node_on_sqlite() {
+    info_lists_every_node(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn info_lists_every_node_on_postgres() {
+    info_lists_every_node(Backend::Postgres).await;
 }
