@@ -11,7 +11,7 @@
 //! (a channel's deletion: [`crate::Storage::record_deletion`]).
 //!
 //! On PostgreSQL an event is one `NOTIFY` on [`crate::postgres::CLUSTER_CHANNEL`]
-//! whose payload is [`encode`]'s JSON text; every node's listening
+//! whose payload is the JSON text described below; every node's listening
 //! connection hears it and drops the events its own storage sent
 //! ([`crate::Storage::send_cluster_event`],
 //! [`crate::Storage::watch_cluster_events`]). A payload must be shorter

@@ -18,8 +18,9 @@
 //! rate-limited (see `reconnect.rs`). Every successful `LISTEN` (the first
 //! one included) is followed by [`ChangeSignal::Resync`]: notices sent
 //! while no connection listened are lost, and receivers catch up with
-//! `changes_since`. It also bumps the lease counter, since a release may
-//! have been missed too.
+//! `changes_since` and `deletions_since`. It also bumps the lease counter,
+//! since a release may have been missed too. Cluster events sent meanwhile
+//! are lost for good (they are best effort; see `crate::cluster`).
 
 use std::time::{Duration, Instant};
 
