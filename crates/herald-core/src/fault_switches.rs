@@ -65,8 +65,9 @@ pub enum FaultSwitch {
     /// attempt). Removes the standby's way of learning of new commits:
     /// subscribers on standbys stall.
     ///
-    /// Acts in `herald-storage`, `postgres/ops.rs` (`append`: the notices),
-    /// and in `herald-server`, `standby_feed.rs` (the polls).
+    /// Acts in `herald-storage`, `postgres/ops.rs` (`append` and
+    /// `record_deletion`: the notices), and in `herald-server`,
+    /// `standby_feed.rs` (the polls).
     DropNotify,
     /// `ack_before_commit`: the server's writer answers every publish of a
     /// batch with a predicted offset *before* it appends the batch (the

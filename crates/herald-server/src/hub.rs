@@ -24,9 +24,12 @@ pub(crate) struct Notice {
     /// The committed messages in offset order, when known; empty means "read
     /// up to `head` from the storage".
     pub(crate) messages: Vec<Message>,
-    /// The channel was deleted (its messages removed, `head` kept): every
-    /// subscription to it ends with a final `deleted` event.
-    pub(crate) deleted: bool,
+    /// `Some(n)`: the channel was deleted by deletion number `n`
+    /// (`Storage::record_deletion`; its messages up to `head` removed,
+    /// `head` kept): every subscription to it that began before that
+    /// deletion ends with a final `deleted` event; one that began after it
+    /// ignores the notice (it may come late, or more than once).
+    pub(crate) deleted: Option<u64>,
 }
 
 /// Per-channel broadcast senders.
@@ -164,7 +167,7 @@ mod tests {
         assert_eq!(hub.channel_count(), 0);
         // Publishing to a channel without subscribers creates nothing.
         hub.publish(Notice {
-            deleted: false,
+            deleted: None,
             channel: a.clone(),
             head: 1,
             messages: vec![msg(1)],
@@ -180,7 +183,7 @@ mod tests {
         let mut ra = hub.subscribe(&a);
         let mut rb = hub.subscribe(&b);
         hub.publish(Notice {
-            deleted: false,
+            deleted: None,
             channel: a.clone(),
             head: 1,
             messages: vec![msg(1)],
@@ -200,7 +203,7 @@ mod tests {
         let mut r = hub.subscribe(&a);
         for head in 1..=5 {
             hub.publish(Notice {
-                deleted: false,
+                deleted: None,
                 channel: a.clone(),
                 head,
                 messages: vec![],

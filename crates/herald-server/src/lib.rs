@@ -11,7 +11,9 @@
 //! live notices into one gap-free, repeat-free sequence for SSE (`sse.rs`)
 //! and WebSocket (`ws.rs`), and for Centrifugo's client protocol
 //! (`centrifugo/`, which also serves Centrifugo's server API). A publish
-//! that reaches a standby is forwarded once to the holder (`forward.rs`). Every error becomes one JSON shape in
+//! that reaches a standby is forwarded once to the holder (`forward.rs`).
+//! The server API's cluster-wide requests reach the other nodes' clients
+//! as cluster events (`cluster.rs`). Every error becomes one JSON shape in
 //! `error.rs`. Access control (API keys, client tokens, namespaces,
 //! publish rate limits) is `auth/`. `listener.rs` accepts connections and serves them with
 //! HTTP/1 or HTTP/2, closing those that do not send a request head in time.
@@ -33,6 +35,7 @@
 mod api;
 mod auth;
 mod centrifugo;
+mod cluster;
 mod config;
 mod conn_limit;
 mod cors;

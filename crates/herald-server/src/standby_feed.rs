@@ -2,16 +2,24 @@
 //! so this node learns of new messages by asking the storage which channels
 //! moved (`Storage::changes_since`) and publishes a head-moved notice (no
 //! messages) per moved channel. Subscribers read the messages themselves.
+//! Likewise for deletions of channels (`Storage::deletions_since`): a
+//! deleted notice per deletion, which ends the subscriptions to the
+//! channel that began before it (`subscription.rs`).
 //!
 //! When the storage signals commits (`Storage::watch_changes`, PostgreSQL),
-//! the feed asks at each signal (a commit, a resync, or a lagged signal
-//! receiver, which may have missed commits) and besides every
-//! [`SAFETY_POLL`], in case a signal was lost; otherwise it polls every
-//! `standby_poll_interval`.
+//! the feed asks which channels moved at each signal, and publishes the
+//! deleted notice of a deletion signal at once. A resync or a lagged signal
+//! receiver (signals may have been missed) and every [`SAFETY_POLL`], in
+//! case a signal was lost, make it also ask for the deletions it has not
+//! seen: a deletion whose signal was lost still ends the subscriptions.
+//! Without signals (SQLite) it asks for both every
+//! `standby_poll_interval`. A deletion may so be announced twice (by its
+//! signal, then by a poll); subscriptions ignore the repeat.
 //!
-//! While this node is holder its own writer publishes notices; the feed then
-//! polls once more (to announce what the previous holder committed last) and
-//! waits for the role to change, without polling, dropping commit signals.
+//! While this node is holder its own writer publishes notices (and a
+//! deletion its own deleted notice); the feed then polls once more (to
+//! announce what the previous holder committed last) and waits for the
+//! role to change, without polling, dropping commit signals.
 //!
 //! The test-only fault switch `drop_notify` acts here: see
 //! `herald_core::fault_switches::FaultSwitch::DropNotify`, and [`Turn`].
@@ -21,7 +29,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use herald_core::fault_switches::{self, FaultSwitch};
 use herald_lease::LeaseState;
-use herald_storage::{ChangeSignal, Storage};
+use herald_storage::{ChangeSignal, Deletion, Storage};
 use tokio::sync::broadcast::{self, error::RecvError, error::TryRecvError};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -41,6 +49,8 @@ pub(crate) struct StandbyFeed {
     hub: Arc<Hub>,
     /// Position in the storage's commit order up to which notices were sent.
     cursor: u64,
+    /// The number of the last deletion read from the storage.
+    deletions: u64,
     /// Poll period without commit signals.
     interval: Duration,
     /// Poll period besides commit signals.
@@ -53,8 +63,10 @@ pub(crate) struct StandbyFeed {
 enum Wake {
     /// Drain: stop.
     Shutdown,
-    /// A poll period passed, or a commit signal (or several) arrived.
+    /// A poll period passed.
     Poll,
+    /// Commit signals arrived.
+    Signals(Heard),
     /// The lease state changed.
     RoleChanged,
     /// The lease supervisor is gone: its state no longer changes.
@@ -63,12 +75,27 @@ enum Wake {
     SignalsClosed,
 }
 
+/// What [`drain_signals`] took: the deletions signalled, and whether
+/// signals may have been missed (a resync, a lagged receiver).
+#[derive(Debug, Default)]
+struct Heard {
+    /// The deletions signalled, in the order heard.
+    deleted: Vec<Deletion>,
+    /// A resync or a lag: the feed must read the deletions too.
+    missed: bool,
+}
+
 /// How a standby's next turn begins.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Turn {
-    /// Poll the storage, then wait: at start, after being holder, and after
-    /// every wake but the one below.
+    /// Poll the storage for moved channels and deletions, then wait: at
+    /// start, after being holder, after a poll period, after signals that
+    /// may have missed some, and after an update of the lease state (but
+    /// see [`Turn::Wait`]).
     Poll,
+    /// Poll the storage for moved channels only, then wait: after commit
+    /// signals (a deletion's own signal announced it).
+    PollChanges,
     /// Only wait. Under the test-only fault switch `drop_notify`, after an
     /// update of the lease state that leaves this node a standby (they come
     /// about once per acquire attempt), which is then no reason to poll.
@@ -95,12 +122,13 @@ struct Inputs {
 }
 
 impl StandbyFeed {
-    /// A feed that announces changes committed after `cursor`.
+    /// A feed that announces changes committed after `cursor` and the
+    /// deletions numbered after `deletions`.
     pub(crate) fn new(
         storage: Arc<dyn Storage>,
         lease: Arc<dyn LeaseView>,
         hub: Arc<Hub>,
-        cursor: u64,
+        (cursor, deletions): (u64, u64),
         interval: Duration,
     ) -> Self {
         Self {
@@ -108,6 +136,7 @@ impl StandbyFeed {
             lease,
             hub,
             cursor,
+            deletions,
             interval,
             safety_poll: SAFETY_POLL,
             failing: false,
@@ -129,8 +158,10 @@ impl StandbyFeed {
                 }
                 continue;
             }
-            if turn == Turn::Poll {
-                self.poll().await;
+            match turn {
+                Turn::Poll => self.poll(true).await,
+                Turn::PollChanges => self.poll(false).await,
+                Turn::Wait => {}
             }
             let has_signals = inputs.signals.is_some();
             let has_states = inputs.states.is_some();
@@ -146,13 +177,23 @@ impl StandbyFeed {
                 () = shutdown.cancelled() => Wake::Shutdown,
                 () = tokio::time::sleep(period), if timed_poll => Wake::Poll,
                 wake = role_changed(&mut inputs.states), if has_states => wake,
-                open = drain_signals(&mut inputs.signals, true), if has_signals => {
-                    if open { Wake::Poll } else { Wake::SignalsClosed }
+                heard = drain_signals(&mut inputs.signals, true), if has_signals => {
+                    heard.map_or(Wake::SignalsClosed, Wake::Signals)
                 }
             };
             turn = match wake {
                 Wake::Shutdown => return,
                 Wake::Poll => Turn::Poll,
+                Wake::Signals(heard) => {
+                    for deletion in heard.deleted {
+                        self.announce_deletion(deletion);
+                    }
+                    if heard.missed {
+                        Turn::Poll
+                    } else {
+                        Turn::PollChanges
+                    }
+                }
                 Wake::RoleChanged => self.turn_after_role_update(),
                 Wake::SupervisorGone => {
                     inputs.states = None;
@@ -178,21 +219,21 @@ impl StandbyFeed {
         shutdown: &CancellationToken,
         inputs: &mut Inputs,
     ) -> AfterHolder {
-        self.poll().await;
+        self.poll(true).await;
         while self.lease.is_holder() && inputs.states.is_some() {
             let has_signals = inputs.signals.is_some();
             let wake = tokio::select! {
                 () = shutdown.cancelled() => Wake::Shutdown,
                 wake = role_changed(&mut inputs.states) => wake,
-                open = drain_signals(&mut inputs.signals, false), if has_signals => {
-                    if open { Wake::Poll } else { Wake::SignalsClosed }
+                heard = drain_signals(&mut inputs.signals, false), if has_signals => {
+                    heard.map_or(Wake::SignalsClosed, Wake::Signals)
                 }
             };
             match wake {
                 Wake::Shutdown => return AfterHolder::Stop,
                 Wake::SupervisorGone => inputs.states = None,
                 Wake::SignalsClosed => inputs.signals = None,
-                Wake::Poll | Wake::RoleChanged => {}
+                Wake::Poll | Wake::Signals(_) | Wake::RoleChanged => {}
             }
         }
         if self.lease.is_holder() {
@@ -216,31 +257,57 @@ impl StandbyFeed {
         }
     }
 
-    /// Announces every channel that moved since the cursor.
-    async fn poll(&mut self) {
+    /// Announces every channel that moved since the cursor and, with
+    /// `deletions`, every deletion after the last one read.
+    async fn poll(&mut self, deletions: bool) {
+        let mut failed = None;
         match self.storage.changes_since(self.cursor).await {
             Ok(feed) => {
-                if self.failing {
-                    tracing::info!("standby feed: storage answers again");
-                    self.failing = false;
-                }
                 self.cursor = feed.cursor;
                 for moved in feed.changed {
                     self.hub.publish(Notice {
-                        deleted: false,
+                        deleted: None,
                         channel: moved.name,
                         head: moved.head,
                         messages: Vec::new(),
                     });
                 }
             }
-            Err(e) => {
-                if !self.failing {
-                    tracing::warn!(error = %e, "standby feed: cannot read changes; live subscribers wait");
-                    self.failing = true;
+            Err(e) => failed = Some(e),
+        }
+        if deletions {
+            match self.storage.deletions_since(self.deletions).await {
+                Ok(read) => {
+                    self.deletions = read.cursor;
+                    for deletion in read.deleted {
+                        self.announce_deletion(deletion);
+                    }
                 }
+                Err(e) => failed = failed.or(Some(e)),
             }
         }
+        match failed {
+            None if self.failing => {
+                tracing::info!("standby feed: storage answers again");
+                self.failing = false;
+            }
+            Some(e) if !self.failing => {
+                tracing::warn!(error = %e, "standby feed: cannot read changes; live subscribers wait");
+                self.failing = true;
+            }
+            _ => {}
+        }
+    }
+
+    /// Publishes the deleted notice of `deletion`.
+    fn announce_deletion(&self, deletion: Deletion) {
+        tracing::debug!(channel = %deletion.channel, deletion = deletion.number, "standby feed: channel deleted");
+        self.hub.publish(Notice {
+            deleted: Some(deletion.number),
+            channel: deletion.channel,
+            head: deletion.head,
+            messages: Vec::new(),
+        });
     }
 }
 
@@ -260,46 +327,50 @@ async fn role_changed(states: &mut Option<watch::Receiver<LeaseState>>) -> Wake 
 /// Waits for a commit signal, then takes every signal already waiting too,
 /// so that a burst of commits costs one `changes_since`. With `measure`,
 /// records each commit's delay in `herald_notify_lag_seconds`. Returns
-/// `false` when the sender is gone (or there is no receiver). Cancel-safe:
-/// a signal taken is only measured, and the caller polls after any wake.
+/// what was heard, or `None` when the sender is gone (or there is no
+/// receiver). Cancel-safe: the first await takes nothing before it
+/// completes, and the rest takes only what is already there.
 async fn drain_signals(
     signals: &mut Option<broadcast::Receiver<ChangeSignal>>,
     measure: bool,
-) -> bool {
-    let Some(rx) = signals.as_mut() else {
-        return false;
-    };
+) -> Option<Heard> {
+    let rx = signals.as_mut()?;
+    let mut heard = Heard::default();
     match rx.recv().await {
-        Ok(signal) => observe(&signal, measure),
-        // Missed signals: a resync, which the poll is.
-        Err(RecvError::Lagged(_)) => {}
-        Err(RecvError::Closed) => return false,
+        Ok(signal) => heard.take(signal, measure),
+        // Missed signals: a resync.
+        Err(RecvError::Lagged(_)) => heard.missed = true,
+        Err(RecvError::Closed) => return None,
     }
     loop {
         match rx.try_recv() {
-            Ok(signal) => observe(&signal, measure),
-            Err(TryRecvError::Lagged(_)) => {}
-            Err(TryRecvError::Empty) => return true,
-            Err(TryRecvError::Closed) => return false,
+            Ok(signal) => heard.take(signal, measure),
+            Err(TryRecvError::Lagged(_)) => heard.missed = true,
+            Err(TryRecvError::Empty) => return Some(heard),
+            Err(TryRecvError::Closed) => return None,
         }
     }
 }
 
-/// Records how long a commit signal took to arrive (local wall clock now
-/// minus the commit time, clamped at 0).
-fn observe(signal: &ChangeSignal, measure: bool) {
-    if let (
-        true,
-        ChangeSignal::Committed {
-            committed_at_ms, ..
-        },
-    ) = (measure, signal)
-    {
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-        let lag_ms = now_ms.saturating_sub(*committed_at_ms).max(0);
-        metrics::notify_lag(lag_ms as f64 / 1000.0);
+impl Heard {
+    /// Takes one signal: keeps a deletion, notes a resync and, with
+    /// `measure`, records how long a commit signal took to arrive (local
+    /// wall clock now minus the commit time, clamped at 0).
+    fn take(&mut self, signal: ChangeSignal, measure: bool) {
+        match signal {
+            ChangeSignal::Committed {
+                committed_at_ms, ..
+            } if measure => {
+                let now_ms = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+                let lag_ms = now_ms.saturating_sub(committed_at_ms).max(0);
+                metrics::notify_lag(lag_ms as f64 / 1000.0);
+            }
+            ChangeSignal::Committed { .. } => {}
+            ChangeSignal::Deleted(deletion) => self.deleted.push(deletion),
+            ChangeSignal::Resync => self.missed = true,
+        }
     }
 }
 
@@ -322,7 +393,7 @@ mod tests {
             storage.clone(),
             lease.clone(),
             hub.clone(),
-            cursor,
+            (cursor, 0),
             Duration::from_millis(5),
         );
         let shutdown = CancellationToken::new();
@@ -361,7 +432,7 @@ mod tests {
             storage.clone(),
             lease.clone(),
             hub.clone(),
-            0,
+            (0, 0),
             Duration::from_millis(5),
         );
         let shutdown = CancellationToken::new();
@@ -392,7 +463,7 @@ mod tests {
     fn signal_driven(storage: Arc<MemoryStorage>, hub: Arc<Hub>) -> StandbyFeed {
         let lease = FakeLease::holder(FencingToken(1));
         lease.set_standby(Some("http://other"));
-        let mut feed = StandbyFeed::new(storage, lease, hub, 0, Duration::from_secs(3600));
+        let mut feed = StandbyFeed::new(storage, lease, hub, (0, 0), Duration::from_secs(3600));
         feed.safety_poll = Duration::from_secs(3600);
         feed
     }
@@ -462,6 +533,91 @@ mod tests {
             head = next_head(&mut rx).await;
         }
         assert_eq!(head, 10);
+        shutdown.cancel();
+        task.await.unwrap();
+    }
+
+    /// The next notice's deletion number; fails when it is not a deleted
+    /// notice.
+    async fn next_deletion(rx: &mut crate::hub::HubReceiver) -> (u64, u64) {
+        let notice = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .expect("no notice")
+            .unwrap();
+        (notice.deleted.expect("a deleted notice"), notice.head)
+    }
+
+    fn deletion_signal(channel: &str, head: u64, number: u64) -> ChangeSignal {
+        ChangeSignal::Deleted(Deletion {
+            channel: ChannelName::new(channel).unwrap(),
+            head,
+            number,
+        })
+    }
+
+    #[tokio::test]
+    async fn a_deletion_signal_is_announced_at_once() {
+        let storage = MemoryStorage::with_signals(4);
+        let hub = Hub::new(64);
+        let mut rx = hub.subscribe(&ChannelName::new("a").unwrap());
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(signal_driven(storage.clone(), hub.clone()).run(shutdown.clone()));
+        storage.wait_polls(1).await;
+        storage.append_as_other_node("a", "1");
+        let number = storage.delete_as_other_node("a");
+        storage.signal(deletion_signal("a", 1, number));
+        assert_eq!(next_deletion(&mut rx).await, (number, 1));
+        shutdown.cancel();
+        task.await.unwrap();
+    }
+
+    /// A deletion whose signal was lost is read from the storage at the
+    /// resync that follows a reconnect of the listener.
+    #[tokio::test]
+    async fn a_resync_reads_the_deletions_whose_signal_was_lost() {
+        let storage = MemoryStorage::with_signals(4);
+        let hub = Hub::new(64);
+        let mut rx = hub.subscribe(&ChannelName::new("a").unwrap());
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(signal_driven(storage.clone(), hub.clone()).run(shutdown.clone()));
+        storage.wait_polls(1).await;
+        storage.append_as_other_node("a", "1");
+        let number = storage.delete_as_other_node("a");
+        // A commit signal asks only for moved channels.
+        storage.signal(committed("a", 1));
+        assert_eq!(next_head(&mut rx).await, 1);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), rx.recv())
+                .await
+                .is_err(),
+            "read the deletions without a resync"
+        );
+        storage.signal(ChangeSignal::Resync);
+        assert_eq!(next_deletion(&mut rx).await, (number, 1));
+        shutdown.cancel();
+        task.await.unwrap();
+    }
+
+    /// Without signals (SQLite), every poll reads the deletions too.
+    #[tokio::test]
+    async fn a_polling_standby_reads_the_deletions() {
+        let storage = MemoryStorage::new();
+        let lease = FakeLease::holder(FencingToken(1));
+        lease.set_standby(Some("http://other"));
+        let hub = Hub::new(64);
+        let mut rx = hub.subscribe(&ChannelName::new("a").unwrap());
+        let feed = StandbyFeed::new(
+            storage.clone(),
+            lease,
+            hub.clone(),
+            (0, 0),
+            Duration::from_millis(5),
+        );
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(feed.run(shutdown.clone()));
+        storage.wait_polls(1).await;
+        let number = storage.delete_as_other_node("a");
+        assert_eq!(next_deletion(&mut rx).await, (number, 0));
         shutdown.cancel();
         task.await.unwrap();
     }

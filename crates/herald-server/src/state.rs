@@ -1,5 +1,6 @@
 //! The node's shared state and its background tasks (writer, standby feed,
-//! retention's trimming task, metrics upkeep).
+//! retention's trimming task, cluster events, the node's report for
+//! Centrifugo's `info`, metrics upkeep).
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -62,7 +63,7 @@ pub(crate) struct Shared {
     /// Connections open per client address (`max_connections_per_ip`).
     pub(crate) conn_limits: Arc<ConnectionLimits>,
     /// This node's Centrifugo connections (`centrifugo/registry.rs`).
-    pub(crate) centrifugo: crate::centrifugo::Registry,
+    pub(crate) centrifugo: Arc<crate::centrifugo::Registry>,
     /// Writer, standby feed and upkeep tasks, awaited by
     /// [`AppState::stopped`].
     tasks: Mutex<Vec<JoinHandle<()>>>,
@@ -73,8 +74,10 @@ pub(crate) struct Shared {
 }
 
 impl AppState {
-    /// Validates `config`, reads the storage's change cursor and starts the
-    /// writer, the standby feed and the metrics upkeep. They stop when
+    /// Validates `config`, reads the storage's change and deletion cursors
+    /// and starts the writer, the standby feed, the trimming task, the
+    /// task that applies other nodes' cluster events, the node's report
+    /// (Centrifugo's `info`) and the metrics upkeep. They stop when
     /// `shutdown` is cancelled; [`AppState::stopped`] waits for that.
     ///
     /// # Errors
@@ -105,7 +108,10 @@ impl AppState {
             config.auth.cluster_secret.as_ref(),
         )?;
         let metrics = install_metrics_recorder();
-        let cursor = storage.change_cursor().await?;
+        let cursors = (
+            storage.change_cursor().await?,
+            storage.deletion_cursor().await?,
+        );
         let hub = Hub::new(config.subscriber_buffer);
         let (writer, writer_handle) = Writer::new(
             Arc::clone(&storage),
@@ -118,13 +124,22 @@ impl AppState {
             Arc::clone(&storage),
             Arc::clone(&lease),
             Arc::clone(&hub),
-            cursor,
+            cursors,
             config.standby_poll_interval,
         );
         // Every log record of these tasks carries the node's id.
         let span = tracing::info_span!("herald", node_id = %config.node_id);
-        let centrifugo =
-            crate::centrifugo::Registry::new(Arc::clone(&storage), shutdown.clone(), span.clone());
+        let centrifugo = Arc::new(crate::centrifugo::Registry::new(
+            Arc::clone(&storage),
+            shutdown.clone(),
+            span.clone(),
+        ));
+        // Subscribed now: every event sent after the start is applied.
+        let cluster_events = crate::cluster::run(
+            storage.watch_cluster_events(),
+            Arc::clone(&centrifugo),
+            shutdown.clone(),
+        );
         let writes_done = CancellationToken::new();
         let writer_task = {
             let shutdown = shutdown.clone();
@@ -143,7 +158,17 @@ impl AppState {
         let tasks = vec![
             tokio::spawn(writer_task.instrument(span.clone())),
             tokio::spawn(feed.run(shutdown.clone()).instrument(span.clone())),
-            tokio::spawn(trimmer.run(shutdown.clone()).instrument(span)),
+            tokio::spawn(trimmer.run(shutdown.clone()).instrument(span.clone())),
+            tokio::spawn(cluster_events.instrument(span.clone())),
+            tokio::spawn(
+                crate::centrifugo::node_report_task(
+                    Arc::clone(&storage),
+                    Arc::clone(&centrifugo),
+                    config.node_id.clone(),
+                    shutdown.clone(),
+                )
+                .instrument(span),
+            ),
             tokio::spawn(upkeep(metrics.clone(), shutdown.clone())),
         ];
         tracing::info!(

@@ -20,7 +20,10 @@
 //! kept, or trimming passed a subscriber still reading from the storage),
 //! one [`Item::Truncated`] is queued and `last` moves to `earliest − 1`:
 //! the gap is announced, never skipped silently. A notice that the
-//! channel was deleted queues [`Item::Deleted`], the last item.
+//! channel was deleted queues [`Item::Deleted`], the last item, when the
+//! deletion is newer than the one the subscription's first storage read
+//! showed (`Page::deletion`): a subscription that began after a deletion
+//! is not ended by a late or repeated notice of it.
 //!
 //! A storage read that fails with a transient error (the storage's
 //! `Unavailable`: the database is down, restarting, locked or slow) does not
@@ -180,6 +183,10 @@ pub(crate) struct Subscription {
     /// Whether a storage read has shown that the resume point is at or
     /// below the channel's head (checked at the first read that succeeds).
     resume_checked: bool,
+    /// The number of the channel's latest deletion as the first read that
+    /// succeeded showed it: a deleted notice ends this subscription only
+    /// for a later deletion.
+    deletion_at_start: u64,
     /// Counts this subscription in `herald_subscribers` while it lives.
     _gauge: SubscriberGauge,
 }
@@ -219,6 +226,7 @@ impl Subscription {
             phase: Phase::History,
             retry: None,
             resume_checked: false,
+            deletion_at_start: 0,
             _gauge: SubscriberGauge::new(transport),
         };
         if sub
@@ -305,9 +313,11 @@ impl Subscription {
     /// [`Error::StorageUnavailable`] on a read failure that is not
     /// transient.
     async fn apply(&mut self, notice: Arc<Notice>) -> Result<Phase> {
-        if notice.deleted {
-            self.ready.push_back(Item::Deleted { head: notice.head });
-            self.ended = true;
+        if let Some(deletion) = notice.deleted {
+            if deletion > self.deletion_at_start {
+                self.ready.push_back(Item::Deleted { head: notice.head });
+                self.ended = true;
+            }
             return Ok(Phase::Live);
         }
         match catch_up_target(&notice, self.last) {
@@ -381,6 +391,7 @@ impl Subscription {
                         });
                     }
                     self.resume_checked = true;
+                    self.deletion_at_start = page.deletion;
                 }
                 if let Some(retry) = self.retry.take() {
                     tracing::info!(
@@ -536,7 +547,7 @@ mod tests {
     /// A head-moved notice without messages, as the standby feed sends.
     fn bare(channel: &str, head: Offset) -> Notice {
         Notice {
-            deleted: false,
+            deleted: None,
             channel: ChannelName::new(channel).unwrap(),
             head,
             messages: Vec::new(),
@@ -545,7 +556,7 @@ mod tests {
 
     fn notice(channel: &str, head: Offset, offsets: std::ops::RangeInclusive<Offset>) -> Notice {
         Notice {
-            deleted: false,
+            deleted: None,
             channel: ChannelName::new(channel).unwrap(),
             head,
             messages: offsets.map(msg).collect(),
@@ -586,7 +597,7 @@ mod tests {
         // Committed after subscribing, and also announced: must come once.
         storage.append_as_other_node("a", "2501");
         hub.publish(Notice {
-            deleted: false,
+            deleted: None,
             channel: ChannelName::new("a").unwrap(),
             head: 2501,
             messages: vec![msg(2501)],
@@ -635,7 +646,7 @@ mod tests {
             storage.append_as_other_node("a", &i.to_string());
         }
         hub.publish(Notice {
-            deleted: false,
+            deleted: None,
             channel: a,
             head: 4,
             messages: vec![msg(1), msg(2), msg(4)],
@@ -920,6 +931,15 @@ mod tests {
         );
     }
 
+    fn deleted(channel: &str, head: Offset, deletion: u64) -> Notice {
+        Notice {
+            deleted: Some(deletion),
+            channel: ChannelName::new(channel).unwrap(),
+            head,
+            messages: Vec::new(),
+        }
+    }
+
     #[tokio::test]
     async fn a_deleted_notice_is_the_last_item() {
         let storage = MemoryStorage::new();
@@ -927,13 +947,36 @@ mod tests {
         let hub = Hub::new(16);
         let mut sub = subscribe(&storage, &hub, "a", 0, "ws").await;
         assert_eq!(collect(&mut sub, 1).await, vec![1]);
+        hub.publish(deleted("a", 1, 1));
+        assert_eq!(next_item(&mut sub).await, Item::Deleted { head: 1 });
+        assert!(sub.next_item().await.unwrap().is_none());
+    }
+
+    /// A subscription that began after a deletion (its first read showed
+    /// it) is not ended by a notice of that deletion, which may come late
+    /// or twice; a later deletion ends it.
+    #[tokio::test]
+    async fn only_a_deletion_after_the_start_ends_a_subscription() {
+        let storage = MemoryStorage::new();
+        storage.append_as_other_node("a", "1");
+        storage.delete_as_other_node("a");
+        storage.append_as_other_node("a", "2");
+        let hub = Hub::new(16);
+        let mut sub = subscribe(&storage, &hub, "a", 1, "sse").await;
+        assert_eq!(collect(&mut sub, 1).await, vec![2]);
+        hub.publish(deleted("a", 1, 1));
+        storage.append_as_other_node("a", "3");
         hub.publish(Notice {
-            deleted: true,
+            deleted: None,
             channel: ChannelName::new("a").unwrap(),
-            head: 1,
+            head: 3,
             messages: Vec::new(),
         });
-        assert_eq!(next_item(&mut sub).await, Item::Deleted { head: 1 });
+        assert_eq!(collect(&mut sub, 1).await, vec![3]);
+        let number = storage.delete_as_other_node("a");
+        assert_eq!(number, 2);
+        hub.publish(deleted("a", 3, number));
+        assert_eq!(next_item(&mut sub).await, Item::Deleted { head: 3 });
         assert!(sub.next_item().await.unwrap().is_none());
     }
 }

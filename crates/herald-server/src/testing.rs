@@ -20,7 +20,8 @@ use herald_core::{
 };
 use herald_lease::LeaseState;
 use herald_storage::{
-    Acquire, ChangeFeed, ChangeSignal, LeaseStore, Page, Storage, TakeoverReason,
+    Acquire, ChangeFeed, ChangeSignal, ClusterEvent, Deletion, Deletions, LeaseStore, Page,
+    Storage, TakeoverReason,
 };
 use tokio::sync::{broadcast, watch, Notify, OwnedMutexGuard};
 
@@ -42,6 +43,13 @@ struct Mem {
     /// Presence entries by (channel, client), with their session (no
     /// expiry: the server's unit tests do not wait for one).
     presence: BTreeMap<(String, String), (String, herald_storage::PresenceEntry)>,
+    /// Each deleted channel's latest deletion: (number, head).
+    deletions: BTreeMap<String, (u64, Offset)>,
+    /// The number of the latest deletion.
+    deletion_seq: u64,
+    /// Node reports by node id (no expiry: the server's unit tests do not
+    /// wait for one).
+    nodes: BTreeMap<String, herald_storage::NodeReport>,
 }
 
 /// An in-memory storage that follows the `Storage` contract closely enough
@@ -63,6 +71,10 @@ pub(crate) struct MemoryStorage {
     signals: Mutex<Option<broadcast::Sender<ChangeSignal>>>,
     /// Calls of `changes_since` so far, so tests can await a poll.
     polls: tokio::sync::watch::Sender<usize>,
+    /// Every cluster event sent, in order.
+    sent_events: Mutex<Vec<ClusterEvent>>,
+    /// Cluster events "from other nodes", which the test sends.
+    cluster_events: broadcast::Sender<ClusterEvent>,
 }
 
 impl MemoryStorage {
@@ -83,7 +95,40 @@ impl MemoryStorage {
             read_times: Mutex::new(Vec::new()),
             signals: Mutex::new(None),
             polls: tokio::sync::watch::channel(0).0,
+            sent_events: Mutex::new(Vec::new()),
+            cluster_events: broadcast::channel(16).0,
         })
+    }
+
+    /// The cluster events sent through this storage so far.
+    pub(crate) fn sent_events(&self) -> Vec<ClusterEvent> {
+        self.sent_events.lock().unwrap().clone()
+    }
+
+    /// Delivers `event` to every cluster event watcher, as another node
+    /// sending it would.
+    pub(crate) fn hear_event(&self, event: ClusterEvent) {
+        let _ = self.cluster_events.send(event);
+    }
+
+    /// Deletes `channel` as another node would: removes every message and
+    /// records the deletion; returns its number.
+    pub(crate) fn delete_as_other_node(&self, channel: &str) -> u64 {
+        let mut mem = self.mem.lock().unwrap();
+        let trimmed = mem.trimmed.get(channel).copied().unwrap_or(0);
+        let list = mem.channels.entry(channel.to_owned()).or_default();
+        let head = list.last().map_or(trimmed, |m| m.offset);
+        list.clear();
+        mem.keys.retain(|(ch, _), _| ch != channel);
+        mem.trimmed.insert(channel.to_owned(), head);
+        Self::record_deletion_locked(&mut mem, channel, head)
+    }
+
+    fn record_deletion_locked(mem: &mut Mem, channel: &str, head: Offset) -> u64 {
+        mem.deletion_seq += 1;
+        let number = mem.deletion_seq;
+        mem.deletions.insert(channel.to_owned(), (number, head));
+        number
     }
 
     /// Waits until `changes_since` has been called at least `n` times.
@@ -383,6 +428,7 @@ impl Storage for MemoryStorage {
             head,
             earliest: trimmed + 1,
             messages,
+            deletion: mem.deletions.get(channel.as_str()).map_or(0, |d| d.0),
         })
     }
 
@@ -491,6 +537,23 @@ impl Storage for MemoryStorage {
             .collect())
     }
 
+    async fn report_node(
+        &self,
+        report: &herald_storage::NodeReport,
+        _ttl: Duration,
+    ) -> herald_storage::Result<()> {
+        self.mem
+            .lock()
+            .unwrap()
+            .nodes
+            .insert(report.node_id.clone(), report.clone());
+        Ok(())
+    }
+
+    async fn node_reports(&self) -> herald_storage::Result<Vec<herald_storage::NodeReport>> {
+        Ok(self.mem.lock().unwrap().nodes.values().cloned().collect())
+    }
+
     async fn channel_epoch(&self, channel: &ChannelName) -> herald_storage::Result<String> {
         let mut mem = self.mem.lock().unwrap();
         let next = format!("{:016x}", mem.epochs.len() + 1);
@@ -546,6 +609,59 @@ impl Storage for MemoryStorage {
 
     async fn change_cursor(&self) -> herald_storage::Result<u64> {
         Ok(self.mem.lock().unwrap().seq)
+    }
+
+    async fn record_deletion(
+        &self,
+        lease: &Lease,
+        channel: &ChannelName,
+        head: Offset,
+    ) -> herald_storage::Result<u64> {
+        let mut mem = self.mem.lock().unwrap();
+        if mem.token != lease.token.0 {
+            return Err(herald_storage::Error::LeaseLost {
+                name: lease.name.clone(),
+                token: lease.token,
+            });
+        }
+        Ok(Self::record_deletion_locked(
+            &mut mem,
+            channel.as_str(),
+            head,
+        ))
+    }
+
+    async fn deletions_since(&self, cursor: u64) -> herald_storage::Result<Deletions> {
+        let mem = self.mem.lock().unwrap();
+        let mut deleted: Vec<Deletion> = mem
+            .deletions
+            .iter()
+            .filter(|(_, (number, _))| *number > cursor)
+            .map(|(name, &(number, head))| Deletion {
+                channel: ChannelName::new(name.clone()).unwrap(),
+                head,
+                number,
+            })
+            .collect();
+        deleted.sort_by_key(|d| d.number);
+        Ok(Deletions {
+            cursor: mem.deletion_seq.max(cursor),
+            deleted,
+        })
+    }
+
+    async fn deletion_cursor(&self) -> herald_storage::Result<u64> {
+        Ok(self.mem.lock().unwrap().deletion_seq)
+    }
+
+    async fn send_cluster_event(&self, event: &ClusterEvent) -> herald_storage::Result<()> {
+        event.check_size()?;
+        self.sent_events.lock().unwrap().push(event.clone());
+        Ok(())
+    }
+
+    fn watch_cluster_events(&self) -> Option<broadcast::Receiver<ClusterEvent>> {
+        Some(self.cluster_events.subscribe())
     }
 
     async fn ping(&self) -> herald_storage::Result<()> {

@@ -763,3 +763,50 @@ async fn a_storage_failure_is_logged_once_with_its_operation() {
     assert_eq!(records[0]["operation"], "append");
     node.stop().await;
 }
+
+/// The server API's `unsubscribe` and `disconnect` go to the other nodes
+/// as cluster events (Centrifugo's are cluster-wide); one too large for a
+/// notification is refused with 107 and sends nothing.
+#[tokio::test]
+async fn server_api_unsubscribe_and_disconnect_are_sent_to_every_node() {
+    use herald_storage::ClusterEvent;
+    let node = Node::start(ServerConfig::default()).await;
+    let (_, _, r) = node
+        .post("/api/unsubscribe", r#"{"user": "ann", "channel": "news"}"#)
+        .await;
+    assert_eq!(r, json!({"result": {}}));
+    let (_, _, r) = node
+        .post(
+            "/api/disconnect",
+            r#"{"user": "ann", "disconnect": {"code": 3100}}"#,
+        )
+        .await;
+    assert_eq!(r, json!({"result": {}}));
+    let (_, _, r) = node.post("/api/disconnect", r#"{"user": "bob"}"#).await;
+    assert_eq!(r, json!({"result": {}}));
+    let sent = vec![
+        ClusterEvent::Unsubscribe {
+            user: "ann".to_owned(),
+            channel: herald_core::ChannelName::new("news").unwrap(),
+        },
+        ClusterEvent::Disconnect {
+            user: "ann".to_owned(),
+            code: 3011,
+        },
+        ClusterEvent::Disconnect {
+            user: "bob".to_owned(),
+            code: 3503,
+        },
+    ];
+    assert_eq!(node.storage.sent_events(), sent);
+
+    let huge = json!({"user": "u".repeat(8000)}).to_string();
+    let (status, _, r) = node.post("/api/disconnect", huge).await;
+    assert_eq!(
+        (status, &r["error"]["code"]),
+        (StatusCode::OK, &json!(107)),
+        "{r}"
+    );
+    assert_eq!(node.storage.sent_events(), sent);
+    node.stop().await;
+}

@@ -358,7 +358,7 @@ impl Writer {
             committed.sort_by_key(|m| m.offset);
             let head = committed.last().map_or(0, |m| m.offset);
             self.hub.publish(Notice {
-                deleted: false,
+                deleted: None,
                 channel: channel.clone(),
                 head,
                 messages: committed,

@@ -40,15 +40,15 @@ use herald_core::{
 use crate::testing::{self, keyed, msg, tagged};
 
 use crate::{
-    Acquire, ClientInfo, Error, PresenceEntry, PresenceEvent, PresenceEventKind, Storage,
-    TakeoverReason,
+    Acquire, ClientInfo, Error, NodeReport, PresenceEntry, PresenceEvent, PresenceEventKind,
+    Storage, TakeoverReason,
 };
 
 mod retention;
 pub use retention::{
     concurrent_append_and_trim_keep_offsets_contiguous, delete_keeps_the_head,
-    trim_by_max_age_removes_only_old_messages, trim_by_max_bytes_keeps_what_fits,
-    trim_by_max_messages_keeps_the_newest_and_drops_their_keys,
+    deletions_are_numbered_shared_and_fenced, trim_by_max_age_removes_only_old_messages,
+    trim_by_max_bytes_keeps_what_fits, trim_by_max_messages_keeps_the_newest_and_drops_their_keys,
     trim_with_a_lost_lease_removes_nothing,
 };
 
@@ -125,10 +125,12 @@ macro_rules! conformance_tests {
             trim_by_max_age_removes_only_old_messages,
             trim_with_a_lost_lease_removes_nothing,
             delete_keeps_the_head,
+            deletions_are_numbered_shared_and_fenced,
             concurrent_append_and_trim_keep_offsets_contiguous,
             channel_epoch_is_stable_and_shared,
             presence_is_shared_renewed_and_expires,
             presence_events_reach_the_other_nodes_in_order,
+            node_reports_are_shared_replaced_and_expire,
         );
     };
     (@cases $harness:expr; $($case:ident),* $(,)?) => {
@@ -1416,4 +1418,52 @@ async fn next(rx: &mut tokio::sync::broadcast::Receiver<PresenceEvent>) -> Prese
         .await
         .expect("an event within the wait")
         .expect("a receiver that did not lag")
+}
+
+/// Node reports (Centrifugo's `info`): each node's report is read by every
+/// node, replaced by the node's next report, and expires unless reported
+/// again.
+pub async fn node_reports_are_shared_replaced_and_expire(h: &dyn Harness) {
+    let c = h.cluster(2).await;
+    let report = |node_id: &str, clients: u64| NodeReport {
+        node_id: node_id.to_owned(),
+        version: "1.2.3".to_owned(),
+        uptime_s: 7,
+        clients,
+        users: 1,
+        subs: 2,
+        channels: 3,
+    };
+    assert!(c.node(1).node_reports().await.unwrap().is_empty());
+    c.node(0)
+        .report_node(&report("node-b", 4), LONG_TTL)
+        .await
+        .unwrap();
+    c.node(1)
+        .report_node(&report("node-a", 1), LONG_TTL)
+        .await
+        .unwrap();
+    c.node(0)
+        .report_node(&report("node-b", 5), LONG_TTL)
+        .await
+        .unwrap();
+    assert_eq!(
+        c.node(1).node_reports().await.unwrap(),
+        vec![report("node-a", 1), report("node-b", 5)]
+    );
+
+    // A report lives only while it is renewed.
+    c.node(0)
+        .report_node(&report("node-b", 5), SHORT_TTL)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + EXPIRY_WAIT;
+    while c.node(1).node_reports().await.unwrap().len() > 1 {
+        assert!(Instant::now() < deadline, "the report did not expire");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        c.node(0).node_reports().await.unwrap(),
+        vec![report("node-a", 1)]
+    );
 }

@@ -62,6 +62,18 @@ pub enum Error {
         #[source]
         source: Option<Cause>,
     },
+    /// A cluster event ([`crate::ClusterEvent`]) whose payload would be
+    /// `bytes` long, over the `limit` of one notification (PostgreSQL
+    /// refuses a `NOTIFY` payload of 8000 bytes or more in its default
+    /// configuration; PostgreSQL documentation, `NOTIFY`). Nothing was
+    /// sent.
+    #[error("cluster event of {bytes} bytes is over the limit of {limit} bytes")]
+    ClusterEventTooLarge {
+        /// The payload's length in bytes.
+        bytes: usize,
+        /// The longest payload sent ([`crate::cluster::MAX_PAYLOAD_BYTES`]).
+        limit: usize,
+    },
     /// A schema migration failed at start-up.
     #[error("migration failed: {message}")]
     Migration {

@@ -22,6 +22,7 @@
 //! (`postgres/ops.rs`) and `renew_expired` (`postgres/renewal.rs`).
 //! `FaultSwitch` explains each. The SQLite backend is unchanged by them.
 
+pub mod cluster;
 mod decode;
 mod digest;
 mod error;
@@ -35,10 +36,11 @@ pub mod conformance;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use cluster::ClusterEvent;
 pub use digest::{idempotency_digest, IdempotencyDigest};
 pub use error::{Cause, Error, PoolerEvidence, Result};
 pub use traits::{
-    Acquire, ChangeFeed, ChangeSignal, ClientInfo, LeaseStore, Page, PresenceEntry, PresenceEvent,
-    PresenceEventKind, Storage, TakeoverReason,
+    Acquire, ChangeFeed, ChangeSignal, ClientInfo, Deletion, Deletions, LeaseStore, NodeReport,
+    Page, PresenceEntry, PresenceEvent, PresenceEventKind, Storage, TakeoverReason,
 };
 pub use trim::{ChannelStats, TrimLimits, Trimmed};

@@ -16,9 +16,11 @@
 //! for its whole life: [`PostgresStorage::connect`] refuses a pooler that
 //! breaks that (`pooler.rs`; docs/operations.md, "Connection poolers").
 
+mod cluster;
 mod epoch;
 mod listen;
 mod liveness;
+mod nodes;
 mod ops;
 mod pooler;
 mod presence;
@@ -48,8 +50,8 @@ use tokio_postgres::{AsyncMessage, Client, Config, Connection, NoTls, Socket};
 use self::renewal::Renewal;
 use crate::decode::ttl_ms;
 use crate::{
-    Acquire, ChangeFeed, ChangeSignal, ChannelStats, Error, LeaseStore, Page, PresenceEvent,
-    Result, Storage, TrimLimits, Trimmed,
+    Acquire, ChangeFeed, ChangeSignal, ChannelStats, ClusterEvent, Deletions, Error, LeaseStore,
+    NodeReport, Page, PresenceEvent, Result, Storage, TrimLimits, Trimmed,
 };
 
 pub use presence_events::{MAX_PAYLOAD_BYTES, PRESENCE_CHANNEL, PRESENCE_EVENT_CAPACITY};
@@ -80,6 +82,17 @@ pub const CHANGES_CHANNEL: &str = "herald_changes";
 /// acquire at once instead of on their next acquire period. Delivered only
 /// if the release commits (PostgreSQL documentation, `NOTIFY`).
 pub const LEASE_CHANNEL: &str = "herald_lease";
+
+/// The notification channel on which nodes send each other cluster
+/// events (`crate::cluster`: the payload is JSON, shorter than 8000
+/// bytes). Each node's listener passes on the events other nodes sent
+/// ([`Storage::watch_cluster_events`]).
+pub const CLUSTER_CHANNEL: &str = "herald_cluster";
+
+/// Capacity of the broadcast channel behind
+/// [`Storage::watch_cluster_events`]: a receiver that falls this many
+/// events behind loses the oldest.
+pub const CLUSTER_EVENT_CAPACITY: usize = 1024;
 
 /// Capacity of the broadcast channel behind [`Storage::watch_changes`]: a
 /// receiver that falls this many notices behind loses the oldest and is
@@ -219,6 +232,8 @@ struct Inner {
     session_key: i64,
     /// The listener task sends on this; receivers come from `subscribe`.
     changes: broadcast::Sender<ChangeSignal>,
+    /// Other nodes' cluster events, from the listener task.
+    cluster: broadcast::Sender<ClusterEvent>,
     /// Lease releases heard by the listener (a counter).
     releases: watch::Receiver<u64>,
     /// Join and leave events of other nodes heard by the listener.
@@ -358,10 +373,13 @@ impl PostgresStorage {
         let (changes, _) = broadcast::channel(CHANGE_SIGNAL_CAPACITY);
         let (releases, _) = watch::channel(0);
         let presence_inbox = presence_events::Inbox::new(session_key);
+        let (cluster, _) = broadcast::channel(CLUSTER_EVENT_CAPACITY);
         let outputs = listen::Outputs {
             changes: changes.clone(),
             releases: releases.clone(),
             presence: presence_inbox.clone(),
+            cluster: cluster.clone(),
+            session_key,
         };
         let listener_config = session_config(&base, &options, Role::Listener);
         let listening = listen::establish(&listener_config, connect_limit, &outputs).await?;
@@ -392,6 +410,7 @@ impl PostgresStorage {
                 target,
                 session_key,
                 changes,
+                cluster,
                 releases: releases.subscribe(),
                 presence_inbox,
                 presence_seq: AtomicU64::new(0),
@@ -947,6 +966,16 @@ impl Storage for PostgresStorage {
         presence::touch(&client, session, ttl).await
     }
 
+    async fn report_node(&self, report: &NodeReport, ttl: Duration) -> Result<()> {
+        let client = self.client().await?;
+        nodes::report(&client, report, ttl).await
+    }
+
+    async fn node_reports(&self) -> Result<Vec<NodeReport>> {
+        let client = self.client().await?;
+        nodes::list(&client).await
+    }
+
     async fn presence(&self, channel: &ChannelName) -> Result<Vec<crate::PresenceEntry>> {
         let client = self.client().await?;
         presence::list(&client, channel).await
@@ -965,6 +994,36 @@ impl Storage for PostgresStorage {
     async fn change_cursor(&self) -> Result<u64> {
         let client = self.client().await?;
         ops::change_cursor(&client).await
+    }
+
+    async fn record_deletion(
+        &self,
+        lease: &Lease,
+        channel: &ChannelName,
+        head: Offset,
+    ) -> Result<u64> {
+        let mut client = self.client().await?;
+        ops::record_deletion(&mut client, lease, channel, head).await
+    }
+
+    async fn deletions_since(&self, cursor: u64) -> Result<Deletions> {
+        let client = self.client().await?;
+        ops::deletions_since(&client, cursor).await
+    }
+
+    async fn deletion_cursor(&self) -> Result<u64> {
+        let client = self.client().await?;
+        ops::deletion_cursor(&client).await
+    }
+
+    async fn send_cluster_event(&self, event: &ClusterEvent) -> Result<()> {
+        event.check_size()?;
+        let client = self.client().await?;
+        cluster::send(&client, self.inner.session_key, event).await
+    }
+
+    fn watch_cluster_events(&self) -> Option<broadcast::Receiver<ClusterEvent>> {
+        Some(self.inner.cluster.subscribe())
     }
 
     async fn ping(&self) -> Result<()> {

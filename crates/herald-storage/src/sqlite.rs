@@ -24,6 +24,7 @@
 //! [`SqliteOptions::renew_statement_timeout`].
 
 mod epoch;
+mod nodes;
 mod ops;
 mod presence;
 mod session;
@@ -45,8 +46,8 @@ use self::session::SessionLock;
 use self::worker::Worker;
 use crate::decode::ttl_ms;
 use crate::{
-    Acquire, ChangeFeed, ChannelStats, Error, LeaseStore, Page, Result, Storage, TrimLimits,
-    Trimmed,
+    Acquire, ChangeFeed, ChannelStats, ClusterEvent, Deletions, Error, LeaseStore, NodeReport,
+    Page, Result, Storage, TrimLimits, Trimmed,
 };
 
 mod embedded {
@@ -615,6 +616,18 @@ impl Storage for SqliteStorage {
             .await
     }
 
+    async fn report_node(&self, report: &NodeReport, ttl: Duration) -> Result<()> {
+        let report = report.clone();
+        self.inner
+            .writer
+            .call(move |conn| nodes::report(conn, &report, ttl))
+            .await
+    }
+
+    async fn node_reports(&self) -> Result<Vec<NodeReport>> {
+        self.inner.readers.call(nodes::list).await
+    }
+
     async fn presence(&self, channel: &ChannelName) -> Result<Vec<crate::PresenceEntry>> {
         let channel = channel.clone();
         self.inner
@@ -649,6 +662,37 @@ impl Storage for SqliteStorage {
 
     async fn change_cursor(&self) -> Result<u64> {
         self.inner.readers.call(ops::change_cursor).await
+    }
+
+    async fn record_deletion(
+        &self,
+        lease: &Lease,
+        channel: &ChannelName,
+        head: Offset,
+    ) -> Result<u64> {
+        let lease = lease.clone();
+        let channel = channel.clone();
+        self.inner
+            .writer
+            .call(move |conn| ops::record_deletion(conn, &lease, &channel, head))
+            .await
+    }
+
+    async fn deletions_since(&self, cursor: u64) -> Result<Deletions> {
+        self.inner
+            .readers
+            .call(move |conn| ops::deletions_since(conn, cursor))
+            .await
+    }
+
+    async fn deletion_cursor(&self) -> Result<u64> {
+        self.inner.readers.call(ops::deletion_cursor).await
+    }
+
+    /// No other process hears it: SQLite has no notifications (see
+    /// `crate::cluster`).
+    async fn send_cluster_event(&self, event: &ClusterEvent) -> Result<()> {
+        event.check_size()
     }
 
     async fn ping(&self) -> Result<()> {

@@ -5,7 +5,7 @@ use herald_core::{
     Appended, Candidate, ChannelHead, ChannelName, Lease, LeaseInfo, Message, NewMessage, Offset,
 };
 
-use crate::{ChannelStats, Result, TrimLimits, Trimmed};
+use crate::{ChannelStats, ClusterEvent, Result, TrimLimits, Trimmed};
 
 /// Why an acquisition was possible.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,6 +124,11 @@ pub struct Page {
     pub earliest: Offset,
     /// Messages with offsets above the requested `after`, in offset order.
     pub messages: Vec<Message>,
+    /// The number of the channel's latest deletion in the same snapshot
+    /// ([`Storage::record_deletion`]), 0 when it was never deleted. A
+    /// subscriber compares it with a deletion it hears of to tell whether
+    /// that deletion came after it began.
+    pub deletion: u64,
 }
 
 /// A position in the storage's global commit order, and the channels whose
@@ -134,6 +139,30 @@ pub struct ChangeFeed {
     pub cursor: u64,
     /// Channels whose head moved, with their new head.
     pub changed: Vec<ChannelHead>,
+}
+
+/// A channel's deletion as recorded by [`Storage::record_deletion`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deletion {
+    /// The channel deleted.
+    pub channel: ChannelName,
+    /// Its head when it was deleted: every message up to it was removed;
+    /// the head stays.
+    pub head: Offset,
+    /// The deletion's number: deletions are numbered from 1 across all
+    /// channels, in commit order.
+    pub number: u64,
+}
+
+/// The deletions recorded after a position, and the new position (see
+/// [`Storage::deletions_since`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deletions {
+    /// Pass this to the next [`Storage::deletions_since`] call.
+    pub cursor: u64,
+    /// The latest deletion of each channel deleted after the position, in
+    /// number order.
+    pub deleted: Vec<Deletion>,
 }
 
 /// A push notice about committed writes, from [`Storage::watch_changes`].
@@ -160,8 +189,12 @@ pub enum ChangeSignal {
         /// the messages' `published_at_ms`), in ms since the Unix epoch.
         committed_at_ms: i64,
     },
+    /// A deletion was recorded ([`Storage::record_deletion`]) and
+    /// committed.
+    Deleted(Deletion),
     /// The listening connection (re)connected: notices may have been
-    /// missed; catch up with [`Storage::changes_since`].
+    /// missed; catch up with [`Storage::changes_since`] and
+    /// [`Storage::deletions_since`].
     Resync,
 }
 
@@ -211,6 +244,27 @@ pub struct PresenceEvent {
     pub channel: ChannelName,
     /// Who.
     pub info: ClientInfo,
+}
+
+/// One node as it last reported itself ([`Storage::report_node`]), for
+/// Centrifugo's server API `info`: its counts of Centrifugo connections
+/// at the time of the report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeReport {
+    /// The node's id (`--node-id`), which keys its report.
+    pub node_id: String,
+    /// Its Herald version.
+    pub version: String,
+    /// Seconds it had been running.
+    pub uptime_s: u64,
+    /// Connections.
+    pub clients: u64,
+    /// Distinct users among them.
+    pub users: u64,
+    /// Subscriptions.
+    pub subs: u64,
+    /// Distinct channels subscribed to.
+    pub channels: u64,
 }
 
 /// Herald's storage: lease, fenced writes and reads. One implementation per
@@ -305,6 +359,21 @@ pub trait Storage: LeaseStore {
     /// [`crate::Error::Unavailable`] when the storage cannot be reached.
     async fn presence(&self, channel: &ChannelName) -> Result<Vec<PresenceEntry>>;
 
+    /// Records `report`, replacing the report of the same node id,
+    /// expiring `ttl` from now on the storage's clock unless reported
+    /// again. Deletes expired reports on the way. Not a fenced write: every
+    /// node reports itself.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn report_node(&self, report: &NodeReport, ttl: Duration) -> Result<()>;
+
+    /// The unexpired reports of every node, ordered by node id.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn node_reports(&self) -> Result<Vec<NodeReport>>;
+
     /// Every channel with its head, ordered by name.
     ///
     /// # Errors
@@ -341,6 +410,68 @@ pub trait Storage: LeaseStore {
         limits: &TrimLimits,
         max_rows: usize,
     ) -> Result<Trimmed>;
+
+    /// Records that `channel` was deleted: its messages up to `head` were
+    /// removed (by [`Storage::trim`] with [`TrimLimits::up_to`]), and the
+    /// subscriptions that began before now must end. Gives the deletion the
+    /// next number (from 1, across all channels, in commit order) and
+    /// returns it; a channel deleted again keeps only its latest deletion.
+    /// Stored durably, so that a node that was not listening learns of it
+    /// from [`Storage::deletions_since`] and [`Page::deletion`]; on
+    /// PostgreSQL the same transaction also sends
+    /// [`ChangeSignal::Deleted`], delivered only if it commits.
+    ///
+    /// A fenced write: it makes the same fencing check as
+    /// [`Storage::append`], after its lock waits. A channel that has no
+    /// messages and never had any can be deleted too.
+    ///
+    /// # Errors
+    /// [`crate::Error::LeaseLost`] when the fencing check fails (nothing
+    /// recorded); [`crate::Error::Unavailable`] on timeouts.
+    async fn record_deletion(
+        &self,
+        lease: &Lease,
+        channel: &ChannelName,
+        head: Offset,
+    ) -> Result<u64>;
+
+    /// The latest deletion of every channel deleted after deletion number
+    /// `cursor` (0 = every one), and the new position.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn deletions_since(&self, cursor: u64) -> Result<Deletions>;
+
+    /// The number of the latest deletion recorded (0 when none), for a
+    /// node that starts following deletions now.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn deletion_cursor(&self) -> Result<u64>;
+
+    /// Sends `event` to every other node that shares this storage and
+    /// listens now ([`Storage::watch_cluster_events`]); best effort (see
+    /// [`crate::cluster`]). Does nothing on a backend without such a path
+    /// (SQLite).
+    ///
+    /// # Errors
+    /// [`crate::Error::ClusterEventTooLarge`] when the event does not fit
+    /// in one notification (nothing sent); [`crate::Error::Unavailable`]
+    /// when the storage cannot be reached.
+    async fn send_cluster_event(&self, event: &ClusterEvent) -> Result<()>;
+
+    /// The cluster events other nodes send ([`Storage::send_cluster_event`];
+    /// never this storage's own); `None` when the backend has none
+    /// (SQLite).
+    ///
+    /// Each call returns a new receiver that gets every event heard after
+    /// the call. Events heard while the listening connection was down are
+    /// lost, and a receiver that falls behind by more than the channel's
+    /// capacity loses the oldest
+    /// ([`tokio::sync::broadcast::error::RecvError::Lagged`]).
+    fn watch_cluster_events(&self) -> Option<tokio::sync::broadcast::Receiver<ClusterEvent>> {
+        None
+    }
 
     /// The channels whose head moved after position `cursor` of the global
     /// commit order (0 = from the beginning), and the new position. A node

@@ -1,7 +1,9 @@
 //! Change notices on PostgreSQL (`Storage::watch_changes`, LISTEN/NOTIFY):
 //! a commit on one node is announced to the others; a write that rolls
-//! back is not; a listener whose connection is ended reconnects and says
-//! `Resync`. Every test runs on a fresh database of the test cluster
+//! back is not; a recorded deletion is announced, a refused one is not; a
+//! listener whose connection is ended reconnects and says `Resync`. Cluster
+//! events (`Storage::send_cluster_event`) reach the other nodes, not the
+//! sender, also after a reconnect; one too large is refused. Every test runs on a fresh database of the test cluster
 //! (`HERALD_TEST_DATABASE_URL`); a second `PostgresStorage` on it stands
 //! for a second node.
 
@@ -10,7 +12,7 @@ use std::time::Duration;
 use herald_core::Lease;
 use herald_storage::postgres::{PostgresOptions, PostgresStorage};
 use herald_storage::testing::{candidate, keyed, msg, TestDatabase};
-use herald_storage::{Acquire, ChangeSignal, Error, LeaseStore, Storage};
+use herald_storage::{Acquire, ChangeSignal, ClusterEvent, Deletion, Error, LeaseStore, Storage};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::broadcast::Receiver;
 use tokio_postgres::Client;
@@ -46,6 +48,7 @@ async fn next_committed(rx: &mut Receiver<ChangeSignal>) -> (String, u64, u64, i
                     committed_at_ms,
                 }) => return (channel.as_str().to_owned(), from, to, committed_at_ms),
                 Ok(ChangeSignal::Resync) => {}
+                Ok(other) => panic!("expected a commit notice, got {other:?}"),
                 Err(e) => panic!("the receiver failed: {e}"),
             }
         }
@@ -53,6 +56,24 @@ async fn next_committed(rx: &mut Receiver<ChangeSignal>) -> (String, u64, u64, i
     tokio::time::timeout(WAIT_LIMIT, wait)
         .await
         .expect("no change notice in time")
+}
+
+/// The next `Deleted` notice, skipping `Resync`; fails after
+/// [`WAIT_LIMIT`].
+async fn next_deleted(rx: &mut Receiver<ChangeSignal>) -> Deletion {
+    let wait = async {
+        loop {
+            match rx.recv().await {
+                Ok(ChangeSignal::Deleted(deletion)) => return deletion,
+                Ok(ChangeSignal::Resync) => {}
+                Ok(other) => panic!("expected a deletion notice, got {other:?}"),
+                Err(e) => panic!("the receiver failed: {e}"),
+            }
+        }
+    };
+    tokio::time::timeout(WAIT_LIMIT, wait)
+        .await
+        .expect("no deletion notice in time")
 }
 
 /// Asserts that no notice at all arrives for [`QUIET`].
@@ -308,4 +329,123 @@ async fn the_listener_ends_with_the_storage() {
     tokio::time::timeout(WAIT_LIMIT, gone)
         .await
         .expect("the listener and liveness sessions outlived the storage");
+}
+
+/// A deletion recorded on one node is announced to another node's receiver
+/// at its commit, with its number and head; one refused for a lost lease
+/// is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_recorded_deletion_is_announced_and_a_refused_one_is_not() {
+    let db = TestDatabase::create().await;
+    let writer = node(db.url()).await;
+    let follower = node(db.url()).await;
+    let mut rx = follower.watch_changes().unwrap();
+    let lease = acquire(&writer, "a", Duration::from_secs(60)).await;
+    writer
+        .append(&lease, &[msg("room:a", "1"), msg("room:a", "2")])
+        .await
+        .unwrap();
+    next_committed(&mut rx).await;
+
+    let room = herald_core::ChannelName::new("room:a").unwrap();
+    let number = writer.record_deletion(&lease, &room, 2).await.unwrap();
+    let heard = next_deleted(&mut rx).await;
+    assert_eq!(
+        heard,
+        Deletion {
+            channel: room.clone(),
+            head: 2,
+            number,
+        }
+    );
+
+    writer.release(&lease).await.unwrap();
+    acquire(&follower, "b", Duration::from_secs(60)).await;
+    let refused = writer.record_deletion(&lease, &room, 2).await;
+    assert!(
+        matches!(refused, Err(Error::LeaseLost { .. })),
+        "expected LeaseLost, got {refused:?}"
+    );
+    assert_quiet(&mut rx).await;
+}
+
+/// The next cluster event, within [`WAIT_LIMIT`].
+async fn next_event(rx: &mut Receiver<ClusterEvent>) -> ClusterEvent {
+    tokio::time::timeout(WAIT_LIMIT, rx.recv())
+        .await
+        .expect("no cluster event in time")
+        .expect("an open receiver")
+}
+
+/// A cluster event sent by one node reaches every other node, not the
+/// sender; one too large for a notification is refused and sends
+/// nothing; after the listening connection is ended, events reach the
+/// node again once it has reconnected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cluster_events_reach_the_other_nodes() {
+    let db = TestDatabase::create().await;
+    let monitor = db.raw_client().await;
+    let a = node(db.url()).await;
+    let b = node(db.url()).await;
+    let c = node(db.url()).await;
+    let mut at_a = a
+        .watch_cluster_events()
+        .expect("postgres has cluster events");
+    let mut at_b = b.watch_cluster_events().unwrap();
+    let mut at_c = c.watch_cluster_events().unwrap();
+
+    let unsubscribe = ClusterEvent::Unsubscribe {
+        user: "ann".to_owned(),
+        channel: herald_core::ChannelName::new("news:a").unwrap(),
+    };
+    a.send_cluster_event(&unsubscribe).await.unwrap();
+    assert_eq!(next_event(&mut at_b).await, unsubscribe);
+    assert_eq!(next_event(&mut at_c).await, unsubscribe);
+    let disconnect = ClusterEvent::Disconnect {
+        user: "bob".to_owned(),
+        code: 3503,
+    };
+    b.send_cluster_event(&disconnect).await.unwrap();
+    assert_eq!(next_event(&mut at_a).await, disconnect);
+    assert_eq!(next_event(&mut at_c).await, disconnect);
+
+    let huge = ClusterEvent::Disconnect {
+        user: "u".repeat(8000),
+        code: 3503,
+    };
+    let refused = a.send_cluster_event(&huge).await;
+    assert!(
+        matches!(refused, Err(Error::ClusterEventTooLarge { .. })),
+        "expected ClusterEventTooLarge, got {refused:?}"
+    );
+    // Nothing more: not the huge one, and no node heard its own.
+    for rx in [&mut at_a, &mut at_b, &mut at_c] {
+        match tokio::time::timeout(QUIET, rx.recv()).await {
+            Err(_) => {}
+            Ok(got) => panic!("expected no event, got {got:?}"),
+        }
+    }
+
+    // The listening connection of `b` ends; once a new one listens (its
+    // `Resync`), events reach `b` again.
+    let mut b_changes = b.watch_changes().unwrap();
+    let before = backends(&monitor, "herald-listen").await;
+    for pid in &before {
+        monitor
+            .execute("SELECT pg_terminate_backend($1)", &[pid])
+            .await
+            .unwrap();
+    }
+    let resync = async {
+        loop {
+            if let Ok(ChangeSignal::Resync) = b_changes.recv().await {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(WAIT_LIMIT, resync)
+        .await
+        .expect("no Resync after the listening connection was ended");
+    a.send_cluster_event(&unsubscribe).await.unwrap();
+    assert_eq!(next_event(&mut at_b).await, unsubscribe);
 }

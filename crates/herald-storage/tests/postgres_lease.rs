@@ -734,8 +734,8 @@ async fn migrations_run_once_when_nodes_connect_at_once() {
         .map(|r| r.get(0))
         .collect();
     // Each migration once (2: the idempotency digest; 3: retention;
-    // 4: channel epochs; 5: presence; 6: message tags).
-    assert_eq!(versions, [1, 2, 3, 4, 5, 6]);
+    // 4: channel epochs; 5: presence; 6: message tags; 7: channel deletions and node reports).
+    assert_eq!(versions, [1, 2, 3, 4, 5, 6, 7]);
     let (lease, _) = acquire(&nodes[3], &candidate("node-3"), MINUTE).await;
     nodes[5].append(&lease, &[msg("m", "1")]).await.unwrap();
     assert_eq!(

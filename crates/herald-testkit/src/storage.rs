@@ -1,5 +1,6 @@
 //! A storage that passes every call on to another one, with hooks that may
-//! delay or fail reads and appends ([`Hooked`], [`StorageHooks`]), and the
+//! delay or fail reads and appends, fail reads of deletions or withhold
+//! change signals ([`Hooked`], [`StorageHooks`]), and the
 //! hooks the tests use: reads that return late ([`SlowReads`]), appends
 //! held until a gate opens ([`AppendGate`]) and a read outage switched on
 //! and off ([`ReadOutage`]).
@@ -13,7 +14,9 @@ use async_trait::async_trait;
 use herald_core::{
     Appended, Candidate, ChannelHead, ChannelName, Lease, LeaseInfo, NewMessage, Offset,
 };
-use herald_storage::{Acquire, ChangeFeed, ChangeSignal, LeaseStore, Page, Storage};
+use herald_storage::{
+    Acquire, ChangeFeed, ChangeSignal, ClusterEvent, Deletions, LeaseStore, Page, Storage,
+};
 use tokio::sync::{broadcast, watch};
 
 use crate::{within, Rng, NODE_WAIT};
@@ -40,6 +43,19 @@ pub trait StorageHooks: Send + Sync + 'static {
     /// returned; may wait. Not run when the read failed.
     async fn after_read(&self, channel: &ChannelName, page: &Page) {
         let _ = (channel, page);
+    }
+
+    /// Runs before a read of the deletions after `cursor` is passed on; may
+    /// wait. An `Err` is returned instead, and the read is not passed on.
+    async fn before_deletions_since(&self, cursor: u64) -> herald_storage::Result<()> {
+        let _ = cursor;
+        Ok(())
+    }
+
+    /// Whether the storage's change signals are passed on (`true` by
+    /// default); without them a node polls as it does on SQLite.
+    fn change_signals(&self) -> bool {
+        true
     }
 }
 
@@ -157,6 +173,18 @@ impl<H: StorageHooks> Storage for Hooked<H> {
         self.inner.presence(channel).await
     }
 
+    async fn report_node(
+        &self,
+        report: &herald_storage::NodeReport,
+        ttl: Duration,
+    ) -> herald_storage::Result<()> {
+        self.inner.report_node(report, ttl).await
+    }
+
+    async fn node_reports(&self) -> herald_storage::Result<Vec<herald_storage::NodeReport>> {
+        self.inner.node_reports().await
+    }
+
     async fn channel_epoch(&self, channel: &ChannelName) -> herald_storage::Result<String> {
         self.inner.channel_epoch(channel).await
     }
@@ -170,7 +198,37 @@ impl<H: StorageHooks> Storage for Hooked<H> {
     }
 
     fn watch_changes(&self) -> Option<broadcast::Receiver<ChangeSignal>> {
-        self.inner.watch_changes()
+        if self.hooks.change_signals() {
+            self.inner.watch_changes()
+        } else {
+            None
+        }
+    }
+
+    async fn record_deletion(
+        &self,
+        lease: &Lease,
+        channel: &ChannelName,
+        head: Offset,
+    ) -> herald_storage::Result<u64> {
+        self.inner.record_deletion(lease, channel, head).await
+    }
+
+    async fn deletions_since(&self, cursor: u64) -> herald_storage::Result<Deletions> {
+        self.hooks.before_deletions_since(cursor).await?;
+        self.inner.deletions_since(cursor).await
+    }
+
+    async fn deletion_cursor(&self) -> herald_storage::Result<u64> {
+        self.inner.deletion_cursor().await
+    }
+
+    async fn send_cluster_event(&self, event: &ClusterEvent) -> herald_storage::Result<()> {
+        self.inner.send_cluster_event(event).await
+    }
+
+    fn watch_cluster_events(&self) -> Option<broadcast::Receiver<ClusterEvent>> {
+        self.inner.watch_cluster_events()
     }
 
     async fn send_presence_events(

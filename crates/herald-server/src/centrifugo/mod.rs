@@ -13,13 +13,16 @@
 //! - `history.rs`: history with Centrifugo's `limit`, `since`, `reverse`;
 //! - `publish.rs`: a publish into the same channel sequence as Herald's
 //!   own, forwarded to the holder from a standby;
-//! - `registry.rs`: this node's connections, for the server API;
+//! - `registry.rs`: this node's connections, for the server API, which
+//!   also applies other nodes' cluster events to them (`cluster.rs`);
 //! - `presence.rs`: cluster-wide presence in the storage, when enabled;
 //! - `join_leave.rs`: join and leave pushes, cluster-wide, when enabled;
 //! - `channel_options.rs`: `presence`, `join_leave` and
 //!   `force_push_join_leave` per namespace;
 //! - `config.rs`: ping, pong and connect timeouts, and the defaults of
-//!   the channel options.
+//!   the channel options;
+//! - `node_info.rs`: each node's report of its connections in the
+//!   storage, for a cluster-wide `info`.
 //!
 //! Access control is Herald's (`auth/`): the connection token is a
 //! Herald client token (Centrifugo's claim names `sub`, `exp`,
@@ -33,6 +36,7 @@ mod config;
 mod history;
 mod history_remove;
 mod join_leave;
+mod node_info;
 mod presence;
 mod protocol;
 mod publish;
@@ -42,6 +46,9 @@ mod server_api;
 mod session;
 
 pub use config::CentrifugoConfig;
+pub(crate) use node_info::report_task as node_report_task;
+#[cfg(test)]
+pub(crate) use registry::Control;
 pub(crate) use registry::Registry;
 pub(crate) use server_api::call as server_api;
 pub(crate) use session::upgrade;

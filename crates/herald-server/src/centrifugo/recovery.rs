@@ -105,6 +105,7 @@ mod tests {
                     tags: herald_core::Tags::default(),
                 })
                 .collect(),
+            deletion: 0,
         }
     }
 

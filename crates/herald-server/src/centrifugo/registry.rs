@@ -1,17 +1,18 @@
 //! This node's Centrifugo connections, for the server API's `disconnect`,
 //! `unsubscribe`, `channels` and `info`: each connection's user and
-//! channels, and a way to tell its session to act; with the node's
-//! presence session and its join and leave fan-out.
+//! channels, and a way to tell its session to act, whether the call came
+//! to this node or to another one (a cluster event, [`Registry::apply`]);
+//! with the node's presence session and its join and leave fan-out.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use herald_core::ChannelName;
-use herald_storage::Storage;
+use herald_storage::{ClusterEvent, Storage};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::codes::Disconnect;
+use super::codes::{self, Disconnect};
 
 /// What the server API asks a session to do.
 #[derive(Debug, Clone)]
@@ -129,6 +130,28 @@ impl Registry {
             .filter(|e| only_channel.is_none_or(|c| e.channels.contains(c)))
             .filter(|e| e.control.try_send(control.clone()).is_ok())
             .count()
+    }
+
+    /// Acts on this node's connections as `event` asks: `Unsubscribe`
+    /// ends the user's subscriptions to the channel (an `unsubscribe` push,
+    /// code 2000), `Disconnect` closes the user's connections with the
+    /// event's code (3011 "force reconnect", or else 3503 "force
+    /// disconnect", the two codes the server API sends). Returns how many
+    /// connections were told.
+    pub(crate) fn apply(&self, event: &ClusterEvent) -> usize {
+        match event {
+            ClusterEvent::Unsubscribe { user, channel } => {
+                self.tell_user(user, Some(channel), &Control::Unsubscribe(channel.clone()))
+            }
+            ClusterEvent::Disconnect { user, code } => {
+                let d = if *code == codes::FORCE_RECONNECT.code {
+                    codes::FORCE_RECONNECT
+                } else {
+                    codes::FORCE_NO_RECONNECT
+                };
+                self.tell_user(user, None, &Control::Disconnect(d))
+            }
+        }
     }
 
     /// Subscribers per channel on this node.

@@ -18,6 +18,7 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use bytes::Bytes;
 use herald_core::{ChannelName, IdempotencyKey, Tags};
+use herald_storage::ClusterEvent;
 use serde::Deserialize;
 use serde_json::value::{to_raw_value, RawValue};
 use serde_json::{json, Map, Value};
@@ -25,7 +26,6 @@ use serde_json::{json, Map, Value};
 use super::codes::{self, ReplyError};
 use super::history::{history, HistoryQuery};
 use super::protocol::{publications, StreamPosition};
-use super::registry::Control;
 use crate::auth::{Credential, Pattern, Principal};
 use crate::AppState;
 
@@ -183,9 +183,9 @@ async fn run(
         "broadcast" => broadcast(state, who, params(p)?).await,
         "history" => history_method(state, who, params(p)?).await,
         "channels" => channels(state, who, params(p)?).await,
-        "info" => info(state, who),
-        "unsubscribe" => unsubscribe(state, who, params(p)?),
-        "disconnect" => disconnect(state, who, params(p)?),
+        "info" => info(state, who).await,
+        "unsubscribe" => unsubscribe(state, who, params(p)?).await,
+        "disconnect" => disconnect(state, who, params(p)?).await,
         "presence" => presence_method(state, who, params(p)?, false).await,
         "presence_stats" => presence_method(state, who, params(p)?, true).await,
         "history_remove" => {
@@ -385,23 +385,12 @@ async fn channels(state: &AppState, who: &Principal, p: ChannelsParams) -> Outco
     raw(&json!({ "channels": channels }))
 }
 
-/// This node (Herald's nodes do not gossip their counts).
-fn info(state: &AppState, who: &Principal) -> Outcome {
+/// Every live node, as it last reported itself (`node_info.rs`).
+async fn info(state: &AppState, who: &Principal) -> Outcome {
     if state.shared.auth.may_admin(who).is_err() {
         return Err(ReplyError::permission_denied());
     }
-    let counts = state.shared.centrifugo.counts();
-    let config = state.config();
-    raw(&json!({ "nodes": [{
-        "uid": config.node_id,
-        "name": config.node_id,
-        "version": env!("CARGO_PKG_VERSION"),
-        "num_clients": counts.clients,
-        "num_users": counts.users,
-        "num_subs": counts.subs,
-        "num_channels": counts.channels,
-        "uptime": state.shared.centrifugo.uptime_s(),
-    }]}))
+    raw(&super::node_info::info(state).await?)
 }
 
 #[derive(Deserialize)]
@@ -410,18 +399,34 @@ struct UserChannel {
     channel: String,
 }
 
-/// Ends `user`'s subscriptions to `channel` on this node.
-fn unsubscribe(state: &AppState, who: &Principal, p: UserChannel) -> Outcome {
+/// Tells every node (`cluster.rs`) to act on `event`: `{}`, or 107 for
+/// an event too large to send (nothing done), 100 when the storage cannot
+/// send it (nothing done either).
+async fn tell_cluster(state: &AppState, event: ClusterEvent) -> Outcome {
+    match crate::cluster::tell(state, event).await {
+        Ok(()) => raw(&json!({})),
+        Err(herald_storage::Error::ClusterEventTooLarge { .. }) => Err(ReplyError::bad_request()),
+        Err(e) => {
+            crate::StorageFailure::new("send_cluster_event", None, e).log();
+            Err(ReplyError::internal())
+        }
+    }
+}
+
+/// Ends `user`'s subscriptions to `channel` on every node.
+async fn unsubscribe(state: &AppState, who: &Principal, p: UserChannel) -> Outcome {
     if state.shared.auth.may_admin(who).is_err() {
         return Err(ReplyError::permission_denied());
     }
     let channel = channel(&p.channel)?;
-    state.shared.centrifugo.tell_user(
-        &p.user,
-        Some(&channel),
-        &Control::Unsubscribe(channel.clone()),
-    );
-    raw(&json!({}))
+    tell_cluster(
+        state,
+        ClusterEvent::Unsubscribe {
+            user: p.user,
+            channel,
+        },
+    )
+    .await
 }
 
 #[derive(Deserialize)]
@@ -436,11 +441,11 @@ struct CustomDisconnect {
     code: u16,
 }
 
-/// Closes `user`'s connections on this node: 3503 "force disconnect"
+/// Closes `user`'s connections on every node: 3503 "force disconnect"
 /// (the client does not reconnect), or 3011 "force reconnect" when the
 /// request's `disconnect.code` is one a client reconnects after
 /// (3000–3499).
-fn disconnect(state: &AppState, who: &Principal, p: DisconnectParams) -> Outcome {
+async fn disconnect(state: &AppState, who: &Principal, p: DisconnectParams) -> Outcome {
     if state.shared.auth.may_admin(who).is_err() {
         return Err(ReplyError::permission_denied());
     }
@@ -448,11 +453,14 @@ fn disconnect(state: &AppState, who: &Principal, p: DisconnectParams) -> Outcome
         Some(CustomDisconnect { code }) if (3000..3500).contains(&code) => codes::FORCE_RECONNECT,
         _ => codes::FORCE_NO_RECONNECT,
     };
-    state
-        .shared
-        .centrifugo
-        .tell_user(&p.user, None, &Control::Disconnect(d));
-    raw(&json!({}))
+    tell_cluster(
+        state,
+        ClusterEvent::Disconnect {
+            user: p.user,
+            code: d.code,
+        },
+    )
+    .await
 }
 
 #[derive(Deserialize)]

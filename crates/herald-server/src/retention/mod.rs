@@ -50,6 +50,10 @@ pub(crate) async fn remove_history(state: &AppState, channel: &ChannelName) -> R
         up_to: Some(page.head),
         ..TrimLimits::default()
     };
+    let failed = |e: herald_storage::Error, what: &'static str| match e {
+        herald_storage::Error::LeaseLost { .. } => Error::LeaseLost,
+        e => Error::Storage(StorageFailure::new(what, Some(channel), e)),
+    };
     loop {
         let step = trimmer::trim_step(
             &*shared.storage,
@@ -63,34 +67,48 @@ pub(crate) async fn remove_history(state: &AppState, channel: &ChannelName) -> R
         match step {
             Ok(t) if t.done => break,
             Ok(_) => {}
-            Err(herald_storage::Error::LeaseLost { .. }) => return Err(Error::LeaseLost),
-            Err(e) => {
-                return Err(Error::Storage(StorageFailure::new(
-                    "trim",
-                    Some(channel),
-                    e,
-                )))
-            }
+            Err(e) => return Err(failed(e, "trim")),
         }
     }
     Ok(page.head)
 }
 
 /// Deletes `channel` on this node, which must be holder: removes its
-/// history as [`remove_history`] does, then ends this node's live
-/// subscriptions to it with a final `deleted` event. Returns the head,
-/// which the channel keeps (the next message gets `head + 1`).
+/// history as [`remove_history`] does, then records the deletion
+/// (`Storage::record_deletion`, a fenced write whose record every node
+/// reads, and whose change notice, on PostgreSQL, reaches the standbys at
+/// its commit) and ends this node's live subscriptions to it with a final
+/// `deleted` event; each standby's feed ends its own (`standby_feed.rs`).
+/// Returns the head, which the channel keeps (the next message gets
+/// `head + 1`).
 ///
 /// # Errors
-/// As [`remove_history`].
+/// As [`remove_history`]; the same when recording the deletion fails
+/// (the messages are removed then, the deletion not recorded: a retry
+/// records it).
 pub(crate) async fn delete_channel(state: &AppState, channel: &ChannelName) -> Result<Offset> {
     let head = remove_history(state, channel).await?;
-    state.shared.hub.publish(Notice {
+    let shared = &state.shared;
+    let Some(lease) = shared.lease.writable_lease() else {
+        return Err(Error::NotHolder {
+            holder_url: shared.lease.state().holder_url().map(str::to_owned),
+        });
+    };
+    let recorded = shared.storage.record_deletion(&lease, channel, head).await;
+    if let Err(herald_storage::Error::LeaseLost { token, .. }) = &recorded {
+        // As the writer and the trimming task report it.
+        shared.lease.report_lease_lost(*token);
+    }
+    let number = recorded.map_err(|e| match e {
+        herald_storage::Error::LeaseLost { .. } => Error::LeaseLost,
+        e => Error::Storage(StorageFailure::new("record_deletion", Some(channel), e)),
+    })?;
+    shared.hub.publish(Notice {
         channel: channel.clone(),
         head,
         messages: Vec::new(),
-        deleted: true,
+        deleted: Some(number),
     });
-    tracing::info!(channel = %channel, head, "channel deleted");
+    tracing::info!(channel = %channel, head, deletion = number, "channel deleted");
     Ok(head)
 }

@@ -286,3 +286,104 @@ pub async fn concurrent_append_and_trim_keep_offsets_contiguous(h: &dyn Harness)
         (total - KEEP + 1..=total).collect::<Vec<_>>()
     );
 }
+
+/// A deletion is a fenced, durable record every node reads: numbered from
+/// 1 across channels in commit order, the latest per channel kept, seen in
+/// reads (`Page::deletion`) and in `deletions_since` from another node; a
+/// channel never written can be deleted; a lost lease records nothing.
+pub async fn deletions_are_numbered_shared_and_fenced(h: &dyn Harness) {
+    let c = h.cluster(2).await;
+    let (holder, follower) = (c.node(0), c.node(1));
+    let (lease, _) = acquire(holder, 0, LONG_TTL).await;
+    holder
+        .append(&lease, &[msg("a", "1"), msg("a", "2"), msg("b", "3")])
+        .await
+        .unwrap();
+    assert_eq!(follower.deletion_cursor().await.unwrap(), 0);
+    let empty = follower.deletions_since(0).await.unwrap();
+    assert_eq!((empty.cursor, empty.deleted.len()), (0, 0));
+    assert_eq!(
+        follower.read(&channel("a"), 0, 10).await.unwrap().deletion,
+        0
+    );
+
+    let limits = TrimLimits {
+        up_to: Some(2),
+        ..TrimLimits::default()
+    };
+    trim_all(holder, &lease, "a", limits, 10).await;
+    assert_eq!(
+        holder
+            .record_deletion(&lease, &channel("a"), 2)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        holder
+            .record_deletion(&lease, &channel("b"), 1)
+            .await
+            .unwrap(),
+        2
+    );
+    // Deleted again (with what came since): only the latest is kept.
+    holder.append(&lease, &[msg("a", "4")]).await.unwrap();
+    assert_eq!(
+        holder
+            .record_deletion(&lease, &channel("a"), 3)
+            .await
+            .unwrap(),
+        3
+    );
+    // Never written.
+    assert_eq!(
+        holder
+            .record_deletion(&lease, &channel("nobody"), 0)
+            .await
+            .unwrap(),
+        4
+    );
+
+    let all = follower.deletions_since(0).await.unwrap();
+    let seen: Vec<_> = all
+        .deleted
+        .iter()
+        .map(|d| (d.channel.as_str(), d.head, d.number))
+        .collect();
+    assert_eq!(seen, [("b", 1, 2), ("a", 3, 3), ("nobody", 0, 4)]);
+    assert_eq!(all.cursor, 4);
+    let later = follower.deletions_since(2).await.unwrap();
+    assert_eq!(
+        later.deleted.iter().map(|d| d.number).collect::<Vec<_>>(),
+        [3, 4]
+    );
+    assert_eq!(later.cursor, 4);
+    let none = follower.deletions_since(4).await.unwrap();
+    assert_eq!((none.cursor, none.deleted.len()), (4, 0));
+    assert_eq!(follower.deletion_cursor().await.unwrap(), 4);
+    assert_eq!(
+        follower.read(&channel("a"), 0, 10).await.unwrap().deletion,
+        3
+    );
+    assert_eq!(
+        follower.read(&channel("b"), 0, 10).await.unwrap().deletion,
+        2
+    );
+    assert_eq!(
+        follower.read(&channel("c"), 0, 10).await.unwrap().deletion,
+        0
+    );
+
+    // After a takeover, the old lease records nothing.
+    holder.release(&lease).await.unwrap();
+    acquire(follower, 1, LONG_TTL).await;
+    assert_lost(
+        holder.record_deletion(&lease, &channel("a"), 3).await,
+        &lease,
+    );
+    assert_eq!(follower.deletion_cursor().await.unwrap(), 4);
+    assert_eq!(
+        follower.read(&channel("a"), 0, 10).await.unwrap().deletion,
+        3
+    );
+}

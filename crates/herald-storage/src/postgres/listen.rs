@@ -1,9 +1,11 @@
 //! The change listener: one dedicated connection per storage that runs
 //! `LISTEN` on [`CHANGES_CHANNEL`] and turns each notification into a
-//! [`ChangeSignal`] on a broadcast channel, and `LISTEN` on
+//! [`ChangeSignal`] on a broadcast channel, `LISTEN` on
 //! [`LEASE_CHANNEL`], whose notifications (a lease was released) bump a
-//! counter that standbys wait on, and `LISTEN` on [`PRESENCE_CHANNEL`],
-//! whose join and leave events go to `presence_events.rs`.
+//! counter that standbys wait on, `LISTEN` on [`PRESENCE_CHANNEL`], whose
+//! join and leave events go to `presence_events.rs`, and `LISTEN` on
+//! [`CLUSTER_CHANNEL`], whose notifications are other nodes' cluster
+//! events (`cluster.rs`).
 //!
 //! Fenced writes send their notices with `pg_notify` inside their
 //! transaction; PostgreSQL delivers them only when that transaction commits,
@@ -18,8 +20,9 @@
 //! rate-limited (see `reconnect.rs`). Every successful `LISTEN` (the first
 //! one included) is followed by [`ChangeSignal::Resync`]: notices sent
 //! while no connection listened are lost, and receivers catch up with
-//! `changes_since`. It also bumps the lease counter, since a release may
-//! have been missed too.
+//! `changes_since` and `deletions_since`. It also bumps the lease counter,
+//! since a release may have been missed too. Cluster events sent meanwhile
+//! are lost for good (they are best effort; see `crate::cluster`).
 
 use std::time::{Duration, Instant};
 
@@ -29,12 +32,17 @@ use tokio_postgres::{AsyncMessage, Client, Config};
 
 use super::presence_events::{Inbox, PRESENCE_CHANNEL};
 use super::reconnect::{millis, pause, Reconnect};
-use super::{connect_raw, drive, PgConnection, CHANGES_CHANNEL, LEASE_CHANNEL};
-use crate::{ChangeSignal, Error, Result};
+use super::{
+    cluster, connect_raw, drive, PgConnection, CHANGES_CHANNEL, CLUSTER_CHANNEL, LEASE_CHANNEL,
+};
+use crate::{ChangeSignal, ClusterEvent, Deletion, Error, Result};
 
 /// The statements that subscribe the connection to the notices.
 fn listen_sql() -> String {
-    format!("LISTEN {CHANGES_CHANNEL}; LISTEN {LEASE_CHANNEL}; LISTEN {PRESENCE_CHANNEL}")
+    format!(
+        "LISTEN {CHANGES_CHANNEL}; LISTEN {LEASE_CHANNEL}; LISTEN {PRESENCE_CHANNEL}; \
+         LISTEN {CLUSTER_CHANNEL}"
+    )
 }
 
 /// Where the listener sends what it hears.
@@ -47,6 +55,10 @@ pub(super) struct Outputs {
     pub(super) releases: watch::Sender<u64>,
     /// Join and leave events of other nodes.
     pub(super) presence: Inbox,
+    /// Other nodes' cluster events.
+    pub(super) cluster: broadcast::Sender<ClusterEvent>,
+    /// This storage's session key: its own cluster events are dropped.
+    pub(super) session_key: i64,
 }
 
 /// Opens a listening connection: connects and runs `LISTEN`, both within
@@ -140,7 +152,8 @@ pub(super) async fn run(
 /// Forwards one asynchronous message: a change notice of ours becomes a
 /// signal; a payload that does not parse becomes [`ChangeSignal::Resync`],
 /// so that receivers catch up instead of missing it. A lease notice bumps
-/// the release counter. A join or leave event goes to the presence inbox.
+/// the release counter. A join or leave event goes to the presence inbox,
+/// another node's cluster event to the cluster receivers.
 fn handle(message: AsyncMessage, outputs: &Outputs) {
     let sender = &outputs.changes;
     match message {
@@ -150,6 +163,9 @@ fn handle(message: AsyncMessage, outputs: &Outputs) {
         }
         AsyncMessage::Notification(n) if n.channel() == PRESENCE_CHANNEL => {
             outputs.presence.heard(n.payload());
+        }
+        AsyncMessage::Notification(n) if n.channel() == CLUSTER_CHANNEL => {
+            cluster::hear(n.payload(), outputs.session_key, &outputs.cluster);
         }
         AsyncMessage::Notification(n) if n.channel() == CHANGES_CHANNEL => {
             let signal = parse_payload(n.payload()).unwrap_or_else(|| {
@@ -168,9 +184,13 @@ fn handle(message: AsyncMessage, outputs: &Outputs) {
 
 /// Reads the payload a fenced write sends for one channel (see
 /// `NOTIFY_SQL` in the fenced write): `<from> <to> <committed_at_ms>
-/// <channel>`, decimal numbers and the channel name last; `None` when it
-/// does not have that shape.
+/// <channel>`, decimal numbers and the channel name last; or, for a
+/// deletion (`NOTIFY_DELETION_SQL`), `deleted <number> <head> <channel>`;
+/// `None` when it has neither shape.
 pub(super) fn parse_payload(payload: &str) -> Option<ChangeSignal> {
+    if let Some(deletion) = payload.strip_prefix("deleted ") {
+        return parse_deletion(deletion);
+    }
     let mut parts = payload.splitn(4, ' ');
     let from: u64 = parts.next()?.parse().ok()?;
     let to: u64 = parts.next()?.parse().ok()?;
@@ -182,6 +202,19 @@ pub(super) fn parse_payload(payload: &str) -> Option<ChangeSignal> {
         to,
         committed_at_ms,
     })
+}
+
+/// Reads `<number> <head> <channel>` of a deletion's payload.
+fn parse_deletion(payload: &str) -> Option<ChangeSignal> {
+    let mut parts = payload.splitn(3, ' ');
+    let number: u64 = parts.next()?.parse().ok()?;
+    let head: u64 = parts.next()?.parse().ok()?;
+    let channel = ChannelName::new(parts.next()?).ok()?;
+    (number >= 1).then_some(ChangeSignal::Deleted(Deletion {
+        channel,
+        head,
+        number,
+    }))
 }
 
 #[cfg(test)]
@@ -202,6 +235,18 @@ mod tests {
     }
 
     #[test]
+    fn deletion_payloads_round_trip() {
+        assert_eq!(
+            parse_payload("deleted 4 17 room:a"),
+            Some(ChangeSignal::Deleted(Deletion {
+                channel: ChannelName::new("room:a").unwrap(),
+                head: 17,
+                number: 4,
+            }))
+        );
+    }
+
+    #[test]
     fn malformed_payloads_are_rejected() {
         for bad in [
             "",
@@ -211,6 +256,10 @@ mod tests {
             "2 1 3 ch",
             "0 1 3 ch",
             "1 2 3 bad name",
+            "deleted 0 3 ch",
+            "deleted 1 x ch",
+            "deleted 1 3",
+            "deleted 1 3 bad name",
         ] {
             assert_eq!(parse_payload(bad), None, "{bad:?}");
         }

@@ -25,8 +25,8 @@ use crate::decode::{
 };
 use crate::trim;
 use crate::{
-    idempotency_digest, Acquire, ChangeFeed, ChannelStats, Error, IdempotencyDigest, Page, Result,
-    TakeoverReason, TrimLimits, Trimmed,
+    idempotency_digest, Acquire, ChangeFeed, ChannelStats, Deletion, Deletions, Error,
+    IdempotencyDigest, Page, Result, TakeoverReason, TrimLimits, Trimmed,
 };
 
 /// A `timestamptz` as whole milliseconds since the Unix epoch, rounded
@@ -732,10 +732,12 @@ pub(super) async fn read(
 ) -> Result<Page> {
     let stmt = client
         .prepare_cached(
-            "SELECT h.head, h.trimmed_through, m.\"offset\", m.data, m.published_at, m.tags \
-             FROM (SELECT COALESCE(c.head, 0) AS head, COALESCE(c.trimmed_through, 0) AS trimmed_through \
+            "SELECT h.head, h.trimmed_through, m.\"offset\", m.data, m.published_at, h.deletion, m.tags \
+             FROM (SELECT COALESCE(c.head, 0) AS head, COALESCE(c.trimmed_through, 0) AS trimmed_through, \
+                          COALESCE(d.deletion, 0) AS deletion \
                    FROM (SELECT 1) AS one \
-                   LEFT JOIN channels AS c ON c.name = $1) AS h \
+                   LEFT JOIN channels AS c ON c.name = $1 \
+                   LEFT JOIN channel_deletions AS d ON d.channel = $1) AS h \
              LEFT JOIN LATERAL ( \
                  SELECT \"offset\", data, published_at, tags FROM messages \
                  WHERE channel = $1 AND \"offset\" > $2 ORDER BY \"offset\" LIMIT $3 \
@@ -749,10 +751,12 @@ pub(super) async fn read(
         .await?;
     let mut head = 0;
     let mut trimmed_through = 0;
+    let mut deletion = 0;
     let mut messages = Vec::with_capacity(rows.len());
     for row in rows {
         head = to_u64(row.try_get(0)?, "head")?;
         trimmed_through = to_u64(row.try_get(1)?, "trimmed_through")?;
+        deletion = to_u64(row.try_get(5)?, "deletion")?;
         let Some(offset) = row.try_get::<_, Option<i64>>(2)? else {
             continue;
         };
@@ -761,13 +765,14 @@ pub(super) async fn read(
             offset: to_u64(offset, "offset")?,
             data: to_json(row.try_get(3)?)?,
             published_at_ms: to_ms(published_at),
-            tags: to_tags(row.try_get(5)?)?,
+            tags: to_tags(row.try_get(6)?)?,
         });
     }
     Ok(Page {
         head,
         earliest: trimmed_through + 1,
         messages,
+        deletion,
     })
 }
 
@@ -950,6 +955,113 @@ pub(super) async fn trim(
         head: to_u64(window.head, "head")?,
         done: plan.done,
     })
+}
+
+/// Gives the channel's deletion the next number: upserts its row of
+/// `channel_deletions`. Run under the lease's advisory lock, which orders
+/// the numbers as the commits.
+const RECORD_DELETION_SQL: &str = "INSERT INTO channel_deletions (channel, deletion, head, deleted_at) \
+     VALUES ($1, (SELECT COALESCE(MAX(deletion), 0) + 1 FROM channel_deletions), $2, clock_timestamp()) \
+     ON CONFLICT (channel) DO UPDATE SET deletion = excluded.deletion, head = excluded.head, \
+         deleted_at = excluded.deleted_at \
+     RETURNING deletion";
+
+/// The change notice of a deletion: payload `deleted <number> <head>
+/// <channel>` on [`CHANGES_CHANNEL`] (read by `listen.rs`), delivered
+/// only if the transaction commits (PostgreSQL documentation, `NOTIFY`).
+const NOTIFY_DELETION_SQL: &str = "SELECT pg_notify($1, $2)";
+
+/// The fenced record of a channel's deletion: one READ COMMITTED
+/// transaction that takes the lease's advisory lock (as `append` does: the
+/// fenced writes of a lease, and so the deletion numbers, are serialized
+/// until commit), locks the lease row `FOR KEY SHARE` and makes the
+/// fencing check after both waits, then upserts the channel's row of
+/// `channel_deletions` with the next number and sends its change notice,
+/// before `COMMIT`. Returns the number.
+///
+/// The test-only fault switch `drop_notify` drops the notice, as it does
+/// `append`'s.
+pub(super) async fn record_deletion(
+    client: &mut Object,
+    lease: &Lease,
+    channel: &ChannelName,
+    head: Offset,
+) -> Result<u64> {
+    let token = sql_token(lease)?;
+    let tx = client
+        .build_transaction()
+        .isolation_level(IsolationLevel::ReadCommitted)
+        .start()
+        .await?;
+    let (write_lock, lock_row, check, record) = tokio::join!(
+        tx.prepare_cached(WRITE_LOCK_SQL),
+        tx.prepare_cached(LOCK_FOR_WRITE_SQL),
+        tx.prepare_cached(FENCING_CHECK_SQL),
+        tx.prepare_cached(RECORD_DELETION_SQL),
+    );
+    let (write_lock, lock_row, check, record) = (write_lock?, lock_row?, check?, record?);
+    let lock_key = fenced_write_lock_key(&lease.name);
+    let (locked, row_locked, checked) = tokio::join!(
+        async { tx.execute(&write_lock, &[&lock_key]).await },
+        async { tx.query_opt(&lock_row, &[&lease.name]).await },
+        async {
+            tx.query_opt(&check, &[&lease.name, &lease.holder, &token])
+                .await
+        },
+    );
+    locked?;
+    row_locked?;
+    if fencing_outcome(checked?)?.is_none() {
+        return Err(refuse(tx, lease).await);
+    }
+    let number = to_u64(
+        tx.query_one(&record, &[&channel.as_str(), &sql_position(head)])
+            .await?
+            .try_get(0)?,
+        "deletion",
+    )?;
+    if !fault_switches::enabled(FaultSwitch::DropNotify) {
+        let payload = format!("deleted {number} {head} {channel}");
+        let notify = tx.prepare_cached(NOTIFY_DELETION_SQL).await?;
+        tx.query(&notify, &[&CHANGES_CHANNEL, &payload]).await?;
+    }
+    tx.commit().await?;
+    Ok(number)
+}
+
+/// The latest deletion of every channel deleted after number `cursor`, in
+/// number order, and the largest number seen (`cursor` when none).
+/// Numbers are in commit order (see [`record_deletion`]), so a snapshot
+/// that sees number `n` sees every smaller one that will ever commit.
+pub(super) async fn deletions_since(client: &Object, cursor: u64) -> Result<Deletions> {
+    let stmt = client
+        .prepare_cached(
+            "SELECT channel, head, deletion FROM channel_deletions WHERE deletion > $1 \
+             ORDER BY deletion",
+        )
+        .await?;
+    let mut out = Deletions {
+        cursor,
+        deleted: Vec::new(),
+    };
+    for row in client.query(&stmt, &[&sql_position(cursor)]).await? {
+        let deletion = Deletion {
+            channel: to_channel(row.try_get(0)?)?,
+            head: to_u64(row.try_get(1)?, "head")?,
+            number: to_u64(row.try_get(2)?, "deletion")?,
+        };
+        out.cursor = out.cursor.max(deletion.number);
+        out.deleted.push(deletion);
+    }
+    Ok(out)
+}
+
+/// The largest deletion number, 0 when there is none.
+pub(super) async fn deletion_cursor(client: &Object) -> Result<u64> {
+    let stmt = client
+        .prepare_cached("SELECT COALESCE(MAX(deletion), 0)::bigint FROM channel_deletions")
+        .await?;
+    to_u64(client.query_one(&stmt, &[]).await?.try_get(0)?, "deletion")
 }
 
 /// The channels with a message whose id is above `cursor`, with their

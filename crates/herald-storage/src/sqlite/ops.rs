@@ -20,8 +20,8 @@ use crate::decode::{
 };
 use crate::trim;
 use crate::{
-    idempotency_digest, Acquire, ChangeFeed, ChannelStats, Error, Page, Result, TakeoverReason,
-    TrimLimits, Trimmed,
+    idempotency_digest, Acquire, ChangeFeed, ChannelStats, Deletion, Deletions, Error, Page,
+    Result, TakeoverReason, TrimLimits, Trimmed,
 };
 
 /// SQLite's clock in ms since the Unix epoch (needs SQLite >= 3.42 for
@@ -352,6 +352,11 @@ pub(super) fn read(
         .query_row([channel.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?
         .unwrap_or((0, 0));
+    let deletion: i64 = tx
+        .prepare_cached("SELECT deletion FROM channel_deletions WHERE channel = ?1")?
+        .query_row([channel.as_str()], |r| r.get(0))
+        .optional()?
+        .unwrap_or(0);
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     let mut messages = Vec::new();
     {
@@ -374,6 +379,7 @@ pub(super) fn read(
         head: to_u64(head, "head")?,
         earliest: to_u64(trimmed_through, "trimmed_through")? + 1,
         messages,
+        deletion: to_u64(deletion, "deletion")?,
     })
 }
 
@@ -413,21 +419,8 @@ pub(super) fn trim(
     limits: &TrimLimits,
     max_rows: usize,
 ) -> Result<Trimmed> {
-    let token = sql_token(lease)?;
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let live: Option<i64> = tx
-        .prepare_cached(concat!(
-            "SELECT 1 FROM storage_leases WHERE name = ?1 AND holder = ?2 AND token = ?3",
-            " AND expires_at_ms > ",
-            now_ms!()
-        ))?
-        .query_row(params![lease.name, lease.holder, token], |r| r.get(0))
-        .optional()?;
-    if live.is_none() {
-        drop(tx);
-        log_lost(lease, "fenced trim refused");
-        return Err(lost(lease));
-    }
+    check_lease(&tx, lease, "fenced trim refused")?;
     let window = tx
         .prepare_cached("SELECT head, trimmed_through, bytes FROM channels WHERE name = ?1")?
         .query_row([channel.as_str()], |r| {
@@ -497,6 +490,88 @@ pub(super) fn trim(
         head: to_u64(window.head, "head")?,
         done: plan.done,
     })
+}
+
+/// The fencing check of a fenced write other than `append`, inside its
+/// `BEGIN IMMEDIATE` transaction: `lease`'s holder and token current and
+/// not expired on the database clock.
+///
+/// # Errors
+/// [`Error::LeaseLost`] when it is not (logged with `what`); the caller
+/// drops the transaction, which rolls it back.
+fn check_lease(tx: &rusqlite::Transaction<'_>, lease: &Lease, what: &str) -> Result<()> {
+    let token = sql_token(lease)?;
+    let live: Option<i64> = tx
+        .prepare_cached(concat!(
+            "SELECT 1 FROM storage_leases WHERE name = ?1 AND holder = ?2 AND token = ?3",
+            " AND expires_at_ms > ",
+            now_ms!()
+        ))?
+        .query_row(params![lease.name, lease.holder, token], |r| r.get(0))
+        .optional()?;
+    if live.is_none() {
+        log_lost(lease, what);
+        return Err(lost(lease));
+    }
+    Ok(())
+}
+
+/// The fenced record of a channel's deletion: one `BEGIN IMMEDIATE`
+/// transaction (the database's write lock, so deletions are numbered in
+/// commit order) that makes the fencing check, then upserts the channel's
+/// row of `channel_deletions` with the next number; returns it.
+pub(super) fn record_deletion(
+    conn: &mut Connection,
+    lease: &Lease,
+    channel: &ChannelName,
+    head: Offset,
+) -> Result<u64> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    check_lease(&tx, lease, "fenced deletion refused")?;
+    let number: i64 = tx
+        .prepare_cached(concat!(
+            "INSERT INTO channel_deletions (channel, deletion, head, deleted_at_ms) ",
+            "VALUES (?1, (SELECT COALESCE(MAX(deletion), 0) + 1 FROM channel_deletions), ?2, ",
+            now_ms!(),
+            ") ON CONFLICT (channel) DO UPDATE SET deletion = excluded.deletion, ",
+            "head = excluded.head, deleted_at_ms = excluded.deleted_at_ms ",
+            "RETURNING deletion"
+        ))?
+        .query_row(params![channel.as_str(), sql_position(head)], |r| r.get(0))?;
+    tx.commit()?;
+    to_u64(number, "deletion")
+}
+
+/// The latest deletion of every channel deleted after number `cursor`, in
+/// number order, and the largest number seen (`cursor` when none).
+pub(super) fn deletions_since(conn: &mut Connection, cursor: u64) -> Result<Deletions> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT channel, head, deletion FROM channel_deletions WHERE deletion > ?1 \
+         ORDER BY deletion",
+    )?;
+    let mut rows = stmt.query([sql_position(cursor)])?;
+    let mut out = Deletions {
+        cursor,
+        deleted: Vec::new(),
+    };
+    while let Some(row) = rows.next()? {
+        let deletion = Deletion {
+            channel: to_channel(row.get(0)?)?,
+            head: to_u64(row.get(1)?, "head")?,
+            number: to_u64(row.get(2)?, "deletion")?,
+        };
+        out.cursor = out.cursor.max(deletion.number);
+        out.deleted.push(deletion);
+    }
+    Ok(out)
+}
+
+/// The largest deletion number, 0 when there is none.
+pub(super) fn deletion_cursor(conn: &mut Connection) -> Result<u64> {
+    let number: i64 = conn
+        .prepare_cached("SELECT COALESCE(MAX(deletion), 0) FROM channel_deletions")?
+        .query_row([], |r| r.get(0))?;
+    to_u64(number, "deletion")
 }
 
 /// Free pages returned to the file system after each trim that removed

@@ -1,10 +1,12 @@
 //! Centrifugo's protocols end to end: the client protocol at
 //! `/connection/websocket` driven by a hand-written client
 //! (`client.rs`), and the server API at `/api/<method>`, with Herald's
-//! access control (API keys, tokens, namespaces) on both backends.
+//! access control (API keys, tokens, namespaces) on both backends; and
+//! what reaches every node (`cluster.rs`).
 
 mod cent;
 mod client;
+mod cluster;
 mod history_remove;
 mod join_leave;
 mod js;

@@ -1,0 +1,124 @@
+//! Cluster events on this node (`herald_storage::ClusterEvent`): the
+//! server API's cluster-wide requests go to every other node through the
+//! storage (`Storage::send_cluster_event`; on PostgreSQL one `NOTIFY`),
+//! and the ones other nodes send are applied to this node's clients.
+//! Best effort, as the storage's events are: a node that is not listening
+//! when one is sent never applies it.
+
+use std::sync::Arc;
+
+use herald_storage::ClusterEvent;
+use tokio::sync::broadcast::{self, error::RecvError};
+use tokio_util::sync::CancellationToken;
+
+use crate::centrifugo::Registry;
+use crate::AppState;
+
+/// Sends `event` to every other node, then applies it to this node's
+/// clients: a request the storage refuses (too large, or the database
+/// unreachable) is applied nowhere.
+///
+/// # Errors
+/// The storage's: [`herald_storage::Error::ClusterEventTooLarge`] or
+/// [`herald_storage::Error::Unavailable`].
+pub(crate) async fn tell(state: &AppState, event: ClusterEvent) -> herald_storage::Result<()> {
+    state.shared.storage.send_cluster_event(&event).await?;
+    apply(&state.shared.centrifugo, &event);
+    Ok(())
+}
+
+/// Applies `event` to the clients it concerns on this node.
+fn apply(registry: &Registry, event: &ClusterEvent) {
+    let told = registry.apply(event);
+    tracing::debug!(?event, connections = told, "cluster event applied");
+}
+
+/// Applies the events other nodes send (`events`, from
+/// `Storage::watch_cluster_events`; nothing to do without them) until
+/// `shutdown` is cancelled or the storage stops sending.
+pub(crate) async fn run(
+    events: Option<broadcast::Receiver<ClusterEvent>>,
+    registry: Arc<Registry>,
+    shutdown: CancellationToken,
+) {
+    let Some(mut events) = events else {
+        return;
+    };
+    loop {
+        let next = tokio::select! {
+            () = shutdown.cancelled() => return,
+            next = events.recv() => next,
+        };
+        match next {
+            Ok(event) => apply(&registry, &event),
+            Err(RecvError::Lagged(missed)) => {
+                tracing::warn!(
+                    missed,
+                    "cluster events arrived faster than applied; some were lost"
+                );
+            }
+            Err(RecvError::Closed) => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use herald_core::ChannelName;
+    use tokio::sync::mpsc;
+
+    use super::*;
+    use crate::centrifugo::Control;
+    use crate::testing::MemoryStorage;
+
+    async fn next(rx: &mut mpsc::Receiver<Control>) -> Control {
+        tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .expect("no control in time")
+            .expect("an open queue")
+    }
+
+    #[tokio::test]
+    async fn events_from_other_nodes_reach_the_users_connections_here() {
+        let storage = MemoryStorage::new();
+        let shutdown = CancellationToken::new();
+        let registry = Arc::new(Registry::new(
+            storage.clone(),
+            shutdown.clone(),
+            tracing::Span::none(),
+        ));
+        let news = ChannelName::new("news").unwrap();
+        let (ann_tx, mut ann) = mpsc::channel(4);
+        let (bob_tx, mut bob) = mpsc::channel(4);
+        registry.insert("c1", "ann", ann_tx);
+        registry.insert("c2", "bob", bob_tx);
+        registry.set_subscribed("c1", &news, true);
+        let task = tokio::spawn(run(
+            herald_storage::Storage::watch_cluster_events(&*storage),
+            Arc::clone(&registry),
+            shutdown.clone(),
+        ));
+
+        storage.hear_event(ClusterEvent::Unsubscribe {
+            user: "ann".to_owned(),
+            channel: news.clone(),
+        });
+        assert!(matches!(next(&mut ann).await, Control::Unsubscribe(c) if c == news));
+        storage.hear_event(ClusterEvent::Disconnect {
+            user: "bob".to_owned(),
+            code: 3011,
+        });
+        assert!(matches!(next(&mut bob).await, Control::Disconnect(d) if d.code == 3011));
+        storage.hear_event(ClusterEvent::Disconnect {
+            user: "ann".to_owned(),
+            code: 3503,
+        });
+        assert!(matches!(next(&mut ann).await, Control::Disconnect(d) if d.code == 3503));
+        // Each event reached only its user.
+        assert!(bob.try_recv().is_err());
+        shutdown.cancel();
+        task.await.unwrap();
+    }
+}
