@@ -36,9 +36,21 @@
 //!    expiry ([`Violation::LeaseResurrected`]; needs the history's
 //!    [`Event::Lease`] observations).
 //!
+//! 10. a Centrifugo client's subscriptions (docs/centrifugo.md) keep the
+//!     channel's one epoch ([`Violation::EpochChanged`]); a recovery says
+//!     `recovered: false` only when the client's resume point is no longer
+//!     held, i.e. below the earliest offset that the client's own history
+//!     read found right after the reply, and below the channel's final
+//!     earliest ([`Violation::NotRecovered`]); a disconnect with 3010
+//!     "insufficient state" is followed by at least one such failed
+//!     recovery ([`Violation::InsufficientStateWrongly`]). What the client
+//!     then receives is judged by (4) like any subscriber's stream: every
+//!     offset exactly once, in order, with the gap below the earliest it
+//!     found accepted as a `truncated` announcement.
+//!
 //! One liveness rule is judged too, only away from faults:
 //!
-//! 10. a live subscription receives every acknowledged message of its
+//! 11. a live subscription receives every acknowledged message of its
 //!     channel within [`STALL_MS`] of the acknowledgement, unless a fault
 //!     was near ([`Violation::DeliveryStalled`]).
 //!
@@ -326,7 +338,60 @@ pub enum Violation {
         /// (database clock).
         renewed_at_us: i64,
     },
-    /// (10) Liveness, judged only away from faults: a subscriber connection
+    /// (10) A Centrifugo subscribe reply or history read names another
+    /// epoch than the first one a client saw for the channel. Every node
+    /// shares one database, where a channel's epoch is created once and
+    /// never changes (docs/centrifugo.md, "Epochs and recovery that never
+    /// lies"). One violation per channel and epoch.
+    EpochChanged {
+        /// The subscriber that saw it.
+        subscriber: String,
+        /// The node that answered.
+        node: String,
+        /// The channel.
+        channel: String,
+        /// The epoch in the answer.
+        epoch: String,
+        /// The first epoch seen for the channel.
+        first_epoch: String,
+    },
+    /// (10) A Centrifugo recovery answered `recovered: false` in the
+    /// channel's epoch although the client's resume point was still held:
+    /// the offset after it is at or above the earliest offset the client's
+    /// own history read found right after the reply (retention only ever
+    /// moves the earliest offset up, so it was held when the node decided),
+    /// or at or above the channel's final earliest.
+    NotRecovered {
+        /// The subscriber.
+        subscriber: String,
+        /// The node that answered.
+        node: String,
+        /// The channel.
+        channel: String,
+        /// The offset the client asked to recover after.
+        resume_after: u64,
+        /// The reply's offset (the channel's head).
+        head: u64,
+        /// The lowest earliest offset known after the reply: the client's
+        /// history read, or the channel's final earliest.
+        earliest: u64,
+    },
+    /// (10) A Centrifugo connection was closed with 3010 "insufficient
+    /// state" (retention removed what a subscription had not delivered),
+    /// yet the client's next subscribe to each of its channels recovered
+    /// every publication after the offset it had reached: nothing it
+    /// needed had been removed.
+    InsufficientStateWrongly {
+        /// The subscriber.
+        subscriber: String,
+        /// The node that closed the connection.
+        node: String,
+        /// The channels subscribed on the connection.
+        channels: Vec<String>,
+        /// When the connection was closed.
+        closed_at_ms: u64,
+    },
+    /// (11) Liveness, judged only away from faults: a subscriber connection
     /// did not receive acknowledged messages of its channel within
     /// [`STALL_MS`] of their acknowledgement.
     ///
@@ -383,6 +448,9 @@ impl Violation {
             Violation::LeaseResurrected { .. } => "lease_resurrected",
             Violation::DeliveryStalled { .. } => "delivery_stalled",
             Violation::TruncatedWrongly { .. } => "truncated_wrongly",
+            Violation::EpochChanged { .. } => "epoch_changed",
+            Violation::NotRecovered { .. } => "not_recovered",
+            Violation::InsufficientStateWrongly { .. } => "insufficient_state_wrongly",
         }
     }
 }
@@ -569,6 +637,39 @@ impl fmt::Display for Violation {
                 renewed_at_us.saturating_sub(*expires_at_us) / 1000,
                 opt(holder)
             ),
+            Violation::EpochChanged {
+                subscriber,
+                node,
+                channel,
+                epoch,
+                first_epoch,
+            } => write!(
+                f,
+                "{subscriber} on {node} {channel}: epoch {epoch}, first seen {first_epoch}"
+            ),
+            Violation::NotRecovered {
+                subscriber,
+                node,
+                channel,
+                resume_after,
+                head,
+                earliest,
+            } => write!(
+                f,
+                "{subscriber} on {node} {channel}: recovered false after {resume_after} \
+                 (head {head}), but the earliest offset held was at most {earliest}"
+            ),
+            Violation::InsufficientStateWrongly {
+                subscriber,
+                node,
+                channels,
+                closed_at_ms,
+            } => write!(
+                f,
+                "{subscriber} closed by {node} with 3010 at {closed_at_ms} ms, then recovered \
+                 [{}] from where it stood",
+                channels.join(",")
+            ),
             Violation::DeliveryStalled {
                 subscriber,
                 node,
@@ -626,6 +727,36 @@ pub struct Counts {
     pub lease_tokens: usize,
     /// The run's length: the latest time in the history.
     pub run_ms: u64,
+    /// What the Centrifugo clients saw.
+    #[serde(default)]
+    pub centrifugo: CentrifugoCounts,
+}
+
+/// What the Centrifugo clients (the client protocol at
+/// `/connection/websocket`) saw.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CentrifugoCounts {
+    /// Connections that were connected and then ended.
+    pub connections: usize,
+    /// Subscribe replies.
+    pub subscribes: usize,
+    /// Replies to a first subscribe (no resume point yet).
+    pub first_subscribes: usize,
+    /// Recoveries answered `recovered: true`.
+    pub recovered: usize,
+    /// Recoveries answered `recovered: false`.
+    pub not_recovered: usize,
+    /// Publications recovered by the replies.
+    pub recovered_publications: usize,
+    /// History reads after `recovered: false`.
+    pub history_reloads: usize,
+    /// Messages the Centrifugo subscribers received.
+    pub deliveries: usize,
+    /// Pongs sent in answer to the nodes' pings.
+    pub pongs: u64,
+    /// How connections ended: a close code (`"3010"`), or `"none"` when
+    /// one broke or was ended without a code.
+    pub closes: BTreeMap<String, usize>,
 }
 
 /// Share of time in which publishes succeeded.
@@ -775,6 +906,29 @@ impl fmt::Display for Report {
                 "truncations   {} announced to subscribers",
                 c.truncations
             )?;
+        }
+        let z = &c.centrifugo;
+        if z.connections > 0 || z.subscribes > 0 {
+            writeln!(
+                f,
+                "centrifugo    {} connections, {} subscribes ({} first, {} recovered with {} \
+                 publications, {} not recovered), {} history reloads, {} deliveries, {} pongs",
+                z.connections,
+                z.subscribes,
+                z.first_subscribes,
+                z.recovered,
+                z.recovered_publications,
+                z.not_recovered,
+                z.history_reloads,
+                z.deliveries,
+                z.pongs
+            )?;
+            let closes: Vec<String> = z
+                .closes
+                .iter()
+                .map(|(code, n)| format!("{code}: {n}"))
+                .collect();
+            writeln!(f, "  closed by   {}", closes.join(", "))?;
         }
         if c.lease_observations > 0 {
             writeln!(
@@ -937,6 +1091,7 @@ pub fn check(history: &[Event], final_state: &FinalState) -> Report {
     check_stored_ids(&attempts, &store, &mut violations);
     check_deliveries(history, &store, &mut violations);
     check_lease(history, &mut violations);
+    check_centrifugo(history, &store, &mut violations);
     check_stalls(history, &attempts, &mut violations);
 
     let mut violations_by_kind = BTreeMap::new();
@@ -1269,6 +1424,189 @@ fn check_deliveries(history: &[Event], store: &Store<'_>, out: &mut Vec<Violatio
     }
 }
 
+/// A `recovered: false` waiting for the client's history read.
+struct Refusal<'a> {
+    node: &'a str,
+    resume_after: u64,
+    head: u64,
+}
+
+/// A 3010 close waiting for the client's next subscribes.
+struct Insufficient<'a> {
+    node: &'a str,
+    closed_at_ms: u64,
+    channels: &'a [String],
+    /// The channels whose next subscribe recovered from where the client
+    /// stood.
+    recovered: BTreeSet<&'a str>,
+}
+
+/// (10): Centrifugo's epoch, `recovered: false` and 3010 "insufficient
+/// state", judged from what the clients saw and the final earliest
+/// offsets.
+fn check_centrifugo(history: &[Event], store: &Store<'_>, out: &mut Vec<Violation>) {
+    let mut epochs: BTreeMap<&str, &str> = BTreeMap::new();
+    let mut reported: BTreeSet<(&str, &str)> = BTreeSet::new();
+    // Judged when the client's history read comes, or without it (with
+    // the final earliest only) when the connection goes on otherwise.
+    let mut refusals: BTreeMap<(&str, &str), Refusal<'_>> = BTreeMap::new();
+    let judge = |key: (&str, &str), r: Refusal<'_>, read: Option<u64>, out: &mut Vec<Violation>| {
+        let earliest = read.map_or(store.earliest(key.1), |e| e.min(store.earliest(key.1)));
+        if r.resume_after.saturating_add(1) >= earliest {
+            out.push(Violation::NotRecovered {
+                subscriber: key.0.to_owned(),
+                node: r.node.to_owned(),
+                channel: key.1.to_owned(),
+                resume_after: r.resume_after,
+                head: r.head,
+                earliest,
+            });
+        }
+    };
+    let mut insufficient: BTreeMap<&str, Insufficient<'_>> = BTreeMap::new();
+    for event in history {
+        match event {
+            Event::CentrifugoSubscribed {
+                subscriber,
+                node,
+                channel,
+                recover_from,
+                recovered,
+                epoch,
+                offset,
+                ..
+            } => {
+                let key = (subscriber.as_str(), channel.as_str());
+                if let Some(r) = refusals.remove(&key) {
+                    judge(key, r, None, out);
+                }
+                check_epoch(
+                    &mut epochs,
+                    &mut reported,
+                    (subscriber, node, channel, epoch),
+                    out,
+                );
+                if let Some(from) = recover_from {
+                    if !recovered && from.epoch == *epoch {
+                        refusals.insert(
+                            key,
+                            Refusal {
+                                node,
+                                resume_after: from.offset,
+                                head: *offset,
+                            },
+                        );
+                    }
+                }
+                if let Some(pending) = insufficient.get_mut(subscriber.as_str()) {
+                    if pending.channels.contains(channel) {
+                        match recover_from {
+                            Some(_) if *recovered => {
+                                pending.recovered.insert(channel);
+                            }
+                            // A failed recovery bears the close out; a
+                            // subscribe without a resume point says nothing.
+                            _ => {
+                                insufficient.remove(subscriber.as_str());
+                            }
+                        }
+                    }
+                }
+                if let Some(pending) = insufficient.get(subscriber.as_str()) {
+                    if pending.recovered.len() == pending.channels.len() {
+                        out.push(Violation::InsufficientStateWrongly {
+                            subscriber: subscriber.clone(),
+                            node: pending.node.to_owned(),
+                            channels: pending.channels.to_vec(),
+                            closed_at_ms: pending.closed_at_ms,
+                        });
+                        insufficient.remove(subscriber.as_str());
+                    }
+                }
+            }
+            Event::CentrifugoHistory {
+                subscriber,
+                node,
+                channel,
+                first,
+                offset,
+                epoch,
+                ..
+            } => {
+                check_epoch(
+                    &mut epochs,
+                    &mut reported,
+                    (subscriber, node, channel, epoch),
+                    out,
+                );
+                let key = (subscriber.as_str(), channel.as_str());
+                if let Some(r) = refusals.remove(&key) {
+                    // An empty history holds nothing up to its head.
+                    let read = first.unwrap_or(offset.saturating_add(1));
+                    judge(key, r, Some(read), out);
+                }
+            }
+            Event::CentrifugoClosed {
+                subscriber,
+                node,
+                channels,
+                code,
+                at_ms,
+                ..
+            } => {
+                for channel in channels {
+                    let key = (subscriber.as_str(), channel.as_str());
+                    if let Some(r) = refusals.remove(&key) {
+                        judge(key, r, None, out);
+                    }
+                }
+                // A later close before the client recovered every channel
+                // leaves the earlier one undecided.
+                insufficient.remove(subscriber.as_str());
+                if *code == Some(CLOSE_INSUFFICIENT_STATE) && !channels.is_empty() {
+                    insufficient.insert(
+                        subscriber,
+                        Insufficient {
+                            node,
+                            closed_at_ms: *at_ms,
+                            channels,
+                            recovered: BTreeSet::new(),
+                        },
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
+    for (key, r) in refusals {
+        judge(key, r, None, out);
+    }
+}
+
+/// Centrifugo's disconnect code 3010 "insufficient state" (Centrifugo's
+/// documentation, "Error and disconnect codes").
+pub const CLOSE_INSUFFICIENT_STATE: u16 = 3010;
+
+/// The epoch rule of (10) for one answer `(subscriber, node, channel,
+/// epoch)`: the first epoch seen for a channel is its epoch.
+fn check_epoch<'a>(
+    epochs: &mut BTreeMap<&'a str, &'a str>,
+    reported: &mut BTreeSet<(&'a str, &'a str)>,
+    (subscriber, node, channel, epoch): (&'a str, &'a str, &'a str, &'a str),
+    out: &mut Vec<Violation>,
+) {
+    let first = *epochs.entry(channel).or_insert(epoch);
+    if first != epoch && reported.insert((channel, epoch)) {
+        out.push(Violation::EpochChanged {
+            subscriber: subscriber.to_owned(),
+            node: node.to_owned(),
+            channel: channel.to_owned(),
+            epoch: epoch.to_owned(),
+            first_epoch: first.to_owned(),
+        });
+    }
+}
+
 /// One lease observation: `(at_ms, expired, expires_at_us, renewed_at_us,
 /// holder)`.
 type LeaseSeen<'a> = (u64, bool, i64, i64, Option<&'a str>);
@@ -1514,9 +1852,13 @@ fn counts(history: &[Event], attempts: &[Attempt<'_>], state: &FinalState) -> Co
             Event::Takeover { .. } => c.takeovers += 1,
             Event::Lease { .. } => c.lease_observations += 1,
             Event::Truncated { .. } => c.truncations += 1,
-            Event::Publish { .. } => {}
+            Event::Publish { .. }
+            | Event::CentrifugoSubscribed { .. }
+            | Event::CentrifugoHistory { .. }
+            | Event::CentrifugoClosed { .. } => {}
         }
     }
+    c.centrifugo = centrifugo_counts(history);
     c.lease_tokens = history
         .iter()
         .filter_map(|e| match e {
@@ -1526,6 +1868,46 @@ fn counts(history: &[Event], attempts: &[Attempt<'_>], state: &FinalState) -> Co
         .collect::<BTreeSet<u64>>()
         .len();
     c
+}
+
+fn centrifugo_counts(history: &[Event]) -> CentrifugoCounts {
+    let mut z = CentrifugoCounts::default();
+    let mut subscribers = BTreeSet::new();
+    for event in history {
+        match event {
+            Event::CentrifugoSubscribed {
+                subscriber,
+                recover_from,
+                recovered,
+                publications,
+                ..
+            } => {
+                subscribers.insert(subscriber.as_str());
+                z.subscribes += 1;
+                match (recover_from, recovered) {
+                    (None, _) => z.first_subscribes += 1,
+                    (Some(_), true) => {
+                        z.recovered += 1;
+                        z.recovered_publications += publications;
+                    }
+                    (Some(_), false) => z.not_recovered += 1,
+                }
+            }
+            Event::CentrifugoHistory { .. } => z.history_reloads += 1,
+            Event::CentrifugoClosed { code, pongs, .. } => {
+                z.connections += 1;
+                z.pongs += pongs;
+                let code = code.map_or_else(|| "none".to_owned(), |c| c.to_string());
+                *z.closes.entry(code).or_insert(0) += 1;
+            }
+            _ => {}
+        }
+    }
+    z.deliveries = history
+        .iter()
+        .filter(|e| matches!(e, Event::Delivery { subscriber, .. } if subscribers.contains(subscriber.as_str())))
+        .count();
+    z
 }
 
 fn availability(attempts: &[Attempt<'_>]) -> Availability {

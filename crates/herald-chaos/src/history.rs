@@ -93,6 +93,77 @@ pub enum Event {
         /// When it was received.
         at_ms: u64,
     },
+    /// A Centrifugo client's subscribe reply (the client protocol at
+    /// `/connection/websocket`, docs/centrifugo.md). The client records it
+    /// before the [`Event::Subscribe`] that starts the connection's stream
+    /// of that channel.
+    CentrifugoSubscribed {
+        /// The subscriber.
+        subscriber: String,
+        /// The node the connection is open to.
+        node: String,
+        /// The channel.
+        channel: String,
+        /// The stream position the client asked to recover from
+        /// (`recover: true` with its `offset` and `epoch`); `None` for a
+        /// first subscribe, which starts at the channel's current position.
+        recover_from: Option<StreamPosition>,
+        /// The reply's `recovered`.
+        recovered: bool,
+        /// The reply's `epoch`.
+        epoch: String,
+        /// The reply's `offset`: the last recovered publication's offset
+        /// (the requested one when nothing was missed), or the channel's
+        /// head when not recovered.
+        offset: u64,
+        /// How many publications the reply recovered.
+        publications: usize,
+        /// When the reply arrived.
+        at_ms: u64,
+    },
+    /// After `recovered: false`, the client reloaded the channel's state
+    /// as Centrifugo's documentation tells an application to: a `history`
+    /// read from the oldest publication held (no `since`, 1000 at most).
+    /// When its first offset lies beyond the resume point, the client
+    /// records an [`Event::Truncated`] (the skipped offsets are judged as
+    /// retention's) and goes on with the publications it read.
+    CentrifugoHistory {
+        /// The subscriber.
+        subscriber: String,
+        /// The node the connection is open to.
+        node: String,
+        /// The channel.
+        channel: String,
+        /// The offset of the first publication read, `None` when the
+        /// history held none.
+        first: Option<u64>,
+        /// The reply's `offset` (the channel's head).
+        offset: u64,
+        /// The reply's `epoch`.
+        epoch: String,
+        /// When the reply arrived.
+        at_ms: u64,
+    },
+    /// A Centrifugo client's connection ended.
+    CentrifugoClosed {
+        /// The subscriber.
+        subscriber: String,
+        /// The node it was open to.
+        node: String,
+        /// The channels subscribed on it when it ended.
+        channels: Vec<String>,
+        /// The close code the node sent (Centrifugo's disconnect codes,
+        /// e.g. 3010 "insufficient state"); `None` when the connection
+        /// broke without one, stayed silent too long or the run ended.
+        code: Option<u16>,
+        /// The close reason, or what ended the connection.
+        reason: String,
+        /// How many of the node's pings (`{}`) the client answered with a
+        /// pong on this connection.
+        pongs: u64,
+        /// When it ended.
+        at_ms: u64,
+    },
     /// A fault the harness injected, for reporting.
     Fault {
         /// What kind of fault, e.g. `kill_holder`, `partition_db`.
@@ -147,6 +218,9 @@ impl Event {
             } => (*invoke_ms).max(*complete_ms),
             Event::Delivery { at_ms, .. }
             | Event::Subscribe { at_ms, .. }
+            | Event::CentrifugoSubscribed { at_ms, .. }
+            | Event::CentrifugoHistory { at_ms, .. }
+            | Event::CentrifugoClosed { at_ms, .. }
             | Event::Truncated { at_ms, .. }
             | Event::Takeover { at_ms, .. }
             | Event::Lease { at_ms, .. } => *at_ms,
@@ -155,6 +229,15 @@ impl Event {
             } => (*start_ms).max(*end_ms),
         }
     }
+}
+
+/// A Centrifugo stream position: an offset in a channel's epoch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamPosition {
+    /// The offset.
+    pub offset: u64,
+    /// The epoch.
+    pub epoch: String,
 }
 
 /// What a publish attempt's client learned.
@@ -371,6 +454,38 @@ mod tests {
                 id: "m1".into(),
                 at_ms: 15,
             },
+            Event::CentrifugoSubscribed {
+                subscriber: "z1".into(),
+                node: "n2".into(),
+                channel: "orders".into(),
+                recover_from: Some(StreamPosition {
+                    offset: 1,
+                    epoch: "0123456789abcdef".into(),
+                }),
+                recovered: false,
+                epoch: "0123456789abcdef".into(),
+                offset: 2,
+                publications: 0,
+                at_ms: 16,
+            },
+            Event::CentrifugoHistory {
+                subscriber: "z1".into(),
+                node: "n2".into(),
+                channel: "orders".into(),
+                first: Some(2),
+                offset: 2,
+                epoch: "0123456789abcdef".into(),
+                at_ms: 17,
+            },
+            Event::CentrifugoClosed {
+                subscriber: "z1".into(),
+                node: "n2".into(),
+                channels: vec!["orders".into()],
+                code: Some(3010),
+                reason: "insufficient state".into(),
+                pongs: 3,
+                at_ms: 18,
+            },
             Event::Fault {
                 kind: "kill_holder".into(),
                 target: "n1".into(),
@@ -408,6 +523,12 @@ mod tests {
         assert!(
             text.contains(
                 r#"{"type":"lease","token":2,"holder":null,"expired":true,"expires_at_us":1700000000100000,"renewed_at_us":1700000000000000,"at_ms":1050}"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"{"type":"centrifugo_subscribed","subscriber":"z1","node":"n2","channel":"orders","recover_from":{"offset":1,"epoch":"0123456789abcdef"},"recovered":false,"#
             ),
             "{text}"
         );

@@ -27,4 +27,4 @@ pub mod history;
 pub mod proxy;
 
 pub use checker::{check, Report, RunSettings, Violation};
-pub use history::{Event, FinalState, PublishResult, StoredMessage};
+pub use history::{Event, FinalState, PublishResult, StoredMessage, StreamPosition};

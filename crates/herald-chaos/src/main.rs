@@ -3,7 +3,7 @@
 //!
 //! A run creates a disposable PostgreSQL cluster, starts `--nodes` `herald
 //! serve` processes on it (each behind its own fault proxy), runs careful
-//! publishers and reconnecting SSE subscribers, watches the lease row
+//! publishers and reconnecting SSE and Centrifugo subscribers, watches the lease row
 //! straight from the database, injects the faults of a schedule drawn from
 //! `--seed`, `--duration`, `--nodes` and `--faults` (the kinds allowed),
 //! heals them, reads the database's final contents and runs the checker.

@@ -1,6 +1,9 @@
-//! Where the tests find the real client libraries they drive with Node.js:
-//! the directory `tests/clients`, named by `HERALD_TEST_NODE_CLIENTS`
-//! once `npm ci` installed its packages (`scripts/test` does both).
+//! Where the tests find the real client libraries they drive: with
+//! Node.js, the directory `tests/clients`, named by
+//! `HERALD_TEST_NODE_CLIENTS` once `npm ci` installed its packages; with
+//! Python, the scripts of `tests/clients/python`, run by the Python of a
+//! virtualenv with the packages of its `requirements.lock`, named by
+//! `HERALD_TEST_PYTHON` (`scripts/test` does all of it).
 
 use std::path::PathBuf;
 
@@ -44,4 +47,35 @@ pub fn node_clients(packages: &[&str], scripts: &[&str]) -> PathBuf {
 /// `node` on `PATH`.
 pub fn node_bin() -> PathBuf {
     std::env::var_os("HERALD_TEST_NODE").map_or_else(|| PathBuf::from("node"), PathBuf::from)
+}
+
+/// The Python that runs the Python test clients: `HERALD_TEST_PYTHON`,
+/// the interpreter of a virtualenv with exactly the packages of
+/// `tests/clients/python/requirements.lock`. Panics, saying what to do,
+/// when it is not set.
+pub fn python_bin() -> PathBuf {
+    let Some(python) = std::env::var_os("HERALD_TEST_PYTHON") else {
+        panic!(
+            "HERALD_TEST_PYTHON is not set. It names the Python of a virtualenv with the \
+             packages of tests/clients/python/requirements.lock; ./scripts/test makes it. \
+             By hand: `python3 -m venv tests/clients/python/.venv && \
+             tests/clients/python/.venv/bin/pip install --no-deps -r \
+             tests/clients/python/requirements.lock`, then \
+             `HERALD_TEST_PYTHON=$PWD/tests/clients/python/.venv/bin/python cargo test ...`"
+        );
+    };
+    PathBuf::from(python)
+}
+
+/// The Python test client `tests/clients/python/<script>` of this
+/// repository.
+///
+/// # Panics
+/// When there is no such file.
+pub fn python_script(script: &str) -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/clients/python")
+        .join(script);
+    assert!(path.is_file(), "no Python test client {}", path.display());
+    path
 }

@@ -10,6 +10,10 @@
 //! - [`process`]: `herald serve` as a child process ([`process::Server`]),
 //!   killed when dropped, with its JSON log.
 //! - [`api`]: a client of one node's HTTP API ([`api::Api`]).
+//! - [`balancer`]: a TCP front for several nodes that sends each new
+//!   connection to the first that accepts it, as a load balancer would.
+//! - [`clients`]: where the real client libraries are (Node.js and
+//!   Python).
 //! - [`node`]: a node built in-process as the binary builds it (its
 //!   storage, the lease supervisor, `herald_server::serve` on a real
 //!   listener), with a stand-in for a frozen holder.
@@ -35,6 +39,7 @@ use std::future::Future;
 use std::time::Duration;
 
 pub mod api;
+pub mod balancer;
 pub mod clients;
 pub mod database;
 pub mod node;

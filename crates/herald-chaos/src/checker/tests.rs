@@ -1,5 +1,5 @@
 use super::*;
-use crate::history::{LeaseAcquisition, StoredMessage};
+use crate::history::{LeaseAcquisition, StoredMessage, StreamPosition};
 
 // ---- building histories -------------------------------------------------
 
@@ -1760,6 +1760,291 @@ fn a_message_stored_below_the_final_earliest_is_extra() {
     assert_eq!(
         report.violations_of("offsets_not_contiguous").len(),
         1,
+        "{report}"
+    );
+}
+
+// ---- Centrifugo clients -----------------------------------------------------
+
+const EPOCH: &str = "0123456789abcdef";
+
+fn position(offset: u64) -> Option<StreamPosition> {
+    Some(StreamPosition {
+        offset,
+        epoch: EPOCH.into(),
+    })
+}
+
+/// A Centrifugo subscribe reply to `z1` for channel `t`.
+fn z_subscribed(from: Option<StreamPosition>, recovered: bool, epoch: &str, offset: u64) -> Event {
+    Event::CentrifugoSubscribed {
+        subscriber: s("z1"),
+        node: s("n2"),
+        channel: s("t"),
+        recover_from: from,
+        recovered,
+        epoch: epoch.into(),
+        offset,
+        publications: 0,
+        at_ms: 0,
+    }
+}
+
+/// `z1`'s history read of `t` after `recovered: false`.
+fn z_history(first: Option<u64>, offset: u64) -> Event {
+    Event::CentrifugoHistory {
+        subscriber: s("z1"),
+        node: s("n2"),
+        channel: s("t"),
+        first,
+        offset,
+        epoch: EPOCH.into(),
+        at_ms: 0,
+    }
+}
+
+fn z_closed(code: Option<u16>) -> Event {
+    Event::CentrifugoClosed {
+        subscriber: s("z1"),
+        node: s("n2"),
+        channels: vec![s("t")],
+        code,
+        reason: s("test"),
+        pongs: 2,
+        at_ms: 7,
+    }
+}
+
+/// Channel `t`, offsets 1..=6 acknowledged, 1..=3 trimmed (final earliest
+/// 4). The Centrifugo client `z1` subscribes at 0, receives 1, is closed
+/// with 3010, recovers after 1: `recovered: false` (head 5), reads the
+/// history (first 4), announces 2..=3 as skipped, receives 4 and 5 from
+/// the history and 6 live.
+fn centrifugo_run() -> (Vec<Event>, FinalState) {
+    let mut history: Vec<Event> = (1..=6)
+        .map(|o| acked("c1", "t", &format!("m{o}"), o, (o * 10, o * 10 + 1)))
+        .collect();
+    history.extend([
+        z_subscribed(None, false, EPOCH, 0),
+        subscribe("z1", "t", 0),
+        delivery("z1", "t", 1, "m1"),
+        z_closed(Some(CLOSE_INSUFFICIENT_STATE)),
+        z_subscribed(position(1), false, EPOCH, 5),
+        subscribe("z1", "t", 1),
+        z_history(Some(4), 5),
+        truncated("z1", "t", 1, 4),
+        delivery("z1", "t", 4, "m4"),
+        delivery("z1", "t", 5, "m5"),
+        delivery("z1", "t", 6, "m6"),
+        z_closed(None),
+        // Reconnected: recovers after 6 with nothing missed.
+        z_subscribed(position(6), true, EPOCH, 6),
+        subscribe("z1", "t", 6),
+    ]);
+    let mut state = stored(&[("t", 4, "m4", 1), ("t", 5, "m5", 1), ("t", 6, "m6", 1)]);
+    state.earliest.insert(s("t"), 4);
+    (history, state)
+}
+
+/// The index of the first event that matches.
+fn find(history: &[Event], wanted: impl Fn(&Event) -> bool) -> usize {
+    history.iter().position(wanted).expect("such an event")
+}
+
+#[test]
+fn a_centrifugo_client_that_recovers_or_reloads_past_trimmed_offsets_is_valid() {
+    let (history, state) = centrifugo_run();
+    let report = check(&history, &state);
+    assert!(report.valid, "{report}");
+    let z = &report.counts.centrifugo;
+    assert_eq!((z.connections, z.subscribes, z.first_subscribes), (2, 3, 1));
+    assert_eq!((z.recovered, z.not_recovered, z.history_reloads), (1, 1, 1));
+    assert_eq!((z.deliveries, z.pongs), (4, 4));
+    assert_eq!(z.closes.get("3010"), Some(&1));
+    assert_eq!(z.closes.get("none"), Some(&1));
+    let text = report.to_string();
+    assert!(
+        text.contains(
+            "centrifugo    2 connections, 3 subscribes (1 first, 1 recovered with 0 \
+             publications, 1 not recovered), 1 history reloads, 4 deliveries, 4 pongs\n"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("  closed by   3010: 1, none: 1\n"), "{text}");
+}
+
+#[test]
+fn not_recovered_while_the_history_read_after_it_still_holds_the_resume_point_is_reported() {
+    let (mut history, mut state) = centrifugo_run();
+    // Nothing was trimmed: the history read starts at 2, right after the
+    // resume point, and the client reloads 2..=5 from it.
+    let read = find(&history, |e| matches!(e, Event::CentrifugoHistory { .. }));
+    history[read] = z_history(Some(2), 5);
+    history.remove(read + 1);
+    history.splice(
+        read + 1..read + 1,
+        [delivery("z1", "t", 2, "m2"), delivery("z1", "t", 3, "m3")],
+    );
+    state.earliest.insert(s("t"), 2);
+    for (o, id) in [(2, "m2"), (3, "m3")] {
+        state.channels.get_mut("t").unwrap().push(StoredMessage {
+            offset: o,
+            id: s(id),
+            token: 1,
+            published_at_ms: o * 10,
+        });
+    }
+    let report = check(&history, &state);
+    assert_eq!(
+        report.violations,
+        vec![Violation::NotRecovered {
+            subscriber: s("z1"),
+            node: s("n2"),
+            channel: s("t"),
+            resume_after: 1,
+            head: 5,
+            earliest: 2,
+        }],
+        "{report}"
+    );
+}
+
+#[test]
+fn not_recovered_at_or_above_the_final_earliest_is_reported_without_a_history_read() {
+    let (mut history, state) = centrifugo_run();
+    // The connection ends before the history read; the client had reached
+    // 3, and the final earliest is 4: 4 is held, so was everything after 3.
+    let read = find(&history, |e| matches!(e, Event::CentrifugoHistory { .. }));
+    history.truncate(read);
+    history.push(z_closed(None));
+    let refused = find(&history, |e| {
+        matches!(
+            e,
+            Event::CentrifugoSubscribed {
+                recovered: false,
+                recover_from: Some(_),
+                ..
+            }
+        )
+    });
+    history[refused] = z_subscribed(position(3), false, EPOCH, 5);
+    history[refused + 1] = subscribe("z1", "t", 3);
+    let report = check(&history, &state);
+    assert_eq!(report.violations_of("not_recovered").len(), 1, "{report}");
+    // After 2 (3 trimmed by the end) it is accepted.
+    history[refused] = z_subscribed(position(2), false, EPOCH, 5);
+    history[refused + 1] = subscribe("z1", "t", 2);
+    let report = check(&history, &state);
+    assert!(report.violations_of("not_recovered").is_empty(), "{report}");
+}
+
+#[test]
+fn not_recovered_in_another_epoch_is_judged_as_an_epoch_change() {
+    let (mut history, state) = centrifugo_run();
+    let refused = find(&history, |e| {
+        matches!(
+            e,
+            Event::CentrifugoSubscribed {
+                recovered: false,
+                recover_from: Some(_),
+                ..
+            }
+        )
+    });
+    history[refused] = z_subscribed(position(1), false, "fedcba9876543210", 5);
+    let report = check(&history, &state);
+    assert_eq!(
+        report.violations,
+        vec![Violation::EpochChanged {
+            subscriber: s("z1"),
+            node: s("n2"),
+            channel: s("t"),
+            epoch: s("fedcba9876543210"),
+            first_epoch: s(EPOCH),
+        }],
+        "{report}"
+    );
+}
+
+#[test]
+fn a_recovery_that_skips_publications_is_a_gap() {
+    let (mut history, state) = centrifugo_run();
+    // Recovered after 6 ... and then 8 comes, 7 never did.
+    history.push(acked("c1", "t", "m7", 7, (70, 71)));
+    history.push(acked("c1", "t", "m8", 8, (80, 81)));
+    history.push(delivery("z1", "t", 8, "m8"));
+    let mut state = state;
+    for (o, id) in [(7, "m7"), (8, "m8")] {
+        state.channels.get_mut("t").unwrap().push(StoredMessage {
+            offset: o,
+            id: s(id),
+            token: 1,
+            published_at_ms: o * 10,
+        });
+    }
+    let report = check(&history, &state);
+    assert_eq!(report.violations_of("delivery_gap").len(), 1, "{report}");
+}
+
+#[test]
+fn a_reload_that_claims_held_offsets_trimmed_is_reported() {
+    let (mut history, state) = centrifugo_run();
+    // The history read starts at 5 although 4 is still stored.
+    let read = find(&history, |e| matches!(e, Event::CentrifugoHistory { .. }));
+    history[read] = z_history(Some(5), 5);
+    history[read + 1] = truncated("z1", "t", 1, 5);
+    history.remove(read + 2);
+    let report = check(&history, &state);
+    assert_eq!(
+        report.violations_of("truncated_wrongly").len(),
+        1,
+        "{report}"
+    );
+}
+
+#[test]
+fn insufficient_state_followed_by_full_recovery_is_reported() {
+    let (mut history, state) = centrifugo_run();
+    // After the 3010 the client recovers every publication after 1.
+    let refused = find(&history, |e| {
+        matches!(
+            e,
+            Event::CentrifugoSubscribed {
+                recovered: false,
+                recover_from: Some(_),
+                ..
+            }
+        )
+    });
+    let end = find(&history, |e| {
+        matches!(e, Event::CentrifugoClosed { code: None, .. })
+    });
+    let mut recovered = vec![
+        z_subscribed(position(1), true, EPOCH, 6),
+        subscribe("z1", "t", 1),
+    ];
+    recovered.extend((2..=6).map(|o| delivery("z1", "t", o, &format!("m{o}"))));
+    history.splice(refused..end, recovered);
+    // Nothing was trimmed in this version of the run.
+    let mut state = state;
+    state.earliest.insert(s("t"), 1);
+    for (o, id) in [(1, "m1"), (2, "m2"), (3, "m3")] {
+        state.channels.get_mut("t").unwrap().push(StoredMessage {
+            offset: o,
+            id: s(id),
+            token: 1,
+            published_at_ms: o * 10,
+        });
+    }
+    let report = check(&history, &state);
+    assert_eq!(
+        report.violations,
+        vec![Violation::InsufficientStateWrongly {
+            subscriber: s("z1"),
+            node: s("n2"),
+            channels: vec![s("t")],
+            closed_at_ms: 7,
+        }],
         "{report}"
     );
 }

@@ -1,38 +1,51 @@
 //! The run's config file. Access control is on, as on a cluster
 //! reachable from a network, so that the faults also hit authenticated
 //! publishes, subscriptions and the forwarding of a standby's publishes
-//! with the cluster secret; and the namespace `trim` has a retention
-//! policy, so that trimming runs under the faults too.
+//! with the cluster secret; the Centrifugo subscribers connect with a
+//! client token (HS256); and the namespace `trim` has a retention policy,
+//! so that trimming runs under the faults too.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
+use jsonwebtoken::{encode, EncodingKey, Header};
 use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION};
 use sha2::{Digest, Sha256};
 
 use super::node::TRIM_MAX_MESSAGES;
 
-/// The run's API key (every permission, every channel) and the config
-/// file that holds its SHA-256 and the cluster secret.
+/// How long the Centrifugo subscribers' token is valid: far beyond any
+/// run (a connection whose token expires is closed with 3005).
+const TOKEN_LIFETIME: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// The run's API key (every permission, every channel), its client token
+/// for the Centrifugo subscribers, and the config file that holds the
+/// key's SHA-256, the token's HS256 secret and the cluster secret.
 #[derive(Debug)]
 pub(crate) struct Access {
     /// `Authorization: Bearer <key>`, marked sensitive.
     headers: HeaderMap,
+    /// An HS256 connection token of the user `chaos` that may subscribe to
+    /// every channel (`channels: ["*"]`).
+    centrifugo_token: String,
     /// The config file given to every node as `--config`.
     config_file: PathBuf,
 }
 
 impl Access {
-    /// Draws a random API key and cluster secret (32 bytes each, as hex)
-    /// and writes `dir/herald.toml` with them and the retention policy of
-    /// the namespace `trim`.
+    /// Draws a random API key, HS256 secret and cluster secret (32 bytes
+    /// each, as hex), mints the client token, and writes
+    /// `dir/herald.toml` with them and the retention policy of the
+    /// namespace `trim`.
     ///
     /// # Errors
-    /// When the file cannot be written.
+    /// When the file cannot be written or the token not signed.
     pub(crate) fn create(dir: &Path) -> anyhow::Result<Self> {
         let key = random_hex();
         let cluster_secret = random_hex();
+        let jwt_secret = random_hex();
         let sha256 = Sha256::digest(key.as_bytes())
             .iter()
             .fold(String::new(), |mut hex, byte| {
@@ -51,6 +64,10 @@ impl Access {
              sha256 = \"{sha256}\"\n\
              permissions = [\"publish\", \"read\", \"admin\"]\n\
              \n\
+             # The Centrifugo subscribers' connection token.\n\
+             [auth.jwt]\n\
+             hs256_secret = \"{jwt_secret}\"\n\
+             \n\
              # Retention: the namespace `trim` keeps its newest messages only.\n\
              [retention.namespaces.trim]\n\
              max_messages = {TRIM_MAX_MESSAGES}\n"
@@ -62,10 +79,26 @@ impl Access {
         value.set_sensitive(true);
         let mut headers = HeaderMap::new();
         headers.insert(AUTHORIZATION, value);
+        let exp = (SystemTime::now() + TOKEN_LIFETIME)
+            .duration_since(UNIX_EPOCH)
+            .context("the clock is after 1970")?
+            .as_secs();
+        let centrifugo_token = encode(
+            &Header::default(),
+            &serde_json::json!({ "sub": "chaos", "exp": exp, "channels": ["*"] }),
+            &EncodingKey::from_secret(jwt_secret.as_bytes()),
+        )
+        .context("sign the client token")?;
         Ok(Self {
             headers,
+            centrifugo_token,
             config_file,
         })
+    }
+
+    /// The Centrifugo subscribers' connection token.
+    pub(crate) fn centrifugo_token(&self) -> String {
+        self.centrifugo_token.clone()
     }
 
     /// The headers every client request carries.

@@ -3,6 +3,7 @@
 //! state and the verdict.
 
 pub(crate) mod access;
+pub(crate) mod centrifugo;
 pub(crate) mod clients;
 pub(crate) mod database;
 pub(crate) mod faults;
@@ -122,20 +123,42 @@ pub(crate) async fn run(settings: Settings) -> anyhow::Result<Report> {
     let stop_followers = CancellationToken::new();
     let monitor = clients::monitor(urls.clone(), recorder.clone(), stop_followers.clone());
     let observer = lease::observer(cluster.url(), recorder.clone(), stop_followers.clone());
+    // Per node, one SSE subscriber per channel and one Centrifugo
+    // subscriber that follows every channel on one connection.
+    let mut followed = Vec::new();
     let mut followers = Vec::new();
     for node in 0..settings.nodes {
         for channel in &channels {
             let last = Arc::new(AtomicU64::new(0));
-            let task = clients::subscriber(
+            followers.push(clients::subscriber(
                 node,
                 channel.clone(),
                 urls.clone(),
                 recorder.clone(),
                 Arc::clone(&last),
                 stop_followers.clone(),
-            );
-            followers.push((channel.clone(), last, task));
+            ));
+            followed.push((channel.clone(), last));
         }
+        let centrifugo: Vec<centrifugo::Followed> = channels
+            .iter()
+            .map(|channel| centrifugo::Followed {
+                channel: channel.clone(),
+                last: Arc::new(AtomicU64::new(0)),
+            })
+            .collect();
+        followed.extend(
+            centrifugo
+                .iter()
+                .map(|f| (f.channel.clone(), Arc::clone(&f.last))),
+        );
+        followers.push(centrifugo::subscriber(
+            node,
+            centrifugo,
+            urls.clone(),
+            recorder.clone(),
+            stop_followers.clone(),
+        ));
     }
     let publishers: Vec<_> = (0..PUBLISHERS)
         .map(|worker| {
@@ -175,7 +198,7 @@ pub(crate) async fn run(settings: Settings) -> anyhow::Result<Report> {
     }
     let final_state = read_final_state(&cluster.url(), epoch_ms, &channels).await?;
     let deadline = Instant::now() + CATCH_UP;
-    for (channel, last, _) in &followers {
+    for (channel, last) in &followed {
         let head = final_state
             .channels
             .get(channel)
@@ -185,7 +208,7 @@ pub(crate) async fn run(settings: Settings) -> anyhow::Result<Report> {
         }
     }
     stop_followers.cancel();
-    for (_, _, task) in followers {
+    for task in followers {
         let _ = task.await;
     }
     let _ = monitor.await;

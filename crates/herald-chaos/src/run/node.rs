@@ -36,6 +36,13 @@ const LEASE_FLAGS: [&str; 8] = [
     "500ms",
 ];
 
+/// How often a node pings its Centrifugo connections
+/// (`--centrifugo-ping-interval`; Centrifugo's default is 25 s): often, so
+/// that the Centrifugo subscribers answer pings all through a run and tell
+/// a silent connection from a live one within their 5 s bound. A pong is
+/// due within 2 s (`--centrifugo-pong-timeout`).
+pub(crate) const CENTRIFUGO_PING: &str = "3s";
+
 /// Messages kept per channel of the namespace `trim` (retention), by the
 /// run's config file (`access.rs`).
 pub(crate) const TRIM_MAX_MESSAGES: u64 = 20;
@@ -67,6 +74,11 @@ impl Urls {
     /// How many nodes there are.
     pub(crate) fn len(&self) -> usize {
         self.urls.read().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// The Centrifugo subscribers' connection token.
+    pub(crate) fn centrifugo_token(&self) -> String {
+        self.access.centrifugo_token()
     }
 
     /// An HTTP client builder whose requests carry the run's credential.
@@ -174,6 +186,10 @@ impl Node {
             // run.
             .arg("--retention-trim-interval")
             .arg("200ms")
+            .arg("--centrifugo-ping-interval")
+            .arg(CENTRIFUGO_PING)
+            .arg("--centrifugo-pong-timeout")
+            .arg("2s")
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -11,31 +11,15 @@
 //! `tests/clients/python/requirements.lock` and names its Python in
 //! `HERALD_TEST_PYTHON`.
 
-use std::path::PathBuf;
-
+use herald_testkit::clients::{python_bin as python, python_script};
 use herald_testkit::{within, NODE_WAIT};
 use serde_json::{json, Value};
 
 use crate::{Backend, Creds, Node, Place, Role};
 
-/// The virtualenv's Python, with `cent` installed.
-fn python() -> PathBuf {
-    let Some(python) = std::env::var_os("HERALD_TEST_PYTHON") else {
-        panic!(
-            "HERALD_TEST_PYTHON is not set. It names the Python of a virtualenv with the \
-             packages of tests/clients/python/requirements.lock; ./scripts/test makes it. \
-             By hand: `python3 -m venv tests/clients/python/.venv && \
-             tests/clients/python/.venv/bin/pip install --no-deps -r \
-             tests/clients/python/requirements.lock`, then \
-             `HERALD_TEST_PYTHON=$PWD/tests/clients/python/.venv/bin/python cargo test ...`"
-        );
-    };
-    PathBuf::from(python)
-}
-
-/// `tests/clients/python/cent_api.py`, from this crate's directory.
-fn script() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/clients/python/cent_api.py")
+/// `tests/clients/python/cent_api.py`.
+fn script() -> std::path::PathBuf {
+    python_script("cent_api.py")
 }
 
 async fn cent(backend: Backend) {
@@ -125,9 +109,9 @@ async fn cent_on_postgres() {
     cent(Backend::Postgres).await;
 }
 
-/// `tests/clients/python/centrifuge_sdk.py`, from this crate's directory.
-fn sdk_script() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/clients/python/centrifuge_sdk.py")
+/// `tests/clients/python/centrifuge_sdk.py`.
+fn sdk_script() -> std::path::PathBuf {
+    python_script("centrifuge_sdk.py")
 }
 
 /// centrifuge-python, Centrifugo's Python client SDK, with publishes made

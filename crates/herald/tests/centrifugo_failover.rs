@@ -1,0 +1,415 @@
+//! Centrifugo's client SDKs through a crash of the holder: two `herald
+//! serve` processes on one PostgreSQL database, the holder killed with
+//! SIGKILL. Each SDK, centrifuge-js (`tests/clients/centrifuge.mjs`) and
+//! centrifuge-python (`tests/clients/python/centrifuge_follow.py`), runs
+//! two clients of one channel:
+//!
+//! - on the standby (case A): it stays connected through the takeover, or
+//!   reconnects and recovers;
+//! - on the holder (case B), through a [`Balancer`] in front of both nodes,
+//!   as a load balancer would put one address before the cluster: after
+//!   the kill its connection breaks, the SDK reconnects by itself to the
+//!   same address, the balancer sends it to the surviving node, and the
+//!   SDK recovers from the offset and epoch it reached. Neither SDK moves
+//!   to another endpoint by itself: centrifuge-js takes a list of
+//!   transport endpoints but keeps the one that opened first, and
+//!   centrifuge-python takes one address.
+//!
+//! Publications 1–3 are made before the kill; 4–6 from the moment of the
+//! kill through the standby, each retried with its idempotency key until
+//! acknowledged (the standby forwards to the dead holder until it takes
+//! the lease over, then commits), while the balancer holds the case-B
+//! client's reconnection (so that it must recover them); 7–9 after the
+//! takeover. Both clients must receive every publication exactly once, in
+//! order, and every resubscribe must say `recovered: true` in the epoch of
+//! the first subscribe.
+//!
+//! The test command installs both SDKs (`npm ci` in `tests/clients`, a
+//! virtualenv from `tests/clients/python/requirements.lock`) and names
+//! them in `HERALD_TEST_NODE_CLIENTS` and `HERALD_TEST_PYTHON`.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use herald_testkit::api::Api;
+use herald_testkit::balancer::Balancer;
+use herald_testkit::clients::{node_bin, node_clients, python_bin, python_script};
+use herald_testkit::process::{Server, FAST_LEASE};
+use herald_testkit::{within, TestDatabase, POLL, WAIT};
+use jsonwebtoken::{encode, EncodingKey, Header};
+use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tokio::time::Instant;
+
+/// The channel both clients follow (the default namespace rule:
+/// subscribing needs a token that lists it).
+const CHANNEL: &str = "news:failover";
+
+/// Centrifugo's SDKs under test.
+#[derive(Clone, Copy, Debug)]
+enum Sdk {
+    /// centrifuge-js, under Node.js with `ws`.
+    Js,
+    /// centrifuge-python.
+    Python,
+}
+
+/// One SDK client process: commands in, reports (JSON lines) out, in the
+/// shape `tests/clients/centrifuge.mjs` documents.
+struct SdkClient {
+    what: String,
+    child: Child,
+    stdin: Option<ChildStdin>,
+    reports: Lines<BufReader<ChildStdout>>,
+    /// `(offset, data)` of every publication of [`CHANNEL`], in arrival
+    /// order.
+    received: Vec<(u64, Value)>,
+    /// Every `subscribed` report of [`CHANNEL`].
+    subscribed: Vec<Value>,
+    /// `connecting` reports for a lost connection (code 0 is the SDK's own
+    /// `connect()` call).
+    reconnects: usize,
+}
+
+impl SdkClient {
+    /// Starts `sdk`'s client of `url` with `token`; `what` names it in
+    /// failures.
+    fn start(sdk: Sdk, what: &str, url: &str, token: &str) -> Self {
+        let mut command = match sdk {
+            Sdk::Js => {
+                let clients = node_clients(&["centrifuge", "ws"], &["centrifuge.mjs"]);
+                let mut command = Command::new(node_bin());
+                command
+                    .arg(clients.join("centrifuge.mjs"))
+                    .current_dir(&clients);
+                command
+            }
+            Sdk::Python => {
+                let mut command = Command::new(python_bin());
+                command.arg(python_script("centrifuge_follow.py"));
+                command
+            }
+        };
+        let mut child = command
+            .arg(url)
+            .arg(token)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start the {sdk:?} client: {e}"));
+        let stdin = child.stdin.take();
+        let reports = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
+        Self {
+            what: format!("{sdk:?} client {what}"),
+            child,
+            stdin,
+            reports,
+            received: Vec::new(),
+            subscribed: Vec::new(),
+            reconnects: 0,
+        }
+    }
+
+    async fn send(&mut self, command: Value) {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        stdin
+            .write_all(format!("{command}\n").as_bytes())
+            .await
+            .expect("write a command");
+        stdin.flush().await.expect("flush a command");
+    }
+
+    /// Reads reports until one satisfies `wanted`, recording publications,
+    /// `subscribed` reports and reconnects on the way; a `failed` report
+    /// fails the test.
+    async fn expect(&mut self, what: &str, wanted: impl Fn(&Value) -> bool) -> Value {
+        let client = self.what.clone();
+        within(&format!("{client}: {what}"), WAIT, async {
+            loop {
+                let line = self
+                    .reports
+                    .next_line()
+                    .await
+                    .expect("read the client's stdout")
+                    .unwrap_or_else(|| panic!("{client} ended before {what}"));
+                let report: Value = serde_json::from_str(&line)
+                    .unwrap_or_else(|e| panic!("{client}: not JSON ({e}): {line}"));
+                assert_ne!(report["type"], "failed", "{client}: {report}");
+                if report["type"] == "connecting" && report["code"] != 0 {
+                    self.reconnects += 1;
+                }
+                if report["channel"] == CHANNEL {
+                    if report["type"] == "publication" {
+                        let offset = report["offset"].as_u64().expect("an offset");
+                        self.received.push((offset, report["data"].clone()));
+                    }
+                    if report["type"] == "subscribed" {
+                        self.subscribed.push(report.clone());
+                    }
+                }
+                if wanted(&report) {
+                    return report;
+                }
+            }
+        })
+        .await
+    }
+
+    /// Connects, subscribes to [`CHANNEL`] and returns the `subscribed`
+    /// report.
+    async fn follow(&mut self) -> Value {
+        self.expect("connected", |r| r["type"] == "connected").await;
+        self.send(json!({"op": "subscribe", "channel": CHANNEL}))
+            .await;
+        self.expect("subscribed", |r| {
+            r["type"] == "subscribed" && r["channel"] == CHANNEL
+        })
+        .await
+    }
+
+    /// Waits until the publications received reach `offset`.
+    async fn received_up_to(&mut self, offset: u64) {
+        if self.received.last().is_some_and(|(o, _)| *o >= offset) {
+            return;
+        }
+        self.expect(&format!("publication {offset}"), |r| {
+            r["type"] == "publication"
+                && r["channel"] == CHANNEL
+                && r["offset"].as_u64() >= Some(offset)
+        })
+        .await;
+    }
+
+    /// Closes its stdin (the script disconnects and exits) and expects
+    /// status 0.
+    async fn stop(mut self) {
+        drop(self.stdin.take());
+        let status = within(&format!("{} to exit", self.what), WAIT, self.child.wait())
+            .await
+            .expect("wait for the client");
+        assert!(status.success(), "{}: {status}", self.what);
+    }
+}
+
+/// The config file: an API key that publishes and reads, and the HS256
+/// secret of the clients' token. Returns the key and the secret.
+fn write_config(path: &Path) -> (String, String) {
+    let key = herald_server::generate_api_key();
+    let secret = herald_server::generate_api_key();
+    std::fs::write(
+        path,
+        format!(
+            "[auth]\n\
+             api_keys = [{{ name = \"backend\", sha256 = \"{}\", permissions = [\"publish\", \"read\"] }}]\n\
+             \n\
+             [auth.jwt]\n\
+             hs256_secret = \"{secret}\"\n",
+            herald_server::api_key_sha256(&key)
+        ),
+    )
+    .expect("write the config file");
+    (key, secret)
+}
+
+/// An HS256 connection token for the user `failover`, valid for 5
+/// minutes, that may subscribe to `news:*`.
+fn token(secret: &str) -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("the clock is after 1970")
+        .as_secs();
+    let claims = json!({ "sub": "failover", "exp": now + 300, "channels": ["news:*"] });
+    encode(
+        &Header::default(),
+        &claims,
+        &EncodingKey::from_secret(secret.as_bytes()),
+    )
+    .expect("sign the token")
+}
+
+/// A client of `server`'s HTTP API whose requests carry the API key.
+fn api(server: &Server, key: &str) -> Api {
+    let mut value = HeaderValue::from_str(&format!("Bearer {key}")).expect("a header value");
+    value.set_sensitive(true);
+    let headers = HeaderMap::from_iter([(AUTHORIZATION, value)]);
+    Api::with_builder(&server.url, move || {
+        reqwest::Client::builder().default_headers(headers.clone())
+    })
+}
+
+/// Publishes `{"n": n}` through `api` with the idempotency key `n-<n>`,
+/// retrying with the same key until it is acknowledged (a failover makes
+/// answers fail for a moment); expects offset `n`, so that no retry
+/// stored it twice. Returns how many attempts failed.
+async fn publish(api: &Api, n: u64) -> usize {
+    let key = format!("n-{n}");
+    let deadline = Instant::now() + WAIT;
+    let mut failed = 0;
+    loop {
+        if let Ok(answer) = api
+            .try_publish(CHANNEL, &json!({ "n": n }), Some(&key))
+            .await
+        {
+            if answer.status == StatusCode::CREATED || answer.status == StatusCode::OK {
+                assert_eq!(answer.body["offset"], n, "{answer:?}");
+                return failed;
+            }
+        }
+        failed += 1;
+        assert!(
+            Instant::now() < deadline,
+            "publication {n} not acknowledged within {WAIT:?}"
+        );
+        // Pacing between attempts, not a wait for an event.
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// The `ws://` URL of the client protocol at `addr` (`http://…` or a bare
+/// address).
+fn ws_url(addr: &str) -> String {
+    format!(
+        "ws://{}/connection/websocket",
+        addr.trim_start_matches("http://")
+    )
+}
+
+async fn recovers_when_the_holder_is_killed(sdk: Sdk) {
+    // Fail at once, before a server starts, when the SDK is missing.
+    match sdk {
+        Sdk::Js => {
+            node_clients(&["centrifuge", "ws"], &["centrifuge.mjs"]);
+        }
+        Sdk::Python => {
+            python_bin();
+            python_script("centrifuge_follow.py");
+        }
+    }
+    let db = TestDatabase::create().await;
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let config = dir.path().join("herald.toml");
+    let (key, secret) = write_config(&config);
+    let flags = |node: &'static str| {
+        let mut flags = vec![
+            "--database",
+            db.url(),
+            "--node-id",
+            node,
+            "--config",
+            config.to_str().expect("a UTF-8 path"),
+        ];
+        flags.extend_from_slice(FAST_LEASE);
+        flags
+    };
+    let mut a = Server::start_with(&dir.path().join("a"), &flags("node-a")).await;
+    a.api.wait_role("holder", WAIT).await;
+    let b = Server::start_with(&dir.path().join("b"), &flags("node-b")).await;
+    b.api.wait_role("standby", WAIT).await;
+    let (a_api, b_api) = (api(&a, &key), api(&b, &key));
+    let addr = |server: &Server| {
+        server
+            .url
+            .trim_start_matches("http://")
+            .parse()
+            .expect("a socket address")
+    };
+    let balancer = Balancer::start(vec![addr(&a), addr(&b)]).await;
+    let token = token(&secret);
+
+    // Case A on the standby, case B on the holder through the balancer.
+    let mut on_standby = SdkClient::start(sdk, "on the standby", &ws_url(&b.url), &token);
+    let mut on_holder = SdkClient::start(
+        sdk,
+        "on the holder",
+        &ws_url(&balancer.addr().to_string()),
+        &token,
+    );
+    let first = on_standby.follow().await;
+    assert_eq!(first["offset"], 0, "a new channel: {first}");
+    let epoch = first["epoch"].as_str().expect("an epoch").to_owned();
+    assert_eq!(epoch.len(), 16, "{first}");
+    let first = on_holder.follow().await;
+    assert_eq!(first["epoch"], epoch.as_str(), "{first}");
+    assert_eq!(balancer.routes(), [0], "case B starts on the holder");
+
+    // Before the failover, through the holder.
+    for n in 1..=3 {
+        publish(&a_api, n).await;
+    }
+    on_standby.received_up_to(3).await;
+    on_holder.received_up_to(3).await;
+
+    // The holder crashes. Case B's reconnection waits at the balancer
+    // while 4-6 are published through the standby.
+    balancer.hold();
+    a.sigkill();
+    let (status, _) = a.wait_exit(WAIT).await;
+    assert!(!status.success(), "the holder was killed: {status}");
+    let mut failed = 0;
+    for n in 4..=6 {
+        failed += publish(&b_api, n).await;
+    }
+    println!("{sdk:?}: {failed} publish attempts failed during the failover");
+    b_api.wait_role("holder", WAIT).await;
+    on_holder
+        .expect("the broken connection", |r| {
+            r["type"] == "connecting" && r["code"] != 0
+        })
+        .await;
+    balancer.release();
+
+    // After the failover, through the new holder.
+    for n in 7..=9 {
+        publish(&b_api, n).await;
+    }
+    let again = on_holder
+        .expect("resubscribed on the surviving node", |r| {
+            r["type"] == "subscribed" && r["channel"] == CHANNEL
+        })
+        .await;
+    assert_eq!(again["wasRecovering"], true, "{again}");
+    assert_eq!(again["recovered"], true, "{again}");
+    assert_eq!(again["epoch"], epoch.as_str(), "{again}");
+    let routes = balancer.routes();
+    assert!(
+        routes.len() >= 2 && routes[1..].iter().all(|&node| node == 1),
+        "case B reconnects to the surviving node only: {routes:?}"
+    );
+
+    let expected: Vec<(u64, Value)> = (1..=9).map(|n| (n, json!({ "n": n }))).collect();
+    for client in [&mut on_standby, &mut on_holder] {
+        client.received_up_to(9).await;
+        assert_eq!(client.received, expected, "{}", client.what);
+        // Every resubscribe (case A: only if it had to reconnect) recovers
+        // in the one epoch.
+        for report in &client.subscribed[1..] {
+            assert_eq!(report["recovered"], true, "{}: {report}", client.what);
+            assert_eq!(report["epoch"], epoch.as_str(), "{}: {report}", client.what);
+        }
+    }
+    assert!(on_holder.reconnects >= 1, "case B never reconnected");
+    println!(
+        "{sdk:?}: the client on the standby reconnected {} times",
+        on_standby.reconnects
+    );
+    // Stored exactly once: the head is the last acknowledged offset.
+    assert_eq!(b_api.head(CHANNEL).await, 9);
+    on_standby.stop().await;
+    on_holder.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_js_recovers_when_the_holder_is_killed() {
+    recovers_when_the_holder_is_killed(Sdk::Js).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_python_recovers_when_the_holder_is_killed() {
+    recovers_when_the_holder_is_killed(Sdk::Python).await;
+}
