@@ -196,10 +196,12 @@ pub(crate) async fn run(settings: Settings) -> anyhow::Result<Report> {
     for task in publishers {
         let _ = task.await;
     }
-    let final_state = read_final_state(&cluster.url(), epoch_ms, &channels).await?;
+    // The heads are final now (nothing is published any more); the
+    // subscribers get some time to reach them.
+    let heads = read_final_state(&cluster.url(), epoch_ms, &channels).await?;
     let deadline = Instant::now() + CATCH_UP;
     for (channel, last) in &followed {
-        let head = final_state
+        let head = heads
             .channels
             .get(channel)
             .map_or(0, |m| m.iter().map(|m| m.offset).max().unwrap_or(0));
@@ -213,6 +215,11 @@ pub(crate) async fn run(settings: Settings) -> anyhow::Result<Report> {
     }
     let _ = monitor.await;
     let _ = observer.await;
+    // The state the checker judges is read after every client stopped: the
+    // holder's trimming goes on while subscribers catch up, and a
+    // truncation one of them saw must not be judged against an earliest
+    // read before it.
+    let final_state = read_final_state(&cluster.url(), epoch_ms, &channels).await?;
 
     let history = recorder.events();
     let mut report = check(&history, &final_state);
