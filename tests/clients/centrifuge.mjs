@@ -10,6 +10,8 @@
 //   {"op":"unsubscribe","channel":"news:a"}
 //   {"op":"publish","channel":"room:a","data":{...}}
 //   {"op":"history","channel":"news:a","limit":10}
+//   {"op":"presence","channel":"news:a"}
+//   {"op":"presence_stats","channel":"news:a"}
 //   {"op":"disconnect"}            the client's own disconnect()
 //   {"op":"connect"}               connect() again
 //
@@ -32,6 +34,9 @@
 //   {"type":"server_unsubscribed","channel":"..."}
 //   {"type":"published","channel":"..."}
 //   {"type":"history","channel":"...","offsets":[...],"offset":N,"epoch":"..."}
+//   {"type":"presence","channel":"...","clients":{"<client>":{"client":"...","user":"...",
+//    "connInfo":...,"chanInfo":...}}}
+//   {"type":"presence_stats","channel":"...","numClients":N,"numUsers":N}
 //   {"type":"failed","op":"...","code":N,"message":"..."}  a command's error
 //
 // It exits with status 0 when its stdin ends.
@@ -83,15 +88,14 @@ client.on("publication", (ctx) =>
 );
 client.on("unsubscribed", (ctx) => report({ type: "server_unsubscribed", channel: ctx.channel }));
 
-const joinLeaveReport = (type, channel) => (ctx) =>
-  report({
-    type,
-    channel,
-    client: ctx.info.client,
-    user: ctx.info.user,
-    connInfo: ctx.info.connInfo ?? null,
-    chanInfo: ctx.info.chanInfo ?? null,
-  });
+const clientInfo = (info) => ({
+  client: info.client,
+  user: info.user,
+  connInfo: info.connInfo ?? null,
+  chanInfo: info.chanInfo ?? null,
+});
+
+const joinLeaveReport = (type, channel) => (ctx) => report({ type, channel, ...clientInfo(ctx.info) });
 
 const subscription = (channel, options = {}) => {
   const existing = client.getSubscription(channel);
@@ -151,6 +155,33 @@ const run = (command) => {
               epoch: result.epoch,
             }),
           failed("history"),
+        );
+      break;
+    case "presence":
+      subscription(command.channel)
+        .presence()
+        .then(
+          (result) =>
+            report({
+              type: "presence",
+              channel: command.channel,
+              clients: Object.fromEntries(Object.entries(result.clients).map(([id, info]) => [id, clientInfo(info)])),
+            }),
+          failed("presence"),
+        );
+      break;
+    case "presence_stats":
+      subscription(command.channel)
+        .presenceStats()
+        .then(
+          (result) =>
+            report({
+              type: "presence_stats",
+              channel: command.channel,
+              numClients: result.numClients,
+              numUsers: result.numUsers,
+            }),
+          failed("presence_stats"),
         );
       break;
     case "disconnect":

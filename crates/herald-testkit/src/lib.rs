@@ -14,6 +14,9 @@
 //!   connection to the first that accepts it, as a load balancer would.
 //! - [`clients`]: where the real client libraries are (Node.js and
 //!   Python).
+//! - [`sdk`]: Centrifugo's client SDKs (centrifuge-js, centrifuge-python)
+//!   as child processes behind one driver, so that a scenario runs with
+//!   either.
 //! - [`node`]: a node built in-process as the binary builds it (its
 //!   storage, the lease supervisor, `herald_server::serve` on a real
 //!   listener), with a stand-in for a frozen holder.
@@ -45,6 +48,7 @@ pub mod database;
 pub mod node;
 pub mod place;
 pub mod process;
+pub mod sdk;
 pub mod sse;
 pub mod storage;
 pub mod tls;

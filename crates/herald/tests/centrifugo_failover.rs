@@ -29,173 +29,22 @@
 //! them in `HERALD_TEST_NODE_CLIENTS` and `HERALD_TEST_PYTHON`.
 
 use std::path::Path;
-use std::process::Stdio;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use herald_testkit::api::Api;
 use herald_testkit::balancer::Balancer;
-use herald_testkit::clients::{node_bin, node_clients, python_bin, python_script};
 use herald_testkit::process::{Server, FAST_LEASE};
-use herald_testkit::{within, TestDatabase, POLL, WAIT};
+use herald_testkit::sdk::{Sdk, SdkClient};
+use herald_testkit::{TestDatabase, POLL, WAIT};
 use jsonwebtoken::{encode, EncodingKey, Header};
 use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
-use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tokio::time::Instant;
 
 /// The channel both clients follow (the default namespace rule:
 /// subscribing needs a token that lists it).
 const CHANNEL: &str = "news:failover";
-
-/// Centrifugo's SDKs under test.
-#[derive(Clone, Copy, Debug)]
-enum Sdk {
-    /// centrifuge-js, under Node.js with `ws`.
-    Js,
-    /// centrifuge-python.
-    Python,
-}
-
-/// One SDK client process: commands in, reports (JSON lines) out, in the
-/// shape `tests/clients/centrifuge.mjs` documents.
-struct SdkClient {
-    what: String,
-    child: Child,
-    stdin: Option<ChildStdin>,
-    reports: Lines<BufReader<ChildStdout>>,
-    /// `(offset, data)` of every publication of [`CHANNEL`], in arrival
-    /// order.
-    received: Vec<(u64, Value)>,
-    /// Every `subscribed` report of [`CHANNEL`].
-    subscribed: Vec<Value>,
-    /// `connecting` reports for a lost connection (code 0 is the SDK's own
-    /// `connect()` call).
-    reconnects: usize,
-}
-
-impl SdkClient {
-    /// Starts `sdk`'s client of `url` with `token`; `what` names it in
-    /// failures.
-    fn start(sdk: Sdk, what: &str, url: &str, token: &str) -> Self {
-        let mut command = match sdk {
-            Sdk::Js => {
-                let clients = node_clients(&["centrifuge", "ws"], &["centrifuge.mjs"]);
-                let mut command = Command::new(node_bin());
-                command
-                    .arg(clients.join("centrifuge.mjs"))
-                    .current_dir(&clients);
-                command
-            }
-            Sdk::Python => {
-                let mut command = Command::new(python_bin());
-                command.arg(python_script("centrifuge_follow.py"));
-                command
-            }
-        };
-        let mut child = command
-            .arg(url)
-            .arg(token)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start the {sdk:?} client: {e}"));
-        let stdin = child.stdin.take();
-        let reports = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
-        Self {
-            what: format!("{sdk:?} client {what}"),
-            child,
-            stdin,
-            reports,
-            received: Vec::new(),
-            subscribed: Vec::new(),
-            reconnects: 0,
-        }
-    }
-
-    async fn send(&mut self, command: Value) {
-        let stdin = self.stdin.as_mut().expect("stdin open");
-        stdin
-            .write_all(format!("{command}\n").as_bytes())
-            .await
-            .expect("write a command");
-        stdin.flush().await.expect("flush a command");
-    }
-
-    /// Reads reports until one satisfies `wanted`, recording publications,
-    /// `subscribed` reports and reconnects on the way; a `failed` report
-    /// fails the test.
-    async fn expect(&mut self, what: &str, wanted: impl Fn(&Value) -> bool) -> Value {
-        let client = self.what.clone();
-        within(&format!("{client}: {what}"), WAIT, async {
-            loop {
-                let line = self
-                    .reports
-                    .next_line()
-                    .await
-                    .expect("read the client's stdout")
-                    .unwrap_or_else(|| panic!("{client} ended before {what}"));
-                let report: Value = serde_json::from_str(&line)
-                    .unwrap_or_else(|e| panic!("{client}: not JSON ({e}): {line}"));
-                assert_ne!(report["type"], "failed", "{client}: {report}");
-                if report["type"] == "connecting" && report["code"] != 0 {
-                    self.reconnects += 1;
-                }
-                if report["channel"] == CHANNEL {
-                    if report["type"] == "publication" {
-                        let offset = report["offset"].as_u64().expect("an offset");
-                        self.received.push((offset, report["data"].clone()));
-                    }
-                    if report["type"] == "subscribed" {
-                        self.subscribed.push(report.clone());
-                    }
-                }
-                if wanted(&report) {
-                    return report;
-                }
-            }
-        })
-        .await
-    }
-
-    /// Connects, subscribes to [`CHANNEL`] and returns the `subscribed`
-    /// report.
-    async fn follow(&mut self) -> Value {
-        self.expect("connected", |r| r["type"] == "connected").await;
-        self.send(json!({"op": "subscribe", "channel": CHANNEL}))
-            .await;
-        self.expect("subscribed", |r| {
-            r["type"] == "subscribed" && r["channel"] == CHANNEL
-        })
-        .await
-    }
-
-    /// Waits until the publications received reach `offset`.
-    async fn received_up_to(&mut self, offset: u64) {
-        if self.received.last().is_some_and(|(o, _)| *o >= offset) {
-            return;
-        }
-        self.expect(&format!("publication {offset}"), |r| {
-            r["type"] == "publication"
-                && r["channel"] == CHANNEL
-                && r["offset"].as_u64() >= Some(offset)
-        })
-        .await;
-    }
-
-    /// Closes its stdin (the script disconnects and exits) and expects
-    /// status 0.
-    async fn stop(mut self) {
-        drop(self.stdin.take());
-        let status = within(&format!("{} to exit", self.what), WAIT, self.child.wait())
-            .await
-            .expect("wait for the client");
-        assert!(status.success(), "{}: {status}", self.what);
-    }
-}
 
 /// The config file: an API key that publishes and reads, and the HS256
 /// secret of the clients' token. Returns the key and the secret.
@@ -282,15 +131,7 @@ fn ws_url(addr: &str) -> String {
 
 async fn recovers_when_the_holder_is_killed(sdk: Sdk) {
     // Fail at once, before a server starts, when the SDK is missing.
-    match sdk {
-        Sdk::Js => {
-            node_clients(&["centrifuge", "ws"], &["centrifuge.mjs"]);
-        }
-        Sdk::Python => {
-            python_bin();
-            python_script("centrifuge_follow.py");
-        }
-    }
+    sdk.check();
     let db = TestDatabase::create().await;
     let dir = tempfile::tempdir().expect("a temp dir");
     let config = dir.path().join("herald.toml");
@@ -323,12 +164,13 @@ async fn recovers_when_the_holder_is_killed(sdk: Sdk) {
     let token = token(&secret);
 
     // Case A on the standby, case B on the holder through the balancer.
-    let mut on_standby = SdkClient::start(sdk, "on the standby", &ws_url(&b.url), &token);
+    let mut on_standby = SdkClient::start(sdk, "on the standby", &ws_url(&b.url), &token, CHANNEL);
     let mut on_holder = SdkClient::start(
         sdk,
         "on the holder",
         &ws_url(&balancer.addr().to_string()),
         &token,
+        CHANNEL,
     );
     let first = on_standby.follow().await;
     assert_eq!(first["offset"], 0, "a new channel: {first}");
@@ -385,12 +227,17 @@ async fn recovers_when_the_holder_is_killed(sdk: Sdk) {
     let expected: Vec<(u64, Value)> = (1..=9).map(|n| (n, json!({ "n": n }))).collect();
     for client in [&mut on_standby, &mut on_holder] {
         client.received_up_to(9).await;
-        assert_eq!(client.received, expected, "{}", client.what);
+        assert_eq!(client.received, expected, "{}", client.what());
         // Every resubscribe (case A: only if it had to reconnect) recovers
         // in the one epoch.
         for report in &client.subscribed[1..] {
-            assert_eq!(report["recovered"], true, "{}: {report}", client.what);
-            assert_eq!(report["epoch"], epoch.as_str(), "{}: {report}", client.what);
+            assert_eq!(report["recovered"], true, "{}: {report}", client.what());
+            assert_eq!(
+                report["epoch"],
+                epoch.as_str(),
+                "{}: {report}",
+                client.what()
+            );
         }
     }
     assert!(on_holder.reconnects >= 1, "case B never reconnected");

@@ -1,11 +1,10 @@
-//! Centrifugo's Python clients against Herald unchanged: `cent` (PyPI),
-//! the server API client (`tests/clients/python/cent_api.py`): publish
+//! `cent` (PyPI), Centrifugo's Python server API client, against Herald
+//! unchanged (`tests/clients/python/cent_api.py`): publish
 //! (idempotent with a key), broadcast, history, batch, channels, info,
 //! presence answered "not available", a publish with tags, and
 //! history_remove (the history goes, the position stays), its publishes in
-//! the sequence of Herald's own publish route; and centrifuge-python (PyPI
-//! `centrifuge-python`), the client SDK (`centrifuge_sdk.py`): subscribe,
-//! publications, history, recovery after a disconnect.
+//! the sequence of Herald's own publish route. centrifuge-python,
+//! Centrifugo's Python client SDK, runs the scenarios of `sdk.rs`.
 //!
 //! The test command makes a virtualenv from the committed
 //! `tests/clients/python/requirements.lock` and names its Python in
@@ -107,62 +106,4 @@ async fn cent_on_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cent_on_postgres() {
     cent(Backend::Postgres).await;
-}
-
-/// `tests/clients/python/centrifuge_sdk.py`.
-fn sdk_script() -> std::path::PathBuf {
-    python_script("centrifuge_sdk.py")
-}
-
-/// centrifuge-python, Centrifugo's Python client SDK, with publishes made
-/// through `cent`: subscribe, publications, history, and recovery of what
-/// was published while it was disconnected: every publication exactly
-/// once, in order, `recovered: true`, one epoch.
-async fn centrifuge_python(backend: Backend) {
-    let place = Place::new(backend).await;
-    let creds = Creds::new();
-    let node = Node::start(&place, "node-a", Role::Holder, creds.config()).await;
-    let token = creds.token_for("py", json!({"channels": ["news:*"]}));
-    let output = within(
-        "centrifuge_sdk.py",
-        NODE_WAIT + NODE_WAIT,
-        tokio::process::Command::new(python())
-            .arg(sdk_script())
-            .arg(format!("{}/connection/websocket", node.ws_base))
-            .arg(&token)
-            .arg(format!("{}/api", node.base))
-            .arg(&creds.backend)
-            .arg("news:py")
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "centrifuge_sdk.py: {stderr}");
-    let seen: Value = serde_json::from_slice(&output.stdout).unwrap();
-    let subscribed = seen["subscribed"].as_array().unwrap();
-    assert_eq!(subscribed.len(), 2, "{seen}");
-    assert_eq!(subscribed[0]["recoverable"], true, "{seen}");
-    let epoch = subscribed[0]["epoch"].as_str().unwrap();
-    assert_eq!(epoch.len(), 16, "{seen}");
-    assert_eq!(subscribed[1]["was_recovering"], true, "{seen}");
-    assert_eq!(subscribed[1]["recovered"], true, "{seen}");
-    assert_eq!(subscribed[1]["epoch"], epoch);
-    let expected: Vec<Value> = (1..=5)
-        .map(|n| json!({"offset": n, "data": {"n": n}}))
-        .collect();
-    assert_eq!(seen["publications"], json!(expected), "{seen}");
-    assert_eq!(seen["history"]["offsets"], json!([1, 2, 3]), "{seen}");
-    assert_eq!(seen["history"]["epoch"], epoch);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn centrifuge_python_on_sqlite() {
-    centrifuge_python(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn centrifuge_python_on_postgres() {
-    centrifuge_python(Backend::Postgres).await;
 }

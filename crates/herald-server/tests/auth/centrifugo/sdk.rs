@@ -1,0 +1,464 @@
+//! Centrifugo's client SDKs against Herald unchanged, each scenario with
+//! both: centrifuge-js (npm `centrifuge` 5.x under Node with the `ws`
+//! package, `tests/clients/centrifuge.mjs`) and centrifuge-python (PyPI
+//! `centrifuge-python`, `tests/clients/python/centrifuge_follow.py`),
+//! driven alike by `herald_testkit::sdk::SdkClient`. A client connects
+//! with a JWT, subscribes, receives publications, publishes where the
+//! namespace allows it (and is refused where it does not), reads history
+//! and presence, recovers what it missed while it was disconnected, and
+//! recovers again after the node restarts: every publication exactly once,
+//! in order, `recovered: true`, the same epoch throughout. With
+//! `joinLeave` it sees the joins and leaves of another client, on another
+//! node on PostgreSQL. The same recovery holds for a server-side
+//! subscription (the token's `subs`), whose publications, with their tags,
+//! the SDK reports on the client object.
+//!
+//! The test command installs the SDKs (`npm ci` in `tests/clients`, a
+//! virtualenv from `tests/clients/python/requirements.lock`) and names
+//! them in `HERALD_TEST_NODE_CLIENTS` (and `node` in `HERALD_TEST_NODE`,
+//! else `node` on `PATH`) and `HERALD_TEST_PYTHON`.
+
+use herald_server::{CentrifugoConfig, NamespaceRule, ServerConfig};
+use herald_testkit::sdk::{is, Sdk, SdkClient};
+use herald_testkit::{within, NODE_WAIT};
+use serde_json::{json, Value};
+
+use crate::{Backend, Creds, Node, Place, Role};
+
+/// The tests of a scenario `async fn(Sdk, Backend)`, one per SDK and
+/// backend: `$js_sqlite`, `$js_postgres`, `$python_sqlite`,
+/// `$python_postgres`.
+macro_rules! with_each_sdk_on_both_backends {
+    ($scenario:ident: $js_sqlite:ident, $js_postgres:ident, $python_sqlite:ident, $python_postgres:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $js_sqlite() {
+            $scenario(Sdk::Js, Backend::Sqlite).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $js_postgres() {
+            $scenario(Sdk::Js, Backend::Postgres).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $python_sqlite() {
+            $scenario(Sdk::Python, Backend::Sqlite).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $python_postgres() {
+            $scenario(Sdk::Python, Backend::Postgres).await;
+        }
+    };
+}
+
+/// The `ws://` URL of the client protocol on `addr`.
+fn ws_url(addr: impl std::fmt::Display) -> String {
+    format!("ws://{addr}/connection/websocket")
+}
+
+/// The whole client-side scenario, with presence on: connect, subscribe,
+/// publications, presence and its stats, a client publish (allowed in
+/// `room`, 103 in `news`), history, recovery after a disconnect and after
+/// the node restarts on the same address.
+async fn channel_scenario(sdk: Sdk, backend: Backend) {
+    sdk.check();
+    let place = Place::new(backend).await;
+    let creds = Creds::new();
+    let config = ServerConfig {
+        centrifugo: CentrifugoConfig {
+            presence: true,
+            ..CentrifugoConfig::default()
+        },
+        ..creds.config()
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let node = Node::start_on(&place, "node-a", Role::Holder, config.clone(), listener).await;
+    let publisher = Creds::bearer(&creds.publisher);
+    let key = [("authorization", publisher.as_str())];
+    let token = creds.token_for(
+        "ann",
+        json!({"channels": ["news:*", "room:*"], "publish": ["room:*"]}),
+    );
+    let mut c = SdkClient::start(sdk, "of news:s", &ws_url(addr), &token, "news:s");
+    let me = c.expect("connected", is("connected", "")).await["client"].clone();
+
+    c.send(json!({"op": "subscribe", "channel": "news:s"}))
+        .await;
+    let subscribed = c.expect("subscribed", is("subscribed", "news:s")).await;
+    assert_eq!(subscribed["recoverable"], true, "{subscribed}");
+    assert_eq!(subscribed["offset"], 0, "a new channel: {subscribed}");
+    let epoch = subscribed["epoch"].as_str().unwrap().to_owned();
+    assert_eq!(epoch.len(), 16, "{subscribed}");
+    for i in 1..=3 {
+        assert_eq!(
+            node.publish_with("news:s", &key, json!({"n": i})).await.0,
+            201
+        );
+    }
+    c.received_up_to(3).await;
+
+    // Presence: this client alone.
+    c.send(json!({"op": "presence", "channel": "news:s"})).await;
+    let presence = c.expect("presence", is("presence", "news:s")).await;
+    let mut alone = serde_json::Map::new();
+    alone.insert(
+        me.as_str().unwrap().to_owned(),
+        json!({"client": me, "user": "ann", "connInfo": null, "chanInfo": null}),
+    );
+    assert_eq!(presence["clients"], Value::Object(alone), "{presence}");
+    c.send(json!({"op": "presence_stats", "channel": "news:s"}))
+        .await;
+    let stats = c
+        .expect("presence_stats", is("presence_stats", "news:s"))
+        .await;
+    assert_eq!(
+        (&stats["numClients"], &stats["numUsers"]),
+        (&json!(1), &json!(1)),
+        "{stats}"
+    );
+
+    // Publish from the client: allowed in `room` (publish = "token"),
+    // refused in `news` (publish = "key").
+    c.send(json!({"op": "subscribe", "channel": "room:s"}))
+        .await;
+    c.expect("subscribed to room:s", is("subscribed", "room:s"))
+        .await;
+    c.send(json!({"op": "publish", "channel": "room:s", "data": {"from": "sdk"}}))
+        .await;
+    let (mut acknowledged, mut publication) = (false, None);
+    while !acknowledged || publication.is_none() {
+        let report = c
+            .expect("the client's publish acknowledged and delivered", |r| {
+                is("published", "room:s")(r) || is("publication", "room:s")(r)
+            })
+            .await;
+        if report["type"] == "published" {
+            acknowledged = true;
+        } else {
+            assert!(publication.is_none(), "delivered twice: {report}");
+            publication = Some(report);
+        }
+    }
+    let publication = publication.unwrap();
+    assert_eq!(publication["data"], json!({"from": "sdk"}), "{publication}");
+    assert_eq!(publication["offset"], 1, "{publication}");
+    c.send(json!({"op": "publish", "channel": "news:s", "data": {"from": "sdk"}}))
+        .await;
+    let refused = c
+        .expect("the refused publish", |r| {
+            r["type"] == "failed" && r["op"] == "publish"
+        })
+        .await;
+    assert_eq!(refused["code"], 103, "{refused}");
+
+    // History.
+    c.send(json!({"op": "history", "channel": "news:s", "limit": 10}))
+        .await;
+    let history = c.expect("history", is("history", "news:s")).await;
+    assert_eq!(history["offsets"], json!([1, 2, 3]), "{history}");
+    assert_eq!(history["offset"], 3, "{history}");
+    assert_eq!(history["epoch"], epoch.as_str());
+
+    // Disconnected while 4 and 5 are published: recovered on connect.
+    c.send(json!({"op": "disconnect"})).await;
+    c.expect("disconnected", is("disconnected", "")).await;
+    for i in 4..=5 {
+        assert_eq!(
+            node.publish_with("news:s", &key, json!({"n": i})).await.0,
+            201
+        );
+    }
+    c.send(json!({"op": "connect"})).await;
+    let again = c.expect("resubscribed", is("subscribed", "news:s")).await;
+    assert_eq!(again["wasRecovering"], true, "{again}");
+    assert_eq!(again["recovered"], true, "{again}");
+    assert_eq!(again["epoch"], epoch.as_str());
+    c.received_up_to(5).await;
+
+    // The node restarts on the same address: the client reconnects by
+    // itself and recovers, same epoch; 6 is published while it is away.
+    node.stop().await;
+    c.expect("reconnecting", is("connecting", "")).await;
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let node = Node::start_on(&place, "node-a", Role::Holder, config, listener).await;
+    assert_eq!(
+        node.publish_with("news:s", &key, json!({"n": 6})).await.0,
+        201
+    );
+    let restarted = c
+        .expect("resubscribed after the restart", is("subscribed", "news:s"))
+        .await;
+    assert_eq!(restarted["wasRecovering"], true, "{restarted}");
+    assert_eq!(restarted["recovered"], true, "{restarted}");
+    assert_eq!(restarted["epoch"], epoch.as_str());
+    assert_eq!(
+        node.publish_with("news:s", &key, json!({"n": 7})).await.0,
+        201
+    );
+    c.received_up_to(7).await;
+
+    // Every publication exactly once, in order, with its data; and the
+    // client was subscribed three times, all in the one epoch.
+    let expected: Vec<(u64, Value)> = (1..=7).map(|i| (i, json!({"n": i}))).collect();
+    assert_eq!(c.received, expected);
+    assert_eq!(c.subscribed.len(), 3, "{:?}", c.subscribed);
+    c.stop().await;
+    node.stop().await;
+}
+
+with_each_sdk_on_both_backends!(channel_scenario:
+    centrifuge_js_on_sqlite,
+    centrifuge_js_on_postgres,
+    centrifuge_python_on_sqlite,
+    centrifuge_python_on_postgres);
+
+/// Publishes `{"n": n}` with the tag `n` to `feed:s` through the server
+/// API with `key`; it gets offset `n`.
+async fn publish_feed(node: &Node, key: &str, n: u64) {
+    let body = json!({"channel": "feed:s", "data": {"n": n}, "tags": {"n": n.to_string()}});
+    let (status, _, r) = node
+        .call("POST", "/api/publish", &[("x-api-key", key)], Some(body))
+        .await;
+    assert_eq!(
+        (status, r["result"]["offset"].clone()),
+        (200, json!(n)),
+        "{r}"
+    );
+}
+
+/// A server-side subscription (the connection token's `subs`): the SDK
+/// reports it subscribed at connect and its publications, tags included,
+/// on the client object; it recovers after the node restarts on the same
+/// address (`recovered: true`, the same epoch), and every publication
+/// arrives exactly once, in order.
+async fn server_side_subscription(sdk: Sdk, backend: Backend) {
+    sdk.check();
+    let place = Place::new(backend).await;
+    let creds = Creds::new();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let node = Node::start_on(&place, "node-a", Role::Holder, creds.config(), listener).await;
+    let token = creds.token_for(
+        "ann",
+        json!({"subs": {"feed:s": {"data": {"hello": "sdk"}}}}),
+    );
+    let mut c = SdkClient::start(sdk, "of feed:s", &ws_url(addr), &token, "feed:s");
+    c.expect("connected", is("connected", "")).await;
+    let subscribed = c
+        .expect("server-side subscribed", is("server_subscribed", "feed:s"))
+        .await;
+    assert_eq!(subscribed["recoverable"], true, "{subscribed}");
+    assert_eq!(subscribed["data"], json!({"hello": "sdk"}), "{subscribed}");
+    let epoch = subscribed["epoch"].as_str().unwrap().to_owned();
+    assert_eq!(epoch.len(), 16);
+    for n in 1..=2 {
+        publish_feed(&node, &creds.backend, n).await;
+    }
+    c.received_up_to(2).await;
+
+    // The node restarts on the same address: the client reconnects by
+    // itself and its connect asks to recover the server-side subscription.
+    // 3 is published while it is away (through another node, before the
+    // address listens again), so it can only come by the recovery.
+    node.stop().await;
+    c.expect("reconnecting", is("connecting", "")).await;
+    let other = Node::start(&place, "node-x", Role::Holder, creds.config()).await;
+    publish_feed(&other, &creds.backend, 3).await;
+    other.stop().await;
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let node = Node::start_on(&place, "node-a", Role::Holder, creds.config(), listener).await;
+    let again = c
+        .expect(
+            "server-side subscribed after the restart",
+            is("server_subscribed", "feed:s"),
+        )
+        .await;
+    assert_eq!(again["wasRecovering"], true, "{again}");
+    assert_eq!(again["recovered"], true, "{again}");
+    assert_eq!(again["epoch"], epoch.as_str());
+    assert_eq!(c.received.len(), 2, "3 came before the recovery");
+    publish_feed(&node, &creds.backend, 4).await;
+    c.received_up_to(4).await;
+
+    let expected: Vec<(u64, Value)> = (1..=4).map(|n| (n, json!({"n": n}))).collect();
+    assert_eq!(c.received, expected);
+    let tags: Vec<Value> = (1..=4).map(|n| json!({"n": n.to_string()})).collect();
+    assert_eq!(c.received_tags, tags);
+    c.stop().await;
+    node.stop().await;
+}
+
+with_each_sdk_on_both_backends!(server_side_subscription:
+    centrifuge_js_server_side_subscription_on_sqlite,
+    centrifuge_js_server_side_subscription_on_postgres,
+    centrifuge_python_server_side_subscription_on_sqlite,
+    centrifuge_python_server_side_subscription_on_postgres);
+
+/// The holder stops (and releases the lease) while an SDK client follows
+/// a channel on the standby: the standby takes over, the client stays
+/// connected (no reconnect), and every publication, before and after the
+/// takeover, arrives exactly once, in order.
+async fn holder_failover(sdk: Sdk, backend: Backend) {
+    sdk.check();
+    let place = Place::new(backend).await;
+    let creds = Creds::new();
+    let holder = Node::start(&place, "node-a", Role::Holder, creds.config()).await;
+    let standby = Node::start(&place, "node-b", Role::Standby, creds.config()).await;
+    let publisher = Creds::bearer(&creds.publisher);
+    let key = [("authorization", publisher.as_str())];
+    let token = creds.token_for("ann", json!({"channels": ["news:*"]}));
+    let mut c = SdkClient::start(
+        sdk,
+        "on the standby",
+        &format!("{}/connection/websocket", standby.ws_base),
+        &token,
+        "news:fo",
+    );
+    c.follow().await;
+    for i in 1..=3 {
+        // Through the standby: forwarded to the holder.
+        assert_eq!(
+            standby
+                .publish_with("news:fo", &key, json!({"n": i}))
+                .await
+                .0,
+            201
+        );
+    }
+    c.received_up_to(3).await;
+    holder.stop().await;
+    // The standby takes the lease over; its publishes commit there.
+    let took_over = within(
+        "takeover",
+        NODE_WAIT,
+        standby
+            .lease
+            .wait_for(|s| matches!(s, herald_lease::LeaseState::Holder { .. })),
+    )
+    .await;
+    assert!(took_over.is_some(), "the standby's supervisor ended");
+    for i in 4..=6 {
+        let (status, _, body) = standby.publish_with("news:fo", &key, json!({"n": i})).await;
+        assert_eq!((status, body["offset"].clone()), (201, json!(i)), "{body}");
+    }
+    c.received_up_to(6).await;
+    let expected: Vec<(u64, Value)> = (1..=6).map(|i| (i, json!({"n": i}))).collect();
+    assert_eq!(c.received, expected);
+    assert_eq!(
+        c.reconnects, 0,
+        "the client was disconnected by the failover"
+    );
+    c.stop().await;
+}
+
+with_each_sdk_on_both_backends!(holder_failover:
+    centrifuge_js_survives_holder_failover_on_sqlite,
+    centrifuge_js_survives_holder_failover_on_postgres,
+    centrifuge_python_survives_holder_failover_on_sqlite,
+    centrifuge_python_survives_holder_failover_on_postgres);
+
+/// An SDK client subscribed with `joinLeave` in a namespace with
+/// `join_leave` sees its own join, then the join of another client of the
+/// same SDK (with its connection token's `info` as `connInfo`), its leave
+/// when it unsubscribes, and again a join and a leave when it subscribes
+/// and disconnects. On PostgreSQL the other client is on the other node;
+/// on SQLite both are on one node (its nodes are processes on one host
+/// that do not pass joins and leaves to each other, see
+/// docs/centrifugo.md).
+async fn joins_and_leaves(sdk: Sdk, backend: Backend) {
+    sdk.check();
+    let place = Place::new(backend).await;
+    let creds = Creds::new();
+    let mut config = creds.config();
+    config.namespaces.insert(
+        "chat".to_owned(),
+        NamespaceRule {
+            join_leave: Some(true),
+            ..NamespaceRule::default()
+        },
+    );
+    let holder = Node::start(&place, "node-a", Role::Holder, config.clone()).await;
+    let standby = match backend {
+        Backend::Postgres => Some(Node::start(&place, "node-b", Role::Standby, config).await),
+        Backend::Sqlite => None,
+    };
+    let other_node = standby.as_ref().unwrap_or(&holder);
+    let ann = creds.token_for("ann", json!({"channels": ["chat:*"]}));
+    let bob = creds.token_for(
+        "bob",
+        json!({"channels": ["chat:*"], "info": {"name": "Bob"}}),
+    );
+    let mut watcher = SdkClient::start(
+        sdk,
+        "watcher",
+        &format!("{}/connection/websocket", holder.ws_base),
+        &ann,
+        "chat:s",
+    );
+    let me = watcher.expect("connected", is("connected", "")).await["client"].clone();
+    watcher
+        .send(json!({"op": "subscribe", "channel": "chat:s", "joinLeave": true}))
+        .await;
+    watcher
+        .expect("subscribed", is("subscribed", "chat:s"))
+        .await;
+    let own = watcher.expect("its own join", is("join", "chat:s")).await;
+    assert_eq!(
+        (&own["client"], &own["user"]),
+        (&me, &json!("ann")),
+        "{own}"
+    );
+
+    let mut other = SdkClient::start(
+        sdk,
+        "bob",
+        &format!("{}/connection/websocket", other_node.ws_base),
+        &bob,
+        "chat:s",
+    );
+    let theirs = other.expect("connected", is("connected", "")).await["client"].clone();
+    let event = |kind: &str| {
+        json!({"type": kind, "channel": "chat:s", "client": theirs, "user": "bob",
+               "connInfo": {"name": "Bob"}, "chanInfo": null})
+    };
+    other
+        .send(json!({"op": "subscribe", "channel": "chat:s"}))
+        .await;
+    other.expect("subscribed", is("subscribed", "chat:s")).await;
+    let join = watcher.expect("bob's join", is("join", "chat:s")).await;
+    assert_eq!(join, event("join"));
+    other
+        .send(json!({"op": "unsubscribe", "channel": "chat:s"}))
+        .await;
+    other
+        .expect("unsubscribed", is("unsubscribed", "chat:s"))
+        .await;
+    let leave = watcher.expect("bob's leave", is("leave", "chat:s")).await;
+    assert_eq!(leave, event("leave"));
+
+    // Subscribed again, then disconnected: a join, then a leave.
+    other
+        .send(json!({"op": "subscribe", "channel": "chat:s"}))
+        .await;
+    other.expect("subscribed", is("subscribed", "chat:s")).await;
+    let join = watcher.expect("bob's join", is("join", "chat:s")).await;
+    assert_eq!(join, event("join"));
+    other.send(json!({"op": "disconnect"})).await;
+    other.expect("disconnected", is("disconnected", "")).await;
+    let leave = watcher.expect("bob's leave", is("leave", "chat:s")).await;
+    assert_eq!(leave, event("leave"));
+    other.stop().await;
+    watcher.stop().await;
+    if let Some(standby) = standby {
+        standby.stop().await;
+    }
+    holder.stop().await;
+}
+
+with_each_sdk_on_both_backends!(joins_and_leaves:
+    centrifuge_js_sees_joins_and_leaves_on_sqlite,
+    centrifuge_js_sees_joins_and_leaves_across_nodes_on_postgres,
+    centrifuge_python_sees_joins_and_leaves_on_sqlite,
+    centrifuge_python_sees_joins_and_leaves_across_nodes_on_postgres);
