@@ -69,8 +69,10 @@ pg_cluster_start() {
     as_pg "$PG_BIN/initdb" -D "$dir/data" -U herald --auth=trust -E UTF8 --no-sync >"$dir/initdb.log" 2>&1 \
         || { cat "$dir/initdb.log" >&2; die "initdb failed"; }
     PG_PORT=
+    # Below Linux's default ephemeral range (32768-60999), where client
+    # connections take their local ports.
     for _ in $(seq 1 20); do
-        candidate=$(( 20000 + RANDOM % 40000 ))
+        candidate=$(( 20000 + RANDOM % 12000 ))
         pg_port_in_use "$candidate" && continue
         if as_pg "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
             -o "-p $candidate -k $dir -c listen_addresses=127.0.0.1 $options" \
