@@ -156,6 +156,16 @@ impl Session {
     /// Runs one command.
     async fn handle(&mut self, c: Command, pong: &mut bool) -> Answer {
         let id = c.id;
+        if id == 0 && c.send.is_none() {
+            // Centrifugo: a command without an id is the client's pong,
+            // whatever else it holds; it is never run, and before
+            // `connect` it is a protocol error.
+            if self.who.is_none() {
+                return Answer::Close(codes::BAD_REQUEST);
+            }
+            *pong = true;
+            return Answer::Nothing;
+        }
         if let Some(req) = c.connect {
             return self.connect(id, req);
         }
@@ -187,9 +197,6 @@ impl Session {
             self.refresh(id, req)
         } else if let Some(req) = c.sub_refresh {
             self.sub_refresh(id, req)
-        } else if id == 0 {
-            *pong = true;
-            Answer::Nothing
         } else {
             Answer::Reply(error_reply(id, &ReplyError::method_not_found()))
         }

@@ -18,8 +18,8 @@ use super::codes::ReplyError;
 /// One command of a client frame.
 #[derive(Debug, Default, Deserialize)]
 pub(crate) struct Command {
-    /// Matches the reply to the command; 0 for a pong (or a `send`, which
-    /// gets no reply).
+    /// Matches the reply to the command; 0 (or none) for a pong, which is
+    /// never run whatever else it holds, or a `send`, which gets no reply.
     #[serde(default)]
     pub(crate) id: u32,
     pub(crate) connect: Option<ConnectRequest>,

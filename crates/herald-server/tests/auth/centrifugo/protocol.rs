@@ -299,3 +299,37 @@ async fn token_expiry_refresh_and_bad_tokens() {
     assert_eq!(r["subscribe"]["expires"], true, "{r}");
     assert_eq!(c.closed_with().await, Some(3006));
 }
+
+/// A command without an id is the client's pong (Centrifugo's rule):
+/// whatever method it holds is never run and gets no reply; before
+/// `connect` it is a protocol error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_without_an_id_are_pongs_and_never_run() {
+    let place = Place::new(Backend::Sqlite).await;
+    let creds = Creds::new();
+    let node = Node::start(&place, "node-a", Role::Holder, creds.config()).await;
+    let token = creds.token_for(
+        "alice",
+        json!({"channels": ["room:*"], "publish": ["room:*"]}),
+    );
+    let (mut c, _) = Client::connect(&node, &token).await;
+    c.send_text(concat!(
+        "{\"publish\":{\"channel\":\"room:1\",\"data\":1}}\n",
+        "{\"id\":0,\"subscribe\":{\"channel\":\"room:1\"}}\n",
+        "{\"id\":5,\"ping\":{}}",
+    ))
+    .await;
+    // Only the command with an id is answered.
+    let frame = c.frame().await.expect("the ping's reply");
+    assert_eq!(frame, vec![json!({"id": 5, "ping": {}})]);
+    // Nothing was published, nothing subscribed.
+    assert_eq!(node.head("room:1").await, 0);
+    let r = c.command("subscribe", json!({"channel": "room:1"})).await;
+    assert!(r["subscribe"].is_object(), "{r}");
+
+    // Before `connect`, even a `connect` without an id is refused.
+    let mut c = Client::open(&node).await;
+    c.send_text(&json!({"connect": {"token": token}}).to_string())
+        .await;
+    assert_eq!(c.closed_with().await, Some(3501));
+}
