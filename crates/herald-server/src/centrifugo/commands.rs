@@ -137,7 +137,13 @@ impl Session {
     pub(crate) async fn handle_frame(&mut self, text: &str) -> Handled {
         let mut handled = Handled::default();
         for line in text.split('\n').map(str::trim).filter(|l| !l.is_empty()) {
-            let Ok(command) = serde_json::from_str::<Command>(line) else {
+            // A command is a JSON object (serde would also take an array
+            // of its fields' values).
+            let command = line
+                .starts_with('{')
+                .then(|| serde_json::from_str::<Command>(line).ok())
+                .flatten();
+            let Some(command) = command else {
                 handled.close = Some(codes::BAD_REQUEST);
                 return handled;
             };

@@ -170,6 +170,12 @@ async fn several_commands_per_frame_and_bad_frames() {
     let (mut c, _) = Client::connect(&node, "").await;
     c.send_text("{not json").await;
     assert_eq!(c.closed_with().await, Some(3501));
+    // A request that is a JSON array (of its fields' values), not an
+    // object: 3501, as Centrifugo's decoder refuses it.
+    let (mut c, _) = Client::connect(&node, "").await;
+    c.send_text("{\"id\":2,\"history\":{\"channel\":\"a\",\"since\":[0,\"\"]}}")
+        .await;
+    assert_eq!(c.closed_with().await, Some(3501));
     // A command before connect: 3501.
     let mut c = Client::open(&node).await;
     c.send_text("{\"id\":1,\"subscribe\":{\"channel\":\"a\"}}")
