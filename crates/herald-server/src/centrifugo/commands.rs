@@ -162,12 +162,15 @@ impl Session {
     /// Runs one command.
     async fn handle(&mut self, c: Command, pong: &mut bool) -> Answer {
         let id = c.id;
-        if id == 0 && c.send.is_none() {
+        if id == 0 {
             // Centrifugo: a command without an id is the client's pong,
-            // whatever else it holds; it is never run, and before
-            // `connect` it is a protocol error.
+            // or a `send`; whatever else it holds is never run, and
+            // before `connect` it is a protocol error.
             if self.who.is_none() {
                 return Answer::Close(codes::BAD_REQUEST);
+            }
+            if c.send.is_some() {
+                return Answer::Close(codes::NOT_AVAILABLE);
             }
             *pong = true;
             return Answer::Nothing;

@@ -332,6 +332,12 @@ async fn commands_without_an_id_are_pongs_and_never_run() {
     assert_eq!(node.head("room:1").await, 0);
     let r = c.command("subscribe", json!({"channel": "room:1"})).await;
     assert!(r["subscribe"].is_object(), "{r}");
+    // A `send` needs no id: it closes the connection (3508), and what
+    // else the line holds is not run.
+    c.send_text("{\"send\":{},\"publish\":{\"channel\":\"room:1\",\"data\":1}}")
+        .await;
+    assert_eq!(c.closed_with().await, Some(3508));
+    assert_eq!(node.head("room:1").await, 0);
 
     // Before `connect`, even a `connect` without an id is refused.
     let mut c = Client::open(&node).await;
