@@ -1,8 +1,8 @@
 //! A storage that passes every call on to another one, with hooks that may
-//! delay or fail reads and appends ([`Hooked`], [`StorageHooks`]), and the
-//! hooks the tests use: reads that return late ([`SlowReads`]), appends
-//! held until a gate opens ([`AppendGate`]) and a read outage switched on
-//! and off ([`ReadOutage`]).
+//! delay or fail reads, appends and channel epochs ([`Hooked`],
+//! [`StorageHooks`]), and the hooks the tests use: reads that return late
+//! ([`SlowReads`]), appends held until a gate opens ([`AppendGate`]) and a
+//! read outage switched on and off ([`ReadOutage`]).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -41,10 +41,17 @@ pub trait StorageHooks: Send + Sync + 'static {
     async fn after_read(&self, channel: &ChannelName, page: &Page) {
         let _ = (channel, page);
     }
+
+    /// Runs before `channel_epoch` of `channel` is passed on; may wait. An
+    /// `Err` is returned instead, and the call is not passed on.
+    async fn before_epoch(&self, channel: &ChannelName) -> herald_storage::Result<()> {
+        let _ = channel;
+        Ok(())
+    }
 }
 
 /// A [`Storage`] that passes every call on to `inner`, running the hooks
-/// `H` around reads and appends.
+/// `H` around reads, appends and channel epochs.
 pub struct Hooked<H> {
     inner: Arc<dyn Storage>,
     hooks: Arc<H>,
@@ -158,6 +165,7 @@ impl<H: StorageHooks> Storage for Hooked<H> {
     }
 
     async fn channel_epoch(&self, channel: &ChannelName) -> herald_storage::Result<String> {
+        self.hooks.before_epoch(channel).await?;
         self.inner.channel_epoch(channel).await
     }
 

@@ -296,13 +296,12 @@ impl Session {
         }
         let shared = &self.state.shared;
         let storage = shared.storage.as_ref();
-        let failed = |operation, e| {
-            crate::StorageFailure::new(operation, Some(&channel), e).log();
-            Answer::Reply(error_reply(id, &ReplyError::internal()))
-        };
         let epoch = match storage.channel_epoch(&channel).await {
             Ok(epoch) => epoch,
-            Err(e) => return failed("channel_epoch", e),
+            Err(e) => {
+                crate::StorageFailure::new("channel_epoch", Some(&channel), e).log();
+                return self.refused_after_join(id, &channel).await;
+            }
         };
         let recovery = if req.recover {
             recover(storage, &channel, &epoch, &req.epoch, req.offset).await
@@ -319,8 +318,7 @@ impl Session {
             Ok(recovery) => recovery,
             Err(e) => {
                 e.log();
-                presence::leave(&self.state, &self.client, BTreeSet::from([channel]));
-                return Answer::Reply(error_reply(id, &ReplyError::internal()));
+                return self.refused_after_join(id, &channel).await;
             }
         };
         let (missed, position, recovered) = match recovery {
@@ -342,8 +340,7 @@ impl Session {
             Ok(live) => live,
             Err(e) => {
                 e.log();
-                presence::leave(&self.state, &self.client, BTreeSet::from([channel]));
-                return Answer::Reply(error_reply(id, &ReplyError::internal()));
+                return self.refused_after_join(id, &channel).await;
             }
         };
         self.generations += 1;
@@ -408,6 +405,14 @@ impl Session {
                 was_recovering: req.recover,
             },
         ))
+    }
+
+    /// The answer (100) to a subscribe that failed after its presence row
+    /// was written: the row is removed first, so that the refused
+    /// subscribe leaves nothing behind when it is answered.
+    async fn refused_after_join(&self, id: u32, channel: &ChannelName) -> Answer {
+        presence::remove(&self.state, &self.client, channel).await;
+        Answer::Reply(error_reply(id, &ReplyError::internal()))
     }
 
     /// Ends the subscription to `channel`, its presence row removed in the
