@@ -345,3 +345,43 @@ async fn commands_without_an_id_are_pongs_and_never_run() {
         .await;
     assert_eq!(c.closed_with().await, Some(3501));
 }
+
+/// A token of another user than the connection's closes it with 3500
+/// "invalid token", an anonymous connection's (user "") included, as in
+/// Centrifugo: a `refresh` cannot turn an anonymous connection into a
+/// user's, and a subscription token names the connection's user.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_of_another_user_than_the_connections_are_refused() {
+    let place = Place::new(Backend::Sqlite).await;
+    let creds = Creds::new();
+    let node = Node::start(&place, "node-a", Role::Holder, creds.config()).await;
+    let alice = creds.token_for("alice", json!({"channels": ["news:*"]}));
+
+    let (mut c, _) = Client::connect(&node, "").await;
+    c.send_text(&json!({"id": 7, "refresh": {"token": alice}}).to_string())
+        .await;
+    assert_eq!(c.closed_with().await, Some(3500));
+
+    let sub = creds.token_for("alice", json!({"channel": "news:s"}));
+    let (mut c, _) = Client::connect(&node, "").await;
+    c.send_text(&json!({"id": 7, "subscribe": {"channel": "news:s", "token": sub}}).to_string())
+        .await;
+    assert_eq!(c.closed_with().await, Some(3500));
+
+    // The same subscription token on alice's connection is taken, and one
+    // for user "" on an anonymous connection.
+    let (mut c, _) = Client::connect(&node, &alice).await;
+    let r = c
+        .command("subscribe", json!({"channel": "news:s", "token": sub}))
+        .await;
+    assert!(r["subscribe"].is_object(), "{r}");
+    let anonymous = creds.token_for("", json!({"channel": "news:s"}));
+    let (mut c, _) = Client::connect(&node, "").await;
+    let r = c
+        .command(
+            "subscribe",
+            json!({"channel": "news:s", "token": anonymous}),
+        )
+        .await;
+    assert!(r["subscribe"].is_object(), "{r}");
+}
