@@ -4,16 +4,18 @@
 //! Herald's API keys are the keys; their permissions apply (`publish` for
 //! publish and broadcast, `read` for history, `admin` for the rest).
 //!
-//! Every answer that got past the key check is HTTP 200 with
-//! `{"result": ...}` or `{"error": {"code", "message"}}` (codes as in
-//! `codes.rs`); a missing or unknown key is HTTP 401, as Centrifugo does.
-//! `batch` answers `{"replies": [{"<method>": ...} | {"error": ...}]}`.
+//! A missing or unknown key is HTTP 401, as Centrifugo does, checked
+//! before the body is read; a body over `max_batch_body_bytes` is 413.
+//! Both carry `{"error": {"code", "message"}}` (101, 106). Every other
+//! answer is HTTP 200 with `{"result": ...}` or `{"error": {"code",
+//! "message"}}` (codes as in `codes.rs`). `batch` answers `{"replies":
+//! [{"<method>": ...} | {"error": ...}]}`.
 
 use std::sync::Arc;
 
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Path, Query, Request, State};
 use axum::http::header::AUTHORIZATION;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use bytes::Bytes;
@@ -26,24 +28,33 @@ use super::codes::{self, ReplyError};
 use super::history::{history, HistoryQuery};
 use super::protocol::{publications, StreamPosition};
 use super::registry::Control;
+use crate::api::read_limited;
 use crate::auth::{Credential, Pattern, Principal};
-use crate::AppState;
+use crate::{AppState, Error};
 
 /// A method's result, kept as JSON text (publication data stays byte
 /// for byte what was published).
 type Outcome = Result<Box<RawValue>, ReplyError>;
 
-/// `POST /api/{method}`.
+/// `POST /api/{method}`. The key is checked before the body is read, so a
+/// caller without one gets 401 whatever it sends, and a client that waits
+/// for `100 Continue` never sends its body.
 pub(crate) async fn call(
     State(state): State<AppState>,
     Path(method): Path<String>,
-    RawQuery(query): RawQuery,
-    headers: HeaderMap,
-    body: Bytes,
+    request: Request,
 ) -> Response {
-    let who = match principal(&state, &headers, query.as_deref()) {
-        Ok(who) => who,
-        Err(status) => return status.into_response(),
+    let (parts, body) = request.into_parts();
+    let Some(who) = principal(&state, &parts.headers, &parts.uri) else {
+        return failure(StatusCode::UNAUTHORIZED, &ReplyError::unauthorized());
+    };
+    let limit = state.config().max_batch_body_bytes;
+    let body = match read_limited(&parts.headers, body, limit).await {
+        Ok(body) => body,
+        Err(Error::PayloadTooLarge { .. }) => {
+            return failure(StatusCode::PAYLOAD_TOO_LARGE, &ReplyError::limit_exceeded())
+        }
+        Err(_) => return failure(StatusCode::BAD_REQUEST, &ReplyError::bad_request()),
     };
     let body = if body.iter().all(u8::is_ascii_whitespace) {
         Bytes::from_static(b"{}")
@@ -60,42 +71,51 @@ pub(crate) async fn call(
     answer(&run(&state, &who, &method, &params).await)
 }
 
-/// The caller, from its API key; 401 when access control is on and the key
-/// is missing or unknown.
-fn principal(
-    state: &AppState,
-    headers: &HeaderMap,
-    query: Option<&str>,
-) -> Result<Principal, StatusCode> {
+/// The caller, from its API key; `None` when access control is on and the
+/// key is missing or unknown. `?api_key=` is percent-decoded, as any query
+/// parameter.
+fn principal(state: &AppState, headers: &HeaderMap, uri: &Uri) -> Option<Principal> {
     let auth = &state.shared.auth;
     if !auth.enabled() {
-        return Ok(Principal::Anonymous);
+        return Some(Principal::Anonymous);
     }
     let from_authorization = headers
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split_once(' '))
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("apikey"))
-        .map(|(_, key)| key.trim());
+        .map(|(_, key)| key.trim().to_owned());
     let from_header = headers
         .get("x-api-key")
         .and_then(|v| v.to_str().ok())
-        .map(str::trim);
-    let from_query = query.and_then(|q| {
-        q.split('&')
-            .filter_map(|pair| pair.split_once('='))
-            .find(|(name, _)| *name == "api_key")
+        .map(|key| key.trim().to_owned());
+    let from_query = || {
+        Query::<Vec<(String, String)>>::try_from_uri(uri)
+            .ok()?
+            .0
+            .into_iter()
+            .find(|(name, _)| name == "api_key")
             .map(|(_, key)| key)
-    });
+    };
     let key = from_header
         .or(from_authorization)
-        .or(from_query)
-        .filter(|k| !k.is_empty())
-        .ok_or(StatusCode::UNAUTHORIZED)?;
-    match auth.resolve(Some(Credential::ApiKey(key))) {
-        Ok(who @ Principal::Key(_)) => Ok(who),
-        _ => Err(StatusCode::UNAUTHORIZED),
+        .or_else(from_query)
+        .filter(|k| !k.is_empty())?;
+    match auth.resolve(Some(Credential::ApiKey(&key))) {
+        Ok(who @ Principal::Key(_)) => Some(who),
+        _ => None,
     }
+}
+
+/// A refusal before any method ran: `status` with
+/// `{"error": {"code", "message"}}`.
+fn failure(status: StatusCode, error: &ReplyError) -> Response {
+    (
+        status,
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        json!({ "error": error }).to_string(),
+    )
+        .into_response()
 }
 
 /// `{"result": ...}` or `{"error": ...}`, HTTP 200.
@@ -439,4 +459,116 @@ async fn presence_method(
         super::presence::presence(state, &channel).await?
     };
     raw(&result)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use axum::body::Body;
+    use axum::http::Request;
+    use herald_core::FencingToken;
+    use tokio_util::sync::CancellationToken;
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::auth::{api_key_sha256, generate_api_key, ApiKeyConfig, AuthConfig, Permission};
+    use crate::testing::{FakeLease, MemoryStorage};
+    use crate::{app, ServerConfig};
+
+    /// A holder with one API key that may do everything; the key.
+    async fn node() -> (AppState, String, CancellationToken) {
+        let key = generate_api_key();
+        let config = ServerConfig {
+            max_batch_body_bytes: 4096,
+            auth: AuthConfig {
+                api_keys: vec![ApiKeyConfig {
+                    name: "backend".to_owned(),
+                    sha256: api_key_sha256(&key),
+                    permissions: vec![Permission::Publish, Permission::Read, Permission::Admin],
+                    channels: None,
+                    publish_rate_per_s: None,
+                    publish_burst: None,
+                }],
+                ..AuthConfig::default()
+            },
+            ..ServerConfig::default()
+        };
+        let shutdown = CancellationToken::new();
+        let state = AppState::start_with(
+            MemoryStorage::new(),
+            FakeLease::holder(FencingToken(1)),
+            config,
+            shutdown.clone(),
+        )
+        .await
+        .unwrap();
+        (state, key, shutdown)
+    }
+
+    async fn send(state: &AppState, request: Request<Body>) -> (StatusCode, Value) {
+        let response = app(state.clone()).oneshot(request).await.unwrap();
+        let status = response.status();
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (status, serde_json::from_slice(&body).unwrap())
+    }
+
+    #[tokio::test]
+    async fn the_key_is_checked_before_the_body_is_read() {
+        let (state, key, shutdown) = node().await;
+        // Without a key: 401, and the body is never read (a client
+        // waiting for `100 Continue` would never be asked for it).
+        let polled = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&polled);
+        let body = Body::from_stream(futures::stream::once(async move {
+            flag.store(true, Ordering::SeqCst);
+            Ok::<_, std::convert::Infallible>(Bytes::from_static(b"{\"channel\":\"a\",\"data\":1}"))
+        }));
+        let request = Request::post("/api/publish")
+            .header("expect", "100-continue")
+            .body(body)
+            .unwrap();
+        let response = app(state.clone()).oneshot(request).await.unwrap();
+        assert!(!polled.load(Ordering::SeqCst), "the body was read");
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        assert_eq!(
+            serde_json::from_slice::<Value>(&body).unwrap(),
+            json!({"error": {"code": 101, "message": "unauthorized"}})
+        );
+        // A body over the limit without a key is a 401 too, not a 413.
+        let big = json!({"channel": "a", "data": "x".repeat(8000)}).to_string();
+        let request = Request::post("/api/publish")
+            .body(Body::from(big.clone()))
+            .unwrap();
+        assert_eq!(send(&state, request).await.0, StatusCode::UNAUTHORIZED);
+        // With the key, the same body is over the limit: 413, 106.
+        let request = Request::post("/api/publish")
+            .header("x-api-key", &key)
+            .body(Body::from(big))
+            .unwrap();
+        let (status, answer) = send(&state, request).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(answer["error"]["code"], 106, "{answer}");
+        shutdown.cancel();
+        state.stopped().await;
+    }
+
+    #[tokio::test]
+    async fn the_query_key_is_percent_decoded() {
+        let (state, key, shutdown) = node().await;
+        let encoded: String = key.bytes().map(|b| format!("%{b:02X}")).collect();
+        let request = Request::post(format!("/api/info?api_key={encoded}"))
+            .body(Body::from("{}"))
+            .unwrap();
+        let (status, answer) = send(&state, request).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        assert!(answer["result"]["nodes"].is_array(), "{answer}");
+        shutdown.cancel();
+        state.stopped().await;
+    }
 }
