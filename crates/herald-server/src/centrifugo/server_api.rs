@@ -4,12 +4,14 @@
 //! Herald's API keys are the keys; their permissions apply (`publish` for
 //! publish and broadcast, `read` for history, `admin` for the rest).
 //!
-//! A missing or unknown key is HTTP 401, as Centrifugo does, checked
-//! before the body is read; a body over `max_batch_body_bytes` is 413.
-//! Both carry `{"error": {"code", "message"}}` (101, 106). Every other
-//! answer is HTTP 200 with `{"result": ...}` or `{"error": {"code",
-//! "message"}}` (codes as in `codes.rs`). `batch` answers `{"replies":
-//! [{"<method>": ...} | {"error": ...}]}`.
+//! Refused before any method runs, with an HTTP status as Centrifugo
+//! answers and `{"error": {"code", "message"}}`, in this order: an unknown
+//! method 404 (104); a missing or unknown key 401 (101), checked before
+//! the body is read; a body over `max_batch_body_bytes` 413 (106); a body
+//! that does not decode (not a JSON object, a field of another JSON type)
+//! 400 (107). Every other answer is HTTP 200 with `{"result": ...}` or
+//! `{"error": {"code", "message"}}` (codes as in `codes.rs`). `batch`
+//! answers `{"replies": [{"<method>": ...} | {"error": ...}]}`.
 
 use std::sync::Arc;
 
@@ -26,7 +28,7 @@ use serde_json::{json, Map, Value};
 
 use super::codes::{self, ReplyError};
 use super::history::{history, HistoryQuery};
-use super::protocol::{publications, StreamPosition};
+use super::protocol::{object, publications, StreamPosition};
 use super::registry::Control;
 use crate::api::read_limited;
 use crate::auth::{Credential, Pattern, Principal};
@@ -36,14 +38,40 @@ use crate::{AppState, Error};
 /// for byte what was published).
 type Outcome = Result<Box<RawValue>, ReplyError>;
 
-/// `POST /api/{method}`. The key is checked before the body is read, so a
-/// caller without one gets 401 whatever it sends, and a client that waits
-/// for `100 Continue` never sends its body.
+/// The methods served; another name is 404, as in Centrifugo, whose router
+/// has a route per method.
+const METHODS: [&str; 11] = [
+    "publish",
+    "broadcast",
+    "history",
+    "channels",
+    "info",
+    "unsubscribe",
+    "disconnect",
+    "presence",
+    "presence_stats",
+    "history_remove",
+    "batch",
+];
+
+/// Parameters that do not decode: not a JSON object, or a field of
+/// another JSON type than the method's (Centrifugo answers 400; a missing
+/// field is its default, and refused by the method if it needs one).
+#[derive(Debug)]
+struct Undecodable;
+
+/// `POST /api/{method}`. An unknown method is 404; then the key is checked
+/// before the body is read, so a caller without one gets 401 whatever it
+/// sends, and a client that waits for `100 Continue` never sends its body;
+/// then a body that does not decode is 400.
 pub(crate) async fn call(
     State(state): State<AppState>,
     Path(method): Path<String>,
     request: Request,
 ) -> Response {
+    if !METHODS.contains(&method.as_str()) {
+        return failure(StatusCode::NOT_FOUND, &ReplyError::method_not_found());
+    }
     let (parts, body) = request.into_parts();
     let Some(who) = principal(&state, &parts.headers, &parts.uri) else {
         return failure(StatusCode::UNAUTHORIZED, &ReplyError::unauthorized());
@@ -61,14 +89,20 @@ pub(crate) async fn call(
     } else {
         body
     };
-    let params: Box<RawValue> = match serde_json::from_slice(&body) {
-        Ok(params) => params,
-        Err(_) => return answer(&Err(ReplyError::bad_request())),
+    let bad_request = || failure(StatusCode::BAD_REQUEST, &ReplyError::bad_request());
+    let params: Box<RawValue> = match serde_json::from_slice::<Box<RawValue>>(&body) {
+        Ok(params) if params.get().starts_with('{') => params,
+        _ => return bad_request(),
     };
     if method == "batch" {
-        return batch(&state, &who, &params).await;
+        return batch(&state, &who, &params)
+            .await
+            .unwrap_or_else(|_| bad_request());
     }
-    answer(&run(&state, &who, &method, &params).await)
+    match run(&state, &who, &method, &params).await {
+        Ok(outcome) => answer(&outcome),
+        Err(Undecodable) => bad_request(),
+    }
 }
 
 /// The caller, from its API key; `None` when access control is on and the
@@ -132,22 +166,31 @@ fn answer(outcome: &Outcome) -> Response {
         .into_response()
 }
 
-/// `batch`: `{"commands": [{"<method>": {...}}, ...]}`, run in order.
-async fn batch(state: &AppState, who: &Principal, params: &RawValue) -> Response {
+/// `batch`: `{"commands": [{"<method>": {...}}, ...]}`, run in order; a
+/// command whose parameters do not decode is answered 107 in its place.
+async fn batch(
+    state: &AppState,
+    who: &Principal,
+    params: &RawValue,
+) -> Result<Response, Undecodable> {
     #[derive(Deserialize)]
     struct Batch {
+        #[serde(default)]
         commands: Vec<Map<String, Value>>,
+        /// Centrifugo may run the commands concurrently; Herald runs them
+        /// in order either way (the field is decoded, not used).
+        #[serde(default, rename = "parallel")]
+        _parallel: bool,
     }
-    let Ok(Batch { commands }) = serde_json::from_str::<Batch>(params.get()) else {
-        return answer(&Err(ReplyError::bad_request()));
-    };
+    let Batch { commands, .. } = decode(params)?;
     let mut replies = Vec::with_capacity(commands.len());
     for command in commands {
         let reply = match command.into_iter().next() {
             Some((method, params)) if method != "batch" => match to_raw_value(&params) {
                 Ok(params) => match run(state, who, &method, &params).await {
-                    Ok(result) => format!("{{{}:{}}}", json!(method), result.get()),
-                    Err(e) => json!({ "error": e }).to_string(),
+                    Ok(Ok(result)) => format!("{{{}:{}}}", json!(method), result.get()),
+                    Ok(Err(e)) => json!({ "error": e }).to_string(),
+                    Err(Undecodable) => json!({ "error": ReplyError::bad_request() }).to_string(),
                 },
                 Err(_) => json!({ "error": ReplyError::bad_request() }).to_string(),
             },
@@ -157,17 +200,21 @@ async fn batch(state: &AppState, who: &Principal, params: &RawValue) -> Response
         replies.push(reply);
     }
     let body = format!("{{\"replies\":[{}]}}", replies.join(","));
-    (
+    Ok((
         StatusCode::OK,
         [(axum::http::header::CONTENT_TYPE, "application/json")],
         body,
     )
-        .into_response()
+        .into_response())
 }
 
-/// Parses `params` as `T`, or 107.
-fn params<'a, T: Deserialize<'a>>(params: &'a RawValue) -> Result<T, ReplyError> {
-    serde_json::from_str(params.get()).map_err(|_| ReplyError::bad_request())
+/// Decodes `params` as `T`: a JSON object whose fields have `T`'s types
+/// (serde alone would also take an array of the fields' values).
+fn decode<'a, T: Deserialize<'a>>(params: &'a RawValue) -> Result<T, Undecodable> {
+    if !params.get().starts_with('{') {
+        return Err(Undecodable);
+    }
+    serde_json::from_str(params.get()).map_err(|_| Undecodable)
 }
 
 fn raw(value: &impl serde::Serialize) -> Outcome {
@@ -178,22 +225,27 @@ fn channel(name: &str) -> Result<ChannelName, ReplyError> {
     ChannelName::new(name).map_err(|_| ReplyError::bad_request())
 }
 
-/// Runs one method.
-async fn run(state: &AppState, who: &Principal, method: &str, p: &RawValue) -> Outcome {
-    match method {
-        "publish" => publish(state, who, params(p)?).await,
-        "broadcast" => broadcast(state, who, params(p)?).await,
-        "history" => history_method(state, who, params(p)?).await,
-        "channels" => channels(state, who, params(p)?).await,
+/// Runs one method (`Err` when its parameters do not decode).
+async fn run(
+    state: &AppState,
+    who: &Principal,
+    method: &str,
+    p: &RawValue,
+) -> Result<Outcome, Undecodable> {
+    Ok(match method {
+        "publish" => publish(state, who, decode(p)?).await,
+        "broadcast" => broadcast(state, who, decode(p)?).await,
+        "history" => history_method(state, who, decode(p)?).await,
+        "channels" => channels(state, who, decode(p)?).await,
         "info" => info(state, who),
-        "unsubscribe" => unsubscribe(state, who, params(p)?),
-        "disconnect" => disconnect(state, who, params(p)?),
-        "presence" => presence_method(state, who, params(p)?, false).await,
-        "presence_stats" => presence_method(state, who, params(p)?, true).await,
+        "unsubscribe" => unsubscribe(state, who, decode(p)?),
+        "disconnect" => disconnect(state, who, decode(p)?),
+        "presence" => presence_method(state, who, decode(p)?, false).await,
+        "presence_stats" => presence_method(state, who, decode(p)?, true).await,
         // History is durable and removed only by retention.
         "history_remove" => Err(ReplyError::not_available()),
         _ => Err(ReplyError::method_not_found()),
-    }
+    })
 }
 
 /// The parameters of `publish` and `broadcast`: the data is `data` (any
@@ -306,10 +358,11 @@ async fn epoch(state: &AppState, channel: &ChannelName) -> Result<String, ReplyE
 
 #[derive(Deserialize)]
 struct HistoryParams {
+    #[serde(default)]
     channel: String,
     #[serde(default)]
     limit: i64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object")]
     since: Option<StreamPosition>,
     #[serde(default)]
     reverse: bool,
@@ -384,7 +437,9 @@ fn info(state: &AppState, who: &Principal) -> Outcome {
 
 #[derive(Deserialize)]
 struct UserChannel {
+    #[serde(default)]
     user: String,
+    #[serde(default)]
     channel: String,
 }
 
@@ -404,14 +459,18 @@ fn unsubscribe(state: &AppState, who: &Principal, p: UserChannel) -> Outcome {
 
 #[derive(Deserialize)]
 struct DisconnectParams {
-    user: String,
     #[serde(default)]
+    user: String,
+    #[serde(default, deserialize_with = "object")]
     disconnect: Option<CustomDisconnect>,
 }
 
+/// `disconnect.code` is a `uint32` in Centrifugo's API; only whether it is
+/// in 3000–3499 matters here.
 #[derive(Deserialize)]
 struct CustomDisconnect {
-    code: u16,
+    #[serde(default)]
+    code: u32,
 }
 
 /// Closes `user`'s connections on this node: 3503 "force disconnect"
@@ -435,6 +494,7 @@ fn disconnect(state: &AppState, who: &Principal, p: DisconnectParams) -> Outcome
 
 #[derive(Deserialize)]
 struct ChannelParams {
+    #[serde(default)]
     channel: String,
 }
 
@@ -554,6 +614,115 @@ mod tests {
         let (status, answer) = send(&state, request).await;
         assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
         assert_eq!(answer["error"]["code"], 106, "{answer}");
+        shutdown.cancel();
+        state.stopped().await;
+    }
+
+    #[tokio::test]
+    async fn statuses_are_centrifugos() {
+        let (state, key, shutdown) = node().await;
+        let cases = [
+            // No such method: 404, as Centrifugo's router.
+            (
+                "teleport",
+                "{}",
+                404,
+                json!({"error": {"code": 104, "message": "method not found"}}),
+            ),
+            // Not a JSON object, or a field of another type: 400.
+            (
+                "publish",
+                "{not json",
+                400,
+                json!({"error": {"code": 107, "message": "bad request"}}),
+            ),
+            ("publish", r#"["news:a", 1]"#, 400, json!(null)),
+            ("history", r#"["news:a", 10]"#, 400, json!(null)),
+            ("info", "null", 400, json!(null)),
+            ("publish", r#"{"channel": 5, "data": 1}"#, 400, json!(null)),
+            (
+                "history",
+                r#"{"channel": "news:a", "limit": "10"}"#,
+                400,
+                json!(null),
+            ),
+            (
+                "history",
+                r#"{"channel": "news:a", "since": [0, ""]}"#,
+                400,
+                json!(null),
+            ),
+            (
+                "disconnect",
+                r#"{"user": "u", "disconnect": [3000]}"#,
+                400,
+                json!(null),
+            ),
+            ("batch", r#"{"commands": 5}"#, 400, json!(null)),
+            (
+                "batch",
+                r#"{"commands": [], "parallel": "yes"}"#,
+                400,
+                json!(null),
+            ),
+            // A field missing is its default, refused by the method when
+            // it needs one: 200 with 107.
+            (
+                "publish",
+                r#"{"data": 1}"#,
+                200,
+                json!({"error": {"code": 107, "message": "bad request"}}),
+            ),
+            (
+                "history",
+                "{}",
+                200,
+                json!({"error": {"code": 107, "message": "bad request"}}),
+            ),
+            (
+                "presence",
+                "{}",
+                200,
+                json!({"error": {"code": 107, "message": "bad request"}}),
+            ),
+            // Any uint32 disconnect code.
+            (
+                "disconnect",
+                r#"{"user": "u", "disconnect": {"code": 70000}}"#,
+                200,
+                json!({"result": {}}),
+            ),
+            ("info", " ", 200, json!(null)),
+            ("batch", "{}", 200, json!({"replies": []})),
+            // In a batch, a command that does not decode is 107 in place.
+            (
+                "batch",
+                r#"{"commands": [{"publish": {"channel": 5}}, {"history": {"channel": "news:a"}}]}"#,
+                200,
+                json!(null),
+            ),
+        ];
+        for (method, body, status, expected) in cases {
+            let request = Request::post(format!("/api/{method}"))
+                .header("x-api-key", &key)
+                .body(Body::from(body))
+                .unwrap();
+            let (got, answer) = send(&state, request).await;
+            assert_eq!(got.as_u16(), status, "{method} {body}: {answer}");
+            if status == 400 {
+                assert_eq!(
+                    answer,
+                    json!({"error": {"code": 107, "message": "bad request"}})
+                );
+            }
+            if !expected.is_null() {
+                assert_eq!(answer, expected, "{method} {body}");
+            }
+            if method == "batch" && body.contains("publish") {
+                assert_eq!(answer["replies"][0]["error"]["code"], 107, "{answer}");
+                assert_eq!(answer["replies"][1]["history"]["offset"], 0, "{answer}");
+            }
+        }
         shutdown.cancel();
         state.stopped().await;
     }
