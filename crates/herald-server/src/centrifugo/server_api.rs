@@ -39,18 +39,19 @@ use crate::{AppState, Error};
 type Outcome = Result<Box<RawValue>, ReplyError>;
 
 /// The methods served; another name is 404, as in Centrifugo, whose router
-/// has a route per method.
+/// has a route per method. In the order Centrifugo looks for them in a
+/// batch command: the first one a command holds runs.
 const METHODS: [&str; 11] = [
     "publish",
     "broadcast",
-    "history",
-    "channels",
-    "info",
     "unsubscribe",
     "disconnect",
+    "history",
+    "history_remove",
     "presence",
     "presence_stats",
-    "history_remove",
+    "info",
+    "channels",
     "batch",
 ];
 
@@ -166,8 +167,11 @@ fn answer(outcome: &Outcome) -> Response {
         .into_response()
 }
 
-/// `batch`: `{"commands": [{"<method>": {...}}, ...]}`, run in order; a
-/// command whose parameters do not decode is answered 107 in its place.
+/// `batch`: `{"commands": [{"<method>": {...}}, ...]}`, run in order. A
+/// command runs the first method of [`METHODS`] it holds (not `null`;
+/// other fields are ignored), as in Centrifugo; one with none is answered
+/// 104, a `null` command or one whose parameters do not decode 107, in
+/// its place.
 async fn batch(
     state: &AppState,
     who: &Principal,
@@ -176,7 +180,7 @@ async fn batch(
     #[derive(Deserialize)]
     struct Batch {
         #[serde(default)]
-        commands: Vec<Map<String, Value>>,
+        commands: Vec<Option<Map<String, Value>>>,
         /// Centrifugo may run the commands concurrently; Herald runs them
         /// in order either way (the field is decoded, not used).
         #[serde(default, rename = "parallel")]
@@ -185,17 +189,24 @@ async fn batch(
     let Batch { commands, .. } = decode(params)?;
     let mut replies = Vec::with_capacity(commands.len());
     for command in commands {
-        let reply = match command.into_iter().next() {
-            Some((method, params)) if method != "batch" => match to_raw_value(&params) {
-                Ok(params) => match run(state, who, &method, &params).await {
+        let Some(command) = command else {
+            replies.push(json!({ "error": ReplyError::bad_request() }).to_string());
+            continue;
+        };
+        let chosen = METHODS
+            .iter()
+            .filter(|m| **m != "batch")
+            .find_map(|m| command.get(*m).filter(|p| !p.is_null()).map(|p| (*m, p)));
+        let reply = match chosen {
+            Some((method, params)) => match to_raw_value(params) {
+                Ok(params) => match run(state, who, method, &params).await {
                     Ok(Ok(result)) => format!("{{{}:{}}}", json!(method), result.get()),
                     Ok(Err(e)) => json!({ "error": e }).to_string(),
                     Err(Undecodable) => json!({ "error": ReplyError::bad_request() }).to_string(),
                 },
                 Err(_) => json!({ "error": ReplyError::bad_request() }).to_string(),
             },
-            Some(_) => json!({ "error": ReplyError::method_not_found() }).to_string(),
-            None => json!({ "error": ReplyError::bad_request() }).to_string(),
+            None => json!({ "error": ReplyError::method_not_found() }).to_string(),
         };
         replies.push(reply);
     }
@@ -723,6 +734,44 @@ mod tests {
                 assert_eq!(answer["replies"][1]["history"]["offset"], 0, "{answer}");
             }
         }
+        shutdown.cancel();
+        state.stopped().await;
+    }
+
+    #[tokio::test]
+    async fn a_batch_command_runs_the_first_method_it_holds() {
+        let (state, key, shutdown) = node().await;
+        let body = json!({"commands": [
+            // Another field that sorts first is ignored.
+            {"aaa": 1, "publish": {"channel": "news:a", "data": 1}},
+            // Two methods: the first in Centrifugo's order runs.
+            {"history": {"channel": "news:a"}, "publish": {"channel": "news:a", "data": 2}},
+            // A method that is null is not there.
+            {"publish": null, "info": {}},
+            {"teleport": {}},
+            {},
+            null,
+            {"batch": {"commands": []}},
+        ]});
+        let request = Request::post("/api/batch")
+            .header("x-api-key", &key)
+            .body(Body::from(body.to_string()))
+            .unwrap();
+        let (status, answer) = send(&state, request).await;
+        assert_eq!(status, StatusCode::OK);
+        let replies = answer["replies"].as_array().unwrap();
+        assert_eq!(replies.len(), 7, "{answer}");
+        assert_eq!(replies[0]["publish"]["offset"], 1, "{answer}");
+        assert_eq!(replies[1]["publish"]["offset"], 2, "{answer}");
+        assert!(replies[2]["info"]["nodes"].is_array(), "{answer}");
+        let not_found = json!({"error": {"code": 104, "message": "method not found"}});
+        assert_eq!(replies[3], not_found);
+        assert_eq!(replies[4], not_found);
+        assert_eq!(
+            replies[5],
+            json!({"error": {"code": 107, "message": "bad request"}})
+        );
+        assert_eq!(replies[6], not_found);
         shutdown.cancel();
         state.stopped().await;
     }
