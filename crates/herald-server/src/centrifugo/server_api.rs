@@ -336,8 +336,11 @@ async fn publish(state: &AppState, who: &Principal, p: PublishParams) -> Outcome
 }
 
 /// Publishes to each channel in turn: `{"responses":[...]}`, one publish
-/// answer per channel.
+/// answer per channel; no channel is 107, as in Centrifugo.
 async fn broadcast(state: &AppState, who: &Principal, p: PublishParams) -> Outcome {
+    if p.channels.is_empty() {
+        return Err(ReplyError::bad_request());
+    }
     let channels = p.channels.clone();
     let (data, key) = p.payload()?;
     let mut responses = Vec::with_capacity(channels.len());
@@ -693,6 +696,19 @@ mod tests {
             (
                 "presence",
                 "{}",
+                200,
+                json!({"error": {"code": 107, "message": "bad request"}}),
+            ),
+            // A broadcast to no channel.
+            (
+                "broadcast",
+                r#"{"channels": [], "data": 1}"#,
+                200,
+                json!({"error": {"code": 107, "message": "bad request"}}),
+            ),
+            (
+                "broadcast",
+                r#"{"data": 1}"#,
                 200,
                 json!({"error": {"code": 107, "message": "bad request"}}),
             ),
