@@ -17,7 +17,9 @@
 //! - `channel_options.rs`: `presence`, `join_leave` and
 //!   `force_push_join_leave` per namespace;
 //! - `config.rs`: ping, pong and connect timeouts, and the defaults of
-//!   the channel options.
+//!   the channel options;
+//! - `fuzz.rs` (tests only): property tests of the server API (the client
+//!   protocol's are `tests/fuzz_centrifugo.rs`).
 //!
 //! Access control is Herald's (`auth/`): the connection token is a
 //! Herald client token (Centrifugo's claim names `sub`, `exp`,
@@ -28,6 +30,8 @@ mod channel_options;
 mod codes;
 mod commands;
 mod config;
+#[cfg(test)]
+mod fuzz;
 mod history;
 mod join_leave;
 mod presence;
