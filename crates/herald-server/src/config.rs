@@ -22,7 +22,8 @@ pub struct ServerConfig {
     /// Largest accepted batch publish request body (`POST /v1/messages`),
     /// in bytes (default 4 MiB); each entry's `data` is also held to
     /// `max_message_bytes`. A larger body is answered with 413
-    /// `payload_too_large`.
+    /// `payload_too_large`. Also the largest Centrifugo server API body
+    /// (`POST /api/<method>`, 413 with code 106).
     pub max_batch_body_bytes: usize,
     /// Capacity of the writer's queue, in publish requests (default 4 096).
     /// A publish that finds it full is answered with 503 `queue_full`.

@@ -1,9 +1,9 @@
 //! A storage that passes every call on to another one, with hooks that may
-//! delay or fail reads and appends, fail reads of deletions or withhold
-//! change signals ([`Hooked`], [`StorageHooks`]), and the
-//! hooks the tests use: reads that return late ([`SlowReads`]), appends
-//! held until a gate opens ([`AppendGate`]) and a read outage switched on
-//! and off ([`ReadOutage`]).
+//! delay or fail reads, appends and channel epochs, fail reads of
+//! deletions or withhold change signals ([`Hooked`], [`StorageHooks`]),
+//! and the hooks the tests use: reads that return late ([`SlowReads`]),
+//! appends held until a gate opens ([`AppendGate`]) and a read outage
+//! switched on and off ([`ReadOutage`]).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -57,10 +57,16 @@ pub trait StorageHooks: Send + Sync + 'static {
     fn change_signals(&self) -> bool {
         true
     }
+    /// Runs before `channel_epoch` of `channel` is passed on; may wait. An
+    /// `Err` is returned instead, and the call is not passed on.
+    async fn before_epoch(&self, channel: &ChannelName) -> herald_storage::Result<()> {
+        let _ = channel;
+        Ok(())
+    }
 }
 
 /// A [`Storage`] that passes every call on to `inner`, running the hooks
-/// `H` around reads and appends.
+/// `H` around reads, appends and channel epochs.
 pub struct Hooked<H> {
     inner: Arc<dyn Storage>,
     hooks: Arc<H>,
@@ -186,6 +192,7 @@ impl<H: StorageHooks> Storage for Hooked<H> {
     }
 
     async fn channel_epoch(&self, channel: &ChannelName) -> herald_storage::Result<String> {
+        self.hooks.before_epoch(channel).await?;
         self.inner.channel_epoch(channel).await
     }
 

@@ -198,7 +198,13 @@ impl Session {
     pub(crate) async fn handle_frame(&mut self, text: &str) -> Handled {
         let mut handled = Handled::default();
         for line in text.split('\n').map(str::trim).filter(|l| !l.is_empty()) {
-            let Ok(command) = serde_json::from_str::<Command>(line) else {
+            // A command is a JSON object (serde would also take an array
+            // of its fields' values).
+            let command = line
+                .starts_with('{')
+                .then(|| serde_json::from_str::<Command>(line).ok())
+                .flatten();
+            let Some(command) = command else {
                 handled.close = Some(codes::BAD_REQUEST);
                 return handled;
             };
@@ -217,6 +223,19 @@ impl Session {
     /// Runs one command.
     async fn handle(&mut self, c: Command, pong: &mut bool) -> Answer {
         let id = c.id;
+        if id == 0 {
+            // Centrifugo: a command without an id is the client's pong,
+            // or a `send`; whatever else it holds is never run, and
+            // before `connect` it is a protocol error.
+            if self.who.is_none() {
+                return Answer::Close(codes::BAD_REQUEST);
+            }
+            if c.send.is_some() {
+                return Answer::Close(codes::NOT_AVAILABLE);
+            }
+            *pong = true;
+            return Answer::Nothing;
+        }
         if let Some(req) = c.connect {
             return self.connect(id, req).await;
         }
@@ -248,9 +267,6 @@ impl Session {
             self.refresh(id, req)
         } else if let Some(req) = c.sub_refresh {
             self.sub_refresh(id, req)
-        } else if id == 0 {
-            *pong = true;
-            Answer::Nothing
         } else {
             Answer::Reply(error_reply(id, &ReplyError::method_not_found()))
         }
@@ -258,7 +274,9 @@ impl Session {
 
     /// Checks a client token: the principal, or the answer to give
     /// (109 for an expired token, which the SDK renews; 3500 for a token
-    /// that does not verify, or names another user than the connection's).
+    /// that does not verify, or, once connected, names another user than
+    /// the connection's: "" for an anonymous connection, as in
+    /// Centrifugo).
     fn check_token(&self, id: u32, token: &str) -> Result<Principal, Answer> {
         let auth = &self.state.shared.auth;
         let who = match auth.resolve(Some(Credential::Token(token))) {
@@ -268,11 +286,9 @@ impl Session {
             }
             Err(_) => return Err(Answer::Close(codes::INVALID_TOKEN)),
         };
-        let user = |p: &Principal| p.token().map(|t| t.subject.clone());
-        if let (Some(current), Some(new)) = (self.who.as_ref().and_then(user), user(&who)) {
-            if current != new {
-                return Err(Answer::Close(codes::INVALID_TOKEN));
-            }
+        let user = who.token().map(|t| t.subject.as_str()).unwrap_or_default();
+        if self.who.is_some() && user != self.user() {
+            return Err(Answer::Close(codes::INVALID_TOKEN));
         }
         Ok(who)
     }
@@ -438,7 +454,9 @@ impl Session {
             Ok(started) => started,
             Err(e) => {
                 e.log();
-                presence::leave(&self.state, &self.client, BTreeSet::from([channel.clone()]));
+                // The row goes before the answer: a refused subscribe
+                // leaves nothing behind when it is answered.
+                presence::remove(&self.state, &self.client, channel).await;
                 return Err(ReplyError::internal());
             }
         };

@@ -22,7 +22,9 @@
 //! - `config.rs`: ping, pong and connect timeouts, and the defaults of
 //!   the channel options;
 //! - `node_info.rs`: each node's report of its connections in the
-//!   storage, for a cluster-wide `info`.
+//!   storage, for a cluster-wide `info`;
+//! - `fuzz.rs` (tests only): property tests of the server API (the client
+//!   protocol's are `tests/fuzz_centrifugo.rs`).
 //!
 //! Access control is Herald's (`auth/`): the connection token is a
 //! Herald client token (Centrifugo's claim names `sub`, `exp`,
@@ -33,6 +35,8 @@ mod channel_options;
 mod codes;
 mod commands;
 mod config;
+#[cfg(test)]
+mod fuzz;
 mod history;
 mod history_remove;
 mod join_leave;

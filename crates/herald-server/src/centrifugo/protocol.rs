@@ -9,10 +9,13 @@
 //! protobuf's JSON mapping does for unknown fields.
 
 use std::collections::BTreeMap;
+use std::marker::PhantomData;
 
 use herald_core::{Message, Tags};
 use herald_storage::{PresenceEvent, PresenceEventKind};
-use serde::{Deserialize, Serialize};
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{MapAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
 
 use super::codes::ReplyError;
@@ -20,22 +23,68 @@ use super::codes::ReplyError;
 /// One command of a client frame.
 #[derive(Debug, Default, Deserialize)]
 pub(crate) struct Command {
-    /// Matches the reply to the command; 0 for a pong (or a `send`, which
-    /// gets no reply).
+    /// Matches the reply to the command; 0 (or none) for a pong, which is
+    /// never run whatever else it holds, or a `send`, which gets no reply.
     #[serde(default)]
     pub(crate) id: u32,
+    #[serde(default, deserialize_with = "object")]
     pub(crate) connect: Option<ConnectRequest>,
+    #[serde(default, deserialize_with = "object")]
     pub(crate) subscribe: Option<SubscribeRequest>,
+    #[serde(default, deserialize_with = "object")]
     pub(crate) unsubscribe: Option<ChannelRequest>,
+    #[serde(default, deserialize_with = "object")]
     pub(crate) publish: Option<PublishRequest>,
+    #[serde(default, deserialize_with = "object")]
     pub(crate) presence: Option<ChannelRequest>,
+    #[serde(default, deserialize_with = "object")]
     pub(crate) presence_stats: Option<ChannelRequest>,
+    #[serde(default, deserialize_with = "object")]
     pub(crate) history: Option<HistoryRequest>,
     pub(crate) ping: Option<serde::de::IgnoredAny>,
     pub(crate) send: Option<serde::de::IgnoredAny>,
     pub(crate) rpc: Option<serde::de::IgnoredAny>,
+    #[serde(default, deserialize_with = "object")]
     pub(crate) refresh: Option<RefreshRequest>,
+    #[serde(default, deserialize_with = "object")]
     pub(crate) sub_refresh: Option<SubRefreshRequest>,
+}
+
+/// An optional request from `null` or a JSON object, and nothing else:
+/// serde's derived structs also take an array of their fields' values
+/// (`"since": [5, "e"]`), which is not the protocol; Centrifugo's decoder
+/// refuses it, so such a command does not decode (the connection closes
+/// with 3501, the server API answers 400).
+pub(crate) fn object<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    struct ObjectOrNull<T>(PhantomData<T>);
+    impl<'de, T: Deserialize<'de>> Visitor<'de> for ObjectOrNull<T> {
+        type Value = Option<T>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an object or null")
+        }
+
+        fn visit_none<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_map(self)
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            T::deserialize(MapAccessDeserializer::new(map)).map(Some)
+        }
+    }
+    deserializer.deserialize_option(ObjectOrNull(PhantomData))
 }
 
 /// `connect`: the connection token, the client's name and version, and
@@ -137,7 +186,7 @@ pub(crate) struct HistoryRequest {
     #[serde(default)]
     pub(crate) limit: i64,
     /// Only publications after this position (before it with `reverse`).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object")]
     pub(crate) since: Option<StreamPosition>,
     /// Newest first.
     #[serde(default)]
@@ -289,6 +338,35 @@ mod tests {
     use serde_json::{json, Value};
 
     use super::*;
+
+    #[test]
+    fn requests_decode_from_objects_only() {
+        let parse = |line: &str| serde_json::from_str::<Command>(line);
+        for array in [
+            r#"{"id":1,"history":{"channel":"a","since":[5,"e"]}}"#,
+            r#"{"id":1,"history":{"channel":"a","since":[]}}"#,
+            r#"{"id":1,"subscribe":["a"]}"#,
+            r#"{"id":1,"publish":["a",1]}"#,
+        ] {
+            assert!(parse(array).is_err(), "{array}");
+        }
+        let c = parse(r#"{"id":1,"history":{"channel":"a","since":null}}"#).unwrap();
+        assert_eq!(c.history.unwrap().since, None);
+        let c = parse(r#"{"id":1,"history":{"channel":"a","since":{"offset":5,"epoch":"e"}}}"#)
+            .unwrap();
+        let since = StreamPosition {
+            offset: 5,
+            epoch: "e".to_owned(),
+        };
+        assert_eq!(c.history.unwrap().since, Some(since));
+        let c = parse(r#"{"id":1,"subscribe":null,"unsubscribe":{"channel":"a"}}"#).unwrap();
+        assert!(c.subscribe.is_none());
+        assert_eq!(c.unsubscribe.unwrap().channel, "a");
+        let c = parse(r#"{"id":1,"publish":{"channel":"a","data":[1, {"x": 2}]}}"#).unwrap();
+        assert_eq!(c.publish.unwrap().data.get(), r#"[1, {"x": 2}]"#);
+        let c = parse(r#"{"id":7}"#).unwrap();
+        assert!(c.connect.is_none() && c.history.is_none());
+    }
 
     #[test]
     fn join_and_leave_pushes_have_centrifugos_shape() {

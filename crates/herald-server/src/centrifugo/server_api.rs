@@ -4,16 +4,20 @@
 //! Herald's API keys are the keys; their permissions apply (`publish` for
 //! publish and broadcast, `read` for history, `admin` for the rest).
 //!
-//! Every answer that got past the key check is HTTP 200 with
-//! `{"result": ...}` or `{"error": {"code", "message"}}` (codes as in
-//! `codes.rs`); a missing or unknown key is HTTP 401, as Centrifugo does.
-//! `batch` answers `{"replies": [{"<method>": ...} | {"error": ...}]}`.
+//! Refused before any method runs, with an HTTP status as Centrifugo
+//! answers and `{"error": {"code", "message"}}`, in this order: an unknown
+//! method 404 (104); a missing or unknown key 401 (101), checked before
+//! the body is read; a body over `max_batch_body_bytes` 413 (106); a body
+//! that does not decode (not a JSON object, a field of another JSON type)
+//! 400 (107). Every other answer is HTTP 200 with `{"result": ...}` or
+//! `{"error": {"code", "message"}}` (codes as in `codes.rs`). `batch`
+//! answers `{"replies": [{"<method>": ...} | {"error": ...}]}`.
 
 use std::sync::Arc;
 
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Path, Query, Request, State};
 use axum::http::header::AUTHORIZATION;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use bytes::Bytes;
@@ -25,84 +29,133 @@ use serde_json::{json, Map, Value};
 
 use super::codes::{self, ReplyError};
 use super::history::{history, HistoryQuery};
-use super::protocol::{publications, StreamPosition};
+use super::protocol::{object, publications, StreamPosition};
+use crate::api::read_limited;
 use crate::auth::{Credential, Pattern, Principal};
-use crate::AppState;
+use crate::{AppState, Error};
 
 /// A method's result, kept as JSON text (publication data stays byte
 /// for byte what was published).
 type Outcome = Result<Box<RawValue>, ReplyError>;
 
-/// `POST /api/{method}`.
+/// The methods served; another name is 404, as in Centrifugo, whose router
+/// has a route per method. In the order Centrifugo looks for them in a
+/// batch command: the first one a command holds runs.
+const METHODS: [&str; 11] = [
+    "publish",
+    "broadcast",
+    "unsubscribe",
+    "disconnect",
+    "history",
+    "history_remove",
+    "presence",
+    "presence_stats",
+    "info",
+    "channels",
+    "batch",
+];
+
+/// Parameters that do not decode: not a JSON object, or a field of
+/// another JSON type than the method's (Centrifugo answers 400; a missing
+/// field is its default, and refused by the method if it needs one).
+#[derive(Debug)]
+struct Undecodable;
+
+/// `POST /api/{method}`. An unknown method is 404; then the key is checked
+/// before the body is read, so a caller without one gets 401 whatever it
+/// sends, and a client that waits for `100 Continue` never sends its body;
+/// then a body that does not decode is 400.
 pub(crate) async fn call(
     State(state): State<AppState>,
     Path(method): Path<String>,
-    RawQuery(query): RawQuery,
-    headers: HeaderMap,
-    body: Bytes,
+    request: Request,
 ) -> Response {
-    let who = match principal(&state, &headers, query.as_deref()) {
-        Ok(who) => who,
-        Err(status) => return status.into_response(),
+    if !METHODS.contains(&method.as_str()) {
+        return failure(StatusCode::NOT_FOUND, &ReplyError::method_not_found());
+    }
+    let (parts, body) = request.into_parts();
+    let Some(who) = principal(&state, &parts.headers, &parts.uri) else {
+        return failure(StatusCode::UNAUTHORIZED, &ReplyError::unauthorized());
+    };
+    let limit = state.config().max_batch_body_bytes;
+    let body = match read_limited(&parts.headers, body, limit).await {
+        Ok(body) => body,
+        Err(Error::PayloadTooLarge { .. }) => {
+            return failure(StatusCode::PAYLOAD_TOO_LARGE, &ReplyError::limit_exceeded())
+        }
+        Err(_) => return failure(StatusCode::BAD_REQUEST, &ReplyError::bad_request()),
     };
     let body = if body.iter().all(u8::is_ascii_whitespace) {
         Bytes::from_static(b"{}")
     } else {
         body
     };
-    let params: Box<RawValue> = match serde_json::from_slice(&body) {
-        Ok(params) => params,
-        Err(_) => return answer(&Err(ReplyError::bad_request())),
+    let bad_request = || failure(StatusCode::BAD_REQUEST, &ReplyError::bad_request());
+    let params: Box<RawValue> = match serde_json::from_slice::<Box<RawValue>>(&body) {
+        Ok(params) if params.get().starts_with('{') => params,
+        _ => return bad_request(),
     };
     if method == "batch" {
-        return batch(&state, &who, &headers, &params).await;
+        return batch(&state, &who, &parts.headers, &params)
+            .await
+            .unwrap_or_else(|_| bad_request());
     }
-    answer(&run(&state, &who, &headers, &method, &params).await)
+    match run(&state, &who, &parts.headers, &method, &params).await {
+        Ok(outcome) => answer(&outcome),
+        Err(Undecodable) => bad_request(),
+    }
 }
 
-/// The caller, from its API key; 401 when access control is on and the key
-/// is missing or unknown. A call a standby forwarded (`Herald-Forwarded-By`,
+/// The caller, from its API key; `None` when access control is on and the
+/// key is missing or unknown. `?api_key=` is percent-decoded, as any query
+/// parameter. A call a standby forwarded (`Herald-Forwarded-By`,
 /// `history_remove`) is the cluster's when it carries the cluster secret,
-/// and 401 without it, as a forwarded publish is (`auth/extract.rs`).
-fn principal(
-    state: &AppState,
-    headers: &HeaderMap,
-    query: Option<&str>,
-) -> Result<Principal, StatusCode> {
+/// and `None` without it, as a forwarded publish is (`auth/extract.rs`).
+fn principal(state: &AppState, headers: &HeaderMap, uri: &Uri) -> Option<Principal> {
     let auth = &state.shared.auth;
     if crate::forward::was_forwarded(headers) {
-        return auth
-            .principal(headers, None)
-            .map_err(|_| StatusCode::UNAUTHORIZED);
+        return auth.principal(headers, None).ok();
     }
     if !auth.enabled() {
-        return Ok(Principal::Anonymous);
+        return Some(Principal::Anonymous);
     }
     let from_authorization = headers
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split_once(' '))
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("apikey"))
-        .map(|(_, key)| key.trim());
+        .map(|(_, key)| key.trim().to_owned());
     let from_header = headers
         .get("x-api-key")
         .and_then(|v| v.to_str().ok())
-        .map(str::trim);
-    let from_query = query.and_then(|q| {
-        q.split('&')
-            .filter_map(|pair| pair.split_once('='))
-            .find(|(name, _)| *name == "api_key")
+        .map(|key| key.trim().to_owned());
+    let from_query = || {
+        Query::<Vec<(String, String)>>::try_from_uri(uri)
+            .ok()?
+            .0
+            .into_iter()
+            .find(|(name, _)| name == "api_key")
             .map(|(_, key)| key)
-    });
+    };
     let key = from_header
         .or(from_authorization)
-        .or(from_query)
-        .filter(|k| !k.is_empty())
-        .ok_or(StatusCode::UNAUTHORIZED)?;
-    match auth.resolve(Some(Credential::ApiKey(key))) {
-        Ok(who @ Principal::Key(_)) => Ok(who),
-        _ => Err(StatusCode::UNAUTHORIZED),
+        .or_else(from_query)
+        .filter(|k| !k.is_empty())?;
+    match auth.resolve(Some(Credential::ApiKey(&key))) {
+        Ok(who @ Principal::Key(_)) => Some(who),
+        _ => None,
     }
+}
+
+/// A refusal before any method ran: `status` with
+/// `{"error": {"code", "message"}}`.
+fn failure(status: StatusCode, error: &ReplyError) -> Response {
+    (
+        status,
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        json!({ "error": error }).to_string(),
+    )
+        .into_response()
 }
 
 /// `{"result": ...}` or `{"error": ...}`, HTTP 200.
@@ -119,47 +172,66 @@ fn answer(outcome: &Outcome) -> Response {
         .into_response()
 }
 
-/// `batch`: `{"commands": [{"<method>": {...}}, ...]}`, run in order.
+/// `batch`: `{"commands": [{"<method>": {...}}, ...]}`, run in order. A
+/// command runs the first method of [`METHODS`] it holds (not `null`;
+/// other fields are ignored), as in Centrifugo; one with none is answered
+/// 104, a `null` command or one whose parameters do not decode 107, in
+/// its place.
 async fn batch(
     state: &AppState,
     who: &Principal,
     headers: &HeaderMap,
     params: &RawValue,
-) -> Response {
+) -> Result<Response, Undecodable> {
     #[derive(Deserialize)]
     struct Batch {
-        commands: Vec<Map<String, Value>>,
+        #[serde(default)]
+        commands: Vec<Option<Map<String, Value>>>,
+        /// Centrifugo may run the commands concurrently; Herald runs them
+        /// in order either way (the field is decoded, not used).
+        #[serde(default, rename = "parallel")]
+        _parallel: bool,
     }
-    let Ok(Batch { commands }) = serde_json::from_str::<Batch>(params.get()) else {
-        return answer(&Err(ReplyError::bad_request()));
-    };
+    let Batch { commands, .. } = decode(params)?;
     let mut replies = Vec::with_capacity(commands.len());
     for command in commands {
-        let reply = match command.into_iter().next() {
-            Some((method, params)) if method != "batch" => match to_raw_value(&params) {
-                Ok(params) => match run(state, who, headers, &method, &params).await {
-                    Ok(result) => format!("{{{}:{}}}", json!(method), result.get()),
-                    Err(e) => json!({ "error": e }).to_string(),
+        let Some(command) = command else {
+            replies.push(json!({ "error": ReplyError::bad_request() }).to_string());
+            continue;
+        };
+        let chosen = METHODS
+            .iter()
+            .filter(|m| **m != "batch")
+            .find_map(|m| command.get(*m).filter(|p| !p.is_null()).map(|p| (*m, p)));
+        let reply = match chosen {
+            Some((method, params)) => match to_raw_value(params) {
+                Ok(params) => match run(state, who, headers, method, &params).await {
+                    Ok(Ok(result)) => format!("{{{}:{}}}", json!(method), result.get()),
+                    Ok(Err(e)) => json!({ "error": e }).to_string(),
+                    Err(Undecodable) => json!({ "error": ReplyError::bad_request() }).to_string(),
                 },
                 Err(_) => json!({ "error": ReplyError::bad_request() }).to_string(),
             },
-            Some(_) => json!({ "error": ReplyError::method_not_found() }).to_string(),
-            None => json!({ "error": ReplyError::bad_request() }).to_string(),
+            None => json!({ "error": ReplyError::method_not_found() }).to_string(),
         };
         replies.push(reply);
     }
     let body = format!("{{\"replies\":[{}]}}", replies.join(","));
-    (
+    Ok((
         StatusCode::OK,
         [(axum::http::header::CONTENT_TYPE, "application/json")],
         body,
     )
-        .into_response()
+        .into_response())
 }
 
-/// Parses `params` as `T`, or 107.
-fn params<'a, T: Deserialize<'a>>(params: &'a RawValue) -> Result<T, ReplyError> {
-    serde_json::from_str(params.get()).map_err(|_| ReplyError::bad_request())
+/// Decodes `params` as `T`: a JSON object whose fields have `T`'s types
+/// (serde alone would also take an array of the fields' values).
+fn decode<'a, T: Deserialize<'a>>(params: &'a RawValue) -> Result<T, Undecodable> {
+    if !params.get().starts_with('{') {
+        return Err(Undecodable);
+    }
+    serde_json::from_str(params.get()).map_err(|_| Undecodable)
 }
 
 fn raw(value: &impl serde::Serialize) -> Outcome {
@@ -170,32 +242,28 @@ fn channel(name: &str) -> Result<ChannelName, ReplyError> {
     ChannelName::new(name).map_err(|_| ReplyError::bad_request())
 }
 
-/// Runs one method (`headers` are the request's, for a call to forward).
+/// Runs one method (`Err` when its parameters do not decode; `headers`
+/// are the request's, for a call to forward).
 async fn run(
     state: &AppState,
     who: &Principal,
     headers: &HeaderMap,
     method: &str,
     p: &RawValue,
-) -> Outcome {
-    match method {
-        "publish" => publish(state, who, params(p)?).await,
-        "broadcast" => broadcast(state, who, params(p)?).await,
-        "history" => history_method(state, who, params(p)?).await,
-        "channels" => channels(state, who, params(p)?).await,
+) -> Result<Outcome, Undecodable> {
+    Ok(match method {
+        "publish" => publish(state, who, decode(p)?).await,
+        "broadcast" => broadcast(state, who, decode(p)?).await,
+        "history" => history_method(state, who, decode(p)?).await,
+        "channels" => channels(state, who, decode(p)?).await,
         "info" => info(state, who).await,
-        "unsubscribe" => unsubscribe(state, who, params(p)?).await,
-        "disconnect" => disconnect(state, who, params(p)?).await,
-        "presence" => presence_method(state, who, params(p)?, false).await,
-        "presence_stats" => presence_method(state, who, params(p)?, true).await,
-        "history_remove" => {
-            let p: ChannelParams = params(p)?;
-            let channel = channel(&p.channel)?;
-            super::history_remove::history_remove(state, who, headers, channel).await?;
-            raw(&json!({}))
-        }
+        "unsubscribe" => unsubscribe(state, who, decode(p)?).await,
+        "disconnect" => disconnect(state, who, decode(p)?).await,
+        "presence" => presence_method(state, who, decode(p)?, false).await,
+        "presence_stats" => presence_method(state, who, decode(p)?, true).await,
+        "history_remove" => history_remove(state, who, headers, decode(p)?).await,
         _ => Err(ReplyError::method_not_found()),
-    }
+    })
 }
 
 /// The parameters of `publish` and `broadcast`: the data is `data` (any
@@ -232,7 +300,7 @@ impl PublishParams {
     /// The JSON to store, its tags and the idempotency key, or 107 for data
     /// that is missing, not JSON, or asks for what Herald does not do
     /// (`skip_history`: every publication is stored). (Tags that are not
-    /// an object of strings fail the parameters' parse: 107 too.)
+    /// an object of strings fail the parameters' decoding: 400.)
     fn payload(self) -> Result<Payload, ReplyError> {
         if self.skip_history {
             return Err(ReplyError::bad_request());
@@ -295,8 +363,11 @@ async fn publish(state: &AppState, who: &Principal, p: PublishParams) -> Outcome
 }
 
 /// Publishes to each channel in turn: `{"responses":[...]}`, one publish
-/// answer per channel.
+/// answer per channel; no channel is 107, as in Centrifugo.
 async fn broadcast(state: &AppState, who: &Principal, p: PublishParams) -> Outcome {
+    if p.channels.is_empty() {
+        return Err(ReplyError::bad_request());
+    }
     let channels = p.channels.clone();
     let payload = p.payload()?;
     let mut responses = Vec::with_capacity(channels.len());
@@ -328,10 +399,11 @@ async fn epoch(state: &AppState, channel: &ChannelName) -> Result<String, ReplyE
 
 #[derive(Deserialize)]
 struct HistoryParams {
+    #[serde(default)]
     channel: String,
     #[serde(default)]
     limit: i64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object")]
     since: Option<StreamPosition>,
     #[serde(default)]
     reverse: bool,
@@ -395,7 +467,9 @@ async fn info(state: &AppState, who: &Principal) -> Outcome {
 
 #[derive(Deserialize)]
 struct UserChannel {
+    #[serde(default)]
     user: String,
+    #[serde(default)]
     channel: String,
 }
 
@@ -431,14 +505,18 @@ async fn unsubscribe(state: &AppState, who: &Principal, p: UserChannel) -> Outco
 
 #[derive(Deserialize)]
 struct DisconnectParams {
-    user: String,
     #[serde(default)]
+    user: String,
+    #[serde(default, deserialize_with = "object")]
     disconnect: Option<CustomDisconnect>,
 }
 
+/// `disconnect.code` is a `uint32` in Centrifugo's API; only whether it is
+/// in 3000–3499 matters here.
 #[derive(Deserialize)]
 struct CustomDisconnect {
-    code: u16,
+    #[serde(default)]
+    code: u32,
 }
 
 /// Closes `user`'s connections on every node: 3503 "force disconnect"
@@ -463,8 +541,22 @@ async fn disconnect(state: &AppState, who: &Principal, p: DisconnectParams) -> O
     .await
 }
 
+/// `history_remove` (`admin`): every stored publication of the channel up
+/// to its head removed, head and epoch kept (`history_remove.rs`).
+async fn history_remove(
+    state: &AppState,
+    who: &Principal,
+    headers: &HeaderMap,
+    p: ChannelParams,
+) -> Outcome {
+    let channel = channel(&p.channel)?;
+    super::history_remove::history_remove(state, who, headers, channel).await?;
+    raw(&json!({}))
+}
+
 #[derive(Deserialize)]
 struct ChannelParams {
+    #[serde(default)]
     channel: String,
 }
 
@@ -489,4 +581,276 @@ async fn presence_method(
         super::presence::presence(state, &channel).await?
     };
     raw(&result)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use axum::body::Body;
+    use axum::http::Request;
+    use herald_core::FencingToken;
+    use tokio_util::sync::CancellationToken;
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::auth::{api_key_sha256, generate_api_key, ApiKeyConfig, AuthConfig, Permission};
+    use crate::testing::{FakeLease, MemoryStorage};
+    use crate::{app, ServerConfig};
+
+    /// A holder with one API key that may do everything; the key.
+    async fn node() -> (AppState, String, CancellationToken) {
+        let key = generate_api_key();
+        let config = ServerConfig {
+            max_batch_body_bytes: 4096,
+            auth: AuthConfig {
+                api_keys: vec![ApiKeyConfig {
+                    name: "backend".to_owned(),
+                    sha256: api_key_sha256(&key),
+                    permissions: vec![Permission::Publish, Permission::Read, Permission::Admin],
+                    channels: None,
+                    publish_rate_per_s: None,
+                    publish_burst: None,
+                }],
+                ..AuthConfig::default()
+            },
+            ..ServerConfig::default()
+        };
+        let shutdown = CancellationToken::new();
+        let state = AppState::start_with(
+            MemoryStorage::new(),
+            FakeLease::holder(FencingToken(1)),
+            config,
+            shutdown.clone(),
+        )
+        .await
+        .unwrap();
+        (state, key, shutdown)
+    }
+
+    async fn send(state: &AppState, request: Request<Body>) -> (StatusCode, Value) {
+        let response = app(state.clone()).oneshot(request).await.unwrap();
+        let status = response.status();
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (status, serde_json::from_slice(&body).unwrap())
+    }
+
+    #[tokio::test]
+    async fn the_key_is_checked_before_the_body_is_read() {
+        let (state, key, shutdown) = node().await;
+        // Without a key: 401, and the body is never read (a client
+        // waiting for `100 Continue` would never be asked for it).
+        let polled = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&polled);
+        let body = Body::from_stream(futures::stream::once(async move {
+            flag.store(true, Ordering::SeqCst);
+            Ok::<_, std::convert::Infallible>(Bytes::from_static(b"{\"channel\":\"a\",\"data\":1}"))
+        }));
+        let request = Request::post("/api/publish")
+            .header("expect", "100-continue")
+            .body(body)
+            .unwrap();
+        let response = app(state.clone()).oneshot(request).await.unwrap();
+        assert!(!polled.load(Ordering::SeqCst), "the body was read");
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        assert_eq!(
+            serde_json::from_slice::<Value>(&body).unwrap(),
+            json!({"error": {"code": 101, "message": "unauthorized"}})
+        );
+        // A body over the limit without a key is a 401 too, not a 413.
+        let big = json!({"channel": "a", "data": "x".repeat(8000)}).to_string();
+        let request = Request::post("/api/publish")
+            .body(Body::from(big.clone()))
+            .unwrap();
+        assert_eq!(send(&state, request).await.0, StatusCode::UNAUTHORIZED);
+        // With the key, the same body is over the limit: 413, 106.
+        let request = Request::post("/api/publish")
+            .header("x-api-key", &key)
+            .body(Body::from(big))
+            .unwrap();
+        let (status, answer) = send(&state, request).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(answer["error"]["code"], 106, "{answer}");
+        shutdown.cancel();
+        state.stopped().await;
+    }
+
+    #[tokio::test]
+    async fn statuses_are_centrifugos() {
+        let (state, key, shutdown) = node().await;
+        let cases = [
+            // No such method: 404, as Centrifugo's router.
+            (
+                "teleport",
+                "{}",
+                404,
+                json!({"error": {"code": 104, "message": "method not found"}}),
+            ),
+            // Not a JSON object, or a field of another type: 400.
+            (
+                "publish",
+                "{not json",
+                400,
+                json!({"error": {"code": 107, "message": "bad request"}}),
+            ),
+            ("publish", r#"["news:a", 1]"#, 400, json!(null)),
+            ("history", r#"["news:a", 10]"#, 400, json!(null)),
+            ("info", "null", 400, json!(null)),
+            ("publish", r#"{"channel": 5, "data": 1}"#, 400, json!(null)),
+            (
+                "history",
+                r#"{"channel": "news:a", "limit": "10"}"#,
+                400,
+                json!(null),
+            ),
+            (
+                "history",
+                r#"{"channel": "news:a", "since": [0, ""]}"#,
+                400,
+                json!(null),
+            ),
+            (
+                "disconnect",
+                r#"{"user": "u", "disconnect": [3000]}"#,
+                400,
+                json!(null),
+            ),
+            ("batch", r#"{"commands": 5}"#, 400, json!(null)),
+            (
+                "batch",
+                r#"{"commands": [], "parallel": "yes"}"#,
+                400,
+                json!(null),
+            ),
+            // A field missing is its default, refused by the method when
+            // it needs one: 200 with 107.
+            (
+                "publish",
+                r#"{"data": 1}"#,
+                200,
+                json!({"error": {"code": 107, "message": "bad request"}}),
+            ),
+            (
+                "history",
+                "{}",
+                200,
+                json!({"error": {"code": 107, "message": "bad request"}}),
+            ),
+            (
+                "presence",
+                "{}",
+                200,
+                json!({"error": {"code": 107, "message": "bad request"}}),
+            ),
+            // A broadcast to no channel.
+            (
+                "broadcast",
+                r#"{"channels": [], "data": 1}"#,
+                200,
+                json!({"error": {"code": 107, "message": "bad request"}}),
+            ),
+            (
+                "broadcast",
+                r#"{"data": 1}"#,
+                200,
+                json!({"error": {"code": 107, "message": "bad request"}}),
+            ),
+            // Any uint32 disconnect code.
+            (
+                "disconnect",
+                r#"{"user": "u", "disconnect": {"code": 70000}}"#,
+                200,
+                json!({"result": {}}),
+            ),
+            ("info", " ", 200, json!(null)),
+            ("batch", "{}", 200, json!({"replies": []})),
+            // In a batch, a command that does not decode is 107 in place.
+            (
+                "batch",
+                r#"{"commands": [{"publish": {"channel": 5}}, {"history": {"channel": "news:a"}}]}"#,
+                200,
+                json!(null),
+            ),
+        ];
+        for (method, body, status, expected) in cases {
+            let request = Request::post(format!("/api/{method}"))
+                .header("x-api-key", &key)
+                .body(Body::from(body))
+                .unwrap();
+            let (got, answer) = send(&state, request).await;
+            assert_eq!(got.as_u16(), status, "{method} {body}: {answer}");
+            if status == 400 {
+                assert_eq!(
+                    answer,
+                    json!({"error": {"code": 107, "message": "bad request"}})
+                );
+            }
+            if !expected.is_null() {
+                assert_eq!(answer, expected, "{method} {body}");
+            }
+            if method == "batch" && body.contains("publish") {
+                assert_eq!(answer["replies"][0]["error"]["code"], 107, "{answer}");
+                assert_eq!(answer["replies"][1]["history"]["offset"], 0, "{answer}");
+            }
+        }
+        shutdown.cancel();
+        state.stopped().await;
+    }
+
+    #[tokio::test]
+    async fn a_batch_command_runs_the_first_method_it_holds() {
+        let (state, key, shutdown) = node().await;
+        let body = json!({"commands": [
+            // Another field that sorts first is ignored.
+            {"aaa": 1, "publish": {"channel": "news:a", "data": 1}},
+            // Two methods: the first in Centrifugo's order runs.
+            {"history": {"channel": "news:a"}, "publish": {"channel": "news:a", "data": 2}},
+            // A method that is null is not there.
+            {"publish": null, "info": {}},
+            {"teleport": {}},
+            {},
+            null,
+            {"batch": {"commands": []}},
+        ]});
+        let request = Request::post("/api/batch")
+            .header("x-api-key", &key)
+            .body(Body::from(body.to_string()))
+            .unwrap();
+        let (status, answer) = send(&state, request).await;
+        assert_eq!(status, StatusCode::OK);
+        let replies = answer["replies"].as_array().unwrap();
+        assert_eq!(replies.len(), 7, "{answer}");
+        assert_eq!(replies[0]["publish"]["offset"], 1, "{answer}");
+        assert_eq!(replies[1]["publish"]["offset"], 2, "{answer}");
+        assert!(replies[2]["info"]["nodes"].is_array(), "{answer}");
+        let not_found = json!({"error": {"code": 104, "message": "method not found"}});
+        assert_eq!(replies[3], not_found);
+        assert_eq!(replies[4], not_found);
+        assert_eq!(
+            replies[5],
+            json!({"error": {"code": 107, "message": "bad request"}})
+        );
+        assert_eq!(replies[6], not_found);
+        shutdown.cancel();
+        state.stopped().await;
+    }
+
+    #[tokio::test]
+    async fn the_query_key_is_percent_decoded() {
+        let (state, key, shutdown) = node().await;
+        let encoded: String = key.bytes().map(|b| format!("%{b:02X}")).collect();
+        let request = Request::post(format!("/api/info?api_key={encoded}"))
+            .body(Body::from("{}"))
+            .unwrap();
+        let (status, answer) = send(&state, request).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        assert!(answer["result"]["nodes"].is_array(), "{answer}");
+        shutdown.cancel();
+        state.stopped().await;
+    }
 }

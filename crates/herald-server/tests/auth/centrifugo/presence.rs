@@ -2,13 +2,17 @@
 //! from another), through the client protocol and the server API; an
 //! unsubscribe removes the client; the rows of a node that stopped
 //! renewing them expire while the live nodes' rows are kept by their
-//! heartbeat.
+//! heartbeat; a refused subscribe leaves no row.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
+use herald_core::ChannelName;
 use herald_server::{CentrifugoConfig, ServerConfig};
 use herald_storage::PresenceEntry;
 use herald_testkit::place::StorageAt;
+use herald_testkit::storage::{Hooked, StorageHooks};
 use herald_testkit::{within, NODE_WAIT};
 use serde_json::json;
 
@@ -111,4 +115,57 @@ async fn presence_is_cluster_wide_and_expires_on_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn presence_is_cluster_wide_and_expires_on_postgres() {
     presence(Backend::Postgres).await;
+}
+
+/// Fails `channel_epoch` while on, as a database that went down between
+/// a subscribe's presence row and its epoch.
+struct EpochOutage(AtomicBool);
+
+#[async_trait::async_trait]
+impl StorageHooks for EpochOutage {
+    async fn before_epoch(&self, _channel: &ChannelName) -> herald_storage::Result<()> {
+        if self.0.load(Ordering::SeqCst) {
+            return Err(herald_storage::Error::unavailable("injected outage"));
+        }
+        Ok(())
+    }
+}
+
+/// A subscribe refused after its presence row was written (here: the
+/// channel's epoch could not be read) leaves no presence row: its reply
+/// comes once the row is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_subscribe_leaves_no_presence_row() {
+    let place = Place::new(Backend::Sqlite).await;
+    let creds = Creds::new();
+    let config = ServerConfig {
+        centrifugo: CentrifugoConfig {
+            presence: true,
+            ..CentrifugoConfig::default()
+        },
+        ..creds.config()
+    };
+    let outage = Arc::new(EpochOutage(AtomicBool::new(true)));
+    let hooks = Arc::clone(&outage);
+    let node = Node::start_with(&place, "node-a", Role::Holder, config, move |s| {
+        Hooked::wrap(s, hooks)
+    })
+    .await;
+    let token = creds.token_for("ann", json!({"channels": ["news:*"]}));
+    let (mut c, info) = Client::connect(&node, &token).await;
+    let client = info["client"].as_str().unwrap().to_owned();
+    let channel = ChannelName::new("news:p").unwrap();
+
+    let r = c.command("subscribe", json!({"channel": "news:p"})).await;
+    assert_eq!(r["error"]["code"], 100, "{r}");
+    let rows = node.storage.presence(&channel).await.unwrap();
+    assert!(rows.is_empty(), "{rows:?}");
+
+    // Once the storage answers, the same subscribe is there.
+    outage.0.store(false, Ordering::SeqCst);
+    let r = c.command("subscribe", json!({"channel": "news:p"})).await;
+    assert!(r["subscribe"].is_object(), "{r}");
+    let rows = node.storage.presence(&channel).await.unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].client, client);
 }

@@ -170,6 +170,12 @@ async fn several_commands_per_frame_and_bad_frames() {
     let (mut c, _) = Client::connect(&node, "").await;
     c.send_text("{not json").await;
     assert_eq!(c.closed_with().await, Some(3501));
+    // A request that is a JSON array (of its fields' values), not an
+    // object: 3501, as Centrifugo's decoder refuses it.
+    let (mut c, _) = Client::connect(&node, "").await;
+    c.send_text("{\"id\":2,\"history\":{\"channel\":\"a\",\"since\":[0,\"\"]}}")
+        .await;
+    assert_eq!(c.closed_with().await, Some(3501));
     // A command before connect: 3501.
     let mut c = Client::open(&node).await;
     c.send_text("{\"id\":1,\"subscribe\":{\"channel\":\"a\"}}")
@@ -298,4 +304,84 @@ async fn token_expiry_refresh_and_bad_tokens() {
         .await;
     assert_eq!(r["subscribe"]["expires"], true, "{r}");
     assert_eq!(c.closed_with().await, Some(3006));
+}
+
+/// A command without an id is the client's pong (Centrifugo's rule):
+/// whatever method it holds is never run and gets no reply; before
+/// `connect` it is a protocol error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_without_an_id_are_pongs_and_never_run() {
+    let place = Place::new(Backend::Sqlite).await;
+    let creds = Creds::new();
+    let node = Node::start(&place, "node-a", Role::Holder, creds.config()).await;
+    let token = creds.token_for(
+        "alice",
+        json!({"channels": ["room:*"], "publish": ["room:*"]}),
+    );
+    let (mut c, _) = Client::connect(&node, &token).await;
+    c.send_text(concat!(
+        "{\"publish\":{\"channel\":\"room:1\",\"data\":1}}\n",
+        "{\"id\":0,\"subscribe\":{\"channel\":\"room:1\"}}\n",
+        "{\"id\":5,\"ping\":{}}",
+    ))
+    .await;
+    // Only the command with an id is answered.
+    let frame = c.frame().await.expect("the ping's reply");
+    assert_eq!(frame, vec![json!({"id": 5, "ping": {}})]);
+    // Nothing was published, nothing subscribed.
+    assert_eq!(node.head("room:1").await, 0);
+    let r = c.command("subscribe", json!({"channel": "room:1"})).await;
+    assert!(r["subscribe"].is_object(), "{r}");
+    // A `send` needs no id: it closes the connection (3508), and what
+    // else the line holds is not run.
+    c.send_text("{\"send\":{},\"publish\":{\"channel\":\"room:1\",\"data\":1}}")
+        .await;
+    assert_eq!(c.closed_with().await, Some(3508));
+    assert_eq!(node.head("room:1").await, 0);
+
+    // Before `connect`, even a `connect` without an id is refused.
+    let mut c = Client::open(&node).await;
+    c.send_text(&json!({"connect": {"token": token}}).to_string())
+        .await;
+    assert_eq!(c.closed_with().await, Some(3501));
+}
+
+/// A token of another user than the connection's closes it with 3500
+/// "invalid token", an anonymous connection's (user "") included, as in
+/// Centrifugo: a `refresh` cannot turn an anonymous connection into a
+/// user's, and a subscription token names the connection's user.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_of_another_user_than_the_connections_are_refused() {
+    let place = Place::new(Backend::Sqlite).await;
+    let creds = Creds::new();
+    let node = Node::start(&place, "node-a", Role::Holder, creds.config()).await;
+    let alice = creds.token_for("alice", json!({"channels": ["news:*"]}));
+
+    let (mut c, _) = Client::connect(&node, "").await;
+    c.send_text(&json!({"id": 7, "refresh": {"token": alice}}).to_string())
+        .await;
+    assert_eq!(c.closed_with().await, Some(3500));
+
+    let sub = creds.token_for("alice", json!({"channel": "news:s"}));
+    let (mut c, _) = Client::connect(&node, "").await;
+    c.send_text(&json!({"id": 7, "subscribe": {"channel": "news:s", "token": sub}}).to_string())
+        .await;
+    assert_eq!(c.closed_with().await, Some(3500));
+
+    // The same subscription token on alice's connection is taken, and one
+    // for user "" on an anonymous connection.
+    let (mut c, _) = Client::connect(&node, &alice).await;
+    let r = c
+        .command("subscribe", json!({"channel": "news:s", "token": sub}))
+        .await;
+    assert!(r["subscribe"].is_object(), "{r}");
+    let anonymous = creds.token_for("", json!({"channel": "news:s"}));
+    let (mut c, _) = Client::connect(&node, "").await;
+    let r = c
+        .command(
+            "subscribe",
+            json!({"channel": "news:s", "token": anonymous}),
+        )
+        .await;
+    assert!(r["subscribe"].is_object(), "{r}");
 }
