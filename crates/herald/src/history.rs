@@ -42,6 +42,14 @@ pub(crate) struct Page {
     pub(crate) head: u64,
     /// Messages `{"offset","data","published_at"}` in offset order.
     pub(crate) messages: Vec<Box<RawValue>>,
+    /// The channel's earliest stored offset (docs/api.md); absent from
+    /// servers older than retention.
+    #[serde(default)]
+    pub(crate) earliest: Option<u64>,
+    /// `after` was below `earliest - 1`: retention or a deletion removed
+    /// messages that were asked for, and the page starts at `earliest`.
+    #[serde(default)]
+    pub(crate) truncated: bool,
 }
 
 /// The one field of a message this client needs to read.
@@ -77,17 +85,21 @@ pub(crate) fn history_path(channel: &ChannelName, after: u64, limit: Option<u32>
 /// Prints the messages after `after` as JSON Lines to `out`, fetching pages
 /// with `fetch(after)`. With `all`, pages on until the head seen in the
 /// first answer; stops early on an empty page. Offsets that do not move
-/// forward are skipped. Returns how many messages were printed.
-pub(crate) async fn page_through<F, Fut, W>(
+/// forward are skipped. A page the server marks `truncated` gets one line
+/// on `notes` (standard error) naming the offsets it no longer has: the
+/// gap is said, never silent. Returns how many messages were printed.
+pub(crate) async fn page_through<F, Fut, W, N>(
     mut fetch: F,
     after: u64,
     all: bool,
     out: &mut W,
+    notes: &mut N,
 ) -> anyhow::Result<u64>
 where
     F: FnMut(u64) -> Fut,
     Fut: Future<Output = Result<Page, ClientError>>,
     W: Write,
+    N: Write,
 {
     let mut cursor = after;
     let mut target = None;
@@ -96,6 +108,17 @@ where
         let page = fetch(cursor).await?;
         let target = *target.get_or_insert(page.head);
         let page_start = cursor;
+        if let (true, Some(earliest)) = (page.truncated, page.earliest) {
+            if earliest > cursor + 1 {
+                writeln!(
+                    notes,
+                    "herald history: the server no longer has offsets {} to {} (retention or a \
+                     deletion removed them); continuing from {earliest}",
+                    cursor + 1,
+                    earliest - 1
+                )?;
+            }
+        }
         for message in &page.messages {
             let offset = message_offset(message.get())?;
             if offset <= cursor {
@@ -131,6 +154,7 @@ pub(crate) async fn run(args: HistoryArgs) -> anyhow::Result<ExitCode> {
         args.after,
         args.all,
         &mut out,
+        &mut std::io::stderr(),
     )
     .await?;
     Ok(ExitCode::SUCCESS)
@@ -147,7 +171,12 @@ mod tests {
                 RawValue::from_string(format!(r#"{{"offset":{o},"data":{{"n":{o}}}}}"#)).unwrap()
             })
             .collect();
-        Page { head, messages }
+        Page {
+            head,
+            messages,
+            earliest: None,
+            truncated: false,
+        }
     }
 
     async fn collect(
@@ -156,7 +185,11 @@ mod tests {
         all: bool,
     ) -> Vec<u64> {
         let mut out = Vec::new();
-        let n = page_through(fetch, after, all, &mut out).await.unwrap();
+        let mut notes = Vec::new();
+        let n = page_through(fetch, after, all, &mut out, &mut notes)
+            .await
+            .unwrap();
+        assert!(notes.is_empty(), "{}", String::from_utf8_lossy(&notes));
         let offsets: Vec<u64> = String::from_utf8(out)
             .unwrap()
             .lines()
@@ -206,6 +239,27 @@ mod tests {
         // The head claims more than the server hands out.
         let got = collect(|a| std::future::ready(Ok(fake_page(5, a, 10))), 0, true).await;
         assert_eq!(got, (1..=5).collect::<Vec<_>>());
+    }
+
+    #[tokio::test]
+    async fn a_truncated_page_is_said_on_the_notes() {
+        // Offsets 1 to 4 were trimmed: the server answers from 5.
+        let fetch = |a: u64| {
+            let mut page = fake_page(8, a.max(4), 10);
+            page.earliest = Some(5);
+            page.truncated = a < 4;
+            std::future::ready(Ok::<_, ClientError>(page))
+        };
+        let (mut out, mut notes) = (Vec::new(), Vec::new());
+        let n = page_through(fetch, 1, true, &mut out, &mut notes)
+            .await
+            .unwrap();
+        assert_eq!(n, 4);
+        assert_eq!(
+            String::from_utf8(notes).unwrap(),
+            "herald history: the server no longer has offsets 2 to 4 (retention or a deletion \
+             removed them); continuing from 5\n"
+        );
     }
 
     #[test]

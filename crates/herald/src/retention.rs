@@ -18,7 +18,7 @@ use crate::serve::parse_duration;
 pub(crate) struct RetentionArgs {
     /// Default retention: keep at most this many newest messages per
     /// channel (default: unbounded).
-    #[arg(long, env = "HERALD_RETENTION_MAX_MESSAGES")]
+    #[arg(long, env = "HERALD_RETENTION_MAX_MESSAGES", value_parser = clap::value_parser!(u64).range(1..))]
     retention_max_messages: Option<u64>,
     /// Default retention: remove messages older than this, e.g. `7d`,
     /// `12h` (default: unbounded).
@@ -26,7 +26,7 @@ pub(crate) struct RetentionArgs {
     retention_max_age: Option<Duration>,
     /// Default retention: keep at most this many bytes of message data per
     /// channel (default: unbounded).
-    #[arg(long, env = "HERALD_RETENTION_MAX_BYTES")]
+    #[arg(long, env = "HERALD_RETENTION_MAX_BYTES", value_parser = clap::value_parser!(u64).range(1..))]
     retention_max_bytes: Option<u64>,
     /// Time between two sweeps of the holder's trimming task.
     #[arg(long, env = "HERALD_RETENTION_TRIM_INTERVAL", default_value = "1s", value_parser = parse_duration)]

@@ -32,17 +32,18 @@ use tokio::sync::watch;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RetentionPolicy {
-    /// Keep at most this many newest messages.
-    #[serde(default)]
+    /// Keep at most this many newest messages (at least 1 in the file: 0
+    /// is refused, absent means unbounded).
+    #[serde(default, deserialize_with = "positive_opt")]
     pub max_messages: Option<u64>,
     /// Remove messages published at least this long ago (storage clock).
     /// In the file: a humantime duration such as `"90s"`, `"12h"`, `"7d"`
-    /// (the `humantime` crate's syntax).
+    /// (the `humantime` crate's syntax); a zero duration is refused.
     #[serde(default, deserialize_with = "humantime_opt")]
     pub max_age: Option<Duration>,
     /// Keep at most this many bytes of message data (the JSON texts' UTF-8
-    /// lengths), counting from the newest message.
-    #[serde(default)]
+    /// lengths), counting from the newest message (at least 1 in the file).
+    #[serde(default, deserialize_with = "positive_opt")]
     pub max_bytes: Option<u64>,
 }
 
@@ -83,11 +84,11 @@ pub struct RetentionConfig {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RetentionSection {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "positive_opt")]
     max_messages: Option<u64>,
     #[serde(default, deserialize_with = "humantime_opt")]
     max_age: Option<Duration>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "positive_opt")]
     max_bytes: Option<u64>,
     #[serde(default)]
     namespaces: BTreeMap<String, RetentionPolicy>,
@@ -175,9 +176,27 @@ fn humantime_opt<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D:
     let Some(text) = Option::<String>::deserialize(d)? else {
         return Ok(None);
     };
-    humantime::parse_duration(&text)
-        .map(Some)
-        .map_err(|e| serde::de::Error::custom(format!("invalid duration {text:?}: {e}")))
+    let age = humantime::parse_duration(&text)
+        .map_err(|e| serde::de::Error::custom(format!("invalid duration {text:?}: {e}")))?;
+    if age.is_zero() {
+        return Err(serde::de::Error::custom(
+            "max_age must be longer than 0 (leave it out for no bound)",
+        ));
+    }
+    Ok(Some(age))
+}
+
+/// An optional bound of at least 1: a bound of 0 would remove every
+/// message, which is what deleting a channel is for, and is easily meant
+/// as "unbounded"; so it is refused, and no bound is written by leaving
+/// the key out.
+fn positive_opt<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    match Option::<u64>::deserialize(d)? {
+        Some(0) => Err(serde::de::Error::custom(
+            "a retention bound must be at least 1 (leave it out for no bound)",
+        )),
+        n => Ok(n),
+    }
 }
 
 #[cfg(test)]
@@ -186,6 +205,22 @@ mod tests {
 
     fn name(s: &str) -> ChannelName {
         ChannelName::new(s).unwrap()
+    }
+
+    #[test]
+    fn a_bound_of_zero_is_refused_not_read_as_remove_everything() {
+        for bad in [
+            serde_json::json!({"max_messages": 0}),
+            serde_json::json!({"max_bytes": 0}),
+            serde_json::json!({"max_age": "0s"}),
+            serde_json::json!({"namespaces": {"news": {"max_messages": 0}}}),
+        ] {
+            let e = serde_json::from_value::<RetentionConfig>(bad.clone()).unwrap_err();
+            assert!(e.to_string().contains("leave it out"), "{bad}: {e}");
+        }
+        let one: RetentionConfig =
+            serde_json::from_value(serde_json::json!({"max_messages": 1})).unwrap();
+        assert_eq!(one.default.max_messages, Some(1));
     }
 
     #[test]
