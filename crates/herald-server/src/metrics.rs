@@ -24,6 +24,9 @@
 //! | `herald_retention_backlog_messages` | gauge | | on the holder, at the start of the last sweep: messages beyond `max_messages` summed over channels (age and size backlogs are not counted: they need a read per channel) |
 //! | `herald_retention_channels_beyond_policy` | gauge | | on the holder, at the start of the last sweep: channels with more messages or bytes than their policy allows |
 //! | `herald_subscriptions_truncated_total` | counter | | `truncated` events sent: a subscriber resumed (or fell) below the channel's earliest offset |
+//!
+//! The retention counters and gauges above are registered at 0 when the
+//! recorder is installed, so they are on `/metrics` from the start.
 
 use std::sync::OnceLock;
 
@@ -83,6 +86,7 @@ pub fn install_metrics_recorder() -> PrometheusHandle {
                 tracing::warn!(error = %e, "another metrics recorder is installed; /metrics will be empty");
             }
             describe();
+            register_retention_at_zero();
             metrics_process::Collector::default().describe();
             handle
         })
@@ -225,6 +229,18 @@ fn describe() {
         "herald_lease_watchdog_stops_total",
         "Times the watchdog stopped this node at its safety deadline."
     );
+}
+
+/// Registers the retention counters and gauges with the value 0, so that
+/// `/metrics` shows them from the start (a rate or an alert on them reads
+/// 0, not "no data", until the first trim or `truncated` event).
+fn register_retention_at_zero() {
+    for name in [TRIMMED_MESSAGES, TRIMMED_BYTES, SUBSCRIPTIONS_TRUNCATED] {
+        counter!(name).increment(0);
+    }
+    for name in [RETENTION_BACKLOG, CHANNELS_BEYOND_POLICY] {
+        gauge!(name).set(0.0);
+    }
 }
 
 /// Counts one publish outcome and its duration.

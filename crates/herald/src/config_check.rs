@@ -18,9 +18,20 @@ use crate::serve::{self, ServeArgs};
 /// What a secret is replaced with.
 const MASK: &str = "****";
 
-/// Words that make a key of `[auth]` or `[namespaces]` secret
-/// (its values are masked).
-const SECRET_WORDS: [&str; 6] = ["secret", "key", "password", "token", "hash", "pem"];
+/// Words that make a key of `[auth]` or `[namespaces]` secret (its string
+/// values are masked, and every string under it when it is a table):
+/// `sha256` of `[[auth.api_keys]]`, `cluster_secret`, `hs256_secret`. A key
+/// such as `api_keys` or `rsa_public_key_pem` is no secret: the names,
+/// permissions, channel patterns and key file paths stay visible.
+const SECRET_WORDS: [&str; 6] = ["secret", "sha256", "password", "token", "hash", "private"];
+
+/// The default-policy flags of `herald serve` and their keys in
+/// `[retention]`: the effective policy shows them over the file's.
+const RETENTION_FLAGS: [(&str, &str); 3] = [
+    ("retention_max_messages", "max_messages"),
+    ("retention_max_age", "max_age"),
+    ("retention_max_bytes", "max_bytes"),
+];
 
 /// `herald config` subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -57,14 +68,26 @@ pub(crate) fn run(command: ConfigCommand) -> anyhow::Result<ExitCode> {
         .expect("the serve subcommand was parsed");
     let args = ServeArgs::from_arg_matches(serve_matches)?;
     serve::check(&args, &file).map_err(|e| e.context(format!("config file {}", path.display())))?;
-    print!("{}", effective_settings(serve_matches, &file));
+    // The policies as `herald serve` puts them in force: the file's
+    // `[retention]` with the default-policy variables over it.
+    let retention = args
+        .retention
+        .load(Some(&path))
+        .map_err(|e| e.context(format!("config file {}", path.display())))?;
+    print!("{}", effective_settings(serve_matches, &file, &retention));
     eprintln!("{}: valid", path.display());
     Ok(ExitCode::SUCCESS)
 }
 
 /// The effective settings as a TOML file: each key with its value (secrets
-/// masked) and, in a comment, where the value came from.
-fn effective_settings(matches: &ArgMatches, file: &ConfigFile) -> String {
+/// masked) and, in a comment, where the value came from; `[retention]` is
+/// the effective `retention` (the file's, with the default-policy
+/// variables over it).
+fn effective_settings(
+    matches: &ArgMatches,
+    file: &ConfigFile,
+    retention: &RetentionConfig,
+) -> String {
     let serve = crate::serve_command();
     let mut top = String::new();
     let mut sections: Vec<(&str, String)> =
@@ -148,12 +171,7 @@ fn effective_settings(matches: &ArgMatches, file: &ConfigFile) -> String {
         .namespaces
         .as_ref()
         .map(|n| typed("namespaces", toml::Table::try_from(n)));
-    let retention = file.retention.as_ref().map(retention_table);
-    for (name, table) in [
-        ("auth", &auth),
-        ("namespaces", &namespaces),
-        ("retention", &retention),
-    ] {
+    for (name, table) in [("auth", &auth), ("namespaces", &namespaces)] {
         if let Some(table) = table {
             let mut wrapper = toml::Table::new();
             wrapper.insert(name.to_owned(), toml::Value::Table(masked(table, false)));
@@ -162,6 +180,44 @@ fn effective_settings(matches: &ArgMatches, file: &ConfigFile) -> String {
                 "\n{}",
                 toml::to_string(&wrapper).unwrap_or_else(|e| format!("# [{name}]: {e}\n"))
             );
+        }
+    }
+    if file.retention.is_some() || !retention.is_unbounded() {
+        let _ = write!(out, "\n{}", retention_section(matches, retention));
+    }
+    out
+}
+
+/// The effective `[retention]` section as the file spells it, with a
+/// comment naming each default-policy bound that an environment variable
+/// (or flag) set over the file.
+fn retention_section(matches: &ArgMatches, retention: &RetentionConfig) -> String {
+    let serve = crate::serve_command();
+    let mut out = String::new();
+    for (id, key) in RETENTION_FLAGS {
+        let source = match matches.value_source(id) {
+            Some(ValueSource::EnvVariable) => serve
+                .get_arguments()
+                .find(|a| a.get_id() == id)
+                .and_then(|a| a.get_env())
+                .map(|e| format!("environment {}", e.to_string_lossy())),
+            Some(ValueSource::CommandLine) => Some("command line".to_owned()),
+            _ => None,
+        };
+        if let Some(source) = source {
+            let _ = writeln!(out, "# retention.{key} from the {source}, over the file");
+        }
+    }
+    let mut wrapper = toml::Table::new();
+    wrapper.insert(
+        "retention".to_owned(),
+        toml::Value::Table(retention_table(retention)),
+    );
+    match toml::to_string(&wrapper) {
+        Ok(text) if text.trim().is_empty() => out.push_str("[retention]\n"),
+        Ok(text) => out.push_str(&text),
+        Err(e) => {
+            let _ = writeln!(out, "# [retention]: {e}");
         }
     }
     out
@@ -179,7 +235,7 @@ fn retention_table(retention: &RetentionConfig) -> toml::Table {
         if let Some(age) = p.max_age {
             table.insert(
                 "max_age".to_owned(),
-                toml::Value::String(humantime::format_duration(age).to_string()),
+                toml::Value::String(herald_server::duration_text(age)),
             );
         }
         if let Some(n) = p.max_bytes {
@@ -214,7 +270,9 @@ fn toml_array(values: &[String]) -> String {
 }
 
 /// `table` with the strings under secret keys (and every string, with
-/// `secret` set) replaced by [`MASK`].
+/// `secret` set) replaced by [`MASK`]. Whether a key is secret is decided
+/// by its own name ([`SECRET_WORDS`]) or a secret table around it, never
+/// by a table or array of tables it is in that is not secret itself.
 fn masked(table: &toml::Table, secret: bool) -> toml::Table {
     table
         .iter()
@@ -321,6 +379,38 @@ hash = "third-secret-value"
         .unwrap();
         let shown = toml::to_string(&masked(&table, false)).unwrap();
         for secret in ["first-secret", "second-secret", "third-secret"] {
+            assert!(!shown.contains(secret), "{shown}");
+        }
+    }
+
+    #[test]
+    fn api_key_names_permissions_and_channels_stay_visible() {
+        let table: toml::Table = r#"
+[[api_keys]]
+name = "backend"
+sha256 = "aaaa-secret-digest"
+permissions = ["publish", "read"]
+channels = ["orders:*"]
+[jwt]
+hs256_secret = ["new-secret", "old-secret"]
+rsa_public_key_pem = "/etc/herald/jwt.pem"
+issuer = "https://issuer.example"
+"#
+        .parse()
+        .unwrap();
+        let shown = toml::to_string(&masked(&table, false)).unwrap();
+        for visible in [
+            "name = \"backend\"",
+            "permissions = [\"publish\", \"read\"]",
+            "channels = [\"orders:*\"]",
+            "sha256 = \"****\"",
+            "hs256_secret = [\"****\", \"****\"]",
+            "rsa_public_key_pem = \"/etc/herald/jwt.pem\"",
+            "issuer = \"https://issuer.example\"",
+        ] {
+            assert!(shown.contains(visible), "{visible} not in:\n{shown}");
+        }
+        for secret in ["aaaa-secret", "new-secret", "old-secret"] {
             assert!(!shown.contains(secret), "{shown}");
         }
     }

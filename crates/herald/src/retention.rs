@@ -97,7 +97,7 @@ impl RetentionArgs {
             while hangups.recv().await.is_some() {
                 match self.load(config_file.as_deref()) {
                     Ok(config) => {
-                        info!(policies = ?config, "retention policies reloaded");
+                        info!(policies = %config, "retention policies reloaded");
                         handle.replace(config);
                     }
                     Err(e) => {

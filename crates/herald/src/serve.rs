@@ -216,7 +216,7 @@ pub(crate) struct ServeArgs {
     cors_max_age: Duration,
     /// Retention policies and the trimming task's pacing.
     #[command(flatten)]
-    retention: RetentionArgs,
+    pub(crate) retention: RetentionArgs,
     /// Centrifugo protocol: period of the server's `{}` pings to clients
     /// of `/connection/websocket` (whole seconds, at least 1 s).
     #[arg(long, env = "HERALD_CENTRIFUGO_PING_INTERVAL", default_value = "25s", value_parser = parse_duration)]
@@ -502,6 +502,7 @@ async fn start_and_run(
     let server_config = server_config(&args, node_id, addr, &checked)?;
 
     let advertise_url = server_config.advertise_url.clone();
+    let retention = server_config.retention.clone();
     // Watched before the node is announced: from then on a SIGHUP reloads.
     let reloads = tls.map(crate::tls_reload::reload_on_sighup).transpose()?;
     let tls_on = reloads.is_some();
@@ -517,6 +518,10 @@ async fn start_and_run(
         database = %backend.location,
         tls = tls_on,
         "listening"
+    );
+    info!(
+        policies = %retention.current(),
+        "retention policies in force"
     );
     if checked.exposure == Exposure::Insecure {
         tokio::spawn(exposure::warn_insecure(addr.to_string()));

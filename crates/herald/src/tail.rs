@@ -1,6 +1,8 @@
 //! `herald tail`: follows a channel live over SSE and prints each message as
 //! one JSON line. Reconnects by itself with backoff, resuming after the last
-//! offset printed, so the output has no gap and no repeat.
+//! offset printed, so the output has no gap and no repeat. Messages the
+//! server no longer has (removed by retention, docs/retention.md) are
+//! announced once on stderr, from the server's `truncated` event.
 
 use std::error::Error as StdError;
 use std::io::Write;
@@ -18,6 +20,15 @@ use tokio_util::sync::CancellationToken;
 
 use crate::client::{self, Api, ClientError, ServerArg};
 use crate::history::{self, message_offset, one_line, Page};
+
+/// The data of the SSE event `truncated` (docs/api.md,
+/// `{"requested_after": N, "earliest": M}`): the channel's oldest stored
+/// message is `earliest`, so the messages before it that the subscription
+/// asked for are gone.
+#[derive(Debug, serde::Deserialize)]
+struct Truncated {
+    earliest: u64,
+}
 
 /// How many times in a row a skipped offset triggers a reconnect before the
 /// gap is accepted (the server no longer has those messages).
@@ -94,7 +105,8 @@ pub(crate) enum Verdict {
     },
 }
 
-/// Resume bookkeeping: the last offset printed (or the start position).
+/// Resume bookkeeping: the last offset printed, or announced as gone (or
+/// the start position).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Resume {
     last: u64,
@@ -124,7 +136,8 @@ impl Resume {
         }
     }
 
-    /// Records that `offset` was printed.
+    /// Records that `offset` was printed, or that every offset up to it is
+    /// gone from the server.
     pub(crate) fn advance(&mut self, offset: u64) {
         self.last = self.last.max(offset);
     }
@@ -191,18 +204,20 @@ struct SessionStats {
 }
 
 /// Follows `channel` on the server at `server`, writing each message as one
-/// JSON line to `out`, until `stop` is cancelled (then `Ok`) or a fatal
+/// JSON line to `out` and notices (reconnects, messages the server no
+/// longer has) as `herald: tail: ...` lines to `notices`, until `stop` is cancelled (then `Ok`) or a fatal
 /// error: an error answer that retrying cannot fix, or a failed write.
 ///
 /// Starts after `after`, or after the channel's head at start when `None`.
 /// Dropped connections, server errors and a drained server lead to a
 /// reconnect with backoff, resuming with `Last-Event-ID` = the last offset
 /// printed; offsets at or below it are skipped.
-pub(crate) async fn follow<W: Write>(
+pub(crate) async fn follow<W: Write, N: Write>(
     server: &Url,
     channel: &ChannelName,
     after: Option<u64>,
     out: &mut W,
+    notices: &mut N,
     config: FollowConfig,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
@@ -217,7 +232,7 @@ pub(crate) async fn follow<W: Write>(
         None => {
             let head = tokio::select! {
                 () = stop.cancelled() => return Ok(()),
-                head = current_head(&api, channel, &mut backoff, &config) => head?,
+                head = current_head(&api, channel, &mut backoff, &config, notices) => head?,
             };
             backoff.reset();
             head
@@ -231,7 +246,7 @@ pub(crate) async fn follow<W: Write>(
         let started = Instant::now();
         let result = tokio::select! {
             () = stop.cancelled() => return Ok(()),
-            r = stream_once(&api, channel, first, &mut resume, &mut gap_resyncs, &mut stats, out) => r,
+            r = stream_once(&api, channel, first, &mut resume, &mut gap_resyncs, &mut stats, out, notices) => r,
         };
         first = false;
         if stats.received > 0 || started.elapsed() >= HEALTHY_CONNECTION {
@@ -264,10 +279,13 @@ pub(crate) async fn follow<W: Write>(
             }
             Err(SessionError::Stream(reason)) => (reason, backoff.next_delay()),
         };
-        eprintln!(
-            "herald: tail: {reason}; reconnecting in {} ms after offset {}",
-            delay.as_millis(),
-            resume.last()
+        notice(
+            notices,
+            format_args!(
+                "{reason}; reconnecting in {} ms after offset {}",
+                delay.as_millis(),
+                resume.last()
+            ),
         );
         tokio::select! {
             () = stop.cancelled() => return Ok(()),
@@ -278,11 +296,12 @@ pub(crate) async fn follow<W: Write>(
 
 /// The channel's head now, retrying transient errors with `backoff`. An
 /// unknown channel (404) has head 0.
-async fn current_head(
+async fn current_head<N: Write>(
     api: &Api,
     channel: &ChannelName,
     backoff: &mut Backoff,
     config: &FollowConfig,
+    notices: &mut N,
 ) -> anyhow::Result<u64> {
     loop {
         match api
@@ -298,10 +317,9 @@ async fn current_head(
                         delay = delay.max(after.min(config.max_retry_after));
                     }
                 }
-                eprintln!(
-                    "herald: tail: {}; retrying in {} ms",
-                    error_chain(&e),
-                    delay.as_millis()
+                notice(
+                    notices,
+                    format_args!("{}; retrying in {} ms", error_chain(&e), delay.as_millis()),
                 );
                 tokio::time::sleep(delay).await;
             }
@@ -312,7 +330,8 @@ async fn current_head(
 
 /// Opens one SSE connection and prints its messages. The first connection
 /// asks with `?after=`, later ones with `Last-Event-ID`.
-async fn stream_once<W: Write>(
+#[allow(clippy::too_many_arguments)]
+async fn stream_once<W: Write, N: Write>(
     api: &Api,
     channel: &ChannelName,
     first: bool,
@@ -320,6 +339,7 @@ async fn stream_once<W: Write>(
     gap_resyncs: &mut u32,
     stats: &mut SessionStats,
     out: &mut W,
+    notices: &mut N,
 ) -> Result<SessionEnd, SessionError> {
     let mut headers = HeaderMap::new();
     headers.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
@@ -339,23 +359,29 @@ async fn stream_once<W: Write>(
         gap_resyncs,
         stats,
         out,
+        notices,
     )
     .await
 }
 
 /// Prints the message events of `events` that come after `resume`, until
-/// the stream ends, breaks, or skips ahead (see [`MAX_GAP_RESYNCS`]).
-async fn pump<S, E, W>(
+/// the stream ends, breaks, or skips ahead (see [`MAX_GAP_RESYNCS`]). A
+/// `truncated` event announces that the server no longer has the messages
+/// up to its `earliest − 1`: they are named once in `notices` and `resume`
+/// moves past them, so the message at `earliest` that follows is no gap.
+async fn pump<S, E, W, N>(
     events: S,
     resume: &mut Resume,
     gap_resyncs: &mut u32,
     stats: &mut SessionStats,
     out: &mut W,
+    notices: &mut N,
 ) -> Result<SessionEnd, SessionError>
 where
     S: Stream<Item = Result<Event, eventsource_stream::EventStreamError<E>>>,
     E: StdError + 'static,
     W: Write,
+    N: Write,
 {
     let mut events = std::pin::pin!(events);
     while let Some(event) = events.next().await {
@@ -367,6 +393,27 @@ where
                 other => format!("the stream is not valid SSE: {other}"),
             })
         })?;
+        if event.event == "truncated" {
+            let truncated: Truncated = serde_json::from_str(&event.data).map_err(|e| {
+                SessionError::Stream(format!("a truncated event that does not parse: {e}"))
+            })?;
+            // Offsets up to `earliest - 1` are gone; those at or below the
+            // last one printed were printed before they went.
+            let gone_through = truncated.earliest.saturating_sub(1);
+            if gone_through > resume.last() {
+                notice(
+                    notices,
+                    format_args!(
+                        "the server no longer has offsets {} to {gone_through} \
+                         (removed by retention or a deletion); continuing at {}",
+                        resume.last() + 1,
+                        truncated.earliest
+                    ),
+                );
+                resume.advance(gone_through);
+            }
+            continue;
+        }
         if event.event != "message" {
             continue;
         }
@@ -381,9 +428,12 @@ where
                     got: offset,
                 });
             }
-            Verdict::Gap { expected } => eprintln!(
-                "herald: tail: the server no longer has offsets {expected} to {}; continuing",
-                offset - 1
+            Verdict::Gap { expected } => notice(
+                notices,
+                format_args!(
+                    "the server no longer has offsets {expected} to {}; continuing",
+                    offset - 1
+                ),
             ),
             Verdict::Print => {}
         }
@@ -394,6 +444,12 @@ where
         resume.advance(offset);
     }
     Ok(SessionEnd::Closed)
+}
+
+/// Writes one `herald: tail: ...` line to `notices`. A notice that cannot
+/// be written (stderr closed) is dropped: the messages on stdout matter.
+fn notice<N: Write>(notices: &mut N, text: std::fmt::Arguments<'_>) {
+    let _ = writeln!(notices, "herald: tail: {text}").and_then(|()| notices.flush());
 }
 
 /// An error and its sources, joined with `: `.
@@ -423,6 +479,7 @@ pub(crate) async fn run(args: TailArgs) -> anyhow::Result<ExitCode> {
         &args.channel,
         args.after,
         &mut out,
+        &mut std::io::stderr(),
         FollowConfig {
             ca_file: args.server.ca_file.clone(),
             credential: args.server.api_key.clone(),
@@ -498,9 +555,16 @@ mod tests {
         let (a, b) = text.split_at(30);
         let mut resume = Resume::new(0);
         let (mut gaps, mut stats, mut out) = (0, SessionStats::default(), Vec::new());
-        let end = pump(sse(&[a, b]), &mut resume, &mut gaps, &mut stats, &mut out)
-            .await
-            .unwrap();
+        let end = pump(
+            sse(&[a, b]),
+            &mut resume,
+            &mut gaps,
+            &mut stats,
+            &mut out,
+            &mut Vec::new(),
+        )
+        .await
+        .unwrap();
         assert_eq!(end, SessionEnd::Closed);
         assert_eq!(offsets(&out), [1, 2, 3]);
         assert_eq!(stats.received, 4);
@@ -517,9 +581,16 @@ mod tests {
         let text = format!("{}{}", msg(5), msg(6));
         let mut resume = Resume::new(3);
         let (mut gaps, mut stats, mut out) = (0, SessionStats::default(), Vec::new());
-        let end = pump(sse(&[&text]), &mut resume, &mut gaps, &mut stats, &mut out)
-            .await
-            .unwrap();
+        let end = pump(
+            sse(&[&text]),
+            &mut resume,
+            &mut gaps,
+            &mut stats,
+            &mut out,
+            &mut Vec::new(),
+        )
+        .await
+        .unwrap();
         assert_eq!(
             end,
             SessionEnd::Gap {
@@ -529,12 +600,72 @@ mod tests {
         );
         assert!(out.is_empty());
         let mut gaps = MAX_GAP_RESYNCS;
-        let end = pump(sse(&[&text]), &mut resume, &mut gaps, &mut stats, &mut out)
-            .await
-            .unwrap();
+        let end = pump(
+            sse(&[&text]),
+            &mut resume,
+            &mut gaps,
+            &mut stats,
+            &mut out,
+            &mut Vec::new(),
+        )
+        .await
+        .unwrap();
         assert_eq!(end, SessionEnd::Closed);
         assert_eq!(offsets(&out), [5, 6]);
         assert_eq!(gaps, 0);
+    }
+
+    #[tokio::test]
+    async fn pump_announces_a_truncation_once_and_takes_the_next_offset_as_no_gap() {
+        let text = format!(
+            "id: 5\nevent: truncated\ndata: {{\"requested_after\":0,\"earliest\":6}}\n\n{}{}",
+            msg(6),
+            msg(7)
+        );
+        let mut resume = Resume::new(0);
+        let (mut gaps, mut stats, mut out, mut notices) =
+            (0, SessionStats::default(), Vec::new(), Vec::new());
+        let end = pump(
+            sse(&[&text]),
+            &mut resume,
+            &mut gaps,
+            &mut stats,
+            &mut out,
+            &mut notices,
+        )
+        .await
+        .unwrap();
+        assert_eq!(end, SessionEnd::Closed);
+        assert_eq!(offsets(&out), [6, 7]);
+        assert_eq!(
+            String::from_utf8(notices).unwrap(),
+            "herald: tail: the server no longer has offsets 1 to 5 \
+             (removed by retention or a deletion); continuing at 6\n"
+        );
+        assert_eq!(gaps, 0);
+    }
+
+    #[tokio::test]
+    async fn pump_ignores_a_truncation_of_offsets_already_printed() {
+        let text = format!(
+            "event: truncated\ndata: {{\"requested_after\":0,\"earliest\":3}}\n\n{}",
+            msg(5)
+        );
+        let mut resume = Resume::new(4);
+        let (mut gaps, mut stats, mut out, mut notices) =
+            (0, SessionStats::default(), Vec::new(), Vec::new());
+        pump(
+            sse(&[&text]),
+            &mut resume,
+            &mut gaps,
+            &mut stats,
+            &mut out,
+            &mut notices,
+        )
+        .await
+        .unwrap();
+        assert_eq!(offsets(&out), [5]);
+        assert!(notices.is_empty(), "{}", String::from_utf8_lossy(&notices));
     }
 
     #[tokio::test]
@@ -547,6 +678,7 @@ mod tests {
             &mut gaps,
             &mut stats,
             &mut out,
+            &mut Vec::new(),
         )
         .await
         .unwrap_err();
@@ -627,9 +759,18 @@ mod tests {
         let channel = ChannelName::new("orders").unwrap();
         let follower = {
             let (url, stop, mut out) = (url.clone(), stop.clone(), out.clone());
-            tokio::spawn(
-                async move { follow(&url, &channel, Some(0), &mut out, config, stop).await },
-            )
+            tokio::spawn(async move {
+                follow(
+                    &url,
+                    &channel,
+                    Some(0),
+                    &mut out,
+                    &mut Vec::new(),
+                    config,
+                    stop,
+                )
+                .await
+            })
         };
         let requests = tokio::time::timeout(Duration::from_secs(10), server)
             .await
@@ -669,6 +810,89 @@ mod tests {
             .all(|r| r.contains("accept: text/event-stream")));
     }
 
+    /// A `Write` whose bytes the test can await while `follow` runs.
+    #[derive(Clone)]
+    struct Watched(Arc<tokio::sync::watch::Sender<Vec<u8>>>);
+
+    impl Watched {
+        fn new() -> Self {
+            Self(Arc::new(tokio::sync::watch::channel(Vec::new()).0))
+        }
+    }
+
+    impl Write for Watched {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.send_modify(|bytes| bytes.extend_from_slice(buf));
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Against a real node: the channel's offsets 1 to 3 were trimmed, so
+    /// `--after 0` gets the server's `truncated` event first. One notice
+    /// names the trimmed range, and no reconnect happens.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn follow_announces_trimmed_offsets_once_without_reconnecting() {
+        use herald_storage::TrimLimits;
+        use herald_testkit::node::{publish_n, Node};
+
+        let dir = tempfile::tempdir().unwrap();
+        let node = Node::holder(dir.path()).await;
+        publish_n(&node, "orders", 1, 5).await;
+        let lease = node.lease.writable_lease().expect("the holder's lease");
+        let limits = TrimLimits {
+            max_messages: Some(2),
+            ..TrimLimits::default()
+        };
+        let channel = ChannelName::new("orders").unwrap();
+        node.storage
+            .trim(&lease, &channel, &limits, 1000)
+            .await
+            .unwrap();
+        assert_eq!(node.stored("orders").await.len(), 2);
+
+        let (out, notices) = (Watched::new(), Watched::new());
+        let mut printed = out.0.subscribe();
+        let stop = CancellationToken::new();
+        let follower = {
+            let url = Url::parse(&node.base).unwrap();
+            let (stop, mut out, mut notices) = (stop.clone(), out.clone(), notices.clone());
+            tokio::spawn(async move {
+                follow(
+                    &url,
+                    &channel,
+                    Some(0),
+                    &mut out,
+                    &mut notices,
+                    FollowConfig::default(),
+                    stop,
+                )
+                .await
+            })
+        };
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            printed.wait_for(|bytes| offsets(bytes).len() >= 2),
+        )
+        .await
+        .expect("offsets 4 and 5 printed")
+        .unwrap();
+        stop.cancel();
+        follower.await.unwrap().unwrap();
+        node.stop().await;
+
+        assert_eq!(offsets(&out.0.borrow()), [4, 5]);
+        // The notice comes before offset 4 is printed, and so would any
+        // reconnect caused by taking offset 4 for a gap.
+        assert_eq!(
+            String::from_utf8(notices.0.borrow().clone()).unwrap(),
+            "herald: tail: the server no longer has offsets 1 to 3 \
+             (removed by retention or a deletion); continuing at 4\n"
+        );
+    }
+
     #[tokio::test]
     async fn follow_gives_up_on_client_errors_and_stops_on_cancel() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -689,6 +913,7 @@ mod tests {
             &channel,
             Some(0),
             &mut Vec::new(),
+            &mut Vec::new(),
             FollowConfig::default(),
             CancellationToken::new(),
         )
@@ -704,6 +929,7 @@ mod tests {
             &closed,
             &channel,
             None,
+            &mut Vec::new(),
             &mut Vec::new(),
             FollowConfig::default(),
             stop,

@@ -136,6 +136,65 @@ async fn config_check_prints_the_effective_settings_with_secrets_masked() {
     assert!(stderr.contains("--insecure-no-auth"), "{stderr}");
 }
 
+/// `herald config check` shows the retention policy `herald serve` would
+/// apply (the file's, with `HERALD_RETENTION_*` over it) in the file's
+/// syntax, and of an API key masks only its digest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_check_prints_the_effective_retention_and_api_keys_but_not_their_digests() {
+    let dir = tempfile::tempdir().unwrap();
+    let digest = "5".repeat(64);
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "[retention]\nmax_messages = 100\nmax_age = \"7d\"\n\
+             [retention.namespaces.chat]\nmax_age = \"90s\"\n\
+             [[auth.api_keys]]\nname = \"backend\"\nsha256 = \"{digest}\"\n\
+             permissions = [\"publish\", \"read\"]\nchannels = [\"orders:*\"]\n"
+        ),
+    );
+    let out = within(
+        "herald config check",
+        WAIT,
+        herald()
+            .args(["config", "check", config.to_str().unwrap()])
+            .env("HERALD_RETENTION_MAX_MESSAGES", "2")
+            .env("HERALD_RETENTION_MAX_BYTES", "4096")
+            .output(),
+    )
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let retention = stdout
+        .split_once("\n[retention]\n")
+        .unwrap_or_else(|| panic!("no [retention] in:\n{stdout}"))
+        .1;
+    for line in [
+        "max_messages = 2\n",
+        "max_age = \"7d\"\n",
+        "max_bytes = 4096\n",
+        "[retention.namespaces.chat]\nmax_age = \"1m30s\"\n",
+    ] {
+        assert!(retention.contains(line), "{line} not in:\n{stdout}");
+    }
+    for line in [
+        "# retention.max_messages from the environment HERALD_RETENTION_MAX_MESSAGES, over the file",
+        "# retention.max_bytes from the environment HERALD_RETENTION_MAX_BYTES, over the file",
+        "name = \"backend\"",
+        "permissions = [\"publish\", \"read\"]",
+        "channels = [\"orders:*\"]",
+        "sha256 = \"****\"",
+    ] {
+        assert!(stdout.contains(line), "{line} not in:\n{stdout}");
+    }
+    assert!(!stdout.contains("max_messages = 100"), "{stdout}");
+    assert!(!stdout.contains(&digest), "the digest leaked:\n{stdout}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_public_address_without_auth_is_refused_with_the_fix() {
     let dir = tempfile::tempdir().unwrap();

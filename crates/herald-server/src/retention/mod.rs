@@ -11,7 +11,7 @@ mod trimmer;
 use herald_core::{ChannelName, Offset};
 use herald_storage::TrimLimits;
 
-pub use policy::{RetentionConfig, RetentionHandle, RetentionPolicy};
+pub use policy::{duration_text, RetentionConfig, RetentionHandle, RetentionPolicy};
 pub use trimmer::TrimPacing;
 pub(crate) use trimmer::Trimmer;
 

@@ -19,6 +19,7 @@
 //! grows forever, as before retention existed.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -66,6 +67,57 @@ impl RetentionPolicy {
     }
 }
 
+/// A duration as the config file spells it (a `humantime` duration): each
+/// unit from days down to nanoseconds that is not zero, largest first, with
+/// no space: `7d`, `90s` is `1m30s`, `1500ms` is `1s500ms`. `0s` for zero.
+/// `humantime::parse_duration` reads it back to the same duration.
+pub fn duration_text(d: Duration) -> String {
+    const UNITS: [(&str, u128); 7] = [
+        ("d", 86_400_000_000_000),
+        ("h", 3_600_000_000_000),
+        ("m", 60_000_000_000),
+        ("s", 1_000_000_000),
+        ("ms", 1_000_000),
+        ("us", 1_000),
+        ("ns", 1),
+    ];
+    let mut rest = d.as_nanos();
+    if rest == 0 {
+        return "0s".to_owned();
+    }
+    let mut text = String::new();
+    for (unit, nanos) in UNITS {
+        let n = rest / nanos;
+        if n > 0 {
+            text.push_str(&format!("{n}{unit}"));
+            rest %= nanos;
+        }
+    }
+    text
+}
+
+/// One line: the bounds that are set as `max_messages=N max_age=D
+/// max_bytes=N` (durations as [`duration_text`]), or `unbounded`.
+impl fmt::Display for RetentionPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut bounds = Vec::new();
+        if let Some(n) = self.max_messages {
+            bounds.push(format!("max_messages={n}"));
+        }
+        if let Some(age) = self.max_age {
+            bounds.push(format!("max_age={}", duration_text(age)));
+        }
+        if let Some(n) = self.max_bytes {
+            bounds.push(format!("max_bytes={n}"));
+        }
+        if bounds.is_empty() {
+            f.write_str("unbounded")
+        } else {
+            f.write_str(&bounds.join(" "))
+        }
+    }
+}
+
 /// The policies of a node: a default and one per namespace. The
 /// `[retention]` section of the configuration file: the default's bounds
 /// at its top level, each namespace's in `[retention.namespaces.<name>]`.
@@ -104,6 +156,19 @@ impl From<RetentionSection> for RetentionConfig {
             },
             namespaces: s.namespaces,
         }
+    }
+}
+
+/// One line for logs: `default: <policy>` and then `; namespace <name>:
+/// <policy>` for each namespace in name order, each policy as its
+/// [`fmt::Display`] (`unbounded` when it has no bound).
+impl fmt::Display for RetentionConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "default: {}", self.default)?;
+        for (name, policy) in &self.namespaces {
+            write!(f, "; namespace {name}: {policy}")?;
+        }
+        Ok(())
     }
 }
 
@@ -239,6 +304,39 @@ mod tests {
         assert_eq!(chat.max_bytes, Some(1000));
         assert!(!config.is_unbounded());
         assert!(RetentionConfig::default().is_unbounded());
+    }
+
+    #[test]
+    fn durations_are_written_as_the_file_spells_them_and_read_back() {
+        for (secs, nanos, text) in [
+            (7 * 86_400, 0, "7d"),
+            (12 * 3600, 0, "12h"),
+            (90, 0, "1m30s"),
+            (1, 500_000_000, "1s500ms"),
+            (86_400 + 1, 0, "1d1s"),
+            (0, 1, "1ns"),
+            (0, 0, "0s"),
+        ] {
+            let d = Duration::new(secs, nanos);
+            assert_eq!(duration_text(d), text);
+            assert_eq!(humantime::parse_duration(text).unwrap(), d, "{text}");
+        }
+    }
+
+    #[test]
+    fn the_policies_read_as_one_line() {
+        let config: RetentionConfig = serde_json::from_value(serde_json::json!({
+            "max_messages": 2,
+            "max_age": "7d",
+            "namespaces": {"chat": {"max_bytes": 1000}, "audit": {}}
+        }))
+        .unwrap();
+        assert_eq!(
+            config.to_string(),
+            "default: max_messages=2 max_age=7d; namespace audit: unbounded; \
+             namespace chat: max_bytes=1000"
+        );
+        assert_eq!(RetentionConfig::default().to_string(), "default: unbounded");
     }
 
     #[test]
