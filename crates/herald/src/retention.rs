@@ -22,7 +22,7 @@ pub(crate) struct RetentionArgs {
     retention_max_messages: Option<u64>,
     /// Default retention: remove messages older than this, e.g. `7d`,
     /// `12h` (default: unbounded).
-    #[arg(long, env = "HERALD_RETENTION_MAX_AGE", value_parser = parse_duration)]
+    #[arg(long, env = "HERALD_RETENTION_MAX_AGE", value_parser = parse_max_age)]
     retention_max_age: Option<Duration>,
     /// Default retention: keep at most this many bytes of message data per
     /// channel (default: unbounded).
@@ -109,6 +109,16 @@ impl RetentionArgs {
     }
 }
 
+/// `--retention-max-age`: a duration longer than 0, as the file's
+/// `max_age` (a bound of 0 would remove every message; docs/retention.md).
+fn parse_max_age(s: &str) -> Result<Duration, String> {
+    let age = parse_duration(s)?;
+    if age.is_zero() {
+        return Err("must be longer than 0 (leave it out for no bound)".to_owned());
+    }
+    Ok(age)
+}
+
 /// Reads the `[retention]` section of the config file at `path`.
 fn read_file(path: &Path) -> anyhow::Result<RetentionConfig> {
     let text = std::fs::read_to_string(path)
@@ -121,6 +131,12 @@ fn read_file(path: &Path) -> anyhow::Result<RetentionConfig> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_max_age_of_zero_is_refused() {
+        assert!(parse_max_age("0s").is_err());
+        assert_eq!(parse_max_age("7d"), Ok(Duration::from_secs(7 * 86_400)));
+    }
 
     #[test]
     fn the_file_gives_namespaces_and_flags_override_its_default() {
