@@ -260,7 +260,8 @@ fn concurrent_opens_all_migrate_fine() {
         }
         let applied = applied_migrations(dir.path());
         // Each migration once (2: the idempotency digest; 3: retention;
-        // 4: channel epochs; 5: presence; 6: message tags; 7: channel deletions and node reports).
+        // 4: channel epochs; 5: presence; 6: message tags; 7: channel deletions and node reports;
+        // 8: the nodes' channels).
         assert_eq!(applied, [1, 2, 3, 4, 5, 6, 7, 8]);
     }
 }
