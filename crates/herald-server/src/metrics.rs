@@ -24,6 +24,7 @@
 //! | `herald_retention_backlog_messages` | gauge | | on the holder, at the start of the last sweep: messages beyond `max_messages` summed over channels (age and size backlogs are not counted: they need a read per channel) |
 //! | `herald_retention_channels_beyond_policy` | gauge | | on the holder, at the start of the last sweep: channels with more messages or bytes than their policy allows |
 //! | `herald_subscriptions_truncated_total` | counter | | `truncated` events sent: a subscriber resumed (or fell) below the channel's earliest offset |
+//! | `herald_centrifugo_channels_unreported` | gauge | | subscribed channels this node left out of its last node report (beyond its cap; other nodes' `channels` miss them) |
 //!
 //! The retention counters and gauges above are registered at 0 when the
 //! recorder is installed, so they are on `/metrics` from the start.
@@ -56,6 +57,7 @@ pub(crate) const TRIM_DURATION: &str = "herald_retention_trim_duration_seconds";
 pub(crate) const RETENTION_BACKLOG: &str = "herald_retention_backlog_messages";
 pub(crate) const CHANNELS_BEYOND_POLICY: &str = "herald_retention_channels_beyond_policy";
 pub(crate) const SUBSCRIPTIONS_TRUNCATED: &str = "herald_subscriptions_truncated_total";
+pub(crate) const CHANNELS_UNREPORTED: &str = "herald_centrifugo_channels_unreported";
 
 /// Upper bounds of the publish duration buckets, in seconds.
 const DURATION_BUCKETS: &[f64] = &[
@@ -211,6 +213,11 @@ fn describe() {
         SUBSCRIPTIONS_TRUNCATED,
         "Truncated events sent: a subscriber resumed or fell below the channel's earliest offset."
     );
+    describe_gauge!(
+        CHANNELS_UNREPORTED,
+        Unit::Count,
+        "Subscribed channels this node left out of its last node report (beyond the cap)."
+    );
     // Emitted by the lease supervisor (herald-lease).
     describe_counter!(
         "herald_lease_renewals_total",
@@ -298,6 +305,11 @@ pub(crate) fn subscription_read_retry() {
 /// Counts one `truncated` event handed to a subscriber.
 pub(crate) fn subscription_truncated() {
     counter!(SUBSCRIPTIONS_TRUNCATED).increment(1);
+}
+
+/// Sets how many subscribed channels the last node report left out.
+pub(crate) fn channels_unreported(channels: u64) {
+    gauge!(CHANNELS_UNREPORTED).set(channels as f64);
 }
 
 /// Records one trim transaction: what it removed and how long it took.

@@ -50,6 +50,8 @@ struct Mem {
     /// Node reports by node id (no expiry: the server's unit tests do not
     /// wait for one).
     nodes: BTreeMap<String, herald_storage::NodeReport>,
+    /// Each node's channels of its last report, by node id.
+    node_channels: BTreeMap<String, Vec<herald_storage::ChannelClients>>,
 }
 
 /// An in-memory storage that follows the `Storage` contract closely enough
@@ -540,18 +542,37 @@ impl Storage for MemoryStorage {
     async fn report_node(
         &self,
         report: &herald_storage::NodeReport,
+        channels: &[herald_storage::ChannelClients],
         _ttl: Duration,
     ) -> herald_storage::Result<()> {
-        self.mem
-            .lock()
-            .unwrap()
-            .nodes
-            .insert(report.node_id.clone(), report.clone());
+        let mut mem = self.mem.lock().unwrap();
+        mem.nodes.insert(report.node_id.clone(), report.clone());
+        mem.node_channels
+            .insert(report.node_id.clone(), channels.to_vec());
         Ok(())
     }
 
     async fn node_reports(&self) -> herald_storage::Result<Vec<herald_storage::NodeReport>> {
         Ok(self.mem.lock().unwrap().nodes.values().cloned().collect())
+    }
+
+    async fn cluster_channels(
+        &self,
+        except_node: &str,
+    ) -> herald_storage::Result<Vec<herald_storage::ChannelClients>> {
+        let mem = self.mem.lock().unwrap();
+        let mut sums: BTreeMap<ChannelName, u64> = BTreeMap::new();
+        for (node, channels) in &mem.node_channels {
+            if node != except_node {
+                for c in channels {
+                    *sums.entry(c.channel.clone()).or_insert(0) += c.clients;
+                }
+            }
+        }
+        Ok(sums
+            .into_iter()
+            .map(|(channel, clients)| herald_storage::ChannelClients { channel, clients })
+            .collect())
     }
 
     async fn channel_epoch(&self, channel: &ChannelName) -> herald_storage::Result<String> {

@@ -40,8 +40,8 @@ use herald_core::{
 use crate::testing::{self, keyed, msg, tagged};
 
 use crate::{
-    Acquire, ClientInfo, Error, NodeReport, PresenceEntry, PresenceEvent, PresenceEventKind,
-    Storage, TakeoverReason,
+    Acquire, ChannelClients, ClientInfo, Error, NodeReport, PresenceEntry, PresenceEvent,
+    PresenceEventKind, Storage, TakeoverReason,
 };
 
 mod retention;
@@ -131,6 +131,7 @@ macro_rules! conformance_tests {
             presence_is_shared_renewed_and_expires,
             presence_events_reach_the_other_nodes_in_order,
             node_reports_are_shared_replaced_and_expire,
+            node_channels_are_summed_replaced_and_expire,
         );
     };
     (@cases $harness:expr; $($case:ident),* $(,)?) => {
@@ -1436,15 +1437,15 @@ pub async fn node_reports_are_shared_replaced_and_expire(h: &dyn Harness) {
     };
     assert!(c.node(1).node_reports().await.unwrap().is_empty());
     c.node(0)
-        .report_node(&report("node-b", 4), LONG_TTL)
+        .report_node(&report("node-b", 4), &[], LONG_TTL)
         .await
         .unwrap();
     c.node(1)
-        .report_node(&report("node-a", 1), LONG_TTL)
+        .report_node(&report("node-a", 1), &[], LONG_TTL)
         .await
         .unwrap();
     c.node(0)
-        .report_node(&report("node-b", 5), LONG_TTL)
+        .report_node(&report("node-b", 5), &[], LONG_TTL)
         .await
         .unwrap();
     assert_eq!(
@@ -1454,7 +1455,7 @@ pub async fn node_reports_are_shared_replaced_and_expire(h: &dyn Harness) {
 
     // A report lives only while it is renewed.
     c.node(0)
-        .report_node(&report("node-b", 5), SHORT_TTL)
+        .report_node(&report("node-b", 5), &[], SHORT_TTL)
         .await
         .unwrap();
     let deadline = Instant::now() + EXPIRY_WAIT;
@@ -1465,5 +1466,109 @@ pub async fn node_reports_are_shared_replaced_and_expire(h: &dyn Harness) {
     assert_eq!(
         c.node(0).node_reports().await.unwrap(),
         vec![report("node-a", 1)]
+    );
+}
+
+/// The channels of node reports (Centrifugo's `channels`): every node
+/// reads the channels of every other node's report, summed per channel;
+/// a node's next report replaces its channels, and they expire with its
+/// report.
+pub async fn node_channels_are_summed_replaced_and_expire(h: &dyn Harness) {
+    let c = h.cluster(2).await;
+    let report = |node_id: &str| NodeReport {
+        node_id: node_id.to_owned(),
+        version: "1.2.3".to_owned(),
+        uptime_s: 7,
+        clients: 1,
+        users: 1,
+        subs: 2,
+        channels: 2,
+    };
+    let counts = |pairs: &[(&str, u64)]| -> Vec<ChannelClients> {
+        pairs
+            .iter()
+            .map(|&(name, clients)| ChannelClients {
+                channel: channel(name),
+                clients,
+            })
+            .collect()
+    };
+    assert!(c
+        .node(0)
+        .cluster_channels("node-a")
+        .await
+        .unwrap()
+        .is_empty());
+    c.node(0)
+        .report_node(
+            &report("node-a"),
+            &counts(&[("room:x", 2), ("room:y", 1)]),
+            LONG_TTL,
+        )
+        .await
+        .unwrap();
+    c.node(1)
+        .report_node(
+            &report("node-b"),
+            &counts(&[("room:x", 3), ("room:z", 4)]),
+            LONG_TTL,
+        )
+        .await
+        .unwrap();
+    // Summed over every node but the one named.
+    assert_eq!(
+        c.node(1).cluster_channels("node-c").await.unwrap(),
+        counts(&[("room:x", 5), ("room:y", 1), ("room:z", 4)])
+    );
+    assert_eq!(
+        c.node(1).cluster_channels("node-a").await.unwrap(),
+        counts(&[("room:x", 3), ("room:z", 4)])
+    );
+    assert_eq!(
+        c.node(0).cluster_channels("node-b").await.unwrap(),
+        counts(&[("room:x", 2), ("room:y", 1)])
+    );
+
+    // The next report replaces the node's channels: one gone, one changed.
+    c.node(0)
+        .report_node(&report("node-a"), &counts(&[("room:y", 6)]), LONG_TTL)
+        .await
+        .unwrap();
+    assert_eq!(
+        c.node(1).cluster_channels("node-c").await.unwrap(),
+        counts(&[("room:x", 3), ("room:y", 6), ("room:z", 4)])
+    );
+
+    // A node's channels live only while its report is renewed.
+    c.node(1)
+        .report_node(
+            &report("node-b"),
+            &counts(&[("room:x", 3), ("room:z", 4)]),
+            SHORT_TTL,
+        )
+        .await
+        .unwrap();
+    let deadline = Instant::now() + EXPIRY_WAIT;
+    while c.node(0).node_reports().await.unwrap().len() > 1 {
+        assert!(Instant::now() < deadline, "the report did not expire");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        c.node(0).cluster_channels("node-c").await.unwrap(),
+        counts(&[("room:y", 6)])
+    );
+    // A report with no channels leaves the node none; a node whose report
+    // expired starts again from its next report's channels.
+    c.node(0)
+        .report_node(&report("node-a"), &[], LONG_TTL)
+        .await
+        .unwrap();
+    c.node(1)
+        .report_node(&report("node-b"), &counts(&[("room:z", 1)]), LONG_TTL)
+        .await
+        .unwrap();
+    assert_eq!(
+        c.node(0).cluster_channels("node-c").await.unwrap(),
+        counts(&[("room:z", 1)])
     );
 }

@@ -40,7 +40,7 @@ pub use cluster::ClusterEvent;
 pub use digest::{idempotency_digest, IdempotencyDigest};
 pub use error::{Cause, Error, PoolerEvidence, Result};
 pub use traits::{
-    Acquire, ChangeFeed, ChangeSignal, ClientInfo, Deletion, Deletions, LeaseStore, NodeReport,
-    Page, PresenceEntry, PresenceEvent, PresenceEventKind, Storage, TakeoverReason,
+    Acquire, ChangeFeed, ChangeSignal, ChannelClients, ClientInfo, Deletion, Deletions, LeaseStore,
+    NodeReport, Page, PresenceEntry, PresenceEvent, PresenceEventKind, Storage, TakeoverReason,
 };
 pub use trim::{ChannelStats, TrimLimits, Trimmed};

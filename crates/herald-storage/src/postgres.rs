@@ -50,8 +50,8 @@ use tokio_postgres::{AsyncMessage, Client, Config, Connection, NoTls, Socket};
 use self::renewal::Renewal;
 use crate::decode::ttl_ms;
 use crate::{
-    Acquire, ChangeFeed, ChangeSignal, ChannelStats, ClusterEvent, Deletions, Error, LeaseStore,
-    NodeReport, Page, PresenceEvent, Result, Storage, TrimLimits, Trimmed,
+    Acquire, ChangeFeed, ChangeSignal, ChannelClients, ChannelStats, ClusterEvent, Deletions,
+    Error, LeaseStore, NodeReport, Page, PresenceEvent, Result, Storage, TrimLimits, Trimmed,
 };
 
 pub use presence_events::{MAX_PAYLOAD_BYTES, PRESENCE_CHANNEL, PRESENCE_EVENT_CAPACITY};
@@ -966,14 +966,24 @@ impl Storage for PostgresStorage {
         presence::touch(&client, session, ttl).await
     }
 
-    async fn report_node(&self, report: &NodeReport, ttl: Duration) -> Result<()> {
-        let client = self.client().await?;
-        nodes::report(&client, report, ttl).await
+    async fn report_node(
+        &self,
+        report: &NodeReport,
+        channels: &[ChannelClients],
+        ttl: Duration,
+    ) -> Result<()> {
+        let mut client = self.client().await?;
+        nodes::report(&mut client, report, channels, ttl).await
     }
 
     async fn node_reports(&self) -> Result<Vec<NodeReport>> {
         let client = self.client().await?;
         nodes::list(&client).await
+    }
+
+    async fn cluster_channels(&self, except_node: &str) -> Result<Vec<ChannelClients>> {
+        let client = self.client().await?;
+        nodes::channels(&client, except_node).await
     }
 
     async fn presence(&self, channel: &ChannelName) -> Result<Vec<crate::PresenceEntry>> {

@@ -46,8 +46,8 @@ use self::session::SessionLock;
 use self::worker::Worker;
 use crate::decode::ttl_ms;
 use crate::{
-    Acquire, ChangeFeed, ChannelStats, ClusterEvent, Deletions, Error, LeaseStore, NodeReport,
-    Page, Result, Storage, TrimLimits, Trimmed,
+    Acquire, ChangeFeed, ChannelClients, ChannelStats, ClusterEvent, Deletions, Error, LeaseStore,
+    NodeReport, Page, Result, Storage, TrimLimits, Trimmed,
 };
 
 mod embedded {
@@ -616,16 +616,30 @@ impl Storage for SqliteStorage {
             .await
     }
 
-    async fn report_node(&self, report: &NodeReport, ttl: Duration) -> Result<()> {
+    async fn report_node(
+        &self,
+        report: &NodeReport,
+        channels: &[ChannelClients],
+        ttl: Duration,
+    ) -> Result<()> {
         let report = report.clone();
+        let channels = channels.to_vec();
         self.inner
             .writer
-            .call(move |conn| nodes::report(conn, &report, ttl))
+            .call(move |conn| nodes::report(conn, &report, &channels, ttl))
             .await
     }
 
     async fn node_reports(&self) -> Result<Vec<NodeReport>> {
         self.inner.readers.call(nodes::list).await
+    }
+
+    async fn cluster_channels(&self, except_node: &str) -> Result<Vec<ChannelClients>> {
+        let except_node = except_node.to_owned();
+        self.inner
+            .readers
+            .call(move |conn| nodes::channels(conn, &except_node))
+            .await
     }
 
     async fn presence(&self, channel: &ChannelName) -> Result<Vec<crate::PresenceEntry>> {

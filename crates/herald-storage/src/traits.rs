@@ -267,6 +267,17 @@ pub struct NodeReport {
     pub channels: u64,
 }
 
+/// A channel's count of subscribed Centrifugo connections, for the server
+/// API's `channels`: one node's in a report ([`Storage::report_node`]), or
+/// the sum over nodes ([`Storage::cluster_channels`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChannelClients {
+    /// The channel.
+    pub channel: ChannelName,
+    /// Connections subscribed to it (Centrifugo's `num_clients`).
+    pub clients: u64,
+}
+
 /// Herald's storage: lease, fenced writes and reads. One implementation per
 /// backend; every implementation passes the `conformance` suite.
 #[async_trait]
@@ -359,20 +370,38 @@ pub trait Storage: LeaseStore {
     /// [`crate::Error::Unavailable`] when the storage cannot be reached.
     async fn presence(&self, channel: &ChannelName) -> Result<Vec<PresenceEntry>>;
 
-    /// Records `report`, replacing the report of the same node id,
-    /// expiring `ttl` from now on the storage's clock unless reported
-    /// again. Deletes expired reports on the way. Not a fenced write: every
-    /// node reports itself.
+    /// Records `report` and the node's subscribed `channels` (each channel
+    /// at most once, counts above 0) in one transaction, replacing the
+    /// report and the channels of the same node id, expiring `ttl` from
+    /// now on the storage's clock unless reported again; a node's channels
+    /// live exactly as long as its report. Deletes expired reports and
+    /// their channels on the way. Not a fenced write: every node reports
+    /// itself.
     ///
     /// # Errors
-    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
-    async fn report_node(&self, report: &NodeReport, ttl: Duration) -> Result<()>;
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached;
+    /// then nothing of the report was recorded.
+    async fn report_node(
+        &self,
+        report: &NodeReport,
+        channels: &[ChannelClients],
+        ttl: Duration,
+    ) -> Result<()>;
 
     /// The unexpired reports of every node, ordered by node id.
     ///
     /// # Errors
     /// [`crate::Error::Unavailable`] when the storage cannot be reached.
     async fn node_reports(&self) -> Result<Vec<NodeReport>>;
+
+    /// Every channel in the unexpired reports of the nodes other than
+    /// `except_node`, with its clients summed over those nodes, ordered
+    /// by channel name (Centrifugo's server API `channels`; the asking
+    /// node adds its own counts of now).
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn cluster_channels(&self, except_node: &str) -> Result<Vec<ChannelClients>>;
 
     /// Every channel with its head, ordered by name.
     ///

@@ -182,13 +182,21 @@ impl<H: StorageHooks> Storage for Hooked<H> {
     async fn report_node(
         &self,
         report: &herald_storage::NodeReport,
+        channels: &[herald_storage::ChannelClients],
         ttl: Duration,
     ) -> herald_storage::Result<()> {
-        self.inner.report_node(report, ttl).await
+        self.inner.report_node(report, channels, ttl).await
     }
 
     async fn node_reports(&self) -> herald_storage::Result<Vec<herald_storage::NodeReport>> {
         self.inner.node_reports().await
+    }
+
+    async fn cluster_channels(
+        &self,
+        except_node: &str,
+    ) -> herald_storage::Result<Vec<herald_storage::ChannelClients>> {
+        self.inner.cluster_channels(except_node).await
     }
 
     async fn channel_epoch(&self, channel: &ChannelName) -> herald_storage::Result<String> {

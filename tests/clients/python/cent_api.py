@@ -66,7 +66,12 @@ def main():
         )
         report("batch", publish_offset=r.replies[0].offset, history_offset=r.replies[1].offset)
         r = client.channels(ChannelsRequest())
-        report("channels", channels=sorted(r.channels.keys()))
+        names = sorted(r.channels.keys())
+        report(
+            "channels",
+            channels=names,
+            num_clients=[r.channels[name].num_clients for name in names],
+        )
         r = client.info(InfoRequest())
         report("info", uids=[node.uid for node in r.nodes])
         try:

@@ -1,15 +1,20 @@
-//! Centrifugo's server API `info` for the whole cluster: every node
-//! reports its counts of Centrifugo connections to the storage every
-//! [`REPORT_INTERVAL`] (`Storage::report_node`, a row per node that
-//! expires after [`REPORT_TTL`] unless reported again), and `info` lists
-//! the reports of every live node, this node's own with its counts of now.
-//! Like Centrifugo's, whose nodes publish their info every few seconds,
-//! another node's counts are as of its last report.
+//! Centrifugo's server API `info` and `channels` for the whole cluster:
+//! every node reports its counts of Centrifugo connections and its
+//! subscribed channels (at most [`MAX_REPORTED_CHANNELS`]) to the storage
+//! every [`REPORT_INTERVAL`] (`Storage::report_node`, a row per node and
+//! one per channel it serves, which expire after [`REPORT_TTL`] unless
+//! reported again). `info` lists the reports of every live node, and
+//! `channels` sums the channels of every live node's report; both take
+//! this node's own counts of now instead of its report. Like Centrifugo's,
+//! whose nodes publish their info every few seconds, another node's counts
+//! are as of its last report.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use herald_storage::{NodeReport, Storage};
+use herald_core::ChannelName;
+use herald_storage::{ChannelClients, NodeReport, Storage};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
@@ -24,10 +29,48 @@ pub(crate) const REPORT_INTERVAL: Duration = Duration::from_secs(3);
 /// and a second, then the node drops out of `info`.
 pub(crate) const REPORT_TTL: Duration = Duration::from_secs(10);
 
+/// At most this many channels in one node's report: a node that serves
+/// more reports its most subscribed ones (by count, then name), logs a
+/// warning, and sets the gauge `herald_centrifugo_channels_unreported` to
+/// how many it left out; the others are missing from the `channels` of
+/// the other nodes (the node's own `channels` still has them all). It
+/// bounds the rows each report writes and each `channels` call reads.
+pub(crate) const MAX_REPORTED_CHANNELS: usize = 10_000;
+
+/// `count` as a `u64`.
+fn wide(count: usize) -> u64 {
+    u64::try_from(count).unwrap_or(u64::MAX)
+}
+
+/// This node's channels for its report, at most `max`, and how many it
+/// left out: the most subscribed first kept, by name among equals.
+fn reported_channels(
+    subscribers: BTreeMap<ChannelName, usize>,
+    max: usize,
+) -> (Vec<ChannelClients>, usize) {
+    let mut channels: Vec<ChannelClients> = subscribers
+        .into_iter()
+        .filter(|&(_, n)| n > 0)
+        .map(|(channel, n)| ChannelClients {
+            channel,
+            clients: wide(n),
+        })
+        .collect();
+    let left_out = channels.len().saturating_sub(max);
+    if left_out > 0 {
+        channels.sort_by(|a, b| {
+            b.clients
+                .cmp(&a.clients)
+                .then_with(|| a.channel.cmp(&b.channel))
+        });
+        channels.truncate(max);
+    }
+    (channels, left_out)
+}
+
 /// This node's report, with its counts of now.
 fn report(registry: &Registry, node_id: &str) -> NodeReport {
     let counts = registry.counts();
-    let wide = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
     NodeReport {
         node_id: node_id.to_owned(),
         version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -39,9 +82,10 @@ fn report(registry: &Registry, node_id: &str) -> NodeReport {
     }
 }
 
-/// Reports this node every [`REPORT_INTERVAL`], the first time at once,
-/// until `shutdown` is cancelled. A failed report is logged (once per run
-/// of failures) and tried again at the next interval.
+/// Reports this node and its channels every [`REPORT_INTERVAL`], the
+/// first time at once, until `shutdown` is cancelled. A failed report is
+/// logged (once per run of failures) and tried again at the next interval;
+/// so is a report that left channels out ([`MAX_REPORTED_CHANNELS`]).
 pub(crate) async fn report_task(
     storage: Arc<dyn Storage>,
     registry: Arc<Registry>,
@@ -51,13 +95,25 @@ pub(crate) async fn report_task(
     let mut ticks = tokio::time::interval(REPORT_INTERVAL);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut failing = false;
+    let mut capped = false;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
             _ = ticks.tick() => {}
         }
+        let (channels, left_out) = reported_channels(registry.subscribers(), MAX_REPORTED_CHANNELS);
+        crate::metrics::channels_unreported(wide(left_out));
+        if left_out > 0 && !capped {
+            tracing::warn!(
+                left_out,
+                max = MAX_REPORTED_CHANNELS,
+                "node report: more subscribed channels than a report holds; \
+                 other nodes' `channels` miss the least subscribed ones"
+            );
+        }
+        capped = left_out > 0;
         match storage
-            .report_node(&report(&registry, &node_id), REPORT_TTL)
+            .report_node(&report(&registry, &node_id), &channels, REPORT_TTL)
             .await
         {
             Ok(()) if failing => {
@@ -105,4 +161,61 @@ pub(crate) async fn info(state: &AppState) -> Result<Value, ReplyError> {
         })
         .collect();
     Ok(json!({ "nodes": nodes }))
+}
+
+/// `channels`' counts: every channel with subscribers on some live node,
+/// with its clients summed over the nodes (the other nodes' as of their
+/// last report, this node's of now), by name. Centrifugo's `channels`
+/// lists the active channels, those with at least one subscriber, and so
+/// does this: a channel with history but no subscribers is not listed.
+///
+/// # Errors
+/// 100 when the storage fails (logged).
+pub(crate) async fn channel_counts(
+    state: &AppState,
+) -> Result<BTreeMap<ChannelName, u64>, ReplyError> {
+    let shared = &state.shared;
+    let others = shared
+        .storage
+        .cluster_channels(&shared.config.node_id)
+        .await
+        .map_err(|e| {
+            crate::StorageFailure::new("cluster_channels", None, e).log();
+            ReplyError::internal()
+        })?;
+    let mut counts: BTreeMap<ChannelName, u64> =
+        others.into_iter().map(|c| (c.channel, c.clients)).collect();
+    for (channel, n) in shared.centrifugo.subscribers() {
+        let sum = counts.entry(channel).or_insert(0);
+        *sum = sum.saturating_add(wide(n));
+    }
+    counts.retain(|_, n| *n > 0);
+    Ok(counts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(s: &str) -> ChannelName {
+        ChannelName::new(s).unwrap()
+    }
+
+    #[test]
+    fn a_capped_report_keeps_the_most_subscribed_channels() {
+        let subscribers: BTreeMap<ChannelName, usize> = [("a", 1), ("b", 5), ("c", 2), ("d", 5)]
+            .into_iter()
+            .map(|(c, n)| (name(c), n))
+            .collect();
+        let (kept, left_out) = reported_channels(subscribers.clone(), 3);
+        let kept: Vec<(&str, u64)> = kept
+            .iter()
+            .map(|c| (c.channel.as_str(), c.clients))
+            .collect();
+        assert_eq!(kept, [("b", 5), ("d", 5), ("c", 2)]);
+        assert_eq!(left_out, 1);
+        let (all, left_out) = reported_channels(subscribers, 4);
+        assert_eq!(all.len(), 4);
+        assert_eq!(left_out, 0);
+    }
 }

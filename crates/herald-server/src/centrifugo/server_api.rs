@@ -434,20 +434,13 @@ struct ChannelsParams {
     pattern: Option<String>,
 }
 
-/// Every channel with history, and every channel with subscribers on this
-/// node, with `num_clients` counted on this node.
+/// Every channel with subscribers on some node, with `num_clients` summed
+/// over the nodes (`node_info.rs`), those whose name matches `pattern`.
 async fn channels(state: &AppState, who: &Principal, p: ChannelsParams) -> Outcome {
     if state.shared.auth.may_admin(who).is_err() {
         return Err(ReplyError::permission_denied());
     }
-    let stored = state.shared.storage.channels().await.map_err(|e| {
-        crate::StorageFailure::new("channels", None, e).log();
-        ReplyError::internal()
-    })?;
-    let mut counts = state.shared.centrifugo.subscribers();
-    for head in stored {
-        counts.entry(head.name).or_insert(0);
-    }
+    let counts = super::node_info::channel_counts(state).await?;
     let pattern = p.pattern.filter(|p| !p.is_empty()).map(Pattern::new);
     let channels: Map<String, Value> = counts
         .into_iter()

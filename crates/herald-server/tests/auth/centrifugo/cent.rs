@@ -1,6 +1,7 @@
 //! `cent` (PyPI), Centrifugo's Python server API client, against Herald
 //! unchanged (`tests/clients/python/cent_api.py`): publish
-//! (idempotent with a key), broadcast, history, batch, channels, info,
+//! (idempotent with a key), broadcast, history, batch, channels (the
+//! channels with subscribers only), info,
 //! presence answered "not available", a publish with tags, and
 //! history_remove (the history goes, the position stays), its publishes in
 //! the sequence of Herald's own publish route. centrifuge-python,
@@ -14,6 +15,7 @@ use herald_testkit::clients::{python_bin as python, python_script};
 use herald_testkit::{within, NODE_WAIT};
 use serde_json::{json, Value};
 
+use super::client::Client;
 use crate::{Backend, Creds, Node, Place, Role};
 
 /// `tests/clients/python/cent_api.py`.
@@ -35,6 +37,14 @@ async fn cent(backend: Backend) {
         )
         .await;
     assert_eq!(own.2["offset"], 1);
+    // One subscriber to news:cent: `channels` lists the channels with
+    // subscribers, not the other channels with history (news:cent-b).
+    let token = creds.token_for("cleo", json!({"channels": ["news:*"]}));
+    let (mut cleo, _) = Client::connect(&holder, &token).await;
+    let r = cleo
+        .command("subscribe", json!({"channel": "news:cent"}))
+        .await;
+    assert!(r["subscribe"].is_object(), "{r}");
     let output = within(
         "cent_api.py",
         NODE_WAIT,
@@ -74,8 +84,9 @@ async fn cent(backend: Backend) {
     let batch = step("batch")[0];
     assert_eq!(batch["publish_offset"], 6);
     assert_eq!(batch["history_offset"], 6);
-    let channels = &step("channels")[0]["channels"];
-    assert_eq!(channels, &json!(["news:cent", "news:cent-b"]));
+    let channels = &step("channels")[0];
+    assert_eq!(channels["channels"], json!(["news:cent"]), "{channels}");
+    assert_eq!(channels["num_clients"], json!([1]), "{channels}");
     assert_eq!(step("info")[0]["uids"], json!(["node-a"]));
     assert_eq!(step("presence")[0]["code"], 108);
     assert_eq!(step("publish_tagged")[0]["offset"], 7);

@@ -4,8 +4,9 @@
 //! the deletion's change notice or from the stored deletions (a standby
 //! that missed the notice, or one on SQLite, which has none); and the
 //! server API's `unsubscribe` and `disconnect` called on one node reach
-//! the user's clients on another (PostgreSQL), and `info` on one node
-//! lists every node with its connections (both backends).
+//! the user's clients on another (PostgreSQL), `info` on one node
+//! lists every node with its connections, and `channels` on one node
+//! counts the subscribers of every node (both backends).
 
 use std::sync::Arc;
 
@@ -306,4 +307,109 @@ async fn info_lists_every_node_on_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn info_lists_every_node_on_postgres() {
     info_lists_every_node(Backend::Postgres).await;
+}
+
+/// `channels` asked on node-a until it answers `wanted` (node-b's counts
+/// are as of its last report, made every few seconds).
+async fn channels_until(a: &Node, admin: &[(&str, &str)], params: Value, wanted: Value) {
+    let what = format!("node-a's channels become {wanted}");
+    within(&what, NODE_WAIT, async {
+        loop {
+            let (_, _, r) = a
+                .call("POST", "/api/channels", admin, Some(params.clone()))
+                .await;
+            if r["result"]["channels"] == wanted {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+}
+
+/// A client of `user` on `node`, subscribed to `channels`.
+async fn subscribed(node: &Node, creds: &Creds, user: &str, channels: &[&str]) -> Client {
+    let token = creds.token_for(user, json!({"channels": ["news:*"]}));
+    let (mut c, _) = Client::connect(node, &token).await;
+    for channel in channels {
+        let r = c.command("subscribe", json!({"channel": channel})).await;
+        assert!(r["subscribe"].is_object(), "{r}");
+    }
+    c
+}
+
+/// `channels` asked on one node lists the channels with subscribers on
+/// any node, with `num_clients` summed over the nodes (another node's as
+/// of its last report); a channel with history but no subscribers is not
+/// listed, and `pattern` filters the names.
+async fn channels_counts_every_node(backend: Backend) {
+    let place = Place::new(backend).await;
+    let creds = Creds::new();
+    let a = Node::start(&place, "node-a", Role::Holder, creds.config()).await;
+    let b = Node::start(&place, "node-b", Role::Standby, creds.config()).await;
+    let admin = [("x-api-key", creds.admin.as_str())];
+    let publisher = Creds::bearer(&creds.publisher);
+    let (status, _, _) = a
+        .publish_with(
+            "news:history-only",
+            &[("authorization", publisher.as_str())],
+            json!({"n": 1}),
+        )
+        .await;
+    assert_eq!(status, 201);
+    let _ann = subscribed(&a, &creds, "ann", &["news:a"]).await;
+    let mut bob = subscribed(&b, &creds, "bob", &["news:a", "news:b"]).await;
+    let _cat = subscribed(&b, &creds, "cat", &["news:b"]).await;
+
+    channels_until(
+        &a,
+        &admin,
+        json!({}),
+        json!({"news:a": {"num_clients": 2}, "news:b": {"num_clients": 2}}),
+    )
+    .await;
+    // The same counts on node-b, where node-a's are the reported ones.
+    channels_until(
+        &b,
+        &admin,
+        json!({}),
+        json!({"news:a": {"num_clients": 2}, "news:b": {"num_clients": 2}}),
+    )
+    .await;
+    let (_, _, r) = a
+        .call(
+            "POST",
+            "/api/channels",
+            &admin,
+            Some(json!({"pattern": "news:b"})),
+        )
+        .await;
+    assert_eq!(
+        r["result"]["channels"],
+        json!({"news:b": {"num_clients": 2}}),
+        "{r}"
+    );
+
+    // node-b's next report replaces its channels.
+    let r = bob
+        .command("unsubscribe", json!({"channel": "news:b"}))
+        .await;
+    assert!(r["unsubscribe"].is_object(), "{r}");
+    channels_until(
+        &a,
+        &admin,
+        json!({}),
+        json!({"news:a": {"num_clients": 2}, "news:b": {"num_clients": 1}}),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn channels_counts_every_node_on_sqlite() {
+    channels_counts_every_node(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn channels_counts_every_node_on_postgres() {
+    channels_counts_every_node(Backend::Postgres).await;
 }
