@@ -1,6 +1,6 @@
 //! A storage that passes every call on to another one, with hooks that may
-//! delay or fail reads, appends and channel epochs, fail reads of
-//! deletions or withhold change signals ([`Hooked`], [`StorageHooks`]),
+//! delay or fail reads, appends, channel epochs and presence removals,
+//! fail reads of deletions or withhold change signals ([`Hooked`], [`StorageHooks`]),
 //! and the hooks the tests use: reads that return late ([`SlowReads`]),
 //! appends held until a gate opens ([`AppendGate`]) and a read outage
 //! switched on and off ([`ReadOutage`]).
@@ -63,10 +63,22 @@ pub trait StorageHooks: Send + Sync + 'static {
         let _ = channel;
         Ok(())
     }
+
+    /// Runs before `presence_remove` of `client`'s row of `channel` is
+    /// passed on; may wait. An `Err` is returned instead, and the call is
+    /// not passed on.
+    async fn before_presence_remove(
+        &self,
+        channel: &ChannelName,
+        client: &str,
+    ) -> herald_storage::Result<()> {
+        let _ = (channel, client);
+        Ok(())
+    }
 }
 
 /// A [`Storage`] that passes every call on to `inner`, running the hooks
-/// `H` around reads, appends and channel epochs.
+/// `H` around reads, appends, channel epochs and presence removals.
 pub struct Hooked<H> {
     inner: Arc<dyn Storage>,
     hooks: Arc<H>,
@@ -165,6 +177,7 @@ impl<H: StorageHooks> Storage for Hooked<H> {
         channel: &ChannelName,
         client: &str,
     ) -> herald_storage::Result<()> {
+        self.hooks.before_presence_remove(channel, client).await?;
         self.inner.presence_remove(channel, client).await
     }
 

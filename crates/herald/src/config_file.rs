@@ -113,6 +113,9 @@ struct CentrifugoSection {
     /// (`--centrifugo-force-push-join-leave`).
     #[serde(skip_serializing_if = "Option::is_none")]
     force_push_join_leave: Option<bool>,
+    /// Most channels per connection (`--centrifugo-channel-limit`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    channel_limit: Option<u32>,
 }
 
 /// Reads and parses the config file at `path` for the `herald serve`
@@ -349,6 +352,7 @@ api_keys = []
 presence = true
 join_leave = true
 force_push_join_leave = false
+channel_limit = 16
 
 [namespaces.chat]
 presence = false
@@ -360,6 +364,7 @@ join_leave = true
         assert_eq!(file.flags["pool_size"], ["4"]);
         assert_eq!(file.flags["centrifugo_join_leave"], ["true"]);
         assert_eq!(file.flags["centrifugo_force_push_join_leave"], ["false"]);
+        assert_eq!(file.flags["centrifugo_channel_limit"], ["16"]);
         let chat = file.namespaces.as_ref().unwrap()["chat"];
         assert_eq!((chat.presence, chat.join_leave), (Some(false), Some(true)));
         assert_eq!(file.flags["insecure_no_auth"], ["true"]);
@@ -386,6 +391,10 @@ join_leave = true
                 "unknown field `joinleave`",
             ),
             ("[namespaces.chat]\njoin_leave = 1", "[namespaces]"),
+            (
+                "[centrifugo]\nchannel_limit = 0",
+                "key centrifugo.channel_limit",
+            ),
             ("config = \"other.toml\"", "unknown key config"),
             ("auth = 1", "auth must be a section"),
             ("listen = ", "line 1"),

@@ -248,6 +248,12 @@ pub(crate) struct ServeArgs {
     /// last heartbeat (renewed every third of it).
     #[arg(long, env = "HERALD_CENTRIFUGO_PRESENCE_TTL", default_value = "30s", value_parser = parse_duration)]
     centrifugo_presence_ttl: Duration,
+    /// Centrifugo protocol: the most channels one connection may be
+    /// subscribed to (client-side and server-side together; at least 1).
+    /// A subscribe beyond it answers 106, a connect whose token's `subs`
+    /// name more closes with 3505.
+    #[arg(long, env = "HERALD_CENTRIFUGO_CHANNEL_LIMIT", default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..))]
+    centrifugo_channel_limit: u32,
 }
 
 /// A `--listen` value: a host (an IP address or a name to resolve) and a
@@ -615,6 +621,7 @@ fn centrifugo_config(args: &ServeArgs) -> CentrifugoConfig {
         presence_ttl: args.centrifugo_presence_ttl,
         join_leave: args.centrifugo_join_leave,
         force_push_join_leave: args.centrifugo_force_push_join_leave,
+        channel_limit: usize::try_from(args.centrifugo_channel_limit).unwrap_or(usize::MAX),
     }
 }
 
@@ -1107,6 +1114,13 @@ mod tests {
         );
         assert_eq!(config.centrifugo.ping_interval, Duration::from_secs(5));
         assert_eq!(config.centrifugo.pong_timeout, Duration::from_secs(2));
+        assert_eq!(config.centrifugo.channel_limit, 128);
+        assert_eq!(
+            config_of(&["--centrifugo-channel-limit", "3"])
+                .centrifugo
+                .channel_limit,
+            3
+        );
         assert_eq!(
             config.centrifugo.connect_timeout,
             CentrifugoConfig::default().connect_timeout

@@ -98,5 +98,6 @@ disconnects! {
     BAD_REQUEST = 3501, "bad request";
     STALE = 3502, "stale";
     FORCE_NO_RECONNECT = 3503, "force disconnect";
+    CHANNEL_LIMIT = 3505, "channel limit";
     NOT_AVAILABLE = 3508, "not available";
 }

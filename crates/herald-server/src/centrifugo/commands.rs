@@ -300,7 +300,9 @@ impl Session {
     /// grants it as a subscription token would), else the reply is 103 and
     /// the connection stays unconnected; a storage failure while they start
     /// closes the connection with 3004 (the client reconnects), as
-    /// Centrifugo does.
+    /// Centrifugo does. A token whose `subs` name more channels than
+    /// `channel_limit` closes the connection with 3505 "channel limit"
+    /// before any of them starts, as Centrifugo's connect does.
     async fn connect(&mut self, id: u32, req: ConnectRequest) -> Answer {
         if self.who.is_some() {
             return Answer::Close(codes::BAD_REQUEST);
@@ -322,6 +324,9 @@ impl Session {
                     .collect()
             })
             .unwrap_or_default();
+        if server_subs.len() > self.state.config().centrifugo.channel_limit {
+            return Answer::Close(codes::CHANNEL_LIMIT);
+        }
         for (channel, _) in &server_subs {
             if self.state.shared.auth.may_subscribe(&who, channel).is_err() {
                 return Answer::Reply(error_reply(id, &ReplyError::permission_denied()));
@@ -384,6 +389,11 @@ impl Session {
         };
         if self.subs.contains_key(&channel) {
             return Answer::Reply(error_reply(id, &ReplyError::already_subscribed()));
+        }
+        // Centrifugo checks its channel limit after "already subscribed"
+        // and before the token: 106, nothing started.
+        if self.subs.len() >= self.state.config().centrifugo.channel_limit {
+            return Answer::Reply(error_reply(id, &ReplyError::limit_exceeded()));
         }
         let (who, sub_token) = if req.token.is_empty() {
             (self.who.clone().unwrap_or(Principal::Anonymous), false)
@@ -546,12 +556,14 @@ impl Session {
         Ok((started, live))
     }
 
-    /// Ends the subscription to `channel`, its presence row removed in the
-    /// background; `false` if there was none.
-    pub(crate) fn unsubscribe(&mut self, channel: &ChannelName) -> bool {
+    /// Ends the subscription to `channel` (the server API's
+    /// `unsubscribe`), its presence row removed before it returns, so that
+    /// no removal of it is in flight when the client subscribes again;
+    /// `false` if there was none.
+    pub(crate) async fn unsubscribe(&mut self, channel: &ChannelName) -> bool {
         let removed = self.end_subscription(channel);
         if removed {
-            presence::leave(&self.state, &self.client, BTreeSet::from([channel.clone()]));
+            presence::remove(&self.state, &self.client, channel).await;
         }
         removed
     }

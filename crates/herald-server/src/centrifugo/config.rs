@@ -40,6 +40,13 @@ pub struct CentrifugoConfig {
     /// default off); the default for namespaces that do not say
     /// ([`crate::NamespaceRule::force_push_join_leave`]).
     pub force_push_join_leave: bool,
+    /// The most channels one connection may be subscribed to at once,
+    /// client-side and server-side subscriptions together (Centrifugo's
+    /// `client.channel_limit`, default 128). A subscribe beyond it answers
+    /// 106 "limit exceeded"; a `connect` whose token's `subs` name more
+    /// closes with 3505 "channel limit". At least 1: unlike Centrifugo,
+    /// where 0 means no limit, Herald always has one.
+    pub channel_limit: usize,
 }
 
 impl Default for CentrifugoConfig {
@@ -52,12 +59,13 @@ impl Default for CentrifugoConfig {
             presence_ttl: Duration::from_secs(30),
             join_leave: false,
             force_push_join_leave: false,
+            channel_limit: 128,
         }
     }
 }
 
 impl CentrifugoConfig {
-    /// Checks the periods.
+    /// Checks the periods and the channel limit.
     ///
     /// # Errors
     /// [`StartError::Config`] naming the first unusable one.
@@ -82,6 +90,11 @@ impl CentrifugoConfig {
                 "centrifugo presence_ttl must be at least 30 ms".to_owned(),
             ));
         }
+        if self.channel_limit == 0 {
+            return Err(StartError::Config(
+                "centrifugo channel_limit must be at least 1".to_owned(),
+            ));
+        }
         Ok(())
     }
 }
@@ -100,6 +113,7 @@ mod tests {
         assert!(!c.join_leave);
         assert!(!c.force_push_join_leave);
         assert_eq!(c.presence_ttl, Duration::from_secs(30));
+        assert_eq!(c.channel_limit, 128);
         c.validate().unwrap();
     }
 
@@ -128,6 +142,10 @@ mod tests {
             },
             CentrifugoConfig {
                 presence_ttl: Duration::ZERO,
+                ..CentrifugoConfig::default()
+            },
+            CentrifugoConfig {
+                channel_limit: 0,
                 ..CentrifugoConfig::default()
             },
         ];

@@ -6,10 +6,15 @@
 //! and renewed by that node's heartbeat every third of `presence_ttl`, so
 //! every node answers `presence` for the whole cluster, and the clients of
 //! a node that died drop out within `presence_ttl`.
+//!
+//! The heartbeat renews every row of the session, so a row whose removal
+//! failed (the storage down when its client unsubscribed or disconnected)
+//! would be renewed for as long as the node runs: such a row is kept as a
+//! pending removal, retried by each heartbeat before it renews the rest.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use herald_core::ChannelName;
 use herald_storage::{PresenceEntry, Storage};
@@ -20,14 +25,25 @@ use super::channel_options::ChannelOptions;
 use super::codes::ReplyError;
 use crate::AppState;
 
-/// This node process's presence session: its id and whether its heartbeat
-/// runs.
+/// A presence row's key: its channel and client id.
+type RowKey = (ChannelName, String);
+
+/// This node process's presence session: its id, whether its heartbeat
+/// runs, and the rows whose removal failed.
 #[derive(Debug)]
 pub(crate) struct PresenceSession {
     /// Random per process, so that a restarted node never renews the rows
     /// of its previous run.
     id: String,
     heartbeat: AtomicBool,
+    /// Rows of ended subscriptions that may still be in the storage: their
+    /// removal failed (or an add failed, which may have written the row).
+    /// Each heartbeat removes them before it renews the session's rows.
+    pending: Mutex<BTreeSet<RowKey>>,
+    /// Held by the heartbeat while it retries the pending removals, and
+    /// by a subscribe whose row was pending while it writes the row again,
+    /// so that a retried removal never lands after that write.
+    retrying: tokio::sync::Mutex<()>,
 }
 
 impl Default for PresenceSession {
@@ -36,15 +52,22 @@ impl Default for PresenceSession {
         Self {
             id: format!("{bits:032x}"),
             heartbeat: AtomicBool::new(false),
+            pending: Mutex::default(),
+            retrying: tokio::sync::Mutex::new(()),
         }
     }
 }
 
 impl PresenceSession {
-    /// Starts the heartbeat once: every third of the ttl, renew this
-    /// session's rows, until the node drains.
+    fn pending(&self) -> MutexGuard<'_, BTreeSet<RowKey>> {
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Starts the heartbeat once: every third of the ttl, retry the
+    /// pending removals, then renew this session's rows, until the node
+    /// drains.
     fn ensure_heartbeat(
-        &self,
+        self: &Arc<Self>,
         storage: Arc<dyn Storage>,
         ttl: std::time::Duration,
         shutdown: CancellationToken,
@@ -52,7 +75,7 @@ impl PresenceSession {
         if self.heartbeat.swap(true, Ordering::SeqCst) {
             return;
         }
-        let id = self.id.clone();
+        let session = Arc::clone(self);
         tokio::spawn(async move {
             let mut beats = tokio::time::interval(ttl / 3);
             beats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -60,13 +83,38 @@ impl PresenceSession {
                 tokio::select! {
                     () = shutdown.cancelled() => return,
                     _ = beats.tick() => {
-                        if let Err(e) = storage.presence_touch(&id, ttl).await {
+                        session.retry_removals(storage.as_ref()).await;
+                        if let Err(e) = storage.presence_touch(&session.id, ttl).await {
                             crate::StorageFailure::new("presence_touch", None, e).log();
                         }
                     }
                 }
             }
         });
+    }
+
+    /// Removes the pending rows, in order, until one fails (logged; it and
+    /// the rest are tried at the next heartbeat).
+    async fn retry_removals(&self, storage: &dyn Storage) {
+        let _retrying = self.retrying.lock().await;
+        let keys: Vec<RowKey> = self.pending().iter().cloned().collect();
+        for key in keys {
+            let (channel, client) = &key;
+            if let Err(e) = storage.presence_remove(channel, client).await {
+                crate::StorageFailure::new("presence_remove", Some(channel), e).log();
+                return;
+            }
+            self.pending().remove(&key);
+        }
+    }
+
+    /// Removes `client`'s row of `channel`; when that fails (logged), the
+    /// row is a pending removal.
+    async fn remove(&self, storage: &dyn Storage, channel: &ChannelName, client: &str) {
+        if let Err(e) = storage.presence_remove(channel, client).await {
+            crate::StorageFailure::new("presence_remove", Some(channel), e).log();
+            self.pending().insert((channel.clone(), client.to_owned()));
+        }
     }
 }
 
@@ -99,6 +147,16 @@ pub(crate) async fn join(
         config.presence_ttl,
         shared.shutdown.clone(),
     );
+    let key = (channel.clone(), client.to_owned());
+    // A row of an earlier subscription of this client to the channel
+    // whose removal failed: this write replaces it, after any retried
+    // removal of it in flight.
+    let was_pending = session.pending().remove(&key);
+    let _retrying = if was_pending {
+        Some(session.retrying.lock().await)
+    } else {
+        None
+    };
     let entry = PresenceEntry {
         channel: channel.clone(),
         client: client.to_owned(),
@@ -110,37 +168,43 @@ pub(crate) async fn join(
         .await
         .map_err(|e| {
             crate::StorageFailure::new("presence_add", Some(channel), e).log();
+            // The row may have been written all the same: the subscribe
+            // fails, so the row must not be renewed.
+            session.pending().insert(key);
             ReplyError::internal()
         })
 }
 
 /// Removes `client`'s rows of those of `channels` that have presence, in
-/// the background (a failure is logged; the rows then expire).
+/// the background, once its connection closed (a failure is logged and the
+/// row becomes a pending removal, see [`PresenceSession`]).
 pub(crate) fn leave(state: &AppState, client: &str, mut channels: BTreeSet<ChannelName>) {
     channels.retain(|channel| enabled(state, channel));
     if channels.is_empty() {
         return;
     }
     let storage = Arc::clone(&state.shared.storage);
+    let session = Arc::clone(&state.shared.centrifugo.presence);
     let client = client.to_owned();
     tokio::spawn(async move {
         for channel in channels {
-            if let Err(e) = storage.presence_remove(&channel, &client).await {
-                crate::StorageFailure::new("presence_remove", Some(&channel), e).log();
-            }
+            session.remove(storage.as_ref(), &channel, &client).await;
         }
     });
 }
 
-/// Removes `client`'s row of `channel` now (a failure is logged; the row
-/// then expires).
+/// Removes `client`'s row of `channel` now (a failure is logged and the
+/// row becomes a pending removal, see [`PresenceSession`]).
 pub(crate) async fn remove(state: &AppState, client: &str, channel: &ChannelName) {
     if !enabled(state, channel) {
         return;
     }
-    if let Err(e) = state.shared.storage.presence_remove(channel, client).await {
-        crate::StorageFailure::new("presence_remove", Some(channel), e).log();
-    }
+    let shared = &state.shared;
+    shared
+        .centrifugo
+        .presence
+        .remove(shared.storage.as_ref(), channel, client)
+        .await;
 }
 
 /// The entries of `channel`, or 108 when it has no presence.

@@ -41,7 +41,7 @@ pub(crate) struct Registry {
     /// When the node started, for `info`'s `uptime`.
     started: std::time::Instant,
     /// This process's presence session (`presence.rs`).
-    pub(crate) presence: super::presence::PresenceSession,
+    pub(crate) presence: Arc<super::presence::PresenceSession>,
     /// Join and leave pushes (`join_leave.rs`).
     pub(crate) join_leave: super::join_leave::JoinLeave,
 }
@@ -70,7 +70,7 @@ impl Registry {
         Self {
             conns: Mutex::default(),
             started: std::time::Instant::now(),
-            presence: super::presence::PresenceSession::default(),
+            presence: Arc::default(),
             join_leave: super::join_leave::JoinLeave::start(storage, shutdown, span),
         }
     }

@@ -178,7 +178,7 @@ async fn run(socket: WebSocket, state: AppState) {
             Some(control) = control_rx.recv() => match control {
                 Control::Disconnect(d) => break Some(d),
                 Control::Unsubscribe(channel) => {
-                    if session.unsubscribe(&channel) {
+                    if session.unsubscribe(&channel).await {
                         let push = super::protocol::unsubscribe_push(channel.as_str(), 2000, "server unsubscribe");
                         if send(&mut tx, push).await.is_err() { break None; }
                     }

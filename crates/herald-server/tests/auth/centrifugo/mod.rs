@@ -5,6 +5,7 @@
 //! what reaches every node (`cluster.rs`).
 
 mod cent;
+mod channel_limit;
 mod client;
 mod cluster;
 mod history_remove;

@@ -2,8 +2,10 @@
 //! from another), through the client protocol and the server API; an
 //! unsubscribe removes the client; the rows of a node that stopped
 //! renewing them expire while the live nodes' rows are kept by their
-//! heartbeat; a refused subscribe leaves no row.
+//! heartbeat; a refused subscribe leaves no row; a row whose removal
+//! failed is not kept alive by the heartbeat.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +17,7 @@ use herald_testkit::place::StorageAt;
 use herald_testkit::storage::{Hooked, StorageHooks};
 use herald_testkit::{within, NODE_WAIT};
 use serde_json::json;
+use tokio_tungstenite::tungstenite::Message as Frame;
 
 use super::client::Client;
 use crate::{Backend, Creds, Node, Place, Role};
@@ -168,4 +171,123 @@ async fn a_refused_subscribe_leaves_no_presence_row() {
     let rows = node.storage.presence(&channel).await.unwrap();
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0].client, client);
+}
+
+/// Fails `presence_remove` while on, as a database that went down while
+/// clients unsubscribed or disconnected; reports whose removals it
+/// refused.
+struct RemoveOutage {
+    on: AtomicBool,
+    refused: tokio::sync::watch::Sender<BTreeSet<String>>,
+}
+
+#[async_trait::async_trait]
+impl StorageHooks for RemoveOutage {
+    async fn before_presence_remove(
+        &self,
+        _channel: &ChannelName,
+        client: &str,
+    ) -> herald_storage::Result<()> {
+        if self.on.load(Ordering::SeqCst) {
+            self.refused.send_modify(|r| {
+                r.insert(client.to_owned());
+            });
+            return Err(herald_storage::Error::unavailable("injected outage"));
+        }
+        Ok(())
+    }
+}
+
+/// The client ids with a presence row in `channel`.
+async fn rows_of(storage: &dyn herald_storage::Storage, channel: &ChannelName) -> BTreeSet<String> {
+    let rows = storage.presence(channel).await.unwrap();
+    rows.into_iter().map(|r| r.client).collect()
+}
+
+/// A presence row whose removal failed (the storage down when its client
+/// unsubscribed, or disconnected) is not renewed for ever by the node's
+/// heartbeat: once the storage answers again it is gone. A client that
+/// subscribed again meanwhile keeps its row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_presence_removal_leaves_no_row_behind() {
+    let place = Place::new(Backend::Sqlite).await;
+    let creds = Creds::new();
+    let config = ServerConfig {
+        centrifugo: CentrifugoConfig {
+            presence: true,
+            presence_ttl: Duration::from_millis(300),
+            ..CentrifugoConfig::default()
+        },
+        ..creds.config()
+    };
+    let outage = Arc::new(RemoveOutage {
+        on: AtomicBool::new(false),
+        refused: tokio::sync::watch::Sender::new(BTreeSet::new()),
+    });
+    let hooks = Arc::clone(&outage);
+    let node = Node::start_with(&place, "node-a", Role::Holder, config, move |s| {
+        Hooked::wrap(s, hooks)
+    })
+    .await;
+    let token = creds.token_for("ann", json!({"channels": ["news:*"]}));
+    let channel = ChannelName::new("news:p").unwrap();
+    // `gone` unsubscribes, `closed` disconnects, `back` unsubscribes and
+    // subscribes again, all while removals fail.
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        let (mut c, info) = Client::connect(&node, &token).await;
+        let r = c.command("subscribe", json!({"channel": "news:p"})).await;
+        assert!(r["subscribe"].is_object(), "{r}");
+        clients.push((c, info["client"].as_str().unwrap().to_owned()));
+    }
+    let (mut back, back_id) = clients.pop().unwrap();
+    let (mut closed, closed_id) = clients.pop().unwrap();
+    let (mut gone, gone_id) = clients.pop().unwrap();
+    let all = BTreeSet::from([gone_id.clone(), closed_id.clone(), back_id.clone()]);
+    assert_eq!(rows_of(node.storage.as_ref(), &channel).await, all);
+
+    outage.on.store(true, Ordering::SeqCst);
+    let r = gone
+        .command("unsubscribe", json!({"channel": "news:p"}))
+        .await;
+    assert_eq!(r["unsubscribe"], json!({}), "{r}");
+    let r = back
+        .command("unsubscribe", json!({"channel": "news:p"}))
+        .await;
+    assert_eq!(r["unsubscribe"], json!({}), "{r}");
+    closed.send_frame(Frame::Close(None)).await;
+    let mut refused = outage.refused.subscribe();
+    within("the three removals refused", NODE_WAIT, async {
+        refused
+            .wait_for(|r| r.len() == 3)
+            .await
+            .expect("the hook lives")
+    })
+    .await;
+    let r = back
+        .command("subscribe", json!({"channel": "news:p"}))
+        .await;
+    assert!(r["subscribe"].is_object(), "{r}");
+    // The removals failed: every row is still there.
+    assert_eq!(rows_of(node.storage.as_ref(), &channel).await, all);
+
+    // The storage answers again: the rows of the ended subscriptions go
+    // (the heartbeat would otherwise renew them as long as the node
+    // runs), the live one stays.
+    outage.on.store(false, Ordering::SeqCst);
+    within("the ended subscriptions' rows to go", NODE_WAIT, async {
+        loop {
+            if rows_of(node.storage.as_ref(), &channel).await == BTreeSet::from([back_id.clone()]) {
+                break;
+            }
+            // Polled: a removal by the heartbeat is no event the test
+            // can await.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    let r = back.command("presence", json!({"channel": "news:p"})).await;
+    let seen = r["presence"]["presence"].as_object().unwrap();
+    assert_eq!(seen.keys().collect::<Vec<_>>(), [&back_id], "{r}");
+    node.stop().await;
 }
