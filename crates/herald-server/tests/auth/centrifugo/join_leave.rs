@@ -10,6 +10,7 @@
 use herald_server::{CentrifugoConfig, NamespaceRule, ServerConfig};
 use serde_json::{json, Value};
 
+use super::api;
 use super::client::Client;
 use crate::{on_both_backends, Backend, Creds, Node, Place, Role};
 
@@ -48,16 +49,7 @@ async fn check_presence(
 ) {
     for method in ["presence", "presence_stats"] {
         let r = client.command(method, json!({ "channel": channel })).await;
-        let key = [("x-api-key", creds.backend.as_str())];
-        let (status, _, api) = node
-            .call(
-                "POST",
-                &format!("/api/{method}"),
-                &key,
-                Some(json!({ "channel": channel })),
-            )
-            .await;
-        assert_eq!(status, 200, "{api}");
+        let api = api(node, method, &creds.backend, json!({ "channel": channel })).await;
         match clients {
             None => {
                 assert_eq!(r["error"]["code"], 108, "{method} {channel}: {r}");
