@@ -468,6 +468,36 @@ mod tests {
         feed
     }
 
+    /// A standby feed announcing to a hub, with a receiver of channel
+    /// `a`'s notices; started once the feed's first poll (at start) on
+    /// `storage` is done.
+    struct Running {
+        rx: crate::hub::HubReceiver,
+        shutdown: CancellationToken,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    impl Running {
+        /// Runs the feed `feed` makes for the hub.
+        async fn start(
+            storage: &MemoryStorage,
+            feed: impl FnOnce(Arc<Hub>) -> StandbyFeed,
+        ) -> Self {
+            let hub = Hub::new(64);
+            let rx = hub.subscribe(&ChannelName::new("a").unwrap());
+            let shutdown = CancellationToken::new();
+            let task = tokio::spawn(feed(hub).run(shutdown.clone()));
+            storage.wait_polls(1).await;
+            Self { rx, shutdown, task }
+        }
+
+        /// Stops the feed and waits for its task to end.
+        async fn stop(self) {
+            self.shutdown.cancel();
+            self.task.await.unwrap();
+        }
+    }
+
     fn committed(channel: &str, to: u64) -> ChangeSignal {
         ChangeSignal::Committed {
             channel: ChannelName::new(channel).unwrap(),
@@ -488,38 +518,28 @@ mod tests {
     #[tokio::test]
     async fn commit_signals_wake_a_standby() {
         let storage = MemoryStorage::with_signals(4);
-        let hub = Hub::new(64);
-        let mut rx = hub.subscribe(&ChannelName::new("a").unwrap());
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(signal_driven(storage.clone(), hub.clone()).run(shutdown.clone()));
         // The first poll at start finds nothing; then only signals wake it.
-        storage.wait_polls(1).await;
+        let mut feed = Running::start(&storage, |hub| signal_driven(storage.clone(), hub)).await;
         storage.append_as_other_node("a", "1");
         assert!(
-            tokio::time::timeout(Duration::from_millis(100), rx.recv())
+            tokio::time::timeout(Duration::from_millis(100), feed.rx.recv())
                 .await
                 .is_err(),
             "polled without a signal"
         );
         storage.signal(committed("a", 1));
-        assert_eq!(next_head(&mut rx).await, 1);
+        assert_eq!(next_head(&mut feed.rx).await, 1);
         // A resync wakes it too.
         storage.append_as_other_node("a", "2");
         storage.signal(ChangeSignal::Resync);
-        assert_eq!(next_head(&mut rx).await, 2);
-        shutdown.cancel();
-        task.await.unwrap();
+        assert_eq!(next_head(&mut feed.rx).await, 2);
+        feed.stop().await;
     }
 
     #[tokio::test]
     async fn a_lagged_signal_receiver_resyncs() {
         let storage = MemoryStorage::with_signals(2);
-        let hub = Hub::new(64);
-        let mut rx = hub.subscribe(&ChannelName::new("a").unwrap());
-        let feed = signal_driven(storage.clone(), hub.clone());
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(feed.run(shutdown.clone()));
-        storage.wait_polls(1).await;
+        let mut feed = Running::start(&storage, |hub| signal_driven(storage.clone(), hub)).await;
         for i in 1..=10u64 {
             storage.append_as_other_node("a", &i.to_string());
         }
@@ -528,13 +548,12 @@ mod tests {
         for i in 1..=10u64 {
             storage.signal(committed("a", i));
         }
-        let mut head = next_head(&mut rx).await;
+        let mut head = next_head(&mut feed.rx).await;
         while head < 10 {
-            head = next_head(&mut rx).await;
+            head = next_head(&mut feed.rx).await;
         }
         assert_eq!(head, 10);
-        shutdown.cancel();
-        task.await.unwrap();
+        feed.stop().await;
     }
 
     /// The next notice's deletion number; fails when it is not a deleted
@@ -558,17 +577,12 @@ mod tests {
     #[tokio::test]
     async fn a_deletion_signal_is_announced_at_once() {
         let storage = MemoryStorage::with_signals(4);
-        let hub = Hub::new(64);
-        let mut rx = hub.subscribe(&ChannelName::new("a").unwrap());
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(signal_driven(storage.clone(), hub.clone()).run(shutdown.clone()));
-        storage.wait_polls(1).await;
+        let mut feed = Running::start(&storage, |hub| signal_driven(storage.clone(), hub)).await;
         storage.append_as_other_node("a", "1");
         let number = storage.delete_as_other_node("a");
         storage.signal(deletion_signal("a", 1, number));
-        assert_eq!(next_deletion(&mut rx).await, (number, 1));
-        shutdown.cancel();
-        task.await.unwrap();
+        assert_eq!(next_deletion(&mut feed.rx).await, (number, 1));
+        feed.stop().await;
     }
 
     /// A deletion whose signal was lost is read from the storage at the
@@ -576,26 +590,21 @@ mod tests {
     #[tokio::test]
     async fn a_resync_reads_the_deletions_whose_signal_was_lost() {
         let storage = MemoryStorage::with_signals(4);
-        let hub = Hub::new(64);
-        let mut rx = hub.subscribe(&ChannelName::new("a").unwrap());
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(signal_driven(storage.clone(), hub.clone()).run(shutdown.clone()));
-        storage.wait_polls(1).await;
+        let mut feed = Running::start(&storage, |hub| signal_driven(storage.clone(), hub)).await;
         storage.append_as_other_node("a", "1");
         let number = storage.delete_as_other_node("a");
         // A commit signal asks only for moved channels.
         storage.signal(committed("a", 1));
-        assert_eq!(next_head(&mut rx).await, 1);
+        assert_eq!(next_head(&mut feed.rx).await, 1);
         assert!(
-            tokio::time::timeout(Duration::from_millis(100), rx.recv())
+            tokio::time::timeout(Duration::from_millis(100), feed.rx.recv())
                 .await
                 .is_err(),
             "read the deletions without a resync"
         );
         storage.signal(ChangeSignal::Resync);
-        assert_eq!(next_deletion(&mut rx).await, (number, 1));
-        shutdown.cancel();
-        task.await.unwrap();
+        assert_eq!(next_deletion(&mut feed.rx).await, (number, 1));
+        feed.stop().await;
     }
 
     /// Without signals (SQLite), every poll reads the deletions too.
@@ -604,40 +613,35 @@ mod tests {
         let storage = MemoryStorage::new();
         let lease = FakeLease::holder(FencingToken(1));
         lease.set_standby(Some("http://other"));
-        let hub = Hub::new(64);
-        let mut rx = hub.subscribe(&ChannelName::new("a").unwrap());
-        let feed = StandbyFeed::new(
-            storage.clone(),
-            lease,
-            hub.clone(),
-            (0, 0),
-            Duration::from_millis(5),
-        );
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(feed.run(shutdown.clone()));
-        storage.wait_polls(1).await;
+        let mut feed = Running::start(&storage, |hub| {
+            StandbyFeed::new(
+                storage.clone(),
+                lease,
+                hub,
+                (0, 0),
+                Duration::from_millis(5),
+            )
+        })
+        .await;
         let number = storage.delete_as_other_node("a");
-        assert_eq!(next_deletion(&mut rx).await, (number, 0));
-        shutdown.cancel();
-        task.await.unwrap();
+        assert_eq!(next_deletion(&mut feed.rx).await, (number, 0));
+        feed.stop().await;
     }
 
     #[tokio::test]
     async fn without_signals_the_standby_falls_back_to_polling() {
         let storage = MemoryStorage::with_signals(4);
-        let hub = Hub::new(64);
-        let mut rx = hub.subscribe(&ChannelName::new("a").unwrap());
-        let mut feed = signal_driven(storage.clone(), hub.clone());
-        feed.interval = Duration::from_millis(5);
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(feed.run(shutdown.clone()));
-        storage.wait_polls(1).await;
+        let mut feed = Running::start(&storage, |hub| {
+            let mut feed = signal_driven(storage.clone(), hub);
+            feed.interval = Duration::from_millis(5);
+            feed
+        })
+        .await;
         storage.close_signals();
         storage.append_as_other_node("a", "1");
-        assert_eq!(next_head(&mut rx).await, 1);
+        assert_eq!(next_head(&mut feed.rx).await, 1);
         storage.append_as_other_node("a", "2");
-        assert_eq!(next_head(&mut rx).await, 2);
-        shutdown.cancel();
-        task.await.unwrap();
+        assert_eq!(next_head(&mut feed.rx).await, 2);
+        feed.stop().await;
     }
 }

@@ -84,6 +84,17 @@ async fn assert_quiet(rx: &mut Receiver<ChangeSignal>) {
     }
 }
 
+/// Ends the backends `pids` (`pg_terminate_backend`, PostgreSQL docs,
+/// "Server Signaling Functions").
+async fn terminate(monitor: &Client, pids: &[i32]) {
+    for pid in pids {
+        monitor
+            .execute("SELECT pg_terminate_backend($1)", &[pid])
+            .await
+            .unwrap();
+    }
+}
+
 /// Backend pids of this database's sessions named `application`.
 async fn backends(monitor: &Client, application: &str) -> Vec<i32> {
     monitor
@@ -260,12 +271,7 @@ async fn the_listener_reconnects_and_asks_for_a_resync() {
 
     let before = backends(&monitor, "herald-listen").await;
     assert_eq!(before.len(), 2, "one listener per storage: {before:?}");
-    for pid in &before {
-        monitor
-            .execute("SELECT pg_terminate_backend($1)", &[pid])
-            .await
-            .unwrap();
-    }
+    terminate(&monitor, &before).await;
     let resync = async {
         match rx.recv().await {
             Ok(ChangeSignal::Resync) => {}
@@ -430,12 +436,7 @@ async fn cluster_events_reach_the_other_nodes() {
     // `Resync`), events reach `b` again.
     let mut b_changes = b.watch_changes().unwrap();
     let before = backends(&monitor, "herald-listen").await;
-    for pid in &before {
-        monitor
-            .execute("SELECT pg_terminate_backend($1)", &[pid])
-            .await
-            .unwrap();
-    }
+    terminate(&monitor, &before).await;
     let resync = async {
         loop {
             if let Ok(ChangeSignal::Resync) = b_changes.recv().await {

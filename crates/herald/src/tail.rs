@@ -546,6 +546,42 @@ mod tests {
             .collect()
     }
 
+    /// A tail's state across `pump` calls: where it resumes, its gap
+    /// resyncs, its stats, what it printed and the notices it wrote.
+    struct Tail {
+        resume: Resume,
+        gaps: u32,
+        stats: SessionStats,
+        out: Vec<u8>,
+        notices: Vec<u8>,
+    }
+
+    impl Tail {
+        /// A tail that printed every offset up to `after`.
+        fn after(after: u64) -> Self {
+            Self {
+                resume: Resume::new(after),
+                gaps: 0,
+                stats: SessionStats::default(),
+                out: Vec::new(),
+                notices: Vec::new(),
+            }
+        }
+
+        /// `pump` over an event stream of `chunks`.
+        async fn pump(&mut self, chunks: &[&str]) -> Result<SessionEnd, SessionError> {
+            pump(
+                sse(chunks),
+                &mut self.resume,
+                &mut self.gaps,
+                &mut self.stats,
+                &mut self.out,
+                &mut self.notices,
+            )
+            .await
+        }
+    }
+
     #[tokio::test]
     async fn pump_prints_in_order_and_skips_repeats() {
         let (m1, m2, m3) = (msg(1), msg(2), msg(3));
@@ -553,23 +589,13 @@ mod tests {
         // and a replayed offset.
         let text = format!(": hi\n\n{m1}{m2}event: other\ndata: x\n\n{m2}{m3}");
         let (a, b) = text.split_at(30);
-        let mut resume = Resume::new(0);
-        let (mut gaps, mut stats, mut out) = (0, SessionStats::default(), Vec::new());
-        let end = pump(
-            sse(&[a, b]),
-            &mut resume,
-            &mut gaps,
-            &mut stats,
-            &mut out,
-            &mut Vec::new(),
-        )
-        .await
-        .unwrap();
+        let mut tail = Tail::after(0);
+        let end = tail.pump(&[a, b]).await.unwrap();
         assert_eq!(end, SessionEnd::Closed);
-        assert_eq!(offsets(&out), [1, 2, 3]);
-        assert_eq!(stats.received, 4);
-        assert_eq!(resume.last(), 3);
-        let first = String::from_utf8(out).unwrap();
+        assert_eq!(offsets(&tail.out), [1, 2, 3]);
+        assert_eq!(tail.stats.received, 4);
+        assert_eq!(tail.resume.last(), 3);
+        let first = String::from_utf8(tail.out).unwrap();
         assert!(
             first.starts_with(r#"{"offset":1,"data":{"n":1},"published_at""#),
             "{first}"
@@ -579,18 +605,8 @@ mod tests {
     #[tokio::test]
     async fn pump_stops_on_a_gap_then_accepts_it_after_resyncs() {
         let text = format!("{}{}", msg(5), msg(6));
-        let mut resume = Resume::new(3);
-        let (mut gaps, mut stats, mut out) = (0, SessionStats::default(), Vec::new());
-        let end = pump(
-            sse(&[&text]),
-            &mut resume,
-            &mut gaps,
-            &mut stats,
-            &mut out,
-            &mut Vec::new(),
-        )
-        .await
-        .unwrap();
+        let mut tail = Tail::after(3);
+        let end = tail.pump(&[&text]).await.unwrap();
         assert_eq!(
             end,
             SessionEnd::Gap {
@@ -598,21 +614,12 @@ mod tests {
                 got: 5
             }
         );
-        assert!(out.is_empty());
-        let mut gaps = MAX_GAP_RESYNCS;
-        let end = pump(
-            sse(&[&text]),
-            &mut resume,
-            &mut gaps,
-            &mut stats,
-            &mut out,
-            &mut Vec::new(),
-        )
-        .await
-        .unwrap();
+        assert!(tail.out.is_empty());
+        tail.gaps = MAX_GAP_RESYNCS;
+        let end = tail.pump(&[&text]).await.unwrap();
         assert_eq!(end, SessionEnd::Closed);
-        assert_eq!(offsets(&out), [5, 6]);
-        assert_eq!(gaps, 0);
+        assert_eq!(offsets(&tail.out), [5, 6]);
+        assert_eq!(tail.gaps, 0);
     }
 
     #[tokio::test]
@@ -622,27 +629,16 @@ mod tests {
             msg(6),
             msg(7)
         );
-        let mut resume = Resume::new(0);
-        let (mut gaps, mut stats, mut out, mut notices) =
-            (0, SessionStats::default(), Vec::new(), Vec::new());
-        let end = pump(
-            sse(&[&text]),
-            &mut resume,
-            &mut gaps,
-            &mut stats,
-            &mut out,
-            &mut notices,
-        )
-        .await
-        .unwrap();
+        let mut tail = Tail::after(0);
+        let end = tail.pump(&[&text]).await.unwrap();
         assert_eq!(end, SessionEnd::Closed);
-        assert_eq!(offsets(&out), [6, 7]);
+        assert_eq!(offsets(&tail.out), [6, 7]);
         assert_eq!(
-            String::from_utf8(notices).unwrap(),
+            String::from_utf8(tail.notices).unwrap(),
             "herald: tail: the server no longer has offsets 1 to 5 \
              (removed by retention or a deletion); continuing at 6\n"
         );
-        assert_eq!(gaps, 0);
+        assert_eq!(tail.gaps, 0);
     }
 
     #[tokio::test]
@@ -651,37 +647,20 @@ mod tests {
             "event: truncated\ndata: {{\"requested_after\":0,\"earliest\":3}}\n\n{}",
             msg(5)
         );
-        let mut resume = Resume::new(4);
-        let (mut gaps, mut stats, mut out, mut notices) =
-            (0, SessionStats::default(), Vec::new(), Vec::new());
-        pump(
-            sse(&[&text]),
-            &mut resume,
-            &mut gaps,
-            &mut stats,
-            &mut out,
-            &mut notices,
-        )
-        .await
-        .unwrap();
-        assert_eq!(offsets(&out), [5]);
-        assert!(notices.is_empty(), "{}", String::from_utf8_lossy(&notices));
+        let mut tail = Tail::after(4);
+        tail.pump(&[&text]).await.unwrap();
+        assert_eq!(offsets(&tail.out), [5]);
+        assert!(
+            tail.notices.is_empty(),
+            "{}",
+            String::from_utf8_lossy(&tail.notices)
+        );
     }
 
     #[tokio::test]
     async fn pump_rejects_message_events_without_offsets() {
-        let mut resume = Resume::new(0);
-        let (mut gaps, mut stats, mut out) = (0, SessionStats::default(), Vec::new());
-        let err = pump(
-            sse(&["data: {\"x\":1}\n\n"]),
-            &mut resume,
-            &mut gaps,
-            &mut stats,
-            &mut out,
-            &mut Vec::new(),
-        )
-        .await
-        .unwrap_err();
+        let mut tail = Tail::after(0);
+        let err = tail.pump(&["data: {\"x\":1}\n\n"]).await.unwrap_err();
         assert!(matches!(err, SessionError::Stream(_)), "{err:?}");
     }
 

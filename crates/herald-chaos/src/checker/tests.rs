@@ -182,6 +182,20 @@ fn remove_stored(state: &mut FinalState, channel: &str, offset: u64) -> StoredMe
     messages.remove(index)
 }
 
+/// Stores `m<offset>` at each of `offsets` in `channel` (token 1, published
+/// at ten times the offset in ms), as a run's publisher would have.
+fn store(state: &mut FinalState, channel: &str, offsets: impl IntoIterator<Item = u64>) {
+    let messages = state.channels.get_mut(channel).unwrap();
+    for offset in offsets {
+        messages.push(StoredMessage {
+            offset,
+            id: format!("m{offset}"),
+            token: 1,
+            published_at_ms: offset * 10,
+        });
+    }
+}
+
 // ---- one test per violation ----------------------------------------------
 
 #[test]
@@ -1750,12 +1764,7 @@ fn an_acknowledged_message_missing_at_or_above_the_final_earliest_is_reported() 
 #[test]
 fn a_message_stored_below_the_final_earliest_is_extra() {
     let (history, mut state) = trimmed_run();
-    state.channels.get_mut("t").unwrap().push(StoredMessage {
-        offset: 2,
-        id: s("m2"),
-        token: 1,
-        published_at_ms: 20,
-    });
+    store(&mut state, "t", [2]);
     let report = check(&history, &state);
     assert_eq!(
         report.violations_of("offsets_not_contiguous").len(),
@@ -1886,14 +1895,7 @@ fn not_recovered_while_the_history_read_after_it_still_holds_the_resume_point_is
         [delivery("z1", "t", 2, "m2"), delivery("z1", "t", 3, "m3")],
     );
     state.earliest.insert(s("t"), 2);
-    for (o, id) in [(2, "m2"), (3, "m3")] {
-        state.channels.get_mut("t").unwrap().push(StoredMessage {
-            offset: o,
-            id: s(id),
-            token: 1,
-            published_at_ms: o * 10,
-        });
-    }
+    store(&mut state, "t", [2, 3]);
     let report = check(&history, &state);
     assert_eq!(
         report.violations,
@@ -1974,14 +1976,7 @@ fn a_recovery_that_skips_publications_is_a_gap() {
     history.push(acked("c1", "t", "m8", 8, (80, 81)));
     history.push(delivery("z1", "t", 8, "m8"));
     let mut state = state;
-    for (o, id) in [(7, "m7"), (8, "m8")] {
-        state.channels.get_mut("t").unwrap().push(StoredMessage {
-            offset: o,
-            id: s(id),
-            token: 1,
-            published_at_ms: o * 10,
-        });
-    }
+    store(&mut state, "t", [7, 8]);
     let report = check(&history, &state);
     assert_eq!(report.violations_of("delivery_gap").len(), 1, "{report}");
 }
@@ -2028,14 +2023,7 @@ fn insufficient_state_followed_by_full_recovery_is_reported() {
     // Nothing was trimmed in this version of the run.
     let mut state = state;
     state.earliest.insert(s("t"), 1);
-    for (o, id) in [(1, "m1"), (2, "m2"), (3, "m3")] {
-        state.channels.get_mut("t").unwrap().push(StoredMessage {
-            offset: o,
-            id: s(id),
-            token: 1,
-            published_at_ms: o * 10,
-        });
-    }
+    store(&mut state, "t", [1, 2, 3]);
     let report = check(&history, &state);
     assert_eq!(
         report.violations,

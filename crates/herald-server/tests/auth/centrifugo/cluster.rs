@@ -19,6 +19,7 @@ use herald_testkit::{within, NODE_WAIT};
 use serde_json::{json, Value};
 
 use super::client::Client;
+use super::holder_and_standby;
 use crate::{Backend, Creds, Node, Place, Role};
 
 /// How the standby of [`deletion_reaches_a_standby`] may learn of the
@@ -260,10 +261,7 @@ async fn unsubscribe_and_disconnect_reach_every_node_on_postgres() {
 /// `info` asked on one node lists every live node with its counts as of
 /// its last report (this node's own as of now).
 async fn info_lists_every_node(backend: Backend) {
-    let place = Place::new(backend).await;
-    let creds = Creds::new();
-    let a = Node::start(&place, "node-a", Role::Holder, creds.config()).await;
-    let b = Node::start(&place, "node-b", Role::Standby, creds.config()).await;
+    let (_place, creds, a, b) = holder_and_standby(backend).await;
     let admin = [("x-api-key", creds.admin.as_str())];
     let token = creds.token_for("ann", json!({"channels": ["news:*"]}));
     let (mut ann, _) = Client::connect(&b, &token).await;
@@ -343,10 +341,7 @@ async fn subscribed(node: &Node, creds: &Creds, user: &str, channels: &[&str]) -
 /// of its last report); a channel with history but no subscribers is not
 /// listed, and `pattern` filters the names.
 async fn channels_counts_every_node(backend: Backend) {
-    let place = Place::new(backend).await;
-    let creds = Creds::new();
-    let a = Node::start(&place, "node-a", Role::Holder, creds.config()).await;
-    let b = Node::start(&place, "node-b", Role::Standby, creds.config()).await;
+    let (_place, creds, a, b) = holder_and_standby(backend).await;
     let admin = [("x-api-key", creds.admin.as_str())];
     let publisher = Creds::bearer(&creds.publisher);
     let (status, _, _) = a

@@ -17,21 +17,8 @@ use serde_json::{json, Value};
 use tokio::sync::{watch, Semaphore};
 
 use super::client::Client;
-use super::offsets;
+use super::{api, holder_and_standby, offsets};
 use crate::{Backend, Creds, Node, Place, Role};
-
-async fn api(node: &Node, method: &str, key: &str, body: Value) -> Value {
-    let (status, _, body) = node
-        .call(
-            "POST",
-            &format!("/api/{method}"),
-            &[("x-api-key", key)],
-            Some(body),
-        )
-        .await;
-    assert_eq!(status, 200, "{body}");
-    body
-}
 
 /// The channel's `(head, earliest, messages)` in `GET /v1/channels`.
 async fn stats(node: &Node, admin: &str, channel: &str) -> (Value, Value, Value) {
@@ -60,10 +47,7 @@ async fn stats(node: &Node, admin: &str, channel: &str) -> (Value, Value, Value)
 }
 
 async fn history_remove(backend: Backend) {
-    let place = Place::new(backend).await;
-    let creds = Creds::new();
-    let holder = Node::start(&place, "node-a", Role::Holder, creds.config()).await;
-    let standby = Node::start(&place, "node-b", Role::Standby, creds.config()).await;
+    let (_place, creds, holder, standby) = holder_and_standby(backend).await;
     let backend_key = creds.backend.as_str();
     let publisher = Creds::bearer(&creds.publisher);
     let key = [("authorization", publisher.as_str())];

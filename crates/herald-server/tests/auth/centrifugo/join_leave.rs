@@ -10,6 +10,7 @@
 use herald_server::{CentrifugoConfig, NamespaceRule, ServerConfig};
 use serde_json::{json, Value};
 
+use super::api;
 use super::client::Client;
 use crate::{on_both_backends, Backend, Creds, Node, Place, Role};
 
@@ -36,6 +37,15 @@ fn id(connected: &Value) -> String {
     connected["client"].as_str().unwrap().to_owned()
 }
 
+/// Subscribes `client` to `channel` asking for its joins and leaves
+/// (`join_leave: true`); asserts the subscription succeeded.
+async fn subscribe_with_joins(client: &mut Client, channel: &str) {
+    let r = client
+        .command("subscribe", json!({"channel": channel, "join_leave": true}))
+        .await;
+    assert!(r["subscribe"].is_object(), "{r}");
+}
+
 /// Checks `presence` and `presence_stats` of `channel` on `node`, through
 /// the client protocol and the server API: answered with `clients`
 /// clients, or (`None`) error 108.
@@ -48,16 +58,7 @@ async fn check_presence(
 ) {
     for method in ["presence", "presence_stats"] {
         let r = client.command(method, json!({ "channel": channel })).await;
-        let key = [("x-api-key", creds.backend.as_str())];
-        let (status, _, api) = node
-            .call(
-                "POST",
-                &format!("/api/{method}"),
-                &key,
-                Some(json!({ "channel": channel })),
-            )
-            .await;
-        assert_eq!(status, 200, "{api}");
+        let api = api(node, method, &creds.backend, json!({ "channel": channel })).await;
         match clients {
             None => {
                 assert_eq!(r["error"]["code"], 108, "{method} {channel}: {r}");
@@ -152,13 +153,7 @@ async fn join_leave_pushes(backend: Backend) {
     let bob_info = json!({"user": "bob", "client": id2, "conn_info": {"name": "Bob"}});
 
     // w1 asks for joins and leaves: it gets its own join first.
-    let r = w1
-        .command(
-            "subscribe",
-            json!({"channel": "chat:a", "join_leave": true}),
-        )
-        .await;
-    assert!(r["subscribe"].is_object(), "{r}");
+    subscribe_with_joins(&mut w1, "chat:a").await;
     assert_join_leave(&w1.push().await, "join", "chat:a", &ann_info);
 
     // w2 subscribes with a subscription token whose `info` is the
@@ -192,13 +187,7 @@ async fn join_leave_pushes(backend: Backend) {
     // `news` has no join_leave: asking changes nothing (w1's next push
     // is the publication).
     for w in [&mut w1, &mut w2] {
-        let r = w
-            .command(
-                "subscribe",
-                json!({"channel": "news:a", "join_leave": true}),
-            )
-            .await;
-        assert!(r["subscribe"].is_object(), "{r}");
+        subscribe_with_joins(w, "news:a").await;
     }
     assert_eq!(
         node.publish_with("news:a", &key, json!({"n": 2})).await.0,
@@ -274,13 +263,7 @@ async fn joins_and_leaves_cross_nodes_on_postgres() {
     let (mut far, _) = Client::connect(&holder, &ann).await;
     let (mut near, _) = Client::connect(&standby, &ann).await;
     for w in [&mut far, &mut near] {
-        let r = w
-            .command(
-                "subscribe",
-                json!({"channel": "chat:x", "join_leave": true}),
-            )
-            .await;
-        assert!(r["subscribe"].is_object(), "{r}");
+        subscribe_with_joins(w, "chat:x").await;
         assert_eq!(w.push().await["join"]["info"]["user"], "ann");
     }
     // `near`'s join reached the holder too.

@@ -20,6 +20,35 @@ mod tags;
 
 use serde_json::Value;
 
+use crate::{Backend, Creds, Node, Place, Role};
+
+/// A fresh place on `backend` with a holder (`node-a`) and a standby
+/// (`node-b`) started on it with the same new credentials. The place must
+/// outlive the nodes.
+pub(crate) async fn holder_and_standby(backend: Backend) -> (Place, Creds, Node, Node) {
+    let place = Place::new(backend).await;
+    let creds = Creds::new();
+    let holder = Node::start(&place, "node-a", Role::Holder, creds.config()).await;
+    let standby = Node::start(&place, "node-b", Role::Standby, creds.config()).await;
+    (place, creds, holder, standby)
+}
+
+/// Calls the server API's `method` (`POST /api/<method>`) on `node` with
+/// the API key `key` (`X-API-Key`) and the JSON `body`; asserts HTTP 200
+/// and returns the reply's body.
+pub(crate) async fn api(node: &Node, method: &str, key: &str, body: Value) -> Value {
+    let (status, _, body) = node
+        .call(
+            "POST",
+            &format!("/api/{method}"),
+            &[("x-api-key", key)],
+            Some(body),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
 /// The offsets of a list of publications.
 pub(crate) fn offsets(publications: &Value) -> Vec<u64> {
     publications

@@ -7,14 +7,11 @@
 use serde_json::json;
 
 use super::client::Client;
-use super::offsets;
+use super::{holder_and_standby, offsets};
 use crate::{Backend, Creds, Node, Place, Role};
 
 async fn recovery(backend: Backend) {
-    let place = Place::new(backend).await;
-    let creds = Creds::new();
-    let holder = Node::start(&place, "node-a", Role::Holder, creds.config()).await;
-    let standby = Node::start(&place, "node-b", Role::Standby, creds.config()).await;
+    let (_place, creds, holder, standby) = holder_and_standby(backend).await;
     let publisher = Creds::bearer(&creds.publisher);
     let key = [("authorization", publisher.as_str())];
     let token = creds.token_for(

@@ -23,6 +23,7 @@ use herald_testkit::sdk::{is, Sdk, SdkClient};
 use herald_testkit::{within, NODE_WAIT};
 use serde_json::{json, Value};
 
+use super::holder_and_standby;
 use crate::{Backend, Creds, Node, Place, Role};
 
 /// The tests of a scenario `async fn(Sdk, Backend)`, one per SDK and
@@ -302,10 +303,7 @@ with_each_sdk_on_both_backends!(server_side_subscription:
 /// takeover, arrives exactly once, in order.
 async fn holder_failover(sdk: Sdk, backend: Backend) {
     sdk.check();
-    let place = Place::new(backend).await;
-    let creds = Creds::new();
-    let holder = Node::start(&place, "node-a", Role::Holder, creds.config()).await;
-    let standby = Node::start(&place, "node-b", Role::Standby, creds.config()).await;
+    let (_place, creds, holder, standby) = holder_and_standby(backend).await;
     let publisher = Creds::bearer(&creds.publisher);
     let key = [("authorization", publisher.as_str())];
     let token = creds.token_for("ann", json!({"channels": ["news:*"]}));

@@ -7,8 +7,8 @@ use base64::Engine;
 use serde_json::{json, Value};
 
 use super::client::Client;
-use super::offsets;
-use crate::{Backend, Creds, Node, Place, Role};
+use super::{holder_and_standby, offsets};
+use crate::{Backend, Creds, Node};
 
 async fn api(node: &Node, method: &str, headers: &[(&str, &str)], body: Value) -> (u16, Value) {
     let (status, _, body) = node
@@ -18,10 +18,7 @@ async fn api(node: &Node, method: &str, headers: &[(&str, &str)], body: Value) -
 }
 
 async fn server_api(backend: Backend) {
-    let place = Place::new(backend).await;
-    let creds = Creds::new();
-    let holder = Node::start(&place, "node-a", Role::Holder, creds.config()).await;
-    let node = Node::start(&place, "node-b", Role::Standby, creds.config()).await;
+    let (_place, creds, holder, node) = holder_and_standby(backend).await;
     let publisher = [("x-api-key", creds.publisher.as_str())];
     let apikey = format!("apikey {}", creds.publisher);
     let admin = [("x-api-key", creds.admin.as_str())];

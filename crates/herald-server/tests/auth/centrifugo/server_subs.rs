@@ -14,7 +14,7 @@ use herald_testkit::storage::{Hooked, ReadOutage};
 use serde_json::{json, Value};
 
 use super::client::Client;
-use super::offsets;
+use super::{holder_and_standby, offsets};
 use crate::{Backend, Creds, Node, Place, Role};
 
 /// Connects with `token` and `subs` (the recovery asked for); the whole
@@ -28,10 +28,7 @@ async fn connect_with(node: &Node, token: &str, subs: Value) -> (Client, Value) 
 }
 
 async fn server_side_subscriptions(backend: Backend) {
-    let place = Place::new(backend).await;
-    let creds = Creds::new();
-    let holder = Node::start(&place, "node-a", Role::Holder, creds.config()).await;
-    let standby = Node::start(&place, "node-b", Role::Standby, creds.config()).await;
+    let (_place, creds, holder, standby) = holder_and_standby(backend).await;
     let publisher = Creds::bearer(&creds.publisher);
     let key = [("authorization", publisher.as_str())];
     for i in 1..=2 {

@@ -8,27 +8,11 @@
 use serde_json::{json, Value};
 
 use super::client::Client;
-use super::offsets;
-use crate::{Backend, Creds, Node, Place, Role};
-
-async fn api(node: &Node, method: &str, key: &str, body: Value) -> Value {
-    let (status, _, body) = node
-        .call(
-            "POST",
-            &format!("/api/{method}"),
-            &[("x-api-key", key)],
-            Some(body),
-        )
-        .await;
-    assert_eq!(status, 200, "{body}");
-    body
-}
+use super::{api, holder_and_standby, offsets};
+use crate::{Backend, Creds, Node, Role};
 
 async fn tags(backend: Backend) {
-    let place = Place::new(backend).await;
-    let creds = Creds::new();
-    let holder = Node::start(&place, "node-a", Role::Holder, creds.config()).await;
-    let standby = Node::start(&place, "node-b", Role::Standby, creds.config()).await;
+    let (place, creds, holder, standby) = holder_and_standby(backend).await;
     let key = creds.backend.as_str();
     let token = creds.token_for("tess", json!({"channels": ["news:*"]}));
     let (mut c, _) = Client::connect(&standby, &token).await;
