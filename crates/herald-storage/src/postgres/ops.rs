@@ -120,6 +120,17 @@ const TAKE_OVER_SQL: &str = "UPDATE storage_leases AS l \
      WHERE l.name = $1 AND (l.holder IS NULL OR l.expires_at <= c.now OR $5::boolean) \
      RETURNING l.token, p.previous_holder, p.previous_expires_at <= c.now";
 
+/// Starts a READ COMMITTED transaction on `client`: the level every
+/// fenced write, trim and acquisition runs at (their lock waits re-read the
+/// latest row versions; docs/storage.md).
+async fn read_committed(client: &mut Object) -> Result<deadpool_postgres::Transaction<'_>> {
+    Ok(client
+        .build_transaction()
+        .isolation_level(IsolationLevel::ReadCommitted)
+        .start()
+        .await?)
+}
+
 /// One transaction: `lock_timeout`; a check that this storage's own
 /// session key is held by some session (its liveness connection), else
 /// [`Error::Unavailable`] and nothing is decided; the lease row `FOR
@@ -141,11 +152,7 @@ pub(super) async fn acquire(
     if let Some(info) = held_at_a_glance(client, name, own_session).await? {
         return Ok(Acquire::Held(info));
     }
-    let tx = client
-        .build_transaction()
-        .isolation_level(IsolationLevel::ReadCommitted)
-        .start()
-        .await?;
+    let tx = read_committed(client).await?;
     tx.execute(
         "SELECT set_config('lock_timeout', $1, true)",
         &[&lock_timeout],
@@ -412,11 +419,7 @@ pub(super) async fn append(
     batch: &[NewMessage],
 ) -> Result<Vec<Appended>> {
     let token = sql_token(lease)?;
-    let tx = client
-        .build_transaction()
-        .isolation_level(IsolationLevel::ReadCommitted)
-        .start()
-        .await?;
+    let tx = read_committed(client).await?;
     let skip_fencing = fault_switches::enabled(FaultSwitch::SkipFencingCheck);
     // Statements sent together are answered in order; after the first
     // error the server refuses the rest ("current transaction is aborted"),
@@ -864,11 +867,7 @@ pub(super) async fn trim(
     max_rows: usize,
 ) -> Result<Trimmed> {
     let token = sql_token(lease)?;
-    let tx = client
-        .build_transaction()
-        .isolation_level(IsolationLevel::ReadCommitted)
-        .start()
-        .await?;
+    let tx = read_committed(client).await?;
     let skip_fencing = fault_switches::enabled(FaultSwitch::SkipFencingCheck);
     let (lock_row, lock_channel, check) = tokio::join!(
         tx.prepare_cached(LOCK_FOR_WRITE_SQL),
@@ -988,11 +987,7 @@ pub(super) async fn record_deletion(
     head: Offset,
 ) -> Result<u64> {
     let token = sql_token(lease)?;
-    let tx = client
-        .build_transaction()
-        .isolation_level(IsolationLevel::ReadCommitted)
-        .start()
-        .await?;
+    let tx = read_committed(client).await?;
     let (write_lock, lock_row, check, record) = tokio::join!(
         tx.prepare_cached(WRITE_LOCK_SQL),
         tx.prepare_cached(LOCK_FOR_WRITE_SQL),
