@@ -340,8 +340,8 @@ pub enum Violation {
     },
     /// (10) A Centrifugo subscribe reply or history read names another
     /// epoch than the first one a client saw for the channel. Every node
-    /// shares one database, where a channel's epoch is created once and
-    /// never changes (docs/centrifugo.md, "Epochs and recovery that never
+    /// shares one database, where a channel's epoch is fixed and never
+    /// changes (docs/centrifugo.md, "Epochs and recovery that never
     /// lies"). One violation per channel and epoch.
     EpochChanged {
         /// The subscriber that saw it.

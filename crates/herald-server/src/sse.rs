@@ -6,7 +6,12 @@
 //! position is below the channel's earliest offset (retention trimmed
 //! what it had not got yet), one `event: truncated` with
 //! `{"requested_after","earliest"}` comes first and the stream goes on at
-//! `earliest`; when the channel is deleted, `event: deleted` with
+//! `earliest`. A subscriber that may not read the channel's history
+//! (`history = false`) starts at the head; its resume point is honoured
+//! only within the history resume window, else one `event:
+//! history_withheld` with `{"requested_after","head"}` (and `id: head`)
+//! comes first and the stream goes on after the head (see
+//! `subscription.rs`). When the channel is deleted, `event: deleted` with
 //! `{"head"}` ends the stream. A comment line is sent every
 //! `heartbeat` so that proxies keep the connection open. The client resumes
 //! with the standard `Last-Event-ID` header (or `?after=N`). On drain the
@@ -40,9 +45,9 @@ use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use herald_core::Message;
 
-use crate::api::{resume_after, AfterQuery, ChannelPath, ValidQuery};
+use crate::api::{resume_point, AfterQuery, ChannelPath, ValidQuery};
 use crate::auth::Subscriber;
-use crate::subscription::{Item, Subscription};
+use crate::subscription::{Item, StartAt, Subscription};
 use crate::{AppState, Result};
 
 /// Tells nginx-style proxies not to buffer the stream.
@@ -64,12 +69,15 @@ pub(crate) async fn events(
 ) -> Result<Response> {
     let shared = &state.shared;
     shared.auth.may_subscribe(&who, &channel)?;
-    let after = resume_after(&headers, &query)?;
+    let start = StartAt::new(
+        resume_point(&headers, &query)?,
+        shared.auth.live_only_window(&who, &channel),
+    );
     let expiry = who
         .token()
         .map(|token| Box::pin(tokio::time::sleep(token.time_left())));
     let sub =
-        Subscription::start(shared.storage.clone(), &shared.hub, channel, after, "sse").await?;
+        Subscription::start_at(shared.storage.clone(), &shared.hub, channel, start, "sse").await?;
     let stream = futures::stream::unfold(Some((sub, expiry)), |open| async move {
         let (mut sub, mut expiry) = open?;
         let next = match expiry.as_mut() {
@@ -122,13 +130,18 @@ pub(crate) async fn events(
 
 /// One item as an SSE event: a message, or `event: truncated` (with
 /// `id: earliest − 1`, so that a reconnecting `EventSource` resumes where
-/// the stream goes on), or `event: deleted` (the stream ends after it).
+/// the stream goes on), or `event: history_withheld` (with `id: head`,
+/// likewise), or `event: deleted` (the stream ends after it).
 fn item_event(item: &Item) -> Event {
     match item {
         Item::Message(message) => event(message),
         Item::Truncated { earliest, .. } => Event::default()
             .id(earliest.saturating_sub(1).to_string())
             .event("truncated")
+            .data(item.control_json(false).unwrap_or_default()),
+        Item::Withheld { head, .. } => Event::default()
+            .id(head.to_string())
+            .event("history_withheld")
             .data(item.control_json(false).unwrap_or_default()),
         Item::Deleted { .. } => Event::default()
             .event("deleted")

@@ -25,6 +25,18 @@
 //! showed (`Page::deletion`): a subscription that began after a deletion
 //! is not ended by a late or repeated notice of it.
 //!
+//! History rights: a subscriber whose namespace does not let it read the
+//! channel's history (`history = false`, see `docs/security.md`) starts
+//! as a [`StartAt::LiveOnly`] subscription. Without a resume point it
+//! starts at the head that its first storage read shows (nothing stored
+//! is handed out). With a resume point below the head, the stored
+//! messages after it are handed out only when the oldest of them was
+//! published less than the history resume window ago (by the node's wall
+//! clock against the message's `published_at`, the database's clock): a
+//! client that reconnects after a short break loses nothing, a late
+//! joiner reads at most that window's messages. Otherwise one
+//! [`Item::Withheld`] is queued and the subscription goes on at the head.
+//!
 //! A storage read that fails with a transient error (the storage's
 //! `Unavailable`: the database is down, restarting, locked or slow) does not
 //! end the subscription: the read is tried again after a pause that grows
@@ -64,6 +76,17 @@ pub(crate) enum Item {
         /// The channel's earliest stored offset, read from the storage.
         earliest: Offset,
     },
+    /// The subscriber may not read the channel's history and its resume
+    /// point is older than the history resume window (see the module
+    /// docs): the stored messages after `requested_after` are withheld and
+    /// the subscription goes on after `head`. Sent once, first.
+    Withheld {
+        /// The subscriber's resume point.
+        requested_after: Offset,
+        /// The channel's head when the subscription started: the next
+        /// message handed out is `head + 1`.
+        head: Offset,
+    },
     /// The channel was deleted; `head` is kept (the next message gets
     /// `head + 1`). The last item: the subscription ends after it.
     Deleted {
@@ -73,8 +96,9 @@ pub(crate) enum Item {
 }
 
 impl Item {
-    /// The JSON body of a `truncated` or `deleted` item, as SSE sends it
-    /// in `data:` (`{"requested_after":N,"earliest":M}`, `{"head":N}`)
+    /// The JSON body of a `truncated`, `history_withheld` or `deleted`
+    /// item, as SSE sends it in `data:` (`{"requested_after":N,"earliest":M}`,
+    /// `{"requested_after":N,"head":H}`, `{"head":N}`)
     /// and WebSocket in a text frame with `"type"` added; `None` for a
     /// message.
     pub(crate) fn control_json(&self, with_type: bool) -> Option<String> {
@@ -90,6 +114,16 @@ impl Item {
                     serde_json::json!({"requested_after": requested_after, "earliest": earliest})
                 }
             }
+            Item::Withheld {
+                requested_after,
+                head,
+            } => {
+                if with_type {
+                    serde_json::json!({"type": "history_withheld", "requested_after": requested_after, "head": head})
+                } else {
+                    serde_json::json!({"requested_after": requested_after, "head": head})
+                }
+            }
             Item::Deleted { head } => {
                 if with_type {
                     serde_json::json!({"type": "deleted", "head": head})
@@ -100,6 +134,66 @@ impl Item {
         };
         Some(value.to_string())
     }
+}
+
+/// Where a subscription starts (see the module docs).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum StartAt {
+    /// After this offset: every stored message after it, for a subscriber
+    /// that may read the channel's history.
+    After(Offset),
+    /// For a subscriber that may not read the channel's history.
+    LiveOnly(LiveOnly),
+}
+
+impl StartAt {
+    /// The start of a subscriber that gave `resume` (`Last-Event-ID`,
+    /// `?after=`; `None` when it gave none): with `live_only` (the history
+    /// resume window of a subscriber that may not read history, from
+    /// [`crate::auth::Auth::live_only_window`]) a [`StartAt::LiveOnly`] on
+    /// the node's wall clock, else after `resume` (0: the whole history).
+    pub(crate) fn new(resume: Option<Offset>, live_only: Option<Duration>) -> Self {
+        match live_only {
+            None => Self::After(resume.unwrap_or(0)),
+            Some(window) => Self::LiveOnly(LiveOnly {
+                resume,
+                window,
+                now_ms: wall_clock_ms,
+            }),
+        }
+    }
+}
+
+/// The start of a subscriber that may not read the channel's history.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LiveOnly {
+    /// The client's resume point, if it gave one.
+    pub(crate) resume: Option<Offset>,
+    /// The history resume window: the stored messages after `resume` are
+    /// handed out only if the oldest was published less than this long
+    /// ago.
+    pub(crate) window: Duration,
+    /// The wall clock, in ms since the Unix epoch ([`wall_clock_ms`]; a
+    /// fixed one in tests).
+    pub(crate) now_ms: fn() -> i64,
+}
+
+impl LiveOnly {
+    /// Whether a message published at `published_at_ms` (ms since the
+    /// Unix epoch, the database's clock) is inside the window at the
+    /// wall clock's now: less than `window` old. A window of zero admits
+    /// nothing.
+    pub(crate) fn admits(&self, published_at_ms: i64) -> bool {
+        let window_ms = i64::try_from(self.window.as_millis()).unwrap_or(i64::MAX);
+        (self.now_ms)().saturating_sub(published_at_ms) < window_ms
+    }
+}
+
+/// The node's wall clock, in ms since the Unix epoch (0 before it).
+pub(crate) fn wall_clock_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// Messages read from the storage per request.
@@ -187,6 +281,10 @@ pub(crate) struct Subscription {
     /// succeeded showed it: a deleted notice ends this subscription only
     /// for a later deletion.
     deletion_at_start: u64,
+    /// Set until the first read that succeeds for a subscriber that may
+    /// not read history: that read decides where it starts (see the
+    /// module docs).
+    live_only: Option<LiveOnly>,
     /// Counts this subscription in `herald_subscribers` while it lives.
     _gauge: SubscriberGauge,
 }
@@ -215,11 +313,32 @@ impl Subscription {
         after: Offset,
         transport: &'static str,
     ) -> Result<Self> {
+        Self::start_at(storage, hub, channel, StartAt::After(after), transport).await
+    }
+
+    /// As [`Subscription::start`], from `start`: for a
+    /// [`StartAt::LiveOnly`] subscriber the first successful read also
+    /// decides where it starts (see the module docs).
+    ///
+    /// # Errors
+    /// As [`Subscription::start`].
+    pub(crate) async fn start_at(
+        storage: Arc<dyn Storage>,
+        hub: &Arc<Hub>,
+        channel: ChannelName,
+        start: StartAt,
+        transport: &'static str,
+    ) -> Result<Self> {
+        let (after, live_only) = match start {
+            StartAt::After(after) => (after, None),
+            StartAt::LiveOnly(live) => (live.resume.unwrap_or(0), Some(live)),
+        };
         let live = hub.subscribe(&channel);
         let mut sub = Self {
             storage,
             channel,
             live,
+            live_only,
             last: after,
             ready: VecDeque::new(),
             ended: false,
@@ -376,15 +495,20 @@ impl Subscription {
     /// [`Error::Storage`] on a failure that is not transient;
     /// [`Error::OffsetBeyondHead`] at the first successful read.
     async fn try_read_page(&mut self) -> Result<Option<usize>> {
-        match self
-            .storage
-            .read(&self.channel, self.last, PAGE_LIMIT)
-            .await
-        {
+        // A subscriber that may not read history and gave no resume point
+        // needs only the head.
+        let head_only = self.live_only.is_some_and(|l| l.resume.is_none());
+        let (after, limit) = if head_only {
+            (Offset::MAX, 1)
+        } else {
+            (self.last, PAGE_LIMIT)
+        };
+        match self.storage.read(&self.channel, after, limit).await {
             Ok(page) => {
+                let mut withheld = false;
                 if !self.resume_checked {
                     // Nothing was queued yet: `last` is the resume point.
-                    if self.last > page.head {
+                    if !head_only && self.last > page.head {
                         return Err(Error::OffsetBeyondHead {
                             after: self.last,
                             head: page.head,
@@ -392,6 +516,28 @@ impl Subscription {
                     }
                     self.resume_checked = true;
                     self.deletion_at_start = page.deletion;
+                    if let Some(live) = self.live_only.take() {
+                        withheld = !head_only
+                            && page
+                                .messages
+                                .first()
+                                .is_some_and(|m| !live.admits(m.published_at_ms));
+                        if withheld {
+                            tracing::debug!(
+                                channel = %self.channel,
+                                offset = self.last,
+                                head = page.head,
+                                "resume point older than the history resume window; starting at the head"
+                            );
+                            self.ready.push_back(Item::Withheld {
+                                requested_after: self.last,
+                                head: page.head,
+                            });
+                        }
+                        if head_only || withheld {
+                            self.last = page.head;
+                        }
+                    }
                 }
                 if let Some(retry) = self.retry.take() {
                     tracing::info!(
@@ -401,6 +547,9 @@ impl Subscription {
                         waited_ms = u64::try_from(retry.since.elapsed().as_millis()).unwrap_or(u64::MAX),
                         "the storage answers again; the subscription goes on"
                     );
+                }
+                if head_only || withheld {
+                    return Ok(Some(0));
                 }
                 Ok(Some(self.queue(page)))
             }
@@ -929,6 +1078,120 @@ mod tests {
             collect(&mut sub, 100).await,
             (2401..=2500).collect::<Vec<_>>()
         );
+    }
+
+    /// A live-only start with `resume` and `window`, on a clock a minute
+    /// ahead of the memory storage's: the messages of a test are about
+    /// 60 s old.
+    fn live_only(resume: Option<Offset>, window: Duration) -> StartAt {
+        StartAt::LiveOnly(LiveOnly {
+            resume,
+            window,
+            now_ms: || crate::testing::CLOCK_START_MS + 60_000,
+        })
+    }
+
+    async fn start_live_only(
+        storage: &Arc<MemoryStorage>,
+        hub: &Arc<Hub>,
+        start: StartAt,
+    ) -> Result<Subscription> {
+        Subscription::start_at(
+            storage.clone(),
+            hub,
+            ChannelName::new("a").unwrap(),
+            start,
+            "sse",
+        )
+        .await
+    }
+
+    /// Without a resume point, a subscriber that may not read history
+    /// gets nothing stored, whatever the window: the next item is the
+    /// next publish.
+    #[tokio::test]
+    async fn a_live_only_subscriber_starts_at_the_head() {
+        let storage = MemoryStorage::new();
+        let hub = Hub::new(16);
+        for i in 1..=3 {
+            storage.append_as_other_node("a", &i.to_string());
+        }
+        let start = live_only(None, Duration::from_secs(3600));
+        let mut sub = start_live_only(&storage, &hub, start).await.unwrap();
+        storage.append_as_other_node("a", "4");
+        hub.publish(notice("a", 4, 4..=4));
+        assert_eq!(collect(&mut sub, 1).await, vec![4]);
+    }
+
+    /// A resume point whose next message is older than the window: one
+    /// `Withheld`, then the messages after the head; inside the window:
+    /// every message after it.
+    #[tokio::test]
+    async fn a_live_only_resume_point_is_honoured_only_inside_the_window() {
+        let storage = MemoryStorage::new();
+        let hub = Hub::new(16);
+        for i in 1..=3 {
+            storage.append_as_other_node("a", &i.to_string());
+        }
+        // Message 2 was published about 60 s before the clock's now.
+        for window in [Duration::ZERO, Duration::from_secs(30)] {
+            let mut sub = start_live_only(&storage, &hub, live_only(Some(1), window))
+                .await
+                .unwrap();
+            assert_eq!(
+                next_item(&mut sub).await,
+                Item::Withheld {
+                    requested_after: 1,
+                    head: 3
+                },
+                "{window:?}"
+            );
+            assert!(
+                tokio::time::timeout(Duration::from_millis(20), sub.next_item())
+                    .await
+                    .is_err(),
+                "nothing stored follows"
+            );
+        }
+        let inside = live_only(Some(1), Duration::from_secs(3600));
+        let mut sub = start_live_only(&storage, &hub, inside).await.unwrap();
+        assert_eq!(collect(&mut sub, 2).await, vec![2, 3]);
+        // At the head nothing is withheld; beyond it is refused as usual.
+        let mut at_head = start_live_only(&storage, &hub, live_only(Some(3), Duration::ZERO))
+            .await
+            .unwrap();
+        storage.append_as_other_node("a", "4");
+        hub.publish(notice("a", 4, 4..=4));
+        assert_eq!(collect(&mut at_head, 1).await, vec![4]);
+        assert!(matches!(
+            start_live_only(&storage, &hub, live_only(Some(9), Duration::ZERO)).await,
+            Err(Error::OffsetBeyondHead { after: 9, head: 4 })
+        ));
+    }
+
+    /// The start is decided by the first read that succeeds, also after an
+    /// outage at the start.
+    #[tokio::test(start_paused = true)]
+    async fn a_live_only_start_waits_out_an_outage() {
+        let storage = MemoryStorage::new();
+        let hub = Hub::new(16);
+        for i in 1..=3 {
+            storage.append_as_other_node("a", &i.to_string());
+        }
+        storage.fail_reads(true);
+        let start = live_only(None, Duration::from_secs(3600));
+        let mut sub = start_live_only(&storage, &hub, start).await.unwrap();
+        storage.fail_reads(false);
+        // The read after the pause decides the start (head 3), then waits.
+        assert!(
+            tokio::time::timeout(Duration::from_secs(2), sub.next_item())
+                .await
+                .is_err()
+        );
+        assert!(storage.reads() >= 2, "{} reads", storage.reads());
+        storage.append_as_other_node("a", "4");
+        hub.publish(notice("a", 4, 4..=4));
+        assert_eq!(collect(&mut sub, 1).await, vec![4]);
     }
 
     fn deleted(channel: &str, head: Offset, deletion: u64) -> Notice {

@@ -79,12 +79,16 @@ pub(crate) struct MemoryStorage {
     cluster_events: broadcast::Sender<ClusterEvent>,
 }
 
+/// The memory storage's clock at its start, in ms since the Unix epoch:
+/// its messages are stamped 1 ms, 2 ms, … after it.
+pub(crate) const CLOCK_START_MS: i64 = 1_795_287_034_000;
+
 impl MemoryStorage {
     pub(crate) fn new() -> Arc<Self> {
         Arc::new(Self {
             mem: Mutex::new(Mem {
                 token: 1,
-                clock_ms: 1_795_287_034_000,
+                clock_ms: CLOCK_START_MS,
                 ..Mem::default()
             }),
             gate: Arc::new(tokio::sync::Mutex::new(())),

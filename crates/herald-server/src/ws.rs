@@ -5,7 +5,11 @@
 //! "requested_after":N,"earliest":M}` when the subscriber's position is
 //! below the channel's earliest offset (the messages then go on at M), and
 //! `{"type":"deleted","head":N}` when the channel is deleted, followed by
-//! a Close with 1000 "channel deleted". Resume with `?after=N` (or a `Last-Event-ID` header, as for
+//! a Close with 1000 "channel deleted". A subscriber that may not read
+//! the channel's history (`history = false`) starts at the head; when its
+//! resume point is older than the history resume window, one
+//! `{"type":"history_withheld","requested_after":N,"head":H}` comes first
+//! and the messages go on after H (see `subscription.rs`). Resume with `?after=N` (or a `Last-Event-ID` header, as for
 //! SSE). The socket is read concurrently: pings are answered (by the
 //! protocol layer), a client Close ends the session, and data frames from
 //! the client are **ignored** (the route is read-only). Close codes (RFC
@@ -55,11 +59,11 @@ use tokio_tungstenite::tungstenite;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::api::{resume_after, AfterQuery, ChannelPath, ValidQuery};
+use crate::api::{resume_point, AfterQuery, ChannelPath, ValidQuery};
 use crate::auth::{AuthError, Credential, Principal, Subscriber};
 use crate::conn_limit::ClientSlot;
 use crate::metrics;
-use crate::subscription::{Item, Subscription};
+use crate::subscription::{Item, StartAt, Subscription};
 use crate::{AppState, Error, Result};
 
 /// How long a client that upgraded without credentials has to send its
@@ -112,14 +116,14 @@ pub(crate) async fn upgrade(
         .write_buffer_size(0)
         .max_message_size(max)
         .max_frame_size(max);
-    let after = resume_after(&headers, &query)?;
+    let resume = resume_point(&headers, &query)?;
     let shared = &state.shared;
     let sessions = shared.ws_sessions.clone();
     let span = tracing::debug_span!(
         "ws",
         node_id = %shared.config.node_id,
         channel = %channel,
-        after,
+        after = resume,
     );
     match shared.auth.may_subscribe(&who, &channel) {
         Ok(()) => {}
@@ -132,7 +136,7 @@ pub(crate) async fn upgrade(
             return Ok(upgrade.on_upgrade(move |socket| {
                 sessions.track_future(
                     async move {
-                        authenticate_then_serve(socket, state, channel, after).await;
+                        authenticate_then_serve(socket, state, channel, resume).await;
                         drop(slot);
                     }
                     .instrument(span),
@@ -142,8 +146,9 @@ pub(crate) async fn upgrade(
         Err(e) => return Err(e.into()),
     }
     let expires = expiry(&who);
+    let start = StartAt::new(resume, shared.auth.live_only_window(&who, &channel));
     let sub =
-        Subscription::start(shared.storage.clone(), &shared.hub, channel, after, "ws").await?;
+        Subscription::start_at(shared.storage.clone(), &shared.hub, channel, start, "ws").await?;
     let shutdown = shared.shutdown.clone();
     let heartbeat = shared.config.heartbeat;
     Ok(upgrade.on_upgrade(move |socket| {
@@ -172,7 +177,7 @@ async fn authenticate_then_serve(
     socket: WebSocket,
     state: AppState,
     channel: herald_core::ChannelName,
-    after: herald_core::Offset,
+    resume: Option<herald_core::Offset>,
 ) {
     let (tx, mut rx) = socket.split();
     let first = tokio::select! {
@@ -214,15 +219,17 @@ async fn authenticate_then_serve(
         }
     };
     let shared = &state.shared;
-    let sub = match Subscription::start(shared.storage.clone(), &shared.hub, channel, after, "ws")
-        .await
-    {
-        Ok(sub) => sub,
-        Err(e) => {
-            e.log();
-            return close(tx, rx, close_code::ERROR, "storage failed; resume later").await;
-        }
-    };
+    let start = StartAt::new(resume, auth.live_only_window(&who, &channel));
+    let sub =
+        match Subscription::start_at(shared.storage.clone(), &shared.hub, channel, start, "ws")
+            .await
+        {
+            Ok(sub) => sub,
+            Err(e) => {
+                e.log();
+                return close(tx, rx, close_code::ERROR, "storage failed; resume later").await;
+            }
+        };
     let socket = match tx.reunite(rx) {
         Ok(socket) => socket,
         Err(_) => return,

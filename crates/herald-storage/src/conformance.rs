@@ -78,6 +78,11 @@ pub trait Harness: Send + Sync + 'static {
     /// `n` storages sharing one new, empty database, each acting as a
     /// separate node (process). Panics on failure: this is test code.
     async fn cluster(&self, n: usize) -> Cluster;
+
+    /// The rows of every table of `cluster`'s database, by table name,
+    /// counted directly in the database (not through [`Storage`]): the
+    /// cases that check that a read writes nothing compare two of these.
+    async fn row_counts(&self, cluster: &Cluster) -> BTreeMap<String, u64>;
 }
 
 /// Expands into one `#[tokio::test]` per conformance case, each running the
@@ -128,6 +133,8 @@ macro_rules! conformance_tests {
             deletions_are_numbered_shared_and_fenced,
             concurrent_append_and_trim_keep_offsets_contiguous,
             channel_epoch_is_stable_and_shared,
+            reads_create_no_rows,
+            channel_epoch_is_stable_across_the_first_publish,
             presence_is_shared_renewed_and_expires,
             presence_events_reach_the_other_nodes_in_order,
             node_reports_are_shared_replaced_and_expire,
@@ -1261,7 +1268,7 @@ pub async fn ping_answers(h: &dyn Harness) {
     assert!(!c.node(0).backend().is_empty());
 }
 
-/// A channel's epoch is created on first ask (before any message), is the
+/// A channel's epoch is there on first ask (before any message), is the
 /// same on every node, stays the same after messages and a takeover,
 /// differs between channels, and adds no channel to `channels()`.
 pub async fn channel_epoch_is_stable_and_shared(h: &dyn Harness) {
@@ -1294,6 +1301,62 @@ pub async fn channel_epoch_is_stable_and_shared(h: &dyn Harness) {
         c.node(1).channel_epoch(&fresh)
     );
     assert_eq!(a.unwrap(), b.unwrap());
+}
+
+/// Reading writes nothing: asking for the epoch of channel names never
+/// published to (from every node, holder or standby), reading their
+/// history, their heads, the channel list and the change feed leaves
+/// every table of the database with the rows it had. So a client that
+/// may subscribe or read cannot make the database grow by naming new
+/// channels.
+pub async fn reads_create_no_rows(h: &dyn Harness) {
+    let c = h.cluster(2).await;
+    let (lease, _) = acquire(c.node(0), 0, LONG_TTL).await;
+    c.node(0).append(&lease, &[msg("kept", "1")]).await.unwrap();
+    let before = h.row_counts(&c).await;
+    assert!(before.values().any(|&rows| rows > 0), "{before:?}");
+    for i in 0..200 {
+        let name = channel(&format!("never:{i}"));
+        let node = c.node(i % 2);
+        let epoch = node.channel_epoch(&name).await.unwrap();
+        assert_eq!(epoch.len(), 16, "epoch {epoch:?}");
+        let page = node.read(&name, 0, 10).await.unwrap();
+        assert_eq!(page.head, 0);
+        node.read(&name, u64::MAX, 1).await.unwrap();
+    }
+    c.node(1).channel_epoch(&channel("kept")).await.unwrap();
+    c.node(1).channels().await.unwrap();
+    c.node(1).changes_since(0).await.unwrap();
+    assert_eq!(h.row_counts(&c).await, before, "a read wrote rows");
+}
+
+/// The epoch a channel shows before its first message is the one it keeps
+/// after it, on every node, without a row written for it by the reads;
+/// a new database shows the same channel another epoch.
+pub async fn channel_epoch_is_stable_across_the_first_publish(h: &dyn Harness) {
+    let c = h.cluster(2).await;
+    let name = channel("first");
+    let before = c.node(1).channel_epoch(&name).await.unwrap();
+    assert_eq!(c.node(0).channel_epoch(&name).await.unwrap(), before);
+    let (lease, _) = acquire(c.node(0), 0, LONG_TTL).await;
+    c.node(0)
+        .append(&lease, &[msg("first", "1")])
+        .await
+        .unwrap();
+    for i in 0..2 {
+        assert_eq!(c.node(i).channel_epoch(&name).await.unwrap(), before);
+    }
+    // After a takeover and more messages, still the same.
+    c.node(0).release(&lease).await.unwrap();
+    let (lease, _) = acquire(c.node(1), 1, LONG_TTL).await;
+    c.node(1)
+        .append(&lease, &[msg("first", "2")])
+        .await
+        .unwrap();
+    assert_eq!(c.node(0).channel_epoch(&name).await.unwrap(), before);
+    // Another database: another history, another epoch.
+    let other = h.cluster(1).await;
+    assert_ne!(other.node(0).channel_epoch(&name).await.unwrap(), before);
 }
 
 /// Presence entries are seen by every node, replaced per (channel,

@@ -25,6 +25,7 @@
 pub mod cluster;
 mod decode;
 mod digest;
+mod epoch;
 mod error;
 pub mod postgres;
 pub mod sqlite;

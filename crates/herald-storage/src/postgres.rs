@@ -993,7 +993,7 @@ impl Storage for PostgresStorage {
 
     async fn channel_epoch(&self, channel: &ChannelName) -> Result<String> {
         let client = self.client().await?;
-        epoch::get_or_create(&client, channel).await
+        epoch::read(&client, channel).await
     }
 
     async fn changes_since(&self, cursor: u64) -> Result<ChangeFeed> {

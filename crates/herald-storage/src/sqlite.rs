@@ -652,18 +652,9 @@ impl Storage for SqliteStorage {
 
     async fn channel_epoch(&self, channel: &ChannelName) -> Result<String> {
         let name = channel.clone();
-        if let Some(epoch) = self
-            .inner
-            .readers
-            .call(move |conn| epoch::find(conn, &name))
-            .await?
-        {
-            return Ok(epoch);
-        }
-        let name = channel.clone();
         self.inner
-            .writer
-            .call(move |conn| epoch::create(conn, &name))
+            .readers
+            .call(move |conn| epoch::read(conn, &name))
             .await
     }
 

@@ -321,19 +321,18 @@ pub trait Storage: LeaseStore {
     /// [`crate::Error::Unavailable`] when the storage cannot be reached.
     async fn read(&self, channel: &ChannelName, after: Offset, limit: usize) -> Result<Page>;
 
-    /// The epoch of `channel`: a short random text (16 lowercase hex
-    /// digits, 64 random bits, drawn by the database) that names the
-    /// channel's one unbroken history. It is created the first time any
-    /// node asks, whether or not the channel has messages yet, stored
-    /// durably, and never changes afterwards: every node, before and after
-    /// a takeover or a restart, answers the same epoch. A fresh database
-    /// gives a channel a new one, so a client's offset from another
-    /// history is recognised as such (Centrifugo's `epoch`, see
-    /// `docs/centrifugo.md`).
-    ///
-    /// Creating the epoch is a plain insert-if-absent, not a fenced write:
-    /// any node, holder or standby, may create it, and when two race, both
-    /// read the winner's.
+    /// The epoch of `channel`: a short text (16 lowercase hex digits)
+    /// that names the channel's one unbroken history. It is a pure read:
+    /// asking writes nothing, for a channel with or without messages. A
+    /// channel whose epoch was stored by schema version 8 or earlier (a
+    /// `channel_epochs` row) keeps that one; any other channel's is
+    /// derived from its name and the database's seed (64 bits of a
+    /// SHA-256; the seed is 128 random bits drawn once by the database's
+    /// migration). Either way it never changes: every node, before and
+    /// after the channel's first message, a takeover or a restart,
+    /// answers the same epoch. A fresh database gives a channel a new one,
+    /// so a client's offset from another history is recognised as such
+    /// (Centrifugo's `epoch`, see `docs/centrifugo.md`).
     ///
     /// # Errors
     /// [`crate::Error::Unavailable`] when the storage cannot be reached.

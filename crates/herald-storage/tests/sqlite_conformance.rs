@@ -3,11 +3,12 @@
 //! `SqliteStorage` on it (its own connections and session, like a separate
 //! process).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use herald_storage::conformance::{Cluster, Harness};
-use herald_storage::sqlite::{SqliteOptions, SqliteStorage};
+use herald_storage::sqlite::{SqliteOptions, SqliteStorage, DATABASE_FILE};
 use herald_storage::Storage;
 
 struct SqliteHarness;
@@ -28,6 +29,39 @@ impl Harness for SqliteHarness {
             guard: Box::new(dir),
         }
     }
+
+    async fn row_counts(&self, cluster: &Cluster) -> BTreeMap<String, u64> {
+        let dir = cluster
+            .guard
+            .downcast_ref::<tempfile::TempDir>()
+            .expect("the cluster's directory");
+        let path = dir.path().join(DATABASE_FILE);
+        tokio::task::spawn_blocking(move || {
+            let conn = rusqlite::Connection::open_with_flags(
+                path,
+                rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+            )
+            .expect("open the database read-only");
+            let tables: Vec<String> = conn
+                .prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
+                .unwrap()
+                .query_map([], |r| r.get(0))
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap();
+            tables
+                .into_iter()
+                .map(|table| {
+                    let rows: i64 = conn
+                        .query_row(&format!("SELECT count(*) FROM \"{table}\""), [], |r| r.get(0))
+                        .unwrap();
+                    (table, u64::try_from(rows).unwrap())
+                })
+                .collect()
+        })
+        .await
+        .unwrap()
+    }
 }
 
 herald_storage::conformance_tests!(SqliteHarness);
@@ -36,4 +70,31 @@ herald_storage::conformance_tests!(SqliteHarness);
 async fn backend_is_sqlite() {
     let cluster = SqliteHarness.cluster(1).await;
     assert_eq!(cluster.node(0).backend(), "sqlite");
+}
+
+/// A channel whose epoch was stored by an older version (a
+/// `channel_epochs` row) keeps it; a channel without one gets the derived
+/// epoch, and asking writes no row.
+#[tokio::test]
+async fn a_stored_epoch_is_kept() {
+    let cluster = SqliteHarness.cluster(1).await;
+    let dir = cluster
+        .guard
+        .downcast_ref::<tempfile::TempDir>()
+        .expect("the cluster's directory");
+    let conn = rusqlite::Connection::open(dir.path().join(DATABASE_FILE)).unwrap();
+    conn.execute(
+        "INSERT INTO channel_epochs (name, epoch, created_at_ms) VALUES ('old', '0123456789abcdef', 0)",
+        [],
+    )
+    .unwrap();
+    let node = cluster.node(0);
+    let old = herald_core::ChannelName::new("old").unwrap();
+    assert_eq!(node.channel_epoch(&old).await.unwrap(), "0123456789abcdef");
+    let new = herald_core::ChannelName::new("new").unwrap();
+    assert_ne!(node.channel_epoch(&new).await.unwrap(), "0123456789abcdef");
+    let rows: i64 = conn
+        .query_row("SELECT count(*) FROM channel_epochs", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(rows, 1);
 }

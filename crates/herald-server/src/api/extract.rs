@@ -418,7 +418,8 @@ impl FromQuery for AfterQuery {
 
 /// Where a subscription resumes: after the `Last-Event-ID` header's offset
 /// when present (WHATWG HTML, "Server-sent events"), else after
-/// `?after=N`, else from the beginning. The header must be exactly a
+/// `?after=N`; `None` when neither is given (the beginning, for a
+/// subscriber that may read history; the head for one that may not). The header must be exactly a
 /// non-negative decimal integer ([`parse_decimal`]; the HTTP layer has
 /// already removed the whitespace around a field value, RFC 9110 §5.5),
 /// given once.
@@ -426,7 +427,10 @@ impl FromQuery for AfterQuery {
 /// # Errors
 /// [`Error::InvalidLastEventId`] for any other value, or a header given
 /// more than once.
-pub(crate) fn resume_after(headers: &HeaderMap, query: &AfterQuery) -> Result<Offset, Error> {
+pub(crate) fn resume_point(
+    headers: &HeaderMap,
+    query: &AfterQuery,
+) -> Result<Option<Offset>, Error> {
     let mut values = headers.get_all("last-event-id").iter();
     match values.next() {
         Some(_) if values.next().is_some() => Err(Error::InvalidLastEventId),
@@ -434,8 +438,9 @@ pub(crate) fn resume_after(headers: &HeaderMap, query: &AfterQuery) -> Result<Of
             .to_str()
             .ok()
             .and_then(parse_decimal)
+            .map(Some)
             .ok_or(Error::InvalidLastEventId),
-        None => Ok(query.after.unwrap_or(0)),
+        None => Ok(query.after),
     }
 }
 
@@ -560,18 +565,18 @@ mod tests {
     fn last_event_id_wins_over_after() {
         let mut h = HeaderMap::new();
         let q = AfterQuery { after: Some(3) };
-        assert_eq!(resume_after(&h, &q).unwrap(), 3);
-        assert_eq!(resume_after(&h, &AfterQuery { after: None }).unwrap(), 0);
+        assert_eq!(resume_point(&h, &q).unwrap(), Some(3));
+        assert_eq!(resume_point(&h, &AfterQuery { after: None }).unwrap(), None);
         h.insert("last-event-id", HeaderValue::from_static("7"));
-        assert_eq!(resume_after(&h, &q).unwrap(), 7);
+        assert_eq!(resume_point(&h, &q).unwrap(), Some(7));
         h.insert("last-event-id", HeaderValue::from_static("-1"));
         assert!(matches!(
-            resume_after(&h, &q),
+            resume_point(&h, &q),
             Err(Error::InvalidLastEventId)
         ));
         h.insert("last-event-id", HeaderValue::from_static("x"));
         assert!(matches!(
-            resume_after(&h, &q),
+            resume_point(&h, &q),
             Err(Error::InvalidLastEventId)
         ));
         // Only the documented syntax: digits, nothing else.
@@ -587,7 +592,7 @@ mod tests {
         ] {
             h.insert("last-event-id", HeaderValue::from_str(bad).unwrap());
             assert!(
-                matches!(resume_after(&h, &q), Err(Error::InvalidLastEventId)),
+                matches!(resume_point(&h, &q), Err(Error::InvalidLastEventId)),
                 "{bad:?}"
             );
         }
@@ -595,10 +600,10 @@ mod tests {
             "last-event-id",
             HeaderValue::from_static("18446744073709551615"),
         );
-        assert_eq!(resume_after(&h, &q).unwrap(), u64::MAX);
+        assert_eq!(resume_point(&h, &q).unwrap(), Some(u64::MAX));
         h.append("last-event-id", HeaderValue::from_static("1"));
         assert!(matches!(
-            resume_after(&h, &q),
+            resume_point(&h, &q),
             Err(Error::InvalidLastEventId)
         ));
     }

@@ -20,7 +20,7 @@ use crate::{centrifugo, conn_limit, sse, ws, AppState, Error};
 pub(crate) use publish::{after_takeover_error, forward_to_holder};
 
 pub(crate) use extract::{
-    read_limited, resume_after, AfterQuery, ChannelPath, FromQuery, QueryParams, ValidQuery,
+    read_limited, resume_point, AfterQuery, ChannelPath, FromQuery, QueryParams, ValidQuery,
 };
 
 /// Builds the router over `state`.

@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize, Serializer};
 
@@ -121,6 +122,41 @@ pub struct AuthConfig {
     /// namespaces not listed under `[namespaces]`.
     #[serde(default)]
     pub default_namespace: NamespaceRule,
+    /// How recent stored messages must be for a subscriber that may not
+    /// read a channel's history (`history = false`) to get them on a
+    /// resume: its resume point is honoured only when the oldest message
+    /// after it was published less than this long ago, else it starts at
+    /// the head (SSE `history_withheld`, Centrifugo `recovered: false`).
+    /// In the file a humantime duration (`"30s"`); absent:
+    /// [`DEFAULT_HISTORY_RESUME_WINDOW`]; `"0s"`: never.
+    #[serde(
+        default,
+        deserialize_with = "duration_opt",
+        serialize_with = "duration_text_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub history_resume_window: Option<Duration>,
+}
+
+/// [`AuthConfig::history_resume_window`] when the file does not set it:
+/// long enough for a client to notice a dropped connection and reconnect,
+/// short enough that a late joiner reads almost nothing it did not see.
+pub const DEFAULT_HISTORY_RESUME_WINDOW: Duration = Duration::from_secs(30);
+
+/// A humantime duration (`"30s"`, `"2m"`) from the file.
+fn duration_opt<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    let text = String::deserialize(d)?;
+    humantime::parse_duration(&text)
+        .map(Some)
+        .map_err(|e| serde::de::Error::custom(format!("{e} (write e.g. 30s, 2m)")))
+}
+
+/// A duration as the file writes it (`"30s"`).
+fn duration_text_opt<S: Serializer>(value: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match value {
+        Some(d) => s.serialize_str(&humantime::format_duration(*d).to_string()),
+        None => s.serialize_none(),
+    }
 }
 
 // The rates are finite (checked by `Auth::new`), so equality is total.
@@ -132,6 +168,12 @@ impl AuthConfig {
     /// allowed (see `docs/security.md`, "The safe default").
     pub fn enabled(&self) -> bool {
         !self.api_keys.is_empty() || self.jwt.is_some()
+    }
+
+    /// [`AuthConfig::history_resume_window`], or its default.
+    pub fn history_resume_window(&self) -> Duration {
+        self.history_resume_window
+            .unwrap_or(DEFAULT_HISTORY_RESUME_WINDOW)
     }
 }
 
@@ -298,6 +340,13 @@ mod tests {
         assert_eq!(auth.jwt.as_ref().unwrap().hs256_secret.as_slice().len(), 2);
         assert_eq!(auth.default_namespace.subscribe, SubscribeRule::Public);
         assert!(auth.default_namespace.history);
+        assert_eq!(auth.history_resume_window(), DEFAULT_HISTORY_RESUME_WINDOW);
+        let window: AuthConfig = toml::from_str("history_resume_window = \"2m\"").unwrap();
+        assert_eq!(window.history_resume_window(), Duration::from_secs(120));
+        let shown = toml::to_string(&window).unwrap();
+        assert!(shown.contains("history_resume_window = \"2m\""), "{shown}");
+        assert!(toml::from_str::<AuthConfig>("history_resume_window = 30").is_err());
+        assert!(toml::from_str::<AuthConfig>("history_resume_window = \"soon\"").is_err());
         let namespaces: NamespacesConfig =
             toml::from_str("[chat]\nsubscribe = \"key\"\npublish = \"token\"\nhistory = false\n")
                 .unwrap();

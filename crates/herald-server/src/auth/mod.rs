@@ -35,7 +35,7 @@ use subtle::ConstantTimeEq;
 pub use api_keys::{api_key_sha256, generate_api_key};
 pub use config::{
     ApiKeyConfig, AuthConfig, JwtConfig, NamespaceRule, NamespacesConfig, OneOrMany, Permission,
-    PublishRule, Secret, SubscribeRule,
+    PublishRule, Secret, SubscribeRule, DEFAULT_HISTORY_RESUME_WINDOW,
 };
 pub use error::AuthError;
 pub(crate) use extract::{Caller, Credential, Subscriber, CLUSTER_SECRET};
@@ -86,6 +86,8 @@ pub struct Auth {
     namespaces: Namespaces,
     limits: PublishLimits,
     protect_metrics: bool,
+    /// [`AuthConfig::history_resume_window`], or its default.
+    history_resume_window: std::time::Duration,
 }
 
 impl Auth {
@@ -139,6 +141,7 @@ impl Auth {
             namespaces: Namespaces::new(namespaces.clone(), config.default_namespace),
             limits: PublishLimits::new(key_rates, default_rate),
             protect_metrics: config.protect_metrics,
+            history_resume_window: config.history_resume_window(),
         })
     }
 
@@ -270,6 +273,22 @@ impl Auth {
                 "the history of {channel} is readable with an API key only"
             ))),
         }
+    }
+
+    /// For a subscriber `who` that may subscribe to `channel`: `None` when
+    /// it may also read the channel's history ([`Auth::may_read_history`]),
+    /// else the history resume window: such a subscriber starts at the
+    /// head, and a resume point below it is honoured only when the oldest
+    /// message after it was published less than this long ago (see
+    /// `docs/security.md`, "History and live-only subscribers").
+    pub(crate) fn live_only_window(
+        &self,
+        who: &Principal,
+        channel: &ChannelName,
+    ) -> Option<std::time::Duration> {
+        self.may_read_history(who, channel)
+            .is_err()
+            .then_some(self.history_resume_window)
     }
 
     fn key_may_read(&self, key: &ApiKey, channel: &ChannelName) -> Result<(), AuthError> {

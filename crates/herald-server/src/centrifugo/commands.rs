@@ -136,10 +136,13 @@ impl Started {
     }
 }
 
-/// Where a client asks to recover from: the epoch and offset it saw.
+/// Where a client asks to recover from: the epoch and offset it saw, and
+/// the history resume window when it may not read the channel's history
+/// (`recovery.rs`).
 struct RecoverFrom<'a> {
     epoch: &'a str,
     offset: Offset,
+    live_only: Option<std::time::Duration>,
 }
 
 /// The join and leave part of a new subscription.
@@ -352,6 +355,10 @@ impl Session {
                 .map(|r| RecoverFrom {
                     epoch: &r.epoch,
                     offset: r.offset,
+                    live_only: self
+                        .who
+                        .as_ref()
+                        .and_then(|who| self.state.shared.auth.live_only_window(who, &channel)),
                 });
             match self
                 .start_subscription(&channel, recover, None, JoinLeave::default())
@@ -428,6 +435,7 @@ impl Session {
         let recover = req.recover.then_some(RecoverFrom {
             epoch: &req.epoch,
             offset: req.offset,
+            live_only: self.state.shared.auth.live_only_window(&who, &channel),
         });
         match self
             .start_subscription(&channel, recover, expires, join_leave)
@@ -519,7 +527,15 @@ impl Session {
             .during("channel_epoch", Some(channel))?;
         let recovery = match recover {
             Some(from) => {
-                recovery::recover(storage, channel, &epoch, from.epoch, from.offset).await?
+                recovery::recover(
+                    storage,
+                    channel,
+                    &epoch,
+                    from.epoch,
+                    from.offset,
+                    from.live_only,
+                )
+                .await?
             }
             None => {
                 let page = storage
@@ -805,7 +821,7 @@ async fn follow(mut live: Subscription, generation: u64, out: tokio::sync::mpsc:
     let channel = live.channel().clone();
     loop {
         match live.next_item().await {
-            Ok(Some(Item::Truncated { .. } | Item::Deleted { .. })) => {
+            Ok(Some(Item::Truncated { .. } | Item::Withheld { .. } | Item::Deleted { .. })) => {
                 let _ = out.send(Out::End(codes::INSUFFICIENT_STATE)).await;
                 return;
             }

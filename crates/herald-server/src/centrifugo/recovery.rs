@@ -4,11 +4,19 @@
 //! `recovered: false` and the client's documented path (the SDK reports
 //! it, the app reloads its state) follows. Herald's history is durable, so
 //! recovery succeeds for any offset the channel still holds, however old.
+//!
+//! A subscriber that may not read the channel's history (its namespace has
+//! `history = false`; [`crate::auth::Auth::live_only_window`]) recovers
+//! only what it could have seen live: the missed publications are handed
+//! over only when the oldest of them was published less than the history
+//! resume window ago, else the answer is `recovered: false` at the head
+//! (the same rule as SSE and WebSocket, `subscription.rs`).
 
 use herald_core::{ChannelName, Message, Offset};
 use herald_storage::{Page, Storage};
 
 use crate::error::StorageContext;
+use crate::subscription::LiveOnly;
 use crate::Result;
 
 /// Most publications a subscribe reply recovers; a client further behind
@@ -42,13 +50,26 @@ pub(crate) enum Recovery {
 /// - the first message held is not `offset + 1` (removed by retention) →
 ///   not recovered;
 /// - more than [`MAX_RECOVERED`] missed → not recovered;
+/// - with `live_only` (a subscriber that may not read history), the
+///   oldest missed message is outside its window → not recovered;
 /// - else recovered, with every message after `offset`.
-pub(crate) fn decide(channel_epoch: &str, epoch: &str, offset: Offset, page: Page) -> Recovery {
+pub(crate) fn decide(
+    channel_epoch: &str,
+    epoch: &str,
+    offset: Offset,
+    page: Page,
+    live_only: Option<&LiveOnly>,
+) -> Recovery {
     let not_recovered = Recovery::NotRecovered {
         position: page.head,
     };
     if epoch != channel_epoch || offset > page.head || page.messages.len() > MAX_RECOVERED {
         return not_recovered;
+    }
+    if let (Some(live), Some(oldest)) = (live_only, page.messages.first()) {
+        if !live.admits(oldest.published_at_ms) {
+            return not_recovered;
+        }
     }
     match page.messages.first() {
         None if page.head == offset => Recovery::Recovered {
@@ -66,7 +87,9 @@ pub(crate) fn decide(channel_epoch: &str, epoch: &str, offset: Offset, page: Pag
     }
 }
 
-/// Reads what [`decide`] needs and decides.
+/// Reads what [`decide`] needs and decides; `live_only` is the history
+/// resume window of a subscriber that may not read the channel's history
+/// (`None` when it may).
 ///
 /// # Errors
 /// [`crate::Error::Storage`] when the read fails.
@@ -76,12 +99,24 @@ pub(crate) async fn recover(
     channel_epoch: &str,
     epoch: &str,
     offset: Offset,
+    live_only: Option<std::time::Duration>,
 ) -> Result<Recovery> {
     let page = storage
         .read(channel, offset, MAX_RECOVERED + 1)
         .await
         .during("read", Some(channel))?;
-    Ok(decide(channel_epoch, epoch, offset, page))
+    let live_only = live_only.map(|window| LiveOnly {
+        resume: Some(offset),
+        window,
+        now_ms: crate::subscription::wall_clock_ms,
+    });
+    Ok(decide(
+        channel_epoch,
+        epoch,
+        offset,
+        page,
+        live_only.as_ref(),
+    ))
 }
 
 #[cfg(test)]
@@ -121,34 +156,34 @@ mod tests {
 
     #[test]
     fn recovers_every_missed_publication_in_the_same_epoch() {
-        let r = decide("e1", "e1", 2, page(5, &[3, 4, 5]));
+        let r = decide("e1", "e1", 2, page(5, &[3, 4, 5]), None);
         assert_eq!(offsets(&r), Some((vec![3, 4, 5], 5)));
     }
 
     #[test]
     fn nothing_missed_is_recovered_with_no_publications() {
-        let r = decide("e1", "e1", 5, page(5, &[]));
+        let r = decide("e1", "e1", 5, page(5, &[]), None);
         assert_eq!(offsets(&r), Some((vec![], 5)));
     }
 
     #[test]
     fn another_epoch_is_not_recovered() {
-        let r = decide("e1", "e0", 2, page(5, &[3, 4, 5]));
+        let r = decide("e1", "e0", 2, page(5, &[3, 4, 5]), None);
         assert_eq!(r, Recovery::NotRecovered { position: 5 });
     }
 
     #[test]
     fn an_offset_beyond_the_head_is_not_recovered() {
-        let r = decide("e1", "e1", 9, page(5, &[]));
+        let r = decide("e1", "e1", 9, page(5, &[]), None);
         assert_eq!(r, Recovery::NotRecovered { position: 5 });
     }
 
     #[test]
     fn a_gap_before_the_first_held_publication_is_not_recovered() {
         // Offsets 3 and 4 were removed (retention): 5 does not follow 2.
-        let r = decide("e1", "e1", 2, page(6, &[5, 6]));
+        let r = decide("e1", "e1", 2, page(6, &[5, 6]), None);
         assert_eq!(r, Recovery::NotRecovered { position: 6 });
-        let r = decide("e1", "e1", 2, page(6, &[]));
+        let r = decide("e1", "e1", 2, page(6, &[]), None);
         assert_eq!(r, Recovery::NotRecovered { position: 6 });
     }
 
@@ -156,7 +191,26 @@ mod tests {
     fn too_many_missed_is_not_recovered() {
         let all: Vec<Offset> = (1..=(MAX_RECOVERED as Offset + 1)).collect();
         let head = *all.last().unwrap();
-        let r = decide("e1", "e1", 0, page(head, &all));
+        let r = decide("e1", "e1", 0, page(head, &all), None);
         assert_eq!(r, Recovery::NotRecovered { position: head });
+    }
+
+    /// A subscriber that may not read history recovers only when the
+    /// oldest missed publication is inside its window (the page's are
+    /// stamped 0 ms; the clock reads 30 s).
+    #[test]
+    fn a_live_only_subscriber_recovers_only_inside_its_window() {
+        let live = |window_ms| LiveOnly {
+            resume: Some(2),
+            window: std::time::Duration::from_millis(window_ms),
+            now_ms: || 30_000,
+        };
+        let r = decide("e1", "e1", 2, page(5, &[3, 4, 5]), Some(&live(30_000)));
+        assert_eq!(r, Recovery::NotRecovered { position: 5 });
+        let r = decide("e1", "e1", 2, page(5, &[3, 4, 5]), Some(&live(30_001)));
+        assert_eq!(offsets(&r), Some((vec![3, 4, 5], 5)));
+        // Nothing missed hands nothing over: recovered.
+        let r = decide("e1", "e1", 5, page(5, &[]), Some(&live(0)));
+        assert_eq!(offsets(&r), Some((vec![], 5)));
     }
 }

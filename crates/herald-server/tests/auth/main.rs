@@ -7,6 +7,7 @@
 mod centrifugo;
 mod expiry;
 mod forwarding;
+mod history_rights;
 mod keys;
 mod limits;
 mod secrets;

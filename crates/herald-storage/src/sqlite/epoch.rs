@@ -1,30 +1,20 @@
-//! Channel epochs on SQLite (table `channel_epochs`, migration V4): read
-//! on a reader connection; created, when absent, on the writer connection
-//! with an insert-if-absent that any process may run.
+//! Channel epochs on SQLite: the row of `channel_epochs` (migration V4)
+//! of a channel that has one, else the epoch derived from the database's
+//! seed (`epoch_seed`, migration V9; `crate::epoch`). Read on a reader
+//! connection; nothing is written.
 
 use herald_core::ChannelName;
-use rusqlite::{Connection, OptionalExtension};
+use rusqlite::Connection;
 
 use crate::Result;
 
-/// The epoch of `channel` if it has one.
-pub(super) fn find(conn: &mut Connection, channel: &ChannelName) -> Result<Option<String>> {
-    Ok(conn
-        .prepare_cached("SELECT epoch FROM channel_epochs WHERE name = ?1")?
-        .query_row([channel.as_str()], |r| r.get(0))
-        .optional()?)
-}
-
-/// Creates the epoch of `channel` (16 hex digits from 8 random bytes of
-/// SQLite's `randomblob`) unless it has one, and returns the stored one.
-pub(super) fn create(conn: &mut Connection, channel: &ChannelName) -> Result<String> {
-    conn.prepare_cached(
-        "INSERT INTO channel_epochs (name, epoch, created_at_ms) \
-         VALUES (?1, lower(hex(randomblob(8))), CAST(unixepoch('subsec') * 1000 AS INTEGER)) \
-         ON CONFLICT (name) DO NOTHING",
-    )?
-    .execute([channel.as_str()])?;
-    Ok(conn
-        .prepare_cached("SELECT epoch FROM channel_epochs WHERE name = ?1")?
-        .query_row([channel.as_str()], |r| r.get(0))?)
+/// The epoch of `channel`: its stored row's, else the derived one.
+pub(super) fn read(conn: &mut Connection, channel: &ChannelName) -> Result<String> {
+    let (stored, seed): (Option<String>, String) = conn
+        .prepare_cached(
+            "SELECT (SELECT epoch FROM channel_epochs WHERE name = ?1), seed \
+             FROM epoch_seed WHERE id = 1",
+        )?
+        .query_row([channel.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok(stored.unwrap_or_else(|| crate::epoch::derived(&seed, channel)))
 }

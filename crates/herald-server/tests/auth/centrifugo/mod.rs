@@ -6,7 +6,7 @@
 
 mod cent;
 mod channel_limit;
-mod client;
+pub(crate) mod client;
 mod cluster;
 mod history_remove;
 mod join_leave;
