@@ -67,7 +67,8 @@ use tokio_util::sync::CancellationToken;
 
 pub use auth::{
     api_key_sha256, generate_api_key, ApiKeyConfig, Auth, AuthConfig, AuthError, JwtConfig,
-    NamespaceRule, NamespacesConfig, OneOrMany, Permission, PublishRule, Secret, SubscribeRule,
+    JwtKeyReload, KeyReloadError, NamespaceRule, NamespacesConfig, OneOrMany, Permission,
+    PublishRule, Secret, SubscribeRule,
 };
 pub use centrifugo::CentrifugoConfig;
 pub use config::ServerConfig;
