@@ -110,6 +110,9 @@ pub struct ServerConfig {
     /// The Centrifugo protocols' settings (`/connection/websocket`): ping
     /// period, pong timeout, connect timeout. See `docs/centrifugo.md`.
     pub centrifugo: crate::CentrifugoConfig,
+    /// Reloads the `[auth.jwt]` key files of the node while it runs
+    /// (`herald serve` on SIGHUP); see [`crate::JwtKeyReload`].
+    pub jwt_key_reload: crate::JwtKeyReload,
 }
 
 impl Default for ServerConfig {
@@ -138,6 +141,7 @@ impl Default for ServerConfig {
             retention: RetentionHandle::default(),
             trim_pacing: TrimPacing::default(),
             centrifugo: crate::CentrifugoConfig::default(),
+            jwt_key_reload: crate::JwtKeyReload::default(),
         }
     }
 }

@@ -67,8 +67,8 @@ use tokio_util::sync::CancellationToken;
 
 pub use auth::{
     api_key_sha256, generate_api_key, ApiKeyConfig, Auth, AuthConfig, AuthError, JwtConfig,
-    NamespaceRule, NamespacesConfig, OneOrMany, Permission, PublishRule, Secret, SubscribeRule,
-    DEFAULT_HISTORY_RESUME_WINDOW,
+    JwtKeyReload, KeyReloadError, NamespaceRule, NamespacesConfig, OneOrMany, Permission,
+    PublishRule, Secret, SubscribeRule, DEFAULT_HISTORY_RESUME_WINDOW,
 };
 pub use centrifugo::CentrifugoConfig;
 pub use config::ServerConfig;

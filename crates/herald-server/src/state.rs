@@ -101,6 +101,7 @@ impl AppState {
     ) -> Result<Self, StartError> {
         config.validate()?;
         let auth = Auth::new(&config.auth, &config.namespaces)?;
+        config.jwt_key_reload.attach(&auth);
         let forwarder = Forwarder::new(
             &config.node_id,
             config.forward_timeout,

@@ -206,6 +206,7 @@ async fn authenticate_then_serve(
     let auth = &state.shared.auth;
     let granted = auth
         .resolve(Some(Credential::Token(&token)))
+        .await
         .and_then(|who| auth.may_subscribe(&who, &channel).map(|()| who));
     let who = match granted {
         Ok(who) => who,

@@ -133,11 +133,13 @@ pub(crate) fn load(path: &Path, serve: &Command) -> anyhow::Result<ConfigFile> {
 /// Parses a config file's text for the `herald serve` command `serve`.
 ///
 /// # Errors
-/// Not TOML (with line and column); an unknown key or section (named); a
-/// value of the wrong type or that the flag's parser refuses (the key is
-/// named).
+/// Not TOML (line, column and reason only, see [`syntax_error`]); an
+/// unknown key or section (named); a value of the wrong type or that the
+/// flag's parser refuses (the key is named).
 pub(crate) fn parse(text: &str, serve: &Command) -> anyhow::Result<ConfigFile> {
-    let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| anyhow!("{e}"))?;
+    let mut table: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| anyhow!("{}", syntax_error(text, &e)))?;
     let mut file = ConfigFile {
         auth: table
             .remove("auth")
@@ -176,6 +178,35 @@ pub(crate) fn parse(text: &str, serve: &Command) -> anyhow::Result<ConfigFile> {
         file.flags.insert(arg.get_id().to_string(), values);
     }
     Ok(file)
+}
+
+/// A TOML syntax error in `text` as its place and reason only:
+/// `line 3, column 14: invalid string`. The `toml` crate's own text quotes
+/// the offending line, which may hold a secret (an unquoted database URL
+/// with its password, an unquoted key); this never does, so it is safe in
+/// the log and in `herald config check`'s output.
+pub(crate) fn syntax_error(text: &str, error: &toml::de::Error) -> String {
+    // The reason's first line: the crate's messages name what was expected,
+    // never the input itself.
+    let reason = error.message().lines().next().unwrap_or_default().trim();
+    let reason = if reason.is_empty() {
+        "not valid TOML"
+    } else {
+        reason
+    };
+    match error.span() {
+        Some(span) => {
+            let before = text.get(..span.start).unwrap_or(text);
+            let line = before.matches('\n').count() + 1;
+            let column = before
+                .rsplit('\n')
+                .next()
+                .map_or(0, |start| start.chars().count())
+                + 1;
+            format!("not valid TOML at line {line}, column {column}: {reason}")
+        }
+        None => format!("not valid TOML: {reason}"),
+    }
 }
 
 /// `serve` with the file's values as the flags' defaults.
@@ -401,6 +432,23 @@ join_leave = true
         ] {
             let error = format!("{:#}", parse(text, &serve()).unwrap_err());
             assert!(error.contains(words), "{text:?}: {error}");
+        }
+    }
+
+    #[test]
+    fn a_syntax_error_gives_line_and_column_but_not_the_line() {
+        for (text, place) in [
+            (
+                "listen = \"127.0.0.1:1\"\ndatabase = postgres://u:hunter2-pw@db/h\n",
+                "line 2, column 12",
+            ),
+            ("[auth]\ncluster_secret = hunter2-pw\n", "line 2, column 18"),
+            ("[auth.jwt]\nhs256_secret = \"hunter2-pw\n", "line 2"),
+            ("[auth]\n  cluster_secret = \"é\" hunter2-pw\n", "line 2"),
+        ] {
+            let error = format!("{:#}", parse(text, &serve()).unwrap_err());
+            assert!(error.contains(place), "{text:?}: {error}");
+            assert!(!error.contains("hunter2"), "{text:?}: {error}");
         }
     }
 

@@ -7,6 +7,7 @@ mod config_file;
 mod exposure;
 mod fanout;
 mod history;
+mod jwt_reload;
 mod keys;
 mod logging;
 mod publish;

@@ -123,8 +123,23 @@ fn parse_max_age(s: &str) -> Result<Duration, String> {
 fn read_file(path: &Path) -> anyhow::Result<RetentionConfig> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read the config file {}", path.display()))?;
-    let file: PolicyFile = toml::from_str(&text)
-        .with_context(|| format!("invalid [retention] section in {}", path.display()))?;
+    // Parsed in two steps so that neither error quotes the file: a syntax
+    // error anywhere in it (a line that may hold a secret) is reported by
+    // place and reason only.
+    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+        anyhow::anyhow!(
+            "config file {}: {}",
+            path.display(),
+            crate::config_file::syntax_error(&text, &e)
+        )
+    })?;
+    let file = PolicyFile::deserialize(table).map_err(|e| {
+        anyhow::anyhow!(
+            "invalid [retention] section in {}: {}",
+            path.display(),
+            e.message().trim()
+        )
+    })?;
     Ok(file.retention)
 }
 
@@ -165,5 +180,31 @@ mod tests {
         std::fs::write(&path, "[retention]\nmax_mesages = 1\n").unwrap();
         let error = format!("{:#}", args.load(Some(&path)).unwrap_err());
         assert!(error.contains("max_mesages"), "{error}");
+    }
+
+    /// A reload on SIGHUP logs its error at ERROR: a syntax error in
+    /// another line of the file (an unquoted database URL) must not put
+    /// that line, and its password, into the log.
+    #[test]
+    fn a_syntax_error_elsewhere_in_the_file_is_reported_without_the_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("herald.toml");
+        std::fs::write(
+            &path,
+            "[retention]\nmax_messages = 10\n\n[other]\ndatabase_url = postgres://herald:Tr0ub4dor-3@db/herald\n",
+        )
+        .unwrap();
+        let args = RetentionArgs {
+            retention_max_messages: None,
+            retention_max_age: None,
+            retention_max_bytes: None,
+            retention_trim_interval: Duration::from_secs(1),
+            retention_trim_batch: 500,
+            retention_trim_pause: Duration::from_millis(10),
+        };
+        let error = format!("{:#}", args.load(Some(&path)).unwrap_err());
+        assert!(error.contains("line 5"), "{error}");
+        assert!(!error.contains("Tr0ub4dor"), "{error}");
+        assert!(!error.contains("postgres://"), "{error}");
     }
 }

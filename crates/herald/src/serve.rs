@@ -515,6 +515,9 @@ async fn start_and_run(
     args.retention
         .clone()
         .reload_on_sighup(args.config.clone(), server_config.retention.clone());
+    if checked.auth.jwt.is_some() {
+        crate::jwt_reload::reload_on_sighup(server_config.jwt_key_reload.clone());
+    }
     let node = Node::start(listener, storage, checked.lease_config, server_config);
     info!(
         node_id = %node.node_id,

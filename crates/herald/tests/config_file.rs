@@ -136,6 +136,54 @@ async fn config_check_prints_the_effective_settings_with_secrets_masked() {
     assert!(stderr.contains("--insecure-no-auth"), "{stderr}");
 }
 
+/// A TOML syntax error names its place and reason, never the line: an
+/// unquoted database URL (or secret) stays out of `herald config check`'s
+/// output and out of `herald serve`'s log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_syntax_error_is_reported_by_place_without_the_secret_on_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    for text in [
+        "lease_ttl = \"20s\"\ndatabase = postgres://herald:pg-Secret-77@db.internal/herald\n",
+        "[auth]\ncluster_secret = pg-Secret-77\n",
+        "[auth.jwt]\nhs256_secret = \"pg-Secret-77\n",
+    ] {
+        let config = write_config(dir.path(), text);
+        let out = within(
+            "herald config check",
+            WAIT,
+            herald()
+                .args(["config", "check", config.to_str().unwrap()])
+                .output(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{text:?}");
+        let shown = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(shown.contains("line "), "{text:?}: {shown}");
+        assert!(shown.contains("column "), "{text:?}: {shown}");
+        assert!(!shown.contains("Secret-77"), "{text:?}: {shown}");
+
+        let logged = failed_start(
+            dir.path(),
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--data-dir",
+                "data",
+                "--config",
+                config.to_str().unwrap(),
+            ],
+        )
+        .await;
+        assert!(logged.contains("line "), "{text:?}: {logged}");
+        assert!(!logged.contains("Secret-77"), "{text:?}: {logged}");
+    }
+}
+
 /// `herald config check` shows the retention policy `herald serve` would
 /// apply (the file's, with `HERALD_RETENTION_*` over it) in the file's
 /// syntax, and of an API key masks only its digest.

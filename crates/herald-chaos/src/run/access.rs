@@ -28,7 +28,8 @@ pub(crate) struct Access {
     /// `Authorization: Bearer <key>`, marked sensitive.
     headers: HeaderMap,
     /// An HS256 connection token of the user `chaos` that may subscribe to
-    /// every channel (`channels: ["*"]`).
+    /// every channel of the run (`channels` lists them: a token's entries
+    /// are exact names).
     centrifugo_token: String,
     /// The config file given to every node as `--config`.
     config_file: PathBuf,
@@ -85,7 +86,7 @@ impl Access {
             .as_secs();
         let centrifugo_token = encode(
             &Header::default(),
-            &serde_json::json!({ "sub": "chaos", "exp": exp, "channels": ["*"] }),
+            &serde_json::json!({ "sub": "chaos", "exp": exp, "channels": super::CHANNELS }),
             &EncodingKey::from_secret(jwt_secret.as_bytes()),
         )
         .context("sign the client token")?;

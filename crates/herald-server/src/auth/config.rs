@@ -218,8 +218,26 @@ pub struct JwtConfig {
     #[serde(default)]
     pub ec_public_key_pem: OneOrMany<PathBuf>,
     /// A JWKS file (RFC 7517 §5); the key is picked by the token's `kid`.
+    /// Read at the start and again on SIGHUP.
     #[serde(default)]
     pub jwks_file: Option<PathBuf>,
+    /// A JWKS served at this URL (`https`, or `http` to a loopback host),
+    /// fetched when a token first needs it, then again when
+    /// [`JwtConfig::jwks_cache_ttl_s`] has passed or a token names a `kid`
+    /// it does not hold (at most once per
+    /// [`JwtConfig::jwks_refetch_interval_s`]). Each fetch may take 5 s
+    /// and 256 KiB at most, and follows no redirect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwks_url: Option<String>,
+    /// Seconds a fetched `jwks_url` set is used before it is fetched
+    /// again (default 3600).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwks_cache_ttl_s: Option<u64>,
+    /// Shortest time between two fetches of `jwks_url`, seconds (default
+    /// 10): tokens with unknown `kid`s cause at most one fetch per
+    /// interval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwks_refetch_interval_s: Option<u64>,
     /// If set, a token's `aud` must name it.
     #[serde(default)]
     pub audience: Option<String>,

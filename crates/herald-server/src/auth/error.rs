@@ -80,3 +80,9 @@ impl AuthError {
         }
     }
 }
+
+/// A reload of the JWT key files that failed: the message names the file
+/// (never a key). The keys in force stay.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct KeyReloadError(pub(crate) String);

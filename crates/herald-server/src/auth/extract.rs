@@ -89,19 +89,13 @@ impl Auth {
     /// [`AuthError::InvalidCredentials`] for an unknown API key or a token
     /// that does not verify; [`AuthError::TokenExpired`] for an expired
     /// one.
-    pub(crate) fn resolve(
+    pub(crate) async fn resolve(
         &self,
         credential: Option<Credential<'_>>,
     ) -> Result<Principal, AuthError> {
         if !self.enabled {
             return Ok(Principal::Anonymous);
         }
-        let token = |text: &str| match &self.jwt {
-            Some(jwt) => jwt.verify(text).map(|g| Principal::Token(g.into())),
-            None => Err(AuthError::InvalidCredentials(
-                "this server accepts API keys only, no tokens".to_owned(),
-            )),
-        };
         match credential {
             None => Ok(Principal::Anonymous),
             Some(Credential::ApiKey(text)) => self
@@ -109,15 +103,25 @@ impl Auth {
                 .find(text)
                 .map(Principal::Key)
                 .ok_or_else(|| AuthError::InvalidCredentials("unknown API key".to_owned())),
-            Some(Credential::Token(text)) => token(text),
+            Some(Credential::Token(text)) => self.token(text).await,
             Some(Credential::Bearer(text)) => match self.keys.find(text) {
                 Some(key) => Ok(Principal::Key(key)),
                 // A JWT has three dot-separated parts; an API key has none.
-                None if text.contains('.') => token(text),
+                None if text.contains('.') => self.token(text).await,
                 None => Err(AuthError::InvalidCredentials(
                     "unknown API key or invalid token".to_owned(),
                 )),
             },
+        }
+    }
+
+    /// The principal of the client token `text`.
+    async fn token(&self, text: &str) -> Result<Principal, AuthError> {
+        match &self.jwt {
+            Some(jwt) => jwt.verify(text).await.map(|g| Principal::Token(g.into())),
+            None => Err(AuthError::InvalidCredentials(
+                "this server accepts API keys only, no tokens".to_owned(),
+            )),
         }
     }
 
@@ -133,7 +137,7 @@ impl Auth {
     /// As [`Auth::resolve`]; [`AuthError::InvalidCredentials`] for a
     /// forwarded request without the right cluster secret, or a header and
     /// a `?token=` at once.
-    pub(crate) fn principal(
+    pub(crate) async fn principal(
         &self,
         headers: &HeaderMap,
         query_token: Option<&str>,
@@ -160,7 +164,7 @@ impl Auth {
             (Some(c), None) => Some(c),
             (None, token) => token.map(Credential::Token),
         };
-        self.resolve(credential)
+        self.resolve(credential).await
     }
 }
 
@@ -173,7 +177,9 @@ impl FromRequestParts<AppState> for Caller {
     type Rejection = Error;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Error> {
-        Ok(Self(state.shared.auth.principal(&parts.headers, None)?))
+        Ok(Self(
+            state.shared.auth.principal(&parts.headers, None).await?,
+        ))
     }
 }
 
@@ -199,7 +205,9 @@ impl FromRequestParts<AppState> for Subscriber {
                 AuthError::InvalidCredentials("token is given more than once".to_owned()).into(),
             );
         }
-        Ok(Self(state.shared.auth.principal(&parts.headers, token)?))
+        Ok(Self(
+            state.shared.auth.principal(&parts.headers, token).await?,
+        ))
     }
 }
 

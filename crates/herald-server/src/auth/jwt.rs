@@ -1,18 +1,25 @@
 //! Client tokens: JWTs (RFC 7519) verified with the `jsonwebtoken` crate,
-//! HS256 with a shared secret, RS256/ES256 with a PEM public key or a JWKS
-//! file (RFC 7517), the key picked by the token's `alg` and `kid`.
+//! HS256 with a shared secret, RS256/ES256 with a PEM public key, a JWKS
+//! file or a JWKS URL (RFC 7517, `jwks.rs`), the key picked by the
+//! token's `alg` and `kid`. The key files are read again by
+//! [`JwtVerifier::reload`] (on SIGHUP).
 //!
 //! Claims (names as Centrifugo's where it has them):
 //! - `sub` (required): the user; publishes are rate-limited per `sub`;
-//! - `exp` (required, seconds since the epoch): no leeway; a live
-//!   subscription ends at that moment;
-//! - `nbf`, `iat` (optional); `aud`, `iss` checked when configured;
-//! - `channels` (optional list of channel patterns): may subscribe to and
-//!   read them (a connection token);
+//! - `exp` (required, seconds since the epoch): no leeway; refused once
+//!   `exp <= now` (RFC 7519 §4.1.4: not accepted "on or after" it), on
+//!   Herald's clock ([`WallClock`]); a live subscription ends at that
+//!   moment;
+//! - `nbf` (optional): refused while `now < nbf`; `iat` (optional, not
+//!   checked); `aud`, `iss` checked when configured;
+//! - `channels` (optional list of channel entries, see
+//!   [`super::policy::TokenPattern`]: exact names, or `*` as a whole
+//!   segment after the namespace): may subscribe to and read them (a
+//!   connection token);
 //! - `channel` (optional, one exact channel name): a subscription token,
 //!   which may subscribe to and read that channel;
-//! - `publish` (optional list of channel patterns): may publish there, in
-//!   namespaces whose rule is `publish = "token"`;
+//! - `publish` (optional list of channel entries, as `channels`): may
+//!   publish there, in namespaces whose rule is `publish = "token"`;
 //! - `info` (optional, any JSON value): Centrifugo's information about the
 //!   connection (a connection token) or the subscription (a subscription
 //!   token), shown to other subscribers in join and leave pushes as
@@ -25,16 +32,18 @@
 //!   ignored.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use jsonwebtoken::errors::ErrorKind;
-use jsonwebtoken::jwk::{AlgorithmParameters, JwkSet};
-use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use jsonwebtoken::{Algorithm, DecodingKey, Header, Validation};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::config::JwtConfig;
-use super::policy::Patterns;
+use super::jwks::{self, RemoteJwks};
+use super::policy::TokenPatterns;
 use super::AuthError;
 use herald_core::ChannelName;
 
@@ -46,11 +55,11 @@ pub(crate) struct TokenGrant {
     /// The `exp` claim, seconds since the Unix epoch.
     pub(crate) expires_at_s: u64,
     /// Channels it may subscribe to and read (`channels`).
-    channels: Patterns,
+    channels: TokenPatterns,
     /// The one channel of a subscription token (`channel`).
     channel: Option<String>,
     /// Channels it may publish to (`publish`).
-    publish: Patterns,
+    publish: TokenPatterns,
     /// The `info` claim as JSON text (`null` counts as absent).
     pub(crate) info: Option<String>,
     /// Server-side subscriptions (`subs`), with each one's `data`.
@@ -85,11 +94,54 @@ impl TokenGrant {
     }
 }
 
+/// Where token checks read the time: the system clock, or in tests a
+/// clock set by hand (so that `exp == now` is tested exactly, and the
+/// JWKS refetch interval without waiting). Clones share the hand-set
+/// time.
+#[derive(Clone, Default)]
+pub(crate) struct WallClock(Option<Arc<AtomicU64>>);
+
+impl WallClock {
+    /// A clock that reads `unix_ms` until set or advanced.
+    #[cfg(test)]
+    pub(crate) fn manual(unix_ms: u64) -> Self {
+        Self(Some(Arc::new(AtomicU64::new(unix_ms))))
+    }
+
+    /// Moves a hand-set clock forward by `by`.
+    #[cfg(test)]
+    pub(crate) fn advance(&self, by: Duration) {
+        if let Some(ms) = &self.0 {
+            ms.fetch_add(
+                u64::try_from(by.as_millis()).unwrap_or(u64::MAX),
+                Ordering::Relaxed,
+            );
+        }
+    }
+
+    /// Milliseconds since the Unix epoch.
+    pub(crate) fn unix_ms(&self) -> u64 {
+        match &self.0 {
+            Some(ms) => ms.load(Ordering::Relaxed),
+            None => SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        }
+    }
+
+    /// Whole seconds since the Unix epoch (the unit of `exp` and `nbf`).
+    pub(crate) fn unix_s(&self) -> u64 {
+        self.unix_ms() / 1000
+    }
+}
+
 /// The claims Herald reads; others are ignored.
 #[derive(Deserialize)]
 struct Claims {
     sub: String,
     exp: u64,
+    #[serde(default)]
+    nbf: Option<u64>,
     #[serde(default)]
     channels: Vec<String>,
     #[serde(default)]
@@ -110,36 +162,64 @@ struct SubOptions {
 }
 
 /// One verification key.
-struct Key {
-    /// The JWKS `kid`, if the key came from a JWKS file.
-    kid: Option<String>,
-    algorithm: Algorithm,
-    key: DecodingKey,
+pub(crate) struct Key {
+    /// The JWKS `kid`, if the key came from a JWKS.
+    pub(crate) kid: Option<String>,
+    /// The one algorithm it verifies.
+    pub(crate) algorithm: Algorithm,
+    /// The key itself.
+    pub(crate) key: DecodingKey,
+}
+
+/// Why the keys in hand did not verify a token.
+enum Refusal {
+    /// No key for the token's `alg` and `kid`: a JWKS URL may have it.
+    NoKey,
+    /// Any other refusal, final.
+    Final(AuthError),
 }
 
 /// Verifies tokens with the configured keys.
 pub(crate) struct JwtVerifier {
-    keys: Vec<Key>,
-    audience: Option<String>,
-    issuer: Option<String>,
+    /// The settings, for [`JwtVerifier::reload`] to read the files again.
+    config: JwtConfig,
+    /// HS256 secrets (from the config itself, fixed).
+    secrets: Vec<Key>,
+    /// Keys of the PEM and JWKS files, replaced by a reload.
+    files: RwLock<Arc<Vec<Key>>>,
+    /// The JWKS URL's keys, if one is configured.
+    remote: Option<RemoteJwks>,
+    /// The time that `exp`, `nbf` and the JWKS cache are checked against.
+    clock: WallClock,
 }
 
 impl std::fmt::Debug for JwtVerifier {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("JwtVerifier")
-            .field("keys", &self.keys.len())
+            .field("secrets", &self.secrets.len())
+            .field("files", &self.file_keys().len())
+            .field("remote", &self.remote)
             .finish_non_exhaustive()
     }
 }
 
 impl JwtVerifier {
-    /// The keys of `config`, PEM and JWKS files read now.
+    /// The keys of `config`, PEM and JWKS files read now (a JWKS URL is
+    /// fetched when a token first needs it).
     ///
     /// # Errors
     /// A message naming the file that cannot be read or holds no usable
-    /// key, or an empty `[auth.jwt]`.
+    /// key, a refused `jwks_url`, or an empty `[auth.jwt]`.
     pub(crate) fn new(config: &JwtConfig) -> Result<Self, String> {
-        let mut keys = Vec::new();
+        Self::with_clock(config, WallClock::default())
+    }
+
+    /// [`JwtVerifier::new`] reading the time from `clock`.
+    ///
+    /// # Errors
+    /// As [`JwtVerifier::new`].
+    pub(crate) fn with_clock(config: &JwtConfig, clock: WallClock) -> Result<Self, String> {
+        let mut secrets = Vec::new();
         for secret in config.hs256_secret.as_slice() {
             if secret.expose().len() < 32 {
                 return Err(
@@ -147,126 +227,168 @@ impl JwtVerifier {
                         .to_owned(),
                 );
             }
-            keys.push(Key {
+            secrets.push(Key {
                 kid: None,
                 algorithm: Algorithm::HS256,
                 key: DecodingKey::from_secret(secret.expose().as_bytes()),
             });
         }
-        for path in config.rsa_public_key_pem.as_slice() {
-            let pem = read(path)?;
-            let key = DecodingKey::from_rsa_pem(&pem)
-                .map_err(|e| format!("{}: not an RSA public key in PEM: {e}", path.display()))?;
-            keys.push(Key {
-                kid: None,
-                algorithm: Algorithm::RS256,
-                key,
-            });
-        }
-        for path in config.ec_public_key_pem.as_slice() {
-            let pem = read(path)?;
-            let key = DecodingKey::from_ec_pem(&pem)
-                .map_err(|e| format!("{}: not an EC public key in PEM: {e}", path.display()))?;
-            keys.push(Key {
-                kid: None,
-                algorithm: Algorithm::ES256,
-                key,
-            });
-        }
-        if let Some(path) = &config.jwks_file {
-            let set: JwkSet = serde_json::from_slice(&read(path)?)
-                .map_err(|e| format!("{}: not a JWKS document: {e}", path.display()))?;
-            for jwk in &set.keys {
-                let algorithm = match (&jwk.common.key_algorithm, &jwk.algorithm) {
-                    (Some(alg), _) => alg.to_string().parse::<Algorithm>().ok(),
-                    (None, AlgorithmParameters::RSA(_)) => Some(Algorithm::RS256),
-                    (None, AlgorithmParameters::EllipticCurve(_)) => Some(Algorithm::ES256),
-                    _ => None,
-                };
-                let algorithm = algorithm.filter(|a| {
-                    matches!(a, Algorithm::RS256 | Algorithm::ES256 | Algorithm::HS256)
-                });
-                let (Some(algorithm), Ok(key)) = (algorithm, DecodingKey::from_jwk(jwk)) else {
-                    return Err(format!(
-                        "{}: key {:?} is not an RS256, ES256 or HS256 key",
-                        path.display(),
-                        jwk.common.key_id
-                    ));
-                };
-                keys.push(Key {
-                    kid: jwk.common.key_id.clone(),
-                    algorithm,
-                    key,
-                });
-            }
-        }
-        if keys.is_empty() {
+        let files = file_keys(config)?;
+        let remote = match &config.jwks_url {
+            Some(text) => Some(RemoteJwks::new(
+                jwks::check_url(text)?,
+                config.jwks_cache_ttl_s.unwrap_or(jwks::DEFAULT_CACHE_TTL_S),
+                config
+                    .jwks_refetch_interval_s
+                    .unwrap_or(jwks::DEFAULT_REFETCH_INTERVAL_S),
+            )?),
+            None => None,
+        };
+        if secrets.is_empty() && files.is_empty() && remote.is_none() {
             return Err(
-                "auth.jwt: give hs256_secret, rsa_public_key_pem, ec_public_key_pem or jwks_file"
+                "auth.jwt: give hs256_secret, rsa_public_key_pem, ec_public_key_pem, jwks_file or jwks_url"
                     .to_owned(),
             );
         }
         Ok(Self {
-            keys,
-            audience: config.audience.clone(),
-            issuer: config.issuer.clone(),
+            config: config.clone(),
+            secrets,
+            files: RwLock::new(Arc::new(files)),
+            remote,
+            clock,
         })
     }
 
-    /// Verifies `token` and returns what it allows.
+    /// Reads the PEM and JWKS files again and puts their keys in force
+    /// (a new `kid` in the JWKS file is accepted from now on), and makes
+    /// the next token fetch the JWKS URL again (within its rate limit).
+    /// On an error the keys in force stay.
     ///
     /// # Errors
-    /// [`AuthError::TokenExpired`] for a well-signed token past its `exp`;
-    /// [`AuthError::InvalidCredentials`] for anything else wrong (the
-    /// message says what, never quoting the token).
-    pub(crate) fn verify(&self, token: &str) -> Result<TokenGrant, AuthError> {
-        let invalid = |why: &str| AuthError::InvalidCredentials(format!("invalid token: {why}"));
+    /// As [`JwtVerifier::new`] for the files: the message names the file.
+    pub(crate) fn reload(&self) -> Result<usize, String> {
+        let keys = file_keys(&self.config)?;
+        if keys.is_empty() && self.secrets.is_empty() && self.remote.is_none() {
+            return Err("auth.jwt: the key files hold no key".to_owned());
+        }
+        let count = keys.len();
+        *self.files.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(keys);
+        if let Some(remote) = &self.remote {
+            remote.mark_stale();
+        }
+        Ok(count)
+    }
+
+    fn file_keys(&self) -> Arc<Vec<Key>> {
+        Arc::clone(&self.files.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Verifies `token` and returns what it allows. With a JWKS URL, the
+    /// set is fetched first if it is stale, and again (within the rate
+    /// limit) when the token's `kid` is not in it.
+    ///
+    /// # Errors
+    /// [`AuthError::TokenExpired`] for a well-signed token whose `exp` is
+    /// now or past; [`AuthError::InvalidCredentials`] for anything else
+    /// wrong (the message says what, never quoting the token).
+    pub(crate) async fn verify(&self, token: &str) -> Result<TokenGrant, AuthError> {
         let header = jsonwebtoken::decode_header(token).map_err(|_| invalid("not a JWT"))?;
-        let mut candidates = self.keys.iter().filter(|k| {
-            k.algorithm == header.alg
-                && match (&header.kid, &k.kid) {
-                    (Some(wanted), Some(kid)) => wanted == kid,
-                    _ => true,
+        if let Some(remote) = &self.remote {
+            remote.refresh_if_stale(&self.clock).await;
+        }
+        match self.check(token, &header) {
+            Ok(grant) => Ok(grant),
+            Err(Refusal::NoKey) => match &self.remote {
+                Some(remote) if header.kid.is_some() && remote.refetch(&self.clock).await => {
+                    self.check(token, &header).map_err(Refusal::into_error)
                 }
-        });
-        let mut last = invalid("no configured key for its alg and kid");
-        for key in candidates.by_ref() {
+                _ => Err(Refusal::NoKey.into_error()),
+            },
+            Err(refusal) => Err(refusal.into_error()),
+        }
+    }
+
+    /// Verifies `token` with the keys in hand, at the clock's time.
+    fn check(&self, token: &str, header: &Header) -> Result<TokenGrant, Refusal> {
+        let files = self.file_keys();
+        let remote = self.remote.as_ref().map(RemoteJwks::keys);
+        let all = self
+            .secrets
+            .iter()
+            .chain(files.iter())
+            .chain(remote.iter().flat_map(|keys| keys.iter()));
+        let candidates: Vec<&Key> = all
+            .filter(|k| {
+                k.algorithm == header.alg
+                    && match (&header.kid, &k.kid) {
+                        (Some(wanted), Some(kid)) => wanted == kid,
+                        _ => true,
+                    }
+            })
+            .collect();
+        // A `kid` that no key in hand carries: a JWKS URL may have it now.
+        let unknown_kid = header
+            .kid
+            .as_ref()
+            .is_some_and(|wanted| !candidates.iter().any(|k| k.kid.as_ref() == Some(wanted)));
+        if candidates.is_empty() {
+            return Err(Refusal::NoKey);
+        }
+        let mut last = Refusal::Final(invalid("bad signature"));
+        for key in candidates {
             match jsonwebtoken::decode::<Claims>(token, &key.key, &self.validation(key.algorithm)) {
-                Ok(data) => return grant(data.claims),
+                Ok(data) => return self.grant_now(data.claims).map_err(Refusal::Final),
                 Err(e) => match e.kind() {
-                    ErrorKind::InvalidSignature => last = invalid("bad signature"),
-                    ErrorKind::ExpiredSignature => return Err(AuthError::TokenExpired),
-                    ErrorKind::ImmatureSignature => return Err(invalid("not valid yet (nbf)")),
-                    ErrorKind::InvalidAudience => return Err(invalid("wrong aud")),
-                    ErrorKind::InvalidIssuer => return Err(invalid("wrong iss")),
+                    ErrorKind::InvalidSignature if unknown_kid => last = Refusal::NoKey,
+                    ErrorKind::InvalidSignature => {
+                        last = Refusal::Final(invalid("bad signature"));
+                    }
+                    ErrorKind::InvalidAudience => return Err(Refusal::Final(invalid("wrong aud"))),
+                    ErrorKind::InvalidIssuer => return Err(Refusal::Final(invalid("wrong iss"))),
                     ErrorKind::MissingRequiredClaim(_) => {
-                        return Err(invalid("a required claim is missing (sub, exp, and aud or iss when configured)"))
+                        return Err(Refusal::Final(invalid("a required claim is missing (sub, exp, and aud or iss when configured)")))
                     }
                     ErrorKind::Json(_) => {
-                        return Err(invalid("claims of the wrong type (sub: string, exp: integer, channels/publish: lists of strings, channel: string, subs: object of objects)"))
+                        return Err(Refusal::Final(invalid("claims of the wrong type (sub: string, exp, nbf: integers, channels/publish: lists of strings, channel: string, subs: object of objects)")))
                     }
-                    _ => last = invalid("malformed"),
+                    _ => last = Refusal::Final(invalid("malformed")),
                 },
             }
         }
         Err(last)
     }
 
+    /// The grant of well-signed `claims`, once `exp` and `nbf` are checked
+    /// on the verifier's clock. Herald checks them itself (the crate's
+    /// check accepts `exp == now`): refused from the second `exp` on.
+    fn grant_now(&self, claims: Claims) -> Result<TokenGrant, AuthError> {
+        let now = self.clock.unix_s();
+        if claims.exp <= now {
+            return Err(AuthError::TokenExpired);
+        }
+        if claims.nbf.is_some_and(|nbf| now < nbf) {
+            return Err(invalid("not valid yet (nbf)"));
+        }
+        grant(claims)
+    }
+
     fn validation(&self, algorithm: Algorithm) -> Validation {
         let mut v = Validation::new(algorithm);
         v.leeway = 0;
-        v.validate_nbf = true;
+        // `exp` and `nbf` are checked by `grant_now`, on Herald's clock.
+        v.validate_exp = false;
+        v.validate_nbf = false;
         // A configured aud or iss is also required to be present (the
         // crate checks them only when present otherwise).
         let mut required = vec!["exp", "sub"];
-        match &self.audience {
+        match &self.config.audience {
             Some(aud) => {
                 v.set_audience(&[aud]);
                 required.push("aud");
             }
             None => v.validate_aud = false,
         }
-        if let Some(iss) = &self.issuer {
+        if let Some(iss) = &self.config.issuer {
             v.set_issuer(&[iss]);
             required.push("iss");
         }
@@ -275,11 +397,55 @@ impl JwtVerifier {
     }
 }
 
+impl Refusal {
+    fn into_error(self) -> AuthError {
+        match self {
+            Self::NoKey => invalid("no configured key for its alg and kid"),
+            Self::Final(e) => e,
+        }
+    }
+}
+
+/// [`AuthError::InvalidCredentials`] saying `why` the token is refused.
+fn invalid(why: &str) -> AuthError {
+    AuthError::InvalidCredentials(format!("invalid token: {why}"))
+}
+
+/// The keys of the PEM and JWKS files of `config`, read now.
+fn file_keys(config: &JwtConfig) -> Result<Vec<Key>, String> {
+    let mut keys = Vec::new();
+    for path in config.rsa_public_key_pem.as_slice() {
+        let pem = read(path)?;
+        let key = DecodingKey::from_rsa_pem(&pem)
+            .map_err(|e| format!("{}: not an RSA public key in PEM: {e}", path.display()))?;
+        keys.push(Key {
+            kid: None,
+            algorithm: Algorithm::RS256,
+            key,
+        });
+    }
+    for path in config.ec_public_key_pem.as_slice() {
+        let pem = read(path)?;
+        let key = DecodingKey::from_ec_pem(&pem)
+            .map_err(|e| format!("{}: not an EC public key in PEM: {e}", path.display()))?;
+        keys.push(Key {
+            kid: None,
+            algorithm: Algorithm::ES256,
+            key,
+        });
+    }
+    if let Some(path) = &config.jwks_file {
+        keys.extend(jwks::keys_of(&read(path)?, &path.display().to_string())?);
+    }
+    Ok(keys)
+}
+
 /// What verified `claims` grant.
 ///
 /// # Errors
 /// [`AuthError::InvalidCredentials`] for a `subs` key that is not a valid
-/// channel name.
+/// channel name, or a `channels` or `publish` entry with a `*` that is not
+/// a whole segment after the namespace.
 fn grant(claims: Claims) -> Result<TokenGrant, AuthError> {
     let mut subs = BTreeMap::new();
     for (name, options) in claims.subs {
@@ -290,12 +456,16 @@ fn grant(claims: Claims) -> Result<TokenGrant, AuthError> {
         })?;
         subs.insert(channel, options.data);
     }
+    let entries = |claim: &str, list: &[String]| {
+        TokenPatterns::parse(claim, list)
+            .map_err(|e| AuthError::InvalidCredentials(format!("invalid token: {e}")))
+    };
     Ok(TokenGrant {
         subject: claims.sub,
         expires_at_s: claims.exp,
-        channels: Patterns::of(&claims.channels),
+        channels: entries("channels", &claims.channels)?,
         channel: claims.channel,
-        publish: Patterns::of(&claims.publish),
+        publish: entries("publish", &claims.publish)?,
         info: claims
             .info
             .map(|raw| raw.get().to_owned())
@@ -322,6 +492,21 @@ mod tests {
         jsonwebtoken::get_current_timestamp()
     }
 
+    /// `v.verify(token)`, run to its end (on one runtime for every test,
+    /// so that a JWKS client's pooled connections outlive each call).
+    fn verify(v: &JwtVerifier, token: &str) -> Result<TokenGrant, AuthError> {
+        static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+        RUNTIME
+            .get_or_init(|| {
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(1)
+                    .enable_all()
+                    .build()
+                    .unwrap()
+            })
+            .block_on(v.verify(token))
+    }
+
     fn verifier(secrets: &[&str]) -> JwtVerifier {
         JwtVerifier::new(&JwtConfig {
             hs256_secret: OneOrMany::Many(secrets.iter().map(|s| Secret::new(*s)).collect()),
@@ -346,7 +531,7 @@ mod tests {
             SECRET,
             &json!({"sub": "u1", "exp": now() + 60, "channels": ["news:*"], "publish": ["chat:u1"]}),
         );
-        let g = v.verify(&t).unwrap();
+        let g = verify(&v, &t).unwrap();
         assert_eq!(g.subject, "u1");
         let ch = |n: &str| ChannelName::new(n).unwrap();
         assert!(g.may_read(&ch("news:a")));
@@ -357,7 +542,7 @@ mod tests {
             SECRET,
             &json!({"sub": "u1", "exp": now() + 60, "channel": "room:1"}),
         );
-        let g = v.verify(&sub).unwrap();
+        let g = verify(&v, &sub).unwrap();
         assert!(g.may_read(&ch("room:1")));
         assert!(!g.may_read(&ch("room:2")));
         assert!(!g.may_publish(&ch("room:1")));
@@ -366,7 +551,7 @@ mod tests {
             SECRET,
             &json!({"sub": "u1", "exp": now() + 60, "info": {"name": "Ann", "seat": [1, 2]}}),
         );
-        let info = v.verify(&with_info).unwrap().info.unwrap();
+        let info = verify(&v, &with_info).unwrap().info.unwrap();
         assert_eq!(
             serde_json::from_str::<serde_json::Value>(&info).unwrap(),
             json!({"name": "Ann", "seat": [1, 2]})
@@ -375,7 +560,7 @@ mod tests {
             SECRET,
             &json!({"sub": "u1", "exp": now() + 60, "info": null}),
         );
-        assert_eq!(v.verify(&null).unwrap().info, None);
+        assert_eq!(verify(&v, &null).unwrap().info, None);
     }
 
     #[test]
@@ -387,7 +572,7 @@ mod tests {
             &json!({"sub": "u1", "exp": now() + 60,
                     "subs": {"feed:u1": {"data": {"hello": 1}}, "news:all": {"override": {"presence": {"value": true}}}}}),
         );
-        let g = v.verify(&t).unwrap();
+        let g = verify(&v, &t).unwrap();
         let subs: Vec<(&str, Option<&str>)> = g
             .server_subs()
             .iter()
@@ -402,7 +587,7 @@ mod tests {
         assert!(!g.may_publish(&ch("feed:u1")));
         // No subs: none.
         let plain = sign(SECRET, &json!({"sub": "u1", "exp": now() + 60}));
-        assert!(v.verify(&plain).unwrap().server_subs().is_empty());
+        assert!(verify(&v, &plain).unwrap().server_subs().is_empty());
         // A key that is not a channel name, or options that are not an
         // object, make the token invalid.
         for bad in [
@@ -414,7 +599,7 @@ mod tests {
                 SECRET,
                 &json!({"sub": "u1", "exp": now() + 60, "subs": bad}),
             );
-            assert_eq!(v.verify(&t).unwrap_err().code(), "unauthorized", "{bad}");
+            assert_eq!(verify(&v, &t).unwrap_err().code(), "unauthorized", "{bad}");
         }
     }
 
@@ -422,25 +607,94 @@ mod tests {
     fn bad_tokens_are_refused_with_the_right_error() {
         let v = verifier(&[SECRET]);
         let expired = sign(SECRET, &json!({"sub": "u", "exp": now() - 1}));
-        assert_eq!(v.verify(&expired).unwrap_err(), AuthError::TokenExpired);
+        assert_eq!(verify(&v, &expired).unwrap_err(), AuthError::TokenExpired);
         let other = sign(&"x".repeat(32), &json!({"sub": "u", "exp": now() + 60}));
-        assert_eq!(v.verify(&other).unwrap_err().code(), "unauthorized");
+        assert_eq!(verify(&v, &other).unwrap_err().code(), "unauthorized");
         let no_sub = sign(SECRET, &json!({"exp": now() + 60}));
-        assert_eq!(v.verify(&no_sub).unwrap_err().code(), "unauthorized");
+        assert_eq!(verify(&v, &no_sub).unwrap_err().code(), "unauthorized");
         let no_exp = sign(SECRET, &json!({"sub": "u"}));
-        assert_eq!(v.verify(&no_exp).unwrap_err().code(), "unauthorized");
+        assert_eq!(verify(&v, &no_exp).unwrap_err().code(), "unauthorized");
         let later = sign(
             SECRET,
             &json!({"sub": "u", "exp": now() + 60, "nbf": now() + 30}),
         );
-        assert_eq!(v.verify(&later).unwrap_err().code(), "unauthorized");
-        assert_eq!(v.verify("abc").unwrap_err().code(), "unauthorized");
+        assert_eq!(verify(&v, &later).unwrap_err().code(), "unauthorized");
+        assert_eq!(verify(&v, "abc").unwrap_err().code(), "unauthorized");
         // alg "none" is never accepted.
         let none = format!(
             "{}.{}.",
             "eyJhbGciOiJub25lIn0", "eyJzdWIiOiJ1IiwiZXhwIjo5OTk5OTk5OTk5fQ"
         );
-        assert_eq!(v.verify(&none).unwrap_err().code(), "unauthorized");
+        assert_eq!(verify(&v, &none).unwrap_err().code(), "unauthorized");
+    }
+
+    /// RFC 7519 §4.1.4: not accepted on or after `exp`. At the boundary
+    /// on a hand-set clock: `exp = now - 1` and `exp = now` are expired,
+    /// `exp = now + 1` is accepted; `nbf = now` is accepted, `nbf = now +
+    /// 1` is not.
+    #[test]
+    fn a_token_is_refused_from_the_second_of_its_exp() {
+        let clock = WallClock::manual(1_800_000_000_000 + 999);
+        let v = JwtVerifier::with_clock(
+            &JwtConfig {
+                hs256_secret: OneOrMany::One(Secret::new(SECRET)),
+                ..JwtConfig::default()
+            },
+            clock.clone(),
+        )
+        .unwrap();
+        let now = clock.unix_s();
+        assert_eq!(now, 1_800_000_000);
+        let at = |exp: u64| sign(SECRET, &json!({"sub": "u", "exp": exp}));
+        assert_eq!(
+            verify(&v, &at(now - 1)).unwrap_err(),
+            AuthError::TokenExpired
+        );
+        assert_eq!(verify(&v, &at(now)).unwrap_err(), AuthError::TokenExpired);
+        assert_eq!(verify(&v, &at(now + 1)).unwrap().expires_at_s, now + 1);
+        // The next second, the same token is expired.
+        let next = at(now + 1);
+        clock.advance(Duration::from_millis(1));
+        assert_eq!(verify(&v, &next).unwrap_err(), AuthError::TokenExpired);
+        let now = clock.unix_s();
+        let from = |nbf: u64| sign(SECRET, &json!({"sub": "u", "exp": now + 60, "nbf": nbf}));
+        assert!(verify(&v, &from(now)).is_ok());
+        assert_eq!(
+            verify(&v, &from(now + 1)).unwrap_err().code(),
+            "unauthorized"
+        );
+    }
+
+    /// `channels` and `publish` entries are exact names, or `*` as a whole
+    /// segment after the namespace; a token with any other `*` is refused.
+    #[test]
+    fn channel_entries_are_exact_names_and_a_partial_star_refuses_the_token() {
+        let v = verifier(&[SECRET]);
+        let ch = |n: &str| ChannelName::new(n).unwrap();
+        let t = sign(
+            SECRET,
+            &json!({"sub": "u", "exp": now() + 60, "channels": ["user:42", "news:*"], "publish": ["chat:*:typing"]}),
+        );
+        let g = verify(&v, &t).unwrap();
+        assert!(g.may_read(&ch("user:42")));
+        assert!(!g.may_read(&ch("user:420")));
+        assert!(!g.may_read(&ch("user:42:private")));
+        assert!(g.may_read(&ch("news:uk")));
+        assert!(!g.may_read(&ch("news:uk:sport")));
+        assert!(g.may_publish(&ch("chat:7:typing")));
+        assert!(!g.may_publish(&ch("chat:7")));
+        for (claim, bad) in [
+            ("channels", json!(["user:42*"])),
+            ("channels", json!(["*"])),
+            ("channels", json!(["ok:*", "*:x"])),
+            ("publish", json!(["room:a*"])),
+        ] {
+            let mut claims = json!({"sub": "u", "exp": now() + 60});
+            claims[claim] = bad.clone();
+            let error = verify(&v, &sign(SECRET, &claims)).unwrap_err();
+            assert_eq!(error.code(), "unauthorized", "{claim} {bad}");
+            assert!(error.to_string().contains(claim), "{error}");
+        }
     }
 
     #[test]
@@ -449,7 +703,7 @@ mod tests {
         let v = verifier(&[SECRET, &old]);
         for secret in [SECRET, old.as_str()] {
             let t = sign(secret, &json!({"sub": "u", "exp": now() + 60}));
-            assert!(v.verify(&t).is_ok());
+            assert!(verify(&v, &t).is_ok());
         }
     }
 
@@ -466,17 +720,17 @@ mod tests {
             SECRET,
             &json!({"sub": "u", "exp": now() + 60, "aud": "herald", "iss": "app"}),
         );
-        assert!(v.verify(&good).is_ok());
+        assert!(verify(&v, &good).is_ok());
         let bad = sign(
             SECRET,
             &json!({"sub": "u", "exp": now() + 60, "aud": "other", "iss": "app"}),
         );
-        assert!(v.verify(&bad).is_err());
+        assert!(verify(&v, &bad).is_err());
         let bad = sign(
             SECRET,
             &json!({"sub": "u", "exp": now() + 60, "aud": "herald"}),
         );
-        assert!(v.verify(&bad).is_err());
+        assert!(verify(&v, &bad).is_err());
     }
 
     /// A PEM "PUBLIC KEY" block (RFC 7468 §13) of SPKI DER.
@@ -524,13 +778,13 @@ mod tests {
             ..JwtConfig::default()
         })
         .unwrap();
-        assert!(v.verify(&sign_with(&a, None)).is_ok());
+        assert!(verify(&v, &sign_with(&a, None)).is_ok());
         assert_eq!(
-            v.verify(&sign_with(&b, None)).unwrap_err().code(),
+            verify(&v, &sign_with(&b, None)).unwrap_err().code(),
             "unauthorized"
         );
         let hs = sign(SECRET, &json!({"sub": "u", "exp": now() + 60}));
-        assert_eq!(v.verify(&hs).unwrap_err().code(), "unauthorized");
+        assert_eq!(verify(&v, &hs).unwrap_err().code(), "unauthorized");
 
         // A JWKS with both keys: the token's kid picks one.
         let b64 = |bytes: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
@@ -548,10 +802,10 @@ mod tests {
             ..JwtConfig::default()
         })
         .unwrap();
-        assert!(v.verify(&sign_with(&b, Some("b"))).is_ok());
-        assert!(v.verify(&sign_with(&a, Some("a"))).is_ok());
-        assert!(v.verify(&sign_with(&b, Some("a"))).is_err());
-        assert!(v.verify(&sign_with(&a, Some("c"))).is_err());
+        assert!(verify(&v, &sign_with(&b, Some("b"))).is_ok());
+        assert!(verify(&v, &sign_with(&a, Some("a"))).is_ok());
+        assert!(verify(&v, &sign_with(&b, Some("a"))).is_err());
+        assert!(verify(&v, &sign_with(&a, Some("c"))).is_err());
     }
 
     #[test]
@@ -582,10 +836,10 @@ mod tests {
             ..JwtConfig::default()
         })
         .unwrap();
-        assert!(v.verify(&sign_with(&new)).is_ok());
-        assert!(v.verify(&sign_with(&old)).is_ok());
+        assert!(verify(&v, &sign_with(&new)).is_ok());
+        assert!(verify(&v, &sign_with(&old)).is_ok());
         assert_eq!(
-            v.verify(&sign_with(&other)).unwrap_err().code(),
+            verify(&v, &sign_with(&other)).unwrap_err().code(),
             "unauthorized"
         );
     }
@@ -620,5 +874,219 @@ mod tests {
             ..JwtConfig::default()
         };
         assert!(JwtVerifier::new(&short).is_err());
+    }
+
+    /// A P-256 key pair, its JWK with `kid`, and tokens it signs.
+    struct EcKey(aws_lc_rs::signature::EcdsaKeyPair);
+
+    impl EcKey {
+        fn new() -> Self {
+            use aws_lc_rs::signature::{EcdsaKeyPair, ECDSA_P256_SHA256_FIXED_SIGNING};
+            Self(EcdsaKeyPair::generate(&ECDSA_P256_SHA256_FIXED_SIGNING).unwrap())
+        }
+
+        fn jwk(&self, kid: &str) -> serde_json::Value {
+            use aws_lc_rs::signature::KeyPair;
+            use base64::Engine;
+            let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+            let point = self.0.public_key().as_ref();
+            json!({"kty": "EC", "crv": "P-256", "kid": kid, "alg": "ES256",
+                   "x": b64(&point[1..33]), "y": b64(&point[33..65])})
+        }
+
+        fn token(&self, kid: &str, exp: u64) -> String {
+            let mut header = Header::new(Algorithm::ES256);
+            header.kid = Some(kid.to_owned());
+            encode(
+                &header,
+                &json!({"sub": "u", "exp": exp}),
+                &EncodingKey::from_ec_der(self.0.to_pkcs8v1().unwrap().as_ref()),
+            )
+            .unwrap()
+        }
+    }
+
+    /// Key rotation in a JWKS file: a new `kid` is refused until the file
+    /// is read again (what SIGHUP does), then accepted; a reload that
+    /// fails keeps the keys in force.
+    #[test]
+    fn a_new_kid_in_the_jwks_file_is_accepted_after_a_reload() {
+        let (old, new) = (EcKey::new(), EcKey::new());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jwks.json");
+        std::fs::write(&path, json!({"keys": [old.jwk("old")]}).to_string()).unwrap();
+        let v = JwtVerifier::new(&JwtConfig {
+            jwks_file: Some(path.clone()),
+            ..JwtConfig::default()
+        })
+        .unwrap();
+        let rotated = new.token("new", now() + 60);
+        assert!(verify(&v, &old.token("old", now() + 60)).is_ok());
+        std::fs::write(
+            &path,
+            json!({"keys": [old.jwk("old"), new.jwk("new")]}).to_string(),
+        )
+        .unwrap();
+        assert_eq!(verify(&v, &rotated).unwrap_err().code(), "unauthorized");
+        assert_eq!(v.reload().unwrap(), 2);
+        assert!(verify(&v, &rotated).is_ok());
+        // A broken file: refused, and the keys in force stay.
+        std::fs::write(&path, "{not json").unwrap();
+        assert!(v.reload().unwrap_err().contains("jwks.json"));
+        assert!(verify(&v, &rotated).is_ok());
+    }
+
+    /// A JWKS server on loopback that counts its requests.
+    struct JwksServer {
+        url: String,
+        set: Arc<std::sync::Mutex<serde_json::Value>>,
+        fetches: Arc<std::sync::atomic::AtomicUsize>,
+        _runtime: tokio::runtime::Runtime,
+    }
+
+    impl JwksServer {
+        fn start(set: serde_json::Value) -> Self {
+            use std::sync::atomic::AtomicUsize;
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap();
+            let set = Arc::new(std::sync::Mutex::new(set));
+            let fetches = Arc::new(AtomicUsize::new(0));
+            let listener = runtime
+                .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+                .unwrap();
+            let url = format!("http://{}/jwks.json", listener.local_addr().unwrap());
+            let (served, counted) = (Arc::clone(&set), Arc::clone(&fetches));
+            let app = axum::Router::new().route(
+                "/jwks.json",
+                axum::routing::get(move || {
+                    let (served, counted) = (Arc::clone(&served), Arc::clone(&counted));
+                    async move {
+                        counted.fetch_add(1, Ordering::SeqCst);
+                        let body = served.lock().unwrap().to_string();
+                        ([("content-type", "application/json")], body)
+                    }
+                }),
+            );
+            runtime.spawn(async move { axum::serve(listener, app).await });
+            Self {
+                url,
+                set,
+                fetches,
+                _runtime: runtime,
+            }
+        }
+
+        fn fetches(&self) -> usize {
+            self.fetches.load(Ordering::SeqCst)
+        }
+    }
+
+    /// A JWKS URL: fetched at the first token, cached; a token with a
+    /// `kid` it does not hold makes one refetch; a flood of unknown `kid`s
+    /// makes at most one fetch per refetch interval (counted by the
+    /// server), on a hand-set clock.
+    #[test]
+    fn a_jwks_url_is_refetched_for_an_unknown_kid_within_the_rate_limit() {
+        let (a, b, c) = (EcKey::new(), EcKey::new(), EcKey::new());
+        let server = JwksServer::start(json!({"keys": [a.jwk("a")]}));
+        let clock = WallClock::manual(now() * 1000);
+        let v = JwtVerifier::with_clock(
+            &JwtConfig {
+                jwks_url: Some(server.url.clone()),
+                jwks_refetch_interval_s: Some(30),
+                ..JwtConfig::default()
+            },
+            clock.clone(),
+        )
+        .unwrap();
+        assert_eq!(
+            server.fetches(),
+            0,
+            "nothing is fetched before a token needs it"
+        );
+        let exp = now() + 3600;
+        assert!(verify(&v, &a.token("a", exp)).is_ok());
+        assert!(verify(&v, &a.token("a", exp)).is_ok());
+        assert_eq!(server.fetches(), 1, "the set is cached");
+
+        // Rotation: the server adds "b"; a token with "b" makes one
+        // refetch once the interval has passed.
+        server.set.lock().unwrap()["keys"] = json!([a.jwk("a"), b.jwk("b")]);
+        clock.advance(Duration::from_secs(30));
+        assert!(verify(&v, &b.token("b", exp)).is_ok());
+        assert_eq!(server.fetches(), 2, "one refetch for the unknown kid");
+        assert!(verify(&v, &b.token("b", exp)).is_ok());
+        assert_eq!(server.fetches(), 2);
+
+        // A flood of unknown kids within the interval: no fetch at all.
+        for i in 0..200 {
+            let t = c.token(&format!("made-up-{i}"), exp);
+            assert_eq!(verify(&v, &t).unwrap_err().code(), "unauthorized");
+        }
+        assert_eq!(server.fetches(), 2, "refetches are rate-limited");
+        // Over several intervals: at most one fetch per interval.
+        for round in 0..3 {
+            clock.advance(Duration::from_secs(30));
+            for i in 0..50 {
+                let t = c.token(&format!("round-{round}-{i}"), exp);
+                assert!(verify(&v, &t).is_err());
+            }
+        }
+        assert_eq!(server.fetches(), 5, "one fetch per interval, not per token");
+        // Known keys still verify meanwhile, without fetching.
+        assert!(verify(&v, &a.token("a", exp)).is_ok());
+        assert_eq!(server.fetches(), 5);
+        // After the cache time (default 1 h) the set is fetched again.
+        clock.advance(Duration::from_secs(3600));
+        assert!(verify(&v, &a.token("a", exp + 3600)).is_ok());
+        assert_eq!(server.fetches(), 6);
+    }
+
+    /// A JWKS server that answers with more than the size cap, or with a
+    /// redirect, gives no keys; the failure is retried only after the
+    /// interval.
+    #[test]
+    fn a_jwks_fetch_is_bounded_and_follows_no_redirect() {
+        let a = EcKey::new();
+        let big = json!({"keys": [a.jwk("a")], "pad": "x".repeat(jwks::MAX_JWKS_BYTES)});
+        let server = JwksServer::start(big);
+        let clock = WallClock::manual(now() * 1000);
+        let config = |url: &str| JwtConfig {
+            jwks_url: Some(url.to_owned()),
+            ..JwtConfig::default()
+        };
+        let v = JwtVerifier::with_clock(&config(&server.url), clock.clone()).unwrap();
+        let t = a.token("a", now() + 600);
+        assert_eq!(verify(&v, &t).unwrap_err().code(), "unauthorized");
+        assert_eq!(verify(&v, &t).unwrap_err().code(), "unauthorized");
+        assert_eq!(server.fetches(), 1, "a failed fetch is not retried at once");
+        // A redirect to a server that holds the key is not followed.
+        let good = JwksServer::start(json!({"keys": [a.jwk("a")]}));
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let redirect_url = format!("http://{}/jwks.json", listener.local_addr().unwrap());
+        let target = good.url.clone();
+        let app = axum::Router::new().route(
+            "/jwks.json",
+            axum::routing::get(move || {
+                let target = target.clone();
+                async move { axum::response::Redirect::temporary(&target) }
+            }),
+        );
+        runtime.spawn(async move { axum::serve(listener, app).await });
+        let v = JwtVerifier::with_clock(&config(&redirect_url), clock).unwrap();
+        assert_eq!(verify(&v, &t).unwrap_err().code(), "unauthorized");
+        assert_eq!(good.fetches(), 0, "the redirect was not followed");
+        // http to a host off loopback is refused at the start.
+        assert!(JwtVerifier::new(&config("http://auth.example/jwks.json")).is_err());
     }
 }

@@ -4,6 +4,8 @@
 //! - `api_keys.rs`: server-side API keys (SHA-256 hashes, constant-time
 //!   lookup, key generation);
 //! - `jwt.rs`: client tokens (JWT) and what they grant;
+//! - `jwks.rs`: JWKS documents, and a JWKS served at a URL (cached,
+//!   refetched for an unknown `kid` within a rate limit);
 //! - `policy.rs`: channel patterns and namespace rules;
 //! - `extract.rs`: credentials from a request (headers, `?token=`), the
 //!   cluster secret of forwarded publishes, and the extractors handlers
@@ -20,13 +22,14 @@ mod api_keys;
 mod config;
 mod error;
 mod extract;
+mod jwks;
 mod jwt;
 mod policy;
 #[cfg(test)]
 mod proptests;
 mod rate_limit;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use herald_core::ChannelName;
 use sha2::{Digest, Sha256};
@@ -37,7 +40,7 @@ pub use config::{
     ApiKeyConfig, AuthConfig, JwtConfig, NamespaceRule, NamespacesConfig, OneOrMany, Permission,
     PublishRule, Secret, SubscribeRule, DEFAULT_HISTORY_RESUME_WINDOW,
 };
-pub use error::AuthError;
+pub use error::{AuthError, KeyReloadError};
 pub(crate) use extract::{Caller, Credential, Subscriber, CLUSTER_SECRET};
 pub(crate) use jwt::TokenGrant;
 
@@ -79,7 +82,7 @@ impl Principal {
 pub struct Auth {
     enabled: bool,
     keys: ApiKeys,
-    jwt: Option<JwtVerifier>,
+    jwt: Option<Arc<JwtVerifier>>,
     /// SHA-256 of the cluster secret (compared as digests, so that the
     /// comparison's time does not depend on the length either).
     cluster_secret: Option<[u8; 32]>,
@@ -104,7 +107,8 @@ impl Auth {
             .as_ref()
             .map(JwtVerifier::new)
             .transpose()
-            .map_err(StartError::Config)?;
+            .map_err(StartError::Config)?
+            .map(Arc::new);
         let rate = |per_s: Option<f64>, burst: Option<u32>, what: &str| {
             Rate::new(per_s.unwrap_or(DEFAULT_RATE_PER_S), burst)
                 .map_err(|e| StartError::Config(format!("{what}: {e}")))
@@ -143,6 +147,20 @@ impl Auth {
             protect_metrics: config.protect_metrics,
             history_resume_window: config.history_resume_window(),
         })
+    }
+
+    /// Reads the JWT key files again (PEM files and `jwks_file`), and
+    /// makes the next token fetch `jwks_url` again; the number of keys the
+    /// files hold now. Without `[auth.jwt]`, nothing to do.
+    ///
+    /// # Errors
+    /// [`KeyReloadError`] naming the file that cannot be read or holds no
+    /// usable key; the keys in force stay.
+    pub fn reload_jwt_keys(&self) -> Result<usize, KeyReloadError> {
+        match &self.jwt {
+            Some(jwt) => jwt.reload().map_err(KeyReloadError),
+            None => Ok(0),
+        }
     }
 
     /// The rule of `channel`'s namespace (the default rule for a channel
@@ -347,3 +365,59 @@ impl Auth {
         }
     }
 }
+
+/// Reloads the JWT key files of the nodes started with a
+/// [`crate::ServerConfig`] holding it (`herald serve` calls
+/// [`JwtKeyReload::reload`] on SIGHUP, so that a key added to the JWKS
+/// file for a rotation is accepted without a restart). Clones share the
+/// same nodes. It is not a setting: two handles compare equal.
+#[derive(Clone, Default)]
+pub struct JwtKeyReload(Arc<Mutex<Vec<Weak<JwtVerifier>>>>);
+
+impl JwtKeyReload {
+    /// Has the JWT keys of `auth` reloaded by [`JwtKeyReload::reload`]
+    /// from now on.
+    pub(crate) fn attach(&self, auth: &Auth) {
+        if let Some(jwt) = &auth.jwt {
+            let mut nodes = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            nodes.retain(|node| node.strong_count() > 0);
+            nodes.push(Arc::downgrade(jwt));
+        }
+    }
+
+    /// Reads the key files of every running node attached again; the
+    /// number of keys they hold now (summed over the nodes).
+    ///
+    /// # Errors
+    /// [`KeyReloadError`] naming the file that cannot be read or holds no
+    /// usable key; that node keeps the keys in force.
+    pub fn reload(&self) -> Result<usize, KeyReloadError> {
+        let nodes: Vec<Arc<JwtVerifier>> = self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        let mut keys = 0;
+        for node in nodes {
+            keys += node.reload().map_err(KeyReloadError)?;
+        }
+        Ok(keys)
+    }
+}
+
+impl std::fmt::Debug for JwtKeyReload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("JwtKeyReload")
+    }
+}
+
+/// Not a setting: every handle equals every other.
+impl PartialEq for JwtKeyReload {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for JwtKeyReload {}

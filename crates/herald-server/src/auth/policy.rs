@@ -77,6 +77,98 @@ impl Patterns {
     }
 }
 
+/// One entry of a token's `channels` or `publish` claim.
+///
+/// Apps ported from Centrifugo list exact channel names there, so an entry
+/// without `*` is exactly one channel name (`user:42` covers `user:42`,
+/// not `user:420`). `*` is allowed only as a whole segment after the
+/// namespace (`user:*`, `chat:*:typing`), where it stands for exactly one
+/// segment: a non-empty run of characters without `:` (`user:*` covers
+/// `user:42`, not `user:`, `user:42:private` nor `user`). Any other `*`
+/// (`*`, `user:42*`, `*:x`, `a:b*`) is refused by [`TokenPattern::parse`],
+/// and with it the whole token. Channel names never contain `*`
+/// (`herald_core::ChannelName`), so the two forms cannot be confused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum TokenPattern {
+    /// An exact channel name.
+    Exact(String),
+    /// Segments separated by `:`, some of them `*` (`None`).
+    Segments(Vec<Option<String>>),
+}
+
+impl TokenPattern {
+    /// The entry `text` of a token's claim.
+    ///
+    /// # Errors
+    /// Why `text` is refused: a `*` that is not a whole segment after the
+    /// first `:`.
+    pub(crate) fn parse(text: &str) -> Result<Self, &'static str> {
+        if !text.contains('*') {
+            return Ok(Self::Exact(text.to_owned()));
+        }
+        let mut segments = Vec::new();
+        for (i, segment) in text.split(':').enumerate() {
+            match segment {
+                "*" if i > 0 => segments.push(None),
+                "*" => {
+                    return Err("* may not stand for the namespace (the part before the first :)")
+                }
+                s if s.contains('*') => return Err(
+                    "* must be a whole segment after a : (user:*), never part of one (user:42*)",
+                ),
+                s => segments.push(Some(s.to_owned())),
+            }
+        }
+        Ok(Self::Segments(segments))
+    }
+
+    /// `true` when the entry covers the channel `name`.
+    pub(crate) fn matches(&self, name: &str) -> bool {
+        match self {
+            Self::Exact(exact) => exact == name,
+            Self::Segments(segments) => {
+                let mut parts = name.split(':');
+                for segment in segments {
+                    match (segment, parts.next()) {
+                        (Some(want), Some(part)) if want == part => {}
+                        (None, Some(part)) if !part.is_empty() => {}
+                        _ => return false,
+                    }
+                }
+                parts.next().is_none()
+            }
+        }
+    }
+}
+
+/// A token's `channels` or `publish` claim: the channels its entries
+/// cover (none for an absent or empty claim).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct TokenPatterns(Vec<TokenPattern>);
+
+impl TokenPatterns {
+    /// The entries of claim `claim`.
+    ///
+    /// # Errors
+    /// A message naming the first refused entry by its claim and index
+    /// (`channels[2]`), not quoting it.
+    pub(crate) fn parse<S: AsRef<str>>(claim: &str, entries: &[S]) -> Result<Self, String> {
+        entries
+            .iter()
+            .enumerate()
+            .map(|(i, entry)| {
+                TokenPattern::parse(entry.as_ref()).map_err(|why| format!("{claim}[{i}]: {why}"))
+            })
+            .collect::<Result<_, _>>()
+            .map(Self)
+    }
+
+    /// `true` when some entry covers `channel`.
+    pub(crate) fn covers(&self, channel: &ChannelName) -> bool {
+        self.0.iter().any(|p| p.matches(channel.as_str()))
+    }
+}
+
 /// The namespace rules, with the default for channels without a namespace
 /// or in a namespace not listed.
 #[derive(Debug, Clone, Default)]
@@ -127,6 +219,40 @@ mod tests {
         assert!(m("*:room-*", "chat:room-7"));
         assert!(!Patterns::of::<&str>(&[]).covers(&ch("a")));
         assert!(Patterns::all().covers(&ch("a")));
+    }
+
+    #[test]
+    fn token_entries_are_exact_names_or_whole_segment_stars() {
+        let m = |p: &str, n: &str| TokenPattern::parse(p).unwrap().matches(n);
+        // Without *: exactly the name, never a prefix.
+        assert!(m("user:42", "user:42"));
+        assert!(!m("user:42", "user:420"));
+        assert!(!m("user:42", "user:42:x"));
+        // * is one whole segment, never a `:` nor an empty segment.
+        assert!(m("user:*", "user:42"));
+        assert!(!m("user:*", "user:42:private"));
+        assert!(!m("user:*", "user:"));
+        assert!(!m("user:*", "user"));
+        assert!(!m("user:*", "users:42"));
+        assert!(m("chat:*:typing", "chat:7:typing"));
+        assert!(!m("chat:*:typing", "chat:7:typing:x"));
+        assert!(!m("chat:*:typing", "chat:7:8:typing"));
+        assert!(m("a:*:*", "a:b:c"));
+        assert!(!m("a:*:*", "a:b"));
+        // Every other * is refused.
+        for bad in ["*", "user:42*", "*:x", "a:b*", "a:*b", "**", "a:**", "*a:b"] {
+            assert!(TokenPattern::parse(bad).is_err(), "{bad}");
+        }
+        let list = TokenPatterns::parse("channels", &["news:*", "user:42"]).unwrap();
+        assert!(list.covers(&ch("news:uk")));
+        assert!(list.covers(&ch("user:42")));
+        assert!(!list.covers(&ch("user:420")));
+        assert!(!TokenPatterns::default().covers(&ch("a")));
+        let error = TokenPatterns::parse("publish", &["ok:*", "user:42*"]).unwrap_err();
+        assert_eq!(
+            error,
+            "publish[1]: * must be a whole segment after a : (user:*), never part of one (user:42*)"
+        );
     }
 
     #[test]

@@ -267,9 +267,9 @@ impl Session {
         } else if c.ping.is_some() {
             Answer::Reply(reply(id, "ping", &Empty {}))
         } else if let Some(req) = c.refresh {
-            self.refresh(id, req)
+            self.refresh(id, req).await
         } else if let Some(req) = c.sub_refresh {
-            self.sub_refresh(id, req)
+            self.sub_refresh(id, req).await
         } else {
             Answer::Reply(error_reply(id, &ReplyError::method_not_found()))
         }
@@ -280,9 +280,9 @@ impl Session {
     /// that does not verify, or, once connected, names another user than
     /// the connection's: "" for an anonymous connection, as in
     /// Centrifugo).
-    fn check_token(&self, id: u32, token: &str) -> Result<Principal, Answer> {
+    async fn check_token(&self, id: u32, token: &str) -> Result<Principal, Answer> {
         let auth = &self.state.shared.auth;
-        let who = match auth.resolve(Some(Credential::Token(token))) {
+        let who = match auth.resolve(Some(Credential::Token(token))).await {
             Ok(who) => who,
             Err(AuthError::TokenExpired) => {
                 return Err(Answer::Reply(error_reply(id, &ReplyError::token_expired())))
@@ -313,7 +313,7 @@ impl Session {
         let who = if req.token.is_empty() {
             Principal::Anonymous
         } else {
-            match self.check_token(id, &req.token) {
+            match self.check_token(id, &req.token).await {
                 Ok(who) => who,
                 Err(answer) => return answer,
             }
@@ -405,7 +405,7 @@ impl Session {
         let (who, sub_token) = if req.token.is_empty() {
             (self.who.clone().unwrap_or(Principal::Anonymous), false)
         } else {
-            match self.check_token(id, &req.token) {
+            match self.check_token(id, &req.token).await {
                 Ok(who) => (who, true),
                 Err(answer) => return answer,
             }
@@ -745,8 +745,8 @@ impl Session {
     /// (a channel added, or one made at connect gone) closes it with 3010
     /// instead, so that the client reconnects with the new token's
     /// subscriptions (Centrifugo does the same).
-    fn refresh(&mut self, id: u32, req: RefreshRequest) -> Answer {
-        let who = match self.check_token(id, &req.token) {
+    async fn refresh(&mut self, id: u32, req: RefreshRequest) -> Answer {
+        let who = match self.check_token(id, &req.token).await {
             Ok(who) => who,
             Err(answer) => return answer,
         };
@@ -781,7 +781,7 @@ impl Session {
         ))
     }
 
-    fn sub_refresh(&mut self, id: u32, req: SubRefreshRequest) -> Answer {
+    async fn sub_refresh(&mut self, id: u32, req: SubRefreshRequest) -> Answer {
         let channel = match channel(&req.channel) {
             Ok(channel) => channel,
             Err(e) => return Answer::Reply(error_reply(id, &e)),
@@ -789,7 +789,7 @@ impl Session {
         if !self.subs.contains_key(&channel) {
             return Answer::Reply(error_reply(id, &ReplyError::permission_denied()));
         }
-        let who = match self.check_token(id, &req.token) {
+        let who = match self.check_token(id, &req.token).await {
             Ok(who) => who,
             Err(answer) => return answer,
         };

@@ -74,7 +74,7 @@ pub(crate) async fn call(
         return failure(StatusCode::NOT_FOUND, &ReplyError::method_not_found());
     }
     let (parts, body) = request.into_parts();
-    let Some(who) = principal(&state, &parts.headers, &parts.uri) else {
+    let Some(who) = principal(&state, &parts.headers, &parts.uri).await else {
         return failure(StatusCode::UNAUTHORIZED, &ReplyError::unauthorized());
     };
     let limit = state.config().max_batch_body_bytes;
@@ -111,10 +111,10 @@ pub(crate) async fn call(
 /// parameter. A call a standby forwarded (`Herald-Forwarded-By`,
 /// `history_remove`) is the cluster's when it carries the cluster secret,
 /// and `None` without it, as a forwarded publish is (`auth/extract.rs`).
-fn principal(state: &AppState, headers: &HeaderMap, uri: &Uri) -> Option<Principal> {
+async fn principal(state: &AppState, headers: &HeaderMap, uri: &Uri) -> Option<Principal> {
     let auth = &state.shared.auth;
     if crate::forward::was_forwarded(headers) {
-        return auth.principal(headers, None).ok();
+        return auth.principal(headers, None).await.ok();
     }
     if !auth.enabled() {
         return Some(Principal::Anonymous);
@@ -141,7 +141,7 @@ fn principal(state: &AppState, headers: &HeaderMap, uri: &Uri) -> Option<Princip
         .or(from_authorization)
         .or_else(from_query)
         .filter(|k| !k.is_empty())?;
-    match auth.resolve(Some(Credential::ApiKey(&key))) {
+    match auth.resolve(Some(Credential::ApiKey(&key))).await {
         Ok(who @ Principal::Key(_)) => Some(who),
         _ => None,
     }

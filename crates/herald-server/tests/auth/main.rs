@@ -5,6 +5,7 @@
 //! of it (`centrifugo/`).
 
 mod centrifugo;
+mod exp_boundary;
 mod expiry;
 mod forwarding;
 mod history_rights;
@@ -160,6 +161,51 @@ impl Creds {
 pub(crate) fn now_s() -> u64 {
     jsonwebtoken::get_current_timestamp()
 }
+
+/// Runs `attempt(exp)` with `exp` the current second, the attempt signing
+/// a token with that `exp` and returning whether the node refused it,
+/// until [`EXP_SAMPLES`] attempts both started and ended within that same
+/// second: the node then checked the token at `exp == now`, which must be
+/// refused (RFC 7519 §4.1.4). An attempt that crossed into the next
+/// second proves nothing and is tried again; each starts just after a
+/// second begins, so a busy machine has most of a second to answer.
+///
+/// # Errors
+/// A message naming `what` when such an attempt was accepted (so that a
+/// test can report every route that accepts one).
+pub(crate) async fn refused_at_exp<F, Fut>(what: &str, mut attempt: F) -> Result<(), String>
+where
+    F: FnMut(u64) -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let mut samples = 0;
+    for _ in 0..40 {
+        let since_epoch = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        // To the start of the next second (the wall clock has no event to
+        // await).
+        tokio::time::sleep(std::time::Duration::from_nanos(
+            1_000_000_000 - u64::from(since_epoch.subsec_nanos()),
+        ))
+        .await;
+        let exp = now_s();
+        let refused = attempt(exp).await;
+        if now_s() == exp {
+            if !refused {
+                return Err(format!("{what}: a token with exp == now was accepted"));
+            }
+            samples += 1;
+            if samples == EXP_SAMPLES {
+                return Ok(());
+            }
+        }
+    }
+    panic!("{what}: {samples} of {EXP_SAMPLES} attempts ended within their second");
+}
+
+/// Attempts [`refused_at_exp`] needs within their second.
+pub(crate) const EXP_SAMPLES: usize = 2;
 
 /// GETs `path` on `node` with `headers`.
 pub(crate) async fn get(

@@ -8,6 +8,7 @@ mod cent;
 mod channel_limit;
 pub(crate) mod client;
 mod cluster;
+mod exp_boundary;
 mod history_remove;
 mod join_leave;
 mod presence;

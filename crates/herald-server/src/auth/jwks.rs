@@ -1,0 +1,273 @@
+//! JSON Web Key Sets (RFC 7517 §5): the keys of a JWKS document, and a
+//! JWKS served at a URL (`[auth.jwt] jwks_url`), fetched when first
+//! needed, cached, and fetched again when its cache time has passed or a
+//! token names a `kid` it does not hold, as Centrifugo's JWKS endpoint
+//! option does, so that a key rotation needs no restart.
+//!
+//! A fetch is bounded: [`FETCH_TIMEOUT`] for the whole request, a body of
+//! at most [`MAX_JWKS_BYTES`], no redirect followed; and rate-limited: at
+//! most one fetch per refetch interval, whatever the tokens ask, so a
+//! flood of tokens with made-up `kid`s costs the JWKS server one request
+//! per interval. While one fetch runs, the others wait for it and use its
+//! keys. A failed fetch keeps the keys in hand.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use jsonwebtoken::jwk::{AlgorithmParameters, JwkSet};
+use jsonwebtoken::{Algorithm, DecodingKey};
+use tracing::{info, warn};
+
+use super::jwt::{Key, WallClock};
+
+/// Longest a JWKS fetch may take, connection and body included.
+pub(crate) const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest JWKS document accepted from a URL, bytes (a set of a few dozen
+/// RSA keys is about 20 KB).
+pub(crate) const MAX_JWKS_BYTES: usize = 256 * 1024;
+/// Default time a fetched JWKS is used before it is fetched again, seconds.
+pub(crate) const DEFAULT_CACHE_TTL_S: u64 = 3600;
+/// Default shortest time between two fetches, seconds.
+pub(crate) const DEFAULT_REFETCH_INTERVAL_S: u64 = 10;
+
+/// The keys of the JWKS document `bytes`; `what` names its source in
+/// errors.
+///
+/// # Errors
+/// Not a JWKS document, or a key that is not an RS256, ES256 or HS256 key.
+pub(crate) fn keys_of(bytes: &[u8], what: &str) -> Result<Vec<Key>, String> {
+    let set: JwkSet =
+        serde_json::from_slice(bytes).map_err(|e| format!("{what}: not a JWKS document: {e}"))?;
+    let mut keys = Vec::new();
+    for jwk in &set.keys {
+        let algorithm = match (&jwk.common.key_algorithm, &jwk.algorithm) {
+            (Some(alg), _) => alg.to_string().parse::<Algorithm>().ok(),
+            (None, AlgorithmParameters::RSA(_)) => Some(Algorithm::RS256),
+            (None, AlgorithmParameters::EllipticCurve(_)) => Some(Algorithm::ES256),
+            _ => None,
+        };
+        let algorithm = algorithm
+            .filter(|a| matches!(a, Algorithm::RS256 | Algorithm::ES256 | Algorithm::HS256));
+        let (Some(algorithm), Ok(key)) = (algorithm, DecodingKey::from_jwk(jwk)) else {
+            return Err(format!(
+                "{what}: key {:?} is not an RS256, ES256 or HS256 key",
+                jwk.common.key_id
+            ));
+        };
+        keys.push(Key {
+            kid: jwk.common.key_id.clone(),
+            algorithm,
+            key,
+        });
+    }
+    Ok(keys)
+}
+
+/// Checks a `jwks_url`: `https`, or `http` to a loopback host only (a key
+/// set fetched in clear could be swapped on the way), and no user
+/// information (it would be logged with the URL).
+///
+/// # Errors
+/// A message saying what is wrong with it.
+pub(crate) fn check_url(text: &str) -> Result<reqwest::Url, String> {
+    let url =
+        reqwest::Url::parse(text).map_err(|e| format!("auth.jwt.jwks_url: not a URL: {e}"))?;
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err("auth.jwt.jwks_url: must not hold a user name or password".to_owned());
+    }
+    let host = url.host_str().unwrap_or_default();
+    let loopback = host.eq_ignore_ascii_case("localhost")
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    match url.scheme() {
+        "https" => Ok(url),
+        "http" if loopback => Ok(url),
+        "http" => Err(
+            "auth.jwt.jwks_url: use https (http is accepted for a loopback host only)".to_owned(),
+        ),
+        other => Err(format!(
+            "auth.jwt.jwks_url: scheme {other} is not https (or http to a loopback host)"
+        )),
+    }
+}
+
+/// A JWKS served at a URL, with the keys of its last good fetch.
+pub(crate) struct RemoteJwks {
+    url: reqwest::Url,
+    client: reqwest::Client,
+    /// How long a fetched set is used before it is fetched again, ms.
+    cache_ttl_ms: u64,
+    /// Shortest time between two fetch attempts, ms.
+    refetch_interval_ms: u64,
+    /// The keys of the last good fetch (none before the first).
+    keys: RwLock<Arc<Vec<Key>>>,
+    /// When the last good fetch ended, ms since the epoch on the
+    /// verifier's clock; 0: never (or marked stale by a reload).
+    fetched_at_ms: AtomicU64,
+    /// When the last fetch attempt started (`None`: never). Held across a
+    /// fetch, so that concurrent callers wait for it instead of fetching.
+    last_attempt_ms: tokio::sync::Mutex<Option<u64>>,
+}
+
+impl std::fmt::Debug for RemoteJwks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteJwks")
+            .field("url", &self.url.as_str())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RemoteJwks {
+    /// The JWKS at `url` (checked by [`check_url`]), used for
+    /// `cache_ttl_s` seconds, fetched at most once per `refetch_interval_s`
+    /// seconds. Nothing is fetched yet.
+    ///
+    /// # Errors
+    /// The HTTP client cannot be built.
+    pub(crate) fn new(
+        url: reqwest::Url,
+        cache_ttl_s: u64,
+        refetch_interval_s: u64,
+    ) -> Result<Self, String> {
+        let client = reqwest::Client::builder()
+            .timeout(FETCH_TIMEOUT)
+            .connect_timeout(FETCH_TIMEOUT)
+            // A redirect could lead to any server; a JWKS is fetched from
+            // the configured one only.
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| format!("auth.jwt.jwks_url: cannot build an HTTP client: {e}"))?;
+        Ok(Self {
+            url,
+            client,
+            cache_ttl_ms: cache_ttl_s.saturating_mul(1000),
+            refetch_interval_ms: refetch_interval_s.saturating_mul(1000),
+            keys: RwLock::new(Arc::new(Vec::new())),
+            fetched_at_ms: AtomicU64::new(0),
+            last_attempt_ms: tokio::sync::Mutex::new(None),
+        })
+    }
+
+    /// The keys of the last good fetch.
+    pub(crate) fn keys(&self) -> Arc<Vec<Key>> {
+        Arc::clone(&self.keys.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Makes the next [`RemoteJwks::refresh_if_stale`] fetch (within the
+    /// rate limit): on reload.
+    pub(crate) fn mark_stale(&self) {
+        self.fetched_at_ms.store(0, Ordering::Relaxed);
+    }
+
+    /// Fetches the set if it was never fetched or its cache time has
+    /// passed, within the rate limit.
+    pub(crate) async fn refresh_if_stale(&self, clock: &WallClock) {
+        if self.is_fresh(clock.unix_ms()) {
+            return;
+        }
+        self.fetch_limited(clock, true).await;
+    }
+
+    /// Fetches the set again for a token whose `kid` it does not hold,
+    /// within the rate limit; `true` when new keys were fetched.
+    pub(crate) async fn refetch(&self, clock: &WallClock) -> bool {
+        self.fetch_limited(clock, false).await
+    }
+
+    fn is_fresh(&self, now_ms: u64) -> bool {
+        let at = self.fetched_at_ms.load(Ordering::Relaxed);
+        at != 0 && now_ms.saturating_sub(at) < self.cache_ttl_ms
+    }
+
+    /// One fetch, unless one started less than the refetch interval ago
+    /// (or, with `only_if_stale`, the set became fresh while this caller
+    /// waited for another's fetch).
+    async fn fetch_limited(&self, clock: &WallClock, only_if_stale: bool) -> bool {
+        let mut last_attempt = self.last_attempt_ms.lock().await;
+        let now = clock.unix_ms();
+        if only_if_stale && self.is_fresh(now) {
+            return false;
+        }
+        // A clock that went back counts as the interval having passed.
+        if last_attempt.is_some_and(|last| now >= last && now - last < self.refetch_interval_ms) {
+            return false;
+        }
+        *last_attempt = Some(now);
+        match self.fetch().await {
+            Ok(keys) => {
+                info!(jwks_url = %self.url, keys = keys.len(), "JWKS fetched");
+                *self.keys.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(keys);
+                self.fetched_at_ms
+                    .store(clock.unix_ms().max(1), Ordering::Relaxed);
+                true
+            }
+            Err(e) => {
+                warn!(jwks_url = %self.url, error = %e, "JWKS fetch failed; the keys in hand stay in use");
+                false
+            }
+        }
+    }
+
+    /// GETs the set and reads its keys.
+    async fn fetch(&self) -> Result<Vec<Key>, String> {
+        let mut response = self
+            .client
+            .get(self.url.clone())
+            .header(reqwest::header::ACCEPT, "application/json")
+            .send()
+            .await
+            .map_err(|e| format!("request failed: {e}"))?;
+        if !response.status().is_success() {
+            return Err(format!("answered {}", response.status()));
+        }
+        let too_big = || format!("the JWKS is larger than {MAX_JWKS_BYTES} bytes");
+        if response
+            .content_length()
+            .is_some_and(|n| n > MAX_JWKS_BYTES as u64)
+        {
+            return Err(too_big());
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = response
+            .chunk()
+            .await
+            .map_err(|e| format!("reading the body failed: {e}"))?
+        {
+            if body.len() + chunk.len() > MAX_JWKS_BYTES {
+                return Err(too_big());
+            }
+            body.extend_from_slice(&chunk);
+        }
+        keys_of(&body, "the JWKS")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_jwks_url_is_https_or_loopback_http_without_credentials() {
+        for good in [
+            "https://auth.example/.well-known/jwks.json",
+            "http://127.0.0.1:8080/jwks",
+            "http://[::1]/jwks",
+            "http://localhost/jwks",
+        ] {
+            assert!(check_url(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "http://auth.example/jwks",
+            "http://10.0.0.1/jwks",
+            "ftp://127.0.0.1/jwks",
+            "https://user:pw@auth.example/jwks",
+            "not a url",
+        ] {
+            assert!(check_url(bad).is_err(), "{bad}");
+        }
+    }
+}
