@@ -8,6 +8,7 @@
 use herald_core::{ChannelName, Message, Offset};
 use herald_storage::{Page, Storage};
 
+use super::history::{cost, Budget};
 use crate::error::StorageContext;
 use crate::Result;
 
@@ -66,21 +67,55 @@ pub(crate) fn decide(channel_epoch: &str, epoch: &str, offset: Offset, page: Pag
     }
 }
 
-/// Reads what [`decide`] needs and decides.
+/// Reads what [`decide`] needs, in pages of `budget.page` messages, and
+/// decides. Missed publications of more than `budget.bytes` (see
+/// [`super::history::cost`]) are not recovered either: the reading stops
+/// there, so that a recovery never holds more than the budget and a page.
 ///
 /// # Errors
-/// [`crate::Error::Storage`] when the read fails.
+/// [`crate::Error::Storage`] when a read fails.
 pub(crate) async fn recover(
     storage: &dyn Storage,
     channel: &ChannelName,
     channel_epoch: &str,
     epoch: &str,
     offset: Offset,
+    budget: Budget,
 ) -> Result<Recovery> {
-    let page = storage
-        .read(channel, offset, MAX_RECOVERED + 1)
-        .await
-        .during("read", Some(channel))?;
+    let read = |after: Offset| async move {
+        storage
+            .read(channel, after, budget.page.min(MAX_RECOVERED + 1))
+            .await
+            .during("read", Some(channel))
+    };
+    let mut page = read(offset).await?;
+    let mut bytes: usize = page.messages.iter().map(cost).sum();
+    let mut last = page.messages.len();
+    while last == budget.page && page.messages.len() <= MAX_RECOVERED {
+        if bytes > budget.bytes {
+            return Ok(Recovery::NotRecovered {
+                position: page.head,
+            });
+        }
+        let after = page.messages.last().map_or(offset, |m| m.offset);
+        let next = read(after).await?;
+        if next.messages.first().is_some_and(|m| m.offset != after + 1) {
+            // Trimmed between the reads.
+            return Ok(Recovery::NotRecovered {
+                position: next.head,
+            });
+        }
+        bytes += next.messages.iter().map(cost).sum::<usize>();
+        last = next.messages.len();
+        page.head = next.head;
+        page.deletion = next.deletion;
+        page.messages.extend(next.messages);
+    }
+    if bytes > budget.bytes {
+        return Ok(Recovery::NotRecovered {
+            position: page.head,
+        });
+    }
     Ok(decide(channel_epoch, epoch, offset, page))
 }
 

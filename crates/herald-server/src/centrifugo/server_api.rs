@@ -28,7 +28,7 @@ use serde_json::value::{to_raw_value, RawValue};
 use serde_json::{json, Map, Value};
 
 use super::codes::{self, ReplyError};
-use super::history::{history, HistoryQuery};
+use super::history::{history, Budget, HistoryQuery};
 use super::protocol::{object, publications, StreamPosition};
 use crate::api::read_limited;
 use crate::auth::{Credential, Pattern, Principal};
@@ -54,6 +54,10 @@ const METHODS: [&str; 11] = [
     "channels",
     "batch",
 ];
+
+/// Most commands one `batch` may hold; a batch with more is refused
+/// before any runs (413, 106 "limit exceeded").
+pub(crate) const MAX_BATCH_COMMANDS: usize = 1000;
 
 /// Parameters that do not decode: not a JSON object, or a field of
 /// another JSON type than the method's (Centrifugo answers 400; a missing
@@ -100,7 +104,8 @@ pub(crate) async fn call(
             .await
             .unwrap_or_else(|_| bad_request());
     }
-    match run(&state, &who, &parts.headers, &method, &params).await {
+    let budget = Budget::of(state.config());
+    match run(&state, &who, &parts.headers, &method, &params, budget).await {
         Ok(outcome) => answer(&outcome),
         Err(Undecodable) => bad_request(),
     }
@@ -176,7 +181,10 @@ fn answer(outcome: &Outcome) -> Response {
 /// command runs the first method of [`METHODS`] it holds (not `null`;
 /// other fields are ignored), as in Centrifugo; one with none is answered
 /// 104, a `null` command or one whose parameters do not decode 107, in
-/// its place.
+/// its place. More than [`MAX_BATCH_COMMANDS`] commands: 413 with 106,
+/// nothing run. The `history` replies of one batch share one byte budget
+/// ([`Budget`]); once it is spent, a further `history` answers 106 in its
+/// place.
 async fn batch(
     state: &AppState,
     who: &Principal,
@@ -193,6 +201,13 @@ async fn batch(
         _parallel: bool,
     }
     let Batch { commands, .. } = decode(params)?;
+    if commands.len() > MAX_BATCH_COMMANDS {
+        return Ok(failure(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &ReplyError::limit_exceeded(),
+        ));
+    }
+    let mut budget = Budget::of(state.config());
     let mut replies = Vec::with_capacity(commands.len());
     for command in commands {
         let Some(command) = command else {
@@ -204,8 +219,11 @@ async fn batch(
             .filter(|m| **m != "batch")
             .find_map(|m| command.get(*m).filter(|p| !p.is_null()).map(|p| (*m, p)));
         let reply = match chosen {
+            Some(("history", _)) if budget.bytes == 0 => {
+                json!({ "error": ReplyError::limit_exceeded() }).to_string()
+            }
             Some((method, params)) => match to_raw_value(params) {
-                Ok(params) => match run(state, who, headers, method, &params).await {
+                Ok(params) => match run(state, who, headers, method, &params, budget).await {
                     Ok(Ok(result)) => format!("{{{}:{}}}", json!(method), result.get()),
                     Ok(Err(e)) => json!({ "error": e }).to_string(),
                     Err(Undecodable) => json!({ "error": ReplyError::bad_request() }).to_string(),
@@ -214,6 +232,7 @@ async fn batch(
             },
             None => json!({ "error": ReplyError::method_not_found() }).to_string(),
         };
+        budget.bytes = budget.bytes.saturating_sub(reply.len());
         replies.push(reply);
     }
     let body = format!("{{\"replies\":[{}]}}", replies.join(","));
@@ -250,11 +269,12 @@ async fn run(
     headers: &HeaderMap,
     method: &str,
     p: &RawValue,
+    budget: Budget,
 ) -> Result<Outcome, Undecodable> {
     Ok(match method {
         "publish" => publish(state, who, decode(p)?).await,
         "broadcast" => broadcast(state, who, decode(p)?).await,
-        "history" => history_method(state, who, decode(p)?).await,
+        "history" => history_method(state, who, decode(p)?, budget).await,
         "channels" => channels(state, who, decode(p)?).await,
         "info" => info(state, who).await,
         "unsubscribe" => unsubscribe(state, who, decode(p)?).await,
@@ -409,7 +429,13 @@ struct HistoryParams {
     reverse: bool,
 }
 
-async fn history_method(state: &AppState, who: &Principal, p: HistoryParams) -> Outcome {
+/// `history`, within `budget` (see `history.rs`).
+async fn history_method(
+    state: &AppState,
+    who: &Principal,
+    p: HistoryParams,
+    budget: Budget,
+) -> Outcome {
     let channel = channel(&p.channel)?;
     if state.shared.auth.may_read_history(who, &channel).is_err() {
         return Err(ReplyError::permission_denied());
@@ -420,7 +446,14 @@ async fn history_method(state: &AppState, who: &Principal, p: HistoryParams) -> 
         since: p.since,
         reverse: p.reverse,
     };
-    let h = history(state.shared.storage.as_ref(), &channel, epoch, &query).await?;
+    let h = history(
+        state.shared.storage.as_ref(),
+        &channel,
+        epoch,
+        &query,
+        budget,
+    )
+    .await?;
     raw(&json!({
         "publications": to_raw_value(&publications(&h.publications)).map_err(|_| ReplyError::internal())?,
         "epoch": h.epoch,
