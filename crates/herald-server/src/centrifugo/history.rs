@@ -198,3 +198,66 @@ pub(crate) async fn history(
         offset: head,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::MemoryStorage;
+
+    /// 50 messages of 1000 bytes (1066 each against a budget) in `news:b`.
+    fn channel_of_50() -> (std::sync::Arc<MemoryStorage>, ChannelName) {
+        let storage = MemoryStorage::new();
+        let data = format!("\"{}\"", "x".repeat(998));
+        for _ in 0..50 {
+            storage.append_as_other_node("news:b", &data);
+        }
+        (storage, ChannelName::new("news:b").unwrap())
+    }
+
+    fn offsets(h: &History) -> Vec<Offset> {
+        h.publications.iter().map(|m| m.offset).collect()
+    }
+
+    #[tokio::test]
+    async fn an_answer_holds_at_most_its_budget() {
+        let (storage, channel) = channel_of_50();
+        // 9 messages fit in 10 000 bytes; reads ask for 10 at most.
+        let budget = Budget::new(10_000, 1_000);
+        assert_eq!(budget.page, 10);
+        let ask = |limit, since: Option<Offset>, reverse| HistoryQuery {
+            limit,
+            since: since.map(|offset| StreamPosition {
+                offset,
+                epoch: "e".to_owned(),
+            }),
+            reverse,
+        };
+        let read = |query: HistoryQuery, budget: Budget| {
+            let storage = storage.clone();
+            let channel = channel.clone();
+            async move {
+                history(&*storage, &channel, "e".to_owned(), &query, budget)
+                    .await
+                    .unwrap()
+            }
+        };
+        let h = read(ask(100, None, false), budget).await;
+        assert_eq!(offsets(&h), (1..=9).collect::<Vec<_>>());
+        assert_eq!(h.offset, 50);
+        let h = read(ask(100, Some(20), false), budget).await;
+        assert_eq!(offsets(&h), (21..=29).collect::<Vec<_>>());
+        let h = read(ask(-1, None, true), budget).await;
+        assert_eq!(offsets(&h), (42..=50).rev().collect::<Vec<_>>());
+        let h = read(ask(100, Some(30), true), budget).await;
+        assert_eq!(offsets(&h), (21..=29).rev().collect::<Vec<_>>());
+        // A message larger than the budget is still answered, alone.
+        let h = read(ask(5, None, false), Budget::new(10, 1_000)).await;
+        assert_eq!(offsets(&h), vec![1]);
+        // Within a larger budget, the pages follow one another.
+        let h = read(ask(45, Some(2), false), Budget::new(1 << 20, 100_000)).await;
+        assert_eq!(offsets(&h), (3..=47).collect::<Vec<_>>());
+        let h = read(ask(45, None, true), Budget::new(1 << 20, 100_000)).await;
+        assert_eq!(offsets(&h), (6..=50).rev().collect::<Vec<_>>());
+        assert_eq!(Budget::new(1 << 20, 100_000).page, 10);
+    }
+}

@@ -195,3 +195,61 @@ mod tests {
         assert_eq!(r, Recovery::NotRecovered { position: head });
     }
 }
+
+#[cfg(test)]
+mod budget_tests {
+    use super::*;
+    use crate::testing::MemoryStorage;
+
+    #[tokio::test]
+    async fn a_recovery_holds_at_most_its_budget() {
+        let storage = MemoryStorage::new();
+        let data = format!("\"{}\"", "x".repeat(998));
+        for _ in 0..50 {
+            storage.append_as_other_node("news:b", &data);
+        }
+        let channel = ChannelName::new("news:b").unwrap();
+        // 1066 bytes a message: 9 fit in 10 000, read 10 at a time.
+        let budget = Budget::new(10_000, 1_000);
+        let recover_from = |offset| {
+            let storage = storage.clone();
+            let channel = channel.clone();
+            async move {
+                recover(&*storage, &channel, "e", "e", offset, budget)
+                    .await
+                    .unwrap()
+            }
+        };
+        assert_eq!(
+            recover_from(0).await,
+            Recovery::NotRecovered { position: 50 }
+        );
+        assert_eq!(
+            recover_from(40).await,
+            Recovery::NotRecovered { position: 50 }
+        );
+        match recover_from(41).await {
+            Recovery::Recovered {
+                publications,
+                position,
+            } => {
+                let offsets: Vec<Offset> = publications.iter().map(|m| m.offset).collect();
+                assert_eq!(offsets, (42..=50).collect::<Vec<_>>());
+                assert_eq!(position, 50);
+            }
+            r => panic!("{r:?}"),
+        }
+        // Several pages within the budget.
+        let wide = Budget::new(1 << 20, 100_000);
+        match recover(&*storage, &channel, "e", "e", 5, wide)
+            .await
+            .unwrap()
+        {
+            Recovery::Recovered { publications, .. } => {
+                let offsets: Vec<Offset> = publications.iter().map(|m| m.offset).collect();
+                assert_eq!(offsets, (6..=50).collect::<Vec<_>>());
+            }
+            r => panic!("{r:?}"),
+        }
+    }
+}
