@@ -183,8 +183,8 @@ fn answer(outcome: &Outcome) -> Response {
 /// 104, a `null` command or one whose parameters do not decode 107, in
 /// its place. More than [`MAX_BATCH_COMMANDS`] commands: 413 with 106,
 /// nothing run. The `history` replies of one batch share one byte budget
-/// ([`Budget`]); once it is spent, a further `history` answers 106 in its
-/// place.
+/// ([`Budget`]); once less than `max_message_bytes` of it is left, a
+/// further `history` answers 106 in its place.
 async fn batch(
     state: &AppState,
     who: &Principal,
@@ -219,7 +219,7 @@ async fn batch(
             .filter(|m| **m != "batch")
             .find_map(|m| command.get(*m).filter(|p| !p.is_null()).map(|p| (*m, p)));
         let reply = match chosen {
-            Some(("history", _)) if budget.bytes == 0 => {
+            Some(("history", _)) if budget.bytes < state.config().max_message_bytes => {
                 json!({ "error": ReplyError::limit_exceeded() }).to_string()
             }
             Some((method, params)) => match to_raw_value(params) {
@@ -626,6 +626,11 @@ mod tests {
 
     /// A holder with one API key that may do everything; the key.
     async fn node() -> (AppState, String, CancellationToken) {
+        node_on(MemoryStorage::new()).await
+    }
+
+    /// [`node`] on `storage`.
+    async fn node_on(storage: Arc<MemoryStorage>) -> (AppState, String, CancellationToken) {
         let key = generate_api_key();
         let config = ServerConfig {
             max_batch_body_bytes: 4096,
@@ -644,7 +649,7 @@ mod tests {
         };
         let shutdown = CancellationToken::new();
         let state = AppState::start_with(
-            MemoryStorage::new(),
+            storage,
             FakeLease::holder(FencingToken(1)),
             config,
             shutdown.clone(),
@@ -862,6 +867,58 @@ mod tests {
             json!({"error": {"code": 107, "message": "bad request"}})
         );
         assert_eq!(replies[6], not_found);
+        shutdown.cancel();
+        state.stopped().await;
+    }
+
+    /// A batch of more than 1000 commands is refused before any runs,
+    /// and its `history` replies share one byte budget: once a reply has
+    /// spent it, the next `history` answers 106.
+    #[tokio::test]
+    async fn a_batch_is_bounded_in_commands_and_bytes() {
+        let storage = MemoryStorage::new();
+        let (state, key, shutdown) = node_on(storage.clone()).await;
+        let post = |body: String| {
+            Request::post("/api/batch")
+                .header("x-api-key", &key)
+                .body(Body::from(body))
+                .unwrap()
+        };
+        let publish = r#"{"publish":{"channel":"news:c","data":1}}"#;
+        let too_many = format!("{{\"commands\":[{}]}}", vec!["{}"; 1001].join(","));
+        let (status, answer) = send(&state, post(too_many)).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{answer}");
+        assert_eq!(answer["error"]["code"], 106, "{answer}");
+        let (status, answer) = send(&state, post(format!("{{\"commands\":[{publish}]}}"))).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        assert_eq!(
+            answer["replies"][0]["publish"]["offset"], 1,
+            "nothing ran before: {answer}"
+        );
+        // 12 MB of history: a reply holds about 8 MiB of it, the next
+        // history of the batch none.
+        let data = format!("\"{}\"", "x".repeat(60_000));
+        for _ in 0..200 {
+            storage.append_as_other_node("news:b", &data);
+        }
+        let history = r#"{"history":{"channel":"news:b","limit":1000}}"#;
+        let body = format!("{{\"commands\":[{history},{history},{publish}]}}");
+        let request = Request::post("/api/batch")
+            .header("x-api-key", &key)
+            .body(Body::from(body))
+            .unwrap();
+        let response = app(state.clone()).oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let body = axum::body::to_bytes(response.into_body(), 64 << 20)
+            .await
+            .unwrap();
+        let answer: Value = serde_json::from_slice(&body).unwrap();
+        let first = answer["replies"][0]["history"]["publications"]
+            .as_array()
+            .map_or(0, Vec::len);
+        assert!((100..200).contains(&first), "{first} publications");
+        assert_eq!(answer["replies"][1]["error"]["code"], 106);
+        assert_eq!(answer["replies"][2]["publish"]["offset"], 2);
         shutdown.cancel();
         state.stopped().await;
     }
