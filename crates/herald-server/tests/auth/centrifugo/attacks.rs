@@ -353,6 +353,42 @@ async fn a_client_that_stops_reading_is_closed_at_the_write_timeout() {
     .await;
 }
 
+/// A drain does not wait for a session whose write waits on a client
+/// that stopped reading: the write is raced with the shutdown, and the
+/// node stops long before the write timeout (60 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_does_not_wait_for_a_stuck_write() {
+    let place = Place::new(Backend::Sqlite).await;
+    let creds = Creds::new();
+    let config = ServerConfig {
+        centrifugo: CentrifugoConfig {
+            write_timeout: Duration::from_secs(60),
+            ..CentrifugoConfig::default()
+        },
+        ..creds.config()
+    };
+    let mut node = Node::start(&place, "node-a", Role::Holder, config).await;
+    let publisher = Creds::bearer(&creds.publisher);
+    let key = [("authorization", publisher.as_str())];
+    let token = creds.token_for("ann", json!({"channels": ["news:*"]}));
+    let (mut c, _) = Client::connect(&node, &token).await;
+    let r = c.command("subscribe", json!({"channel": "news:d"})).await;
+    assert!(r["subscribe"].is_object(), "{r}");
+    // 24 MB of pushes the client does not read: the session's write
+    // waits on a full TCP window.
+    let big = "z".repeat(60_000);
+    for i in 0..400 {
+        let status = node
+            .publish_with("news:d", &key, json!({"n": i, "big": big}))
+            .await
+            .0;
+        assert_eq!(status, 201);
+    }
+    // `drain` fails after NODE_WAIT (20 s), before the write timeout.
+    node.drain().await;
+    drop(c);
+}
+
 /// `subscribe` and `history` commands beyond the connection's burst (256
 /// at the default `channel_limit`) and rate (20 per second) answer 111.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
