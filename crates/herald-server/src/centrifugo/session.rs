@@ -454,6 +454,25 @@ fn next_deadline(
 mod tests {
     use super::*;
 
+    /// The reads' bucket: its burst at once, then its rate, on the
+    /// session's clock (paused here).
+    #[tokio::test(start_paused = true)]
+    async fn the_reads_bucket_gives_its_burst_then_its_rate() {
+        let mut bucket = Bucket::new(reads_burst(128), READS_PER_S);
+        let burst = (0..1000).take_while(|_| bucket.take()).count();
+        assert_eq!(burst, 256);
+        assert!(!bucket.take());
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let refilled = (0..1000).take_while(|_| bucket.take()).count();
+        assert_eq!(refilled, 20);
+        tokio::time::advance(Duration::from_secs(3600)).await;
+        let full = (0..1000).take_while(|_| bucket.take()).count();
+        assert_eq!(full, 256, "the bucket holds at most its burst");
+        assert_eq!(reads_burst(1000), 2000);
+        assert_eq!(max_commands_per_frame(128), 256);
+        assert_eq!(max_commands_per_frame(1000), 1001);
+    }
+
     #[test]
     fn client_ids_are_uuid_v4_text() {
         let id = client_id();
