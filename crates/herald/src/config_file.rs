@@ -100,6 +100,9 @@ struct CentrifugoSection {
     /// Longest wait for `connect` (`--centrifugo-connect-timeout`).
     #[serde(skip_serializing_if = "Option::is_none")]
     connect_timeout: Option<String>,
+    /// Longest wait of one write to a client (`--centrifugo-write-timeout`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    write_timeout: Option<String>,
     /// Presence on (`--centrifugo-presence`).
     #[serde(skip_serializing_if = "Option::is_none")]
     presence: Option<bool>,

@@ -229,6 +229,10 @@ pub(crate) struct ServeArgs {
     /// before the server closes with 3502.
     #[arg(long, env = "HERALD_CENTRIFUGO_CONNECT_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     centrifugo_connect_timeout: Duration,
+    /// Centrifugo protocol: longest wait of one write to a client's socket
+    /// (a client that stopped reading) before the server closes with 3012.
+    #[arg(long, env = "HERALD_CENTRIFUGO_WRITE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    centrifugo_write_timeout: Duration,
     /// Centrifugo protocol: answer `presence` and `presence_stats`
     /// (cluster-wide, kept in the database); off, they answer 108. The
     /// default for namespaces without `presence` of their own.
@@ -620,6 +624,7 @@ fn centrifugo_config(args: &ServeArgs) -> CentrifugoConfig {
         ping_interval: args.centrifugo_ping_interval,
         pong_timeout: args.centrifugo_pong_timeout,
         connect_timeout: args.centrifugo_connect_timeout,
+        write_timeout: args.centrifugo_write_timeout,
         presence: args.centrifugo_presence,
         presence_ttl: args.centrifugo_presence_ttl,
         join_leave: args.centrifugo_join_leave,

@@ -20,6 +20,11 @@ pub struct CentrifugoConfig {
     /// upgrade before the server closes with 3502 "stale" (Centrifugo's
     /// `client.stale_close_delay`, default 10 s).
     pub connect_timeout: Duration,
+    /// The longest one write to a client's socket may wait (a client that
+    /// stops reading leaves the server's writes waiting on a full TCP
+    /// window) before the server closes the connection with 3012
+    /// (default 10 s). Must be above 0.
+    pub write_timeout: Duration,
     /// Whether `presence` and `presence_stats` are answered (default
     /// off: error 108 "not available", as Centrifugo without presence).
     /// On, every subscription is recorded in the storage's presence rows,
@@ -55,6 +60,7 @@ impl Default for CentrifugoConfig {
             ping_interval: Duration::from_secs(25),
             pong_timeout: Duration::from_secs(8),
             connect_timeout: Duration::from_secs(10),
+            write_timeout: Duration::from_secs(10),
             presence: false,
             presence_ttl: Duration::from_secs(30),
             join_leave: false,
@@ -85,6 +91,11 @@ impl CentrifugoConfig {
                 "centrifugo connect_timeout must be above 0".to_owned(),
             ));
         }
+        if self.write_timeout.is_zero() {
+            return Err(StartError::Config(
+                "centrifugo write_timeout must be above 0".to_owned(),
+            ));
+        }
         if self.presence_ttl < Duration::from_millis(30) {
             return Err(StartError::Config(
                 "centrifugo presence_ttl must be at least 30 ms".to_owned(),
@@ -109,6 +120,7 @@ mod tests {
         assert_eq!(c.ping_interval, Duration::from_secs(25));
         assert_eq!(c.pong_timeout, Duration::from_secs(8));
         assert_eq!(c.connect_timeout, Duration::from_secs(10));
+        assert_eq!(c.write_timeout, Duration::from_secs(10));
         assert!(!c.presence);
         assert!(!c.join_leave);
         assert!(!c.force_push_join_leave);
@@ -138,6 +150,10 @@ mod tests {
             },
             CentrifugoConfig {
                 connect_timeout: Duration::ZERO,
+                ..CentrifugoConfig::default()
+            },
+            CentrifugoConfig {
+                write_timeout: Duration::ZERO,
                 ..CentrifugoConfig::default()
             },
             CentrifugoConfig {
