@@ -110,6 +110,13 @@ pub struct ServerConfig {
     /// The Centrifugo protocols' settings (`/connection/websocket`): ping
     /// period, pong timeout, connect timeout. See `docs/centrifugo.md`.
     pub centrifugo: crate::CentrifugoConfig,
+    /// Answer only requests whose `Host` is a loopback name (`localhost`,
+    /// `*.localhost`, `127.0.0.0/8`, `[::1]`); any other is
+    /// `403 host_not_allowed` (default off). `herald serve` turns it on
+    /// for a node without access control that serves loopback only, so
+    /// that a web page cannot reach it through a name of its own that
+    /// resolves to loopback (DNS rebinding).
+    pub loopback_hosts_only: bool,
 }
 
 impl Default for ServerConfig {
@@ -138,6 +145,7 @@ impl Default for ServerConfig {
             retention: RetentionHandle::default(),
             trim_pacing: TrimPacing::default(),
             centrifugo: crate::CentrifugoConfig::default(),
+            loopback_hosts_only: false,
         }
     }
 }
