@@ -361,12 +361,22 @@ impl Session {
     /// closes the connection with 3004 (the client reconnects), as
     /// Centrifugo does. A token whose `subs` name more channels than
     /// `channel_limit` closes the connection with 3505 "channel limit"
-    /// before any of them starts, as Centrifugo's connect does.
+    /// before any of them starts, as Centrifugo's connect does. A connect
+    /// without a token, on a node with access control and without
+    /// `anonymous_connect`, closes with 3501 "bad request".
     async fn connect(&mut self, id: u32, req: ConnectRequest) -> Answer {
         if self.who.is_some() {
             return Answer::Close(codes::BAD_REQUEST);
         }
         let who = if req.token.is_empty() {
+            // No token: an anonymous connection only where the operator
+            // allows it (or nothing is checked); else Centrifugo's answer
+            // to a connect without credentials.
+            let state = &self.state;
+            if state.shared.auth.enabled() && !state.config().centrifugo.anonymous_connect {
+                tracing::debug!(client = %self.client, "connect without a token refused");
+                return Answer::Close(codes::BAD_REQUEST);
+            }
             Principal::Anonymous
         } else {
             match self.check_token(id, &req.token).await {

@@ -52,6 +52,14 @@ pub struct CentrifugoConfig {
     /// closes with 3505 "channel limit". At least 1: unlike Centrifugo,
     /// where 0 means no limit, Herald always has one.
     pub channel_limit: usize,
+    /// Whether a `connect` without a token is accepted as an anonymous
+    /// connection (empty user) when access control is on (Centrifugo's
+    /// `client.allow_anonymous_connect_without_token`, default off: such a
+    /// connect is closed with 3501 "bad request", as Centrifugo does). An
+    /// anonymous connection may subscribe to public namespaces only. A
+    /// node without access control accepts every connect, as it allows
+    /// every request.
+    pub anonymous_connect: bool,
 }
 
 impl Default for CentrifugoConfig {
@@ -66,6 +74,7 @@ impl Default for CentrifugoConfig {
             join_leave: false,
             force_push_join_leave: false,
             channel_limit: 128,
+            anonymous_connect: false,
         }
     }
 }
@@ -126,6 +135,7 @@ mod tests {
         assert!(!c.force_push_join_leave);
         assert_eq!(c.presence_ttl, Duration::from_secs(30));
         assert_eq!(c.channel_limit, 128);
+        assert!(!c.anonymous_connect);
         c.validate().unwrap();
     }
 

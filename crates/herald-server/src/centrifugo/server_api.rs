@@ -7,7 +7,8 @@
 //! Refused before any method runs, with an HTTP status as Centrifugo
 //! answers and `{"error": {"code", "message"}}`, in this order: an unknown
 //! method 404 (104); a missing or unknown key 401 (101), checked before
-//! the body is read; a body over `max_batch_body_bytes` 413 (106); a body
+//! the body is read; a `Content-Type` that is not JSON 415 (107); a body
+//! over `max_batch_body_bytes` 413 (106); a body
 //! that does not decode (not a JSON object, a field of another JSON type)
 //! 400 (107). Every other answer is HTTP 200 with `{"result": ...}` or
 //! `{"error": {"code", "message"}}` (codes as in `codes.rs`). `batch`
@@ -81,6 +82,14 @@ pub(crate) async fn call(
     let Some(who) = principal(&state, &parts.headers, &parts.uri).await else {
         return failure(StatusCode::UNAUTHORIZED, &ReplyError::unauthorized());
     };
+    // A JSON body only: a web page can send another type to any host
+    // without a CORS preflight (`edge.rs`).
+    if !crate::edge::is_json(&parts.headers) {
+        return failure(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            &ReplyError::bad_request(),
+        );
+    }
     let limit = state.config().max_batch_body_bytes;
     let body = match read_limited(&parts.headers, body, limit).await {
         Ok(body) => body,
@@ -680,6 +689,7 @@ mod tests {
             Ok::<_, std::convert::Infallible>(Bytes::from_static(b"{\"channel\":\"a\",\"data\":1}"))
         }));
         let request = Request::post("/api/publish")
+            .header("content-type", "application/json")
             .header("expect", "100-continue")
             .body(body)
             .unwrap();
@@ -696,11 +706,13 @@ mod tests {
         // A body over the limit without a key is a 401 too, not a 413.
         let big = json!({"channel": "a", "data": "x".repeat(8000)}).to_string();
         let request = Request::post("/api/publish")
+            .header("content-type", "application/json")
             .body(Body::from(big.clone()))
             .unwrap();
         assert_eq!(send(&state, request).await.0, StatusCode::UNAUTHORIZED);
         // With the key, the same body is over the limit: 413, 106.
         let request = Request::post("/api/publish")
+            .header("content-type", "application/json")
             .header("x-api-key", &key)
             .body(Body::from(big))
             .unwrap();
@@ -810,6 +822,7 @@ mod tests {
         ];
         for (method, body, status, expected) in cases {
             let request = Request::post(format!("/api/{method}"))
+                .header("content-type", "application/json")
                 .header("x-api-key", &key)
                 .body(Body::from(body))
                 .unwrap();
@@ -849,6 +862,7 @@ mod tests {
             {"batch": {"commands": []}},
         ]});
         let request = Request::post("/api/batch")
+            .header("content-type", "application/json")
             .header("x-api-key", &key)
             .body(Body::from(body.to_string()))
             .unwrap();
@@ -928,6 +942,7 @@ mod tests {
         let (state, key, shutdown) = node().await;
         let encoded: String = key.bytes().map(|b| format!("%{b:02X}")).collect();
         let request = Request::post(format!("/api/info?api_key={encoded}"))
+            .header("content-type", "application/json")
             .body(Body::from("{}"))
             .unwrap();
         let (status, answer) = send(&state, request).await;

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{Message as Frame, WebSocket, WebSocketUpgrade};
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::response::Response;
 use futures::stream::SplitSink;
 use futures::{SinkExt, StreamExt};
@@ -35,6 +35,7 @@ use tracing::Instrument;
 use super::codes::{self, Disconnect};
 use super::registry::{Control, Mailbox};
 use crate::auth::Principal;
+use crate::conn_limit::ClientSlot;
 use crate::{AppState, Error, Result};
 
 /// Frames a session's subscriptions may queue before their tasks wait.
@@ -270,9 +271,13 @@ impl Drop for Session {
     }
 }
 
-/// `GET /connection/websocket`: upgrades and runs the session.
+/// `GET /connection/websocket`: upgrades and runs the session. A client
+/// that came through a trusted proxy keeps its connection slot
+/// (`conn_limit.rs`) for as long as the session runs, not only until the
+/// `101` answer is sent.
 pub(crate) async fn upgrade(
     State(state): State<AppState>,
+    slot: Option<Extension<ClientSlot>>,
     upgrade: std::result::Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response> {
     let max = state.config().max_message_bytes + COMMAND_OVERHEAD_BYTES;
@@ -284,10 +289,16 @@ pub(crate) async fn upgrade(
         .max_frame_size(max);
     let sessions = state.shared.ws_sessions.clone();
     let span = tracing::debug_span!("centrifugo", node_id = %state.config().node_id);
-    Ok(
-        upgrade
-            .on_upgrade(move |socket| sessions.track_future(run(socket, state).instrument(span))),
-    )
+    let slot = slot.map(|Extension(slot)| slot);
+    Ok(upgrade.on_upgrade(move |socket| {
+        sessions.track_future(
+            async move {
+                run(socket, state).await;
+                drop(slot);
+            }
+            .instrument(span),
+        )
+    }))
 }
 
 /// A random client id in the UUID v4 text form (RFC 9562 §5.4).
