@@ -46,8 +46,8 @@ use std::sync::Once;
 use futures::{SinkExt, StreamExt};
 use herald_core::{ChannelName, Offset};
 use herald_server::{
-    AuthConfig, JwtConfig, NamespaceRule, NamespacesConfig, OneOrMany, PublishRule, Secret,
-    ServerConfig, SubscribeRule,
+    AuthConfig, CentrifugoConfig, JwtConfig, NamespaceRule, NamespacesConfig, OneOrMany,
+    PublishRule, Secret, ServerConfig, SubscribeRule,
 };
 use herald_testkit::node::{Node, Role};
 use herald_testkit::place::{Backend, Place};
@@ -728,6 +728,13 @@ fn fixture_config(secret: &str) -> ServerConfig {
             ..AuthConfig::default()
         },
         namespaces,
+        // The sessions connect with and without a token; the refusal of
+        // an anonymous connect when this is off is tested in
+        // `auth/centrifugo/protocol.rs`.
+        centrifugo: CentrifugoConfig {
+            anonymous_connect: true,
+            ..CentrifugoConfig::default()
+        },
         ..ServerConfig::default()
     }
 }

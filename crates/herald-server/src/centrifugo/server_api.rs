@@ -894,6 +894,7 @@ mod tests {
         let (state, key, shutdown) = node_on(storage.clone()).await;
         let post = |body: String| {
             Request::post("/api/batch")
+                .header("content-type", "application/json")
                 .header("x-api-key", &key)
                 .body(Body::from(body))
                 .unwrap()
@@ -918,6 +919,7 @@ mod tests {
         let history = r#"{"history":{"channel":"news:b","limit":1000}}"#;
         let body = format!("{{\"commands\":[{history},{history},{publish}]}}");
         let request = Request::post("/api/batch")
+            .header("content-type", "application/json")
             .header("x-api-key", &key)
             .body(Body::from(body))
             .unwrap();
