@@ -8,7 +8,7 @@
 //! | `herald_writer_batch_messages` | histogram | | messages per group commit |
 //! | `herald_writer_queue_depth` | gauge | | publish requests waiting in the writer's queue |
 //! | `herald_subscribers` | gauge | `transport` (`sse`, `ws`, `centrifugo`) | live subscriptions |
-//! | `herald_lease_role` | gauge | | 1 while this node is holder, else 0 (set at scrape time) |
+//! | `herald_lease_role` | gauge | | 1 while this node is holder, else 0 (set at scrape time, proven on the lease row as `/v1/status`'s `role`) |
 //! | `herald_lease_token` | gauge | | fencing token as this node last saw it (set at scrape time) |
 //! | `herald_forwarded_writes_total` | counter | `result` (`ok`, `error`, `no_holder`, `takeover`) | publishes a standby handed to the holder, by outcome (`takeover`: this node took the lease over before the holder answered) |
 //! | `herald_notify_lag_seconds` | histogram | | on a standby: wall clock at a commit signal minus the commit time |
