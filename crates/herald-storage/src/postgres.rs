@@ -879,6 +879,11 @@ impl LeaseStore for PostgresStorage {
         ops::lease_info(&client, name).await
     }
 
+    async fn takeover_counts(&self, name: &str) -> Result<Vec<crate::TakeoverCount>> {
+        let client = self.client().await?;
+        ops::takeover_counts(&client, name).await
+    }
+
     /// Resolves when, since the last acquire began, a release of a lease
     /// was announced on [`LEASE_CHANNEL`] (or the listener reconnected and
     /// may have missed one), or the takeover watch saw the session of

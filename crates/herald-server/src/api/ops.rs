@@ -243,7 +243,9 @@ fn holds(row: &LeaseInfo, lease: &herald_core::Lease) -> bool {
         && row.expires_in_ms > 0
 }
 
-/// Prometheus text exposition format; the lease gauges are set first.
+/// Prometheus text exposition format; the lease gauges are set first, and
+/// `herald_lease_takeovers_recorded` from the database's record (kept at
+/// its last value when the storage does not answer within 500 ms).
 /// Needs `admin` when `auth.protect_metrics` is set.
 pub(crate) async fn metrics(
     State(state): State<AppState>,
@@ -251,7 +253,13 @@ pub(crate) async fn metrics(
 ) -> Result<impl IntoResponse> {
     let shared = &state.shared;
     shared.auth.may_scrape(&who)?;
-    let (is_holder, _) = role_on_the_row(&state).await;
+    let (is_holder, row) = role_on_the_row(&state).await;
+    let name = row.map_or_else(|| herald_core::DEFAULT_LEASE_NAME.to_owned(), |r| r.name);
+    match tokio::time::timeout(STATUS_LEASE_TIMEOUT, shared.storage.takeover_counts(&name)).await {
+        Ok(Ok(counts)) => metrics::takeovers_recorded(&counts),
+        Ok(Err(e)) => StorageFailure::new("takeover_counts", None, e).log(),
+        Err(_) => tracing::debug!("takeover counts not read within the metrics timeout"),
+    }
     metrics::lease(
         is_holder,
         shared.lease.state().last_token().map_or(0, |token| token.0),

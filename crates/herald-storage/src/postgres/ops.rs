@@ -26,7 +26,7 @@ use crate::decode::{
 use crate::trim;
 use crate::{
     idempotency_digest, Acquire, ChangeFeed, ChannelStats, Deletion, Deletions, Error,
-    IdempotencyDigest, Page, Result, TakeoverReason, TrimLimits, Trimmed,
+    IdempotencyDigest, Page, Result, TakeoverCount, TakeoverReason, TrimLimits, Trimmed,
 };
 
 /// A `timestamptz` as whole milliseconds since the Unix epoch, rounded
@@ -66,6 +66,29 @@ async fn read_lease_info<C: GenericClient>(client: &C, name: &str) -> Result<Opt
 pub(super) async fn lease_info(client: &Object, name: &str) -> Result<Option<LeaseInfo>> {
     let client: &tokio_postgres::Client = client;
     read_lease_info(client, name).await
+}
+
+/// Adds one acquisition of lease `$1` for reason `$2` (with its new token
+/// `$3`) to `lease_takeovers`, inside the acquire's transaction.
+const RECORD_TAKEOVER_SQL: &str = "INSERT INTO lease_takeovers \
+         (name, reason, takeovers, last_token, last_at) \
+     VALUES ($1, $2, 1, $3, clock_timestamp()) \
+     ON CONFLICT (name, reason) DO UPDATE SET takeovers = lease_takeovers.takeovers + 1, \
+         last_token = excluded.last_token, last_at = excluded.last_at";
+
+/// The recorded acquisitions of lease `name` by reason
+/// (`LeaseStore::takeover_counts`).
+pub(super) async fn takeover_counts(client: &Object, name: &str) -> Result<Vec<TakeoverCount>> {
+    let stmt = client
+        .prepare_cached(
+            "SELECT reason, takeovers FROM lease_takeovers WHERE name = $1 AND takeovers > 0",
+        )
+        .await?;
+    let mut rows = Vec::new();
+    for row in client.query(&stmt, &[&name]).await? {
+        rows.push((row.try_get::<_, String>(0)?, row.try_get::<_, i64>(1)?));
+    }
+    TakeoverCount::from_rows(rows)
 }
 
 /// Locks the lease row `FOR UPDATE`: conflicts with the `FOR KEY SHARE` of
@@ -245,6 +268,12 @@ pub(super) async fn acquire(
         (Some(_), false, true) => TakeoverReason::Expired,
         (Some(_), false, false) => TakeoverReason::HolderGone,
     };
+    let record = tx.prepare_cached(RECORD_TAKEOVER_SQL).await?;
+    tx.execute(
+        &record,
+        &[&name, &reason.as_str(), &row.try_get::<_, i64>(0)?],
+    )
+    .await?;
     tx.commit().await?;
     Ok(acquired(candidate, token, reason, previous.as_deref()))
 }
