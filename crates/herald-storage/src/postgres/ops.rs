@@ -103,15 +103,18 @@ const LOCK_FOR_TAKEOVER_SQL: &str = "SELECT 1 FROM storage_leases WHERE name = $
 const READ_HOLDER_SQL: &str = "SELECT holder IS NOT NULL AND expires_at > clock_timestamp(), \
      holder_session, holder FROM storage_leases WHERE name = $1";
 
-/// Probes the session lock of another node's storage: true when no session
-/// holds it, that is, when that storage's liveness connection is closed.
-/// A transaction-level lock, released at commit or rollback (PostgreSQL
-/// documentation, "System Administration Functions", "Advisory Lock
-/// Functions").
-const PROBE_HOLDER_SQL: &str = "SELECT pg_try_advisory_xact_lock($1)";
+/// Probes the session locks of a storage: true when no session holds
+/// either its session key `$1` or that key's twin `$2`
+/// (`super::twin_key`), that is, when both of that storage's liveness
+/// connections are closed. Transaction-level locks, released at commit or
+/// rollback (PostgreSQL documentation, "System Administration Functions",
+/// "Advisory Lock Functions").
+const PROBE_HOLDER_SQL: &str =
+    "SELECT pg_try_advisory_xact_lock($1) AND pg_try_advisory_xact_lock($2)";
 
-/// Whether another node's storage is provably gone: its session lock is
-/// free ([`PROBE_HOLDER_SQL`]) *and* the database server has been up for at
+/// Whether another node's storage is provably gone: both its session locks
+/// are free ([`PROBE_HOLDER_SQL`]; `$3` is the twin key) *and* the
+/// database server has been up for at
 /// least `$2` ms. A server that just started has no sessions at all, so a
 /// free lock then says nothing about the holder: its liveness connection
 /// reconnects and takes the lock again within its reconnect backoff. Only
@@ -119,6 +122,7 @@ const PROBE_HOLDER_SQL: &str = "SELECT pg_try_advisory_xact_lock($1)";
 /// (`pg_postmaster_start_time`: PostgreSQL documentation, "System
 /// Information Functions").
 const HOLDER_GONE_SQL: &str = "SELECT pg_try_advisory_xact_lock($1) \
+     AND pg_try_advisory_xact_lock($3) \
      AND clock_timestamp() - pg_postmaster_start_time() >= $2::bigint * interval '1 millisecond'";
 
 /// How long after the database server starts a free session lock of a
@@ -182,12 +186,15 @@ pub(super) async fn acquire(
     )
     .await?;
     let probe = tx.prepare_cached(PROBE_HOLDER_SQL).await?;
-    let own_key_free: bool = tx.query_one(&probe, &[&own_session]).await?.try_get(0)?;
+    let own_key_free: bool = tx
+        .query_one(&probe, &[&own_session, &super::twin_key(own_session)])
+        .await?
+        .try_get(0)?;
     if own_key_free {
         tx.rollback().await?;
         return Err(Error::unavailable(
-            "this node's liveness connection does not hold its session lock (it is \
-             reconnecting); the lease is not acquired until it does",
+            "neither of this node's liveness connections holds its session lock (they \
+             are reconnecting); the lease is not acquired until one does",
         ));
     }
     let lock = tx.prepare_cached(LOCK_FOR_TAKEOVER_SQL).await?;
@@ -233,7 +240,7 @@ pub(super) async fn acquire(
     {
         let gone = tx.prepare_cached(HOLDER_GONE_SQL).await?;
         holder_gone = tx
-            .query_one(&gone, &[&key, &HOLDER_GONE_GRACE_MS])
+            .query_one(&gone, &[&key, &HOLDER_GONE_GRACE_MS, &super::twin_key(key)])
             .await?
             .try_get(0)?;
     }
@@ -306,7 +313,7 @@ async fn held_at_a_glance(
     };
     let gone = client.prepare_cached(HOLDER_GONE_SQL).await?;
     let holder_gone: bool = client
-        .query_one(&gone, &[&key, &HOLDER_GONE_GRACE_MS])
+        .query_one(&gone, &[&key, &HOLDER_GONE_GRACE_MS, &super::twin_key(key)])
         .await?
         .try_get(0)?;
     if holder_gone {
