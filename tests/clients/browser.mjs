@@ -2,13 +2,16 @@
 // dist/centrifuge.js) in headless Chromium, driven by playwright-core, for
 // Herald's browser check of its Centrifugo protocol.
 //
-//   node browser.mjs <Chromium binary> <WebSocket URL> <connection token> <channel>
+//   node browser.mjs <Chromium binary> <connection token> <channel>
 //
-// It serves a small page and the bundle over HTTP on a free loopback port,
-// opens the page in Chromium, and the page's client connects to the
-// WebSocket URL with the token and subscribes to the channel. It reports on
+// It serves a small page and the bundle over HTTP on a free loopback port
+// and reports the page's origin, which the server must allow for the
+// page's WebSocket; then it reads the WebSocket URL as the first line of
+// its stdin, opens the page in Chromium, and the page's client connects to
+// that URL with the token and subscribes to the channel. It reports on
 // stdout, one JSON object per line:
 //
+//   {"type":"origin","origin":"http://127.0.0.1:PORT"}
 //   {"type":"subscribed","channel":"...","offset":N,"epoch":"...","userAgent":"..."}
 //   {"type":"publication","channel":"...","offset":N,"data":...}
 //
@@ -20,11 +23,12 @@
 
 import http from "node:http";
 import { readFile } from "node:fs/promises";
+import readline from "node:readline";
 import { chromium } from "playwright-core";
 
-const [executablePath, wsUrl, token, channel] = process.argv.slice(2);
+const [executablePath, token, channel] = process.argv.slice(2);
 if (!channel) {
-  process.stderr.write("usage: node browser.mjs <chromium> <WebSocket URL> <token> <channel>\n");
+  process.stderr.write("usage: node browser.mjs <chromium> <token> <channel> (WebSocket URL on stdin)\n");
   process.exit(2);
 }
 
@@ -82,6 +86,18 @@ const server = http.createServer((req, res) => {
 });
 await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
 const pageUrl = new URL(`http://127.0.0.1:${server.address().port}/`);
+report({ type: "origin", origin: pageUrl.origin });
+// The WebSocket URL: the first line of stdin (the end of stdin before it
+// ends the script, as later).
+const lines = readline.createInterface({ input: process.stdin });
+const wsUrl = await new Promise((resolve) => {
+  lines.once("line", resolve);
+  lines.once("close", () => {
+    server.close();
+    process.exit(1);
+  });
+});
+lines.removeAllListeners("close");
 pageUrl.searchParams.set("ws", wsUrl);
 pageUrl.searchParams.set("token", token);
 pageUrl.searchParams.set("channel", channel);
@@ -121,8 +137,7 @@ const finish = async (status) => {
 for (const signal of ["SIGTERM", "SIGINT", "SIGHUP"]) {
   process.on(signal, () => finish(1));
 }
-process.stdin.on("end", () => finish(1));
-process.stdin.resume();
+lines.on("close", () => finish(1));
 
 try {
   const context = await browser.newContext();

@@ -1,12 +1,20 @@
 // Drives centrifuge-js (npm `centrifuge`, Centrifugo's JavaScript SDK) under
 // Node with the `ws` package, for Herald's tests of its Centrifugo protocol.
 //
-//   node centrifuge.mjs <WebSocket URL> <connection token>
+//   node centrifuge.mjs <WebSocket URL> <connection token> [--get-token]
+//
+// With --get-token the client and its subscriptions made with a token have
+// a getToken: each call answers the next token queued by a "tokens" command
+// (the connection's, or a channel's with "channel"), or, once the queue is
+// empty, the last one it answered; each call is reported.
 //
 // It reads commands on stdin, one JSON object per line:
 //
 //   {"op":"subscribe","channel":"news:a"}
 //   {"op":"subscribe","channel":"chat:a","joinLeave":true}   asks for joins and leaves
+//   {"op":"subscribe","channel":"news:a","token":"..."}     with a subscription token
+//   {"op":"tokens","tokens":["...", ...]}                    queues getToken's answers
+//   {"op":"tokens","channel":"news:a","tokens":["...", ...]} a subscription's
 //   {"op":"unsubscribe","channel":"news:a"}
 //   {"op":"publish","channel":"room:a","data":{...}}
 //   {"op":"history","channel":"news:a","limit":10}
@@ -38,6 +46,7 @@
 //    "connInfo":...,"chanInfo":...}}}
 //   {"type":"presence_stats","channel":"...","numClients":N,"numUsers":N}
 //   {"type":"failed","op":"...","code":N,"message":"..."}  a command's error
+//   {"type":"get_token","channel":"..."|null}       a getToken call (--get-token)
 //
 // It exits with status 0 when its stdin ends.
 
@@ -45,7 +54,7 @@ import { Centrifuge } from "centrifuge";
 import WebSocket from "ws";
 import readline from "node:readline";
 
-const [url, token] = process.argv.slice(2);
+const [url, token, mode] = process.argv.slice(2);
 if (!url) {
   process.stderr.write("usage: node centrifuge.mjs <WebSocket URL> <token>\n");
   process.exit(2);
@@ -53,9 +62,24 @@ if (!url) {
 
 const report = (record) => process.stdout.write(`${JSON.stringify(record)}\n`);
 
+// getToken's queued answers, by channel ("" for the connection's), and the
+// last answer of each.
+const queued = new Map();
+const answered = new Map();
+const tokenGetter = (channel) => () => {
+  report({ type: "get_token", channel: channel || null });
+  const queue = queued.get(channel) ?? [];
+  if (queue.length > 0) {
+    answered.set(channel, queue.shift());
+  }
+  return Promise.resolve(answered.get(channel) ?? "");
+};
+const withGetToken = mode === "--get-token";
+
 const client = new Centrifuge(url, {
   websocket: WebSocket,
   token: token || undefined,
+  getToken: withGetToken ? tokenGetter("") : undefined,
   // Reconnect soon after a restart, so that the tests do not wait long.
   minReconnectDelay: 100,
   maxReconnectDelay: 1000,
@@ -131,9 +155,22 @@ const failed = (op) => (e) => report({ type: "failed", op, code: e.code ?? null,
 
 const run = (command) => {
   switch (command.op) {
-    case "subscribe":
-      subscription(command.channel, { joinLeave: command.joinLeave === true }).subscribe();
+    case "subscribe": {
+      const options = { joinLeave: command.joinLeave === true };
+      if (command.token) {
+        options.token = command.token;
+        if (withGetToken) {
+          options.getToken = tokenGetter(command.channel);
+        }
+      }
+      subscription(command.channel, options).subscribe();
       break;
+    }
+    case "tokens": {
+      const channel = command.channel ?? "";
+      queued.set(channel, [...(queued.get(channel) ?? []), ...command.tokens]);
+      break;
+    }
     case "unsubscribe":
       subscription(command.channel).unsubscribe();
       break;

@@ -66,18 +66,15 @@ pub(crate) async fn run(
 mod tests {
     use std::time::Duration;
 
-    use herald_core::ChannelName;
-    use tokio::sync::mpsc;
-
     use super::*;
-    use crate::centrifugo::Control;
+    use crate::centrifugo::{Control, Mailbox};
     use crate::testing::MemoryStorage;
+    use herald_core::ChannelName;
 
-    async fn next(rx: &mut mpsc::Receiver<Control>) -> Control {
-        tokio::time::timeout(Duration::from_secs(5), rx.recv())
+    async fn next(mailbox: &Mailbox) -> Control {
+        tokio::time::timeout(Duration::from_secs(5), mailbox.next())
             .await
             .expect("no control in time")
-            .expect("an open queue")
     }
 
     #[tokio::test]
@@ -90,10 +87,10 @@ mod tests {
             tracing::Span::none(),
         ));
         let news = ChannelName::new("news").unwrap();
-        let (ann_tx, mut ann) = mpsc::channel(4);
-        let (bob_tx, mut bob) = mpsc::channel(4);
-        registry.insert("c1", "ann", ann_tx);
-        registry.insert("c2", "bob", bob_tx);
+        let ann = Arc::new(Mailbox::default());
+        let bob = Arc::new(Mailbox::default());
+        registry.insert("c1", "ann", Arc::clone(&ann));
+        registry.insert("c2", "bob", Arc::clone(&bob));
         registry.set_subscribed("c1", &news, true);
         let task = tokio::spawn(run(
             herald_storage::Storage::watch_cluster_events(&*storage),
@@ -105,19 +102,19 @@ mod tests {
             user: "ann".to_owned(),
             channel: news.clone(),
         });
-        assert!(matches!(next(&mut ann).await, Control::Unsubscribe(c) if c == news));
+        assert!(matches!(next(&ann).await, Control::Unsubscribe(c) if c == news));
         storage.hear_event(ClusterEvent::Disconnect {
             user: "bob".to_owned(),
             code: 3011,
         });
-        assert!(matches!(next(&mut bob).await, Control::Disconnect(d) if d.code == 3011));
+        assert!(matches!(next(&bob).await, Control::Disconnect(d) if d.code == 3011));
         storage.hear_event(ClusterEvent::Disconnect {
             user: "ann".to_owned(),
             code: 3503,
         });
-        assert!(matches!(next(&mut ann).await, Control::Disconnect(d) if d.code == 3503));
+        assert!(matches!(next(&ann).await, Control::Disconnect(d) if d.code == 3503));
         // Each event reached only its user.
-        assert!(bob.try_recv().is_err());
+        assert!(bob.take().is_none());
         shutdown.cancel();
         task.await.unwrap();
     }

@@ -113,6 +113,13 @@ pub struct ServerConfig {
     /// Reloads the `[auth.jwt]` key files of the node while it runs
     /// (`herald serve` on SIGHUP); see [`crate::JwtKeyReload`].
     pub jwt_key_reload: crate::JwtKeyReload,
+    /// Answer only requests whose `Host` is a loopback name (`localhost`,
+    /// `*.localhost`, `127.0.0.0/8`, `[::1]`); any other is
+    /// `403 host_not_allowed` (default off). `herald serve` turns it on
+    /// for a node without access control that serves loopback only, so
+    /// that a web page cannot reach it through a name of its own that
+    /// resolves to loopback (DNS rebinding).
+    pub loopback_hosts_only: bool,
 }
 
 impl Default for ServerConfig {
@@ -142,6 +149,7 @@ impl Default for ServerConfig {
             trim_pacing: TrimPacing::default(),
             centrifugo: crate::CentrifugoConfig::default(),
             jwt_key_reload: crate::JwtKeyReload::default(),
+            loopback_hosts_only: false,
         }
     }
 }

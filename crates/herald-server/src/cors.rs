@@ -7,7 +7,8 @@
 //! `Access-Control-Allow-Origin`, so the browser refuses the call. Nothing
 //! is allowed by default. (A WebSocket handshake is not subject to CORS:
 //! browsers send `Origin` without a preflight, and the layer adds the same
-//! headers to its answer.)
+//! headers to its answer; `edge.rs` refuses a handshake whose `Origin`
+//! these settings do not allow.)
 
 use std::time::Duration;
 

@@ -83,6 +83,22 @@ pub enum Error {
     /// `Retry-After: 1`.
     #[error("too many connections from this client address; close some, or retry later")]
     TooManyConnections,
+    /// A `POST` to a JSON route without a JSON `Content-Type`
+    /// (`application/json` or `application/<x>+json`): a web page can
+    /// send other types to any host without a CORS preflight.
+    /// 415 `unsupported_media_type` (RFC 9110 §15.5.16).
+    #[error("the request body must be sent with Content-Type: application/json")]
+    UnsupportedMediaType,
+    /// A WebSocket upgrade whose `Origin` is neither the node's own nor
+    /// allowed by `cors.allowed_origins` (`null` never is).
+    /// 403 `origin_not_allowed`.
+    #[error("WebSocket connections from this origin are not allowed; list it in the CORS allowed origins")]
+    OriginNotAllowed,
+    /// A request whose `Host` is not a loopback name, on a node that
+    /// serves loopback only without access control (a defence against DNS
+    /// rebinding). 403 `host_not_allowed`.
+    #[error("this node serves loopback host names only (localhost, 127.0.0.1, [::1]); configure access control to serve other names")]
+    HostNotAllowed,
     /// No route matches the path. 404 `not_found`.
     #[error("no such route")]
     NotFound,
@@ -159,6 +175,8 @@ impl Error {
             | Self::InvalidLastEventId
             | Self::InvalidUpgrade(_) => StatusCode::BAD_REQUEST,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::OriginNotAllowed | Self::HostNotAllowed => StatusCode::FORBIDDEN,
             Self::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Self::OffsetBeyondHead { .. } => StatusCode::CONFLICT,
             Self::NotFound => StatusCode::NOT_FOUND,
@@ -188,6 +206,9 @@ impl Error {
             Self::InvalidLastEventId => "invalid_last_event_id",
             Self::InvalidUpgrade(_) => "invalid_upgrade",
             Self::PayloadTooLarge { .. } => "payload_too_large",
+            Self::UnsupportedMediaType => "unsupported_media_type",
+            Self::OriginNotAllowed => "origin_not_allowed",
+            Self::HostNotAllowed => "host_not_allowed",
             Self::IdempotencyKeyReused => "idempotency_key_reused",
             Self::OffsetBeyondHead { .. } => "offset_beyond_head",
             Self::NotFound => "not_found",

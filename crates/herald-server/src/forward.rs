@@ -16,6 +16,11 @@
 //!   broken answer) → 503 `no_holder`. Once the request may have reached
 //!   the holder, its outcome is unknown to this node: the client retries
 //!   with the same `Idempotency-Key`;
+//! - the forwarder never follows a redirect (the cluster secret would go
+//!   wherever the answer points): a `3xx` answer is a broken answer
+//!   (`no_holder`), and so is an answer body over [`MAX_ANSWER_BYTES`];
+//! - a cluster secret about to travel over plain `http://` to a holder
+//!   that is not on loopback is logged as a WARN, once per holder URL;
 //! - a forward in flight ends the moment this node takes the lease over
 //!   ([`ends_forward`]): the holder it went to is fenced from then on, so
 //!   waiting for its answer (it may be frozen) only delays the client. The
@@ -43,6 +48,11 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Idle connections to the holder are kept this long for reuse.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Largest answer body taken from a holder, in bytes (1 MiB): the answer
+/// to the largest batch (1 000 entries) is well under it. A longer one is
+/// a broken answer, read no further.
+pub(crate) const MAX_ANSWER_BYTES: usize = 1024 * 1024;
 
 /// The holder as this node knows it: its id and advertised URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -119,6 +129,9 @@ pub(crate) struct Forwarder {
     /// The cluster secret, sent with every forward; marked sensitive so
     /// that it is never shown in a `Debug` form.
     cluster_secret: Option<HeaderValue>,
+    /// The holder URLs already warned about: the cluster secret goes
+    /// there in clear.
+    warned_in_clear: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
 
 /// How a forward ended when the holder did not fail it.
@@ -181,6 +194,9 @@ impl Forwarder {
             .timeout(timeout)
             .connect_timeout(CONNECT_TIMEOUT)
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            // Never to another place than the holder's advertised URL: the
+            // cluster secret would follow the redirect.
+            .redirect(reqwest::redirect::Policy::none())
             // Node-to-node traffic: no proxy from the environment.
             .no_proxy();
         if let Some(pem) = trusted_ca_pem {
@@ -198,7 +214,32 @@ impl Forwarder {
             client,
             node_id,
             cluster_secret,
+            warned_in_clear: std::sync::Arc::default(),
         })
+    }
+
+    /// Logs a WARN, once per holder URL, when this forwarder sends a
+    /// cluster secret to `holder_url` over plain HTTP on a host that is
+    /// not loopback: anyone on the path can read it there. Returns
+    /// whether it warned now.
+    pub(crate) fn warn_secret_in_clear(&self, holder_url: &str) -> bool {
+        if self.cluster_secret.is_none() || !secret_in_clear(holder_url) {
+            return false;
+        }
+        let mut warned = self
+            .warned_in_clear
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if !warned.insert(holder_url.to_owned()) {
+            return false;
+        }
+        tracing::warn!(
+            holder_url = %holder_url,
+            "forwarding with the cluster secret over plain http to another host: anyone on the \
+             path can read the secret; advertise an https:// URL (--advertise-url, --tls-cert) \
+             or keep node-to-node traffic on a private network"
+        );
+        true
     }
 
     /// Sends `request` to the holder at `holder_url` and returns its answer
@@ -217,6 +258,7 @@ impl Forwarder {
         states: watch::Receiver<LeaseState>,
     ) -> Result<Forwarded> {
         let url = format!("{}{}", holder_url.trim_end_matches('/'), request.path);
+        self.warn_secret_in_clear(holder_url);
         tokio::select! {
             // An answer that is complete when the takeover is seen wins.
             biased;
@@ -253,12 +295,19 @@ impl Forwarder {
             Err(e) => return Err(failed(url, &e)),
         };
         let status = answer.status();
+        if status.is_redirection() {
+            metrics::forwarded("error");
+            tracing::warn!(
+                url = %url,
+                status = status.as_u16(),
+                "the holder's advertised URL answered a redirect, which forwards never follow; \
+                 advertise the URL that serves the API itself"
+            );
+            return Err(Error::NoHolder);
+        }
         let content_type = answer.headers().get(CONTENT_TYPE).cloned();
         let retry_after = answer.headers().get(RETRY_AFTER).cloned();
-        let body = match answer.bytes().await {
-            Ok(body) => body,
-            Err(e) => return Err(failed(url, &e)),
-        };
+        let body = read_answer(url, answer).await?;
         metrics::forwarded("ok");
         tracing::debug!(url = %url, status = status.as_u16(), "publish forwarded to the holder");
         let mut response = Response::new(Body::from(body));
@@ -272,6 +321,62 @@ impl Forwarder {
         }
         Ok(response)
     }
+}
+
+/// The holder's answer body, up to [`MAX_ANSWER_BYTES`].
+///
+/// # Errors
+/// [`Error::NoHolder`] when it breaks off or is longer (logged, counted).
+async fn read_answer(url: &str, mut answer: reqwest::Response) -> Result<Bytes> {
+    let too_long = || {
+        metrics::forwarded("error");
+        tracing::warn!(
+            url = %url,
+            limit = MAX_ANSWER_BYTES,
+            "the holder's answer to a forwarded request is too long; read no further"
+        );
+        Error::NoHolder
+    };
+    if answer
+        .content_length()
+        .is_some_and(|n| n > MAX_ANSWER_BYTES as u64)
+    {
+        return Err(too_long());
+    }
+    let mut body = Vec::new();
+    loop {
+        match answer.chunk().await {
+            Ok(Some(chunk)) => {
+                if body.len() + chunk.len() > MAX_ANSWER_BYTES {
+                    return Err(too_long());
+                }
+                body.extend_from_slice(&chunk);
+            }
+            Ok(None) => return Ok(Bytes::from(body)),
+            Err(e) => return Err(failed(url, &e)),
+        }
+    }
+}
+
+/// Whether a cluster secret sent to `url` travels in clear to another
+/// host: plain `http://` to a host that is not loopback (`localhost`,
+/// `127.0.0.0/8`, `::1`). A URL that does not parse counts as in clear.
+fn secret_in_clear(url: &str) -> bool {
+    let Ok(url) = reqwest::Url::parse(url) else {
+        return true;
+    };
+    if url.scheme() != "http" {
+        return false;
+    }
+    let Some(host) = url.host_str() else {
+        return true;
+    };
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = bare.parse::<std::net::IpAddr>() {
+        return !ip.to_canonical().is_loopback();
+    }
+    let name = host.trim_end_matches('.').to_ascii_lowercase();
+    name != "localhost" && !name.ends_with(".localhost")
 }
 
 /// Logs a failed forward and counts it; the client gets `no_holder`.
@@ -352,6 +457,165 @@ mod tests {
         assert!(!ends_forward(&standby(Some("b"), Some("http://b"), 1000)));
         assert!(!ends_forward(&standby(Some("c"), Some("http://c"), 0)));
         assert!(!ends_forward(&drained(Release::NotHeld)));
+    }
+
+    #[test]
+    fn a_secret_in_clear_to_another_host_is_warned_about_once() {
+        for clear in [
+            "http://10.0.0.5:7700",
+            "http://node-b.internal",
+            "http://[2001:db8::1]:7700",
+            "not a url",
+        ] {
+            assert!(secret_in_clear(clear), "{clear}");
+        }
+        for safe in [
+            "https://10.0.0.5:7700",
+            "http://127.0.0.1:7700",
+            "http://localhost:7700",
+            "http://[::1]:7700",
+            "http://node.localhost",
+        ] {
+            assert!(!secret_in_clear(safe), "{safe}");
+        }
+        let secret = Secret::new("a cluster secret of 16+ bytes".to_owned());
+        let forwarder = Forwarder::new("me", Duration::from_secs(1), None, Some(&secret)).unwrap();
+        assert!(forwarder.warn_secret_in_clear("http://10.0.0.5:7700"));
+        assert!(
+            !forwarder.warn_secret_in_clear("http://10.0.0.5:7700"),
+            "twice"
+        );
+        assert!(forwarder.warn_secret_in_clear("http://10.0.0.6:7700"));
+        assert!(!forwarder.warn_secret_in_clear("https://10.0.0.7:7700"));
+        // Without a secret there is nothing to leak.
+        let plain = Forwarder::new("me", Duration::from_secs(1), None, None).unwrap();
+        assert!(!plain.warn_secret_in_clear("http://10.0.0.5:7700"));
+    }
+
+    /// A stand-in holder on 127.0.0.1 that reads each request (head and
+    /// `Content-Length` body), counts it, and writes `answer`; its URL
+    /// and the count.
+    async fn answering(
+        answer: Vec<u8>,
+    ) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let seen = std::sync::Arc::clone(&count);
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let mut got = Vec::new();
+                let mut chunk = [0u8; 4096];
+                let head_end = loop {
+                    if let Some(i) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break i + 4;
+                    }
+                    match socket.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&chunk[..n]),
+                    }
+                };
+                let head = String::from_utf8_lossy(&got[..head_end]).to_ascii_lowercase();
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .map_or(0, |v| v.trim().parse().unwrap());
+                while got.len() < head_end + length {
+                    match socket.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let _ = socket.write_all(&answer).await;
+                let _ = socket.shutdown().await;
+            }
+        });
+        (url, count)
+    }
+
+    /// Forwards a publish with a cluster secret to `holder_url`.
+    async fn forward_to(holder_url: &str) -> Result<Forwarded> {
+        let secret = Secret::new("a cluster secret of 16+ bytes".to_owned());
+        let forwarder = Forwarder::new("me", Duration::from_secs(10), None, Some(&secret)).unwrap();
+        let (_states, watched) = watch::channel(LeaseState::Starting);
+        let headers = HeaderMap::new();
+        let request = ForwardRequest {
+            path: "/v1/channels/c/messages".to_owned(),
+            body: Bytes::from_static(b"{\"data\":1}"),
+            headers: &headers,
+        };
+        forwarder.forward(holder_url, request, watched).await
+    }
+
+    /// A holder URL that answers a redirect does not get the publish
+    /// (and its cluster secret) sent on: the redirect is not followed and
+    /// the forward fails (`no_holder`).
+    #[tokio::test]
+    async fn a_redirect_is_never_followed() {
+        let (elsewhere, reached) = answering(
+            b"HTTP/1.1 201 Created\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}".to_vec(),
+        )
+        .await;
+        for status in [
+            "301 Moved Permanently",
+            "307 Temporary Redirect",
+            "308 Permanent Redirect",
+        ] {
+            let redirect = format!(
+                "HTTP/1.1 {status}\r\nlocation: {elsewhere}/v1/channels/c/messages\r\n\
+                 content-length: 0\r\nconnection: close\r\n\r\n"
+            );
+            let (holder, asked) = answering(redirect.into_bytes()).await;
+            let outcome = forward_to(&holder).await;
+            assert!(
+                matches!(outcome, Err(Error::NoHolder)),
+                "{status}: {outcome:?}"
+            );
+            assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+        }
+        assert_eq!(
+            reached.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "a redirect was followed"
+        );
+    }
+
+    /// An answer body over [`MAX_ANSWER_BYTES`] is a broken answer
+    /// (`no_holder`), with a `Content-Length` or without one; one within
+    /// it is returned.
+    #[tokio::test]
+    async fn the_answer_body_is_capped() {
+        let big = vec![b'x'; MAX_ANSWER_BYTES + 1];
+        let mut with_length = format!(
+            "HTTP/1.1 201 Created\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            big.len()
+        )
+        .into_bytes();
+        with_length.extend_from_slice(&big);
+        let mut until_close = b"HTTP/1.1 201 Created\r\nconnection: close\r\n\r\n".to_vec();
+        until_close.extend_from_slice(&big);
+        for answer in [with_length, until_close] {
+            let (holder, _) = answering(answer).await;
+            let outcome = forward_to(&holder).await;
+            assert!(matches!(outcome, Err(Error::NoHolder)), "{outcome:?}");
+        }
+        let (holder, _) = answering(
+            b"HTTP/1.1 201 Created\r\ncontent-length: 12\r\nconnection: close\r\n\r\n{\"offset\":1}"
+                .to_vec(),
+        )
+        .await;
+        match forward_to(&holder).await {
+            Ok(Forwarded::Answer(answer)) => {
+                assert_eq!(answer.status().as_u16(), 201);
+                let body = axum::body::to_bytes(answer.into_body(), 1024)
+                    .await
+                    .unwrap();
+                assert_eq!(&body[..], b"{\"offset\":1}");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

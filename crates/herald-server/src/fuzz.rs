@@ -212,7 +212,16 @@ fn request(
     headers: &[(&str, &[u8])],
     body: Vec<u8>,
 ) -> Option<Request<Body>> {
+    // A JSON body's type, unless the case gives one: the JSON routes
+    // refuse other types before the body is looked at.
+    let typed = headers
+        .iter()
+        .any(|(name, _)| name.eq_ignore_ascii_case("content-type"));
+    let json = method == Method::POST && !typed;
     let mut builder = Request::builder().method(method).uri(uri);
+    if json {
+        builder = builder.header("content-type", "application/json");
+    }
     for (name, value) in headers {
         builder = builder.header(*name, axum::http::HeaderValue::from_bytes(value).ok()?);
     }

@@ -39,6 +39,7 @@ mod cluster;
 mod config;
 mod conn_limit;
 mod cors;
+mod edge;
 mod error;
 mod forward;
 #[cfg(test)]

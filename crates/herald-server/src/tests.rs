@@ -61,8 +61,13 @@ impl Node {
     }
 
     async fn post(&self, uri: &str, body: impl Into<Body>) -> (StatusCode, HeaderMap, Value) {
-        self.call(Request::post(uri).body(body.into()).unwrap())
-            .await
+        self.call(
+            Request::post(uri)
+                .header("content-type", "application/json")
+                .body(body.into())
+                .unwrap(),
+        )
+        .await
     }
 
     async fn stop(self) {
@@ -145,6 +150,7 @@ async fn idempotency_key_answers_the_original() {
     let node = Node::start(ServerConfig::default()).await;
     let request = |data: &str| {
         Request::post("/v1/channels/c/messages")
+            .header("content-type", "application/json")
             .header("idempotency-key", "k-1")
             .body(Body::from(format!(r#"{{"data":{data}}}"#)))
             .unwrap()
@@ -167,6 +173,7 @@ async fn idempotency_key_answers_the_original() {
     let (status, _, body) = node
         .call(
             Request::post("/v1/channels/c/messages")
+                .header("content-type", "application/json")
                 .header("idempotency-key", "has space")
                 .body(Body::from(r#"{"data":1}"#))
                 .unwrap(),
@@ -193,6 +200,7 @@ async fn bad_requests_have_the_error_shape_and_change_nothing() {
     let cases: Vec<(Request<Body>, StatusCode, &str)> = vec![
         (
             Request::post("/v1/channels/-bad/messages")
+                .header("content-type", "application/json")
                 .body(Body::from(ok))
                 .unwrap(),
             StatusCode::BAD_REQUEST,
@@ -200,6 +208,7 @@ async fn bad_requests_have_the_error_shape_and_change_nothing() {
         ),
         (
             Request::post("/v1/channels/a%20b/messages")
+                .header("content-type", "application/json")
                 .body(Body::from(ok))
                 .unwrap(),
             StatusCode::BAD_REQUEST,
@@ -207,6 +216,7 @@ async fn bad_requests_have_the_error_shape_and_change_nothing() {
         ),
         (
             Request::post("/v1/channels/c/messages")
+                .header("content-type", "application/json")
                 .body(Body::from("{"))
                 .unwrap(),
             StatusCode::BAD_REQUEST,
@@ -214,6 +224,7 @@ async fn bad_requests_have_the_error_shape_and_change_nothing() {
         ),
         (
             Request::post("/v1/channels/c/messages")
+                .header("content-type", "application/json")
                 .body(Body::empty())
                 .unwrap(),
             StatusCode::BAD_REQUEST,
@@ -221,6 +232,7 @@ async fn bad_requests_have_the_error_shape_and_change_nothing() {
         ),
         (
             Request::post("/v1/channels/c/messages")
+                .header("content-type", "application/json")
                 .body(Body::from("{}"))
                 .unwrap(),
             StatusCode::BAD_REQUEST,
@@ -228,6 +240,7 @@ async fn bad_requests_have_the_error_shape_and_change_nothing() {
         ),
         (
             Request::post("/v1/channels/c/messages")
+                .header("content-type", "application/json")
                 .body(Body::from(r#"{"data":1,"x":1}"#))
                 .unwrap(),
             StatusCode::BAD_REQUEST,
@@ -235,6 +248,7 @@ async fn bad_requests_have_the_error_shape_and_change_nothing() {
         ),
         (
             Request::post("/v1/channels/c/messages")
+                .header("content-type", "application/json")
                 .body(Body::from(format!(r#"{{"data":"{}"}}"#, "x".repeat(1100))))
                 .unwrap(),
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -242,6 +256,7 @@ async fn bad_requests_have_the_error_shape_and_change_nothing() {
         ),
         (
             Request::post("/v1/channels/c/messages")
+                .header("content-type", "application/json")
                 .header(header::CONTENT_LENGTH, "5000")
                 .body(Body::from(ok))
                 .unwrap(),
@@ -333,6 +348,7 @@ async fn a_standby_refuses_a_forwarded_publish_and_points_to_the_holder() {
     let (status, headers, body) = node
         .call(
             Request::post("/v1/channels/c/messages")
+                .header("content-type", "application/json")
                 .header("herald-forwarded-by", "node-x")
                 .body(Body::from(r#"{"data":1}"#))
                 .unwrap(),
@@ -427,7 +443,8 @@ async fn forward_to_frozen_holder(
         .set_standby(Some(&format!("http://{}", frozen.local_addr().unwrap())));
     let router = app(node.state.clone());
     let publish = tokio::spawn(async move {
-        let mut request = Request::post("/v1/channels/c/messages");
+        let mut request =
+            Request::post("/v1/channels/c/messages").header("content-type", "application/json");
         if let Some(key) = key {
             request = request.header("idempotency-key", key);
         }
@@ -562,6 +579,7 @@ async fn a_full_queue_answers_queue_full() {
             router
                 .oneshot(
                     Request::post("/v1/channels/q/messages")
+                        .header("content-type", "application/json")
                         .body(Body::from(r#"{"data":1}"#))
                         .unwrap(),
                 )
@@ -669,6 +687,7 @@ async fn real_listener_refuses_a_2_mib_body_with_json() {
     let body = format!(r#"{{"data":"{}"}}"#, "x".repeat(2 << 20));
     let response = client
         .post(format!("{base}/v1/channels/big/messages"))
+        .header("content-type", "application/json")
         .body(body)
         .send()
         .await

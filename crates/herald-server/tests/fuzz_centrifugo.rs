@@ -8,7 +8,10 @@
 //! are negative, fractional, strings, beyond `u32`), garbage, truncated
 //! JSON, binary frames and text frames that are not UTF-8; commands
 //! before `connect`, a second `connect`, subscribes to a channel already
-//! subscribed, unsubscribes of channels never subscribed.
+//! subscribed, unsubscribes of channels never subscribed; and pipelined
+//! frames of up to 400 copies of one command (a `history` of a channel of
+//! 1000 messages of 1000 bytes among them), below and above the 256
+//! commands a frame may hold.
 //!
 //! The contract, checked after every frame (`docs/centrifugo.md`):
 //! - each line is answered as the protocol says: a command with an id
@@ -25,13 +28,19 @@
 //!   by one for each `publish` answered `{}` and never otherwise, and the
 //!   presence rows of the connection are exactly its subscriptions in the
 //!   namespace with presence;
+//! - a frame of more than 256 commands is not run: no reply, a 3013
+//!   close;
+//! - the process's resident memory stays within [`MEMORY_BOUND`] of what
+//!   it was once the node started (replies are written as they are
+//!   ready: a frame of 256 `history` commands of the large channel once
+//!   buffered 256 MB of replies, twice);
 //! - no panic anywhere in the process.
 //!
 //! Cases are bounded ([`SESSIONS`]); failures are not persisted to files
 //! (proptest prints the minimal session it found).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Once;
 
 use futures::{SinkExt, StreamExt};
@@ -54,6 +63,17 @@ use tokio_tungstenite::tungstenite::Message as Frame;
 
 /// Sessions (proptest cases) per run.
 const SESSIONS: u32 = 256;
+
+/// How much the process's resident memory may grow during the run.
+const MEMORY_BOUND: usize = 128 << 20;
+
+/// The most commands a frame may hold (the node's `channel_limit` is
+/// the default, 128).
+const COMMANDS_PER_FRAME: usize = 256;
+
+/// A channel of 1000 messages of about 1000 bytes, published before the
+/// sessions: a `history` of it answers 1 MB.
+const BIG_CHANNEL: &str = "room:big";
 
 /// `max_message_bytes` of the node: publications around it reach 106.
 const MAX_MESSAGE_BYTES: usize = 1024;
@@ -185,6 +205,8 @@ enum GenFrame {
     /// A text frame whose payload is not UTF-8 (raw bytes with an invalid
     /// sequence in them).
     NotUtf8(Vec<u8>),
+    /// `count` copies of one command, pipelined in one frame.
+    Pipelined { command: Command, count: usize },
 }
 
 #[derive(Debug, Clone)]
@@ -622,7 +644,31 @@ fn frame() -> impl Strategy<Value = GenFrame> {
                 bytes.push(bad);
                 GenFrame::NotUtf8(bytes)
             }),
+        2 => (
+            prop_oneof![Just(big_history()), well_typed_command()],
+            prop_oneof![
+                1usize..=COMMANDS_PER_FRAME,
+                Just(COMMANDS_PER_FRAME),
+                COMMANDS_PER_FRAME + 1..=400,
+            ],
+        )
+            .prop_map(|(command, count)| GenFrame::Pipelined { command, count }),
     ]
+}
+
+/// `history` of all of [`BIG_CHANNEL`] (1000 publications, 1 MB).
+fn big_history() -> Command {
+    Command {
+        id: Some(json!(1)),
+        methods: vec![(
+            "history",
+            Request::Object(vec![
+                ("channel", Field::Json(json!(BIG_CHANNEL))),
+                ("limit", Field::Json(json!(1000))),
+            ]),
+        )],
+        typing: Typing::Good,
+    }
 }
 
 fn session() -> impl Strategy<Value = Session> {
@@ -723,6 +769,27 @@ fn tokens(secret: &str) -> BTreeMap<&'static str, String> {
 }
 
 impl Fixture {
+    /// Publishes [`BIG_CHANNEL`]'s 1000 messages, in batches of 100.
+    async fn fill_big_channel(&self) {
+        let bearer = format!("Bearer {}", self.tokens["alice"]);
+        let data = "b".repeat(MAX_MESSAGE_BYTES - 24);
+        for _ in 0..10 {
+            let messages: Vec<Value> = (0..100)
+                .map(|_| json!({"channel": BIG_CHANNEL, "data": data}))
+                .collect();
+            let (status, _, body) = self
+                .node
+                .call(
+                    "POST",
+                    "/v1/messages",
+                    &[("authorization", bearer.as_str())],
+                    Some(json!({ "messages": messages })),
+                )
+                .await;
+            assert_eq!(status, 201, "{body}");
+        }
+    }
+
     fn token(&self, t: Token) -> String {
         match t {
             Token::Empty => String::new(),
@@ -958,13 +1025,17 @@ fn error_message(code: u64) -> Option<&'static str> {
 /// never 100).
 fn error_codes(method: &str) -> &'static [u64] {
     match method {
-        "connect" | "refresh" => &[109],
-        "subscribe" => &[103, 105, 107, 109],
+        "connect" => &[109],
+        // An expired token closes the connection (3005).
+        "refresh" => &[],
+        // 111: beyond the connection's rate of reads.
+        "subscribe" => &[103, 105, 107, 109, 111],
         "unsubscribe" => &[107],
         "publish" => &[103, 106, 107],
-        "history" => &[103, 107, 112],
+        "history" => &[103, 107, 111, 112],
         "presence" | "presence_stats" => &[103, 107, 108],
-        "sub_refresh" => &[103, 107, 109],
+        // An expired token closes the connection (3006).
+        "sub_refresh" => &[103, 107],
         "rpc" => &[108],
         "ping" => &[],
         _ => &[104],
@@ -1016,7 +1087,7 @@ fn outcomes(sent: &Sent, connected: bool) -> Outcomes {
         Typing::Lenient => Outcomes {
             reply: sent.id.is_some(),
             nothing: true,
-            closes: BTreeSet::from([3500, 3501, 3508]),
+            closes: BTreeSet::from([3005, 3006, 3500, 3501, 3508]),
         },
         Typing::Good if !connected => {
             // Before `connect` only a `connect` with an id is taken.
@@ -1057,6 +1128,15 @@ fn outcomes(sent: &Sent, connected: bool) -> Outcomes {
                 || names.contains(&"sub_refresh")
             {
                 closes.insert(3500);
+            }
+            // A refresh with an expired token: 3005 (3006 for a
+            // subscription's), as Centrifugo, so that the SDK fetches
+            // another.
+            if names.contains(&"refresh") {
+                closes.insert(3005);
+            }
+            if names.contains(&"sub_refresh") {
+                closes.insert(3006);
             }
             Outcomes {
                 reply: names != ["send"],
@@ -1187,6 +1267,8 @@ fn check_reply(sent: &Sent, reply: &Value, connected: bool, model: &Model) -> Re
             };
             match pinned {
                 Some(0) => return Err(format!("{method} must succeed")),
+                // A read beyond the connection's rate answers 111 first.
+                Some(105) if code == 111 => {}
                 Some(expected) if expected != code => {
                     return Err(format!("{method} must answer {expected}"))
                 }
@@ -1253,6 +1335,9 @@ fn check_reply(sent: &Sent, reply: &Value, connected: bool, model: &Model) -> Re
 struct Conn {
     ws: Ws,
     closed: Option<Option<u16>>,
+    /// The channels of the `unsubscribe` pushes read (a `refresh` with a
+    /// token that no longer grants them).
+    unsubscribed: Vec<String>,
 }
 
 impl Conn {
@@ -1299,10 +1384,26 @@ impl Conn {
                             if value.as_object().map(Map::len) != Some(1) {
                                 return Err(format!("a push with more: {value}"));
                             }
+                            if value["push"].get("unsubscribe").is_some() {
+                                let channel = value["push"]["channel"].as_str().unwrap_or_default();
+                                self.unsubscribed.push(channel.to_owned());
+                            }
                             continue;
                         }
                         if value.get("id").is_none() {
                             return Err(format!("neither a reply nor a push: {value}"));
+                        }
+                        let mut value = value;
+                        if let Some(publications) = value
+                            .get_mut("history")
+                            .and_then(|h| h.get_mut("publications"))
+                        {
+                            // Checked here, and not kept: the memory
+                            // bound is the node's, not this client's.
+                            if publications.as_array().is_some_and(|p| p.len() > 1000) {
+                                return Err("more than 1000 publications".to_owned());
+                            }
+                            *publications = json!([]);
                         }
                         if id.is_some() && value["id"] == json!(id) {
                             return Ok((replies, Some(value)));
@@ -1329,6 +1430,25 @@ impl Conn {
     }
 }
 
+/// A `connect` with Alice's token.
+fn connect_line(fixture: &Fixture, model: &mut Model) -> Sent {
+    model.next_id += 1;
+    let token = fixture.token(Token::Alice);
+    Sent {
+        text: json!({"id": model.next_id, "connect": {"token": token}}).to_string(),
+        id: Some(model.next_id),
+        kind: Kind::Command {
+            methods: vec![("connect", json!({"token": token}))],
+            typing: Typing::Good,
+            tokens: BTreeMap::from([("connect", Token::Alice)]),
+        },
+    }
+}
+
+/// The largest client frame the node takes: `max_message_bytes` and
+/// 16 KiB for the command around it; a larger one closes with 3501.
+const MAX_FRAME_BYTES: usize = MAX_MESSAGE_BYTES + 16 * 1024;
+
 async fn run_session(fixture: &Fixture, session: &Session) -> Result<(), TestCaseError> {
     let mut model = Model::default();
     for channel in CHANNELS {
@@ -1344,23 +1464,17 @@ async fn run_session(fixture: &Fixture, session: &Session) -> Result<(), TestCas
         .ws("/connection/websocket", &[])
         .await
         .map_err(|s| TestCaseError::fail(format!("upgrade refused: {s}")))?;
-    let mut conn = Conn { ws, closed: None };
+    let mut conn = Conn {
+        ws,
+        closed: None,
+        unsubscribed: Vec::new(),
+    };
     for (n, frame) in session.frames.iter().enumerate() {
         let (sent, payload): (Vec<Sent>, Frame) = match frame {
             GenFrame::Text { lines, crlf } => {
                 let mut sent = Vec::new();
                 if n == 0 && session.connect_first {
-                    model.next_id += 1;
-                    let token = fixture.token(Token::Alice);
-                    sent.push(Sent {
-                        text: json!({"id": model.next_id, "connect": {"token": token}}).to_string(),
-                        id: Some(model.next_id),
-                        kind: Kind::Command {
-                            methods: vec![("connect", json!({"token": token}))],
-                            typing: Typing::Good,
-                            tokens: BTreeMap::from([("connect", Token::Alice)]),
-                        },
-                    });
+                    sent.push(connect_line(fixture, &mut model));
                 }
                 for line in lines {
                     sent.push(match line {
@@ -1393,6 +1507,19 @@ async fn run_session(fixture: &Fixture, session: &Session) -> Result<(), TestCas
                     .join(separator);
                 (sent, Frame::Text(text.into()))
             }
+            GenFrame::Pipelined { command, count } => {
+                let mut sent = Vec::new();
+                if n == 0 && session.connect_first {
+                    sent.push(connect_line(fixture, &mut model));
+                }
+                sent.extend((0..*count).map(|_| render(command, fixture, &mut model)));
+                let text = sent
+                    .iter()
+                    .map(|s| s.text.as_str())
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                (sent, Frame::Text(text.into()))
+            }
             GenFrame::Binary(bytes) => (Vec::new(), Frame::Binary(bytes.clone().into())),
             GenFrame::NotUtf8(bytes) => (
                 Vec::new(),
@@ -1403,8 +1530,22 @@ async fn run_session(fixture: &Fixture, session: &Session) -> Result<(), TestCas
                 )),
             ),
         };
+        let too_big = matches!(&payload, Frame::Text(t) if t.len() > MAX_FRAME_BYTES);
         conn.send(payload).await;
-        if !matches!(frame, GenFrame::Text { .. }) {
+        if too_big {
+            let (replies, _) = conn.until(None).await.map_err(TestCaseError::fail)?;
+            prop_assert!(replies.is_empty(), "{} replies", replies.len());
+            prop_assert_eq!(conn.closed, Some(Some(3501)), "a frame over the limit");
+            return Ok(());
+        }
+        if sent.len() > COMMANDS_PER_FRAME {
+            // Too many commands: none runs, the connection closes.
+            let (replies, _) = conn.until(None).await.map_err(TestCaseError::fail)?;
+            prop_assert!(replies.is_empty(), "{} replies", replies.len());
+            prop_assert_eq!(conn.closed, Some(Some(3013)), "{} commands", sent.len());
+            return Ok(());
+        }
+        if !matches!(frame, GenFrame::Text { .. } | GenFrame::Pipelined { .. }) {
             // Not the protocol: the connection is closed with 3501.
             let (replies, _) = conn.until(None).await.map_err(TestCaseError::fail)?;
             prop_assert!(replies.is_empty(), "{replies:?}");
@@ -1445,6 +1586,9 @@ async fn run_session(fixture: &Fixture, session: &Session) -> Result<(), TestCas
             sentinel_reply = reply;
         }
         let closed = conn.closed;
+        for channel in conn.unsubscribed.drain(..) {
+            model.subscribed.remove(&channel);
+        }
         let observed = Observed { replies, closed };
         explain(&sent, &observed, &mut model).map_err(|e| {
             TestCaseError::fail(format!(
@@ -1518,16 +1662,75 @@ fn client_protocol_answers_every_command_or_closes_as_documented() {
         node,
         tokens: tokens(&secret),
     };
+    rt.block_on(fixture.fill_big_channel());
+    let rss = PeakRss::start();
     let mut runner = TestRunner::new(Config {
         cases: SESSIONS,
         failure_persistence: None,
         ..Config::default()
     });
     let outcome = runner.run(&session(), |s| rt.block_on(run_session(&fixture, &s)));
+    let grown = rss.growth();
     rt.block_on(fixture.node.stop());
     drop(place);
+    assert!(
+        grown < MEMORY_BOUND,
+        "the process grew by {} MB (bound {} MB)",
+        grown >> 20,
+        MEMORY_BOUND >> 20
+    );
     outcome.unwrap();
     assert!(!PANICKED.load(Ordering::SeqCst), "a panic");
+}
+
+/// The largest resident memory of this process seen while it runs, read
+/// from `/proc/self/statm` by a thread of its own.
+struct PeakRss {
+    peak: std::sync::Arc<AtomicUsize>,
+    stop: std::sync::Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    start: usize,
+}
+
+/// Resident bytes of this process now.
+fn rss_bytes() -> usize {
+    let statm = std::fs::read_to_string("/proc/self/statm").expect("/proc/self/statm");
+    let pages: usize = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+impl PeakRss {
+    fn start() -> Self {
+        let start = rss_bytes();
+        let peak = std::sync::Arc::new(AtomicUsize::new(start));
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (peak, stop) = (peak.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    peak.fetch_max(rss_bytes(), Ordering::SeqCst);
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
+            })
+        };
+        Self {
+            peak,
+            stop,
+            thread: Some(thread),
+            start,
+        }
+    }
+
+    /// How much the resident memory grew above its level at the start,
+    /// at its peak.
+    fn growth(mut self) -> usize {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.take().unwrap().join().unwrap();
+        self.peak
+            .load(Ordering::SeqCst)
+            .max(rss_bytes())
+            .saturating_sub(self.start)
+    }
 }
 
 /// The checker refuses what the contract forbids: a reply to a pong, a

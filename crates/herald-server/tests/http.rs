@@ -135,7 +135,13 @@ async fn bad_requests_answer_the_error_shape_and_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let node = Node::holder(dir.path()).await;
     publish_n(&node, "c", 1, 1).await;
-    let post = |path: &str, body: Vec<u8>| node.client.post(node.url(path)).body(body).send();
+    let post = |path: &str, body: Vec<u8>| {
+        node.client
+            .post(node.url(path))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
     let big = format!(r#"{{"data":"{}"}}"#, "x".repeat(2 << 20)).into_bytes();
     let cases: Vec<(reqwest::Response, u16, &str)> = vec![
         (

@@ -75,8 +75,8 @@ async fn expect_continue_gets_the_final_answer_when_the_headers_decide() {
     let mut stream = connect(&node).await;
     let body = br#"{"data":1}"#;
     let head = format!(
-        "POST /v1/channels/c/messages HTTP/1.1\r\nHost: herald\r\nContent-Length: {}\r\n\
-         Expect: 100-continue\r\n\r\n",
+        "POST /v1/channels/c/messages HTTP/1.1\r\nHost: herald\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nExpect: 100-continue\r\n\r\n",
         body.len()
     );
     stream.write_all(head.as_bytes()).await.unwrap();
@@ -207,6 +207,67 @@ async fn through_a_trusted_proxy_the_forwarded_client_is_counted() {
         let (status, _) = node.get("/healthz").await;
         assert_eq!(status, 200);
     }
+    node.stop().await;
+}
+
+/// A Centrifugo WebSocket (`/connection/websocket`) holds its client's
+/// place for the session's whole life, not only until its `101` answer:
+/// directly (its TCP connection) and through a trusted proxy (its
+/// `X-Forwarded-For` address), a second connection of the same client is
+/// refused while the session runs, and allowed once it closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_centrifugo_session_holds_its_place_for_its_whole_life() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = ServerConfig {
+        max_connections_per_ip: 1,
+        trusted_proxies: vec!["127.0.0.1".parse().unwrap()],
+        ..ServerConfig::default()
+    };
+    let node = holder(dir.path(), config).await;
+    let events = node.url("/v1/channels/c/events");
+    let open = |client: &'static str| {
+        node.client
+            .get(events.clone())
+            .header("x-forwarded-for", client)
+            .send()
+    };
+    let client = "192.0.2.7";
+    let mut ws = node
+        .ws("/connection/websocket", &[("x-forwarded-for", client)])
+        .await
+        .expect("the upgrade");
+    // The session runs: it answers its connect (so the 101 is long sent).
+    ws.send(Frame::Text(r#"{"id":1,"connect":{}}"#.into()))
+        .await
+        .unwrap();
+    let mut closed = None;
+    let reply = within(
+        "the connect reply",
+        NODE_WAIT,
+        ws_next(&mut ws, &mut closed),
+    )
+    .await
+    .expect("a reply");
+    assert!(reply["connect"]["client"].is_string(), "{reply}");
+    let refused = open(client).await.unwrap();
+    assert_eq!(refused.status().as_u16(), 429);
+    let body: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "too_many_connections");
+    // Once the session ended, its place is free (the server notices the
+    // close in its own time: try until it has).
+    ws.close(None).await.unwrap();
+    while ws_next(&mut ws, &mut closed).await.is_some() {}
+    within("the place frees up", NODE_WAIT, async {
+        loop {
+            let answer = open(client).await.unwrap();
+            if answer.status().as_u16() == 200 {
+                return;
+            }
+            assert_eq!(answer.status().as_u16(), 429);
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
     node.stop().await;
 }
 

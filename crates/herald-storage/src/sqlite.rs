@@ -213,7 +213,9 @@ impl SqliteStorage {
                 ),
             ));
         }
-        fs::create_dir_all(&data_dir)
+        // Private: the database holds every message; others get no access
+        // to a directory made here (an existing one keeps its mode).
+        create_private_dir(&data_dir)
             .map_err(|e| Error::io("create the data directory", &data_dir, e))?;
         let sessions_dir = data_dir.join(SESSIONS_DIR);
         fs::create_dir_all(&sessions_dir)
@@ -373,6 +375,16 @@ impl SqliteStorage {
     {
         self.renewal_sender().call(f).await
     }
+}
+
+/// Creates `dir` and its missing parents with mode 0700 (owner only);
+/// an existing directory is left as it is.
+pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
 }
 
 /// Opens one connection with the settings of `role`.
@@ -723,6 +735,23 @@ mod tests {
             node_id: "node-a".to_owned(),
             advertise_url: "http://node-a.test".to_owned(),
         }
+    }
+
+    /// A data directory the storage creates is the owner's only (0700):
+    /// the database holds every message.
+    #[tokio::test]
+    async fn a_new_data_directory_is_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let data_dir = dir.path().join("new").join("data");
+        let storage = SqliteStorage::open(&data_dir, SqliteOptions::default())
+            .await
+            .unwrap();
+        for created in [data_dir.as_path(), data_dir.parent().unwrap()] {
+            let mode = fs::metadata(created).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o700, "{}: {mode:o}", created.display());
+        }
+        drop(storage);
     }
 
     /// A renewal stuck on its connection is abandoned after the statement

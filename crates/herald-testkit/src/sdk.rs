@@ -87,10 +87,34 @@ impl SdkClient {
     /// # Panics
     /// When the SDK is not installed or its process cannot start.
     pub fn start(sdk: Sdk, what: &str, url: &str, token: &str, channel: &str) -> Self {
+        Self::spawn(sdk, what, url, token, channel, &[])
+    }
+
+    /// As [`SdkClient::start`], with a `getToken` on the client and on its
+    /// subscriptions that answers the tokens queued by the command
+    /// `{"op": "tokens", "tokens": [...]}` (a subscription's with
+    /// `"channel"`), then the last of them again, and reports each call
+    /// (`{"type": "get_token", "channel": ...}`). centrifuge-js only.
+    ///
+    /// # Panics
+    /// As [`SdkClient::start`], or for another SDK.
+    pub fn start_with_get_token(
+        sdk: Sdk,
+        what: &str,
+        url: &str,
+        token: &str,
+        channel: &str,
+    ) -> Self {
+        assert_eq!(sdk, Sdk::Js, "getToken is driven for centrifuge-js only");
+        Self::spawn(sdk, what, url, token, channel, &["--get-token"])
+    }
+
+    fn spawn(sdk: Sdk, what: &str, url: &str, token: &str, channel: &str, extra: &[&str]) -> Self {
         let mut child = sdk
             .command()
             .arg(url)
             .arg(token)
+            .args(extra)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

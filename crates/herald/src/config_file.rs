@@ -100,6 +100,9 @@ struct CentrifugoSection {
     /// Longest wait for `connect` (`--centrifugo-connect-timeout`).
     #[serde(skip_serializing_if = "Option::is_none")]
     connect_timeout: Option<String>,
+    /// Longest wait of one write to a client (`--centrifugo-write-timeout`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    write_timeout: Option<String>,
     /// Presence on (`--centrifugo-presence`).
     #[serde(skip_serializing_if = "Option::is_none")]
     presence: Option<bool>,
@@ -116,6 +119,9 @@ struct CentrifugoSection {
     /// Most channels per connection (`--centrifugo-channel-limit`).
     #[serde(skip_serializing_if = "Option::is_none")]
     channel_limit: Option<u32>,
+    /// Anonymous connects accepted (`--centrifugo-anonymous-connect`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    anonymous_connect: Option<bool>,
 }
 
 /// Reads and parses the config file at `path` for the `herald serve`
@@ -384,6 +390,7 @@ presence = true
 join_leave = true
 force_push_join_leave = false
 channel_limit = 16
+anonymous_connect = true
 
 [namespaces.chat]
 presence = false
@@ -396,6 +403,7 @@ join_leave = true
         assert_eq!(file.flags["centrifugo_join_leave"], ["true"]);
         assert_eq!(file.flags["centrifugo_force_push_join_leave"], ["false"]);
         assert_eq!(file.flags["centrifugo_channel_limit"], ["16"]);
+        assert_eq!(file.flags["centrifugo_anonymous_connect"], ["true"]);
         let chat = file.namespaces.as_ref().unwrap()["chat"];
         assert_eq!((chat.presence, chat.join_leave), (Some(false), Some(true)));
         assert_eq!(file.flags["insecure_no_auth"], ["true"]);

@@ -1,10 +1,14 @@
 //! Safe by default: a node without authentication serves only loopback.
 //!
 //! A node whose `--listen` address is loopback (`127.0.0.0/8`, `::1`,
-//! `localhost`) starts without authentication, for development. On any
-//! other address it starts only when authentication is configured
-//! ([`auth_configured`]) or `--insecure-no-auth` is given; then it warns at
-//! start and every hour ([`INSECURE_WARNING_PERIOD`]).
+//! `localhost`) starts without authentication, for development, provided
+//! nothing publishes it to other hosts: no `--trusted-proxy` (a reverse
+//! proxy in front of it) and an `--advertise-url` that is loopback too.
+//! Such a node answers only requests for loopback host names
+//! ([`Exposure::Loopback`], against DNS rebinding). Any other node starts
+//! only when authentication is configured ([`auth_configured`]) or
+//! `--insecure-no-auth` is given; then it warns at start and every hour
+//! ([`INSECURE_WARNING_PERIOD`]).
 
 use std::net::IpAddr;
 use std::time::Duration;
@@ -19,11 +23,27 @@ pub(crate) const INSECURE_WARNING_PERIOD: Duration = Duration::from_secs(3600);
 /// How a node is exposed, as decided at start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Exposure {
-    /// Loopback only, or authentication configured.
-    Safe,
+    /// Authentication configured.
+    Authenticated,
+    /// No authentication, loopback only: requests for other host names
+    /// are refused.
+    Loopback,
     /// Reachable from other hosts without authentication, as
     /// `--insecure-no-auth` asked.
     Insecure,
+}
+
+/// Where a node can be reached from, as its flags say.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Reach<'a> {
+    /// The host of `--listen`.
+    pub(crate) host: &'a str,
+    /// `--listen` as written, for messages.
+    pub(crate) listen: &'a str,
+    /// `--advertise-url`, if given.
+    pub(crate) advertise_url: Option<&'a str>,
+    /// Whether `--trusted-proxy` names any proxy.
+    pub(crate) behind_proxy: bool,
 }
 
 /// Whether the config file's `[auth]` section configures any credential: an
@@ -42,31 +62,61 @@ pub(crate) fn is_loopback(host: &str) -> bool {
     }
 }
 
-/// Decides whether a node listening on `host` (written `listen` in
-/// messages) may start.
+/// Whether an `--advertise-url`'s host is loopback (see [`is_loopback`];
+/// an IPv6 host in brackets).
+fn url_is_loopback(url: &str) -> bool {
+    reqwest::Url::parse(url).is_ok_and(|url| {
+        url.host_str()
+            .is_some_and(|host| is_loopback(host.trim_start_matches('[').trim_end_matches(']')))
+    })
+}
+
+/// Decides whether a node reachable as `reach` says may start.
 ///
 /// # Errors
-/// Not loopback, no authentication and no `--insecure-no-auth`: the
-/// message names the fixes.
+/// No authentication, no `--insecure-no-auth`, and a listen address that
+/// is not loopback, a trusted proxy, or an advertised URL that is not
+/// loopback: the message names the cause and the fixes.
 pub(crate) fn check(
-    host: &str,
-    listen: &str,
+    reach: Reach<'_>,
     auth: Option<&AuthConfig>,
     insecure_no_auth: bool,
 ) -> anyhow::Result<Exposure> {
-    if is_loopback(host) || auth_configured(auth) {
-        return Ok(Exposure::Safe);
+    if auth_configured(auth) {
+        return Ok(Exposure::Authenticated);
     }
+    let published = if !is_loopback(reach.host) {
+        None
+    } else if reach.behind_proxy {
+        Some("--trusted-proxy says a reverse proxy publishes it to other hosts".to_owned())
+    } else {
+        match reach.advertise_url {
+            Some(url) if !url_is_loopback(url) => Some(format!(
+                "--advertise-url {url} says other hosts reach it there"
+            )),
+            _ => return Ok(Exposure::Loopback),
+        }
+    };
     if insecure_no_auth {
         return Ok(Exposure::Insecure);
     }
-    anyhow::bail!(
-        "refusing to listen on {listen} without authentication: anyone who reaches it could \
-         publish to and read every channel. Configure API keys or JWT in the [auth] section of \
-         the config file (--config, see docs/configuration.md), listen on loopback only \
-         (--listen 127.0.0.1:PORT), or pass --insecure-no-auth to run without authentication \
-         anyway"
-    )
+    let listen = reach.listen;
+    match published {
+        None => anyhow::bail!(
+            "refusing to listen on {listen} without authentication: anyone who reaches it could \
+             publish to and read every channel. Configure API keys or JWT in the [auth] section of \
+             the config file (--config, see docs/configuration.md), listen on loopback only \
+             (--listen 127.0.0.1:PORT), or pass --insecure-no-auth to run without authentication \
+             anyway"
+        ),
+        Some(why) => anyhow::bail!(
+            "refusing to start without authentication: the node listens on loopback ({listen}), \
+             but {why}, and anyone who reaches it there could publish to and read every channel. \
+             Configure API keys or JWT in the [auth] section of the config file (--config, see \
+             docs/configuration.md), or pass --insecure-no-auth to run without authentication \
+             anyway"
+        ),
+    }
 }
 
 /// Logs the warning of an insecure node now and every
@@ -123,17 +173,26 @@ mod tests {
         assert!(auth_configured(Some(&auth("[jwt]\nhs256_secret = \"s\""))));
     }
 
+    fn reach<'a>(host: &'a str, advertise_url: Option<&'a str>, behind_proxy: bool) -> Reach<'a> {
+        Reach {
+            host,
+            listen: "the listen address",
+            advertise_url,
+            behind_proxy,
+        }
+    }
+
     #[test]
     fn an_exposed_node_needs_auth_or_the_insecure_flag() {
         assert_eq!(
-            check("127.0.0.1", "127.0.0.1:1", None, false).unwrap(),
-            Exposure::Safe
+            check(reach("127.0.0.1", None, false), None, false).unwrap(),
+            Exposure::Loopback
         );
         assert_eq!(
-            check("0.0.0.0", "0.0.0.0:1", None, true).unwrap(),
+            check(reach("0.0.0.0", None, false), None, true).unwrap(),
             Exposure::Insecure
         );
-        let error = check("0.0.0.0", "0.0.0.0:1", None, false)
+        let error = check(reach("0.0.0.0", None, false), None, false)
             .unwrap_err()
             .to_string();
         assert!(error.contains("[auth]"), "{error}");
@@ -143,9 +202,50 @@ mod tests {
             "ab".repeat(32)
         ))
         .unwrap();
-        assert_eq!(
-            check("0.0.0.0", "0.0.0.0:1", Some(&auth), false).unwrap(),
-            Exposure::Safe
-        );
+        for exposed in [
+            reach("0.0.0.0", None, false),
+            reach("127.0.0.1", None, true),
+            reach("127.0.0.1", Some("https://herald.example"), false),
+        ] {
+            assert_eq!(
+                check(exposed, Some(&auth), false).unwrap(),
+                Exposure::Authenticated
+            );
+        }
+    }
+
+    /// A loopback node that a reverse proxy publishes (a trusted proxy, or
+    /// an advertised URL that is not loopback) is exposed as much as one
+    /// listening on every interface.
+    #[test]
+    fn a_published_loopback_node_needs_auth_or_the_insecure_flag() {
+        for (published, cause) in [
+            (reach("127.0.0.1", None, true), "--trusted-proxy"),
+            (
+                reach("localhost", Some("https://herald.example"), false),
+                "--advertise-url https://herald.example",
+            ),
+            (
+                reach("::1", Some("http://10.0.0.5:7700"), false),
+                "--advertise-url http://10.0.0.5:7700",
+            ),
+        ] {
+            let error = check(published, None, false).unwrap_err().to_string();
+            assert!(error.contains(cause), "{error}");
+            assert!(error.contains("--insecure-no-auth"), "{error}");
+            assert!(error.contains("[auth]"), "{error}");
+            assert_eq!(check(published, None, true).unwrap(), Exposure::Insecure);
+        }
+        for loopback in [
+            "http://127.0.0.1:7700",
+            "http://localhost:7700",
+            "https://[::1]:7700",
+        ] {
+            assert_eq!(
+                check(reach("127.0.0.1", Some(loopback), false), None, false).unwrap(),
+                Exposure::Loopback,
+                "{loopback}"
+            );
+        }
     }
 }

@@ -6,6 +6,7 @@ mod config_check;
 mod config_file;
 mod exposure;
 mod fanout;
+mod file_modes;
 mod history;
 mod jwt_reload;
 mod keys;

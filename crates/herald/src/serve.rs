@@ -231,6 +231,10 @@ pub(crate) struct ServeArgs {
     /// before the server closes with 3502.
     #[arg(long, env = "HERALD_CENTRIFUGO_CONNECT_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     centrifugo_connect_timeout: Duration,
+    /// Centrifugo protocol: longest wait of one write to a client's socket
+    /// (a client that stopped reading) before the server closes with 3012.
+    #[arg(long, env = "HERALD_CENTRIFUGO_WRITE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    centrifugo_write_timeout: Duration,
     /// Centrifugo protocol: answer `presence` and `presence_stats`
     /// (cluster-wide, kept in the database); off, they answer 108. The
     /// default for namespaces without `presence` of their own.
@@ -256,6 +260,13 @@ pub(crate) struct ServeArgs {
     /// name more closes with 3505.
     #[arg(long, env = "HERALD_CENTRIFUGO_CHANNEL_LIMIT", default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..))]
     centrifugo_channel_limit: u32,
+    /// Centrifugo protocol: accept a `connect` without a token as an
+    /// anonymous connection, which may subscribe to public namespaces
+    /// (Centrifugo's `allow_anonymous_connect_without_token`). Off (the
+    /// default), such a connect is closed with 3501 when access control
+    /// is on.
+    #[arg(long, env = "HERALD_CENTRIFUGO_ANONYMOUS_CONNECT", value_parser = clap::builder::BoolishValueParser::new())]
+    centrifugo_anonymous_connect: bool,
 }
 
 /// A `--listen` value: a host (an IP address or a name to resolve) and a
@@ -445,8 +456,12 @@ pub(crate) fn check(args: &ServeArgs, file: &ConfigFile) -> anyhow::Result<Check
     let lease_config = lease_config(args)?;
     check_settings(args)?;
     let exposure = exposure::check(
-        &args.listen.host,
-        &args.listen.to_string(),
+        exposure::Reach {
+            host: &args.listen.host,
+            listen: &args.listen.to_string(),
+            advertise_url: args.advertise_url.as_deref(),
+            behind_proxy: !args.trusted_proxies.is_empty(),
+        },
         file.auth.as_ref(),
         args.insecure_no_auth,
     )?;
@@ -496,6 +511,16 @@ async fn start_and_run(
     check_fault_switches()?;
     // Check the settings before touching the network or the database.
     let checked = check(&args, &file)?;
+    let secret_files = [
+        ("the config file", args.config.as_deref()),
+        ("the TLS key", args.tls_key.as_deref()),
+    ];
+    crate::file_modes::warn_readable_by_others(
+        &secret_files
+            .iter()
+            .filter_map(|(what, path)| Some((*what, (*path)?)))
+            .collect::<Vec<_>>(),
+    );
     // Bind first: a node that cannot serve neither creates nor migrates a
     // database, nor takes the lease.
     let listener = bind(&args.listen).await?;
@@ -645,11 +670,13 @@ fn centrifugo_config(args: &ServeArgs) -> CentrifugoConfig {
         ping_interval: args.centrifugo_ping_interval,
         pong_timeout: args.centrifugo_pong_timeout,
         connect_timeout: args.centrifugo_connect_timeout,
+        write_timeout: args.centrifugo_write_timeout,
         presence: args.centrifugo_presence,
         presence_ttl: args.centrifugo_presence_ttl,
         join_leave: args.centrifugo_join_leave,
         force_push_join_leave: args.centrifugo_force_push_join_leave,
         channel_limit: usize::try_from(args.centrifugo_channel_limit).unwrap_or(usize::MAX),
+        anonymous_connect: args.centrifugo_anonymous_connect,
     }
 }
 
@@ -707,6 +734,9 @@ fn server_config(
         retention: RetentionHandle::new(args.retention.load(args.config.as_deref())?),
         trim_pacing: args.retention.pacing(),
         centrifugo: centrifugo_config(args),
+        // Against DNS rebinding: a loopback node without authentication
+        // answers loopback host names only.
+        loopback_hosts_only: checked.exposure == Exposure::Loopback,
         ..ServerConfig::default()
     };
     server_config.validate().context("server settings")?;
@@ -1042,7 +1072,7 @@ async fn open_storage(
 /// name the absolute path and the operation, once.
 fn stable_node_id(data_dir: &Path) -> anyhow::Result<String> {
     let data_dir = &std::path::absolute(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
-    std::fs::create_dir_all(data_dir).map_err(|e| {
+    herald_storage::sqlite::create_private_dir(data_dir).map_err(|e| {
         anyhow::anyhow!(
             "cannot create the data directory {} (--data-dir), where the node id is kept: {e}",
             data_dir.display()
@@ -1143,6 +1173,12 @@ mod tests {
         assert_eq!(config.centrifugo.ping_interval, Duration::from_secs(5));
         assert_eq!(config.centrifugo.pong_timeout, Duration::from_secs(2));
         assert_eq!(config.centrifugo.channel_limit, 128);
+        assert!(!config.centrifugo.anonymous_connect);
+        assert!(
+            config_of(&["--centrifugo-anonymous-connect"])
+                .centrifugo
+                .anonymous_connect
+        );
         assert_eq!(
             config_of(&["--centrifugo-channel-limit", "3"])
                 .centrifugo
@@ -1158,6 +1194,7 @@ mod tests {
     #[test]
     fn limit_flags_reach_the_server_config() {
         let config = config_of(&[
+            "--insecure-no-auth",
             "--max-connections-per-ip",
             "3",
             "--trusted-proxy",
@@ -1169,6 +1206,10 @@ mod tests {
         ]);
         assert_eq!(config.max_connections_per_ip, 3);
         assert_eq!(config.ws_max_message_bytes, 1024);
+        // Published by a proxy with --insecure-no-auth: any Host; a plain
+        // loopback node without auth: loopback host names only.
+        assert!(!config.loopback_hosts_only);
+        assert!(config_of(&[]).loopback_hosts_only);
         let proxies: Vec<IpAddr> = ["10.0.0.1", "::1", "10.0.0.2"]
             .iter()
             .map(|a| a.parse().unwrap())

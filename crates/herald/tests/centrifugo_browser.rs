@@ -7,6 +7,9 @@
 //!
 //! The page is served and driven by `tests/clients/browser.mjs` (Node.js
 //! with `playwright-core`), which prints what the page sees as JSON lines.
+//! Its origin (a free loopback port of its own) is another than the
+//! node's, so the node allows it in `[cors] allowed_origins`: a WebSocket
+//! from an origin not allowed is refused.
 //! The test command installs the packages (`npm ci` in `tests/clients`)
 //! and Debian's `chromium`, and names them in `HERALD_TEST_NODE_CLIENTS`
 //! and `HERALD_TEST_CHROMIUM` (and `node` in `HERALD_TEST_NODE`, else
@@ -58,24 +61,25 @@ fn chromium() -> PathBuf {
 /// `--remote-debugging-pipe`, exits by itself when that pipe closes.
 struct Browser {
     child: Child,
-    /// Kept open: the script closes the browser and exits when it ends.
-    _stdin: ChildStdin,
+    /// Takes the WebSocket URL, then is kept open: the script closes the
+    /// browser and exits when it ends.
+    stdin: ChildStdin,
     reports: Lines<BufReader<ChildStdout>>,
     stderr: Arc<Mutex<String>>,
 }
 
 impl Browser {
-    /// Starts the page: its client connects to `ws_url` with `token` and
-    /// subscribes to `channel`. Temporary files (the browser's profile)
-    /// go to `tmp`.
-    fn start(tmp: &Path, ws_url: &str, token: &str, channel: &str) -> Self {
+    /// Starts the page's server (its first report is the page's origin);
+    /// once [`Browser::open`] names the WebSocket URL, the page's client
+    /// connects there with `token` and subscribes to `channel`. Temporary
+    /// files (the browser's profile) go to `tmp`.
+    fn start(tmp: &Path, token: &str, channel: &str) -> Self {
         let clients = node_clients(&["centrifuge", "playwright-core"], &["browser.mjs"]);
         let chromium = chromium();
         let node = node_bin();
         let mut child = Command::new(&node)
             .arg(clients.join("browser.mjs"))
             .arg(&chromium)
-            .arg(ws_url)
             .arg(token)
             .arg(channel)
             .current_dir(&clients)
@@ -100,10 +104,20 @@ impl Browser {
         });
         Self {
             child,
-            _stdin: stdin,
+            stdin,
             reports,
             stderr,
         }
+    }
+
+    /// Opens the page, whose client connects to `ws_url`.
+    async fn open(&mut self, ws_url: &str) {
+        use tokio::io::AsyncWriteExt;
+        self.stdin
+            .write_all(format!("{ws_url}\n").as_bytes())
+            .await
+            .expect("write the WebSocket URL");
+        self.stdin.flush().await.expect("flush");
     }
 
     /// What the script wrote on stderr so far.
@@ -184,17 +198,24 @@ async fn centrifuge_js_in_headless_chromium_receives_a_publication() {
     let tmp = dir.path().join("tmp");
     std::fs::create_dir(&tmp).unwrap();
 
+    let mut browser = Browser::start(&tmp, &token(&jwt_secret), CHANNEL);
+    let origin = browser.expect("origin").await;
+    let origin = origin["origin"].as_str().expect("an origin").to_owned();
     let server = Server::start_with(
         &dir.path().join("data"),
-        &["--config", config.to_str().unwrap()],
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--cors-allowed-origins",
+            &origin,
+        ],
     )
     .await;
     let ws_url = format!(
         "{}/connection/websocket",
         server.url.replacen("http://", "ws://", 1)
     );
-
-    let mut browser = Browser::start(&tmp, &ws_url, &token(&jwt_secret), CHANNEL);
+    browser.open(&ws_url).await;
     let subscribed = browser.expect("subscribed").await;
     println!("{subscribed}");
     assert_eq!(subscribed["channel"], CHANNEL, "{subscribed}");

@@ -260,6 +260,84 @@ async fn a_public_address_without_auth_is_refused_with_the_fix() {
     );
 }
 
+/// A loopback node without authentication that a reverse proxy publishes
+/// (`--trusted-proxy`) or that tells other hosts to reach it elsewhere
+/// (`--advertise-url` not loopback) is as exposed as one on every
+/// interface: it refuses to start, naming the cause and the fixes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_published_loopback_node_without_auth_is_refused_with_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    for (flags, cause) in [
+        (["--trusted-proxy", "127.0.0.1"], "--trusted-proxy"),
+        (
+            ["--advertise-url", "https://herald.example"],
+            "--advertise-url https://herald.example",
+        ),
+    ] {
+        let mut args = vec!["--listen", "127.0.0.1:0", "--data-dir", "data"];
+        args.extend(flags);
+        let error = failed_start(dir.path(), &args).await;
+        assert!(
+            error.contains("refusing to start without authentication"),
+            "{error}"
+        );
+        assert!(error.contains(cause), "{error}");
+        assert!(error.contains("[auth]"), "{error}");
+        assert!(error.contains("--insecure-no-auth"), "{error}");
+    }
+    assert!(
+        !dir.path().join("data").exists(),
+        "a refused start created the data dir"
+    );
+}
+
+/// A loopback node without authentication answers requests for loopback
+/// host names only (DNS rebinding); with `--insecure-no-auth` behind a
+/// proxy it answers any. Its data directory is the owner's only, and a
+/// config file that others may read is warned about.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loopback_node_without_auth_refuses_foreign_host_names() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "node_id = \"loopback\"\n");
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let data = dir.path().join("new").join("data");
+    let server = Server::start_with(&data, &["--config", config.to_str().unwrap()]).await;
+    let warning = server
+        .wait_log_record("the readable config file warning", WAIT, |r| {
+            r["what"] == "the config file"
+        })
+        .await;
+    assert_eq!(warning["level"], "WARN", "{warning}");
+    let mode = std::fs::metadata(&data).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700, "data dir mode {mode:o}");
+    let http = reqwest::Client::new();
+    let ask = |host: &'static str| {
+        http.get(format!("{}/healthz", server.url))
+            .header("host", host)
+            .send()
+    };
+    let refused = ask("rebind.evil.example").await.unwrap();
+    assert_eq!(refused.status().as_u16(), 403);
+    let body: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "host_not_allowed", "{body}");
+    assert_eq!(ask("localhost").await.unwrap().status().as_u16(), 200);
+    drop(server);
+
+    let server = Server::start_with(
+        &dir.path().join("proxied"),
+        &["--trusted-proxy", "127.0.0.1", "--insecure-no-auth"],
+    )
+    .await;
+    let answer = http
+        .get(format!("{}/healthz", server.url))
+        .header("host", "herald.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status().as_u16(), 200);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn insecure_no_auth_starts_on_a_public_address_and_warns() {
     let dir = tempfile::tempdir().unwrap();

@@ -15,7 +15,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use tracing::Instrument;
 
-use crate::{centrifugo, conn_limit, sse, ws, AppState, Error};
+use crate::{centrifugo, conn_limit, edge, sse, ws, AppState, Error};
 
 pub(crate) use publish::{after_takeover_error, forward_to_holder};
 
@@ -34,14 +34,16 @@ pub(crate) fn router(state: AppState) -> Router {
             "/v1/channels/{channel}/messages",
             get(read::history)
                 .post(publish::publish)
-                .layer(DefaultBodyLimit::max(limit)),
+                .layer(DefaultBodyLimit::max(limit))
+                .layer(middleware::from_fn(edge::require_json)),
         )
         // A batch publish: its own body limit, `max_batch_body_bytes`,
         // enforced by the handler as the publish extractor does.
         .route(
             "/v1/messages",
             post(batch::publish_batch)
-                .layer(DefaultBodyLimit::max(state.config().max_batch_body_bytes)),
+                .layer(DefaultBodyLimit::max(state.config().max_batch_body_bytes))
+                .layer(middleware::from_fn(edge::require_json)),
         )
         .route(
             "/v1/channels/{channel}",
@@ -64,14 +66,27 @@ pub(crate) fn router(state: AppState) -> Router {
         // After every route: it applies to the routes already added.
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
+        // Every WebSocket upgrade, whatever its route: its `Origin`
+        // (`edge.rs`).
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            edge::check_websocket_origin,
+        ))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             conn_limit::limit_proxied,
         ))
         .layer(middleware::from_fn_with_state(state.clone(), request_span))
-        // Outermost: a preflight (`OPTIONS`) is answered here, on every
-        // route, and every answer gets the CORS headers (`cors.rs`).
+        // A preflight (`OPTIONS`) is answered here, on every route, and
+        // every answer gets the CORS headers (`cors.rs`).
         .layer(state.config().cors.layer())
+        // Outermost: on a loopback node without access control, a
+        // request for another host name is refused before anything else
+        // (`edge.rs`).
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            edge::check_loopback_host,
+        ))
         .with_state(state)
 }
 

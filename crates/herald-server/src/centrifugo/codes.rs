@@ -94,6 +94,7 @@ disconnects! {
     INSUFFICIENT_STATE = 3010, "insufficient state";
     FORCE_RECONNECT = 3011, "force reconnect";
     NO_PONG = 3012, "no pong";
+    TOO_MANY_REQUESTS = 3013, "too many requests";
     INVALID_TOKEN = 3500, "invalid token";
     BAD_REQUEST = 3501, "bad request";
     STALE = 3502, "stale";

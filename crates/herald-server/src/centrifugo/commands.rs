@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::channel_options::ChannelOptions;
 use super::codes::{self, Disconnect, ReplyError};
-use super::history::{history, HistoryQuery};
+use super::history::{cost, history, Budget, HistoryQuery};
 use super::presence;
 use super::protocol::{
     self, error_reply, publications, reply, ChannelRequest, Command, ConnectRequest,
@@ -20,7 +20,7 @@ use super::protocol::{
     SubscribeRequest,
 };
 use super::recovery::{self, Recovery};
-use super::session::{Out, Session, Sub};
+use super::session::{max_commands_per_frame, Out, Session, Stop, Sub, Writer, REPLY_FRAME_BYTES};
 use crate::auth::{AuthError, Credential, Principal};
 use crate::error::StorageContext;
 use crate::subscription::{Item, Subscription};
@@ -28,13 +28,11 @@ use crate::subscription::{Item, Subscription};
 /// The version the connect reply names: Herald's.
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
-/// What one frame of commands produced.
+/// What one frame of commands ended with (its replies are written).
 #[derive(Debug, Default)]
 pub(crate) struct Handled {
-    /// The replies, in command order, to send in one frame.
-    pub(crate) replies: Vec<String>,
-    /// Close the connection with this, after sending the replies.
-    pub(crate) close: Option<Disconnect>,
+    /// The session ends: close with this code, or the client is gone.
+    pub(crate) end: Option<Stop>,
     /// The frame held a pong (`{}`).
     pub(crate) pong: bool,
 }
@@ -43,6 +41,8 @@ pub(crate) struct Handled {
 enum Answer {
     /// A reply.
     Reply(String),
+    /// A reply, then pushes.
+    Replies(Vec<String>),
     /// No reply (a pong).
     Nothing,
     /// Close the connection.
@@ -196,11 +196,29 @@ fn expiry_instant(who: &Principal) -> Option<Instant> {
 struct Empty {}
 
 impl Session {
-    /// Runs the commands of one text frame, in order. A line that is not a
-    /// command closes the connection with 3501 after the replies so far.
-    pub(crate) async fn handle_frame(&mut self, text: &str) -> Handled {
+    /// Runs the commands of one text frame, in order, and writes their
+    /// replies as they are ready (gathered into socket frames of up to
+    /// [`REPLY_FRAME_BYTES`]), so that at most one command's reply waits
+    /// in memory. A frame of more than [`max_commands_per_frame`] lines
+    /// is not run: 3013. A line that is not a command closes the
+    /// connection with 3501 after the replies so far. Before each command
+    /// the tokens' expiry is checked: an expired one closes the
+    /// connection (3005, 3006), and replies not yet written are dropped.
+    pub(crate) async fn handle_frame(&mut self, text: &str, writer: &mut Writer) -> Handled {
         let mut handled = Handled::default();
-        for line in text.split('\n').map(str::trim).filter(|l| !l.is_empty()) {
+        let lines = text.split('\n').map(str::trim).filter(|l| !l.is_empty());
+        let cap = max_commands_per_frame(self.state.config().centrifugo.channel_limit);
+        if lines.clone().count() > cap {
+            tracing::debug!(client = %self.client, max_commands = cap, "too many commands in a frame");
+            handled.end = Some(Stop::Close(codes::TOO_MANY_REQUESTS));
+            return handled;
+        }
+        let mut batch = String::new();
+        for line in lines {
+            if let Some(d) = self.expired() {
+                handled.end = Some(Stop::Close(d));
+                return handled;
+            }
             // A command is a JSON object (serde would also take an array
             // of its fields' values).
             let command = line
@@ -208,19 +226,53 @@ impl Session {
                 .then(|| serde_json::from_str::<Command>(line).ok())
                 .flatten();
             let Some(command) = command else {
-                handled.close = Some(codes::BAD_REQUEST);
+                handled.end = Some(
+                    self.flush(writer, &mut batch)
+                        .await
+                        .err()
+                        .unwrap_or(Stop::Close(codes::BAD_REQUEST)),
+                );
                 return handled;
             };
-            match self.handle(command, &mut handled.pong).await {
-                Answer::Reply(text) => handled.replies.push(text),
-                Answer::Nothing => {}
+            let texts = match self.handle(command, &mut handled.pong).await {
+                Answer::Reply(text) => vec![text],
+                Answer::Replies(texts) => texts,
+                Answer::Nothing => Vec::new(),
                 Answer::Close(d) => {
-                    handled.close = Some(d);
+                    handled.end = Some(
+                        self.flush(writer, &mut batch)
+                            .await
+                            .err()
+                            .unwrap_or(Stop::Close(d)),
+                    );
+                    return handled;
+                }
+            };
+            for text in texts {
+                if !batch.is_empty() {
+                    batch.push('\n');
+                }
+                batch.push_str(&text);
+            }
+            if batch.len() >= REPLY_FRAME_BYTES {
+                if let Err(stop) = self.flush(writer, &mut batch).await {
+                    handled.end = Some(stop);
                     return handled;
                 }
             }
         }
+        if let Err(stop) = self.flush(writer, &mut batch).await {
+            handled.end = Some(stop);
+        }
         handled
+    }
+
+    /// Writes the gathered replies, if any.
+    async fn flush(&self, writer: &mut Writer, batch: &mut String) -> Result<(), Stop> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.write(writer, std::mem::take(batch)).await
     }
 
     /// Runs one command.
@@ -245,6 +297,10 @@ impl Session {
         if self.who.is_none() {
             // Centrifugo: any command before `connect` is a protocol error.
             return Answer::Close(codes::BAD_REQUEST);
+        }
+        let reads = c.subscribe.is_some() || c.history.is_some();
+        if reads && !self.reads.take() {
+            return Answer::Reply(error_reply(id, &ReplyError::too_many_requests()));
         }
         if let Some(req) = c.subscribe {
             self.subscribe(id, req).await
@@ -305,12 +361,22 @@ impl Session {
     /// closes the connection with 3004 (the client reconnects), as
     /// Centrifugo does. A token whose `subs` name more channels than
     /// `channel_limit` closes the connection with 3505 "channel limit"
-    /// before any of them starts, as Centrifugo's connect does.
+    /// before any of them starts, as Centrifugo's connect does. A connect
+    /// without a token, on a node with access control and without
+    /// `anonymous_connect`, closes with 3501 "bad request".
     async fn connect(&mut self, id: u32, req: ConnectRequest) -> Answer {
         if self.who.is_some() {
             return Answer::Close(codes::BAD_REQUEST);
         }
         let who = if req.token.is_empty() {
+            // No token: an anonymous connection only where the operator
+            // allows it (or nothing is checked); else Centrifugo's answer
+            // to a connect without credentials.
+            let state = &self.state;
+            if state.shared.auth.enabled() && !state.config().centrifugo.anonymous_connect {
+                tracing::debug!(client = %self.client, "connect without a token refused");
+                return Answer::Close(codes::BAD_REQUEST);
+            }
             Principal::Anonymous
         } else {
             match self.check_token(id, &req.token).await {
@@ -338,15 +404,15 @@ impl Session {
         tracing::debug!(client = %self.client, name = %req.name, version = %req.version, "connected");
         let expiry = Expiry::of(&who);
         let user = who.token().map(|t| t.subject.clone()).unwrap_or_default();
-        if let Some(control) = self.control.take() {
-            self.state
-                .shared
-                .centrifugo
-                .insert(&self.client, &user, control);
-        }
+        self.state
+            .shared
+            .centrifugo
+            .insert(&self.client, &user, Arc::clone(&self.mailbox));
         self.expires = expiry_instant(&who);
         self.who = Some(who);
         let mut started = Vec::with_capacity(server_subs.len());
+        // One budget for every recovery of the reply.
+        let mut budget = Budget::of(self.state.config());
         for (channel, data) in server_subs {
             let recover = req
                 .subs
@@ -361,10 +427,14 @@ impl Session {
                         .and_then(|who| self.state.shared.auth.live_only_window(who, &channel)),
                 });
             match self
-                .start_subscription(&channel, recover, None, JoinLeave::default())
+                .start_subscription(&channel, recover, None, JoinLeave::default(), budget)
                 .await
             {
-                Ok(s) => started.push((channel, data, s)),
+                Ok(s) => {
+                    let spent: usize = s.missed.iter().map(cost).sum();
+                    budget.bytes = budget.bytes.saturating_sub(spent);
+                    started.push((channel, data, s));
+                }
                 // What the session started so far ends with it.
                 Err(_) => return Answer::Close(codes::SERVER_ERROR),
             }
@@ -437,8 +507,9 @@ impl Session {
             offset: req.offset,
             live_only: self.state.shared.auth.live_only_window(&who, &channel),
         });
+        let budget = Budget::of(self.state.config());
         match self
-            .start_subscription(&channel, recover, expires, join_leave)
+            .start_subscription(&channel, recover, expires, join_leave, budget)
             .await
         {
             Ok(started) => Answer::Reply(reply(id, "subscribe", &started.result(&expiry, None))),
@@ -464,10 +535,11 @@ impl Session {
         recover: Option<RecoverFrom<'_>>,
         expires: Option<Instant>,
         join_leave: JoinLeave,
+        budget: Budget,
     ) -> Result<Started, ReplyError> {
         let options = ChannelOptions::of(&self.state, channel);
         presence::join(&self.state, &self.client, &self.user(), channel).await?;
-        let started = self.follow_channel(channel, recover.as_ref()).await;
+        let started = self.follow_channel(channel, recover.as_ref(), budget).await;
         let (started, live) = match started {
             Ok(started) => started,
             Err(e) => {
@@ -518,6 +590,7 @@ impl Session {
         &self,
         channel: &ChannelName,
         recover: Option<&RecoverFrom<'_>>,
+        budget: Budget,
     ) -> crate::Result<(Started, Subscription)> {
         let shared = &self.state.shared;
         let storage = shared.storage.as_ref();
@@ -534,6 +607,7 @@ impl Session {
                     from.epoch,
                     from.offset,
                     from.live_only,
+                    budget,
                 )
                 .await?
             }
@@ -726,7 +800,8 @@ impl Session {
             since: req.since,
             reverse: req.reverse,
         };
-        match history(shared.storage.as_ref(), &channel, epoch, &query).await {
+        let budget = Budget::of(self.state.config());
+        match history(shared.storage.as_ref(), &channel, epoch, &query, budget).await {
             Ok(h) => Answer::Reply(reply(
                 id,
                 "history",
@@ -744,10 +819,17 @@ impl Session {
     /// `subs` differ from the server-side subscriptions the connection has
     /// (a channel added, or one made at connect gone) closes it with 3010
     /// instead, so that the client reconnects with the new token's
-    /// subscriptions (Centrifugo does the same).
+    /// subscriptions (Centrifugo does the same). An expired token closes
+    /// it with 3005, as Centrifugo does, so that the SDK reconnects with a
+    /// token it fetches anew (an error reply would end its connection for
+    /// good). The client-side subscriptions made on the connection's
+    /// credentials (not with a subscription token) that the new token no
+    /// longer grants end after the reply, each with an `unsubscribe` push
+    /// (code 2000).
     async fn refresh(&mut self, id: u32, req: RefreshRequest) -> Answer {
         let who = match self.check_token(id, &req.token).await {
             Ok(who) => who,
+            Err(Answer::Reply(_)) => return Answer::Close(codes::EXPIRED),
             Err(answer) => return answer,
         };
         let empty = BTreeMap::new();
@@ -760,6 +842,14 @@ impl Session {
         if added || dropped {
             return Answer::Close(codes::INSUFFICIENT_STATE);
         }
+        let auth = &self.state.shared.auth;
+        let lost: Vec<ChannelName> = self
+            .subs
+            .iter()
+            .filter(|(c, sub)| sub.expires.is_none() && !self.server_subs.contains(*c))
+            .filter(|(c, _)| auth.may_subscribe(&who, c).is_err())
+            .map(|(c, _)| c.clone())
+            .collect();
         let expiry = Expiry::of(&who);
         self.expires = expiry_instant(&who);
         self.who = Some(who);
@@ -770,7 +860,7 @@ impl Session {
             #[serde(flatten)]
             expiry: Expiry,
         }
-        Answer::Reply(reply(
+        let mut texts = vec![reply(
             id,
             "refresh",
             &RefreshResult {
@@ -778,9 +868,23 @@ impl Session {
                 version: VERSION,
                 expiry,
             },
-        ))
+        )];
+        for channel in lost {
+            if self.unsubscribe(&channel).await {
+                texts.push(protocol::unsubscribe_push(
+                    channel.as_str(),
+                    2000,
+                    "not granted by the refreshed token",
+                ));
+            }
+        }
+        Answer::Replies(texts)
     }
 
+    /// `sub_refresh`: a new subscription token for a subscription. An
+    /// expired token closes the connection with 3006, as Centrifugo does,
+    /// so that the SDK reconnects and resubscribes with a token it fetches
+    /// anew (an error reply would end the subscription for good).
     async fn sub_refresh(&mut self, id: u32, req: SubRefreshRequest) -> Answer {
         let channel = match channel(&req.channel) {
             Ok(channel) => channel,
@@ -791,6 +895,7 @@ impl Session {
         }
         let who = match self.check_token(id, &req.token).await {
             Ok(who) => who,
+            Err(Answer::Reply(_)) => return Answer::Close(codes::SUB_EXPIRED),
             Err(answer) => return answer,
         };
         if self

@@ -20,6 +20,11 @@ pub struct CentrifugoConfig {
     /// upgrade before the server closes with 3502 "stale" (Centrifugo's
     /// `client.stale_close_delay`, default 10 s).
     pub connect_timeout: Duration,
+    /// The longest one write to a client's socket may wait (a client that
+    /// stops reading leaves the server's writes waiting on a full TCP
+    /// window) before the server closes the connection with 3012
+    /// (default 10 s). Must be above 0.
+    pub write_timeout: Duration,
     /// Whether `presence` and `presence_stats` are answered (default
     /// off: error 108 "not available", as Centrifugo without presence).
     /// On, every subscription is recorded in the storage's presence rows,
@@ -47,6 +52,14 @@ pub struct CentrifugoConfig {
     /// closes with 3505 "channel limit". At least 1: unlike Centrifugo,
     /// where 0 means no limit, Herald always has one.
     pub channel_limit: usize,
+    /// Whether a `connect` without a token is accepted as an anonymous
+    /// connection (empty user) when access control is on (Centrifugo's
+    /// `client.allow_anonymous_connect_without_token`, default off: such a
+    /// connect is closed with 3501 "bad request", as Centrifugo does). An
+    /// anonymous connection may subscribe to public namespaces only. A
+    /// node without access control accepts every connect, as it allows
+    /// every request.
+    pub anonymous_connect: bool,
 }
 
 impl Default for CentrifugoConfig {
@@ -55,11 +68,13 @@ impl Default for CentrifugoConfig {
             ping_interval: Duration::from_secs(25),
             pong_timeout: Duration::from_secs(8),
             connect_timeout: Duration::from_secs(10),
+            write_timeout: Duration::from_secs(10),
             presence: false,
             presence_ttl: Duration::from_secs(30),
             join_leave: false,
             force_push_join_leave: false,
             channel_limit: 128,
+            anonymous_connect: false,
         }
     }
 }
@@ -83,6 +98,11 @@ impl CentrifugoConfig {
         if self.connect_timeout.is_zero() {
             return Err(StartError::Config(
                 "centrifugo connect_timeout must be above 0".to_owned(),
+            ));
+        }
+        if self.write_timeout.is_zero() {
+            return Err(StartError::Config(
+                "centrifugo write_timeout must be above 0".to_owned(),
             ));
         }
         if self.presence_ttl < Duration::from_millis(30) {
@@ -109,11 +129,13 @@ mod tests {
         assert_eq!(c.ping_interval, Duration::from_secs(25));
         assert_eq!(c.pong_timeout, Duration::from_secs(8));
         assert_eq!(c.connect_timeout, Duration::from_secs(10));
+        assert_eq!(c.write_timeout, Duration::from_secs(10));
         assert!(!c.presence);
         assert!(!c.join_leave);
         assert!(!c.force_push_join_leave);
         assert_eq!(c.presence_ttl, Duration::from_secs(30));
         assert_eq!(c.channel_limit, 128);
+        assert!(!c.anonymous_connect);
         c.validate().unwrap();
     }
 
@@ -138,6 +160,10 @@ mod tests {
             },
             CentrifugoConfig {
                 connect_timeout: Duration::ZERO,
+                ..CentrifugoConfig::default()
+            },
+            CentrifugoConfig {
+                write_timeout: Duration::ZERO,
                 ..CentrifugoConfig::default()
             },
             CentrifugoConfig {

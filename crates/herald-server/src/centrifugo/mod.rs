@@ -51,8 +51,8 @@ mod session;
 
 pub use config::CentrifugoConfig;
 pub(crate) use node_info::report_task as node_report_task;
-#[cfg(test)]
-pub(crate) use registry::Control;
 pub(crate) use registry::Registry;
+#[cfg(test)]
+pub(crate) use registry::{Control, Mailbox};
 pub(crate) use server_api::call as server_api;
 pub(crate) use session::upgrade;

@@ -15,6 +15,7 @@
 use herald_core::{ChannelName, Message, Offset};
 use herald_storage::{Page, Storage};
 
+use super::history::{cost, Budget};
 use crate::error::StorageContext;
 use crate::subscription::LiveOnly;
 use crate::Result;
@@ -87,12 +88,15 @@ pub(crate) fn decide(
     }
 }
 
-/// Reads what [`decide`] needs and decides; `live_only` is the history
-/// resume window of a subscriber that may not read the channel's history
-/// (`None` when it may).
+/// Reads what [`decide`] needs, in pages of `budget.page` messages, and
+/// decides; `live_only` is the history resume window of a subscriber that
+/// may not read the channel's history (`None` when it may). Missed
+/// publications of more than `budget.bytes` (see
+/// [`super::history::cost`]) are not recovered either: the reading stops
+/// there, so that a recovery never holds more than the budget and a page.
 ///
 /// # Errors
-/// [`crate::Error::Storage`] when the read fails.
+/// [`crate::Error::Storage`] when a read fails.
 pub(crate) async fn recover(
     storage: &dyn Storage,
     channel: &ChannelName,
@@ -100,11 +104,42 @@ pub(crate) async fn recover(
     epoch: &str,
     offset: Offset,
     live_only: Option<std::time::Duration>,
+    budget: Budget,
 ) -> Result<Recovery> {
-    let page = storage
-        .read(channel, offset, MAX_RECOVERED + 1)
-        .await
-        .during("read", Some(channel))?;
+    let read = |after: Offset| async move {
+        storage
+            .read(channel, after, budget.page.min(MAX_RECOVERED + 1))
+            .await
+            .during("read", Some(channel))
+    };
+    let mut page = read(offset).await?;
+    let mut bytes: usize = page.messages.iter().map(cost).sum();
+    let mut last = page.messages.len();
+    while last == budget.page && page.messages.len() <= MAX_RECOVERED {
+        if bytes > budget.bytes {
+            return Ok(Recovery::NotRecovered {
+                position: page.head,
+            });
+        }
+        let after = page.messages.last().map_or(offset, |m| m.offset);
+        let next = read(after).await?;
+        if next.messages.first().is_some_and(|m| m.offset != after + 1) {
+            // Trimmed between the reads.
+            return Ok(Recovery::NotRecovered {
+                position: next.head,
+            });
+        }
+        bytes += next.messages.iter().map(cost).sum::<usize>();
+        last = next.messages.len();
+        page.head = next.head;
+        page.deletion = next.deletion;
+        page.messages.extend(next.messages);
+    }
+    if bytes > budget.bytes {
+        return Ok(Recovery::NotRecovered {
+            position: page.head,
+        });
+    }
     let live_only = live_only.map(|window| LiveOnly {
         resume: Some(offset),
         window,
@@ -212,5 +247,63 @@ mod tests {
         // Nothing missed hands nothing over: recovered.
         let r = decide("e1", "e1", 5, page(5, &[]), Some(&live(0)));
         assert_eq!(offsets(&r), Some((vec![], 5)));
+    }
+}
+
+#[cfg(test)]
+mod budget_tests {
+    use super::*;
+    use crate::testing::MemoryStorage;
+
+    #[tokio::test]
+    async fn a_recovery_holds_at_most_its_budget() {
+        let storage = MemoryStorage::new();
+        let data = format!("\"{}\"", "x".repeat(998));
+        for _ in 0..50 {
+            storage.append_as_other_node("news:b", &data);
+        }
+        let channel = ChannelName::new("news:b").unwrap();
+        // 1066 bytes a message: 9 fit in 10 000, read 10 at a time.
+        let budget = Budget::new(10_000, 1_000);
+        let recover_from = |offset| {
+            let storage = storage.clone();
+            let channel = channel.clone();
+            async move {
+                recover(&*storage, &channel, "e", "e", offset, None, budget)
+                    .await
+                    .unwrap()
+            }
+        };
+        assert_eq!(
+            recover_from(0).await,
+            Recovery::NotRecovered { position: 50 }
+        );
+        assert_eq!(
+            recover_from(40).await,
+            Recovery::NotRecovered { position: 50 }
+        );
+        match recover_from(41).await {
+            Recovery::Recovered {
+                publications,
+                position,
+            } => {
+                let offsets: Vec<Offset> = publications.iter().map(|m| m.offset).collect();
+                assert_eq!(offsets, (42..=50).collect::<Vec<_>>());
+                assert_eq!(position, 50);
+            }
+            r => panic!("{r:?}"),
+        }
+        // Several pages within the budget.
+        let wide = Budget::new(1 << 20, 100_000);
+        match recover(&*storage, &channel, "e", "e", 5, None, wide)
+            .await
+            .unwrap()
+        {
+            Recovery::Recovered { publications, .. } => {
+                let offsets: Vec<Offset> = publications.iter().map(|m| m.offset).collect();
+                assert_eq!(offsets, (6..=50).collect::<Vec<_>>());
+            }
+            r => panic!("{r:?}"),
+        }
     }
 }

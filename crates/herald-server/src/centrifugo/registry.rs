@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use herald_core::ChannelName;
 use herald_storage::{ClusterEvent, Storage};
-use tokio::sync::mpsc;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::codes::{self, Disconnect};
@@ -23,6 +23,71 @@ pub(crate) enum Control {
     Unsubscribe(ChannelName),
 }
 
+/// A session's way in for [`Control`]s: what was told waits here until
+/// the session takes it, so nothing told is ever dropped (a full queue
+/// once made the server API answer success for a `disconnect` that never
+/// reached the session). Its size is bounded: one disconnect (the first
+/// told wins) and a set of channels to unsubscribe from, each of them a
+/// channel the session was subscribed to when told.
+#[derive(Debug, Default)]
+pub(crate) struct Mailbox {
+    pending: Mutex<Pending>,
+    /// Wakes the session; a wake-up with nobody waiting is kept for the
+    /// next wait.
+    notify: Notify,
+}
+
+/// What a [`Mailbox`] holds.
+#[derive(Debug, Default)]
+struct Pending {
+    disconnect: Option<Disconnect>,
+    unsubscribe: BTreeSet<ChannelName>,
+}
+
+impl Mailbox {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Leaves `control` for the session and wakes it.
+    pub(crate) fn tell(&self, control: &Control) {
+        {
+            let mut pending = self.lock();
+            match control {
+                Control::Disconnect(d) => {
+                    pending.disconnect.get_or_insert(*d);
+                }
+                Control::Unsubscribe(channel) => {
+                    pending.unsubscribe.insert(channel.clone());
+                }
+            }
+        }
+        self.notify.notify_one();
+    }
+
+    /// The next thing told, a disconnect before any unsubscribe; waits
+    /// until there is one. Cancel-safe: nothing is taken unless returned.
+    pub(crate) async fn next(&self) -> Control {
+        loop {
+            if let Some(control) = self.take() {
+                return control;
+            }
+            self.notify.notified().await;
+        }
+    }
+
+    /// The next thing told, a disconnect first, if there is one.
+    pub(crate) fn take(&self) -> Option<Control> {
+        let mut pending = self.lock();
+        if let Some(d) = pending.disconnect.take() {
+            return Some(Control::Disconnect(d));
+        }
+        pending.unsubscribe.pop_first().map(Control::Unsubscribe)
+    }
+}
+
 /// One connection as the registry knows it.
 #[derive(Debug)]
 struct Entry {
@@ -30,8 +95,8 @@ struct Entry {
     user: String,
     /// The channels it is subscribed to.
     channels: BTreeSet<ChannelName>,
-    /// Its session's control queue.
-    control: mpsc::Sender<Control>,
+    /// Its session's mailbox.
+    control: Arc<Mailbox>,
 }
 
 /// The connections of this node, by client id.
@@ -87,7 +152,7 @@ impl Registry {
     }
 
     /// Adds connection `client` of `user`.
-    pub(crate) fn insert(&self, client: &str, user: &str, control: mpsc::Sender<Control>) {
+    pub(crate) fn insert(&self, client: &str, user: &str, control: Arc<Mailbox>) {
         self.lock().insert(
             client.to_owned(),
             Entry {
@@ -115,8 +180,8 @@ impl Registry {
     }
 
     /// Sends `control` to every connection of `user` (to those subscribed
-    /// to `only_channel`, if given); returns how many got it. A session
-    /// whose queue is full misses it (it is busy closing anyway).
+    /// to `only_channel`, if given); returns how many got it: every one,
+    /// as a mailbox never refuses.
     pub(crate) fn tell_user(
         &self,
         user: &str,
@@ -128,7 +193,7 @@ impl Registry {
             .values()
             .filter(|e| e.user == user)
             .filter(|e| only_channel.is_none_or(|c| e.channels.contains(c)))
-            .filter(|e| e.control.try_send(control.clone()).is_ok())
+            .inspect(|e| e.control.tell(control))
             .count()
     }
 
@@ -176,5 +241,55 @@ impl Registry {
             subs: conns.values().map(|e| e.channels.len()).sum(),
             channels: channels.len(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whatever is told reaches the session however much is told before
+    /// it looks: a disconnect after many unsubscribes is not dropped (an
+    /// 8-slot queue once dropped it while the server API answered
+    /// success), and it is taken first.
+    #[tokio::test]
+    async fn nothing_told_is_dropped() {
+        let registry = Registry::new(
+            crate::testing::MemoryStorage::new(),
+            CancellationToken::new(),
+            tracing::Span::none(),
+        );
+        let mailbox = Arc::new(Mailbox::default());
+        registry.insert("c1", "ann", Arc::clone(&mailbox));
+        let channels: Vec<ChannelName> = (0..40)
+            .map(|i| ChannelName::new(format!("news:{i}")).unwrap())
+            .collect();
+        for channel in &channels {
+            registry.set_subscribed("c1", channel, true);
+        }
+        for channel in &channels {
+            let told = registry.apply(&ClusterEvent::Unsubscribe {
+                user: "ann".to_owned(),
+                channel: channel.clone(),
+            });
+            assert_eq!(told, 1, "{channel}");
+        }
+        let told = registry.apply(&ClusterEvent::Disconnect {
+            user: "ann".to_owned(),
+            code: codes::FORCE_NO_RECONNECT.code,
+        });
+        assert_eq!(told, 1);
+        assert!(matches!(
+            mailbox.next().await,
+            Control::Disconnect(d) if d == codes::FORCE_NO_RECONNECT
+        ));
+        let mut unsubscribed = BTreeSet::new();
+        while let Some(control) = mailbox.take() {
+            match control {
+                Control::Unsubscribe(channel) => assert!(unsubscribed.insert(channel)),
+                Control::Disconnect(d) => panic!("a second disconnect {d:?}"),
+            }
+        }
+        assert_eq!(unsubscribed, channels.into_iter().collect());
     }
 }

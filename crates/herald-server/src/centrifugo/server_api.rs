@@ -7,7 +7,8 @@
 //! Refused before any method runs, with an HTTP status as Centrifugo
 //! answers and `{"error": {"code", "message"}}`, in this order: an unknown
 //! method 404 (104); a missing or unknown key 401 (101), checked before
-//! the body is read; a body over `max_batch_body_bytes` 413 (106); a body
+//! the body is read; a `Content-Type` that is not JSON 415 (107); a body
+//! over `max_batch_body_bytes` 413 (106); a body
 //! that does not decode (not a JSON object, a field of another JSON type)
 //! 400 (107). Every other answer is HTTP 200 with `{"result": ...}` or
 //! `{"error": {"code", "message"}}` (codes as in `codes.rs`). `batch`
@@ -28,7 +29,7 @@ use serde_json::value::{to_raw_value, RawValue};
 use serde_json::{json, Map, Value};
 
 use super::codes::{self, ReplyError};
-use super::history::{history, HistoryQuery};
+use super::history::{history, Budget, HistoryQuery};
 use super::protocol::{object, publications, StreamPosition};
 use crate::api::read_limited;
 use crate::auth::{Credential, Pattern, Principal};
@@ -55,6 +56,10 @@ const METHODS: [&str; 11] = [
     "batch",
 ];
 
+/// Most commands one `batch` may hold; a batch with more is refused
+/// before any runs (413, 106 "limit exceeded").
+pub(crate) const MAX_BATCH_COMMANDS: usize = 1000;
+
 /// Parameters that do not decode: not a JSON object, or a field of
 /// another JSON type than the method's (Centrifugo answers 400; a missing
 /// field is its default, and refused by the method if it needs one).
@@ -77,6 +82,14 @@ pub(crate) async fn call(
     let Some(who) = principal(&state, &parts.headers, &parts.uri).await else {
         return failure(StatusCode::UNAUTHORIZED, &ReplyError::unauthorized());
     };
+    // A JSON body only: a web page can send another type to any host
+    // without a CORS preflight (`edge.rs`).
+    if !crate::edge::is_json(&parts.headers) {
+        return failure(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            &ReplyError::bad_request(),
+        );
+    }
     let limit = state.config().max_batch_body_bytes;
     let body = match read_limited(&parts.headers, body, limit).await {
         Ok(body) => body,
@@ -100,7 +113,8 @@ pub(crate) async fn call(
             .await
             .unwrap_or_else(|_| bad_request());
     }
-    match run(&state, &who, &parts.headers, &method, &params).await {
+    let budget = Budget::of(state.config());
+    match run(&state, &who, &parts.headers, &method, &params, budget).await {
         Ok(outcome) => answer(&outcome),
         Err(Undecodable) => bad_request(),
     }
@@ -176,7 +190,10 @@ fn answer(outcome: &Outcome) -> Response {
 /// command runs the first method of [`METHODS`] it holds (not `null`;
 /// other fields are ignored), as in Centrifugo; one with none is answered
 /// 104, a `null` command or one whose parameters do not decode 107, in
-/// its place.
+/// its place. More than [`MAX_BATCH_COMMANDS`] commands: 413 with 106,
+/// nothing run. The `history` replies of one batch share one byte budget
+/// ([`Budget`]); once less than `max_message_bytes` of it is left, a
+/// further `history` answers 106 in its place.
 async fn batch(
     state: &AppState,
     who: &Principal,
@@ -193,6 +210,13 @@ async fn batch(
         _parallel: bool,
     }
     let Batch { commands, .. } = decode(params)?;
+    if commands.len() > MAX_BATCH_COMMANDS {
+        return Ok(failure(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &ReplyError::limit_exceeded(),
+        ));
+    }
+    let mut budget = Budget::of(state.config());
     let mut replies = Vec::with_capacity(commands.len());
     for command in commands {
         let Some(command) = command else {
@@ -204,8 +228,11 @@ async fn batch(
             .filter(|m| **m != "batch")
             .find_map(|m| command.get(*m).filter(|p| !p.is_null()).map(|p| (*m, p)));
         let reply = match chosen {
+            Some(("history", _)) if budget.bytes < state.config().max_message_bytes => {
+                json!({ "error": ReplyError::limit_exceeded() }).to_string()
+            }
             Some((method, params)) => match to_raw_value(params) {
-                Ok(params) => match run(state, who, headers, method, &params).await {
+                Ok(params) => match run(state, who, headers, method, &params, budget).await {
                     Ok(Ok(result)) => format!("{{{}:{}}}", json!(method), result.get()),
                     Ok(Err(e)) => json!({ "error": e }).to_string(),
                     Err(Undecodable) => json!({ "error": ReplyError::bad_request() }).to_string(),
@@ -214,6 +241,7 @@ async fn batch(
             },
             None => json!({ "error": ReplyError::method_not_found() }).to_string(),
         };
+        budget.bytes = budget.bytes.saturating_sub(reply.len());
         replies.push(reply);
     }
     let body = format!("{{\"replies\":[{}]}}", replies.join(","));
@@ -250,11 +278,12 @@ async fn run(
     headers: &HeaderMap,
     method: &str,
     p: &RawValue,
+    budget: Budget,
 ) -> Result<Outcome, Undecodable> {
     Ok(match method {
         "publish" => publish(state, who, decode(p)?).await,
         "broadcast" => broadcast(state, who, decode(p)?).await,
-        "history" => history_method(state, who, decode(p)?).await,
+        "history" => history_method(state, who, decode(p)?, budget).await,
         "channels" => channels(state, who, decode(p)?).await,
         "info" => info(state, who).await,
         "unsubscribe" => unsubscribe(state, who, decode(p)?).await,
@@ -409,7 +438,13 @@ struct HistoryParams {
     reverse: bool,
 }
 
-async fn history_method(state: &AppState, who: &Principal, p: HistoryParams) -> Outcome {
+/// `history`, within `budget` (see `history.rs`).
+async fn history_method(
+    state: &AppState,
+    who: &Principal,
+    p: HistoryParams,
+    budget: Budget,
+) -> Outcome {
     let channel = channel(&p.channel)?;
     if state.shared.auth.may_read_history(who, &channel).is_err() {
         return Err(ReplyError::permission_denied());
@@ -420,7 +455,14 @@ async fn history_method(state: &AppState, who: &Principal, p: HistoryParams) -> 
         since: p.since,
         reverse: p.reverse,
     };
-    let h = history(state.shared.storage.as_ref(), &channel, epoch, &query).await?;
+    let h = history(
+        state.shared.storage.as_ref(),
+        &channel,
+        epoch,
+        &query,
+        budget,
+    )
+    .await?;
     raw(&json!({
         "publications": to_raw_value(&publications(&h.publications)).map_err(|_| ReplyError::internal())?,
         "epoch": h.epoch,
@@ -593,6 +635,11 @@ mod tests {
 
     /// A holder with one API key that may do everything; the key.
     async fn node() -> (AppState, String, CancellationToken) {
+        node_on(MemoryStorage::new()).await
+    }
+
+    /// [`node`] on `storage`.
+    async fn node_on(storage: Arc<MemoryStorage>) -> (AppState, String, CancellationToken) {
         let key = generate_api_key();
         let config = ServerConfig {
             max_batch_body_bytes: 4096,
@@ -611,7 +658,7 @@ mod tests {
         };
         let shutdown = CancellationToken::new();
         let state = AppState::start_with(
-            MemoryStorage::new(),
+            storage,
             FakeLease::holder(FencingToken(1)),
             config,
             shutdown.clone(),
@@ -642,6 +689,7 @@ mod tests {
             Ok::<_, std::convert::Infallible>(Bytes::from_static(b"{\"channel\":\"a\",\"data\":1}"))
         }));
         let request = Request::post("/api/publish")
+            .header("content-type", "application/json")
             .header("expect", "100-continue")
             .body(body)
             .unwrap();
@@ -658,11 +706,13 @@ mod tests {
         // A body over the limit without a key is a 401 too, not a 413.
         let big = json!({"channel": "a", "data": "x".repeat(8000)}).to_string();
         let request = Request::post("/api/publish")
+            .header("content-type", "application/json")
             .body(Body::from(big.clone()))
             .unwrap();
         assert_eq!(send(&state, request).await.0, StatusCode::UNAUTHORIZED);
         // With the key, the same body is over the limit: 413, 106.
         let request = Request::post("/api/publish")
+            .header("content-type", "application/json")
             .header("x-api-key", &key)
             .body(Body::from(big))
             .unwrap();
@@ -772,6 +822,7 @@ mod tests {
         ];
         for (method, body, status, expected) in cases {
             let request = Request::post(format!("/api/{method}"))
+                .header("content-type", "application/json")
                 .header("x-api-key", &key)
                 .body(Body::from(body))
                 .unwrap();
@@ -811,6 +862,7 @@ mod tests {
             {"batch": {"commands": []}},
         ]});
         let request = Request::post("/api/batch")
+            .header("content-type", "application/json")
             .header("x-api-key", &key)
             .body(Body::from(body.to_string()))
             .unwrap();
@@ -833,11 +885,64 @@ mod tests {
         state.stopped().await;
     }
 
+    /// A batch of more than 1000 commands is refused before any runs,
+    /// and its `history` replies share one byte budget: once a reply has
+    /// spent it, the next `history` answers 106.
+    #[tokio::test]
+    async fn a_batch_is_bounded_in_commands_and_bytes() {
+        let storage = MemoryStorage::new();
+        let (state, key, shutdown) = node_on(storage.clone()).await;
+        let post = |body: String| {
+            Request::post("/api/batch")
+                .header("x-api-key", &key)
+                .body(Body::from(body))
+                .unwrap()
+        };
+        let publish = r#"{"publish":{"channel":"news:c","data":1}}"#;
+        let too_many = format!("{{\"commands\":[{}]}}", vec!["{}"; 1001].join(","));
+        let (status, answer) = send(&state, post(too_many)).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(answer["error"]["code"], 106, "{answer}");
+        let (status, answer) = send(&state, post(format!("{{\"commands\":[{publish}]}}"))).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        assert_eq!(
+            answer["replies"][0]["publish"]["offset"], 1,
+            "nothing ran before: {answer}"
+        );
+        // 12 MB of history: a reply holds about 8 MiB of it, the next
+        // history of the batch none.
+        let data = format!("\"{}\"", "x".repeat(60_000));
+        for _ in 0..200 {
+            storage.append_as_other_node("news:b", &data);
+        }
+        let history = r#"{"history":{"channel":"news:b","limit":1000}}"#;
+        let body = format!("{{\"commands\":[{history},{history},{publish}]}}");
+        let request = Request::post("/api/batch")
+            .header("x-api-key", &key)
+            .body(Body::from(body))
+            .unwrap();
+        let response = app(state.clone()).oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let body = axum::body::to_bytes(response.into_body(), 64 << 20)
+            .await
+            .unwrap();
+        let answer: Value = serde_json::from_slice(&body).unwrap();
+        let first = answer["replies"][0]["history"]["publications"]
+            .as_array()
+            .map_or(0, Vec::len);
+        assert!((100..200).contains(&first), "{first} publications");
+        assert_eq!(answer["replies"][1]["error"]["code"], 106);
+        assert_eq!(answer["replies"][2]["publish"]["offset"], 2);
+        shutdown.cancel();
+        state.stopped().await;
+    }
+
     #[tokio::test]
     async fn the_query_key_is_percent_decoded() {
         let (state, key, shutdown) = node().await;
         let encoded: String = key.bytes().map(|b| format!("%{b:02X}")).collect();
         let request = Request::post(format!("/api/info?api_key={encoded}"))
+            .header("content-type", "application/json")
             .body(Body::from("{}"))
             .unwrap();
         let (status, answer) = send(&state, request).await;

@@ -1,44 +1,167 @@
 //! One connection at `/connection/websocket`: the socket loop. It reads
-//! frames of newline-separated commands (answered in one frame, in
-//! order), writes the subscriptions' publication pushes (client-side and
-//! server-side subscriptions alike; several per frame when they queue
-//! up), sends the `{}` ping every `ping_interval` once
-//! connected and closes with 3012 "no pong" when the client's `{}` does
-//! not follow within `pong_timeout`, and closes with Centrifugo's codes
-//! when the connection or a subscription token expires (3005, 3006), the
-//! client sends a frame that is not the protocol (3501), does not connect
-//! in time (3502), or the node drains (3001, the client reconnects to
-//! another node).
+//! frames of newline-separated commands (at most
+//! [`max_commands_per_frame`] a frame, else 3013 "too many requests"),
+//! answers them in order, writing replies as they are ready (several per
+//! frame while they are small), writes the subscriptions' publication
+//! pushes (client-side and server-side subscriptions alike; several per
+//! frame when they queue up), sends the `{}` ping every `ping_interval`
+//! once connected and closes with 3012 "no pong" when the client's `{}`
+//! does not follow within `pong_timeout`, or when a write to the socket
+//! takes longer than `write_timeout` (a client that stopped reading), and
+//! closes with Centrifugo's codes when the connection or a subscription
+//! token expires (3005, 3006: checked first in the loop, before every
+//! command and around every write, so a busy socket cannot outlive its
+//! token), the client sends a frame that is not the protocol (3501), does
+//! not connect in time (3502), or the node drains (3001, the client
+//! reconnects to another node; also while a write waits).
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{Message as Frame, WebSocket, WebSocketUpgrade};
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::response::Response;
-use futures::stream::{SplitSink, SplitStream};
+use futures::stream::SplitSink;
 use futures::{SinkExt, StreamExt};
 use herald_core::ChannelName;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::codes::{self, Disconnect};
-use super::registry::Control;
+use super::registry::{Control, Mailbox};
 use crate::auth::Principal;
+use crate::conn_limit::ClientSlot;
 use crate::{AppState, Error, Result};
 
 /// Frames a session's subscriptions may queue before their tasks wait.
 const OUT_CAPACITY: usize = 256;
 /// Most queued pushes written in one frame.
 const PUSHES_PER_FRAME: usize = 64;
+/// Replies of one client frame are gathered into one socket frame until
+/// they hold this many bytes; then they are written and the next ones
+/// gathered.
+pub(crate) const REPLY_FRAME_BYTES: usize = 64 * 1024;
 /// How long closing may wait for the client.
 const CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 /// Read buffer allocated per connection (grows with larger frames).
 const READ_BUFFER_BYTES: usize = 4096;
 /// Room for a command's own fields around the largest message.
 const COMMAND_OVERHEAD_BYTES: usize = 16 * 1024;
+/// The least number of commands one client frame may hold (see
+/// [`max_commands_per_frame`]).
+pub(crate) const MIN_COMMANDS_PER_FRAME: usize = 256;
+/// `subscribe` and `history` commands a connection may run per second
+/// once its burst is spent; beyond, they answer 111 "too many requests".
+pub(crate) const READS_PER_S: f64 = 20.0;
+
+/// The most commands one client frame may hold: 256, or one more than
+/// `channel_limit` when that is larger (a reconnecting SDK sends its
+/// `connect` and a `subscribe` per channel in one frame). A frame with
+/// more is not run: the connection closes with 3013 "too many requests",
+/// as Centrifugo's disconnect for a client that sends too many commands.
+pub(crate) fn max_commands_per_frame(channel_limit: usize) -> usize {
+    MIN_COMMANDS_PER_FRAME.max(channel_limit.saturating_add(1))
+}
+
+/// The burst of `subscribe` and `history` commands a connection may run
+/// at once: twice `channel_limit`, at least [`MIN_COMMANDS_PER_FRAME`]
+/// (so that a reconnecting SDK's resubscribes all pass), then
+/// [`READS_PER_S`].
+pub(crate) fn reads_burst(channel_limit: usize) -> usize {
+    MIN_COMMANDS_PER_FRAME.max(channel_limit.saturating_mul(2))
+}
+
+/// A token bucket on the session's clock: `burst` at once, then `per_s`.
+#[derive(Debug)]
+pub(crate) struct Bucket {
+    tokens: f64,
+    burst: f64,
+    per_s: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    /// A full bucket.
+    pub(crate) fn new(burst: usize, per_s: f64) -> Self {
+        let burst = burst as f64;
+        Self {
+            tokens: burst,
+            burst,
+            per_s,
+            at: Instant::now(),
+        }
+    }
+
+    /// Takes one token; `false` when there is none.
+    pub(crate) fn take(&mut self) -> bool {
+        let now = Instant::now();
+        let refill = now.duration_since(self.at).as_secs_f64() * self.per_s;
+        self.tokens = (self.tokens + refill).min(self.burst);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Why a write to the socket did not happen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stop {
+    /// The connection is broken: nothing more can be sent.
+    Gone,
+    /// Close with this code (the write deadline passed, a token expired
+    /// or the node drains).
+    Close(Disconnect),
+}
+
+/// The socket's writing half, with the deadline every write is held to.
+pub(crate) struct Writer {
+    tx: SplitSink<WebSocket, Frame>,
+    shutdown: CancellationToken,
+    /// The longest one write may wait for the client (`write_timeout`).
+    timeout: Duration,
+}
+
+impl Writer {
+    /// Writes one text frame, unless `deadline` (a token's expiry and its
+    /// code) has passed or passes meanwhile, the node drains (3001), or
+    /// the write takes longer than the write timeout (3012): a client
+    /// that stops reading cannot hold the session past any of them.
+    pub(crate) async fn send(
+        &mut self,
+        text: String,
+        deadline: Option<(Instant, Disconnect)>,
+    ) -> std::result::Result<(), Stop> {
+        let (at, on_deadline) = match deadline {
+            Some((at, d)) => (at, Some(d)),
+            None => (Instant::now(), None),
+        };
+        let write_by = Instant::now() + self.timeout;
+        tokio::select! {
+            biased;
+            () = self.shutdown.cancelled() => Err(Stop::Close(codes::SHUTDOWN)),
+            () = tokio::time::sleep_until(at), if on_deadline.is_some() => {
+                Err(Stop::Close(on_deadline.unwrap_or(codes::EXPIRED)))
+            }
+            () = tokio::time::sleep_until(write_by) => {
+                tracing::debug!(
+                    write_timeout_ms = u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX),
+                    "the client does not take its frames; closing"
+                );
+                Err(Stop::Close(codes::NO_PONG))
+            }
+            sent = self.tx.send(Frame::Text(text.into())) => sent.map_err(|_| Stop::Gone),
+        }
+    }
+}
 
 /// What a subscription task sends its session.
 #[derive(Debug)]
@@ -96,8 +219,46 @@ pub(crate) struct Session {
     pub(crate) generations: u64,
     /// Where subscription tasks queue their pushes.
     pub(crate) out: mpsc::Sender<Out>,
-    /// The registry's way in, handed over at connect.
-    pub(crate) control: Option<mpsc::Sender<Control>>,
+    /// The registry's way in, handed to it at connect.
+    pub(crate) mailbox: Arc<Mailbox>,
+    /// `subscribe` and `history` commands allowed now.
+    pub(crate) reads: Bucket,
+}
+
+impl Session {
+    /// The earliest token expiry of the session and its close code: the
+    /// connection token's (3005) or a subscription token's (3006).
+    pub(crate) fn expiry(&self) -> Option<(Instant, Disconnect)> {
+        let subs = self
+            .subs
+            .values()
+            .filter_map(|s| s.expires.map(|at| (at, codes::SUB_EXPIRED)));
+        self.expires
+            .map(|at| (at, codes::EXPIRED))
+            .into_iter()
+            .chain(subs)
+            .min_by_key(|(at, _)| *at)
+    }
+
+    /// The close code of a token that has expired by now, if any.
+    pub(crate) fn expired(&self) -> Option<Disconnect> {
+        self.expiry()
+            .filter(|(at, _)| *at <= Instant::now())
+            .map(|(_, d)| d)
+    }
+
+    /// Writes `text` to the client, held to the tokens' expiry (see
+    /// [`Writer::send`]).
+    pub(crate) async fn write(
+        &self,
+        writer: &mut Writer,
+        text: String,
+    ) -> std::result::Result<(), Stop> {
+        if let Some(d) = self.expired() {
+            return Err(Stop::Close(d));
+        }
+        writer.send(text, self.expiry()).await
+    }
 }
 
 impl Drop for Session {
@@ -110,9 +271,13 @@ impl Drop for Session {
     }
 }
 
-/// `GET /connection/websocket`: upgrades and runs the session.
+/// `GET /connection/websocket`: upgrades and runs the session. A client
+/// that came through a trusted proxy keeps its connection slot
+/// (`conn_limit.rs`) for as long as the session runs, not only until the
+/// `101` answer is sent.
 pub(crate) async fn upgrade(
     State(state): State<AppState>,
+    slot: Option<Extension<ClientSlot>>,
     upgrade: std::result::Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response> {
     let max = state.config().max_message_bytes + COMMAND_OVERHEAD_BYTES;
@@ -124,10 +289,16 @@ pub(crate) async fn upgrade(
         .max_frame_size(max);
     let sessions = state.shared.ws_sessions.clone();
     let span = tracing::debug_span!("centrifugo", node_id = %state.config().node_id);
-    Ok(
-        upgrade
-            .on_upgrade(move |socket| sessions.track_future(run(socket, state).instrument(span))),
-    )
+    let slot = slot.map(|Extension(slot)| slot);
+    Ok(upgrade.on_upgrade(move |socket| {
+        sessions.track_future(
+            async move {
+                run(socket, state).await;
+                drop(slot);
+            }
+            .instrument(span),
+        )
+    }))
 }
 
 /// A random client id in the UUID v4 text form (RFC 9562 §5.4).
@@ -147,11 +318,16 @@ fn client_id() -> String {
 
 /// Runs one connection until it closes.
 async fn run(socket: WebSocket, state: AppState) {
-    let (mut tx, mut rx) = socket.split();
+    let (tx, mut rx) = socket.split();
     let (out, mut out_rx) = mpsc::channel(OUT_CAPACITY);
-    let (control, mut control_rx) = mpsc::channel(8);
     let config = state.config().centrifugo.clone();
     let shutdown = state.shared.shutdown.clone();
+    let mut writer = Writer {
+        tx,
+        shutdown: shutdown.clone(),
+        timeout: config.write_timeout,
+    };
+    let mailbox = Arc::new(Mailbox::default());
     let mut session = Session {
         state,
         client: client_id(),
@@ -161,7 +337,8 @@ async fn run(socket: WebSocket, state: AppState) {
         server_subs: BTreeSet::new(),
         generations: 0,
         out,
-        control: Some(control),
+        mailbox: Arc::clone(&mailbox),
+        reads: Bucket::new(reads_burst(config.channel_limit), READS_PER_S),
     };
     let connect_by = Instant::now() + config.connect_timeout;
     let mut pings =
@@ -172,39 +349,43 @@ async fn run(socket: WebSocket, state: AppState) {
     let end: Option<Disconnect> = loop {
         let connected = session.who.is_some();
         let (deadline, on_deadline) = next_deadline(&session, connect_by, pong_by);
-        tokio::select! {
+        // Deadlines first: a client that keeps the socket busy (frames
+        // always ready, pushes always queued) cannot starve them.
+        let step = tokio::select! {
             biased;
-            () = shutdown.cancelled() => break Some(codes::SHUTDOWN),
-            Some(control) = control_rx.recv() => match control {
-                Control::Disconnect(d) => break Some(d),
+            () = shutdown.cancelled() => Err(Stop::Close(codes::SHUTDOWN)),
+            () = tokio::time::sleep_until(deadline), if on_deadline.is_some() => {
+                Err(Stop::Close(on_deadline.unwrap_or(codes::EXPIRED)))
+            }
+            control = mailbox.next() => match control {
+                Control::Disconnect(d) => Err(Stop::Close(d)),
                 Control::Unsubscribe(channel) => {
                     if session.unsubscribe(&channel).await {
                         let push = super::protocol::unsubscribe_push(channel.as_str(), 2000, "server unsubscribe");
-                        if send(&mut tx, push).await.is_err() { break None; }
+                        session.write(&mut writer, push).await
+                    } else {
+                        Ok(())
                     }
                 }
             },
             incoming = rx.next() => match incoming {
                 Some(Ok(Frame::Text(text))) => {
-                    let handled = session.handle_frame(text.as_str()).await;
+                    let handled = session.handle_frame(text.as_str(), &mut writer).await;
                     if handled.pong {
                         pong_by = None;
                     }
-                    if !handled.replies.is_empty() && send(&mut tx, handled.replies.join("\n")).await.is_err() {
-                        break None;
-                    }
-                    if let Some(d) = handled.close { break Some(d); }
+                    handled.end.map_or(Ok(()), Err)
                 }
-                Some(Ok(Frame::Binary(_))) => break Some(codes::BAD_REQUEST),
+                Some(Ok(Frame::Binary(_))) => Err(Stop::Close(codes::BAD_REQUEST)),
                 Some(Ok(Frame::Close(_))) => {
-                    let _ = tokio::time::timeout(CLOSE_TIMEOUT, tx.close()).await;
-                    break None;
+                    let _ = tokio::time::timeout(CLOSE_TIMEOUT, writer.tx.close()).await;
+                    Err(Stop::Gone)
                 }
-                Some(Ok(_)) => {}
+                Some(Ok(_)) => Ok(()),
                 // A frame over the size limit, or a broken connection: a
                 // Close frame is tried (it fails at once on a dead socket).
-                Some(Err(_)) => break Some(codes::BAD_REQUEST),
-                None => break None,
+                Some(Err(_)) => Err(Stop::Close(codes::BAD_REQUEST)),
+                None => Err(Stop::Gone),
             },
             Some(item) = out_rx.recv() => {
                 let mut lines = Vec::new();
@@ -223,26 +404,31 @@ async fn run(socket: WebSocket, state: AppState) {
                         next = out_rx.try_recv().ok();
                     }
                 }
-                if !lines.is_empty() && send(&mut tx, lines.join("\n")).await.is_err() {
-                    break None;
-                }
-                if end.is_some() { break end; }
+                let sent = if lines.is_empty() {
+                    Ok(())
+                } else {
+                    session.write(&mut writer, lines.join("\n")).await
+                };
+                sent.and(end.map_or(Ok(()), |d| Err(Stop::Close(d))))
             }
             _ = pings.tick(), if connected => {
-                if send(&mut tx, "{}".to_owned()).await.is_err() { break None; }
+                let sent = writer.send("{}".to_owned(), session.expiry()).await;
                 if pong_by.is_none() {
                     pong_by = Some(Instant::now() + config.pong_timeout);
                 }
+                sent
             }
-            () = tokio::time::sleep_until(deadline), if on_deadline.is_some() => {
-                break on_deadline;
-            }
+        };
+        match step {
+            Ok(()) => {}
+            Err(Stop::Gone) => break None,
+            Err(Stop::Close(d)) => break Some(d),
         }
     };
     session.end_subscriptions();
     if let Some(d) = end {
         tracing::debug!(client = %session.client, code = d.code, reason = d.reason, "closing");
-        close(tx, rx, d).await;
+        crate::ws::close(writer.tx, rx, d.code, d.reason).await;
     }
 }
 
@@ -266,9 +452,8 @@ fn next_deadline(
         consider(Some(connect_by), codes::STALE);
     }
     consider(pong_by, codes::NO_PONG);
-    consider(session.expires, codes::EXPIRED);
-    for sub in session.subs.values() {
-        consider(sub.expires, codes::SUB_EXPIRED);
+    if let Some((at, d)) = session.expiry() {
+        consider(Some(at), d);
     }
     match best {
         Some((at, d)) => (at, Some(d)),
@@ -276,23 +461,28 @@ fn next_deadline(
     }
 }
 
-/// Sends one text frame.
-async fn send(
-    tx: &mut SplitSink<WebSocket, Frame>,
-    text: String,
-) -> std::result::Result<(), axum::Error> {
-    tx.send(Frame::Text(text.into())).await
-}
-
-/// Sends the Close frame of `d` and waits (bounded) for the client's, as
-/// Herald's own WebSocket route does.
-async fn close(tx: SplitSink<WebSocket, Frame>, rx: SplitStream<WebSocket>, d: Disconnect) {
-    crate::ws::close(tx, rx, d.code, d.reason).await;
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The reads' bucket: its burst at once, then its rate, on the
+    /// session's clock (paused here).
+    #[tokio::test(start_paused = true)]
+    async fn the_reads_bucket_gives_its_burst_then_its_rate() {
+        let mut bucket = Bucket::new(reads_burst(128), READS_PER_S);
+        let burst = (0..1000).take_while(|_| bucket.take()).count();
+        assert_eq!(burst, 256);
+        assert!(!bucket.take());
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let refilled = (0..1000).take_while(|_| bucket.take()).count();
+        assert_eq!(refilled, 20);
+        tokio::time::advance(Duration::from_secs(3600)).await;
+        let full = (0..1000).take_while(|_| bucket.take()).count();
+        assert_eq!(full, 256, "the bucket holds at most its burst");
+        assert_eq!(reads_burst(1000), 2000);
+        assert_eq!(max_commands_per_frame(128), 256);
+        assert_eq!(max_commands_per_frame(1000), 1001);
+    }
 
     #[test]
     fn client_ids_are_uuid_v4_text() {

@@ -4,6 +4,7 @@
 //! access control (API keys, tokens, namespaces) on both backends; and
 //! what reaches every node (`cluster.rs`).
 
+mod attacks;
 mod cent;
 mod channel_limit;
 pub(crate) mod client;

@@ -244,6 +244,7 @@ async fn token_expiry_refresh_and_bad_tokens() {
         centrifugo: CentrifugoConfig {
             ping_interval: Duration::from_secs(1),
             pong_timeout: Duration::from_millis(500),
+            anonymous_connect: true,
             ..CentrifugoConfig::default()
         },
         ..creds.config()
@@ -354,7 +355,7 @@ async fn commands_without_an_id_are_pongs_and_never_run() {
 async fn tokens_of_another_user_than_the_connections_are_refused() {
     let place = Place::new(Backend::Sqlite).await;
     let creds = Creds::new();
-    let node = Node::start(&place, "node-a", Role::Holder, creds.config()).await;
+    let node = Node::start(&place, "node-a", Role::Holder, anonymous(&creds)).await;
     let alice = creds.token_for("alice", json!({"channels": ["news:*"]}));
 
     let (mut c, _) = Client::connect(&node, "").await;
@@ -383,5 +384,55 @@ async fn tokens_of_another_user_than_the_connections_are_refused() {
             json!({"channel": "news:s", "token": anonymous}),
         )
         .await;
+    assert!(r["subscribe"].is_object(), "{r}");
+}
+
+/// `creds.config()` with anonymous connects allowed.
+fn anonymous(creds: &Creds) -> ServerConfig {
+    let config = creds.config();
+    ServerConfig {
+        centrifugo: CentrifugoConfig {
+            anonymous_connect: true,
+            ..config.centrifugo.clone()
+        },
+        ..config
+    }
+}
+
+/// With access control on, a `connect` without a token is closed with
+/// 3501 "bad request" (Centrifugo's default), so an anonymous client
+/// subscribes to nothing, not even a public namespace; with
+/// `anonymous_connect` it connects and may subscribe to public
+/// namespaces only. A node without access control takes every connect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_without_a_token_needs_anonymous_connect() {
+    let place = Place::new(Backend::Sqlite).await;
+    let creds = Creds::new();
+    let node = Node::start(&place, "node-a", Role::Holder, creds.config()).await;
+    for connect in [json!({}), json!({"token": ""}), json!({"name": "js"})] {
+        let mut c = Client::open(&node).await;
+        c.send_text(&json!({"id": 1, "connect": connect}).to_string())
+            .await;
+        assert_eq!(c.closed_with().await, Some(3501), "{connect}");
+    }
+    // A token still connects.
+    let alice = creds.token_for("alice", json!({"channels": ["news:*"]}));
+    let (mut c, _) = Client::connect(&node, &alice).await;
+    let r = c.command("subscribe", json!({"channel": "news:a"})).await;
+    assert!(r["subscribe"].is_object(), "{r}");
+    node.stop().await;
+
+    let node = Node::start(&place, "node-b", Role::Holder, anonymous(&creds)).await;
+    let (mut c, connected) = Client::connect(&node, "").await;
+    assert!(connected["client"].is_string(), "{connected}");
+    let r = c.command("subscribe", json!({"channel": "open:a"})).await;
+    assert!(r["subscribe"].is_object(), "{r}");
+    let r = c.command("subscribe", json!({"channel": "news:a"})).await;
+    assert_eq!(r["error"]["code"], 103, "{r}");
+    node.stop().await;
+
+    let node = Node::start(&place, "node-c", Role::Holder, ServerConfig::default()).await;
+    let (mut c, _) = Client::connect(&node, "").await;
+    let r = c.command("subscribe", json!({"channel": "news:a"})).await;
     assert!(r["subscribe"].is_object(), "{r}");
 }

@@ -460,3 +460,92 @@ with_each_sdk_on_both_backends!(joins_and_leaves:
     centrifuge_js_sees_joins_and_leaves_across_nodes_on_postgres,
     centrifuge_python_sees_joins_and_leaves_on_sqlite,
     centrifuge_python_sees_joins_and_leaves_across_nodes_on_postgres);
+
+/// Reads reports until `wanted`, letting through the SDK's reports of
+/// error 109 (a token that expired, after which it asks `getToken` for
+/// another).
+async fn expect_past_109(c: &mut SdkClient, what: &str, wanted: impl Fn(&Value) -> bool) -> Value {
+    loop {
+        let report = c
+            .expect(what, |r| {
+                wanted(r) || (r["type"] == "failed" && r["code"] == 109)
+            })
+            .await;
+        if wanted(&report) {
+            return report;
+        }
+    }
+}
+
+/// centrifuge-js whose `getToken` answers an expired token once, for the
+/// connection and then for a subscription: Herald closes the connection
+/// with 3005 at the `refresh` and with 3006 at the `sub_refresh`, as
+/// Centrifugo does, and the SDK reconnects, gets the next token and
+/// recovers; every publication arrives once, in order. (With error 109 in
+/// reply, the SDK ended the connection, or the subscription, for good.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_js_survives_an_expired_token_from_get_token() {
+    let sdk = Sdk::Js;
+    sdk.check();
+    let place = Place::new(Backend::Sqlite).await;
+    let creds = Creds::new();
+    let node = Node::start(&place, "node-a", Role::Holder, creds.config()).await;
+    let publisher = Creds::bearer(&creds.publisher);
+    let key = [("authorization", publisher.as_str())];
+    let url = node.ws_url("/connection/websocket");
+    let claims = |exp: u64, extra: Value| {
+        let mut claims = json!({"sub": "ann", "exp": exp});
+        for (k, v) in extra.as_object().unwrap() {
+            claims[k] = v.clone();
+        }
+        creds.token(claims)
+    };
+    let channels = json!({"channels": ["news:*"]});
+    let expired = claims(crate::now_s() - 10, channels.clone());
+    let fresh = creds.token_for("ann", channels.clone());
+    // A connection token that lasts 3 s: at its end the SDK asks getToken.
+    let short = claims(crate::now_s() + 3, channels);
+    let mut c = SdkClient::start_with_get_token(sdk, "with tokens", &url, &short, "news:t");
+    c.send(json!({"op": "tokens", "tokens": [expired, fresh]}))
+        .await;
+    c.follow().await;
+    node.publish_with("news:t", &key, json!({"n": 1})).await;
+    c.received_up_to(1).await;
+    c.expect("closed with 3005", |r| {
+        r["type"] == "connecting" && r["code"] == 3005
+    })
+    .await;
+    expect_past_109(&mut c, "connected again", is("connected", "")).await;
+    let again = expect_past_109(&mut c, "subscribed again", is("subscribed", "news:t")).await;
+    assert_eq!(again["recovered"], true, "{again}");
+    node.publish_with("news:t", &key, json!({"n": 2})).await;
+    c.received_up_to(2).await;
+    let offsets: Vec<u64> = c.received.iter().map(|(o, _)| *o).collect();
+    assert_eq!(offsets, vec![1, 2]);
+
+    // A subscription token that lasts 3 s, then an expired one, then a
+    // fresh one.
+    let channel = json!({"channel": "news:u"});
+    let short = claims(crate::now_s() + 3, channel.clone());
+    let expired = claims(crate::now_s() - 10, channel.clone());
+    let fresh = creds.token_for("ann", channel);
+    c.send(json!({"op": "tokens", "channel": "news:u", "tokens": [expired, fresh]}))
+        .await;
+    c.send(json!({"op": "subscribe", "channel": "news:u", "token": short}))
+        .await;
+    c.expect("subscribed to news:u", is("subscribed", "news:u"))
+        .await;
+    node.publish_with("news:u", &key, json!({"u": 1})).await;
+    c.expect("news:u's first", is("publication", "news:u"))
+        .await;
+    c.expect("closed with 3006", |r| {
+        r["type"] == "connecting" && r["code"] == 3006
+    })
+    .await;
+    let again = expect_past_109(&mut c, "news:u again", is("subscribed", "news:u")).await;
+    assert_eq!(again["recovered"], true, "{again}");
+    node.publish_with("news:u", &key, json!({"u": 2})).await;
+    let second = expect_past_109(&mut c, "news:u's second", is("publication", "news:u")).await;
+    assert_eq!(second["offset"], 2, "{second}");
+    c.stop().await;
+}
