@@ -68,7 +68,52 @@ pub enum LeaseConfigError {
     Zero(&'static str),
 }
 
+/// What one renewal attempt may take beyond the storage's renewal
+/// statement timeout before the supervisor gives it up: the backend
+/// abandons a silent attempt 1 s after its statement timeout, and the
+/// supervisor's own limit comes 1 s after that, as a backstop.
+pub const RENEW_ATTEMPT_SLACK: Duration = Duration::from_secs(2);
+
+/// The default safety margin for `ttl`: ttl / 6, at most 5 s (5 s for the
+/// default 30 s ttl).
+pub fn default_safety_margin(ttl: Duration) -> Duration {
+    (ttl / 6).min(Duration::from_secs(5))
+}
+
+/// The default renewal statement timeout for `ttl`: ttl / 6, at most 5 s
+/// (5 s for the default 30 s ttl). The supervisor gives an attempt up
+/// [`RENEW_ATTEMPT_SLACK`] after it.
+pub fn default_renew_statement_timeout(ttl: Duration) -> Duration {
+    (ttl / 6).min(Duration::from_secs(5))
+}
+
+/// The default period between retries of a failed renewal for `ttl`:
+/// ttl / 10, at most 1 s (1 s from a 10 s ttl up).
+pub fn default_retry_interval(ttl: Duration) -> Duration {
+    (ttl / 10).min(Duration::from_secs(1))
+}
+
+/// The shortest ttl whose derived timings ([`LeaseConfig::for_ttl`]) pass
+/// [`LeaseConfig::validate`]: below it the fixed [`RENEW_ATTEMPT_SLACK`]
+/// no longer fits, and the timings must be given explicitly.
+pub const SHORTEST_DERIVED_TTL: Duration = Duration::from_secs(5);
+
 impl LeaseConfig {
+    /// Every timing derived from `ttl`: safety margin and renewal
+    /// statement timeout ttl / 6 (at most 5 s each), renewal every ttl / 6,
+    /// failed renewals retried every ttl / 10 (at most 1 s), attempts given
+    /// up [`RENEW_ATTEMPT_SLACK`] after the statement timeout, acquire
+    /// every 1 s. For the default 30 s ttl these are the design's defaults;
+    /// they pass [`LeaseConfig::validate`] for every ttl from
+    /// [`SHORTEST_DERIVED_TTL`] up.
+    pub fn for_ttl(ttl: Duration) -> Self {
+        Self {
+            retry_interval: default_retry_interval(ttl),
+            renew_attempt_timeout: default_renew_statement_timeout(ttl) + RENEW_ATTEMPT_SLACK,
+            ..Self::new(ttl, default_safety_margin(ttl))
+        }
+    }
+
     /// The design's defaults for `ttl` and `safety_margin`: renew every
     /// ttl/6, retry every 1 s, attempts given up after 7 s (a 5 s statement
     /// timeout + the backend's 1 s abandon + 1 s), acquire every 1 s.
@@ -147,6 +192,48 @@ impl Default for LeaseConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn derived_timings_fit_every_ttl_from_five_seconds_up() {
+        // Every 100 ms from 5 s to 2 min, then coarser up to an hour.
+        let ttls = (50..=1200u64)
+            .map(|tenths| Duration::from_millis(tenths * 100))
+            .chain((2..=60u64).map(|minutes| Duration::from_secs(minutes * 60)));
+        for ttl in ttls {
+            let c = LeaseConfig::for_ttl(ttl);
+            assert_eq!(c.validate(), Ok(()), "ttl {ttl:?}: {c:?}");
+            assert!(c.safety_margin > Duration::ZERO, "ttl {ttl:?}");
+            assert!(c.safety_margin <= Duration::from_secs(5), "ttl {ttl:?}");
+            assert!(c.retry_interval <= Duration::from_secs(1), "ttl {ttl:?}");
+        }
+        assert_eq!(
+            LeaseConfig::for_ttl(SHORTEST_DERIVED_TTL).validate(),
+            Ok(())
+        );
+        // Below the shortest, the fixed slack no longer fits: refused, so
+        // such a ttl needs its timings given.
+        assert!(LeaseConfig::for_ttl(Duration::from_secs(4))
+            .validate()
+            .is_err());
+    }
+
+    #[test]
+    fn derived_timings_of_the_default_ttl_are_the_designs() {
+        let derived = LeaseConfig::for_ttl(Duration::from_secs(30));
+        assert_eq!(derived, LeaseConfig::default());
+        assert_eq!(
+            default_renew_statement_timeout(Duration::from_secs(30)),
+            Duration::from_secs(5)
+        );
+        // A 10 s ttl: margin and statement timeout 1.67 s, retry 1 s.
+        let ten = LeaseConfig::for_ttl(Duration::from_secs(10));
+        assert_eq!(ten.safety_margin, Duration::from_secs(10) / 6);
+        assert_eq!(ten.retry_interval, Duration::from_secs(1));
+        assert_eq!(
+            ten.renew_attempt_timeout,
+            Duration::from_secs(10) / 6 + RENEW_ATTEMPT_SLACK
+        );
+    }
 
     #[test]
     fn defaults_follow_the_design() {

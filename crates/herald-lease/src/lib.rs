@@ -25,6 +25,9 @@ mod state;
 mod supervisor;
 
 pub use clock::{BootClock, Clock, ClockInstant, TokioClock};
-pub use config::{LeaseConfig, LeaseConfigError};
+pub use config::{
+    default_renew_statement_timeout, default_retry_interval, default_safety_margin, LeaseConfig,
+    LeaseConfigError, RENEW_ATTEMPT_SLACK, SHORTEST_DERIVED_TTL,
+};
 pub use state::{LeaseHandle, LeaseState, Release, StopReason, WatchdogRecord};
 pub use supervisor::Supervisor;

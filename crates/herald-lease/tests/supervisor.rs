@@ -189,6 +189,10 @@ impl LeaseStore for Shared {
         Ok(None)
     }
 
+    async fn takeover_counts(&self, _name: &str) -> Result<Vec<herald_storage::TakeoverCount>> {
+        Ok(Vec::new())
+    }
+
     async fn takeover_hint(&self, _held: &LeaseInfo) {
         let notified = self.0.hint.notified();
         if *self.0.hint_always.lock().unwrap() {

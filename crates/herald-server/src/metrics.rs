@@ -8,7 +8,7 @@
 //! | `herald_writer_batch_messages` | histogram | | messages per group commit |
 //! | `herald_writer_queue_depth` | gauge | | publish requests waiting in the writer's queue |
 //! | `herald_subscribers` | gauge | `transport` (`sse`, `ws`, `centrifugo`) | live subscriptions |
-//! | `herald_lease_role` | gauge | | 1 while this node is holder, else 0 (set at scrape time) |
+//! | `herald_lease_role` | gauge | | 1 while this node is holder, else 0 (set at scrape time, proven on the lease row as `/v1/status`'s `role`) |
 //! | `herald_lease_token` | gauge | | fencing token as this node last saw it (set at scrape time) |
 //! | `herald_forwarded_writes_total` | counter | `result` (`ok`, `error`, `no_holder`, `takeover`) | publishes a standby handed to the holder, by outcome (`takeover`: this node took the lease over before the holder answered) |
 //! | `herald_notify_lag_seconds` | histogram | | on a standby: wall clock at a commit signal minus the commit time |
@@ -25,9 +25,13 @@
 //! | `herald_retention_channels_beyond_policy` | gauge | | on the holder, at the start of the last sweep: channels with more messages or bytes than their policy allows |
 //! | `herald_subscriptions_truncated_total` | counter | | `truncated` events sent: a subscriber resumed (or fell) below the channel's earliest offset |
 //! | `herald_centrifugo_channels_unreported` | gauge | | subscribed channels this node left out of its last node report (beyond its cap; other nodes' `channels` miss them) |
+//! | `herald_lease_takeovers_recorded` | gauge | `reason` (`fresh`, `released`, `expired`, `holder_gone`, `reclaimed`) | acquisitions of the writer lease recorded in the database, by every node over the database's life (read at scrape time) |
 //!
-//! The retention counters and gauges above are registered at 0 when the
-//! recorder is installed, so they are on `/metrics` from the start.
+//! Every family above, and the lease supervisor's (`herald_lease_*`), is
+//! registered when the recorder is installed (counters and gauges at 0,
+//! with each of their documented labels; histograms with no samples), so
+//! each is on `/metrics` from the start and an alert on it reads 0, not
+//! "no data", until its first event.
 
 use std::sync::OnceLock;
 
@@ -58,6 +62,12 @@ pub(crate) const RETENTION_BACKLOG: &str = "herald_retention_backlog_messages";
 pub(crate) const CHANNELS_BEYOND_POLICY: &str = "herald_retention_channels_beyond_policy";
 pub(crate) const SUBSCRIPTIONS_TRUNCATED: &str = "herald_subscriptions_truncated_total";
 pub(crate) const CHANNELS_UNREPORTED: &str = "herald_centrifugo_channels_unreported";
+pub(crate) const TAKEOVERS_RECORDED: &str = "herald_lease_takeovers_recorded";
+/// Emitted by the lease supervisor (herald-lease).
+const LEASE_RENEWALS: &str = "herald_lease_renewals_total";
+const LEASE_RENEWAL_DURATION: &str = "herald_lease_renewal_duration_seconds";
+const LEASE_ACQUISITIONS: &str = "herald_lease_acquisitions_total";
+const LEASE_WATCHDOG_STOPS: &str = "herald_lease_watchdog_stops_total";
 
 /// Upper bounds of the publish duration buckets, in seconds.
 const DURATION_BUCKETS: &[f64] = &[
@@ -88,7 +98,7 @@ pub fn install_metrics_recorder() -> PrometheusHandle {
                 tracing::warn!(error = %e, "another metrics recorder is installed; /metrics will be empty");
             }
             describe();
-            register_retention_at_zero();
+            register_at_zero();
             metrics_process::Collector::default().describe();
             handle
         })
@@ -219,34 +229,112 @@ fn describe() {
         "Subscribed channels this node left out of its last node report (beyond the cap)."
     );
     // Emitted by the lease supervisor (herald-lease).
+    describe_gauge!(
+        TAKEOVERS_RECORDED,
+        Unit::Count,
+        "Acquisitions of the writer lease recorded in the database by reason, by every node over the database's life."
+    );
     describe_counter!(
-        "herald_lease_renewals_total",
+        LEASE_RENEWALS,
         "Renewal attempts by result: ok, error, timeout (abandoned), lost."
     );
     describe_histogram!(
-        "herald_lease_renewal_duration_seconds",
+        LEASE_RENEWAL_DURATION,
         Unit::Seconds,
         "Time from sending a renewal to its answer or abandonment."
     );
     describe_counter!(
-        "herald_lease_acquisitions_total",
+        LEASE_ACQUISITIONS,
         "Acquisitions of the writer lease by this node, by reason."
     );
     describe_counter!(
-        "herald_lease_watchdog_stops_total",
+        LEASE_WATCHDOG_STOPS,
         "Times the watchdog stopped this node at its safety deadline."
     );
 }
 
-/// Registers the retention counters and gauges with the value 0, so that
-/// `/metrics` shows them from the start (a rate or an alert on them reads
-/// 0, not "no data", until the first trim or `truncated` event).
-fn register_retention_at_zero() {
-    for name in [TRIMMED_MESSAGES, TRIMMED_BYTES, SUBSCRIPTIONS_TRUNCATED] {
+/// Registers every metric family, so that `/metrics` shows each from the
+/// start (a rate or an alert on it reads 0, not "no data", until its first
+/// event, also after a restart): counters and gauges at 0 with each of
+/// their documented labels, histograms with no samples. The publish
+/// results registered are `created` and `duplicate`; error codes appear
+/// with their first occurrence.
+fn register_at_zero() {
+    for name in [
+        CATCHUP_READS,
+        SUBSCRIPTION_READ_RETRIES,
+        IDLE_CONNECTIONS_CLOSED,
+        WS_MESSAGES_TOO_BIG,
+        TRIMMED_MESSAGES,
+        TRIMMED_BYTES,
+        SUBSCRIPTIONS_TRUNCATED,
+        LEASE_WATCHDOG_STOPS,
+    ] {
         counter!(name).increment(0);
     }
-    for name in [RETENTION_BACKLOG, CHANNELS_BEYOND_POLICY] {
+    let labelled: [(&str, &str, &[&'static str]); 6] = [
+        (PUBLISHES, "result", &["created", "duplicate"]),
+        (
+            FORWARDED_WRITES,
+            "result",
+            &["ok", "error", "no_holder", "takeover"],
+        ),
+        (RATE_LIMITED, "credential", &["key", "token"]),
+        (CONNECTIONS_REFUSED, "reason", &["per_ip"]),
+        (
+            LEASE_RENEWALS,
+            "result",
+            &["ok", "error", "timeout", "lost"],
+        ),
+        (
+            LEASE_ACQUISITIONS,
+            "reason",
+            &["fresh", "released", "expired", "holder_gone", "reclaimed"],
+        ),
+    ];
+    for (name, label, values) in labelled {
+        for value in values {
+            counter!(name, label => *value).increment(0);
+        }
+    }
+    for transport in ["sse", "ws", "centrifugo"] {
+        gauge!(SUBSCRIBERS, "transport" => transport).set(0.0);
+    }
+    for reason in herald_storage::TakeoverReason::ALL {
+        gauge!(TAKEOVERS_RECORDED, "reason" => reason.as_str()).set(0.0);
+    }
+    for name in [
+        QUEUE_DEPTH,
+        LEASE_ROLE,
+        LEASE_TOKEN,
+        RETENTION_BACKLOG,
+        CHANNELS_BEYOND_POLICY,
+        CHANNELS_UNREPORTED,
+    ] {
         gauge!(name).set(0.0);
+    }
+    gauge!(LEASE_SINCE_RENEWAL).set(f64::NAN);
+    for name in [
+        PUBLISH_DURATION,
+        BATCH_MESSAGES,
+        NOTIFY_LAG,
+        TRIM_DURATION,
+        LEASE_RENEWAL_DURATION,
+    ] {
+        // Registered, never recorded: rendered with empty buckets.
+        let _ = histogram!(name);
+    }
+}
+
+/// Sets `herald_lease_takeovers_recorded` from the database's record
+/// (`LeaseStore::takeover_counts`); reasons without a record read 0.
+pub(crate) fn takeovers_recorded(counts: &[herald_storage::TakeoverCount]) {
+    for reason in herald_storage::TakeoverReason::ALL {
+        let takeovers = counts
+            .iter()
+            .find(|c| c.reason == reason)
+            .map_or(0, |c| c.takeovers);
+        gauge!(TAKEOVERS_RECORDED, "reason" => reason.as_str()).set(takeovers as f64);
     }
 }
 

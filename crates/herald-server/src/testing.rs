@@ -333,6 +333,13 @@ impl LeaseStore for MemoryStorage {
         Ok(())
     }
 
+    async fn takeover_counts(
+        &self,
+        _name: &str,
+    ) -> herald_storage::Result<Vec<herald_storage::TakeoverCount>> {
+        Ok(Vec::new())
+    }
+
     async fn lease_info(&self, name: &str) -> herald_storage::Result<Option<LeaseInfo>> {
         let mem = self.mem.lock().unwrap();
         Ok(Some(LeaseInfo {

@@ -538,6 +538,33 @@ async fn readyz_by_role() {
     node.stop().await;
 }
 
+/// A node whose own view still says holder (its safety deadline has not
+/// passed: it has not yet heard of the takeover) answers holder no
+/// longer once the lease row names another token: `/readyz?role=holder`
+/// and `/v1/status` prove the role on the lease row at each request.
+#[tokio::test]
+async fn the_holder_probe_follows_the_lease_row_not_only_the_nodes_view() {
+    let node = Node::start(ServerConfig::default()).await;
+    let (status, _, _) = node.get("/readyz?role=holder").await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, _, body) = node.get("/v1/status").await;
+    assert_eq!(body["role"], "holder", "{body}");
+
+    // Another node took the lease over (token 2); this node's view is
+    // unchanged, its deadline far away.
+    node.storage.set_current_token(FencingToken(2));
+    assert!(node.state.shared.lease.is_holder());
+    let (status, headers, body) = node.get("/readyz?role=holder").await;
+    assert_error(status, &body, StatusCode::SERVICE_UNAVAILABLE, "not_holder");
+    assert_eq!(headers[header::RETRY_AFTER], "1");
+    let (_, _, body) = node.get("/v1/status").await;
+    assert_eq!(body["role"], "standby", "{body}");
+    // Plain readiness is unaffected: the node still serves reads.
+    let (status, _, _) = node.get("/readyz").await;
+    assert_eq!(status, StatusCode::OK);
+    node.stop().await;
+}
+
 #[tokio::test]
 async fn a_full_queue_answers_queue_full() {
     let config = ServerConfig {

@@ -41,7 +41,7 @@ use crate::testing::{self, keyed, msg, tagged};
 
 use crate::{
     Acquire, ChannelClients, ClientInfo, Error, NodeReport, PresenceEntry, PresenceEvent,
-    PresenceEventKind, Storage, TakeoverReason,
+    PresenceEventKind, Storage, TakeoverCount, TakeoverReason,
 };
 
 mod retention;
@@ -105,6 +105,7 @@ macro_rules! conformance_tests {
             takeover_after_expiry_has_reason_expired,
             takeover_after_holder_dropped_has_reason_holder_gone,
             own_live_lease_is_reclaimed_with_a_new_token,
+            takeover_counts_are_recorded_by_reason_and_outlive_the_nodes,
             takeover_hint_fires_when_the_holder_is_dropped,
             takeover_hint_fires_when_the_holder_releases,
             append_offsets_are_contiguous_across_batches,
@@ -439,6 +440,58 @@ pub async fn own_live_lease_is_reclaimed_with_a_new_token(h: &dyn Harness) {
         Acquire::Held(info) => assert_eq!(info.token, again.token),
         other => panic!("expected Held, got {other:?}"),
     }
+}
+
+/// Every acquisition is recorded in the database with its reason, so the
+/// counts outlive the process that acquired: after a fresh acquire, an
+/// expiry takeover, a release, a reclaim and a takeover over a holder
+/// whose storage is gone, a node that made none of the later ones reads
+/// one of each, and the counts of another lease name are apart.
+pub async fn takeover_counts_are_recorded_by_reason_and_outlive_the_nodes(h: &dyn Harness) {
+    let mut c = h.cluster(2).await;
+    assert_eq!(
+        c.node(1).takeover_counts(DEFAULT_LEASE_NAME).await.unwrap(),
+        vec![]
+    );
+    let (first, reason) = acquire(c.node(0), 0, SHORT_TTL).await;
+    assert_eq!(reason, TakeoverReason::Fresh);
+    wait_expired(c.node(1), &first.name).await;
+    let (second, reason) = acquire(c.node(1), 1, LONG_TTL).await;
+    assert_eq!(reason, TakeoverReason::Expired);
+    c.node(1).release(&second).await.unwrap();
+    let (_, reason) = acquire(c.node(0), 0, LONG_TTL).await;
+    assert_eq!(reason, TakeoverReason::Released);
+    let (_, reason) = acquire(c.node(0), 0, LONG_TTL).await;
+    assert_eq!(reason, TakeoverReason::Reclaimed);
+
+    // Node 0, the holder, goes away entirely; node 1 takes over.
+    drop(c.nodes.remove(0));
+    let standby = c.node(0);
+    let started = Instant::now();
+    loop {
+        match standby.acquire(&candidate(1), LONG_TTL).await.unwrap() {
+            Acquire::Acquired { reason, .. } => {
+                assert_eq!(reason, TakeoverReason::HolderGone);
+                break;
+            }
+            Acquire::Held(info) => {
+                assert!(
+                    started.elapsed() < HOLDER_GONE_WAIT,
+                    "the dropped holder was not found gone within {HOLDER_GONE_WAIT:?}: {info:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    let one = |reason| TakeoverCount {
+        reason,
+        takeovers: 1,
+    };
+    assert_eq!(
+        standby.takeover_counts(DEFAULT_LEASE_NAME).await.unwrap(),
+        TakeoverReason::ALL.into_iter().map(one).collect::<Vec<_>>()
+    );
+    assert_eq!(standby.takeover_counts("another").await.unwrap(), vec![]);
 }
 
 /// A holder whose storage is dropped (every handle, as when its process

@@ -245,11 +245,27 @@ impl Error {
     }
 
     /// An [`Error::Migration`] caused by the migration runner's `source`;
-    /// the message is its text.
+    /// the message is its text, followed by the database's own severity,
+    /// message and SQLSTATE when a PostgreSQL error is among its causes
+    /// (the runner's text for one is only "db error"), and by what to do
+    /// when the database refused a privilege (SQLSTATE 42501
+    /// `insufficient_privilege`).
     pub(crate) fn migration_because(source: impl Into<Cause>) -> Self {
         let source = source.into();
+        let mut message = source.to_string();
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(source.as_ref());
+        while let Some(e) = cause {
+            if let Some(pg) = e.downcast_ref::<tokio_postgres::Error>() {
+                message = format!("{message}: {}", describe_postgres(pg));
+                if pg.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) {
+                    message.push_str(PRIVILEGE_HINT);
+                }
+                break;
+            }
+            cause = e.source();
+        }
         Self::Migration {
-            message: source.to_string(),
+            message,
             source: Some(source),
         }
     }
@@ -373,6 +389,14 @@ fn options_refusal(e: &tokio_postgres::Error) -> Option<String> {
         || lower.contains("unsupported options startup parameter");
     refused.then(|| message.to_owned())
 }
+
+/// What a migration refused a privilege adds to its message: Herald's
+/// role must be able to create tables in the database's schema `public`,
+/// which from PostgreSQL 15 on only the database's owner (and whom it
+/// grants `CREATE` on the schema) can.
+const PRIVILEGE_HINT: &str = "; Herald's role must own the database (CREATE DATABASE ... OWNER \
+                              <role>) or have USAGE and CREATE on its schema public; see \
+                              \"Setting up PostgreSQL\" in docs/operations.md";
 
 /// A PostgreSQL error as one line of text with its cause: the server's
 /// severity, message and SQLSTATE for a database error (the driver's own

@@ -42,6 +42,7 @@ pub use digest::{idempotency_digest, IdempotencyDigest};
 pub use error::{Cause, Error, PoolerEvidence, Result};
 pub use traits::{
     Acquire, ChangeFeed, ChangeSignal, ChannelClients, ClientInfo, Deletion, Deletions, LeaseStore,
-    NodeReport, Page, PresenceEntry, PresenceEvent, PresenceEventKind, Storage, TakeoverReason,
+    NodeReport, Page, PresenceEntry, PresenceEvent, PresenceEventKind, Storage, TakeoverCount,
+    TakeoverReason,
 };
 pub use trim::{ChannelStats, TrimLimits, Trimmed};

@@ -358,17 +358,22 @@ impl PostgresStorage {
         let (stop, stop_rx) = watch::channel(());
 
         let session_key: i64 = rand::random();
+        // Two liveness sessions, one on the key and one on its twin: the
+        // storage counts as gone only when both have ended, so one session
+        // ended on its own (a terminated backend) is taken back before any
+        // standby finds this node gone, while a crash ends both at once.
         let liveness_config = session_config(&base, &options, Role::Liveness);
-        let locked =
-            liveness::establish(&liveness_config, session_key, connect_limit, connect_limit)
-                .await?;
-        tokio::spawn(liveness::run(
-            liveness_config,
-            session_key,
-            connect_limit,
-            locked,
-            stop_rx.clone(),
-        ));
+        for key in [session_key, twin_key(session_key)] {
+            let locked =
+                liveness::establish(&liveness_config, key, connect_limit, connect_limit).await?;
+            tokio::spawn(liveness::run(
+                liveness_config.clone(),
+                key,
+                connect_limit,
+                locked,
+                stop_rx.clone(),
+            ));
+        }
 
         let (changes, _) = broadcast::channel(CHANGE_SIGNAL_CAPACITY);
         let (releases, _) = watch::channel(0);
@@ -442,8 +447,19 @@ impl PostgresStorage {
     /// `holder_session` (in decimal) when this storage acquires. `pg_locks`
     /// shows it as `classid` (high 32 bits) and `objid` (low 32 bits) with
     /// `objsubid = 1`.
+    ///
+    /// A second liveness connection holds the key's twin
+    /// ([`PostgresStorage::twin_session_key`]); other nodes find this
+    /// storage gone only when neither lock is held.
     pub fn session_key(&self) -> i64 {
         self.inner.session_key
+    }
+
+    /// The twin of [`PostgresStorage::session_key`] (the key with its top
+    /// bit flipped), whose session-level advisory lock this storage's
+    /// second liveness connection holds.
+    pub fn twin_session_key(&self) -> i64 {
+        twin_key(self.inner.session_key)
     }
 
     /// The options given to [`PostgresStorage::connect`].
@@ -832,6 +848,14 @@ const fn advisory_key(prefix: &[u8], name: &[u8]) -> i64 {
     i64::from_ne_bytes(hash.to_ne_bytes())
 }
 
+/// The twin of session key `key`: `key` with its top bit flipped. A
+/// storage's two liveness connections hold `key` and its twin; a lease's
+/// `holder_session` records only `key`, and every check of whether a
+/// holder is gone derives the twin from it.
+pub(super) fn twin_key(key: i64) -> i64 {
+    key ^ i64::MIN
+}
+
 /// Key of the transaction-level advisory lock (`pg_advisory_xact_lock`)
 /// that serializes the fenced writes of the lease `lease_name`: the 64-bit
 /// FNV-1a hash of `herald/fenced-write/<lease_name>`, reinterpreted as
@@ -877,6 +901,11 @@ impl LeaseStore for PostgresStorage {
     async fn lease_info(&self, name: &str) -> Result<Option<LeaseInfo>> {
         let client = self.client().await?;
         ops::lease_info(&client, name).await
+    }
+
+    async fn takeover_counts(&self, name: &str) -> Result<Vec<crate::TakeoverCount>> {
+        let client = self.client().await?;
+        ops::takeover_counts(&client, name).await
     }
 
     /// Resolves when, since the last acquire began, a release of a lease

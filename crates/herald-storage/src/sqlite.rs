@@ -521,6 +521,14 @@ impl LeaseStore for SqliteStorage {
             .await
     }
 
+    async fn takeover_counts(&self, name: &str) -> Result<Vec<crate::TakeoverCount>> {
+        let name = name.to_owned();
+        self.inner
+            .readers
+            .call(move |conn| ops::takeover_counts(conn, &name))
+            .await
+    }
+
     /// Looks every [`TAKEOVER_HINT_POLL`] (a plain read of the local file,
     /// and a try-lock of the holder's session lock file): resolves when the
     /// lease found held was released, expired or changed hands, or its

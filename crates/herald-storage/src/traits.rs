@@ -28,6 +28,15 @@ pub enum TakeoverReason {
 }
 
 impl TakeoverReason {
+    /// Every reason, in the order of [`TakeoverReason::as_str`]'s list.
+    pub const ALL: [TakeoverReason; 5] = [
+        Self::Fresh,
+        Self::Released,
+        Self::Expired,
+        Self::HolderGone,
+        Self::Reclaimed,
+    ];
+
     /// The reason as written in logs and metric labels: `fresh`, `released`,
     /// `expired`, `holder_gone`, `reclaimed`.
     pub fn as_str(self) -> &'static str {
@@ -38,6 +47,41 @@ impl TakeoverReason {
             Self::HolderGone => "holder_gone",
             Self::Reclaimed => "reclaimed",
         }
+    }
+
+    /// The reason that [`TakeoverReason::as_str`] writes as `text`.
+    pub fn from_name(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.as_str() == text)
+    }
+}
+
+/// How many acquisitions of one lease the storage recorded for one
+/// [`TakeoverReason`], over the database's whole life (every node, every
+/// restart): the answer of [`LeaseStore::takeover_counts`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TakeoverCount {
+    /// Why the lease could be acquired.
+    pub reason: TakeoverReason,
+    /// Acquisitions for this reason so far.
+    pub takeovers: u64,
+}
+
+impl TakeoverCount {
+    /// Orders `(reason, count)` rows as [`TakeoverReason::ALL`]; an unknown
+    /// reason or a negative count is corrupt data.
+    pub(crate) fn from_rows(rows: Vec<(String, i64)>) -> Result<Vec<TakeoverCount>> {
+        let mut counts = Vec::with_capacity(rows.len());
+        for (reason, takeovers) in rows {
+            let reason = TakeoverReason::from_name(&reason).ok_or_else(|| {
+                crate::Error::corrupt(format!("unknown takeover reason {reason:?}"))
+            })?;
+            let takeovers = u64::try_from(takeovers).map_err(|_| {
+                crate::Error::corrupt(format!("negative takeover count {takeovers}"))
+            })?;
+            counts.push(TakeoverCount { reason, takeovers });
+        }
+        counts.sort_by_key(|c| TakeoverReason::ALL.iter().position(|r| *r == c.reason));
+        Ok(counts)
     }
 }
 
@@ -94,6 +138,16 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// # Errors
     /// [`crate::Error::Unavailable`] when the storage cannot be reached.
     async fn lease_info(&self, name: &str) -> Result<Option<LeaseInfo>>;
+
+    /// The acquisitions of lease `name` recorded so far, one entry per
+    /// reason that occurred (in [`TakeoverReason::ALL`]'s order). Every
+    /// successful [`LeaseStore::acquire`] records its reason in its own
+    /// transaction, so the counts survive every restart of every node. A
+    /// database migrated from before schema version 10 counts from then on.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn takeover_counts(&self, name: &str) -> Result<Vec<TakeoverCount>>;
 
     /// Resolves when a takeover of `held` (the lease as the last
     /// [`LeaseStore::acquire`] found it, held by another node) may have

@@ -735,8 +735,8 @@ async fn migrations_run_once_when_nodes_connect_at_once() {
         .collect();
     // Each migration once (2: the idempotency digest; 3: retention;
     // 4: channel epochs; 5: presence; 6: message tags; 7: channel deletions and node reports;
-    // 8: the nodes' channels; 9: the epoch seed).
-    assert_eq!(versions, [1, 2, 3, 4, 5, 6, 7, 8, 9]);
+    // 8: the nodes' channels; 9: the epoch seed; 10: recorded takeovers).
+    assert_eq!(versions, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
     let (lease, _) = acquire(&nodes[3], &candidate("node-3"), MINUTE).await;
     nodes[5].append(&lease, &[msg("m", "1")]).await.unwrap();
     assert_eq!(
@@ -1010,7 +1010,19 @@ async fn unreachable_server_is_unavailable() {
 /// in `pg_locks` as `classid` = high 32 bits, `objid` = low 32 bits,
 /// `objsubid` = 1).
 async fn liveness_holder(monitor: &Client, storage: &PostgresStorage) -> Option<i32> {
-    let key = storage.session_key() as u64;
+    key_holder(monitor, storage.session_key()).await
+}
+
+/// The backend pid of the liveness session that holds `storage`'s twin
+/// session lock (its second liveness connection), if one holds it now.
+async fn twin_holder(monitor: &Client, storage: &PostgresStorage) -> Option<i32> {
+    key_holder(monitor, storage.twin_session_key()).await
+}
+
+/// The backend pid of the `herald-liveness` session that holds the
+/// advisory lock of `key`, if one holds it now.
+async fn key_holder(monitor: &Client, key: i64) -> Option<i32> {
+    let key = key as u64;
     let (high, low) = ((key >> 32) as i64, (key & 0xffff_ffff) as i64);
     monitor
         .query_opt(
@@ -1152,6 +1164,102 @@ async fn a_lost_liveness_connection_takes_its_key_again() {
     holder.renew(&lease, MINUTE).await.unwrap();
 }
 
+/// One of a live holder's two liveness sessions ended on its own (a DBA's
+/// `pg_terminate_backend`): no standby finds the holder gone, neither its
+/// acquire nor its takeover watch, and the holder takes the lock back on
+/// a new session. Only when both sessions end does a standby take over,
+/// at once, with `HolderGone`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_ended_liveness_session_is_not_a_takeover() {
+    let db = TestDatabase::create().await;
+    let holder = node(db.url(), options()).await;
+    let standby = Arc::new(node(db.url(), options()).await);
+    let monitor = db.raw_client().await;
+    let (lease, _) = acquire(&holder, &candidate("holder"), MINUTE).await;
+    let info = match standby
+        .acquire(&candidate("standby"), MINUTE)
+        .await
+        .unwrap()
+    {
+        Acquire::Held(info) => info,
+        other => panic!("a live holder must be Held, got {other:?}"),
+    };
+    // The standby's takeover watch waits on the holder's locks.
+    let watching = Arc::clone(&standby);
+    let held = info.clone();
+    let mut hint = tokio::spawn(async move { watching.takeover_hint(&held).await });
+
+    let first = liveness_holder(&monitor, &holder).await.expect("key held");
+    monitor
+        .execute("SELECT pg_terminate_backend($1, 5000)", &[&first])
+        .await
+        .unwrap();
+    let deadline = Instant::now() + WAIT_LIMIT;
+    loop {
+        match liveness_holder(&monitor, &holder).await {
+            Some(pid) if pid != first => break,
+            _ => {
+                assert!(Instant::now() < deadline, "the key was never taken again");
+                // Meanwhile the twin keeps the holder alive.
+                match standby
+                    .acquire(&candidate("standby"), MINUTE)
+                    .await
+                    .unwrap()
+                {
+                    Acquire::Held(info) => assert_eq!(info.holder.as_deref(), Some("holder")),
+                    other => panic!("one ended session made a takeover: {other:?}"),
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+    assert_held_for(&standby, "holder", Duration::from_millis(500)).await;
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut hint)
+            .await
+            .is_err(),
+        "the takeover hint fired while the holder lived"
+    );
+    holder.renew(&lease, MINUTE).await.unwrap();
+
+    // Both sessions end (as when the process dies): a takeover at once.
+    let sessions = [
+        liveness_holder(&monitor, &holder).await.expect("key held"),
+        twin_holder(&monitor, &holder).await.expect("twin held"),
+    ];
+    for pid in sessions {
+        monitor
+            .execute("SELECT pg_terminate_backend($1, 5000)", &[&pid])
+            .await
+            .unwrap();
+    }
+    within_limit(&mut hint).await;
+    match standby
+        .acquire(&candidate("standby"), MINUTE)
+        .await
+        .unwrap()
+    {
+        Acquire::Acquired { reason, .. } => assert_eq!(reason, TakeoverReason::HolderGone),
+        // The holder may have taken a lock back in between: it lives.
+        Acquire::Held(info) => {
+            assert_eq!(info.holder.as_deref(), Some("holder"));
+            assert!(
+                liveness_holder(&monitor, &holder).await.is_some()
+                    || twin_holder(&monitor, &holder).await.is_some(),
+                "held, but both of the holder's sessions are gone"
+            );
+        }
+    }
+}
+
+/// Waits for `hint` to resolve within [`WAIT_LIMIT`].
+async fn within_limit(hint: &mut tokio::task::JoinHandle<()>) {
+    tokio::time::timeout(WAIT_LIMIT, hint)
+        .await
+        .expect("the takeover hint fired")
+        .unwrap();
+}
+
 /// A holder whose storage is dropped is found gone at once: the standby
 /// takes over with `HolderGone` long before the 60 s lease expires, and
 /// the old lease's writes are refused.
@@ -1203,11 +1311,15 @@ async fn no_acquire_without_the_liveness_lock() {
     let allow = |on: bool| format!("ALTER DATABASE {} ALLOW_CONNECTIONS {on}", db.name());
     admin.batch_execute(&allow(false)).await.unwrap();
     let first = liveness_holder(&monitor, &storage).await.expect("key held");
-    monitor
-        .execute("SELECT pg_terminate_backend($1, 5000)", &[&first])
-        .await
-        .unwrap();
+    let twin = twin_holder(&monitor, &storage).await.expect("twin held");
+    for pid in [first, twin] {
+        monitor
+            .execute("SELECT pg_terminate_backend($1, 5000)", &[&pid])
+            .await
+            .unwrap();
+    }
     assert_eq!(liveness_holder(&monitor, &storage).await, None);
+    assert_eq!(twin_holder(&monitor, &storage).await, None);
 
     match storage.acquire(&candidate("a"), MINUTE).await {
         Err(Error::Unavailable { message, .. }) => {

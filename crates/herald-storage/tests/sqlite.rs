@@ -261,8 +261,8 @@ fn concurrent_opens_all_migrate_fine() {
         let applied = applied_migrations(dir.path());
         // Each migration once (2: the idempotency digest; 3: retention;
         // 4: channel epochs; 5: presence; 6: message tags; 7: channel deletions and node reports;
-        // 8: the nodes' channels; 9: the epoch seed).
-        assert_eq!(applied, [1, 2, 3, 4, 5, 6, 7, 8, 9]);
+        // 8: the nodes' channels; 9: the epoch seed; 10: recorded takeovers).
+        assert_eq!(applied, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
     }
 }
 
@@ -479,7 +479,7 @@ async fn a_key_stored_without_a_digest_matches_any_message() {
     assert!(out[0].duplicate);
     assert_eq!(out[0].offset, 1);
     let versions = applied_migrations(dir.path());
-    assert_eq!(versions, [1, 2, 3, 4, 5, 6, 7, 8, 9]);
+    assert_eq!(versions, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
 }
 
 /// A new database is in incremental auto-vacuum mode, and a trim returns

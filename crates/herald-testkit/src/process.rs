@@ -20,9 +20,9 @@ use crate::{within, WAIT};
 
 /// Lease timings short enough for tests: ttl 5 s, margin 1 s (safety
 /// deadline 4 s after a renewal is sent), renewal every 500 ms, statement
-/// timeout 500 ms: the shortest ttl where a renewal that times out (2.5 s)
-/// is still retried (1 s later) before the safety deadline. `herald serve`
-/// flags.
+/// timeout 500 ms: a renewal that times out (2.5 s) is still retried
+/// (500 ms later, the retry interval derived from the ttl) before the
+/// safety deadline. `herald serve` flags.
 pub const FAST_LEASE: &[&str] = &[
     "--lease-ttl",
     "5s",

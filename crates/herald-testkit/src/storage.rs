@@ -113,6 +113,13 @@ impl<H: StorageHooks> LeaseStore for Hooked<H> {
         self.inner.lease_info(name).await
     }
 
+    async fn takeover_counts(
+        &self,
+        name: &str,
+    ) -> herald_storage::Result<Vec<herald_storage::TakeoverCount>> {
+        self.inner.takeover_counts(name).await
+    }
+
     async fn takeover_hint(&self, held: &LeaseInfo) {
         self.inner.takeover_hint(held).await
     }

@@ -83,6 +83,8 @@ pub(crate) fn run(command: ConfigCommand) -> anyhow::Result<ExitCode> {
 /// masked) and, in a comment, where the value came from; `[retention]` is
 /// the effective `retention` (the file's, with the default-policy
 /// variables over it).
+///
+/// Lease timings not set show the value they take from `lease_ttl`.
 fn effective_settings(
     matches: &ArgMatches,
     file: &ConfigFile,
@@ -137,7 +139,12 @@ fn effective_settings(
             None => (&mut top, key.clone()),
         };
         let many = matches!(arg.get_action(), ArgAction::Append);
+        let derived = derived_lease_timing(matches, id);
         let line = match (values.as_slice(), many) {
+            ([], _) if derived.is_some() => format!(
+                "{name} = {}  # default, derived from lease_ttl",
+                toml_string(&derived.unwrap_or_default())
+            ),
             ([], _) => format!("# {name} =  # {source}"),
             (values, true) => format!("{name} = {}  # {source}", toml_array(values)),
             ([value, ..], false) => format!("{name} = {}  # {source}", toml_string(value)),
@@ -342,6 +349,20 @@ fn mask_connection_string(s: &str) -> String {
     }
     out.push_str(rest);
     out
+}
+
+/// The value a lease timing flag `id` takes from `--lease-ttl` when it is
+/// not set (humantime's syntax, rounded to the millisecond), else `None`.
+fn derived_lease_timing(matches: &ArgMatches, id: &str) -> Option<String> {
+    let ttl = *matches.get_one::<std::time::Duration>("lease_ttl")?;
+    let derived = match id {
+        "lease_safety_margin" => herald_lease::default_safety_margin(ttl),
+        "renew_statement_timeout" => herald_lease::default_renew_statement_timeout(ttl),
+        "lease_renew_interval" => ttl / 6,
+        _ => return None,
+    };
+    let millis = std::time::Duration::from_millis(derived.as_millis() as u64);
+    Some(humantime::format_duration(millis).to_string())
 }
 
 #[cfg(test)]

@@ -16,7 +16,8 @@ use std::time::Duration;
 use anyhow::Context;
 use herald_core::{Candidate, LeaseInfo};
 use herald_lease::{
-    BootClock, LeaseConfig, LeaseHandle, LeaseState, Release, StopReason, Supervisor,
+    default_renew_statement_timeout, BootClock, LeaseConfig, LeaseHandle, LeaseState, Release,
+    StopReason, Supervisor, RENEW_ATTEMPT_SLACK, SHORTEST_DERIVED_TTL,
 };
 use herald_server::{
     Auth, AuthConfig, CentrifugoConfig, CorsConfig, NamespacesConfig, RetentionHandle,
@@ -112,9 +113,10 @@ pub(crate) struct ServeArgs {
     /// How long a renewal extends the writer lease.
     #[arg(long, env = "HERALD_LEASE_TTL", default_value = "30s", value_parser = parse_duration)]
     lease_ttl: Duration,
-    /// The holder stops writing this long before the lease would expire.
-    #[arg(long, env = "HERALD_LEASE_SAFETY_MARGIN", default_value = "5s", value_parser = parse_duration)]
-    lease_safety_margin: Duration,
+    /// The holder stops writing this long before the lease would expire
+    /// (default: ttl / 6, at most 5 s).
+    #[arg(long, env = "HERALD_LEASE_SAFETY_MARGIN", value_parser = parse_duration)]
+    lease_safety_margin: Option<Duration>,
     /// Period between renewals (default: ttl / 6).
     #[arg(long, env = "HERALD_LEASE_RENEW_INTERVAL", value_parser = parse_duration)]
     lease_renew_interval: Option<Duration>,
@@ -122,9 +124,9 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "HERALD_ACQUIRE_INTERVAL", default_value = "1s", value_parser = parse_duration)]
     acquire_interval: Duration,
     /// Longest a renewal may wait for the database; the client abandons an
-    /// attempt 1 s after this.
-    #[arg(long, env = "HERALD_RENEW_STATEMENT_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
-    renew_statement_timeout: Duration,
+    /// attempt 1 s after this (default: ttl / 6, at most 5 s).
+    #[arg(long, env = "HERALD_RENEW_STATEMENT_TIMEOUT", value_parser = parse_duration)]
+    renew_statement_timeout: Option<Duration>,
     /// Largest accepted publish body, in bytes.
     #[arg(long, env = "HERALD_MAX_MESSAGE_BYTES", default_value_t = 65_536)]
     max_message_bytes: usize,
@@ -588,20 +590,43 @@ fn check_fault_switches() -> anyhow::Result<()> {
 ///
 /// # Errors
 /// Timings the supervisor cannot keep; the message names the flags.
+/// Timings not given are derived from `--lease-ttl`
+/// ([`LeaseConfig::for_ttl`]); those given are kept as they are, and a
+/// combination that cannot work is refused.
 fn lease_config(args: &ServeArgs) -> anyhow::Result<LeaseConfig> {
-    let mut lease_config = LeaseConfig::new(args.lease_ttl, args.lease_safety_margin);
+    let mut lease_config = LeaseConfig::for_ttl(args.lease_ttl);
+    if let Some(margin) = args.lease_safety_margin {
+        lease_config.safety_margin = margin;
+    }
     if let Some(interval) = args.lease_renew_interval {
         lease_config.renew_interval = interval;
     }
     lease_config.acquire_interval = args.acquire_interval;
     // The storage abandons a silent renewal 1 s after its statement
     // timeout; the supervisor's own limit comes 1 s later, as a backstop.
-    lease_config.renew_attempt_timeout = args.renew_statement_timeout + Duration::from_secs(2);
-    lease_config.validate().context(
-        "lease timing: change --lease-ttl, --lease-safety-margin, --lease-renew-interval \
-         or --renew-statement-timeout",
-    )?;
+    lease_config.renew_attempt_timeout = renew_statement_timeout(args) + RENEW_ATTEMPT_SLACK;
+    lease_config.validate().with_context(|| {
+        let hint = if args.lease_ttl < SHORTEST_DERIVED_TTL {
+            format!(
+                " (timings are derived from a ttl of {}s or more; a shorter ttl needs them all \
+                 given)",
+                SHORTEST_DERIVED_TTL.as_secs()
+            )
+        } else {
+            String::new()
+        };
+        format!(
+            "lease timing: change --lease-ttl, --lease-safety-margin, --lease-renew-interval \
+             or --renew-statement-timeout{hint}"
+        )
+    })?;
     Ok(lease_config)
+}
+
+/// `--renew-statement-timeout`, else its default for `--lease-ttl`.
+fn renew_statement_timeout(args: &ServeArgs) -> Duration {
+    args.renew_statement_timeout
+        .unwrap_or_else(|| default_renew_statement_timeout(args.lease_ttl))
 }
 
 /// Checks the flags that need neither the network nor the database: the
@@ -1011,7 +1036,7 @@ async fn open_storage(
                     pool_size: args.pool_size,
                     statement_timeout: server_timeout,
                     idle_in_transaction_timeout: server_timeout,
-                    renew_statement_timeout: args.renew_statement_timeout,
+                    renew_statement_timeout: renew_statement_timeout(args),
                     acquire_lock_timeout: lease.acquire_interval.min(Duration::from_secs(1)),
                     ..PostgresOptions::default()
                 },
@@ -1028,7 +1053,7 @@ async fn open_storage(
             let storage = SqliteStorage::open(
                 &args.data_dir,
                 SqliteOptions {
-                    renew_statement_timeout: args.renew_statement_timeout,
+                    renew_statement_timeout: renew_statement_timeout(args),
                     ..SqliteOptions::default()
                 },
             )

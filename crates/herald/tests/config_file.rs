@@ -115,7 +115,9 @@ async fn config_check_prints_the_effective_settings_with_secrets_masked() {
         "database = \"postgres://herald:****@db.internal:5432/herald\"  # file",
         "lease_ttl = \"20s\"  # file",
         "pool_size = 3  # environment HERALD_POOL_SIZE",
-        "lease_safety_margin = \"5s\"  # default",
+        // Derived from the file's 20 s ttl: ttl / 6.
+        "lease_safety_margin = \"3s 333ms\"  # default, derived from lease_ttl",
+        "renew_statement_timeout = \"3s 333ms\"  # default, derived from lease_ttl",
         "allowed_origins = [\"https://app.example.com\"]  # file",
         "cluster_secret = \"****\"",
     ] {

@@ -210,20 +210,50 @@ async fn unreachable_databases_and_bad_lease_timings_name_what_to_change() {
     assert!(error.contains("--database"), "{error}");
     assert!(error.contains("herald@127.0.0.1:1/herald"), "{error}");
 
-    let error = failed_start_in_data(dir.path(), &["--lease-ttl", "5s"]).await;
+    // A ttl too short for derived timings: refused, naming the flags and
+    // that such a ttl needs its timings given.
+    let error = failed_start_in_data(dir.path(), &["--lease-ttl", "4s"]).await;
     assert!(
         error.contains("--lease-ttl") && error.contains("--lease-safety-margin"),
         "{error}"
     );
+    assert!(
+        error.contains("a shorter ttl needs them all given"),
+        "{error}"
+    );
 
-    // A 10 s ttl leaves 5 s after a renewal is sent, but one renewal may
-    // take 7 s before it is given up: refused, naming the flags to change.
-    let error = failed_start_in_data(dir.path(), &["--lease-ttl", "10s"]).await;
+    // Explicit timings that cannot fit are still refused: a 10 s ttl with
+    // a 5 s margin leaves 5 s after a renewal is sent, but one renewal may
+    // take 7 s before it is given up.
+    let error = failed_start_in_data(
+        dir.path(),
+        &[
+            "--lease-ttl",
+            "10s",
+            "--lease-safety-margin",
+            "5s",
+            "--renew-statement-timeout",
+            "5s",
+        ],
+    )
+    .await;
     assert!(
         error.contains("retried before the safety deadline"),
         "{error}"
     );
     assert!(error.contains("--renew-statement-timeout"), "{error}");
+}
+
+/// `--lease-ttl` alone is enough: the other timings follow it, so a node
+/// started with only a 10 s (or 6 s) ttl starts, takes the lease and says
+/// the ttl in its status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_lease_ttl_alone_starts_a_holder() {
+    for ttl in ["10s", "6s"] {
+        let dir = tempfile::tempdir().unwrap();
+        let server = Server::start_with(dir.path(), &["--lease-ttl", ttl]).await;
+        server.api.wait_role("holder", WAIT).await;
+    }
 }
 
 /// Through a pooler in transaction mode that drops the session settings

@@ -79,10 +79,13 @@ struct StatusSummary {
 /// The node's id, role, drain flag, backend, its view of the holder and the
 /// lease row (`null` when the storage does not answer within 500 ms). With
 /// access control on, callers without an `admin` API key get only the id,
-/// role and drain flag (bad credentials: 401).
+/// role and drain flag (bad credentials: 401). The role is `holder` only
+/// while this node is writable and the lease row read for this request
+/// (when it was read in time) names this node with its token, unexpired.
 pub(crate) async fn status(State(state): State<AppState>, Caller(who): Caller) -> Response {
     let shared = &state.shared;
-    let is_holder = shared.lease.is_holder();
+    let lease_state = shared.lease.state();
+    let (is_holder, lease) = role_on_the_row(&state).await;
     let role = if is_holder { "holder" } else { "standby" };
     if shared.auth.may_admin(&who).is_err() {
         return Json(StatusSummary {
@@ -92,7 +95,6 @@ pub(crate) async fn status(State(state): State<AppState>, Caller(who): Caller) -
         })
         .into_response();
     }
-    let lease_state = shared.lease.state();
     let holder = if is_holder {
         Some(HolderView::this_node(
             &shared.config.node_id,
@@ -105,22 +107,6 @@ pub(crate) async fn status(State(state): State<AppState>, Caller(who): Caller) -
         node_id: h.node_id,
         url: h.url,
     });
-    let name = lease_state
-        .lease_name()
-        .unwrap_or(herald_core::DEFAULT_LEASE_NAME)
-        .to_owned();
-    let lease =
-        match tokio::time::timeout(STATUS_LEASE_TIMEOUT, shared.storage.lease_info(&name)).await {
-            Ok(Ok(info)) => info,
-            Ok(Err(e)) => {
-                StorageFailure::new("lease_info", None, e).log();
-                None
-            }
-            Err(_) => {
-                tracing::debug!("lease row not read within the status timeout");
-                None
-            }
-        };
     Json(Status {
         node_id: shared.config.node_id.clone(),
         role,
@@ -136,13 +122,50 @@ pub(crate) async fn status(State(state): State<AppState>, Caller(who): Caller) -
     .into_response()
 }
 
+/// This node's role as `/v1/status` and `/metrics` say it, with the lease
+/// row read for it (`None` when the storage did not answer within 500 ms):
+/// holder while this node is writable and the row, when read, names this
+/// node with its token and has not expired.
+async fn role_on_the_row(state: &AppState) -> (bool, Option<LeaseInfo>) {
+    let shared = &state.shared;
+    let name = shared
+        .lease
+        .state()
+        .lease_name()
+        .unwrap_or(herald_core::DEFAULT_LEASE_NAME)
+        .to_owned();
+    let row =
+        match tokio::time::timeout(STATUS_LEASE_TIMEOUT, shared.storage.lease_info(&name)).await {
+            Ok(Ok(info)) => info,
+            Ok(Err(e)) => {
+                StorageFailure::new("lease_info", None, e).log();
+                None
+            }
+            Err(_) => {
+                tracing::debug!("lease row not read within the status timeout");
+                None
+            }
+        };
+    let is_holder = shared.lease.writable_lease().is_some_and(|own| match &row {
+        Some(row) => holds(row, &own),
+        None => true,
+    });
+    (is_holder, row)
+}
+
 /// Liveness: the process answers.
 pub(crate) async fn healthz() -> Json<Value> {
     Json(json!({ "status": "ok" }))
 }
 
 /// Readiness: not draining, and the storage answers within 1 s; with
-/// `?role=holder`, also only while this node is holder (else `not_holder`).
+/// `?role=holder`, also only while this node can prove that it is holder
+/// (else `not_holder`): its safety deadline has not passed, and the lease
+/// row, read during this request on the storage's clock, names this node
+/// with this node's token and has not expired. So after another node took
+/// the lease over (also before this node's deadline, when its liveness
+/// session ended), this node no longer answers holder, however late it
+/// learns of the takeover itself.
 pub(crate) async fn readyz(
     State(state): State<AppState>,
     query: Result<ValidQuery<ReadyQuery>>,
@@ -151,10 +174,8 @@ pub(crate) async fn readyz(
     if state.draining() {
         return Err(Error::Draining);
     }
-    if query.role == Some(ReadyRole::Holder) && !state.shared.lease.is_holder() {
-        return Err(Error::NotHolder {
-            holder_url: state.shared.lease.state().holder_url().map(str::to_owned),
-        });
+    if query.role == Some(ReadyRole::Holder) {
+        return prove_holder(&state).await;
     }
     match tokio::time::timeout(READY_TIMEOUT, state.shared.storage.ping()).await {
         Ok(pinged) => {
@@ -171,7 +192,60 @@ pub(crate) async fn readyz(
     }
 }
 
-/// Prometheus text exposition format; the lease gauges are set first.
+/// `/readyz?role=holder`: ready only when this node is writable now and
+/// the lease row, read now (within 1 s), says this node holds the lease
+/// with its token and has not expired on the storage's clock; and the
+/// node is still writable with that token after the read.
+async fn prove_holder(state: &AppState) -> Result<Json<Value>> {
+    let shared = &state.shared;
+    let not_holder = |row: Option<&LeaseInfo>| Error::NotHolder {
+        holder_url: row
+            .and_then(|r| r.holder_url.clone())
+            .or_else(|| shared.lease.state().holder_url().map(str::to_owned)),
+    };
+    let Some(lease) = shared.lease.writable_lease() else {
+        return Err(not_holder(None));
+    };
+    let row =
+        match tokio::time::timeout(READY_TIMEOUT, shared.storage.lease_info(&lease.name)).await {
+            Ok(read) => read.during("lease_info", None)?,
+            Err(_) => {
+                tracing::warn!(
+                    timeout_ms = READY_TIMEOUT.as_millis() as u64,
+                    "lease row not read within the readiness timeout"
+                );
+                return Err(Error::StorageUnavailable);
+            }
+        };
+    let proven = row.as_ref().is_some_and(|r| holds(r, &lease));
+    let still = shared
+        .lease
+        .writable_lease()
+        .is_some_and(|now| now.token == lease.token);
+    if proven && still {
+        return Ok(Json(json!({ "status": "ready" })));
+    }
+    tracing::debug!(
+        token = lease.token.0,
+        row_holder = row.as_ref().and_then(|r| r.holder.as_deref()),
+        row_token = row.as_ref().map(|r| r.token.0),
+        row_expires_in_ms = row.as_ref().map(|r| r.expires_in_ms),
+        "not ready as holder: the lease row does not confirm this node's lease"
+    );
+    Err(not_holder(row.as_ref().filter(|r| r.is_held())))
+}
+
+/// `true` when the lease row `row` names `lease`'s holder with its token
+/// and has not expired (on the storage's clock).
+fn holds(row: &LeaseInfo, lease: &herald_core::Lease) -> bool {
+    row.holder.as_deref() == Some(lease.holder.as_str())
+        && row.token == lease.token
+        && row.expires_in_ms > 0
+}
+
+/// Prometheus text exposition format; the lease gauges are set first, and
+/// `herald_lease_takeovers_recorded` from the database's record (kept at
+/// its last value when the storage does not answer within 500 ms).
 /// Needs `admin` when `auth.protect_metrics` is set.
 pub(crate) async fn metrics(
     State(state): State<AppState>,
@@ -179,8 +253,15 @@ pub(crate) async fn metrics(
 ) -> Result<impl IntoResponse> {
     let shared = &state.shared;
     shared.auth.may_scrape(&who)?;
+    let (is_holder, row) = role_on_the_row(&state).await;
+    let name = row.map_or_else(|| herald_core::DEFAULT_LEASE_NAME.to_owned(), |r| r.name);
+    match tokio::time::timeout(STATUS_LEASE_TIMEOUT, shared.storage.takeover_counts(&name)).await {
+        Ok(Ok(counts)) => metrics::takeovers_recorded(&counts),
+        Ok(Err(e)) => StorageFailure::new("takeover_counts", None, e).log(),
+        Err(_) => tracing::debug!("takeover counts not read within the metrics timeout"),
+    }
     metrics::lease(
-        shared.lease.is_holder(),
+        is_holder,
         shared.lease.state().last_token().map_or(0, |token| token.0),
         shared.lease.since_last_renewal(),
     );

@@ -1,6 +1,10 @@
-//! The liveness connection: one dedicated, idle connection per storage that
-//! holds the session-level advisory lock of the storage's session key for
-//! the storage's whole life.
+//! The liveness connections: two dedicated, idle connections per storage,
+//! one holding the session-level advisory lock of the storage's session
+//! key and one that of its twin (`super::twin_key`), for the storage's
+//! whole life; each is one run of this module's task. Other nodes find the
+//! storage gone only when neither lock is held, so one connection ended on
+//! its own (a terminated backend) is taken back without a takeover, while
+//! a crash ends both at once.
 //!
 //! PostgreSQL releases a session-level advisory lock when its session ends
 //! (PostgreSQL documentation, "Explicit Locking", "Advisory Locks"). The
@@ -14,13 +18,14 @@
 //! So another node that can take the lock knows that the holder's process,
 //! or at least its connection, is gone.
 //!
-//! When the connection of a live storage fails (a network fault), this task
-//! reconnects with backoff (100 ms doubling to 2 s, warnings rate-limited:
-//! see `reconnect.rs`) and takes the same key again. That is best
-//! effort: until it has the key again, another node may find the key free
-//! and take the lease over (`TakeoverReason::HolderGone`). That is safe:
-//! the takeover increments the fencing token, so this node's next fenced
-//! write or renewal fails with `LeaseLost` and it stops writing.
+//! When the connection of a live storage fails (a network fault, a
+//! terminated backend), this task reconnects with backoff (100 ms doubling
+//! to 2 s, warnings rate-limited: see `reconnect.rs`) and takes the same
+//! key again. That is best effort: if the other connection has failed too,
+//! until one has its key again another node may find both keys free and
+//! take the lease over (`TakeoverReason::HolderGone`). That is safe: the
+//! takeover increments the fencing token, so this node's next fenced write
+//! or renewal fails with `LeaseLost` and it stops writing.
 
 use std::time::{Duration, Instant};
 
@@ -98,7 +103,8 @@ pub(super) async fn run(
                     retry_in_ms = millis(wait),
                     suppressed_warnings = suppressed,
                     "liveness connection lost; reconnecting to take the session lock again \
-                     (meanwhile another node may take the lease over)"
+                     (the other liveness connection still marks this node alive; if it is lost \
+                     too, another node may take the lease over)"
                 );
             }
         }

@@ -26,7 +26,7 @@ use crate::decode::{
 use crate::trim;
 use crate::{
     idempotency_digest, Acquire, ChangeFeed, ChannelStats, Deletion, Deletions, Error,
-    IdempotencyDigest, Page, Result, TakeoverReason, TrimLimits, Trimmed,
+    IdempotencyDigest, Page, Result, TakeoverCount, TakeoverReason, TrimLimits, Trimmed,
 };
 
 /// A `timestamptz` as whole milliseconds since the Unix epoch, rounded
@@ -68,6 +68,29 @@ pub(super) async fn lease_info(client: &Object, name: &str) -> Result<Option<Lea
     read_lease_info(client, name).await
 }
 
+/// Adds one acquisition of lease `$1` for reason `$2` (with its new token
+/// `$3`) to `lease_takeovers`, inside the acquire's transaction.
+const RECORD_TAKEOVER_SQL: &str = "INSERT INTO lease_takeovers \
+         (name, reason, takeovers, last_token, last_at) \
+     VALUES ($1, $2, 1, $3, clock_timestamp()) \
+     ON CONFLICT (name, reason) DO UPDATE SET takeovers = lease_takeovers.takeovers + 1, \
+         last_token = excluded.last_token, last_at = excluded.last_at";
+
+/// The recorded acquisitions of lease `name` by reason
+/// (`LeaseStore::takeover_counts`).
+pub(super) async fn takeover_counts(client: &Object, name: &str) -> Result<Vec<TakeoverCount>> {
+    let stmt = client
+        .prepare_cached(
+            "SELECT reason, takeovers FROM lease_takeovers WHERE name = $1 AND takeovers > 0",
+        )
+        .await?;
+    let mut rows = Vec::new();
+    for row in client.query(&stmt, &[&name]).await? {
+        rows.push((row.try_get::<_, String>(0)?, row.try_get::<_, i64>(1)?));
+    }
+    TakeoverCount::from_rows(rows)
+}
+
 /// Locks the lease row `FOR UPDATE`: conflicts with the `FOR KEY SHARE` of
 /// every fenced write in flight, so an acquire waits for all of them, and
 /// every fenced write that starts later waits for the acquire and then sees
@@ -80,15 +103,18 @@ const LOCK_FOR_TAKEOVER_SQL: &str = "SELECT 1 FROM storage_leases WHERE name = $
 const READ_HOLDER_SQL: &str = "SELECT holder IS NOT NULL AND expires_at > clock_timestamp(), \
      holder_session, holder FROM storage_leases WHERE name = $1";
 
-/// Probes the session lock of another node's storage: true when no session
-/// holds it, that is, when that storage's liveness connection is closed.
-/// A transaction-level lock, released at commit or rollback (PostgreSQL
-/// documentation, "System Administration Functions", "Advisory Lock
-/// Functions").
-const PROBE_HOLDER_SQL: &str = "SELECT pg_try_advisory_xact_lock($1)";
+/// Probes the session locks of a storage: true when no session holds
+/// either its session key `$1` or that key's twin `$2`
+/// (`super::twin_key`), that is, when both of that storage's liveness
+/// connections are closed. Transaction-level locks, released at commit or
+/// rollback (PostgreSQL documentation, "System Administration Functions",
+/// "Advisory Lock Functions").
+const PROBE_HOLDER_SQL: &str =
+    "SELECT pg_try_advisory_xact_lock($1) AND pg_try_advisory_xact_lock($2)";
 
-/// Whether another node's storage is provably gone: its session lock is
-/// free ([`PROBE_HOLDER_SQL`]) *and* the database server has been up for at
+/// Whether another node's storage is provably gone: both its session locks
+/// are free ([`PROBE_HOLDER_SQL`]; `$3` is the twin key) *and* the
+/// database server has been up for at
 /// least `$2` ms. A server that just started has no sessions at all, so a
 /// free lock then says nothing about the holder: its liveness connection
 /// reconnects and takes the lock again within its reconnect backoff. Only
@@ -96,6 +122,7 @@ const PROBE_HOLDER_SQL: &str = "SELECT pg_try_advisory_xact_lock($1)";
 /// (`pg_postmaster_start_time`: PostgreSQL documentation, "System
 /// Information Functions").
 const HOLDER_GONE_SQL: &str = "SELECT pg_try_advisory_xact_lock($1) \
+     AND pg_try_advisory_xact_lock($3) \
      AND clock_timestamp() - pg_postmaster_start_time() >= $2::bigint * interval '1 millisecond'";
 
 /// How long after the database server starts a free session lock of a
@@ -159,12 +186,15 @@ pub(super) async fn acquire(
     )
     .await?;
     let probe = tx.prepare_cached(PROBE_HOLDER_SQL).await?;
-    let own_key_free: bool = tx.query_one(&probe, &[&own_session]).await?.try_get(0)?;
+    let own_key_free: bool = tx
+        .query_one(&probe, &[&own_session, &super::twin_key(own_session)])
+        .await?
+        .try_get(0)?;
     if own_key_free {
         tx.rollback().await?;
         return Err(Error::unavailable(
-            "this node's liveness connection does not hold its session lock (it is \
-             reconnecting); the lease is not acquired until it does",
+            "neither of this node's liveness connections holds its session lock (they \
+             are reconnecting); the lease is not acquired until one does",
         ));
     }
     let lock = tx.prepare_cached(LOCK_FOR_TAKEOVER_SQL).await?;
@@ -210,7 +240,7 @@ pub(super) async fn acquire(
     {
         let gone = tx.prepare_cached(HOLDER_GONE_SQL).await?;
         holder_gone = tx
-            .query_one(&gone, &[&key, &HOLDER_GONE_GRACE_MS])
+            .query_one(&gone, &[&key, &HOLDER_GONE_GRACE_MS, &super::twin_key(key)])
             .await?
             .try_get(0)?;
     }
@@ -245,6 +275,12 @@ pub(super) async fn acquire(
         (Some(_), false, true) => TakeoverReason::Expired,
         (Some(_), false, false) => TakeoverReason::HolderGone,
     };
+    let record = tx.prepare_cached(RECORD_TAKEOVER_SQL).await?;
+    tx.execute(
+        &record,
+        &[&name, &reason.as_str(), &row.try_get::<_, i64>(0)?],
+    )
+    .await?;
     tx.commit().await?;
     Ok(acquired(candidate, token, reason, previous.as_deref()))
 }
@@ -277,7 +313,7 @@ async fn held_at_a_glance(
     };
     let gone = client.prepare_cached(HOLDER_GONE_SQL).await?;
     let holder_gone: bool = client
-        .query_one(&gone, &[&key, &HOLDER_GONE_GRACE_MS])
+        .query_one(&gone, &[&key, &HOLDER_GONE_GRACE_MS, &super::twin_key(key)])
         .await?
         .try_get(0)?;
     if holder_gone {

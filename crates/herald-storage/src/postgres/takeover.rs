@@ -4,10 +4,16 @@
 //! One dedicated connection per storage, opened the first time a standby
 //! waits for a takeover hint, reads the holder's session key from the lease
 //! row and then *waits* for that session's advisory lock with a blocking
-//! `pg_advisory_lock`. PostgreSQL grants it the moment the holder's
-//! liveness session ends (PostgreSQL documentation, "Explicit Locking",
-//! "Advisory Locks"); the watch unlocks at once and bumps a counter that
-//! [`super::PostgresStorage`]'s `takeover_hint` waits on. The acquire that
+//! `pg_advisory_lock`, then for its twin's (`super::twin_key`: the holder's
+//! second liveness session), unlocking each at once, so that it never
+//! keeps the holder from taking a lock back. PostgreSQL grants each the
+//! moment the liveness session holding it ends (PostgreSQL documentation,
+//! "Explicit Locking", "Advisory Locks"). When both keys are then free at
+//! one instant (one statement tries both), the watch bumps a counter that
+//! [`super::PostgresStorage`]'s `takeover_hint` waits on; when the holder
+//! has taken one back in between (one of its sessions had ended on its
+//! own), it waits again. A crash ends both sessions at once, so it costs
+//! a few more round trips than one lock, not a wait. The acquire that
 //! follows decides as always, under the lease row lock.
 //!
 //! A lock granted while the database server has been up for less than the
@@ -39,11 +45,15 @@ const HOLDER_SESSION_SQL: &str = "SELECT holder_session FROM storage_leases \
      WHERE name = $1 AND holder IS NOT NULL AND expires_at > clock_timestamp()";
 /// Waits until no other session holds the key.
 const WAIT_SQL: &str = "SELECT pg_advisory_lock($1)";
-/// Gives the key back at once: the acquire's probe must find it free.
+/// Gives the key back at once: the acquire's probe must find it free, and
+/// the holder may take it back.
 const UNLOCK_SQL: &str = "SELECT pg_advisory_unlock($1)";
-/// How long the database server has been up, in ms.
-const UPTIME_SQL: &str =
-    "SELECT (extract(epoch FROM clock_timestamp() - pg_postmaster_start_time()) * 1000)::bigint";
+/// Whether both keys are free now (transaction-level try-locks, released
+/// with this statement), and how long the database server has been up, in
+/// ms.
+const BOTH_FREE_SQL: &str = "SELECT pg_try_advisory_xact_lock($1) \
+         AND pg_try_advisory_xact_lock($2), \
+     (extract(epoch FROM clock_timestamp() - pg_postmaster_start_time()) * 1000)::bigint";
 
 /// What the standby waits for: the lease name and the fencing token it
 /// found held.
@@ -107,55 +117,49 @@ pub(super) async fn run(
             }
             continue;
         };
-        let params: [&(dyn ToSql + Sync); 1] = [&key];
         let waited = tokio::select! {
             _ = stop.changed() => return,
             // Another holder now: closing the connection cancels the wait.
             _ = target.changed() => None,
-            waited = drive(conn, client.execute(WAIT_SQL, &params), |_| {}) => Some(waited),
+            waited = wait_for_both(client, conn, key) => Some(waited),
         };
-        let granted = match waited {
+        let (both_free, uptime_ms) = match waited {
             None => {
                 connection = None;
                 continue;
             }
-            Some(Ok(Ok(_))) => true,
-            Some(Ok(Err(e))) => {
-                tracing::debug!(error = %e, "takeover watch: waiting for the holder's session lock failed");
-                false
-            }
+            Some(Ok(answer)) => answer,
             Some(Err(e)) => {
-                tracing::debug!(error = %e, "takeover watch connection lost");
-                false
-            }
-        };
-        if !granted {
-            connection = None;
-            if pause(&mut stop, RETRY).await {
-                return;
-            }
-            continue;
-        }
-        match unlock_and_read_uptime(client, conn, key).await {
-            Ok(uptime_ms) if uptime_ms >= HOLDER_GONE_GRACE_MS => {
-                tracing::info!(
-                    session_key = key,
-                    "the holder's session ended; trying to acquire now"
-                );
-                reported = Some(key);
-                fired.send_modify(|n| *n += 1);
-            }
-            Ok(uptime_ms) => {
-                // The server just started: the holder may be reconnecting.
-                let rest = HOLDER_GONE_GRACE_MS.saturating_sub(uptime_ms);
-                if pause(&mut stop, Duration::from_millis(rest.unsigned_abs())).await {
+                tracing::debug!(error = %e, "takeover watch: waiting for the holder's session locks failed");
+                // Closing the connection also gives the keys back.
+                connection = None;
+                if pause(&mut stop, RETRY).await {
                     return;
                 }
+                continue;
             }
-            Err(e) => {
-                // Closing the connection also gives the key back.
-                tracing::debug!(error = %e, "takeover watch could not give the session lock back");
-                connection = None;
+        };
+        if !both_free {
+            // One of the holder's liveness sessions had ended on its own,
+            // and the holder took its lock back: it lives. Wait again.
+            tracing::debug!(
+                session_key = key,
+                "a liveness session of the holder ended and came back"
+            );
+            continue;
+        }
+        if uptime_ms >= HOLDER_GONE_GRACE_MS {
+            tracing::info!(
+                session_key = key,
+                "the holder's sessions ended; trying to acquire now"
+            );
+            reported = Some(key);
+            fired.send_modify(|n| *n += 1);
+        } else {
+            // The server just started: the holder may be reconnecting.
+            let rest = HOLDER_GONE_GRACE_MS.saturating_sub(uptime_ms);
+            if pause(&mut stop, Duration::from_millis(rest.unsigned_abs())).await {
+                return;
             }
         }
     }
@@ -184,9 +188,21 @@ async fn holder_session(
     Ok(session.and_then(|s| s.parse().ok()))
 }
 
-/// Unlocks `key` and reads the server's uptime in ms.
-async fn unlock_and_read_uptime(client: &Client, conn: &mut PgConnection, key: i64) -> Result<i64> {
-    drive(conn, client.execute(UNLOCK_SQL, &[&key]), |_| {}).await??;
-    let row = drive(conn, client.query_one(UPTIME_SQL, &[]), |_| {}).await??;
-    Ok(row.try_get(0)?)
+/// Waits for the lock of `key`, then for that of its twin, giving each
+/// back at once; then answers whether both are free at one instant, with
+/// the server's uptime in ms.
+async fn wait_for_both(client: &Client, conn: &mut PgConnection, key: i64) -> Result<(bool, i64)> {
+    let twin = super::twin_key(key);
+    for k in [key, twin] {
+        let params: [&(dyn ToSql + Sync); 1] = [&k];
+        drive(conn, client.execute(WAIT_SQL, &params), |_| {}).await??;
+        drive(conn, client.execute(UNLOCK_SQL, &params), |_| {}).await??;
+    }
+    let row = drive(
+        conn,
+        client.query_one(BOTH_FREE_SQL, &[&key, &twin]),
+        |_| {},
+    )
+    .await??;
+    Ok((row.try_get(0)?, row.try_get(1)?))
 }

@@ -21,7 +21,7 @@ use crate::decode::{
 use crate::trim;
 use crate::{
     idempotency_digest, Acquire, ChangeFeed, ChannelStats, Deletion, Deletions, Error, Page,
-    Result, TakeoverReason, TrimLimits, Trimmed,
+    Result, TakeoverCount, TakeoverReason, TrimLimits, Trimmed,
 };
 
 /// SQLite's clock in ms since the Unix epoch (needs SQLite >= 3.42 for
@@ -67,6 +67,30 @@ fn read_lease_info(conn: &Connection, name: &str) -> Result<Option<LeaseInfo>> {
 /// The lease as the storage sees it now.
 pub(super) fn lease_info(conn: &mut Connection, name: &str) -> Result<Option<LeaseInfo>> {
     read_lease_info(conn, name)
+}
+
+/// Adds one acquisition of lease `name` for `reason` (with its new
+/// `token`) to `lease_takeovers`, inside the acquire's transaction.
+const RECORD_TAKEOVER_SQL: &str = concat!(
+    "INSERT INTO lease_takeovers (name, reason, takeovers, last_token, last_at_ms)",
+    " VALUES (?1, ?2, 1, ?3, ",
+    now_ms!(),
+    ") ON CONFLICT (name, reason) DO UPDATE SET takeovers = lease_takeovers.takeovers + 1,",
+    " last_token = excluded.last_token, last_at_ms = excluded.last_at_ms"
+);
+
+/// The recorded acquisitions of lease `name` by reason
+/// (`LeaseStore::takeover_counts`).
+pub(super) fn takeover_counts(conn: &mut Connection, name: &str) -> Result<Vec<TakeoverCount>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT reason, takeovers FROM lease_takeovers WHERE name = ?1 AND takeovers > 0",
+    )?;
+    let rows = stmt
+        .query_map([name], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))
+        })?
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    TakeoverCount::from_rows(rows)
 }
 
 /// The lease row as acquire needs it: holder, holder session, and whether
@@ -190,6 +214,11 @@ pub(super) fn acquire(
             ],
             |r| r.get(0),
         )?;
+    tx.prepare_cached(RECORD_TAKEOVER_SQL)?.execute(params![
+        candidate.lease_name,
+        reason.as_str(),
+        token
+    ])?;
     tx.commit()?;
     Ok(acquired(
         candidate,
