@@ -45,6 +45,8 @@ pub(crate) struct ConnectionLimits {
     per_ip: usize,
     /// Peers whose `X-Forwarded-For` is believed.
     trusted: Vec<IpAddr>,
+    /// This node's id, in the refusal's log record.
+    node_id: String,
     /// Open per address; an address leaves the map at zero.
     open: Mutex<HashMap<IpAddr, usize>>,
     /// Which refusals are logged.
@@ -99,11 +101,12 @@ impl RefusalLog {
 
 impl ConnectionLimits {
     /// Limits of `per_ip` open per address; `trusted` are the proxies whose
-    /// `X-Forwarded-For` is believed.
-    pub(crate) fn new(per_ip: usize, trusted: Vec<IpAddr>) -> Arc<Self> {
+    /// `X-Forwarded-For` is believed; `node_id` names the node in the log.
+    pub(crate) fn new(per_ip: usize, trusted: Vec<IpAddr>, node_id: &str) -> Arc<Self> {
         Arc::new(Self {
             per_ip,
             trusted,
+            node_id: node_id.to_owned(),
             open: Mutex::new(HashMap::new()),
             refusals: Mutex::new(RefusalLog::default()),
         })
@@ -121,6 +124,7 @@ impl ConnectionLimits {
             .refused(ip, now);
         let Some(unlogged) = logged else { return };
         tracing::warn!(
+            node_id = %self.node_id,
             client_ip = %ip,
             limit = self.per_ip,
             setting = "max_connections_per_ip",
@@ -336,7 +340,7 @@ mod tests {
     /// address, the limit and the setting; another address gets its own.
     #[test]
     fn a_burst_of_refusals_logs_one_warning_per_address() {
-        let limits = ConnectionLimits::new(2, Vec::new());
+        let limits = ConnectionLimits::new(2, Vec::new(), "node-a");
         let mut held = Vec::new();
         let records = warnings_of(|| {
             for _ in 0..2 {
@@ -354,6 +358,7 @@ mod tests {
         assert_eq!(records.len(), 2, "{records:?}");
         for (record, address) in records.iter().zip(["10.0.0.1", "10.0.0.2"]) {
             assert_eq!(record["level"], "WARN", "{record}");
+            assert_eq!(record["node_id"], "node-a", "{record}");
             assert_eq!(record["client_ip"], address, "{record}");
             assert_eq!(record["limit"], 2, "{record}");
             assert_eq!(record["setting"], "max_connections_per_ip", "{record}");
@@ -409,7 +414,7 @@ mod tests {
 
     #[test]
     fn the_limit_holds_per_address_and_frees_on_drop() {
-        let limits = ConnectionLimits::new(2, Vec::new());
+        let limits = ConnectionLimits::new(2, Vec::new(), "node-a");
         let a1 = limits.try_acquire(ip("10.0.0.1")).unwrap();
         let _a2 = limits.try_acquire(ip("::ffff:10.0.0.1")).unwrap();
         assert!(limits.try_acquire(ip("10.0.0.1")).is_none(), "third one");
@@ -421,7 +426,7 @@ mod tests {
 
     #[test]
     fn forwarded_for_is_believed_only_from_trusted_proxies() {
-        let limits = ConnectionLimits::new(2, vec![ip("10.0.0.9"), ip("10.0.0.8")]);
+        let limits = ConnectionLimits::new(2, vec![ip("10.0.0.9"), ip("10.0.0.8")], "node-a");
         let mut h = HeaderMap::new();
         h.insert(
             "x-forwarded-for",

@@ -566,6 +566,7 @@ async fn the_documented_nginx_front_serves_every_route_of_a_two_node_cluster() {
         let warnings = refusal_warnings(node, crowded);
         assert_eq!(warnings.len(), 1, "{}: {warnings:?}", node.url);
         assert_eq!(warnings[0]["limit"], PER_IP, "{}", warnings[0]);
+        assert!(warnings[0]["node_id"].is_string(), "{}", warnings[0]);
         assert!(
             refusal_warnings(node, "127.0.0.1").is_empty(),
             "nginx's own address was refused"
