@@ -9,10 +9,17 @@
 //! `X-Forwarded-For` header, for as long as its answer lasts (the router's
 //! middleware in `api/mod.rs` takes the [`Slot`]; an SSE stream or a
 //! WebSocket session keeps it).
+//!
+//! The first refusal of an address is logged at WARN, naming the address
+//! and the setting to change; its next refusals are only counted, until a
+//! minute has passed ([`REFUSAL_LOG_INTERVAL`]), so that a client (or a
+//! proxy that is not listed as trusted) over the limit is seen in the log
+//! without flooding it.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -38,19 +45,95 @@ pub(crate) struct ConnectionLimits {
     per_ip: usize,
     /// Peers whose `X-Forwarded-For` is believed.
     trusted: Vec<IpAddr>,
+    /// This node's id, in the refusal's log record.
+    node_id: String,
     /// Open per address; an address leaves the map at zero.
     open: Mutex<HashMap<IpAddr, usize>>,
+    /// Which refusals are logged.
+    refusals: Mutex<RefusalLog>,
+}
+
+/// Each address's refusals are logged at most once per this interval (one
+/// minute).
+pub(crate) const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(60);
+
+/// At most this many addresses are remembered as logged within the last
+/// [`REFUSAL_LOG_INTERVAL`]; while that many were logged, a new address's
+/// refusal is counted in `herald_connections_refused_total` but not
+/// logged, so that many addresses cannot grow the table or the log
+/// without bound.
+const MAX_LOGGED_ADDRESSES: usize = 1024;
+
+/// When each address's refusals were last logged, and how many of its
+/// refusals were not logged since.
+#[derive(Debug, Default)]
+struct RefusalLog {
+    /// Address → (when its last WARN was logged, refusals since then).
+    logged: HashMap<IpAddr, (Instant, u64)>,
+}
+
+impl RefusalLog {
+    /// Notes a refusal of `ip` at `now`; returns `Some(n)` when it is to be
+    /// logged, `n` being the refusals of `ip` left unlogged since its
+    /// previous WARN (0 for its first), `None` when it is not.
+    fn refused(&mut self, ip: IpAddr, now: Instant) -> Option<u64> {
+        if let Some((at, unlogged)) = self.logged.get_mut(&ip) {
+            if now.saturating_duration_since(*at) < REFUSAL_LOG_INTERVAL {
+                *unlogged += 1;
+                return None;
+            }
+            let skipped = *unlogged;
+            *at = now;
+            *unlogged = 0;
+            return Some(skipped);
+        }
+        if self.logged.len() >= MAX_LOGGED_ADDRESSES {
+            self.logged
+                .retain(|_, (at, _)| now.saturating_duration_since(*at) < REFUSAL_LOG_INTERVAL);
+            if self.logged.len() >= MAX_LOGGED_ADDRESSES {
+                return None;
+            }
+        }
+        self.logged.insert(ip, (now, 0));
+        Some(0)
+    }
 }
 
 impl ConnectionLimits {
     /// Limits of `per_ip` open per address; `trusted` are the proxies whose
-    /// `X-Forwarded-For` is believed.
-    pub(crate) fn new(per_ip: usize, trusted: Vec<IpAddr>) -> Arc<Self> {
+    /// `X-Forwarded-For` is believed; `node_id` names the node in the log.
+    pub(crate) fn new(per_ip: usize, trusted: Vec<IpAddr>, node_id: &str) -> Arc<Self> {
         Arc::new(Self {
             per_ip,
             trusted,
+            node_id: node_id.to_owned(),
             open: Mutex::new(HashMap::new()),
+            refusals: Mutex::new(RefusalLog::default()),
         })
+    }
+
+    /// Logs a refusal of `ip` at `now` at WARN, with the address, the
+    /// limit and the setting to change, unless one of its refusals was
+    /// logged less than [`REFUSAL_LOG_INTERVAL`] ago (then it is counted,
+    /// and the next WARN says how many were left out).
+    fn log_refusal(&self, ip: IpAddr, now: Instant) {
+        let logged = self
+            .refusals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .refused(ip, now);
+        let Some(unlogged) = logged else { return };
+        tracing::warn!(
+            node_id = %self.node_id,
+            client_ip = %ip,
+            limit = self.per_ip,
+            setting = "max_connections_per_ip",
+            refusals_not_logged = unlogged,
+            "a client address reached --max-connections-per-ip (max_connections_per_ip); its \
+             further connections are answered 429 too_many_connections (logged at most once a \
+             minute per address): raise the setting if this is one host's real load, or list a \
+             reverse proxy at this address in --trusted-proxy (trusted_proxy)"
+        );
     }
 
     /// Whether `ip` is a trusted proxy.
@@ -59,7 +142,8 @@ impl ConnectionLimits {
     }
 
     /// Counts one more open for `ip`, or `None` (counted in
-    /// `herald_connections_refused_total`) when it has the limit open
+    /// `herald_connections_refused_total`, and logged as
+    /// [`ConnectionLimits::log_refusal`] says) when it has the limit open
     /// already. The count drops when the [`Slot`] is dropped.
     pub(crate) fn try_acquire(self: &Arc<Self>, ip: IpAddr) -> Option<Slot> {
         let ip = canonical(ip);
@@ -68,6 +152,7 @@ impl ConnectionLimits {
         if *count >= self.per_ip {
             drop(open);
             metrics::connection_refused("per_ip");
+            self.log_refusal(ip, Instant::now());
             return None;
         }
         *count += 1;
@@ -211,8 +296,117 @@ impl Drop for Slot {
 #[cfg(test)]
 mod tests {
     use axum::http::HeaderValue;
+    use serde_json::Value;
 
     use super::*;
+
+    /// The WARN records of `ConnectionLimits` logged while `f` runs on
+    /// this thread, as JSON objects.
+    fn warnings_of(f: impl FnOnce()) -> Vec<Value> {
+        let buffer = Arc::new(Mutex::new(Vec::new()));
+        let writer = {
+            let buffer = Arc::clone(&buffer);
+            move || Captured(Arc::clone(&buffer))
+        };
+        let subscriber = tracing_subscriber::fmt()
+            .json()
+            .flatten_event(true)
+            .with_max_level(tracing::Level::WARN)
+            .with_writer(writer)
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        let bytes = std::mem::take(&mut *buffer.lock().unwrap());
+        String::from_utf8(bytes)
+            .unwrap()
+            .lines()
+            .map(|line| serde_json::from_str(line).unwrap())
+            .collect()
+    }
+
+    /// Appends log output to a shared buffer.
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A burst of refusals of one address logs one WARN, naming the
+    /// address, the limit and the setting; another address gets its own.
+    #[test]
+    fn a_burst_of_refusals_logs_one_warning_per_address() {
+        let limits = ConnectionLimits::new(2, Vec::new(), "node-a");
+        let mut held = Vec::new();
+        let records = warnings_of(|| {
+            for _ in 0..2 {
+                held.push(limits.try_acquire(ip("10.0.0.1")).unwrap());
+            }
+            for _ in 0..50 {
+                assert!(limits.try_acquire(ip("10.0.0.1")).is_none());
+            }
+            held.push(limits.try_acquire(ip("10.0.0.2")).unwrap());
+            held.push(limits.try_acquire(ip("10.0.0.2")).unwrap());
+            for _ in 0..5 {
+                assert!(limits.try_acquire(ip("::ffff:10.0.0.2")).is_none());
+            }
+        });
+        assert_eq!(records.len(), 2, "{records:?}");
+        for (record, address) in records.iter().zip(["10.0.0.1", "10.0.0.2"]) {
+            assert_eq!(record["level"], "WARN", "{record}");
+            assert_eq!(record["node_id"], "node-a", "{record}");
+            assert_eq!(record["client_ip"], address, "{record}");
+            assert_eq!(record["limit"], 2, "{record}");
+            assert_eq!(record["setting"], "max_connections_per_ip", "{record}");
+            assert_eq!(record["refusals_not_logged"], 0, "{record}");
+            let message = record["message"].as_str().unwrap();
+            assert!(message.contains("--max-connections-per-ip"), "{message}");
+            assert!(message.contains("--trusted-proxy"), "{message}");
+        }
+    }
+
+    /// An address is logged again once a minute has passed since its last
+    /// WARN, with the count of refusals left out meanwhile; never sooner.
+    #[test]
+    fn an_address_is_logged_at_most_once_a_minute() {
+        let mut log = RefusalLog::default();
+        let start = Instant::now();
+        let a = ip("192.0.2.1");
+        assert_eq!(log.refused(a, start), Some(0));
+        for s in [0, 1, 30, 59] {
+            assert_eq!(log.refused(a, start + Duration::from_secs(s)), None);
+        }
+        let almost = start + REFUSAL_LOG_INTERVAL - Duration::from_millis(1);
+        assert_eq!(log.refused(a, almost), None);
+        assert_eq!(log.refused(a, start + REFUSAL_LOG_INTERVAL), Some(5));
+        assert_eq!(log.refused(a, start + REFUSAL_LOG_INTERVAL), None);
+        let later = start + 2 * REFUSAL_LOG_INTERVAL;
+        assert_eq!(log.refused(a, later), Some(1));
+    }
+
+    /// Many addresses cannot grow the table without bound: past
+    /// `MAX_LOGGED_ADDRESSES` logged within a minute, a new address is not
+    /// logged (it is still refused and counted); once their minute passed,
+    /// new addresses are logged again and the old ones are forgotten.
+    #[test]
+    fn the_logged_addresses_are_bounded() {
+        let mut log = RefusalLog::default();
+        let start = Instant::now();
+        let address = |i: usize| IpAddr::from([10, 1, (i / 256) as u8, (i % 256) as u8]);
+        for i in 0..MAX_LOGGED_ADDRESSES {
+            assert_eq!(log.refused(address(i), start), Some(0));
+        }
+        let extra = address(MAX_LOGGED_ADDRESSES);
+        assert_eq!(log.refused(extra, start + Duration::from_secs(1)), None);
+        assert_eq!(log.logged.len(), MAX_LOGGED_ADDRESSES);
+        let later = start + REFUSAL_LOG_INTERVAL;
+        assert_eq!(log.refused(extra, later), Some(0));
+        assert_eq!(log.logged.len(), 1);
+    }
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
@@ -220,7 +414,7 @@ mod tests {
 
     #[test]
     fn the_limit_holds_per_address_and_frees_on_drop() {
-        let limits = ConnectionLimits::new(2, Vec::new());
+        let limits = ConnectionLimits::new(2, Vec::new(), "node-a");
         let a1 = limits.try_acquire(ip("10.0.0.1")).unwrap();
         let _a2 = limits.try_acquire(ip("::ffff:10.0.0.1")).unwrap();
         assert!(limits.try_acquire(ip("10.0.0.1")).is_none(), "third one");
@@ -232,7 +426,7 @@ mod tests {
 
     #[test]
     fn forwarded_for_is_believed_only_from_trusted_proxies() {
-        let limits = ConnectionLimits::new(2, vec![ip("10.0.0.9"), ip("10.0.0.8")]);
+        let limits = ConnectionLimits::new(2, vec![ip("10.0.0.9"), ip("10.0.0.8")], "node-a");
         let mut h = HeaderMap::new();
         h.insert(
             "x-forwarded-for",

@@ -182,6 +182,7 @@ impl AppState {
         let conn_limits = ConnectionLimits::new(
             config.max_connections_per_ip,
             config.trusted_proxies.clone(),
+            &config.node_id,
         );
         Ok(Self {
             shared: Arc::new(Shared {
