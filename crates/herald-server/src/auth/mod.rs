@@ -24,6 +24,7 @@ mod error;
 mod extract;
 mod jwks;
 mod jwt;
+mod log_limit;
 mod policy;
 #[cfg(test)]
 mod proptests;
@@ -48,7 +49,7 @@ use api_keys::{ApiKey, ApiKeys};
 use jwt::JwtVerifier;
 use policy::Namespaces;
 pub(crate) use policy::Pattern;
-use rate_limit::{PublishLimits, Rate, DEFAULT_RATE_PER_S};
+use rate_limit::{Limit, PublishLimits, Rate, DEFAULT_RATE_PER_S};
 
 use crate::StartError;
 
@@ -91,6 +92,9 @@ pub struct Auth {
     protect_metrics: bool,
     /// [`AuthConfig::history_resume_window`], or its default.
     history_resume_window: std::time::Duration,
+    /// The WARN of a forwarded request refused for its cluster secret, at
+    /// most one a minute.
+    forward_refusals: log_limit::LogLimit,
 }
 
 impl Auth {
@@ -113,19 +117,43 @@ impl Auth {
             Rate::new(per_s.unwrap_or(DEFAULT_RATE_PER_S), burst)
                 .map_err(|e| StartError::Config(format!("{what}: {e}")))
         };
-        let default_rate = rate(config.publish_rate_per_s, config.publish_burst, "auth")?;
-        let mut key_rates = Vec::new();
+        let auth_sets_rate = config.publish_rate_per_s.is_some() || config.publish_burst.is_some();
+        let auth_setting = if auth_sets_rate {
+            "[auth] publish_rate_per_s and publish_burst".to_owned()
+        } else {
+            format!(
+                "the default for token subjects, {DEFAULT_RATE_PER_S}/s; \
+                 change it with [auth] publish_rate_per_s and publish_burst"
+            )
+        };
+        let subject_limit =
+            rate(config.publish_rate_per_s, config.publish_burst, "auth")?.map(|rate| Limit {
+                rate,
+                setting: auth_setting.clone(),
+            });
+        let mut key_limits = Vec::new();
         for key in &config.api_keys {
+            // A key's own rate; else `[auth]`'s, when it sets one; else
+            // none: a backend's key is not limited by default.
             let own = if key.publish_rate_per_s.is_some() || key.publish_burst.is_some() {
                 rate(
                     key.publish_rate_per_s.or(config.publish_rate_per_s),
                     key.publish_burst.or(config.publish_burst),
                     &format!("auth.api_keys \"{}\"", key.name),
                 )?
+                .map(|rate| Limit {
+                    rate,
+                    setting: format!(
+                        "publish_rate_per_s and publish_burst of [[auth.api_keys]] \"{}\"",
+                        key.name
+                    ),
+                })
+            } else if auth_sets_rate {
+                subject_limit.clone()
             } else {
-                default_rate
+                None
             };
-            key_rates.push((key.name.clone(), own));
+            key_limits.push((key.name.clone(), own));
         }
         if let Some(secret) = &config.cluster_secret {
             if secret.expose().len() < 16 {
@@ -143,9 +171,10 @@ impl Auth {
                 .as_ref()
                 .map(|s| Sha256::digest(s.expose().as_bytes()).into()),
             namespaces: Namespaces::new(namespaces.clone(), config.default_namespace),
-            limits: PublishLimits::new(key_rates, default_rate),
+            limits: PublishLimits::new(key_limits, subject_limit),
             protect_metrics: config.protect_metrics,
             history_resume_window: config.history_resume_window(),
+            forward_refusals: log_limit::LogLimit::default(),
         })
     }
 
@@ -161,6 +190,28 @@ impl Auth {
             Some(jwt) => jwt.reload().map_err(KeyReloadError),
             None => Ok(0),
         }
+    }
+
+    /// The publish rates in force, one line each, as `herald config check`
+    /// shows them: token subjects, then each API key.
+    pub fn publish_rates(&self) -> Vec<String> {
+        if !self.enabled {
+            return vec!["none: access control is off, publishes are not counted".to_owned()];
+        }
+        let mut lines = vec![match self.limits.subject_limit() {
+            Some(limit) => format!("token subjects: {} ({})", limit.rate, limit.setting),
+            None => "token subjects: no limit ([auth] publish_rate_per_s = 0)".to_owned(),
+        }];
+        for name in self.keys.names() {
+            lines.push(match self.limits.key_limit(name) {
+                Some(limit) => format!("API key \"{name}\": {} ({})", limit.rate, limit.setting),
+                None => format!(
+                    "API key \"{name}\": no limit (the default for API keys; set \
+                     publish_rate_per_s in its [[auth.api_keys]] entry or in [auth] to limit it)"
+                ),
+            });
+        }
+        lines
     }
 
     /// The rule of `channel`'s namespace (the default rule for a channel
