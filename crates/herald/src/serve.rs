@@ -565,9 +565,15 @@ async fn start_and_run(
     args.retention
         .clone()
         .reload_on_sighup(args.config.clone(), server_config.retention.clone());
-    if checked.auth.jwt.is_some() {
-        crate::jwt_reload::reload_on_sighup(server_config.jwt_key_reload.clone());
-    }
+    crate::auth_reload::reload_on_sighup(
+        server_config.auth_reload.clone(),
+        args.config.clone(),
+        crate::auth_reload::Started {
+            flags: file.flags.clone(),
+            auth: checked.auth.clone(),
+            namespaces: checked.namespaces.clone(),
+        },
+    );
     let node = Node::start(listener, storage, checked.lease_config, server_config);
     info!(
         node_id = %node.node_id,

@@ -579,3 +579,74 @@ async fn the_holder_logs_a_refused_forward_and_the_first_rate_limit_refusal() {
         "{warning}"
     );
 }
+
+/// SIGHUP puts a changed `[auth]` in force: an open node given an API key
+/// refuses anonymous publishes from then on. A changed setting that needs
+/// a restart is named in a WARN; a reload that would turn access control
+/// off is refused, and the keys in force stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_auth_and_names_what_needs_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let cors = "[cors]\nallowed_origins = [\"https://a.example\"]\n";
+    let config = write_config(dir.path(), cors);
+    let server = Server::start_with(
+        &dir.path().join("data"),
+        &["--config", config.to_str().unwrap()],
+    )
+    .await;
+    server.api.wait_role("holder", WAIT).await;
+    let http = reqwest::Client::new();
+    let publish = |key: Option<&str>| {
+        let mut req = http
+            .post(format!("{}/v1/channels/orders/messages", server.url))
+            .header("content-type", "application/json")
+            .body("{\"data\": 1}");
+        if let Some(key) = key {
+            req = req.header("authorization", format!("Bearer {key}"));
+        }
+        async move {
+            within("a publish", WAIT, req.send())
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(publish(None).await, 201, "an open node");
+
+    let key = herald_server::generate_api_key();
+    write_config(
+        dir.path(),
+        &format!(
+            "[cors]\nallowed_origins = [\"https://b.example\"]\n{}",
+            key_lines(&key, "")
+        ),
+    );
+    server.signal(rustix::process::Signal::HUP);
+    let reloaded = server
+        .wait_log_record("the reload", WAIT, |r| {
+            r["message"] == "access control reloaded"
+        })
+        .await;
+    assert_eq!(reloaded["api_keys"], 1, "{reloaded}");
+    assert_eq!(publish(None).await, 401, "anonymous, after the reload");
+    assert_eq!(publish(Some(&key)).await, 201, "with the new key");
+    let warning = server
+        .wait_log_record("the restart warning", WAIT, |r| {
+            r["setting"] == "cors.allowed_origins"
+        })
+        .await;
+    assert_eq!(warning["level"], "WARN", "{warning}");
+
+    // Without the key: access control would go off; refused.
+    write_config(dir.path(), cors);
+    server.signal(rustix::process::Signal::HUP);
+    let refused = server
+        .wait_log_record("the refused reload", WAIT, |r| {
+            r["message"] == "access control not reloaded; the settings in force stay"
+        })
+        .await;
+    assert_eq!(refused["level"], "ERROR", "{refused}");
+    assert_eq!(publish(None).await, 401, "the key stays in force");
+    assert_eq!(publish(Some(&key)).await, 201);
+}

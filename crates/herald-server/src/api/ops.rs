@@ -84,7 +84,7 @@ pub(crate) async fn status(State(state): State<AppState>, Caller(who): Caller) -
     let shared = &state.shared;
     let is_holder = shared.lease.is_holder();
     let role = if is_holder { "holder" } else { "standby" };
-    if shared.auth.may_admin(&who).is_err() {
+    if shared.auth().may_admin(&who).is_err() {
         return Json(StatusSummary {
             node_id: shared.config.node_id.clone(),
             role,
@@ -178,7 +178,7 @@ pub(crate) async fn metrics(
     Caller(who): Caller,
 ) -> Result<impl IntoResponse> {
     let shared = &state.shared;
-    shared.auth.may_scrape(&who)?;
+    shared.auth().may_scrape(&who)?;
     metrics::lease(
         shared.lease.is_holder(),
         shared.lease.state().last_token().map_or(0, |token| token.0),

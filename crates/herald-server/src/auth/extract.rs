@@ -206,7 +206,7 @@ impl FromRequestParts<AppState> for Caller {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Error> {
         Ok(Self(
-            state.shared.auth.principal(&parts.headers, None).await?,
+            state.shared.auth().principal(&parts.headers, None).await?,
         ))
     }
 }
@@ -234,7 +234,7 @@ impl FromRequestParts<AppState> for Subscriber {
             );
         }
         Ok(Self(
-            state.shared.auth.principal(&parts.headers, token).await?,
+            state.shared.auth().principal(&parts.headers, token).await?,
         ))
     }
 }
