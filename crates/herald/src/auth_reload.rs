@@ -5,9 +5,10 @@
 //!   rebuilt from them and replaces the one in force (API keys, JWT keys
 //!   and their files, namespace rules, publish rates, `protect_metrics`,
 //!   `history_resume_window`), logged as INFO `access control reloaded`.
-//!   A file that does not parse, a setting the start would refuse, or one
-//!   that turns access control off keeps the settings in force and logs
-//!   an ERROR. `cluster_secret` is the exception: the forwarder keeps the
+//!   A file that does not parse, a setting the start would refuse, one
+//!   that turns access control off, or one that turns it on over
+//!   PostgreSQL on a node started without a cluster secret keeps the
+//!   settings in force and logs an ERROR. `cluster_secret` is the exception: the forwarder keeps the
 //!   one it started with, so a new one is a WARN naming it, in force at
 //!   the next restart.
 //! - Unchanged: the `[auth.jwt]` key files are read again
@@ -39,6 +40,8 @@ pub(crate) struct Started {
     pub(crate) auth: AuthConfig,
     /// `[namespaces]`.
     pub(crate) namespaces: NamespacesConfig,
+    /// `true` on PostgreSQL (`--database`), which other nodes may share.
+    pub(crate) shared_database: bool,
 }
 
 /// Starts watching SIGHUP (at once, so a SIGHUP from now on no longer
@@ -83,6 +86,13 @@ pub(crate) fn reload_on_sighup(handle: AuthReload, config_file: Option<PathBuf>,
                 reload_jwt_keys(&handle, &in_force.0);
                 continue;
             }
+            if let Some(why) = needs_a_cluster_secret(&started, &next.0) {
+                error!(
+                    error = %why,
+                    "access control not reloaded; the settings in force stay"
+                );
+                continue;
+            }
             match handle.replace(&next.0, &next.1) {
                 Ok(_) => {
                     info!(
@@ -101,6 +111,21 @@ pub(crate) fn reload_on_sighup(handle: AuthReload, config_file: Option<PathBuf>,
             }
         }
     });
+}
+
+/// Why `next` cannot be put in force by a reload on a node that started
+/// with `started`: access control turned on, on a shared database, by a
+/// node that started without a cluster secret. The holder would refuse
+/// every forwarded publish, and a cluster secret takes effect only at a
+/// restart (as `herald serve` refuses such a start).
+fn needs_a_cluster_secret(started: &Started, next: &AuthConfig) -> Option<String> {
+    (started.shared_database && next.enabled() && started.auth.cluster_secret.is_none()).then(
+        || {
+            "access control on PostgreSQL needs [auth] cluster_secret, which takes effect at a \
+         restart: restart the node with the new file"
+                .to_owned()
+        },
+    )
 }
 
 /// Reads the `[auth.jwt]` key files again, when there are some.
@@ -159,6 +184,7 @@ mod tests {
             flags: before.flags.clone(),
             auth: before.auth.clone().unwrap_or_default(),
             namespaces: NamespacesConfig::new(),
+            shared_database: false,
         };
         assert!(needs_restart(&started, &before).is_empty());
         let after = config_file::parse(
@@ -175,6 +201,34 @@ mod tests {
                 .into_iter()
                 .collect::<Vec<_>>(),
             ["auth.cluster_secret", "cors.allowed_origins"]
+        );
+    }
+
+    #[test]
+    fn turning_access_control_on_over_postgres_without_a_cluster_secret_waits_for_a_restart() {
+        let serve = crate::serve_command();
+        let keyed = config_file::parse(
+            &format!(
+                "[[auth.api_keys]]\nname = \"k\"\nsha256 = \"{}\"\npermissions = [\"publish\"]\n",
+                "a".repeat(64)
+            ),
+            &serve,
+        )
+        .unwrap()
+        .auth
+        .unwrap();
+        let open = |shared_database| Started {
+            flags: Default::default(),
+            auth: AuthConfig::default(),
+            namespaces: NamespacesConfig::new(),
+            shared_database,
+        };
+        let why = needs_a_cluster_secret(&open(true), &keyed).unwrap();
+        assert!(why.contains("cluster_secret"), "{why}");
+        assert_eq!(needs_a_cluster_secret(&open(false), &keyed), None);
+        assert_eq!(
+            needs_a_cluster_secret(&open(true), &AuthConfig::default()),
+            None
         );
     }
 }

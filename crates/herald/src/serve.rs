@@ -572,6 +572,7 @@ async fn start_and_run(
             flags: file.flags.clone(),
             auth: checked.auth.clone(),
             namespaces: checked.namespaces.clone(),
+            shared_database: args.database_url.is_some(),
         },
     );
     let node = Node::start(listener, storage, checked.lease_config, server_config);
