@@ -110,9 +110,10 @@ pub struct ServerConfig {
     /// The Centrifugo protocols' settings (`/connection/websocket`): ping
     /// period, pong timeout, connect timeout. See `docs/centrifugo.md`.
     pub centrifugo: crate::CentrifugoConfig,
-    /// Reloads the `[auth.jwt]` key files of the node while it runs
-    /// (`herald serve` on SIGHUP); see [`crate::JwtKeyReload`].
-    pub jwt_key_reload: crate::JwtKeyReload,
+    /// Reloads the node's access control (`[auth]`, `[namespaces]`) or
+    /// its `[auth.jwt]` key files while it runs (`herald serve` on
+    /// SIGHUP); see [`crate::AuthReload`].
+    pub auth_reload: crate::AuthReload,
     /// Answer only requests whose `Host` is a loopback name (`localhost`,
     /// `*.localhost`, `127.0.0.0/8`, `[::1]`); any other is
     /// `403 host_not_allowed` (default off). `herald serve` turns it on
@@ -148,7 +149,7 @@ impl Default for ServerConfig {
             retention: RetentionHandle::default(),
             trim_pacing: TrimPacing::default(),
             centrifugo: crate::CentrifugoConfig::default(),
-            jwt_key_reload: crate::JwtKeyReload::default(),
+            auth_reload: crate::AuthReload::default(),
             loopback_hosts_only: false,
         }
     }

@@ -67,9 +67,9 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use auth::{
-    api_key_sha256, generate_api_key, ApiKeyConfig, Auth, AuthConfig, AuthError, JwtConfig,
-    JwtKeyReload, KeyReloadError, NamespaceRule, NamespacesConfig, OneOrMany, Permission,
-    PublishRule, Secret, SubscribeRule, DEFAULT_HISTORY_RESUME_WINDOW,
+    api_key_sha256, generate_api_key, ApiKeyConfig, Auth, AuthConfig, AuthError, AuthReload,
+    JwtConfig, KeyReloadError, NamespaceRule, NamespacesConfig, OneOrMany, Permission, PublishRule,
+    Secret, SubscribeRule, DEFAULT_HISTORY_RESUME_WINDOW,
 };
 pub use centrifugo::CentrifugoConfig;
 pub use config::ServerConfig;

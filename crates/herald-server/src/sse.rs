@@ -68,10 +68,10 @@ pub(crate) async fn events(
     ValidQuery(query): ValidQuery<AfterQuery>,
 ) -> Result<Response> {
     let shared = &state.shared;
-    shared.auth.may_subscribe(&who, &channel)?;
+    shared.auth().may_subscribe(&who, &channel)?;
     let start = StartAt::new(
         resume_point(&headers, &query)?,
-        shared.auth.live_only_window(&who, &channel),
+        shared.auth().live_only_window(&who, &channel),
     );
     let expiry = who
         .token()

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::auth::Auth;
+use crate::auth::{Auth, AuthSlot};
 use crate::conn_limit::ConnectionLimits;
 use crate::forward::Forwarder;
 use crate::hub::Hub;
@@ -49,8 +49,9 @@ pub(crate) struct Shared {
     pub(crate) writer: WriterHandle,
     /// Live fan-out to subscribers.
     pub(crate) hub: Arc<Hub>,
-    /// Access control.
-    pub(crate) auth: Auth,
+    /// Access control, replaced whole on a reload: read it with
+    /// [`Shared::auth`].
+    auth_slot: Arc<AuthSlot>,
     /// Hands publishes that reach this node while standby to the holder.
     pub(crate) forwarder: Forwarder,
     /// Cancelled when the node drains.
@@ -71,6 +72,13 @@ pub(crate) struct Shared {
     /// nothing more, so the lease can be released even while slow clients
     /// still hold connections open.
     writes_done: CancellationToken,
+}
+
+impl Shared {
+    /// The access control in force now; a request reads it once.
+    pub(crate) fn auth(&self) -> Arc<Auth> {
+        self.auth_slot.load()
+    }
 }
 
 impl AppState {
@@ -100,8 +108,8 @@ impl AppState {
         shutdown: CancellationToken,
     ) -> Result<Self, StartError> {
         config.validate()?;
-        let auth = Auth::new(&config.auth, &config.namespaces)?;
-        config.jwt_key_reload.attach(&auth);
+        let auth = Arc::new(AuthSlot::new(Auth::new(&config.auth, &config.namespaces)?));
+        config.auth_reload.attach(&auth);
         let forwarder = Forwarder::new(
             &config.node_id,
             config.forward_timeout,
@@ -176,7 +184,7 @@ impl AppState {
             node_id = %config.node_id,
             advertise_url = %config.advertise_url,
             backend = storage.backend(),
-            access_control = auth.enabled(),
+            access_control = auth.load().enabled(),
             "server state started"
         );
         let conn_limits = ConnectionLimits::new(
@@ -191,7 +199,7 @@ impl AppState {
                 config,
                 writer: writer_handle,
                 hub,
-                auth,
+                auth_slot: auth,
                 forwarder,
                 shutdown,
                 metrics,

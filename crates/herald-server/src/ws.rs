@@ -125,7 +125,7 @@ pub(crate) async fn upgrade(
         channel = %channel,
         after = resume,
     );
-    match shared.auth.may_subscribe(&who, &channel) {
+    match shared.auth().may_subscribe(&who, &channel) {
         Ok(()) => {}
         // No credentials at all: they may come in the first frame.
         Err(AuthError::MissingCredentials(_)) if matches!(who, Principal::Anonymous) => {
@@ -146,7 +146,7 @@ pub(crate) async fn upgrade(
         Err(e) => return Err(e.into()),
     }
     let expires = expiry(&who);
-    let start = StartAt::new(resume, shared.auth.live_only_window(&who, &channel));
+    let start = StartAt::new(resume, shared.auth().live_only_window(&who, &channel));
     let sub =
         Subscription::start_at(shared.storage.clone(), &shared.hub, channel, start, "ws").await?;
     let shutdown = shared.shutdown.clone();
@@ -203,7 +203,7 @@ async fn authenticate_then_serve(
     let Some(TokenFrame { token }) = token else {
         return close(tx, rx, CLOSE_UNAUTHORIZED, "send {\"token\":\"...\"} first").await;
     };
-    let auth = &state.shared.auth;
+    let auth = &state.shared.auth();
     let granted = auth
         .resolve(Some(Credential::Token(&token)))
         .await

@@ -74,7 +74,15 @@ pub(crate) fn run(command: ConfigCommand) -> anyhow::Result<ExitCode> {
         .retention
         .load(Some(&path))
         .map_err(|e| e.context(format!("config file {}", path.display())))?;
-    print!("{}", effective_settings(serve_matches, &file, &retention));
+    let mut out = effective_settings(serve_matches, &file, &retention);
+    // Checked by `serve::check` above.
+    if let Ok(auth) = herald_server::Auth::new(
+        &file.auth.clone().unwrap_or_default(),
+        &file.namespaces.clone().unwrap_or_default(),
+    ) {
+        out.push_str(&publish_rates_comment(&auth));
+    }
+    print!("{out}");
     eprintln!("{}: valid", path.display());
     Ok(ExitCode::SUCCESS)
 }
@@ -191,6 +199,16 @@ fn effective_settings(
     }
     if file.retention.is_some() || !retention.is_unbounded() {
         let _ = write!(out, "\n{}", retention_section(matches, retention));
+    }
+    out
+}
+
+/// The publish rates in force, per node, as TOML comments (defaults
+/// included, which the `[auth]` table above does not show).
+fn publish_rates_comment(auth: &herald_server::Auth) -> String {
+    let mut out = String::from("\n# Publish rates in force (each node counts its own):\n");
+    for line in auth.publish_rates() {
+        let _ = writeln!(out, "#   {line}");
     }
     out
 }

@@ -1,5 +1,9 @@
 //! `herald keys generate`: a new API key and the config lines that
 //! configure it (only its SHA-256 is stored on the server).
+//!
+//! The key goes to stderr and only the config lines to stdout, so that
+//! `herald keys generate >> herald.toml` appends the lines and never the
+//! key: the key is shown on the terminal once, and stored nowhere.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -9,8 +13,8 @@ use herald_server::{api_key_sha256, generate_api_key};
 /// `herald keys` subcommands.
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum KeysCommand {
-    /// Print a new API key and the `[[auth.api_keys]]` lines to paste into
-    /// the config file.
+    /// Print a new API key (on stderr) and the `[[auth.api_keys]]` lines
+    /// to paste into the config file (on stdout, without the key).
     Generate(GenerateArgs),
 }
 
@@ -52,20 +56,27 @@ impl PermissionArg {
 pub(crate) fn run(command: KeysCommand) -> anyhow::Result<ExitCode> {
     let KeysCommand::Generate(args) = command;
     let key = generate_api_key();
+    let mut err = std::io::stderr().lock();
+    err.write_all(key_notice(&key).as_bytes())?;
+    err.flush()?;
     let mut out = std::io::stdout().lock();
     out.write_all(snippet(&args, &key).as_bytes())?;
     out.flush()?;
     Ok(ExitCode::SUCCESS)
 }
 
-/// What `generate` prints: the key, then the TOML lines.
+/// What `generate` prints on stderr: the key itself.
+fn key_notice(key: &str) -> String {
+    format!("API key (give it to the backend; it is shown only now):\n{key}\n")
+}
+
+/// What `generate` prints on stdout: the TOML lines, which hold the key's
+/// SHA-256 and never the key.
 fn snippet(args: &GenerateArgs, key: &str) -> String {
     let quote = |s: &str| toml_string(s);
     let permissions: Vec<String> = args.permissions.iter().map(|p| quote(p.as_str())).collect();
     let mut text = format!(
-        "# API key (give it to the backend; it is shown only now):\n# {key}\n\
-         # Paste into the config file:\n\
-         [[auth.api_keys]]\n\
+        "[[auth.api_keys]]\n\
          name = {}\n\
          sha256 = {}\n\
          permissions = [{}]\n",
@@ -97,7 +108,8 @@ mod tests {
             channels: vec!["news:*".to_owned()],
         };
         let text = snippet(&args, "k3y");
-        assert!(text.contains("# k3y\n"), "{text}");
+        assert!(!text.contains("k3y"), "{text}");
+        assert!(key_notice("k3y").ends_with("\nk3y\n"));
         assert!(text.contains(&format!("sha256 = \"{}\"", api_key_sha256("k3y"))));
         assert!(text.contains("permissions = [\"publish\", \"admin\"]"));
         assert!(text.contains("channels = [\"news:*\"]"));

@@ -1,5 +1,6 @@
 //! The `herald` binary: the server and its command-line clients.
 
+mod auth_reload;
 mod bench;
 mod client;
 mod config_check;
@@ -8,7 +9,6 @@ mod exposure;
 mod fanout;
 mod file_modes;
 mod history;
-mod jwt_reload;
 mod keys;
 mod logging;
 mod publish;

@@ -465,6 +465,7 @@ pub(crate) fn check(args: &ServeArgs, file: &ConfigFile) -> anyhow::Result<Check
         file.auth.as_ref(),
         args.insecure_no_auth,
     )?;
+    check_cluster_secret(args, file.auth.as_ref())?;
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => {
             Some(TlsCertificates::load(cert, key).context("--tls-cert and --tls-key")?)
@@ -499,6 +500,30 @@ pub(crate) fn check(args: &ServeArgs, file: &ConfigFile) -> anyhow::Result<Check
         auth,
         namespaces,
     })
+}
+
+/// Refuses access control without a cluster secret on PostgreSQL: every
+/// node of a cluster shares that database, and a standby forwards the
+/// publishes (and other holder-only requests) it receives to the holder,
+/// which refuses them with 401 unless they carry the cluster secret. One
+/// node alone needs it too, since a second node can join it at any time.
+///
+/// # Errors
+/// `[auth]` turns access control on, `--database` is given and `[auth]`
+/// has no `cluster_secret`.
+fn check_cluster_secret(args: &ServeArgs, auth: Option<&AuthConfig>) -> anyhow::Result<()> {
+    let Some(auth) = auth else {
+        return Ok(());
+    };
+    if args.database_url.is_some() && auth.enabled() && auth.cluster_secret.is_none() {
+        anyhow::bail!(
+            "[auth] turns access control on and --database is PostgreSQL, which several nodes \
+             share, but [auth] has no cluster_secret: the holder would refuse with 401 every \
+             publish a standby forwards to it. Add cluster_secret = \"<at least 16 random \
+             bytes>\" to [auth], the same on every node (a single node needs one too)"
+        );
+    }
+    Ok(())
 }
 
 /// Starts the node step by step (each step refuses what it can before the
@@ -542,9 +567,16 @@ async fn start_and_run(
     args.retention
         .clone()
         .reload_on_sighup(args.config.clone(), server_config.retention.clone());
-    if checked.auth.jwt.is_some() {
-        crate::jwt_reload::reload_on_sighup(server_config.jwt_key_reload.clone());
-    }
+    crate::auth_reload::reload_on_sighup(
+        server_config.auth_reload.clone(),
+        args.config.clone(),
+        crate::auth_reload::Started {
+            flags: file.flags.clone(),
+            auth: checked.auth.clone(),
+            namespaces: checked.namespaces.clone(),
+            shared_database: args.database_url.is_some(),
+        },
+    );
     let node = Node::start(listener, storage, checked.lease_config, server_config);
     info!(
         node_id = %node.node_id,

@@ -175,6 +175,9 @@ impl Default for FollowConfig {
 enum SessionEnd {
     /// The server ended the stream (it does so when draining).
     Closed,
+    /// The server ended the stream because the credential's token expired
+    /// (`event: token_expired`): reconnecting with it cannot work.
+    TokenExpired,
     /// A message skipped ahead of the next offset; a reconnect asks for the
     /// missing ones.
     Gap {
@@ -207,6 +210,10 @@ struct SessionStats {
 /// JSON line to `out` and notices (reconnects, messages the server no
 /// longer has) as `herald: tail: ...` lines to `notices`, until `stop` is cancelled (then `Ok`) or a fatal
 /// error: an error answer that retrying cannot fix, or a failed write.
+///
+/// A subscription whose token expired (`event: token_expired`) ends
+/// `follow` with an error naming `token_expired`: a reconnect with the
+/// same token would be refused.
 ///
 /// Starts after `after`, or after the channel's head at start when `None`.
 /// Dropped connections, server errors and a drained server lead to a
@@ -256,6 +263,12 @@ pub(crate) async fn follow<W: Write, N: Write>(
             Ok(SessionEnd::Closed) => (
                 "the server ended the stream".to_owned(),
                 backoff.next_delay(),
+            ),
+            Ok(SessionEnd::TokenExpired) => anyhow::bail!(
+                "token_expired: the token expired, and the server ended the subscription \
+                 after offset {last}; run herald tail again with a fresh token and \
+                 --after {last} to go on from there",
+                last = resume.last()
             ),
             Ok(SessionEnd::Gap { expected, got }) => {
                 gap_resyncs += 1;
@@ -413,6 +426,9 @@ where
                 resume.advance(gone_through);
             }
             continue;
+        }
+        if event.event == "token_expired" {
+            return Ok(SessionEnd::TokenExpired);
         }
         if event.event != "message" {
             continue;
@@ -870,6 +886,48 @@ mod tests {
             "herald: tail: the server no longer has offsets 1 to 3 \
              (removed by retention or a deletion); continuing at 4\n"
         );
+    }
+
+    /// The server ends a token's subscription at its `exp` with
+    /// `event: token_expired`: follow stops there, naming it, instead of
+    /// reconnecting with the expired token.
+    #[tokio::test]
+    async fn follow_stops_at_token_expired_without_reconnecting() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = Url::parse(&format!("http://{}", listener.local_addr().unwrap())).unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            read_request(&mut s).await;
+            let expired = "event: token_expired\ndata: {\"code\":\"token_expired\"}\n\n";
+            answer_sse(&mut s, &format!("{}{}{expired}", msg(1), msg(2))).await;
+            // The listener closes: a reconnect would be refused, and
+            // retried for ever.
+        });
+        let channel = ChannelName::new("c").unwrap();
+        let (mut out, mut notices) = (Vec::new(), Vec::new());
+        // A guard against the retry loop, not a timing bound.
+        let err = tokio::time::timeout(
+            Duration::from_secs(60),
+            follow(
+                &url,
+                &channel,
+                Some(0),
+                &mut out,
+                &mut notices,
+                FollowConfig::default(),
+                CancellationToken::new(),
+            ),
+        )
+        .await
+        .expect("follow stopped")
+        .unwrap_err();
+        server.await.unwrap();
+        let err = err.to_string();
+        assert!(err.starts_with("token_expired: "), "{err}");
+        assert!(err.contains("--after 2"), "{err}");
+        assert_eq!(offsets(&out), [1, 2]);
+        let notices = String::from_utf8(notices).unwrap();
+        assert!(!notices.contains("reconnecting"), "{notices}");
     }
 
     #[tokio::test]

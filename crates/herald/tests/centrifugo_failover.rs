@@ -46,15 +46,18 @@ use tokio::time::Instant;
 /// subscribing needs a token that lists it).
 const CHANNEL: &str = "news:failover";
 
-/// The config file: an API key that publishes and reads, and the HS256
-/// secret of the clients' token. Returns the key and the secret.
+/// The config file: an API key that publishes and reads, the HS256
+/// secret of the clients' token, and the cluster secret (required on
+/// PostgreSQL with access control). Returns the key and the secret.
 fn write_config(path: &Path) -> (String, String) {
     let key = herald_server::generate_api_key();
     let secret = herald_server::generate_api_key();
+    let cluster_secret = herald_server::generate_api_key();
     std::fs::write(
         path,
         format!(
             "[auth]\n\
+             cluster_secret = \"{cluster_secret}\"\n\
              api_keys = [{{ name = \"backend\", sha256 = \"{}\", permissions = [\"publish\", \"read\"] }}]\n\
              \n\
              [auth.jwt]\n\

@@ -402,3 +402,253 @@ async fn an_auth_section_with_an_api_key_lets_a_public_node_start_and_enforces_i
         "the key is never logged"
     );
 }
+
+/// `herald keys generate >> herald.toml` appends config lines that a
+/// node accepts, and never the key itself: the key goes to stderr only,
+/// and it is the key whose SHA-256 the appended lines hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_generate_keeps_the_key_out_of_what_is_appended_to_the_config() {
+    let out = within(
+        "herald keys generate",
+        WAIT,
+        herald()
+            .args(["keys", "generate", "--name", "backend"])
+            .output(),
+    )
+    .await
+    .unwrap();
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let key = stderr
+        .lines()
+        .map(str::trim)
+        .find(|line| line.len() == 43 && !line.contains(' '))
+        .unwrap_or_else(|| panic!("no key on stderr:\n{stderr}"));
+    assert!(!stdout.contains(key), "the key is on stdout:\n{stdout}");
+    let file: toml::Table = stdout.parse().unwrap();
+    let auth: herald_server::AuthConfig = file["auth"].clone().try_into().unwrap();
+    assert_eq!(auth.api_keys[0].sha256, herald_server::api_key_sha256(key));
+}
+
+/// `[[auth.api_keys]]` lines for `key` with `extra` lines after them.
+fn key_lines(key: &str, extra: &str) -> String {
+    format!(
+        "[[auth.api_keys]]\nname = \"backend\"\nsha256 = \"{}\"\npermissions = [\"publish\"]\n{extra}",
+        herald_server::api_key_sha256(key)
+    )
+}
+
+/// Access control on a shared (PostgreSQL) database without a cluster
+/// secret would make the holder refuse every publish a standby forwards:
+/// `herald serve` refuses to start, and `herald config check` refuses the
+/// file, both naming `cluster_secret`; with one, the file is valid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn access_control_on_postgres_without_a_cluster_secret_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = herald_server::generate_api_key();
+    let config = write_config(dir.path(), &key_lines(&key, ""));
+    // Refused before connecting: nothing listens at this address.
+    let error = failed_start(
+        dir.path(),
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            "data",
+            "--config",
+            config.to_str().unwrap(),
+            "--database",
+            "postgres://herald@127.0.0.1:9/herald",
+        ],
+    )
+    .await;
+    assert!(error.contains("no cluster_secret"), "{error}");
+    assert!(error.contains("the same on every node"), "{error}");
+
+    let check = |text: String| {
+        let config = write_config(dir.path(), &text);
+        async move {
+            within(
+                "herald config check",
+                WAIT,
+                herald()
+                    .args(["config", "check", config.to_str().unwrap()])
+                    .output(),
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let database = "database = \"postgres://herald@127.0.0.1:9/herald\"\n";
+    let out = check(format!("{database}{}", key_lines(&key, ""))).await;
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no cluster_secret"), "{stderr}");
+
+    let out = check(format!(
+        "{database}[auth]\ncluster_secret = \"a-cluster-secret-of-32-bytes-ok!\"\n\n{}",
+        key_lines(&key, "")
+    ))
+    .await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The effective settings show the publish rates, defaults included.
+    assert!(
+        stdout.contains("#   token subjects: 100/s, burst 200"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("#   API key \"backend\": no limit"),
+        "{stdout}"
+    );
+}
+
+/// The holder tells the operator what its clients are told: a WARN when
+/// it refuses a forwarded request for its cluster secret (with the
+/// forwarding node), and a WARN when a publish rate first refuses (with
+/// the key and the setting).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_holder_logs_a_refused_forward_and_the_first_rate_limit_refusal() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = herald_server::generate_api_key();
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "[auth]\ncluster_secret = \"a-cluster-secret-of-32-bytes-ok!\"\n\n{}",
+            key_lines(&key, "publish_rate_per_s = 0.001\npublish_burst = 1\n")
+        ),
+    );
+    let server = Server::start_with(
+        &dir.path().join("data"),
+        &["--config", config.to_str().unwrap()],
+    )
+    .await;
+    server.api.wait_role("holder", WAIT).await;
+    let http = reqwest::Client::new();
+    let publish = |headers: Vec<(&'static str, String)>| {
+        let mut req = http
+            .post(format!("{}/v1/channels/orders/messages", server.url))
+            .header("content-type", "application/json")
+            .body("{\"data\": 1}");
+        for (name, value) in headers {
+            req = req.header(name, value);
+        }
+        async move {
+            let resp = within("a publish", WAIT, req.send()).await.unwrap();
+            let status = resp.status().as_u16();
+            (status, resp.json::<serde_json::Value>().await.unwrap())
+        }
+    };
+
+    let forwarded = publish(vec![("herald-forwarded-by", "node-x".to_owned())]).await;
+    assert_eq!(forwarded.0, 401, "{}", forwarded.1);
+    let warning = server
+        .wait_log_record("the refused forward", WAIT, |r| {
+            r["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("refused a forwarded request"))
+        })
+        .await;
+    assert_eq!(warning["level"], "WARN", "{warning}");
+    assert_eq!(warning["forwarded_by"], "node-x", "{warning}");
+    assert_eq!(
+        warning["reason"], "the request carries no cluster secret",
+        "{warning}"
+    );
+
+    let bearer = vec![("authorization", format!("Bearer {key}"))];
+    assert_eq!(publish(bearer.clone()).await.0, 201);
+    let refused = publish(bearer).await;
+    assert_eq!(refused.0, 429, "{}", refused.1);
+    let warning = server
+        .wait_log_record("the rate limit's refusal", WAIT, |r| {
+            r["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("rate limit reached"))
+        })
+        .await;
+    assert_eq!(warning["level"], "WARN", "{warning}");
+    assert_eq!(warning["limited"], "API key \"backend\"", "{warning}");
+    assert!(
+        warning["setting"]
+            .as_str()
+            .is_some_and(|s| s.contains("[[auth.api_keys]] \"backend\"")),
+        "{warning}"
+    );
+}
+
+/// SIGHUP puts a changed `[auth]` in force: an open node given an API key
+/// refuses anonymous publishes from then on. A changed setting that needs
+/// a restart is named in a WARN; a reload that would turn access control
+/// off is refused, and the keys in force stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_auth_and_names_what_needs_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let cors = "[cors]\nallowed_origins = [\"https://a.example\"]\n";
+    let config = write_config(dir.path(), cors);
+    let server = Server::start_with(
+        &dir.path().join("data"),
+        &["--config", config.to_str().unwrap()],
+    )
+    .await;
+    server.api.wait_role("holder", WAIT).await;
+    let http = reqwest::Client::new();
+    let publish = |key: Option<&str>| {
+        let mut req = http
+            .post(format!("{}/v1/channels/orders/messages", server.url))
+            .header("content-type", "application/json")
+            .body("{\"data\": 1}");
+        if let Some(key) = key {
+            req = req.header("authorization", format!("Bearer {key}"));
+        }
+        async move {
+            within("a publish", WAIT, req.send())
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(publish(None).await, 201, "an open node");
+
+    let key = herald_server::generate_api_key();
+    write_config(
+        dir.path(),
+        &format!(
+            "[cors]\nallowed_origins = [\"https://b.example\"]\n{}",
+            key_lines(&key, "")
+        ),
+    );
+    server.signal(rustix::process::Signal::HUP);
+    let reloaded = server
+        .wait_log_record("the reload", WAIT, |r| {
+            r["message"] == "access control reloaded"
+        })
+        .await;
+    assert_eq!(reloaded["api_keys"], 1, "{reloaded}");
+    assert_eq!(publish(None).await, 401, "anonymous, after the reload");
+    assert_eq!(publish(Some(&key)).await, 201, "with the new key");
+    let warning = server
+        .wait_log_record("the restart warning", WAIT, |r| {
+            r["setting"] == "cors.allowed_origins"
+        })
+        .await;
+    assert_eq!(warning["level"], "WARN", "{warning}");
+
+    // Without the key: access control would go off; refused.
+    write_config(dir.path(), cors);
+    server.signal(rustix::process::Signal::HUP);
+    let refused = server
+        .wait_log_record("the refused reload", WAIT, |r| {
+            r["message"] == "access control not reloaded; the settings in force stay"
+        })
+        .await;
+    assert_eq!(refused["level"], "ERROR", "{refused}");
+    assert_eq!(publish(None).await, 401, "the key stays in force");
+    assert_eq!(publish(Some(&key)).await, 201);
+}

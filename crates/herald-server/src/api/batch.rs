@@ -122,7 +122,7 @@ async fn append(state: &AppState, parts: &mut Parts, body: Body) -> Result<Outco
     // named, and nothing of the batch is stored.
     for (index, message) in messages.iter().enumerate() {
         shared
-            .auth
+            .auth()
             .may_publish(&who, &message.channel)
             .map_err(|e: AuthError| Error::InBatchEntry {
                 index,
@@ -132,7 +132,7 @@ async fn append(state: &AppState, parts: &mut Parts, body: Body) -> Result<Outco
     if state.draining() {
         return Err(Error::Draining);
     }
-    shared.auth.take_publishes(&who, messages.len())?;
+    shared.auth().take_publishes(&who, messages.len())?;
     if shared.lease.is_holder() {
         return commit(state, messages).await;
     }

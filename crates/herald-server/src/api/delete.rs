@@ -30,7 +30,7 @@ pub(crate) async fn delete_channel(
     Caller(who): Caller,
     ChannelPath(channel): ChannelPath,
 ) -> Result<Json<Deleted>> {
-    state.shared.auth.may_admin(&who)?;
+    state.shared.auth().may_admin(&who)?;
     let head = retention::delete_channel(&state, &channel).await?;
     Ok(Json(Deleted {
         channel,

@@ -87,7 +87,7 @@ pub(crate) async fn status(State(state): State<AppState>, Caller(who): Caller) -
     let lease_state = shared.lease.state();
     let (is_holder, lease) = role_on_the_row(&state).await;
     let role = if is_holder { "holder" } else { "standby" };
-    if shared.auth.may_admin(&who).is_err() {
+    if shared.auth().may_admin(&who).is_err() {
         return Json(StatusSummary {
             node_id: shared.config.node_id.clone(),
             role,
@@ -252,7 +252,7 @@ pub(crate) async fn metrics(
     Caller(who): Caller,
 ) -> Result<impl IntoResponse> {
     let shared = &state.shared;
-    shared.auth.may_scrape(&who)?;
+    shared.auth().may_scrape(&who)?;
     let (is_holder, row) = role_on_the_row(&state).await;
     let name = row.map_or_else(|| herald_core::DEFAULT_LEASE_NAME.to_owned(), |r| r.name);
     match tokio::time::timeout(STATUS_LEASE_TIMEOUT, shared.storage.takeover_counts(&name)).await {

@@ -103,14 +103,14 @@ async fn append(
     let Caller(who) = caller?;
     let ChannelPath(channel) = channel?;
     let shared = &state.shared;
-    shared.auth.may_publish(&who, &channel)?;
+    shared.auth().may_publish(&who, &channel)?;
     let idempotency_key = idempotency_key(headers)?;
     let PublishBody { data, tags, raw } =
         PublishBody::read(headers, body, state.config().max_message_bytes).await?;
     if state.draining() {
         return Err(Error::Draining);
     }
-    shared.auth.take_publishes(&who, 1)?;
+    shared.auth().take_publishes(&who, 1)?;
     let message = NewMessage {
         channel,
         data,

@@ -57,7 +57,7 @@ pub(crate) async fn history(
     ChannelPath(channel): ChannelPath,
     ValidQuery(query): ValidQuery<HistoryQuery>,
 ) -> Result<Json<History>> {
-    state.shared.auth.may_read_history(&who, &channel)?;
+    state.shared.auth().may_read_history(&who, &channel)?;
     let after = query.after.unwrap_or(0);
     let limit = query.limit.unwrap_or(DEFAULT_LIMIT);
     let page = state
@@ -107,7 +107,7 @@ pub(crate) async fn channels(
     State(state): State<AppState>,
     Caller(who): Caller,
 ) -> Result<Json<Channels>> {
-    state.shared.auth.may_admin(&who)?;
+    state.shared.auth().may_admin(&who)?;
     let channels = state
         .shared
         .storage

@@ -72,6 +72,11 @@ impl ApiKeys {
         Ok(Self { keys })
     }
 
+    /// The keys' names, in the config's order.
+    pub(crate) fn names(&self) -> impl Iterator<Item = &str> {
+        self.keys.iter().map(|k| k.name.as_str())
+    }
+
     /// The key whose hash is SHA-256 of `presented`, if any. Every
     /// configured hash is compared, each in constant time (`subtle`), so
     /// the time taken tells nothing about which key or how much of a hash

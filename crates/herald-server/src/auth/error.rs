@@ -32,10 +32,13 @@ pub enum AuthError {
     Forbidden(String),
     /// The API key or token subject used up its publish rate.
     /// 429 `rate_limited`, `Retry-After: <retry_after_s>`.
-    #[error("publish rate limit reached; retry after {retry_after_s} s")]
+    #[error("{detail}; retry after {retry_after_s} s")]
     RateLimited {
         /// Seconds until the publish would be allowed (at least 1).
         retry_after_s: u64,
+        /// Which key or token subject, its rate and the setting that
+        /// sets it.
+        detail: String,
     },
 }
 
@@ -75,7 +78,7 @@ impl AuthError {
     /// The `Retry-After` value of a 429 answer, in seconds.
     pub(crate) fn retry_after_s(&self) -> Option<u64> {
         match self {
-            Self::RateLimited { retry_after_s } => Some(*retry_after_s),
+            Self::RateLimited { retry_after_s, .. } => Some(*retry_after_s),
             _ => None,
         }
     }

@@ -149,9 +149,12 @@ impl Auth {
             let presented = headers.get(CLUSTER_SECRET).map(|v| v.as_bytes());
             return match presented {
                 Some(secret) if self.is_cluster_secret(secret) => Ok(Principal::Cluster),
-                _ => Err(AuthError::InvalidCredentials(
-                    "a forwarded request needs the cluster secret".to_owned(),
-                )),
+                _ => {
+                    self.warn_forward_refused(headers, presented.is_some());
+                    Err(AuthError::InvalidCredentials(
+                        "a forwarded request needs the cluster secret".to_owned(),
+                    ))
+                }
             };
         }
         let header = from_headers(headers)?;
@@ -166,6 +169,31 @@ impl Auth {
         };
         self.resolve(credential).await
     }
+
+    /// Logs a WARN (at most one per [`super::log_limit::LOG_INTERVAL`])
+    /// for a forwarded request refused for its cluster secret: without
+    /// it, every publish that reaches a standby fails with 401 and the
+    /// operator would hear of it only from the clients.
+    fn warn_forward_refused(&self, headers: &HeaderMap, presented: bool) {
+        let Some(held_back) = self.forward_refusals.allow() else {
+            return;
+        };
+        let forwarded_by = headers
+            .get(crate::forward::FORWARDED_BY)
+            .and_then(|v| v.to_str().ok())
+            .map_or("", |id| id.get(..64).unwrap_or(id));
+        let reason = match (presented, self.cluster_secret.is_some()) {
+            (_, false) => "this node has no auth.cluster_secret",
+            (false, true) => "the request carries no cluster secret",
+            (true, true) => "the request's cluster secret differs from this node's",
+        };
+        tracing::warn!(
+            forwarded_by,
+            reason,
+            refused_since_last_warning = held_back,
+            "refused a forwarded request (401): give every node the same auth.cluster_secret"
+        );
+    }
 }
 
 /// The checked principal of a request, from its headers. Rejects with the
@@ -178,7 +206,7 @@ impl FromRequestParts<AppState> for Caller {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Error> {
         Ok(Self(
-            state.shared.auth.principal(&parts.headers, None).await?,
+            state.shared.auth().principal(&parts.headers, None).await?,
         ))
     }
 }
@@ -206,7 +234,7 @@ impl FromRequestParts<AppState> for Subscriber {
             );
         }
         Ok(Self(
-            state.shared.auth.principal(&parts.headers, token).await?,
+            state.shared.auth().principal(&parts.headers, token).await?,
         ))
     }
 }

@@ -24,12 +24,13 @@ mod error;
 mod extract;
 mod jwks;
 mod jwt;
+mod log_limit;
 mod policy;
 #[cfg(test)]
 mod proptests;
 mod rate_limit;
 
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 
 use herald_core::ChannelName;
 use sha2::{Digest, Sha256};
@@ -48,7 +49,7 @@ use api_keys::{ApiKey, ApiKeys};
 use jwt::JwtVerifier;
 use policy::Namespaces;
 pub(crate) use policy::Pattern;
-use rate_limit::{PublishLimits, Rate, DEFAULT_RATE_PER_S};
+use rate_limit::{Limit, PublishLimits, Rate, DEFAULT_RATE_PER_S};
 
 use crate::StartError;
 
@@ -91,6 +92,9 @@ pub struct Auth {
     protect_metrics: bool,
     /// [`AuthConfig::history_resume_window`], or its default.
     history_resume_window: std::time::Duration,
+    /// The WARN of a forwarded request refused for its cluster secret, at
+    /// most one a minute.
+    forward_refusals: log_limit::LogLimit,
 }
 
 impl Auth {
@@ -113,19 +117,43 @@ impl Auth {
             Rate::new(per_s.unwrap_or(DEFAULT_RATE_PER_S), burst)
                 .map_err(|e| StartError::Config(format!("{what}: {e}")))
         };
-        let default_rate = rate(config.publish_rate_per_s, config.publish_burst, "auth")?;
-        let mut key_rates = Vec::new();
+        let auth_sets_rate = config.publish_rate_per_s.is_some() || config.publish_burst.is_some();
+        let auth_setting = if auth_sets_rate {
+            "[auth] publish_rate_per_s and publish_burst".to_owned()
+        } else {
+            format!(
+                "the default for token subjects, {DEFAULT_RATE_PER_S}/s; \
+                 change it with [auth] publish_rate_per_s and publish_burst"
+            )
+        };
+        let subject_limit =
+            rate(config.publish_rate_per_s, config.publish_burst, "auth")?.map(|rate| Limit {
+                rate,
+                setting: auth_setting.clone(),
+            });
+        let mut key_limits = Vec::new();
         for key in &config.api_keys {
+            // A key's own rate; else `[auth]`'s, when it sets one; else
+            // none: a backend's key is not limited by default.
             let own = if key.publish_rate_per_s.is_some() || key.publish_burst.is_some() {
                 rate(
                     key.publish_rate_per_s.or(config.publish_rate_per_s),
                     key.publish_burst.or(config.publish_burst),
                     &format!("auth.api_keys \"{}\"", key.name),
                 )?
+                .map(|rate| Limit {
+                    rate,
+                    setting: format!(
+                        "publish_rate_per_s and publish_burst of [[auth.api_keys]] \"{}\"",
+                        key.name
+                    ),
+                })
+            } else if auth_sets_rate {
+                subject_limit.clone()
             } else {
-                default_rate
+                None
             };
-            key_rates.push((key.name.clone(), own));
+            key_limits.push((key.name.clone(), own));
         }
         if let Some(secret) = &config.cluster_secret {
             if secret.expose().len() < 16 {
@@ -143,9 +171,10 @@ impl Auth {
                 .as_ref()
                 .map(|s| Sha256::digest(s.expose().as_bytes()).into()),
             namespaces: Namespaces::new(namespaces.clone(), config.default_namespace),
-            limits: PublishLimits::new(key_rates, default_rate),
+            limits: PublishLimits::new(key_limits, subject_limit),
             protect_metrics: config.protect_metrics,
             history_resume_window: config.history_resume_window(),
+            forward_refusals: log_limit::LogLimit::default(),
         })
     }
 
@@ -161,6 +190,28 @@ impl Auth {
             Some(jwt) => jwt.reload().map_err(KeyReloadError),
             None => Ok(0),
         }
+    }
+
+    /// The publish rates in force, one line each, as `herald config check`
+    /// shows them: token subjects, then each API key.
+    pub fn publish_rates(&self) -> Vec<String> {
+        if !self.enabled {
+            return vec!["none: access control is off, publishes are not counted".to_owned()];
+        }
+        let mut lines = vec![match self.limits.subject_limit() {
+            Some(limit) => format!("token subjects: {} ({})", limit.rate, limit.setting),
+            None => "token subjects: no limit ([auth] publish_rate_per_s = 0)".to_owned(),
+        }];
+        for name in self.keys.names() {
+            lines.push(match self.limits.key_limit(name) {
+                Some(limit) => format!("API key \"{name}\": {} ({})", limit.rate, limit.setting),
+                None => format!(
+                    "API key \"{name}\": no limit (the default for API keys; set \
+                     publish_rate_per_s in its [[auth.api_keys]] entry or in [auth] to limit it)"
+                ),
+            });
+        }
+        lines
     }
 
     /// The rule of `channel`'s namespace (the default rule for a channel
@@ -366,58 +417,124 @@ impl Auth {
     }
 }
 
-/// Reloads the JWT key files of the nodes started with a
-/// [`crate::ServerConfig`] holding it (`herald serve` calls
-/// [`JwtKeyReload::reload`] on SIGHUP, so that a key added to the JWKS
-/// file for a rotation is accepted without a restart). Clones share the
-/// same nodes. It is not a setting: two handles compare equal.
-#[derive(Clone, Default)]
-pub struct JwtKeyReload(Arc<Mutex<Vec<Weak<JwtVerifier>>>>);
+/// The access control in force on one node. A reload
+/// ([`AuthReload::replace`]) swaps it whole; each request reads it once
+/// ([`AuthSlot::load`]) and is judged by one version throughout.
+#[derive(Debug)]
+pub(crate) struct AuthSlot(RwLock<Arc<Auth>>);
 
-impl JwtKeyReload {
-    /// Has the JWT keys of `auth` reloaded by [`JwtKeyReload::reload`]
-    /// from now on.
-    pub(crate) fn attach(&self, auth: &Auth) {
-        if let Some(jwt) = &auth.jwt {
-            let mut nodes = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-            nodes.retain(|node| node.strong_count() > 0);
-            nodes.push(Arc::downgrade(jwt));
-        }
+impl AuthSlot {
+    /// A slot holding `auth`.
+    pub(crate) fn new(auth: Auth) -> Self {
+        Self(RwLock::new(Arc::new(auth)))
     }
 
-    /// Reads the key files of every running node attached again; the
+    /// The access control in force now.
+    pub(crate) fn load(&self) -> Arc<Auth> {
+        Arc::clone(&self.0.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    fn store(&self, auth: Auth) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(auth);
+    }
+}
+
+/// Reloads the access control of the nodes started with a
+/// [`crate::ServerConfig`] holding it: `herald serve` calls
+/// [`AuthReload::replace`] on SIGHUP when the config file's `[auth]` or
+/// `[namespaces]` changed (API keys, JWT keys, namespace rules, publish
+/// rates, `protect_metrics`, `history_resume_window`), and
+/// [`AuthReload::reload_jwt_keys`] when they did not, so that a key added
+/// to the JWKS file for a rotation is accepted without a restart. Clones
+/// share the same nodes. It is not a setting: two handles compare equal.
+#[derive(Clone, Default)]
+pub struct AuthReload(Arc<Mutex<Vec<Weak<AuthSlot>>>>);
+
+impl AuthReload {
+    /// Has the access control in `slot` reloaded by this handle from now
+    /// on.
+    pub(crate) fn attach(&self, slot: &Arc<AuthSlot>) {
+        let mut nodes = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        nodes.retain(|node| node.strong_count() > 0);
+        nodes.push(Arc::downgrade(slot));
+    }
+
+    /// The slots of the nodes still running.
+    fn slots(&self) -> Vec<Arc<AuthSlot>> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect()
+    }
+
+    /// Reads the JWT key files of every running node attached again; the
     /// number of keys they hold now (summed over the nodes).
     ///
     /// # Errors
     /// [`KeyReloadError`] naming the file that cannot be read or holds no
     /// usable key; that node keeps the keys in force.
-    pub fn reload(&self) -> Result<usize, KeyReloadError> {
-        let nodes: Vec<Arc<JwtVerifier>> = self
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect();
+    pub fn reload_jwt_keys(&self) -> Result<usize, KeyReloadError> {
         let mut keys = 0;
-        for node in nodes {
-            keys += node.reload().map_err(KeyReloadError)?;
+        for slot in self.slots() {
+            keys += slot.load().reload_jwt_keys()?;
         }
         Ok(keys)
     }
+
+    /// Puts `config` and `namespaces` in force on every running node
+    /// attached, checked as at the start ([`Auth::new`]: key files read
+    /// again). Requests from then on are judged by them; subscriptions
+    /// already open stay open (a token's still end at its `exp`). The
+    /// publish rate buckets start full again. The cluster secret in force
+    /// stays: the forwarder sends the one it started with, so a new one
+    /// takes effect at the next restart. Returns the number of nodes
+    /// whose access control was replaced.
+    ///
+    /// # Errors
+    /// [`StartError::Config`] naming the setting that is wrong, or when
+    /// the new settings would turn access control off (no API key, no
+    /// `[auth.jwt]`) on a node that has it on: that needs a restart, which
+    /// checks the exposure again. The settings in force stay.
+    pub fn replace(
+        &self,
+        config: &AuthConfig,
+        namespaces: &NamespacesConfig,
+    ) -> Result<usize, StartError> {
+        let slots = self.slots();
+        let mut built = Vec::with_capacity(slots.len());
+        for slot in &slots {
+            let current = slot.load();
+            let mut next = Auth::new(config, namespaces)?;
+            if current.enabled && !next.enabled {
+                return Err(StartError::Config(
+                    "the new [auth] has neither API keys nor [auth.jwt]: turning access control \
+                     off needs a restart"
+                        .to_owned(),
+                ));
+            }
+            next.cluster_secret = current.cluster_secret;
+            built.push(next);
+        }
+        for (slot, next) in slots.iter().zip(built) {
+            slot.store(next);
+        }
+        Ok(slots.len())
+    }
 }
 
-impl std::fmt::Debug for JwtKeyReload {
+impl std::fmt::Debug for AuthReload {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("JwtKeyReload")
+        f.write_str("AuthReload")
     }
 }
 
 /// Not a setting: every handle equals every other.
-impl PartialEq for JwtKeyReload {
+impl PartialEq for AuthReload {
     fn eq(&self, _: &Self) -> bool {
         true
     }
 }
 
-impl Eq for JwtKeyReload {}
+impl Eq for AuthReload {}

@@ -28,7 +28,7 @@ impl ChannelOptions {
     pub(crate) fn of(state: &AppState, channel: &ChannelName) -> Self {
         let shared = &state.shared;
         Self::resolve(
-            shared.auth.namespace_rule(channel),
+            shared.auth().namespace_rule(channel),
             &shared.config.centrifugo,
         )
     }

@@ -337,7 +337,7 @@ impl Session {
     /// the connection's: "" for an anonymous connection, as in
     /// Centrifugo).
     async fn check_token(&self, id: u32, token: &str) -> Result<Principal, Answer> {
-        let auth = &self.state.shared.auth;
+        let auth = &self.state.shared.auth();
         let who = match auth.resolve(Some(Credential::Token(token))).await {
             Ok(who) => who,
             Err(AuthError::TokenExpired) => {
@@ -373,7 +373,7 @@ impl Session {
             // allows it (or nothing is checked); else Centrifugo's answer
             // to a connect without credentials.
             let state = &self.state;
-            if state.shared.auth.enabled() && !state.config().centrifugo.anonymous_connect {
+            if state.shared.auth().enabled() && !state.config().centrifugo.anonymous_connect {
                 tracing::debug!(client = %self.client, "connect without a token refused");
                 return Answer::Close(codes::BAD_REQUEST);
             }
@@ -397,7 +397,13 @@ impl Session {
             return Answer::Close(codes::CHANNEL_LIMIT);
         }
         for (channel, _) in &server_subs {
-            if self.state.shared.auth.may_subscribe(&who, channel).is_err() {
+            if self
+                .state
+                .shared
+                .auth()
+                .may_subscribe(&who, channel)
+                .is_err()
+            {
                 return Answer::Reply(error_reply(id, &ReplyError::permission_denied()));
             }
         }
@@ -414,18 +420,17 @@ impl Session {
         // One budget for every recovery of the reply.
         let mut budget = Budget::of(self.state.config());
         for (channel, data) in server_subs {
-            let recover = req
-                .subs
-                .get(channel.as_str())
-                .filter(|r| r.recover)
-                .map(|r| RecoverFrom {
-                    epoch: &r.epoch,
-                    offset: r.offset,
-                    live_only: self
-                        .who
-                        .as_ref()
-                        .and_then(|who| self.state.shared.auth.live_only_window(who, &channel)),
-                });
+            let recover =
+                req.subs
+                    .get(channel.as_str())
+                    .filter(|r| r.recover)
+                    .map(|r| RecoverFrom {
+                        epoch: &r.epoch,
+                        offset: r.offset,
+                        live_only: self.who.as_ref().and_then(|who| {
+                            self.state.shared.auth().live_only_window(who, &channel)
+                        }),
+                    });
             match self
                 .start_subscription(&channel, recover, None, JoinLeave::default(), budget)
                 .await
@@ -483,7 +488,7 @@ impl Session {
         if self
             .state
             .shared
-            .auth
+            .auth()
             .may_subscribe(&who, &channel)
             .is_err()
         {
@@ -505,7 +510,7 @@ impl Session {
         let recover = req.recover.then_some(RecoverFrom {
             epoch: &req.epoch,
             offset: req.offset,
-            live_only: self.state.shared.auth.live_only_window(&who, &channel),
+            live_only: self.state.shared.auth().live_only_window(&who, &channel),
         });
         let budget = Budget::of(self.state.config());
         match self
@@ -738,7 +743,7 @@ impl Session {
         if self
             .state
             .shared
-            .auth
+            .auth()
             .may_subscribe(&who, &channel)
             .is_err()
         {
@@ -764,7 +769,7 @@ impl Session {
     async fn publish(&mut self, req: PublishRequest) -> Result<(), ReplyError> {
         let channel = channel(&req.channel)?;
         let who = self.who.clone().unwrap_or(Principal::Anonymous);
-        let auth = &self.state.shared.auth;
+        let auth = &self.state.shared.auth();
         if auth.may_publish(&who, &channel).is_err() {
             return Err(ReplyError::permission_denied());
         }
@@ -785,7 +790,7 @@ impl Session {
         };
         let who = self.who.clone().unwrap_or(Principal::Anonymous);
         let shared = &self.state.shared;
-        if shared.auth.may_read_history(&who, &channel).is_err() {
+        if shared.auth().may_read_history(&who, &channel).is_err() {
             return Answer::Reply(error_reply(id, &ReplyError::permission_denied()));
         }
         let epoch = match shared.storage.channel_epoch(&channel).await {
@@ -842,7 +847,7 @@ impl Session {
         if added || dropped {
             return Answer::Close(codes::INSUFFICIENT_STATE);
         }
-        let auth = &self.state.shared.auth;
+        let auth = &self.state.shared.auth();
         let lost: Vec<ChannelName> = self
             .subs
             .iter()
@@ -901,7 +906,7 @@ impl Session {
         if self
             .state
             .shared
-            .auth
+            .auth()
             .may_subscribe(&who, &channel)
             .is_err()
         {

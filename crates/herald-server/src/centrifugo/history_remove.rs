@@ -40,7 +40,7 @@ pub(crate) async fn history_remove(
     channel: ChannelName,
 ) -> Result<(), ReplyError> {
     let forwarded_by_a_node = matches!(who, Principal::Cluster);
-    if !forwarded_by_a_node && state.shared.auth.may_admin(who).is_err() {
+    if !forwarded_by_a_node && state.shared.auth().may_admin(who).is_err() {
         return Err(ReplyError::permission_denied());
     }
     if !state.shared.lease.is_holder() {

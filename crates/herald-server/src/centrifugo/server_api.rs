@@ -126,7 +126,7 @@ pub(crate) async fn call(
 /// `history_remove`) is the cluster's when it carries the cluster secret,
 /// and `None` without it, as a forwarded publish is (`auth/extract.rs`).
 async fn principal(state: &AppState, headers: &HeaderMap, uri: &Uri) -> Option<Principal> {
-    let auth = &state.shared.auth;
+    let auth = &state.shared.auth();
     if crate::forward::was_forwarded(headers) {
         return auth.principal(headers, None).await.ok();
     }
@@ -366,7 +366,7 @@ async fn publish_one(
     channel: ChannelName,
     payload: &Payload,
 ) -> Outcome {
-    let auth = &state.shared.auth;
+    let auth = &state.shared.auth();
     if auth.may_publish(who, &channel).is_err() {
         return Err(ReplyError::permission_denied());
     }
@@ -446,7 +446,7 @@ async fn history_method(
     budget: Budget,
 ) -> Outcome {
     let channel = channel(&p.channel)?;
-    if state.shared.auth.may_read_history(who, &channel).is_err() {
+    if state.shared.auth().may_read_history(who, &channel).is_err() {
         return Err(ReplyError::permission_denied());
     }
     let epoch = epoch(state, &channel).await?;
@@ -479,7 +479,7 @@ struct ChannelsParams {
 /// Every channel with subscribers on some node, with `num_clients` summed
 /// over the nodes (`node_info.rs`), those whose name matches `pattern`.
 async fn channels(state: &AppState, who: &Principal, p: ChannelsParams) -> Outcome {
-    if state.shared.auth.may_admin(who).is_err() {
+    if state.shared.auth().may_admin(who).is_err() {
         return Err(ReplyError::permission_denied());
     }
     let counts = super::node_info::channel_counts(state).await?;
@@ -494,7 +494,7 @@ async fn channels(state: &AppState, who: &Principal, p: ChannelsParams) -> Outco
 
 /// Every live node, as it last reported itself (`node_info.rs`).
 async fn info(state: &AppState, who: &Principal) -> Outcome {
-    if state.shared.auth.may_admin(who).is_err() {
+    if state.shared.auth().may_admin(who).is_err() {
         return Err(ReplyError::permission_denied());
     }
     raw(&super::node_info::info(state).await?)
@@ -524,7 +524,7 @@ async fn tell_cluster(state: &AppState, event: ClusterEvent) -> Outcome {
 
 /// Ends `user`'s subscriptions to `channel` on every node.
 async fn unsubscribe(state: &AppState, who: &Principal, p: UserChannel) -> Outcome {
-    if state.shared.auth.may_admin(who).is_err() {
+    if state.shared.auth().may_admin(who).is_err() {
         return Err(ReplyError::permission_denied());
     }
     let channel = channel(&p.channel)?;
@@ -559,7 +559,7 @@ struct CustomDisconnect {
 /// request's `disconnect.code` is one a client reconnects after
 /// (3000–3499).
 async fn disconnect(state: &AppState, who: &Principal, p: DisconnectParams) -> Outcome {
-    if state.shared.auth.may_admin(who).is_err() {
+    if state.shared.auth().may_admin(who).is_err() {
         return Err(ReplyError::permission_denied());
     }
     let d = match p.disconnect {
@@ -607,7 +607,7 @@ async fn presence_method(
     if !super::presence::enabled(state, &channel) {
         return Err(ReplyError::not_available());
     }
-    if state.shared.auth.may_read_history(who, &channel).is_err() {
+    if state.shared.auth().may_read_history(who, &channel).is_err() {
         return Err(ReplyError::permission_denied());
     }
     let result = if stats {

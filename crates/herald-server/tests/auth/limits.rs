@@ -87,3 +87,83 @@ on_both_backends!(
     rate_limits: publish_rate_is_limited_per_key_and_subject_on_sqlite,
     publish_rate_is_limited_per_key_and_subject_on_postgres
 );
+
+/// The defaults: a backend's API key is not limited, a token subject is
+/// (100/s, burst 200); the 429 names the subject, its rate and the
+/// setting to change. (The WARN of the first refusal is checked on the
+/// binary, in `crates/herald/tests/config_file.rs`.)
+#[tokio::test]
+async fn by_default_keys_are_not_limited_and_a_refusal_says_who_and_which_setting() {
+    let place = Place::new(Backend::Sqlite).await;
+    let creds = Creds::new();
+    let mut config = creds.config();
+    config.auth.publish_rate_per_s = None;
+    config.auth.publish_burst = None;
+    let node = Node::start(&place, "node-a", Role::Holder, config).await;
+    let batch = |channel: &str, n: usize| {
+        let messages: Vec<_> = (0..n)
+            .map(|i| json!({"channel": channel, "data": i}))
+            .collect();
+        json!({ "messages": messages })
+    };
+
+    // The backend's key: 3 × 300 messages at once, far over any default
+    // burst, all stored.
+    let backend = Creds::bearer(&creds.backend);
+    for _ in 0..3 {
+        let answer = node
+            .call(
+                "POST",
+                "/v1/messages",
+                &[("authorization", &backend)],
+                Some(batch("any", 300)),
+            )
+            .await;
+        assert_eq!(answer.0, 201, "{}", answer.2);
+    }
+
+    // A token subject: a batch over the default burst of 200 never fits.
+    let u1 = Creds::bearer(&creds.token_for("u1", json!({"publish": ["room:*"]})));
+    let refused = node
+        .call(
+            "POST",
+            "/v1/messages",
+            &[("authorization", &u1)],
+            Some(batch("room:1", 201)),
+        )
+        .await;
+    assert_refused(&refused, 429, "rate_limited");
+    let message = refused.2["error"]["message"].as_str().unwrap().to_owned();
+    for part in [
+        "token subject \"u1\"",
+        "100/s, burst 200",
+        "[auth] publish_rate_per_s",
+    ] {
+        assert!(message.contains(part), "{part} not in {message}");
+    }
+    // The refused batch took nothing: a whole burst still passes.
+    let answer = node
+        .call(
+            "POST",
+            "/v1/messages",
+            &[("authorization", &u1)],
+            Some(batch("room:1", 200)),
+        )
+        .await;
+    assert_eq!(answer.0, 201, "{}", answer.2);
+
+    // A key with a rate of its own: the refusal names the key and its
+    // entry.
+    let limited = Creds::bearer(&creds.limited);
+    for i in 0..3 {
+        assert_eq!(publish_as(&node, "any", &limited, json!(i)).await.0, 201);
+    }
+    let refused = publish_as(&node, "any", &limited, json!(3)).await;
+    assert_refused(&refused, 429, "rate_limited");
+    let message = refused.2["error"]["message"].as_str().unwrap();
+    assert!(message.contains("API key \"limited\""), "{message}");
+    assert!(
+        message.contains("[[auth.api_keys]] \"limited\""),
+        "{message}"
+    );
+}
