@@ -153,6 +153,7 @@ pub(crate) async fn readyz(
     }
     if query.role == Some(ReadyRole::Holder) && !state.shared.lease.is_holder() {
         return Err(Error::NotHolder {
+            request: None,
             holder_url: state.shared.lease.state().holder_url().map(str::to_owned),
         });
     }

@@ -136,22 +136,100 @@ impl WallClock {
 }
 
 /// The claims Herald reads; others are ignored.
-#[derive(Deserialize)]
 struct Claims {
     sub: String,
     exp: u64,
-    #[serde(default)]
     nbf: Option<u64>,
-    #[serde(default)]
     channels: Vec<String>,
-    #[serde(default)]
     channel: Option<String>,
-    #[serde(default)]
     publish: Vec<String>,
-    #[serde(default)]
     info: Option<Box<RawValue>>,
-    #[serde(default)]
     subs: BTreeMap<String, SubOptions>,
+}
+
+/// A token's claims as sent: each claim's name and its JSON text.
+type RawClaims = BTreeMap<String, Box<RawValue>>;
+
+impl Claims {
+    /// The claims Herald reads, each checked on its own, so that a refusal
+    /// names the claim that is missing or of the wrong type (and never
+    /// quotes a value).
+    ///
+    /// # Errors
+    /// A message naming the claim: `the sub claim is missing ...`,
+    /// `the exp claim must be ...`.
+    fn from_raw(mut raw: RawClaims) -> Result<Self, String> {
+        let sub = required(&mut raw, "sub", "a string (the user)")?;
+        let exp = required(&mut raw, "exp", "a whole number of seconds since the epoch")?;
+        Ok(Self {
+            sub,
+            exp,
+            nbf: optional(&mut raw, "nbf", "a whole number of seconds since the epoch")?,
+            channels: optional(&mut raw, "channels", "a list of strings (channel names)")?
+                .unwrap_or_default(),
+            channel: optional(&mut raw, "channel", "a string (one channel name)")?,
+            publish: optional(&mut raw, "publish", "a list of strings (channel names)")?
+                .unwrap_or_default(),
+            info: raw.remove("info"),
+            subs: optional(
+                &mut raw,
+                "subs",
+                "an object of channel names to objects (their options)",
+            )?
+            .unwrap_or_default(),
+        })
+    }
+}
+
+/// The claim `name` of `raw`, of type `T`, described as `shape`.
+///
+/// # Errors
+/// When it is missing (or `null`), or not of that type.
+fn required<T: serde::de::DeserializeOwned>(
+    raw: &mut RawClaims,
+    name: &str,
+    shape: &str,
+) -> Result<T, String> {
+    optional(raw, name, shape)?.ok_or_else(|| {
+        format!("the {name} claim is missing; a token needs sub (a string: the user) and exp (seconds since the epoch)")
+    })
+}
+
+/// The claim `name` of `raw`, of type `T`, if present and not `null`.
+///
+/// # Errors
+/// When it is there but not of that type: names the claim and `shape`.
+fn optional<T: serde::de::DeserializeOwned>(
+    raw: &mut RawClaims,
+    name: &str,
+    shape: &str,
+) -> Result<Option<T>, String> {
+    match raw.remove(name) {
+        None => Ok(None),
+        Some(value) if value.get() == "null" => Ok(None),
+        Some(value) => serde_json::from_str(value.get()).map(Some).map_err(|_| {
+            format!(
+                "the {name} claim must be {shape}, not {}",
+                json_kind(value.get())
+            )
+        }),
+    }
+}
+
+/// What kind of JSON value `text` is, for a message that must not quote it.
+fn json_kind(text: &str) -> &'static str {
+    match text.trim_start().as_bytes().first() {
+        Some(b'"') => "a string",
+        Some(b'{') => "an object",
+        Some(b'[') => "a list",
+        Some(b't' | b'f') => "a boolean",
+        Some(b'-' | b'0'..=b'9') if text.contains(['.', 'e', 'E']) => {
+            "a number with a fraction or exponent"
+        }
+        Some(b'-') => "a negative number",
+        Some(b'0'..=b'9') => "a number",
+        _ => "another kind of value",
+    }
 }
 
 /// One entry of `subs`: only `data` is read.
@@ -336,8 +414,16 @@ impl JwtVerifier {
         }
         let mut last = Refusal::Final(invalid("bad signature"));
         for key in candidates {
-            match jsonwebtoken::decode::<Claims>(token, &key.key, &self.validation(key.algorithm)) {
-                Ok(data) => return self.grant_now(data.claims).map_err(Refusal::Final),
+            match jsonwebtoken::decode::<RawClaims>(
+                token,
+                &key.key,
+                &self.validation(key.algorithm),
+            ) {
+                Ok(data) => {
+                    let claims = Claims::from_raw(data.claims)
+                        .map_err(|why| Refusal::Final(invalid(&why)))?;
+                    return self.grant_now(claims).map_err(Refusal::Final);
+                }
                 Err(e) => match e.kind() {
                     ErrorKind::InvalidSignature if unknown_kid => last = Refusal::NoKey,
                     ErrorKind::InvalidSignature => {
@@ -345,11 +431,14 @@ impl JwtVerifier {
                     }
                     ErrorKind::InvalidAudience => return Err(Refusal::Final(invalid("wrong aud"))),
                     ErrorKind::InvalidIssuer => return Err(Refusal::Final(invalid("wrong iss"))),
-                    ErrorKind::MissingRequiredClaim(_) => {
-                        return Err(Refusal::Final(invalid("a required claim is missing (sub, exp, and aud or iss when configured)")))
+                    // Only `aud` and `iss` are required of the crate.
+                    ErrorKind::MissingRequiredClaim(claim) => {
+                        return Err(Refusal::Final(invalid(&format!(
+                            "the {claim} claim is missing or not a string; this server requires it"
+                        ))))
                     }
                     ErrorKind::Json(_) => {
-                        return Err(Refusal::Final(invalid("claims of the wrong type (sub: string, exp, nbf: integers, channels/publish: lists of strings, channel: string, subs: object of objects)")))
+                        return Err(Refusal::Final(invalid("its claims are not a JSON object")))
                     }
                     _ => last = Refusal::Final(invalid("malformed")),
                 },
@@ -379,8 +468,10 @@ impl JwtVerifier {
         v.validate_exp = false;
         v.validate_nbf = false;
         // A configured aud or iss is also required to be present (the
-        // crate checks them only when present otherwise).
-        let mut required = vec!["exp", "sub"];
+        // crate checks them only when present otherwise). `sub` and `exp`
+        // are required by `Claims::from_raw`, whose refusal names the
+        // claim and its type.
+        let mut required = Vec::new();
         match &self.config.audience {
             Some(aud) => {
                 v.set_audience(&[aud]);
