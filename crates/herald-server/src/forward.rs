@@ -661,6 +661,83 @@ mod tests {
         }
     }
 
+    /// A holder that refuses the connection: the WARN says so in its
+    /// `error` (the HTTP client's own text, "error sending request for
+    /// url", hides the cause in its sources), with the method and URL.
+    #[tokio::test]
+    async fn a_failed_forward_logs_its_cause() {
+        #[derive(Clone, Default)]
+        struct Lines(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Lines {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        // A port that nothing listens on: bound, then closed.
+        let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let holder = format!("http://{}", closed.local_addr().unwrap());
+        drop(closed);
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .json()
+            .flatten_event(true)
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let outcome = forward_to(&holder).await;
+        assert!(matches!(outcome, Err(Error::NoHolder)), "{outcome:?}");
+        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        let records: Vec<serde_json::Value> = text
+            .lines()
+            .map(|line| serde_json::from_str(line).unwrap())
+            .filter(|r: &serde_json::Value| {
+                r["message"] == "cannot forward a request to the holder"
+            })
+            .collect();
+        let [record] = &records[..] else {
+            panic!("{text}");
+        };
+        assert_eq!(record["level"], "WARN");
+        assert_eq!(record["kind"], "connect");
+        assert_eq!(record["method"], "POST");
+        let error = record["error"].as_str().unwrap().to_ascii_lowercase();
+        assert!(error.contains("connection refused"), "{error}");
+    }
+
+    #[test]
+    fn the_causes_of_an_error_are_joined_once() {
+        #[derive(Debug)]
+        struct Layer(&'static str, Option<Box<Layer>>);
+        impl std::fmt::Display for Layer {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.0)
+            }
+        }
+        impl std::error::Error for Layer {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                self.1.as_deref().map(|e| e as _)
+            }
+        }
+        let e = Layer(
+            "error sending request",
+            Some(Box::new(Layer(
+                "client error (Connect)",
+                Some(Box::new(Layer("Connection refused", None))),
+            ))),
+        );
+        assert_eq!(
+            error_with_causes(&e),
+            "error sending request: client error (Connect): Connection refused"
+        );
+        let repeats = Layer("a: b", Some(Box::new(Layer("b", None))));
+        assert_eq!(error_with_causes(&repeats), "a: b");
+    }
+
     #[test]
     fn forwarded_requests_are_recognised() {
         let mut h = HeaderMap::new();
