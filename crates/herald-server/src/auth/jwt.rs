@@ -150,6 +150,39 @@ struct Claims {
 /// A token's claims as sent: each claim's name and its JSON text.
 type RawClaims = BTreeMap<String, Box<RawValue>>;
 
+/// [`RawClaims`] decoded from a token, where a claim given twice makes the
+/// claims invalid (as a struct's fields would), so that no reader can take
+/// another copy of a claim than this one did.
+struct UniqueClaims(RawClaims);
+
+impl<'de> Deserialize<'de> for UniqueClaims {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = UniqueClaims;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object of claims")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut claims = RawClaims::new();
+                while let Some((name, value)) = map.next_entry::<String, Box<RawValue>>()? {
+                    if claims.contains_key(&name) {
+                        return Err(serde::de::Error::custom(format!(
+                            "the {name} claim is given twice"
+                        )));
+                    }
+                    claims.insert(name, value);
+                }
+                Ok(UniqueClaims(claims))
+            }
+        }
+        deserializer.deserialize_map(Visitor)
+    }
+}
+
 impl Claims {
     /// The claims Herald reads, each checked on its own, so that a refusal
     /// names the claim that is missing or of the wrong type (and never
@@ -414,13 +447,13 @@ impl JwtVerifier {
         }
         let mut last = Refusal::Final(invalid("bad signature"));
         for key in candidates {
-            match jsonwebtoken::decode::<RawClaims>(
+            match jsonwebtoken::decode::<UniqueClaims>(
                 token,
                 &key.key,
                 &self.validation(key.algorithm),
             ) {
                 Ok(data) => {
-                    let claims = Claims::from_raw(data.claims)
+                    let claims = Claims::from_raw(data.claims.0)
                         .map_err(|why| Refusal::Final(invalid(&why)))?;
                     return self.grant_now(claims).map_err(Refusal::Final);
                 }
@@ -438,7 +471,9 @@ impl JwtVerifier {
                         ))))
                     }
                     ErrorKind::Json(_) => {
-                        return Err(Refusal::Final(invalid("its claims are not a JSON object")))
+                        return Err(Refusal::Final(invalid(
+                            "its claims are not a JSON object, each claim given once",
+                        )))
                     }
                     _ => last = Refusal::Final(invalid("malformed")),
                 },
@@ -786,6 +821,35 @@ mod tests {
             assert_eq!(error.code(), "unauthorized", "{claim} {bad}");
             assert!(error.to_string().contains(claim), "{error}");
         }
+    }
+
+    /// A claim given twice makes the token invalid: no reader may take
+    /// another copy of it than Herald did.
+    #[test]
+    fn a_claim_given_twice_refuses_the_token() {
+        use base64::Engine;
+        let v = verifier(&[SECRET]);
+        let b64 = |bytes: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+        let claims = format!(
+            r#"{{"sub":"u","exp":{},"channels":["a"],"channels":["*:x"]}}"#,
+            now() + 60
+        );
+        let signed = format!(
+            "{}.{}",
+            b64(br#"{"alg":"HS256","typ":"JWT"}"#),
+            b64(claims.as_bytes())
+        );
+        let signature = {
+            use aws_lc_rs::hmac;
+            let key = hmac::Key::new(hmac::HMAC_SHA256, SECRET.as_bytes());
+            b64(hmac::sign(&key, signed.as_bytes()).as_ref())
+        };
+        let error = verify(&v, &format!("{signed}.{signature}")).unwrap_err();
+        assert_eq!(error.code(), "unauthorized");
+        assert!(
+            error.to_string().contains("each claim given once"),
+            "{error}"
+        );
     }
 
     #[test]
