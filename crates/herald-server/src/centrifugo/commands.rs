@@ -2,6 +2,7 @@
 //! built with `protocol.rs`; errors are Centrifugo's codes (`codes.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use herald_core::{ChannelName, Message, Offset, Tags};
@@ -20,7 +21,9 @@ use super::protocol::{
     SubscribeRequest,
 };
 use super::recovery::{self, Recovery};
-use super::session::{max_commands_per_frame, Out, Session, Stop, Sub, Writer, REPLY_FRAME_BYTES};
+use super::session::{
+    max_commands_per_frame, Out, Session, Stop, Sub, Writer, MAX_DENIALS_LOGGED, REPLY_FRAME_BYTES,
+};
 use crate::auth::{AuthError, Credential, Principal};
 use crate::error::StorageContext;
 use crate::subscription::{Item, Subscription};
@@ -332,9 +335,10 @@ impl Session {
     }
 
     /// A refusal by access control, answered 103 "permission denied",
-    /// which tells the client nothing more: logged at INFO
-    /// `permission denied` with the client, its user, the command, the
-    /// channel and the reason (the refusal's message, never a credential).
+    /// which tells the client nothing more: logged as `permission denied`
+    /// with the client, its user, the command, the channel and the reason
+    /// (the refusal's message, never a credential), at INFO for the first
+    /// [`MAX_DENIALS_LOGGED`] of the connection, then at DEBUG.
     fn denied(
         &self,
         command: &'static str,
@@ -342,14 +346,27 @@ impl Session {
         channel: &ChannelName,
         reason: &AuthError,
     ) -> ReplyError {
-        tracing::info!(
-            client = %self.client,
-            user = who.token().map_or("", |t| t.subject.as_str()),
-            command,
-            channel = %channel,
-            reason = %reason,
-            "permission denied"
-        );
+        let user = who.token().map_or("", |t| t.subject.as_str());
+        let logged = self.denials_logged.fetch_add(1, Ordering::Relaxed);
+        if logged < MAX_DENIALS_LOGGED {
+            tracing::info!(
+                client = %self.client,
+                user,
+                command,
+                channel = %channel,
+                reason = %reason,
+                "permission denied"
+            );
+        } else {
+            tracing::debug!(
+                client = %self.client,
+                user,
+                command,
+                channel = %channel,
+                reason = %reason,
+                "permission denied"
+            );
+        }
         ReplyError::permission_denied()
     }
 

@@ -90,6 +90,18 @@ async fn any_signed_in_user_subscribes(backend: Backend) {
         "{reason}"
     );
     assert!(!log.records().iter().any(|r| r.to_string().contains(&token)));
+    // One client cannot flood the log: past 8 refusals of a connection,
+    // the rest go to DEBUG.
+    for _ in 0..20 {
+        let refused = c.command("history", json!({"channel": "news:a"})).await;
+        assert_eq!(refused["error"]["code"], 103, "{refused}");
+    }
+    let logged = log
+        .records()
+        .into_iter()
+        .filter(|r| r["message"] == "permission denied")
+        .count();
+    assert_eq!(logged, 8, "INFO records of one connection's refusals");
 
     // Without a user (an empty sub) the namespace takes no token; nor does
     // it take an anonymous client.
