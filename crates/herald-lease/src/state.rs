@@ -95,6 +95,23 @@ pub enum StopReason {
     },
 }
 
+impl std::fmt::Display for StopReason {
+    /// Why the supervisor stopped, in words for a log line: `drained,
+    /// lease released`, `drained, not holder`, `drained, release failed`,
+    /// `watchdog stop, token 7`, `lease lost, token 7`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Drained { release } => match release {
+                Release::NotHeld => f.write_str("drained, not holder"),
+                Release::Released => f.write_str("drained, lease released"),
+                Release::Failed => f.write_str("drained, release failed"),
+            },
+            Self::Watchdog(record) => write!(f, "watchdog stop, token {}", record.token.0),
+            Self::LeaseLost { token } => write!(f, "lease lost, token {}", token.0),
+        }
+    }
+}
+
 /// What a drain did with the lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Release {

@@ -106,10 +106,16 @@ pub enum Error {
     /// `Allow` header. 405 `method_not_allowed`.
     #[error("method not allowed on this route")]
     MethodNotAllowed,
-    /// This node does not hold the writer lease; `holder_url` is the
-    /// holder's advertised URL when known. 503 `not_holder`, `Retry-After: 1`.
-    #[error("this node is a standby; publish to the holder")]
+    /// This node does not hold the writer lease, and `request` needs the
+    /// holder: a write this node may not forward (a request another node
+    /// forwarded already, one hop only) or could not make after all (the
+    /// lease was lost meanwhile), or `/readyz?role=holder` (`None`).
+    /// `holder_url` is the holder's advertised URL when known.
+    /// 503 `not_holder`, `Retry-After: 1`.
+    #[error("{}", not_holder_message(request.as_ref()))]
     NotHolder {
+        /// The write that needs the holder; `None` for the holder probe.
+        request: Option<HolderWrite>,
         /// The holder's advertised URL, if this node knows it.
         holder_url: Option<String>,
     },
@@ -161,6 +167,59 @@ pub enum Error {
         /// What is wrong with it.
         error: Box<Error>,
     },
+}
+
+/// A write that only the holder makes: a standby forwards it to the
+/// holder (`forward.rs`), and names it when it answers `not_holder`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HolderWrite {
+    /// `POST /v1/channels/{channel}/messages`, and Centrifugo's
+    /// `publish` and `broadcast` (one per channel), which are forwarded
+    /// as such.
+    Publish(ChannelName),
+    /// `POST /v1/messages`.
+    BatchPublish,
+    /// `DELETE /v1/channels/{channel}`.
+    DeleteChannel(ChannelName),
+    /// Centrifugo's server API `history_remove`.
+    RemoveHistory(ChannelName),
+}
+
+impl HolderWrite {
+    /// The method and path of the holder's route that takes this write.
+    pub(crate) fn route(&self) -> (axum::http::Method, String) {
+        use axum::http::Method;
+        match self {
+            Self::Publish(channel) => (Method::POST, format!("/v1/channels/{channel}/messages")),
+            Self::BatchPublish => (Method::POST, "/v1/messages".to_owned()),
+            Self::DeleteChannel(channel) => (Method::DELETE, format!("/v1/channels/{channel}")),
+            Self::RemoveHistory(_) => (Method::POST, "/api/history_remove".to_owned()),
+        }
+    }
+}
+
+impl std::fmt::Display for HolderWrite {
+    /// The write in words, as a refusal names it: `publishing to orders`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Publish(channel) => write!(f, "publishing to {channel}"),
+            Self::BatchPublish => f.write_str("a batch publish"),
+            Self::DeleteChannel(channel) => write!(f, "deleting channel {channel}"),
+            Self::RemoveHistory(channel) => write!(f, "removing the history of {channel}"),
+        }
+    }
+}
+
+/// The message of [`Error::NotHolder`]: names the write that needs the
+/// holder (or the holder probe), and where the holder is.
+fn not_holder_message(request: Option<&HolderWrite>) -> String {
+    match request {
+        Some(write) => format!(
+            "{write} needs the holder, and this node is not the holder (nor forwards a \
+             request another node forwarded); send it to the holder (holder_url), or retry"
+        ),
+        None => "this node is a standby, not the holder (holder_url)".to_owned(),
+    }
 }
 
 impl Error {
@@ -231,9 +290,6 @@ impl Error {
     /// logged, not shown).
     fn client_message(&self) -> String {
         match self {
-            Self::NotHolder { .. } => {
-                "this node is a standby; publish to the holder (holder_url)".to_owned()
-            }
             Self::NoHolder => {
                 "no holder could take the publish; retry later with the same Idempotency-Key"
                     .to_owned()
@@ -293,7 +349,7 @@ impl IntoResponse for Error {
         let mut body = json!({
             "error": { "code": self.code(), "message": self.client_message() }
         });
-        if let Self::NotHolder { holder_url } = &self {
+        if let Self::NotHolder { holder_url, .. } = &self {
             body["error"]["holder_url"] = json!(holder_url);
         }
         if let Self::OffsetBeyondHead { head, .. } = &self {
@@ -429,6 +485,9 @@ mod tests {
     #[tokio::test]
     async fn not_holder_carries_holder_url_and_retry_after() {
         let r = Error::NotHolder {
+            request: Some(HolderWrite::DeleteChannel(
+                ChannelName::new("orders").unwrap(),
+            )),
             holder_url: Some("http://h:1".to_owned()),
         }
         .into_response();
@@ -437,8 +496,21 @@ mod tests {
         let body = body_json(r).await;
         assert_eq!(body["error"]["code"], "not_holder");
         assert_eq!(body["error"]["holder_url"], "http://h:1");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with("deleting channel orders needs the holder"),
+            "the refusal names the request: {message}"
+        );
+        assert!(!message.contains("publish"), "{message}");
 
-        let body = body_json(Error::NotHolder { holder_url: None }.into_response()).await;
+        let body = body_json(
+            Error::NotHolder {
+                request: None,
+                holder_url: None,
+            }
+            .into_response(),
+        )
+        .await;
         assert!(body["error"]["holder_url"].is_null());
         assert!(body["error"]
             .as_object()

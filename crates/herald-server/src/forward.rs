@@ -1,6 +1,8 @@
-//! Writes on any node: a publish that reaches a standby is handed once to
-//! the holder's advertised URL, and the holder's answer goes back to the
-//! client unchanged.
+//! Writes on any node: a write that only the holder can make (a publish,
+//! a batch publish, `DELETE /v1/channels/{channel}`, Centrifugo's
+//! `publish`, `broadcast` and `history_remove`) that reaches a standby is
+//! handed once to the holder's advertised URL, and the holder's answer
+//! goes back to the client unchanged.
 //!
 //! Rules:
 //! - one hop: the forwarded request carries `Herald-Forwarded-By: <node_id>`,
@@ -10,7 +12,7 @@
 //!   `Content-Type`, so a retry through any node publishes once;
 //! - the standby checked the client's credentials; it sends the cluster
 //!   secret (`Herald-Cluster-Secret`, when configured) instead of them,
-//!   and the holder trusts a forwarded publish only with it
+//!   and the holder trusts a forwarded request only with it
 //!   (`auth/extract.rs`);
 //! - no holder known, or the holder unreachable (connect error, timeout,
 //!   broken answer) → 503 `no_holder`. Once the request may have reached
@@ -31,7 +33,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
-use axum::http::{HeaderMap, HeaderName, HeaderValue};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
 use axum::response::Response;
 use bytes::Bytes;
 use herald_lease::{LeaseState, Release, StopReason};
@@ -40,7 +42,7 @@ use tokio::sync::watch;
 use crate::auth::{Secret, CLUSTER_SECRET};
 use crate::{metrics, Error, Result, StartError};
 
-/// The header that marks a forwarded publish, with the forwarding node's id.
+/// The header that marks a forwarded request, with the forwarding node's id.
 pub(crate) const FORWARDED_BY: HeaderName = HeaderName::from_static("herald-forwarded-by");
 
 /// Longest the connection to the holder may take to open.
@@ -120,7 +122,7 @@ pub(crate) fn was_forwarded(headers: &HeaderMap) -> bool {
     headers.contains_key(FORWARDED_BY)
 }
 
-/// The HTTP client that forwards publishes: one per node, pooling its
+/// The HTTP client that forwards holder-only writes: one per node, pooling its
 /// connections to the holder.
 #[derive(Debug, Clone)]
 pub(crate) struct Forwarder {
@@ -149,11 +151,15 @@ pub(crate) enum Forwarded {
 /// What a forward needs from the incoming request.
 #[derive(Debug)]
 pub(crate) struct ForwardRequest<'a> {
-    /// The path of the publish route on the holder (e.g.
+    /// The method of the route on the holder: `POST` for the publishes
+    /// and Centrifugo's `history_remove`, `DELETE` for a channel's
+    /// deletion.
+    pub(crate) method: Method,
+    /// The path of the route on the holder (e.g.
     /// `/v1/channels/<channel>/messages`, the channel being a valid name,
-    /// safe in a path; or `/v1/messages`).
+    /// safe in a path; `/v1/messages`; `/v1/channels/<channel>`).
     pub(crate) path: String,
-    /// The publish body exactly as received.
+    /// The request body exactly as received (empty for a deletion).
     pub(crate) body: Bytes,
     /// The incoming request's headers (`Idempotency-Key`, `Content-Type`).
     pub(crate) headers: &'a HeaderMap,
@@ -258,6 +264,7 @@ impl Forwarder {
         states: watch::Receiver<LeaseState>,
     ) -> Result<Forwarded> {
         let url = format!("{}{}", holder_url.trim_end_matches('/'), request.path);
+        let method = request.method.clone();
         self.warn_secret_in_clear(holder_url);
         tokio::select! {
             // An answer that is complete when the takeover is seen wins.
@@ -267,7 +274,8 @@ impl Forwarder {
                 metrics::forwarded("takeover");
                 tracing::warn!(
                     url = %url,
-                    "this node took the lease over before the holder answered a forwarded publish; the forward is dropped"
+                    method = %method,
+                    "this node took the lease over before the holder answered a forwarded request; the forward is dropped"
                 );
                 Ok(Forwarded::TakenOver)
             }
@@ -277,9 +285,10 @@ impl Forwarder {
     /// Sends `request` to `url` and returns the answer (see
     /// [`Forwarder::forward`]).
     async fn send(&self, url: &str, request: ForwardRequest<'_>) -> Result<Response> {
+        let method = request.method;
         let mut outgoing = self
             .client
-            .post(url)
+            .request(method.clone(), url)
             .header(FORWARDED_BY, self.node_id.clone())
             .body(request.body);
         if let Some(secret) = &self.cluster_secret {
@@ -292,7 +301,7 @@ impl Forwarder {
         }
         let answer = match outgoing.send().await {
             Ok(answer) => answer,
-            Err(e) => return Err(failed(url, &e)),
+            Err(e) => return Err(failed(&method, url, &e)),
         };
         let status = answer.status();
         if status.is_redirection() {
@@ -307,9 +316,14 @@ impl Forwarder {
         }
         let content_type = answer.headers().get(CONTENT_TYPE).cloned();
         let retry_after = answer.headers().get(RETRY_AFTER).cloned();
-        let body = read_answer(url, answer).await?;
+        let body = read_answer(&method, url, answer).await?;
         metrics::forwarded("ok");
-        tracing::debug!(url = %url, status = status.as_u16(), "publish forwarded to the holder");
+        tracing::debug!(
+            url = %url,
+            method = %method,
+            status = status.as_u16(),
+            "request forwarded to the holder"
+        );
         let mut response = Response::new(Body::from(body));
         *response.status_mut() = status;
         let headers = response.headers_mut();
@@ -327,7 +341,7 @@ impl Forwarder {
 ///
 /// # Errors
 /// [`Error::NoHolder`] when it breaks off or is longer (logged, counted).
-async fn read_answer(url: &str, mut answer: reqwest::Response) -> Result<Bytes> {
+async fn read_answer(method: &Method, url: &str, mut answer: reqwest::Response) -> Result<Bytes> {
     let too_long = || {
         metrics::forwarded("error");
         tracing::warn!(
@@ -353,7 +367,7 @@ async fn read_answer(url: &str, mut answer: reqwest::Response) -> Result<Bytes> 
                 body.extend_from_slice(&chunk);
             }
             Ok(None) => return Ok(Bytes::from(body)),
-            Err(e) => return Err(failed(url, &e)),
+            Err(e) => return Err(failed(method, url, &e)),
         }
     }
 }
@@ -379,8 +393,11 @@ fn secret_in_clear(url: &str) -> bool {
     name != "localhost" && !name.ends_with(".localhost")
 }
 
-/// Logs a failed forward and counts it; the client gets `no_holder`.
-fn failed(url: &str, e: &reqwest::Error) -> Error {
+/// Logs a failed forward and counts it; the client gets `no_holder`. The
+/// record's `error` is the whole chain of causes
+/// ([`error_with_causes`]), so that it says "Connection refused" or
+/// "dns error", not only "error sending request".
+fn failed(method: &Method, url: &str, e: &reqwest::Error) -> Error {
     metrics::forwarded("error");
     let kind = if e.is_timeout() {
         "timeout"
@@ -389,8 +406,33 @@ fn failed(url: &str, e: &reqwest::Error) -> Error {
     } else {
         "answer"
     };
-    tracing::warn!(url = %url, kind, error = %e, "cannot forward a publish to the holder");
+    tracing::warn!(
+        url = %url,
+        method = %method,
+        kind,
+        error = %error_with_causes(e),
+        "cannot forward a request to the holder"
+    );
     Error::NoHolder
+}
+
+/// `e` and each of its causes (`source()`), joined by `: `: an HTTP
+/// client's error shows only its outermost layer ("error sending request
+/// for url ...") and keeps the reason ("Connection refused (os error
+/// 111)") in its causes. A cause whose text the previous one already
+/// holds is left out.
+pub(crate) fn error_with_causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let part = c.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        cause = c.source();
+    }
+    text
 }
 
 #[cfg(test)]
@@ -542,6 +584,7 @@ mod tests {
         let (_states, watched) = watch::channel(LeaseState::Starting);
         let headers = HeaderMap::new();
         let request = ForwardRequest {
+            method: Method::POST,
             path: "/v1/channels/c/messages".to_owned(),
             body: Bytes::from_static(b"{\"data\":1}"),
             headers: &headers,
@@ -616,6 +659,83 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// A holder that refuses the connection: the WARN says so in its
+    /// `error` (the HTTP client's own text, "error sending request for
+    /// url", hides the cause in its sources), with the method and URL.
+    #[tokio::test]
+    async fn a_failed_forward_logs_its_cause() {
+        #[derive(Clone, Default)]
+        struct Lines(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Lines {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        // A port that nothing listens on: bound, then closed.
+        let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let holder = format!("http://{}", closed.local_addr().unwrap());
+        drop(closed);
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .json()
+            .flatten_event(true)
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let outcome = forward_to(&holder).await;
+        assert!(matches!(outcome, Err(Error::NoHolder)), "{outcome:?}");
+        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        let records: Vec<serde_json::Value> = text
+            .lines()
+            .map(|line| serde_json::from_str(line).unwrap())
+            .filter(|r: &serde_json::Value| {
+                r["message"] == "cannot forward a request to the holder"
+            })
+            .collect();
+        let [record] = &records[..] else {
+            panic!("{text}");
+        };
+        assert_eq!(record["level"], "WARN");
+        assert_eq!(record["kind"], "connect");
+        assert_eq!(record["method"], "POST");
+        let error = record["error"].as_str().unwrap().to_ascii_lowercase();
+        assert!(error.contains("connection refused"), "{error}");
+    }
+
+    #[test]
+    fn the_causes_of_an_error_are_joined_once() {
+        #[derive(Debug)]
+        struct Layer(&'static str, Option<Box<Layer>>);
+        impl std::fmt::Display for Layer {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.0)
+            }
+        }
+        impl std::error::Error for Layer {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                self.1.as_deref().map(|e| e as _)
+            }
+        }
+        let e = Layer(
+            "error sending request",
+            Some(Box::new(Layer(
+                "client error (Connect)",
+                Some(Box::new(Layer("Connection refused", None))),
+            ))),
+        );
+        assert_eq!(
+            error_with_causes(&e),
+            "error sending request: client error (Connect): Connection refused"
+        );
+        let repeats = Layer("a: b", Some(Box::new(Layer("b", None))));
+        assert_eq!(error_with_causes(&repeats), "a: b");
     }
 
     #[test]

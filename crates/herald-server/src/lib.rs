@@ -74,7 +74,7 @@ pub use auth::{
 pub use centrifugo::CentrifugoConfig;
 pub use config::ServerConfig;
 pub use cors::CorsConfig;
-pub use error::{Error, Result, StartError, StorageFailure};
+pub use error::{Error, HolderWrite, Result, StartError, StorageFailure};
 pub use metrics::install_metrics_recorder;
 pub use retention::{duration_text, RetentionConfig, RetentionHandle, RetentionPolicy, TrimPacing};
 pub use state::AppState;

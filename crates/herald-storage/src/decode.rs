@@ -113,13 +113,77 @@ pub(crate) fn acquired(
         holder_url: candidate.advertise_url.clone(),
         token,
     };
+    // `previous_holder` only when the row named one: a released (or new)
+    // lease has none, and an empty field would read as a node named "".
     tracing::info!(
         lease = %lease.name,
         token = token.0,
         holder = %lease.holder,
-        previous_holder = previous_holder.unwrap_or(""),
+        previous_holder,
         reason = reason.as_str(),
         "writer lease acquired"
     );
     Acquire::Acquired { lease, reason }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// The JSON records `log` makes.
+    fn records(log: impl FnOnce()) -> Vec<serde_json::Value> {
+        #[derive(Clone, Default)]
+        struct Lines(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Lines {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .json()
+            .flatten_event(true)
+            .finish();
+        tracing::subscriber::with_default(subscriber, log);
+        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        text.lines()
+            .map(|line| serde_json::from_str(line).unwrap())
+            .collect()
+    }
+
+    /// After a release (no previous holder in the row) the acquisition's
+    /// record has no `previous_holder` at all, not an empty one; after a
+    /// takeover it names the node.
+    #[test]
+    fn previous_holder_is_logged_only_when_there_was_one() {
+        let candidate = Candidate {
+            lease_name: "writer".to_owned(),
+            node_id: "node-b".to_owned(),
+            advertise_url: "http://b".to_owned(),
+        };
+        let logged = records(|| {
+            acquired(&candidate, FencingToken(2), TakeoverReason::Released, None);
+            acquired(
+                &candidate,
+                FencingToken(3),
+                TakeoverReason::Expired,
+                Some("node-a"),
+            );
+        });
+        let [released, expired] = &logged[..] else {
+            panic!("{logged:?}");
+        };
+        assert_eq!(released["message"], "writer lease acquired");
+        assert_eq!(released["reason"], "released");
+        assert!(released.get("previous_holder").is_none(), "{released}");
+        assert_eq!(expired["previous_holder"], "node-a");
+    }
 }

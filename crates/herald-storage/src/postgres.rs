@@ -623,7 +623,13 @@ fn session_config(base: &Config, options: &PostgresOptions, role: Role) -> Confi
                 setting_ms(options.client_connection_check_interval),
             ),
         ],
-        Role::Migration => vec![("lock_timeout", setting_ms(MIGRATION_LOCK_WAIT))],
+        // Warnings and errors only: on a database already migrated (every
+        // start after the first) refinery's `CREATE TABLE IF NOT EXISTS`
+        // draws a NOTICE that tokio_postgres would log at INFO.
+        Role::Migration => vec![
+            ("lock_timeout", setting_ms(MIGRATION_LOCK_WAIT)),
+            ("client_min_messages", "warning".to_owned()),
+        ],
         // Idle for its whole life: no idle timeout may end it.
         Role::Listener => vec![("idle_session_timeout", "0".to_owned())],
         // Waits on a lock for as long as the holder lives.
@@ -1199,5 +1205,37 @@ mod tests {
         let listener = session_config(&base, &PostgresOptions::default(), Role::Listener);
         assert_eq!(listener.get_application_name(), Some("herald-listen"));
         assert!(!format!("{config:?}").contains("secret"));
+    }
+
+    /// The migration session gets no NOTICE from the server: the
+    /// `CREATE TABLE IF NOT EXISTS` that finds the table (as refinery's
+    /// does at every start after the first) would otherwise send one,
+    /// which tokio_postgres logs at INFO on every standby's start.
+    #[tokio::test]
+    async fn the_migration_session_gets_no_notices() {
+        use futures::StreamExt;
+        let db = crate::testing::TestDatabase::create().await;
+        let base: Config = db.url().parse().unwrap();
+        let config = session_config(&base, &PostgresOptions::default(), Role::Migration);
+        let (client, mut connection) = config.connect(NoTls).await.unwrap();
+        let notices = tokio::spawn(async move {
+            let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+            let mut notices = Vec::new();
+            while let Some(Ok(message)) = messages.next().await {
+                if let tokio_postgres::AsyncMessage::Notice(notice) = message {
+                    notices.push(notice.message().to_owned());
+                }
+            }
+            notices
+        });
+        for _ in 0..2 {
+            client
+                .batch_execute("CREATE TABLE IF NOT EXISTS notice_probe (x int)")
+                .await
+                .unwrap();
+        }
+        drop(client);
+        let notices = notices.await.unwrap();
+        assert!(notices.is_empty(), "{notices:?}");
     }
 }

@@ -905,7 +905,7 @@ impl Node {
         // either commits before the new holder's acquire (which waits for
         // it) or fails its fencing check.
         match tokio::time::timeout(RELEASE_AFTER_DRAIN_TIMEOUT, self.supervisor).await {
-            Ok(Ok(reason)) => info!(node_id = %self.node_id, ?reason, "lease supervisor stopped"),
+            Ok(Ok(reason)) => supervisor_stopped(&self.node_id, &reason),
             Ok(Err(e)) => {
                 error!(node_id = %self.node_id, error = %e, "lease supervisor task failed")
             }
@@ -923,7 +923,7 @@ impl Node {
         self.lease_shutdown.cancel();
         match tokio::time::timeout_at(deadline, &mut self.supervisor).await {
             Ok(Ok(reason)) => {
-                info!(node_id = %self.node_id, ?reason, "lease supervisor stopped");
+                supervisor_stopped(&self.node_id, &reason);
                 ExitStatus::from(&reason)
             }
             Ok(Err(e)) => {
@@ -1142,9 +1142,65 @@ async fn shutdown_signal() {
     }
 }
 
+/// Logs INFO `lease supervisor stopped` with `reason` in words (its
+/// `Display`, e.g. `drained, lease released`), not its Rust debug form.
+fn supervisor_stopped(node_id: &str, reason: &StopReason) {
+    info!(node_id = %node_id, reason = %reason, "lease supervisor stopped");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `lease supervisor stopped` says why in words: `reason` is the
+    /// reason's text, never its debug form (`Drained { release: ... }`).
+    #[test]
+    fn the_supervisor_stop_reason_is_logged_in_words() {
+        #[derive(Clone, Default)]
+        struct Lines(Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Lines {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .json()
+            .flatten_event(true)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            supervisor_stopped(
+                "node-a",
+                &StopReason::Drained {
+                    release: Release::Released,
+                },
+            );
+            supervisor_stopped(
+                "node-a",
+                &StopReason::LeaseLost {
+                    token: herald_core::FencingToken(7),
+                },
+            );
+        });
+        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        let reasons: Vec<serde_json::Value> = text
+            .lines()
+            .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap()["reason"].clone())
+            .collect();
+        assert_eq!(
+            reasons,
+            [
+                serde_json::json!("drained, lease released"),
+                serde_json::json!("lease lost, token 7")
+            ]
+        );
+    }
 
     #[test]
     fn a_drain_exits_0_only_when_no_lease_is_left_behind() {

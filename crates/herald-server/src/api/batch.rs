@@ -19,7 +19,7 @@ use crate::api::extract::{check_depth, read_limited};
 use crate::api::publish::{after_takeover_error, forward_to_holder};
 use crate::auth::{AuthError, Caller};
 use crate::forward::Forwarded;
-use crate::{metrics, AppState, Error, Result};
+use crate::{metrics, AppState, Error, HolderWrite, Result};
 
 /// Most entries in one batch publish.
 pub(crate) const MAX_BATCH_ENTRIES: usize = 1000;
@@ -136,7 +136,7 @@ async fn append(state: &AppState, parts: &mut Parts, body: Body) -> Result<Outco
     if shared.lease.is_holder() {
         return commit(state, messages).await;
     }
-    match forward_to_holder(state, headers, "/v1/messages".to_owned(), raw).await? {
+    match forward_to_holder(state, headers, HolderWrite::BatchPublish, raw).await? {
         Forwarded::Answer(response) => Ok(Outcome::Forwarded(response)),
         // As for a single publish: committing here is safe only when every
         // entry carries an idempotency key (a takeover waited for the old

@@ -1,17 +1,22 @@
 //! `DELETE /v1/channels/{channel}`: removes a channel's messages and
-//! idempotency keys and ends its live subscriptions on this node with a
+//! idempotency keys and ends its live subscriptions on every node with a
 //! final `deleted` event; the channel keeps its head, so offsets are never
-//! reused. Only the holder deletes (a standby answers `503 not_holder`
-//! with the holder's URL). Needs the `admin` permission (`auth`).
+//! reused. Only the holder deletes: a standby checks the caller and
+//! forwards the request once to the holder (`forward.rs`), whose answer
+//! it returns. Needs the `admin` permission (`auth`).
 
 use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
+use bytes::Bytes;
 use herald_core::{ChannelName, Offset};
 use serde::Serialize;
 
-use crate::api::ChannelPath;
-use crate::auth::Caller;
-use crate::{retention, AppState, Result};
+use crate::api::{forward_to_holder, ChannelPath};
+use crate::auth::{Caller, Principal};
+use crate::forward::Forwarded;
+use crate::{retention, AppState, HolderWrite, Result};
 
 /// The answer of a deletion.
 #[derive(Debug, Serialize)]
@@ -24,17 +29,32 @@ pub(crate) struct Deleted {
 }
 
 /// Deletes the channel (see the module docs). The caller's `admin`
-/// permission is checked before anything is removed (401, 403).
+/// permission is checked before anything is removed or forwarded (401,
+/// 403); a deletion a standby forwarded with the cluster secret was
+/// checked there.
 pub(crate) async fn delete_channel(
     State(state): State<AppState>,
     Caller(who): Caller,
     ChannelPath(channel): ChannelPath,
-) -> Result<Json<Deleted>> {
-    state.shared.auth().may_admin(&who)?;
+    headers: HeaderMap,
+) -> Result<Response> {
+    if !matches!(who, Principal::Cluster) {
+        state.shared.auth().may_admin(&who)?;
+    }
+    if !state.shared.lease.is_holder() {
+        let write = HolderWrite::DeleteChannel(channel.clone());
+        match forward_to_holder(&state, &headers, write, Bytes::new()).await? {
+            Forwarded::Answer(answer) => return Ok(answer),
+            // This node holds the lease now: it deletes the channel itself,
+            // as the client's retry would.
+            Forwarded::TakenOver => {}
+        }
+    }
     let head = retention::delete_channel(&state, &channel).await?;
     Ok(Json(Deleted {
         channel,
         head,
         earliest: head + 1,
-    }))
+    })
+    .into_response())
 }

@@ -199,6 +199,7 @@ pub(crate) async fn readyz(
 async fn prove_holder(state: &AppState) -> Result<Json<Value>> {
     let shared = &state.shared;
     let not_holder = |row: Option<&LeaseInfo>| Error::NotHolder {
+        request: None,
         holder_url: row
             .and_then(|r| r.holder_url.clone())
             .or_else(|| shared.lease.state().holder_url().map(str::to_owned)),

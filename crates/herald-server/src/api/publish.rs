@@ -13,7 +13,7 @@ use serde::Serialize;
 use crate::api::extract::{idempotency_key, ChannelPath, PublishBody};
 use crate::auth::Caller;
 use crate::forward::{was_forwarded, ForwardRequest, Forwarded, HolderView};
-use crate::{metrics, AppState, Error, Result};
+use crate::{metrics, AppState, Error, HolderWrite, Result};
 
 /// The answer to a publish: 201 when appended, 200 for a repeated
 /// idempotency key (with the original offset and time).
@@ -120,34 +120,35 @@ async fn append(
     if shared.lease.is_holder() {
         return commit(state, message).await;
     }
-    let path = format!("/v1/channels/{}/messages", message.channel);
-    let forwarded = forward_to_holder(state, headers, path, raw).await?;
+    let write = HolderWrite::Publish(message.channel.clone());
+    let forwarded = forward_to_holder(state, headers, write, raw).await?;
     match forwarded {
         Forwarded::Answer(response) => Ok(Outcome::Forwarded(response)),
         Forwarded::TakenOver => after_takeover(state, message).await,
     }
 }
 
-/// Forwards a publish request that reached this standby (`path` on the
-/// holder, the body exactly as received) once to the holder, and returns
-/// the holder's answer, or [`Forwarded::TakenOver`] when this node took
-/// the lease over first.
+/// Forwards `write`, a request that reached this standby and that only
+/// the holder makes (the body exactly as received), once to the holder's
+/// route for it, and returns the holder's answer, or
+/// [`Forwarded::TakenOver`] when this node took the lease over first.
 ///
 /// # Errors
-/// [`Error::NotHolder`] for a request that was forwarded to this node
-/// already (one hop only); [`Error::NoHolder`] when no holder is known or
-/// it cannot be reached.
+/// [`Error::NotHolder`] naming `write` for a request that was forwarded to
+/// this node already (one hop only); [`Error::NoHolder`] when no holder is
+/// known or it cannot be reached.
 pub(crate) async fn forward_to_holder(
     state: &AppState,
     headers: &HeaderMap,
-    path: String,
+    write: HolderWrite,
     body: bytes::Bytes,
 ) -> Result<Forwarded> {
     let shared = &state.shared;
     let lease = shared.lease.state();
     if was_forwarded(headers) {
-        // One hop only: a forwarded publish is never forwarded again.
+        // One hop only: a forwarded request is never forwarded again.
         return Err(Error::NotHolder {
+            request: Some(write),
             holder_url: lease.holder_url().map(str::to_owned),
         });
     }
@@ -161,7 +162,9 @@ pub(crate) async fn forward_to_holder(
         metrics::forwarded("no_holder");
         return Err(Error::NoHolder);
     };
+    let (method, path) = write.route();
     let request = ForwardRequest {
+        method,
         path,
         body,
         headers,

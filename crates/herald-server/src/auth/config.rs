@@ -257,6 +257,10 @@ pub enum SubscribeRule {
     Token,
     /// Only an API key with `read` on the channel.
     Key,
+    /// Any valid token whose `sub` is not empty (an authenticated user),
+    /// whatever channels it lists, or an API key with `read` on the
+    /// channel: Centrifugo's namespace option `allow_subscribe_for_client`.
+    Authenticated,
 }
 
 /// Who may publish to a namespace's channels.

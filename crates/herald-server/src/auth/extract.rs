@@ -7,8 +7,11 @@
 //!   scheme name is case-insensitive, RFC 9110 §11.1);
 //! - `X-API-Key: <API key>` (Centrifugo's header);
 //! - `?token=<token>` on the SSE and WebSocket routes (RFC 6750 §2.3);
-//! - a publish forwarded by a standby: `Herald-Forwarded-By` with
+//! - a write forwarded by a standby: `Herald-Forwarded-By` with
 //!   `Herald-Cluster-Secret: <cluster secret>`.
+//!
+//! A `?token=` on any other route is refused with a 401 that says where it
+//! is taken ([`Caller`]).
 //!
 //! Two credentials at once, or a forwarded request without the right
 //! cluster secret, is 401.
@@ -196,8 +199,19 @@ impl Auth {
     }
 }
 
+/// Where `?token=` is taken, as a refusal elsewhere says.
+pub(crate) const QUERY_TOKEN_ROUTES: &str = "?token= is taken only by the SSE and WebSocket \
+     routes (/v1/channels/{channel}/events, /v1/channels/{channel}/ws), where a browser cannot \
+     set a header; send the token to this route as Authorization: Bearer <token>";
+
 /// The checked principal of a request, from its headers. Rejects with the
 /// JSON 401 answer.
+///
+/// With access control on, a `?token=` here is refused (401 naming the
+/// routes that take it) rather than ignored: the client meant it as its
+/// credential, and would otherwise be refused as anonymous with a message
+/// that asks for a token. A token stays out of URLs wherever a header
+/// can carry it (`docs/security.md`).
 #[derive(Debug)]
 pub(crate) struct Caller(pub(crate) Principal);
 
@@ -205,10 +219,19 @@ impl FromRequestParts<AppState> for Caller {
     type Rejection = Error;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Error> {
-        Ok(Self(
-            state.shared.auth().principal(&parts.headers, None).await?,
-        ))
+        let auth = state.shared.auth();
+        if auth.enabled() && has_query_token(parts) {
+            return Err(AuthError::MissingCredentials(QUERY_TOKEN_ROUTES.to_owned()).into());
+        }
+        Ok(Self(auth.principal(&parts.headers, None).await?))
     }
+}
+
+/// `true` when the request's query has a `token` parameter (one that does
+/// not decode has none).
+fn has_query_token(parts: &Parts) -> bool {
+    Query::<Vec<(String, String)>>::try_from_uri(&parts.uri)
+        .is_ok_and(|Query(pairs)| pairs.iter().any(|(name, _)| name == "token"))
 }
 
 /// The checked principal of a subscription request: from its headers, or

@@ -136,22 +136,133 @@ impl WallClock {
 }
 
 /// The claims Herald reads; others are ignored.
-#[derive(Deserialize)]
 struct Claims {
     sub: String,
     exp: u64,
-    #[serde(default)]
     nbf: Option<u64>,
-    #[serde(default)]
     channels: Vec<String>,
-    #[serde(default)]
     channel: Option<String>,
-    #[serde(default)]
     publish: Vec<String>,
-    #[serde(default)]
     info: Option<Box<RawValue>>,
-    #[serde(default)]
     subs: BTreeMap<String, SubOptions>,
+}
+
+/// A token's claims as sent: each claim's name and its JSON text.
+type RawClaims = BTreeMap<String, Box<RawValue>>;
+
+/// [`RawClaims`] decoded from a token, where a claim given twice makes the
+/// claims invalid (as a struct's fields would), so that no reader can take
+/// another copy of a claim than this one did.
+struct UniqueClaims(RawClaims);
+
+impl<'de> Deserialize<'de> for UniqueClaims {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = UniqueClaims;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object of claims")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut claims = RawClaims::new();
+                while let Some((name, value)) = map.next_entry::<String, Box<RawValue>>()? {
+                    if claims.contains_key(&name) {
+                        return Err(serde::de::Error::custom(format!(
+                            "the {name} claim is given twice"
+                        )));
+                    }
+                    claims.insert(name, value);
+                }
+                Ok(UniqueClaims(claims))
+            }
+        }
+        deserializer.deserialize_map(Visitor)
+    }
+}
+
+impl Claims {
+    /// The claims Herald reads, each checked on its own, so that a refusal
+    /// names the claim that is missing or of the wrong type (and never
+    /// quotes a value).
+    ///
+    /// # Errors
+    /// A message naming the claim: `the sub claim is missing ...`,
+    /// `the exp claim must be ...`.
+    fn from_raw(mut raw: RawClaims) -> Result<Self, String> {
+        let sub = required(&mut raw, "sub", "a string (the user)")?;
+        let exp = required(&mut raw, "exp", "a whole number of seconds since the epoch")?;
+        Ok(Self {
+            sub,
+            exp,
+            nbf: optional(&mut raw, "nbf", "a whole number of seconds since the epoch")?,
+            channels: optional(&mut raw, "channels", "a list of strings (channel names)")?
+                .unwrap_or_default(),
+            channel: optional(&mut raw, "channel", "a string (one channel name)")?,
+            publish: optional(&mut raw, "publish", "a list of strings (channel names)")?
+                .unwrap_or_default(),
+            info: raw.remove("info"),
+            subs: optional(
+                &mut raw,
+                "subs",
+                "an object of channel names to objects (their options)",
+            )?
+            .unwrap_or_default(),
+        })
+    }
+}
+
+/// The claim `name` of `raw`, of type `T`, described as `shape`.
+///
+/// # Errors
+/// When it is missing (or `null`), or not of that type.
+fn required<T: serde::de::DeserializeOwned>(
+    raw: &mut RawClaims,
+    name: &str,
+    shape: &str,
+) -> Result<T, String> {
+    optional(raw, name, shape)?.ok_or_else(|| {
+        format!("the {name} claim is missing; a token needs sub (a string: the user) and exp (seconds since the epoch)")
+    })
+}
+
+/// The claim `name` of `raw`, of type `T`, if present and not `null`.
+///
+/// # Errors
+/// When it is there but not of that type: names the claim and `shape`.
+fn optional<T: serde::de::DeserializeOwned>(
+    raw: &mut RawClaims,
+    name: &str,
+    shape: &str,
+) -> Result<Option<T>, String> {
+    match raw.remove(name) {
+        None => Ok(None),
+        Some(value) if value.get() == "null" => Ok(None),
+        Some(value) => serde_json::from_str(value.get()).map(Some).map_err(|_| {
+            format!(
+                "the {name} claim must be {shape}, not {}",
+                json_kind(value.get())
+            )
+        }),
+    }
+}
+
+/// What kind of JSON value `text` is, for a message that must not quote it.
+fn json_kind(text: &str) -> &'static str {
+    match text.trim_start().as_bytes().first() {
+        Some(b'"') => "a string",
+        Some(b'{') => "an object",
+        Some(b'[') => "a list",
+        Some(b't' | b'f') => "a boolean",
+        Some(b'-' | b'0'..=b'9') if text.contains(['.', 'e', 'E']) => {
+            "a number with a fraction or exponent"
+        }
+        Some(b'-') => "a negative number",
+        Some(b'0'..=b'9') => "a number",
+        _ => "another kind of value",
+    }
 }
 
 /// One entry of `subs`: only `data` is read.
@@ -336,8 +447,16 @@ impl JwtVerifier {
         }
         let mut last = Refusal::Final(invalid("bad signature"));
         for key in candidates {
-            match jsonwebtoken::decode::<Claims>(token, &key.key, &self.validation(key.algorithm)) {
-                Ok(data) => return self.grant_now(data.claims).map_err(Refusal::Final),
+            match jsonwebtoken::decode::<UniqueClaims>(
+                token,
+                &key.key,
+                &self.validation(key.algorithm),
+            ) {
+                Ok(data) => {
+                    let claims = Claims::from_raw(data.claims.0)
+                        .map_err(|why| Refusal::Final(invalid(&why)))?;
+                    return self.grant_now(claims).map_err(Refusal::Final);
+                }
                 Err(e) => match e.kind() {
                     ErrorKind::InvalidSignature if unknown_kid => last = Refusal::NoKey,
                     ErrorKind::InvalidSignature => {
@@ -345,11 +464,16 @@ impl JwtVerifier {
                     }
                     ErrorKind::InvalidAudience => return Err(Refusal::Final(invalid("wrong aud"))),
                     ErrorKind::InvalidIssuer => return Err(Refusal::Final(invalid("wrong iss"))),
-                    ErrorKind::MissingRequiredClaim(_) => {
-                        return Err(Refusal::Final(invalid("a required claim is missing (sub, exp, and aud or iss when configured)")))
+                    // Only `aud` and `iss` are required of the crate.
+                    ErrorKind::MissingRequiredClaim(claim) => {
+                        return Err(Refusal::Final(invalid(&format!(
+                            "the {claim} claim is missing or not a string; this server requires it"
+                        ))))
                     }
                     ErrorKind::Json(_) => {
-                        return Err(Refusal::Final(invalid("claims of the wrong type (sub: string, exp, nbf: integers, channels/publish: lists of strings, channel: string, subs: object of objects)")))
+                        return Err(Refusal::Final(invalid(
+                            "its claims are not a JSON object, each claim given once",
+                        )))
                     }
                     _ => last = Refusal::Final(invalid("malformed")),
                 },
@@ -379,8 +503,10 @@ impl JwtVerifier {
         v.validate_exp = false;
         v.validate_nbf = false;
         // A configured aud or iss is also required to be present (the
-        // crate checks them only when present otherwise).
-        let mut required = vec!["exp", "sub"];
+        // crate checks them only when present otherwise). `sub` and `exp`
+        // are required by `Claims::from_raw`, whose refusal names the
+        // claim and its type.
+        let mut required = Vec::new();
         match &self.config.audience {
             Some(aud) => {
                 v.set_audience(&[aud]);
@@ -695,6 +821,35 @@ mod tests {
             assert_eq!(error.code(), "unauthorized", "{claim} {bad}");
             assert!(error.to_string().contains(claim), "{error}");
         }
+    }
+
+    /// A claim given twice makes the token invalid: no reader may take
+    /// another copy of it than Herald did.
+    #[test]
+    fn a_claim_given_twice_refuses_the_token() {
+        use base64::Engine;
+        let v = verifier(&[SECRET]);
+        let b64 = |bytes: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+        let claims = format!(
+            r#"{{"sub":"u","exp":{},"channels":["a"],"channels":["*:x"]}}"#,
+            now() + 60
+        );
+        let signed = format!(
+            "{}.{}",
+            b64(br#"{"alg":"HS256","typ":"JWT"}"#),
+            b64(claims.as_bytes())
+        );
+        let signature = {
+            use aws_lc_rs::hmac;
+            let key = hmac::Key::new(hmac::HMAC_SHA256, SECRET.as_bytes());
+            b64(hmac::sign(&key, signed.as_bytes()).as_ref())
+        };
+        let error = verify(&v, &format!("{signed}.{signature}")).unwrap_err();
+        assert_eq!(error.code(), "unauthorized");
+        assert!(
+            error.to_string().contains("each claim given once"),
+            "{error}"
+        );
     }
 
     #[test]

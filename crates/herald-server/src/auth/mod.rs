@@ -77,6 +77,26 @@ impl Principal {
     }
 }
 
+/// What a subscriber asks of a channel, as a refusal names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    /// Subscribing (SSE, WebSocket, Centrifugo's `subscribe`).
+    Subscribe,
+    /// Reading its history (`GET .../messages`, Centrifugo's `history`).
+    History,
+}
+
+impl Access {
+    /// The request in words: `subscribing to orders`, `reading the
+    /// history of orders`.
+    fn of(self, channel: &ChannelName) -> String {
+        match self {
+            Self::Subscribe => format!("subscribing to {channel}"),
+            Self::History => format!("reading the history of {channel}"),
+        }
+    }
+}
+
 /// The node's access control, built from [`AuthConfig`] and
 /// [`NamespacesConfig`] by [`Auth::new`].
 #[derive(Debug)]
@@ -279,38 +299,74 @@ impl Auth {
         }
     }
 
-    /// May `who` subscribe to `channel` (SSE, WebSocket)?
+    /// May `who` subscribe to `channel` (SSE, WebSocket, Centrifugo)?
     ///
     /// # Errors
-    /// As [`Auth::may_publish`].
+    /// As [`Auth::may_publish`]; the message says what the channel's
+    /// namespace rule needs and what the credentials lack.
     pub(crate) fn may_subscribe(
         &self,
         who: &Principal,
         channel: &ChannelName,
     ) -> Result<(), AuthError> {
-        if !self.enabled || self.namespaces.rule(channel).subscribe == SubscribeRule::Public {
+        self.may_follow(who, channel, Access::Subscribe)
+    }
+
+    /// May `who` take `access` to `channel` under its namespace's
+    /// `subscribe` rule? (Reading history, when the namespace's `history`
+    /// is on, follows the same rule.)
+    fn may_follow(
+        &self,
+        who: &Principal,
+        channel: &ChannelName,
+        access: Access,
+    ) -> Result<(), AuthError> {
+        let rule = self.namespaces.rule(channel).subscribe;
+        if !self.enabled || rule == SubscribeRule::Public {
             return Ok(());
         }
-        match who {
-            Principal::Anonymous => Err(AuthError::MissingCredentials(format!(
-                "subscribing to {channel} needs a token or an API key"
+        let doing = access.of(channel);
+        match (who, rule) {
+            (Principal::Key(key), _) => self.key_may_read(key, channel),
+            (Principal::Anonymous, SubscribeRule::Key) => Err(AuthError::MissingCredentials(
+                format!("{doing} needs an API key with read on it (its namespace's subscribe = \"key\")"),
+            )),
+            (Principal::Anonymous, SubscribeRule::Authenticated) => {
+                Err(AuthError::MissingCredentials(format!(
+                    "{doing} needs a token (any valid one with a sub) or an API key with read"
+                )))
+            }
+            (Principal::Anonymous, _) => Err(AuthError::MissingCredentials(format!(
+                "{doing} needs a token that grants it (in its channels, channel or subs claim) \
+                 or an API key with read"
             ))),
-            Principal::Key(key) => self.key_may_read(key, channel),
-            Principal::Token(grant) => {
-                if self.namespaces.rule(channel).subscribe != SubscribeRule::Token {
+            (Principal::Token(_), SubscribeRule::Key) => Err(AuthError::Forbidden(format!(
+                "{doing} needs an API key with read; its namespace's subscribe = \"key\" \
+                 takes no token"
+            ))),
+            // Centrifugo's `allow_subscribe_for_client`: any authenticated
+            // client, that is a token whose `sub` names a user.
+            (Principal::Token(grant), SubscribeRule::Authenticated) => {
+                if grant.subject.is_empty() && !grant.may_read(channel) {
                     Err(AuthError::Forbidden(format!(
-                        "{channel} takes subscriptions with an API key only"
+                        "{doing} needs a token whose sub names a user; this one's sub is empty"
                     )))
-                } else if grant.may_read(channel) {
+                } else {
+                    Ok(())
+                }
+            }
+            (Principal::Token(grant), _) => {
+                if grant.may_read(channel) {
                     Ok(())
                 } else {
                     Err(AuthError::Forbidden(format!(
-                        "this token does not grant {channel}"
+                        "{doing}: this token does not grant {channel} (no entry of its \
+                         channels claim covers it, nor its channel or subs claim)"
                     )))
                 }
             }
-            Principal::Cluster => Err(AuthError::Forbidden(
-                "the cluster secret is for forwarded publishes only".to_owned(),
+            (Principal::Cluster, _) => Err(AuthError::Forbidden(
+                "the cluster secret is for writes forwarded between nodes only".to_owned(),
             )),
         }
     }
@@ -332,14 +388,16 @@ impl Auth {
             return self.key_may_read(key, channel);
         }
         if self.namespaces.rule(channel).history {
-            return self.may_subscribe(who, channel);
+            return self.may_follow(who, channel, Access::History);
         }
         match who {
             Principal::Anonymous => Err(AuthError::MissingCredentials(format!(
-                "the history of {channel} needs an API key with read"
+                "reading the history of {channel} needs an API key with read \
+                 (its namespace's history = false)"
             ))),
             _ => Err(AuthError::Forbidden(format!(
-                "the history of {channel} is readable with an API key only"
+                "reading the history of {channel} needs an API key with read; its \
+                 namespace's history = false gives tokens live messages only"
             ))),
         }
     }

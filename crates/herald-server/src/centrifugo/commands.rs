@@ -2,6 +2,7 @@
 //! built with `protocol.rs`; errors are Centrifugo's codes (`codes.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use herald_core::{ChannelName, Message, Offset, Tags};
@@ -20,7 +21,9 @@ use super::protocol::{
     SubscribeRequest,
 };
 use super::recovery::{self, Recovery};
-use super::session::{max_commands_per_frame, Out, Session, Stop, Sub, Writer, REPLY_FRAME_BYTES};
+use super::session::{
+    max_commands_per_frame, Out, Session, Stop, Sub, Writer, MAX_DENIALS_LOGGED, REPLY_FRAME_BYTES,
+};
 use crate::auth::{AuthError, Credential, Principal};
 use crate::error::StorageContext;
 use crate::subscription::{Item, Subscription};
@@ -331,6 +334,42 @@ impl Session {
         }
     }
 
+    /// A refusal by access control, answered 103 "permission denied",
+    /// which tells the client nothing more: logged as `permission denied`
+    /// with the client, its user, the command, the channel and the reason
+    /// (the refusal's message, never a credential), at INFO for the first
+    /// [`MAX_DENIALS_LOGGED`] of the connection, then at DEBUG.
+    fn denied(
+        &self,
+        command: &'static str,
+        who: &Principal,
+        channel: &ChannelName,
+        reason: &AuthError,
+    ) -> ReplyError {
+        let user = who.token().map_or("", |t| t.subject.as_str());
+        let logged = self.denials_logged.fetch_add(1, Ordering::Relaxed);
+        if logged < MAX_DENIALS_LOGGED {
+            tracing::info!(
+                client = %self.client,
+                user,
+                command,
+                channel = %channel,
+                reason = %reason,
+                "permission denied"
+            );
+        } else {
+            tracing::debug!(
+                client = %self.client,
+                user,
+                command,
+                channel = %channel,
+                reason = %reason,
+                "permission denied"
+            );
+        }
+        ReplyError::permission_denied()
+    }
+
     /// Checks a client token: the principal, or the answer to give
     /// (109 for an expired token, which the SDK renews; 3500 for a token
     /// that does not verify, or, once connected, names another user than
@@ -343,7 +382,12 @@ impl Session {
             Err(AuthError::TokenExpired) => {
                 return Err(Answer::Reply(error_reply(id, &ReplyError::token_expired())))
             }
-            Err(_) => return Err(Answer::Close(codes::INVALID_TOKEN)),
+            Err(e) => {
+                // The client gets only 3500 "invalid token": the reason
+                // (never the token) goes to the log.
+                tracing::info!(client = %self.client, reason = %e, "token refused");
+                return Err(Answer::Close(codes::INVALID_TOKEN));
+            }
         };
         let user = who.token().map(|t| t.subject.as_str()).unwrap_or_default();
         if self.who.is_some() && user != self.user() {
@@ -397,14 +441,8 @@ impl Session {
             return Answer::Close(codes::CHANNEL_LIMIT);
         }
         for (channel, _) in &server_subs {
-            if self
-                .state
-                .shared
-                .auth()
-                .may_subscribe(&who, channel)
-                .is_err()
-            {
-                return Answer::Reply(error_reply(id, &ReplyError::permission_denied()));
+            if let Err(e) = self.state.shared.auth().may_subscribe(&who, channel) {
+                return Answer::Reply(error_reply(id, &self.denied("connect", &who, channel, &e)));
             }
         }
         tracing::debug!(client = %self.client, name = %req.name, version = %req.version, "connected");
@@ -485,14 +523,11 @@ impl Session {
                 Err(answer) => return answer,
             }
         };
-        if self
-            .state
-            .shared
-            .auth()
-            .may_subscribe(&who, &channel)
-            .is_err()
-        {
-            return Answer::Reply(error_reply(id, &ReplyError::permission_denied()));
+        if let Err(e) = self.state.shared.auth().may_subscribe(&who, &channel) {
+            return Answer::Reply(error_reply(
+                id,
+                &self.denied("subscribe", &who, &channel, &e),
+            ));
         }
         let (expiry, expires) = if sub_token {
             (Expiry::of(&who), expiry_instant(&who))
@@ -740,14 +775,9 @@ impl Session {
             return Err(ReplyError::not_available());
         }
         let who = self.who.clone().unwrap_or(Principal::Anonymous);
-        if self
-            .state
-            .shared
-            .auth()
-            .may_subscribe(&who, &channel)
-            .is_err()
-        {
-            return Err(ReplyError::permission_denied());
+        if let Err(e) = self.state.shared.auth().may_subscribe(&who, &channel) {
+            let command = if stats { "presence_stats" } else { "presence" };
+            return Err(self.denied(command, &who, &channel, &e));
         }
         if stats {
             presence::stats(&self.state, &channel).await
@@ -769,9 +799,9 @@ impl Session {
     async fn publish(&mut self, req: PublishRequest) -> Result<(), ReplyError> {
         let channel = channel(&req.channel)?;
         let who = self.who.clone().unwrap_or(Principal::Anonymous);
-        let auth = &self.state.shared.auth();
-        if auth.may_publish(&who, &channel).is_err() {
-            return Err(ReplyError::permission_denied());
+        let auth = self.state.shared.auth();
+        if let Err(e) = auth.may_publish(&who, &channel) {
+            return Err(self.denied("publish", &who, &channel, &e));
         }
         if auth.take_publishes(&who, 1).is_err() {
             return Err(ReplyError::too_many_requests());
@@ -790,8 +820,8 @@ impl Session {
         };
         let who = self.who.clone().unwrap_or(Principal::Anonymous);
         let shared = &self.state.shared;
-        if shared.auth().may_read_history(&who, &channel).is_err() {
-            return Answer::Reply(error_reply(id, &ReplyError::permission_denied()));
+        if let Err(e) = shared.auth().may_read_history(&who, &channel) {
+            return Answer::Reply(error_reply(id, &self.denied("history", &who, &channel, &e)));
         }
         let epoch = match shared.storage.channel_epoch(&channel).await {
             Ok(epoch) => epoch,
@@ -903,14 +933,11 @@ impl Session {
             Err(Answer::Reply(_)) => return Answer::Close(codes::SUB_EXPIRED),
             Err(answer) => return answer,
         };
-        if self
-            .state
-            .shared
-            .auth()
-            .may_subscribe(&who, &channel)
-            .is_err()
-        {
-            return Answer::Reply(error_reply(id, &ReplyError::permission_denied()));
+        if let Err(e) = self.state.shared.auth().may_subscribe(&who, &channel) {
+            return Answer::Reply(error_reply(
+                id,
+                &self.denied("sub_refresh", &who, &channel, &e),
+            ));
         }
         let expires = expiry_instant(&who);
         if let Some(sub) = self.subs.get_mut(&channel) {

@@ -48,7 +48,7 @@ pub(crate) async fn history_remove(
         match forward_to_holder(
             state,
             headers,
-            "/api/history_remove".to_owned(),
+            crate::HolderWrite::RemoveHistory(channel.clone()),
             body.into(),
         )
         .await

@@ -62,8 +62,8 @@ pub(crate) async fn publish(
         None => format!("{{\"data\":{}}}", message.data.get()),
         Some(tags) => format!("{{\"data\":{},\"tags\":{tags}}}", message.data.get()),
     };
-    let path = format!("/v1/channels/{}/messages", message.channel);
-    match forward_to_holder(state, &headers, path, body.into()).await {
+    let write = crate::HolderWrite::Publish(message.channel.clone());
+    match forward_to_holder(state, &headers, write, body.into()).await {
         Ok(Forwarded::Answer(response)) => holder_answer(response).await,
         Ok(Forwarded::TakenOver) => {
             if message.idempotency_key.is_none() || !shared.lease.is_holder() {

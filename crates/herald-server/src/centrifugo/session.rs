@@ -223,7 +223,15 @@ pub(crate) struct Session {
     pub(crate) mailbox: Arc<Mailbox>,
     /// `subscribe` and `history` commands allowed now.
     pub(crate) reads: Bucket,
+    /// Refusals (103) logged at INFO so far; past
+    /// [`MAX_DENIALS_LOGGED`] a connection's refusals go to DEBUG, so
+    /// that one client cannot flood the log.
+    pub(crate) denials_logged: std::sync::atomic::AtomicU32,
 }
+
+/// Most refusals (103) of one connection logged at INFO (`permission
+/// denied`); the rest are logged at DEBUG.
+pub(crate) const MAX_DENIALS_LOGGED: u32 = 8;
 
 impl Session {
     /// The earliest token expiry of the session and its close code: the
@@ -339,6 +347,7 @@ async fn run(socket: WebSocket, state: AppState) {
         out,
         mailbox: Arc::clone(&mailbox),
         reads: Bucket::new(reads_burst(config.channel_limit), READS_PER_S),
+        denials_logged: std::sync::atomic::AtomicU32::new(0),
     };
     let connect_by = Instant::now() + config.connect_timeout;
     let mut pings =

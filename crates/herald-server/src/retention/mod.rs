@@ -17,7 +17,7 @@ pub(crate) use trimmer::Trimmer;
 
 use crate::error::{StorageContext, StorageFailure};
 use crate::hub::Notice;
-use crate::{AppState, Error, Result};
+use crate::{AppState, Error, HolderWrite, Result};
 
 /// Removes every message of `channel` up to the head read at the start
 /// (messages published while it runs survive) on this node, which must
@@ -38,6 +38,7 @@ pub(crate) async fn remove_history(state: &AppState, channel: &ChannelName) -> R
     let shared = &state.shared;
     let Some(lease) = shared.lease.writable_lease() else {
         return Err(Error::NotHolder {
+            request: Some(HolderWrite::RemoveHistory(channel.clone())),
             holder_url: shared.lease.state().holder_url().map(str::to_owned),
         });
     };
@@ -87,10 +88,18 @@ pub(crate) async fn remove_history(state: &AppState, channel: &ChannelName) -> R
 /// (the messages are removed then, the deletion not recorded: a retry
 /// records it).
 pub(crate) async fn delete_channel(state: &AppState, channel: &ChannelName) -> Result<Offset> {
-    let head = remove_history(state, channel).await?;
+    let not_holder = |e: Error| match e {
+        Error::NotHolder { holder_url, .. } => Error::NotHolder {
+            request: Some(HolderWrite::DeleteChannel(channel.clone())),
+            holder_url,
+        },
+        e => e,
+    };
+    let head = remove_history(state, channel).await.map_err(not_holder)?;
     let shared = &state.shared;
     let Some(lease) = shared.lease.writable_lease() else {
         return Err(Error::NotHolder {
+            request: Some(HolderWrite::DeleteChannel(channel.clone())),
             holder_url: shared.lease.state().holder_url().map(str::to_owned),
         });
     };

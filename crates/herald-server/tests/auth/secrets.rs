@@ -12,7 +12,18 @@ use crate::{now_s, on_both_backends, Backend, Creds, Node, Place, Role};
 
 /// A log sink shared with the test.
 #[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
+pub(crate) struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Captured {
+    /// The JSON records written so far (a subscriber with `.json()`).
+    pub(crate) fn records(&self) -> Vec<serde_json::Value> {
+        String::from_utf8(self.0.lock().unwrap().clone())
+            .unwrap()
+            .lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect()
+    }
+}
 
 impl Write for Captured {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {

@@ -192,3 +192,115 @@ on_both_backends!(
     tokens_and_namespaces: tokens_and_namespaces_on_sqlite,
     tokens_and_namespaces_on_postgres
 );
+
+/// The message of a refusal: `error.message` of the answer, after its
+/// status and code are checked.
+fn refusal(
+    answer: &(u16, reqwest::header::HeaderMap, serde_json::Value),
+    status: u16,
+    code: &str,
+) -> String {
+    assert_refused(answer, status, code);
+    answer.2["error"]["message"].as_str().unwrap().to_owned()
+}
+
+/// GETs `path` on `node` with `Authorization: Bearer <token>`.
+async fn bearer_get(
+    node: &Node,
+    path: &str,
+    token: &str,
+) -> (u16, reqwest::header::HeaderMap, serde_json::Value) {
+    get(node, path, &[("authorization", &Creds::bearer(token))]).await
+}
+
+/// A refused token says what is wrong with it: the one claim that is
+/// missing or of the wrong type, never a list of every claim; a refusal
+/// for reading history says "reading the history of", not "subscribing";
+/// a `?token=` on the history route says where `?token=` is taken.
+#[tokio::test]
+async fn refusals_name_the_claim_the_route_and_the_request() {
+    let place = Place::new(Backend::Sqlite).await;
+    let creds = Creds::new();
+    let node = Node::start(&place, "node-a", Role::Holder, creds.config()).await;
+    let history = "/v1/channels/news:a/messages";
+    let cases = [
+        (json!({"sub": "u"}), "the exp claim is missing"),
+        (json!({"exp": now_s() + 60}), "the sub claim is missing"),
+        (
+            json!({"sub": 42, "exp": now_s() + 60}),
+            "the sub claim must be a string (the user), not a number",
+        ),
+        (
+            json!({"sub": "u", "exp": "tomorrow"}),
+            "the exp claim must be a whole number of seconds since the epoch, not a string",
+        ),
+        (
+            json!({"sub": "u", "exp": now_s() + 60, "channels": "news:a"}),
+            "the channels claim must be a list of strings (channel names), not a string",
+        ),
+        (
+            json!({"sub": "u", "exp": now_s() + 60, "nbf": 1.5}),
+            "the nbf claim must be a whole number of seconds since the epoch, not a number with a fraction",
+        ),
+        (
+            json!({"sub": "u", "exp": now_s() + 60, "subs": ["news:a"]}),
+            "the subs claim must be an object of channel names to objects (their options), not a list",
+        ),
+    ];
+    for (claims, expected) in cases {
+        let message = refusal(
+            &bearer_get(&node, history, &creds.token(claims.clone())).await,
+            401,
+            "unauthorized",
+        );
+        assert!(
+            message.starts_with(&format!("invalid token: {expected}")),
+            "{claims}: {message}"
+        );
+        // One claim named, not the list of every claim's type.
+        for other in ["publish", "channel:", "subs:"] {
+            if !expected.contains(other) {
+                assert!(!message.contains(other), "{claims}: {message}");
+            }
+        }
+    }
+
+    // The right verb: reading history is not subscribing.
+    let message = refusal(&get(&node, history, &[]).await, 401, "unauthorized");
+    assert!(
+        message.starts_with("reading the history of news:a needs a token"),
+        "{message}"
+    );
+    let other = creds.token_for("u", json!({"channels": ["news:b"]}));
+    let message = refusal(&bearer_get(&node, history, &other).await, 403, "forbidden");
+    assert!(
+        message.starts_with("reading the history of news:a: this token does not grant news:a"),
+        "{message}"
+    );
+    let sse = format!("{}/v1/channels/news:a/events", node.base);
+    let answer = node.client.get(&sse).send().await.unwrap();
+    assert_eq!(answer.status(), 401);
+    let body: serde_json::Value = answer.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("subscribing to news:a needs a token"),
+        "{message}"
+    );
+
+    // A valid token in ?token= on the history route: refused, saying where
+    // ?token= is taken and how to send it here; in the header it reads.
+    let token = creds.token_for("u", json!({"channels": ["news:*"]}));
+    let message = refusal(
+        &get(&node, &format!("{history}?token={token}"), &[]).await,
+        401,
+        "unauthorized",
+    );
+    assert!(
+        message.contains("?token= is taken only by the SSE and WebSocket routes"),
+        "{message}"
+    );
+    assert!(message.contains("Authorization: Bearer"), "{message}");
+    assert!(!message.contains(&token), "the token is never quoted");
+    assert_eq!(bearer_get(&node, history, &token).await.0, 200);
+    node.stop().await;
+}

@@ -5,6 +5,7 @@
 //! what reaches every node (`cluster.rs`).
 
 mod attacks;
+mod authenticated;
 mod cent;
 mod channel_limit;
 pub(crate) mod client;

@@ -549,3 +549,61 @@ async fn centrifuge_js_survives_an_expired_token_from_get_token() {
     assert_eq!(second["offset"], 2, "{second}");
     c.stop().await;
 }
+
+/// centrifuge-js with a typical Centrifugo token (`sub` and `exp`, no
+/// channels): it subscribes and receives in a namespace with
+/// `subscribe = "authenticated"` (Centrifugo's
+/// `allow_subscribe_for_client`), and its subscription in a default
+/// namespace is refused with 103.
+async fn a_plain_token_in_an_authenticated_namespace(backend: Backend) {
+    let sdk = Sdk::Js;
+    sdk.check();
+    let place = Place::new(backend).await;
+    let creds = Creds::new();
+    let mut config = creds.config();
+    config.namespaces.insert(
+        "members".to_owned(),
+        NamespaceRule {
+            subscribe: herald_server::SubscribeRule::Authenticated,
+            ..NamespaceRule::default()
+        },
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let node = Node::start_on(&place, "node-a", Role::Holder, config, listener).await;
+    let backend_key = Creds::bearer(&creds.backend);
+    let key = [("authorization", backend_key.as_str())];
+    let token = creds.token_for("ann", json!({}));
+    let mut c = SdkClient::start(sdk, "of members:s", &ws_url(addr), &token, "members:s");
+    c.expect("connected", is("connected", "")).await;
+    c.send(json!({"op": "subscribe", "channel": "members:s"}))
+        .await;
+    c.expect("subscribed", is("subscribed", "members:s")).await;
+    assert_eq!(
+        node.publish_with("members:s", &key, json!({"n": 1}))
+            .await
+            .0,
+        201
+    );
+    c.received_up_to(1).await;
+    c.send(json!({"op": "subscribe", "channel": "news:s"}))
+        .await;
+    let refused = c
+        .expect("the subscription to news:s refused", |r| {
+            r["channel"] == "news:s" && (r["type"] == "failed" || r["type"] == "unsubscribed")
+        })
+        .await;
+    assert_eq!(refused["code"], 103, "{refused}");
+    c.stop().await;
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_js_subscribes_with_sub_and_exp_in_an_authenticated_namespace_on_sqlite() {
+    a_plain_token_in_an_authenticated_namespace(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_js_subscribes_with_sub_and_exp_in_an_authenticated_namespace_on_postgres() {
+    a_plain_token_in_an_authenticated_namespace(Backend::Postgres).await;
+}
