@@ -19,7 +19,17 @@ use jsonwebtoken::jwk::{AlgorithmParameters, JwkSet};
 use jsonwebtoken::{Algorithm, DecodingKey};
 use tracing::{info, warn};
 
-use super::jwt::{Key, WallClock};
+use super::wall_clock::WallClock;
+
+/// One verification key.
+pub(crate) struct Key {
+    /// The JWKS `kid`, if the key came from a JWKS.
+    pub(crate) kid: Option<String>,
+    /// The one algorithm it verifies.
+    pub(crate) algorithm: Algorithm,
+    /// The key itself.
+    pub(crate) key: DecodingKey,
+}
 
 /// Longest a JWKS fetch may take, connection and body included.
 pub(crate) const FETCH_TIMEOUT: Duration = Duration::from_secs(5);

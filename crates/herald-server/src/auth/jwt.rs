@@ -32,7 +32,6 @@
 //!   ignored.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -42,8 +41,9 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::config::JwtConfig;
-use super::jwks::{self, RemoteJwks};
+use super::jwks::{self, Key, RemoteJwks};
 use super::policy::TokenPatterns;
+use super::wall_clock::WallClock;
 use super::AuthError;
 use herald_core::ChannelName;
 
@@ -91,47 +91,6 @@ impl TokenGrant {
         expires
             .duration_since(SystemTime::now())
             .unwrap_or(Duration::ZERO)
-    }
-}
-
-/// Where token checks read the time: the system clock, or in tests a
-/// clock set by hand (so that `exp == now` is tested exactly, and the
-/// JWKS refetch interval without waiting). Clones share the hand-set
-/// time.
-#[derive(Clone, Default)]
-pub(crate) struct WallClock(Option<Arc<AtomicU64>>);
-
-impl WallClock {
-    /// A clock that reads `unix_ms` until set or advanced.
-    #[cfg(test)]
-    pub(crate) fn manual(unix_ms: u64) -> Self {
-        Self(Some(Arc::new(AtomicU64::new(unix_ms))))
-    }
-
-    /// Moves a hand-set clock forward by `by`.
-    #[cfg(test)]
-    pub(crate) fn advance(&self, by: Duration) {
-        if let Some(ms) = &self.0 {
-            ms.fetch_add(
-                u64::try_from(by.as_millis()).unwrap_or(u64::MAX),
-                Ordering::Relaxed,
-            );
-        }
-    }
-
-    /// Milliseconds since the Unix epoch.
-    pub(crate) fn unix_ms(&self) -> u64 {
-        match &self.0 {
-            Some(ms) => ms.load(Ordering::Relaxed),
-            None => SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
-        }
-    }
-
-    /// Whole seconds since the Unix epoch (the unit of `exp` and `nbf`).
-    pub(crate) fn unix_s(&self) -> u64 {
-        self.unix_ms() / 1000
     }
 }
 
@@ -270,16 +229,6 @@ fn json_kind(text: &str) -> &'static str {
 struct SubOptions {
     #[serde(default)]
     data: Option<Box<RawValue>>,
-}
-
-/// One verification key.
-pub(crate) struct Key {
-    /// The JWKS `kid`, if the key came from a JWKS.
-    pub(crate) kid: Option<String>,
-    /// The one algorithm it verifies.
-    pub(crate) algorithm: Algorithm,
-    /// The key itself.
-    pub(crate) key: DecodingKey,
 }
 
 /// Why the keys in hand did not verify a token.
@@ -606,6 +555,8 @@ fn read(path: &std::path::Path) -> Result<Vec<u8>, String> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::Ordering;
+
     use jsonwebtoken::{encode, EncodingKey, Header};
     use serde_json::json;
 

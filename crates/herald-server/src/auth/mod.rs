@@ -4,8 +4,9 @@
 //! - `api_keys.rs`: server-side API keys (SHA-256 hashes, constant-time
 //!   lookup, key generation);
 //! - `jwt.rs`: client tokens (JWT) and what they grant;
-//! - `jwks.rs`: JWKS documents, and a JWKS served at a URL (cached,
-//!   refetched for an unknown `kid` within a rate limit);
+//! - `jwks.rs`: JWKS documents and their keys, and a JWKS served at a
+//!   URL (cached, refetched for an unknown `kid` within a rate limit);
+//! - `wall_clock.rs`: the clock that `jwt.rs` and `jwks.rs` read;
 //! - `policy.rs`: channel patterns and namespace rules;
 //! - `extract.rs`: credentials from a request (headers, `?token=`), the
 //!   cluster secret of forwarded publishes, and the extractors handlers
@@ -29,6 +30,7 @@ mod policy;
 #[cfg(test)]
 mod proptests;
 mod rate_limit;
+mod wall_clock;
 
 use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 
