@@ -63,6 +63,20 @@ impl Api {
         }
     }
 
+    /// A client of the server at `base` whose every request carries the
+    /// API key `key` (`Authorization: Bearer <key>`, marked sensitive so
+    /// that it is never printed).
+    pub fn with_api_key(base: &str, key: &str) -> Self {
+        let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {key}"))
+            .expect("an API key is a header value");
+        value.set_sensitive(true);
+        let headers =
+            reqwest::header::HeaderMap::from_iter([(reqwest::header::AUTHORIZATION, value)]);
+        Self::with_builder(base, move || {
+            reqwest::Client::builder().default_headers(headers.clone())
+        })
+    }
+
     fn messages_url(&self, channel: &str) -> String {
         format!("{}/v1/channels/{channel}/messages", self.base)
     }

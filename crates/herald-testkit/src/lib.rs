@@ -10,6 +10,8 @@
 //! - [`process`]: `herald serve` as a child process ([`process::Server`]),
 //!   killed when dropped, with its JSON log.
 //! - [`api`]: a client of one node's HTTP API ([`api::Api`]).
+//! - [`auth`]: a config file with an API key, a token secret and a cluster
+//!   secret, and tokens signed with it.
 //! - [`balancer`]: a TCP front for several nodes that sends each new
 //!   connection to the first that accepts it, as a load balancer would.
 //! - [`clients`]: where the real client libraries are (Node.js and
@@ -42,6 +44,7 @@ use std::future::Future;
 use std::time::Duration;
 
 pub mod api;
+pub mod auth;
 pub mod balancer;
 pub mod clients;
 pub mod database;

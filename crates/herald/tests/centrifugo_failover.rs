@@ -28,16 +28,12 @@
 //! virtualenv from `tests/clients/python/requirements.lock`) and names
 //! them in `HERALD_TEST_NODE_CLIENTS` and `HERALD_TEST_PYTHON`.
 
-use std::path::Path;
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use herald_testkit::api::Api;
+use herald_testkit::auth::{hs256_token, write_auth_config, AuthFile};
 use herald_testkit::balancer::Balancer;
 use herald_testkit::process::{Server, FAST_LEASE};
 use herald_testkit::sdk::{Sdk, SdkClient};
 use herald_testkit::{TestDatabase, POLL, WAIT};
-use jsonwebtoken::{encode, EncodingKey, Header};
-use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tokio::time::Instant;
@@ -45,55 +41,6 @@ use tokio::time::Instant;
 /// The channel both clients follow (the default namespace rule:
 /// subscribing needs a token that lists it).
 const CHANNEL: &str = "news:failover";
-
-/// The config file: an API key that publishes and reads, the HS256
-/// secret of the clients' token, and the cluster secret (required on
-/// PostgreSQL with access control). Returns the key and the secret.
-fn write_config(path: &Path) -> (String, String) {
-    let key = herald_server::generate_api_key();
-    let secret = herald_server::generate_api_key();
-    let cluster_secret = herald_server::generate_api_key();
-    std::fs::write(
-        path,
-        format!(
-            "[auth]\n\
-             cluster_secret = \"{cluster_secret}\"\n\
-             api_keys = [{{ name = \"backend\", sha256 = \"{}\", permissions = [\"publish\", \"read\"] }}]\n\
-             \n\
-             [auth.jwt]\n\
-             hs256_secret = \"{secret}\"\n",
-            herald_server::api_key_sha256(&key)
-        ),
-    )
-    .expect("write the config file");
-    (key, secret)
-}
-
-/// An HS256 connection token for the user `failover`, valid for 5
-/// minutes, that may subscribe to `news:*`.
-fn token(secret: &str) -> String {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("the clock is after 1970")
-        .as_secs();
-    let claims = json!({ "sub": "failover", "exp": now + 300, "channels": ["news:*"] });
-    encode(
-        &Header::default(),
-        &claims,
-        &EncodingKey::from_secret(secret.as_bytes()),
-    )
-    .expect("sign the token")
-}
-
-/// A client of `server`'s HTTP API whose requests carry the API key.
-fn api(server: &Server, key: &str) -> Api {
-    let mut value = HeaderValue::from_str(&format!("Bearer {key}")).expect("a header value");
-    value.set_sensitive(true);
-    let headers = HeaderMap::from_iter([(AUTHORIZATION, value)]);
-    Api::with_builder(&server.url, move || {
-        reqwest::Client::builder().default_headers(headers.clone())
-    })
-}
 
 /// Publishes `{"n": n}` through `api` with the idempotency key `n-<n>`,
 /// retrying with the same key until it is acknowledged (a failover makes
@@ -138,7 +85,7 @@ async fn recovers_when_the_holder_is_killed(sdk: Sdk) {
     let db = TestDatabase::create().await;
     let dir = tempfile::tempdir().expect("a temp dir");
     let config = dir.path().join("herald.toml");
-    let (key, secret) = write_config(&config);
+    let AuthFile { key, secret } = write_auth_config(&config, &["publish", "read"]);
     let flags = |node: &'static str| {
         let mut flags = vec![
             "--database",
@@ -155,7 +102,10 @@ async fn recovers_when_the_holder_is_killed(sdk: Sdk) {
     a.api.wait_role("holder", WAIT).await;
     let b = Server::start_with(&dir.path().join("b"), &flags("node-b")).await;
     b.api.wait_role("standby", WAIT).await;
-    let (a_api, b_api) = (api(&a, &key), api(&b, &key));
+    let (a_api, b_api) = (
+        Api::with_api_key(&a.url, &key),
+        Api::with_api_key(&b.url, &key),
+    );
     let addr = |server: &Server| {
         server
             .url
@@ -164,7 +114,7 @@ async fn recovers_when_the_holder_is_killed(sdk: Sdk) {
             .expect("a socket address")
     };
     let balancer = Balancer::start(vec![addr(&a), addr(&b)]).await;
-    let token = token(&secret);
+    let token = hs256_token(&secret, "failover", &["news:*"]);
 
     // Case A on the standby, case B on the holder through the balancer.
     let mut on_standby = SdkClient::start(sdk, "on the standby", &ws_url(&b.url), &token, CHANNEL);

@@ -24,17 +24,15 @@
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use futures::SinkExt;
 use herald_testkit::api::Api;
+use herald_testkit::auth::{hs256_token, write_auth_config, AuthFile};
 use herald_testkit::process::{Server, FAST_LEASE};
 use herald_testkit::sdk::{Sdk, SdkClient};
 use herald_testkit::sse::SseClient;
 use herald_testkit::ws::ws_next;
 use herald_testkit::{within, TestDatabase, NODE_WAIT, POLL, WAIT};
-use jsonwebtoken::{encode, EncodingKey, Header};
-use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tokio::process::{Child, Command};
@@ -227,55 +225,6 @@ fn free_addr() -> String {
     listener.local_addr().expect("its address").to_string()
 }
 
-/// The config file of both nodes: an API key for everything, the HS256
-/// secret of the clients' tokens and the cluster secret. Returns the key
-/// and the secret.
-fn write_config(path: &Path) -> (String, String) {
-    let key = herald_server::generate_api_key();
-    let secret = herald_server::generate_api_key();
-    let cluster = herald_server::generate_api_key();
-    std::fs::write(
-        path,
-        format!(
-            "[auth]\n\
-             cluster_secret = \"{cluster}\"\n\
-             api_keys = [{{ name = \"backend\", sha256 = \"{}\", permissions = [\"publish\", \"read\", \"admin\"] }}]\n\
-             \n\
-             [auth.jwt]\n\
-             hs256_secret = \"{secret}\"\n",
-            herald_server::api_key_sha256(&key)
-        ),
-    )
-    .expect("write the config file");
-    (key, secret)
-}
-
-/// An HS256 token for the user `nginx`, valid for 5 minutes, that may
-/// subscribe to `news:*`.
-fn token(secret: &str) -> String {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("the clock is after 1970")
-        .as_secs();
-    let claims = json!({ "sub": "nginx", "exp": now + 300, "channels": ["news:*"] });
-    encode(
-        &Header::default(),
-        &claims,
-        &EncodingKey::from_secret(secret.as_bytes()),
-    )
-    .expect("sign the token")
-}
-
-/// A client of the API at `base` whose requests carry the API key.
-fn api(base: &str, key: &str) -> Api {
-    let mut value = HeaderValue::from_str(&format!("Bearer {key}")).expect("a header value");
-    value.set_sensitive(true);
-    let headers = HeaderMap::from_iter([(AUTHORIZATION, value)]);
-    Api::with_builder(base, move || {
-        reqwest::Client::builder().default_headers(headers.clone())
-    })
-}
-
 /// An HTTP client whose connections leave from `local` (an address of
 /// 127.0.0.0/8), as a client on another host would reach nginx.
 fn client_from(local: IpAddr) -> reqwest::Client {
@@ -329,8 +278,8 @@ async fn the_documented_nginx_front_serves_every_route_of_a_two_node_cluster() {
     let db = TestDatabase::create().await;
     let dir = tempfile::tempdir().expect("a temp dir");
     let config = dir.path().join("herald.toml");
-    let (key, secret) = write_config(&config);
-    let token = token(&secret);
+    let AuthFile { key, secret } = write_auth_config(&config, &["publish", "read", "admin"]);
+    let token = hs256_token(&secret, "nginx", &["news:*"]);
     let per_ip = PER_IP.to_string();
     let url = db.url().to_owned();
     let flags = |node: &'static str| {
@@ -361,7 +310,7 @@ async fn the_documented_nginx_front_serves_every_route_of_a_two_node_cluster() {
     ];
     let nginx = Nginx::start(&with_addresses(&block, &upstreams, &listen), &listen).await;
     let base = format!("http://{}", nginx.addr);
-    let through = api(&base, &key);
+    let through = Api::with_api_key(&base, &key);
     eprintln!("{} in front of {upstreams:?}", nginx_bin.display());
 
     // Both nodes answer through nginx.
