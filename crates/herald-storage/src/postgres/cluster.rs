@@ -6,7 +6,7 @@
 use deadpool_postgres::Object;
 use tokio::sync::broadcast;
 
-use super::CLUSTER_CHANNEL;
+use super::names::CLUSTER_CHANNEL;
 use crate::cluster::{decode, encode};
 use crate::{ClusterEvent, Result};
 

@@ -31,11 +31,11 @@ use herald_core::ChannelName;
 use tokio::sync::{broadcast, watch};
 use tokio_postgres::{AsyncMessage, Client, Config};
 
+use super::cluster;
+use super::names::{CHANGES_CHANNEL, CLUSTER_CHANNEL, LEASE_CHANNEL};
 use super::presence_events::{Inbox, PRESENCE_CHANNEL};
 use super::reconnect::{keep_open, Kept};
-use super::{
-    cluster, connect_raw, drive, PgConnection, CHANGES_CHANNEL, CLUSTER_CHANNEL, LEASE_CHANNEL,
-};
+use super::session::{connect_raw, drive, PgConnection};
 use crate::{ChangeSignal, ClusterEvent, Deletion, Error, Result};
 
 /// The statements that subscribe the connection to the notices.

@@ -34,7 +34,7 @@ use tokio::sync::watch;
 use tokio_postgres::{Client, Config};
 
 use super::reconnect::{keep_open, Kept};
-use super::{connect_raw, drive, PgConnection};
+use super::session::{connect_raw, drive, PgConnection};
 use crate::{Error, Result};
 
 /// Longest wait to take the key again after a reconnect. The old session

@@ -19,7 +19,7 @@ use herald_core::{
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{GenericClient, IsolationLevel};
 
-use super::{fenced_write_lock_key, CHANGES_CHANNEL, LEASE_CHANNEL};
+use super::names::{fenced_write_lock_key, twin_key, CHANGES_CHANNEL, LEASE_CHANNEL};
 use crate::decode::{
     acquired, log_lost, log_release, lost, sql_position, sql_token, to_channel, to_json, to_tags,
     to_token, to_u64,
@@ -188,7 +188,7 @@ pub(super) async fn acquire(
     .await?;
     let probe = tx.prepare_cached(PROBE_HOLDER_SQL).await?;
     let own_key_free: bool = tx
-        .query_one(&probe, &[&own_session, &super::twin_key(own_session)])
+        .query_one(&probe, &[&own_session, &twin_key(own_session)])
         .await?
         .try_get(0)?;
     if own_key_free {
@@ -241,7 +241,7 @@ pub(super) async fn acquire(
     {
         let gone = tx.prepare_cached(HOLDER_GONE_SQL).await?;
         holder_gone = tx
-            .query_one(&gone, &[&key, &HOLDER_GONE_GRACE_MS, &super::twin_key(key)])
+            .query_one(&gone, &[&key, &HOLDER_GONE_GRACE_MS, &twin_key(key)])
             .await?
             .try_get(0)?;
     }
@@ -314,7 +314,7 @@ async fn held_at_a_glance(
     };
     let gone = client.prepare_cached(HOLDER_GONE_SQL).await?;
     let holder_gone: bool = client
-        .query_one(&gone, &[&key, &HOLDER_GONE_GRACE_MS, &super::twin_key(key)])
+        .query_one(&gone, &[&key, &HOLDER_GONE_GRACE_MS, &twin_key(key)])
         .await?
         .try_get(0)?;
     if holder_gone {

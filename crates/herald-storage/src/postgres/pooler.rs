@@ -47,7 +47,7 @@ use std::time::Duration;
 
 use tokio_postgres::{Client, Config, SimpleQueryMessage};
 
-use super::open_connection;
+use super::session::open_connection;
 use crate::{Error, PoolerEvidence, Result};
 
 /// The custom session setting (a placeholder, PostgreSQL documentation,

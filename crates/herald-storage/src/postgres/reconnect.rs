@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_postgres::{AsyncMessage, Client};
 
-use super::{drive, PgConnection};
+use super::session::{drive, PgConnection};
 use crate::Result;
 
 /// First pause before a new connection, after a connection that had been

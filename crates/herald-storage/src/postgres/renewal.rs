@@ -24,7 +24,7 @@ use herald_core::Lease;
 use tokio::task::JoinHandle;
 use tokio_postgres::{Client, Config, IsolationLevel, Statement};
 
-use super::{open_connection, read_settings, SessionSettings};
+use super::session::{open_connection, read_settings, SessionSettings};
 use crate::decode::{log_lost, lost, sql_token};
 use crate::{Error, Result};
 
