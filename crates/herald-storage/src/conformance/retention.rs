@@ -5,9 +5,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{acquire, assert_lost, channel, offsets, wait_expired, Harness, LONG_TTL, SHORT_TTL};
+use super::harness::{
+    acquire, assert_lost, channel, offsets, wait_expired, Harness, LONG_TTL, SHORT_TTL,
+};
 use crate::testing::{keyed, msg};
-use crate::{Page, Storage, TrimLimits, Trimmed};
+use crate::traits::{Page, Storage};
+use crate::trim::{TrimLimits, Trimmed};
 
 /// Trims `ch` with `limits` in transactions of at most `max_rows` until
 /// done; returns every transaction's answer.

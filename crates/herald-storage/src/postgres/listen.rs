@@ -36,7 +36,9 @@ use super::names::{CHANGES_CHANNEL, CLUSTER_CHANNEL, LEASE_CHANNEL};
 use super::presence_events::{Inbox, PRESENCE_CHANNEL};
 use super::reconnect::{keep_open, Kept};
 use super::session::{connect_raw, drive, PgConnection};
-use crate::{ChangeSignal, ClusterEvent, Deletion, Error, Result};
+use crate::cluster::ClusterEvent;
+use crate::error::{Error, Result};
+use crate::traits::{ChangeSignal, Deletion};
 
 /// The statements that subscribe the connection to the notices.
 fn listen_sql() -> String {

@@ -35,7 +35,7 @@ use tokio_postgres::{Client, Config};
 
 use super::reconnect::{keep_open, Kept};
 use super::session::{connect_raw, drive, PgConnection};
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// Longest wait to take the key again after a reconnect. The old session
 /// may still hold it until the server notices that its client is gone

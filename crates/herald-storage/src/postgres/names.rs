@@ -1,7 +1,8 @@
 //! What every node of one database must agree on: the keys of the advisory
-//! locks (migrations, fenced writes, the liveness sessions' twins) and the
+//! locks (migrations, fenced writes, the liveness sessions' twins), the
 //! notification channels (`LISTEN`/`NOTIFY`) of commits, lease releases and
-//! cluster events.
+//! cluster events, and how long after a server start a free liveness lock
+//! proves nothing.
 
 /// Key of the session-level advisory lock (`pg_advisory_lock`) under which
 /// [`PostgresStorage::connect`](super::connect::PostgresStorage::connect) runs the schema migrations, so that nodes
@@ -68,6 +69,12 @@ pub(super) fn twin_key(key: i64) -> i64 {
 pub fn fenced_write_lock_key(lease_name: &str) -> i64 {
     advisory_key(b"herald/fenced-write/", lease_name.as_bytes())
 }
+
+/// How long after the database server starts a free session lock of a
+/// holder is not yet taken as proof that the holder is gone (see
+/// `HOLDER_GONE_SQL` in `ops.rs`, and the takeover watch): well above the
+/// liveness connection's longest reconnect pause (2 s) plus a connect.
+pub(super) const HOLDER_GONE_GRACE_MS: i64 = 5_000;
 
 #[cfg(test)]
 mod tests {

@@ -19,16 +19,20 @@ use herald_core::{
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{GenericClient, IsolationLevel};
 
-use super::names::{fenced_write_lock_key, twin_key, CHANGES_CHANNEL, LEASE_CHANNEL};
+use super::names::{
+    fenced_write_lock_key, twin_key, CHANGES_CHANNEL, HOLDER_GONE_GRACE_MS, LEASE_CHANNEL,
+};
 use crate::decode::{
     acquired, log_lost, log_release, lost, sql_position, sql_token, to_channel, to_json, to_tags,
     to_token, to_u64,
 };
-use crate::trim;
-use crate::{
-    idempotency_digest, Acquire, ChangeFeed, ChannelStats, Deletion, Deletions, Error,
-    IdempotencyDigest, Page, Result, TakeoverCount, TakeoverReason, TrimLimits, Trimmed,
+use crate::digest::{idempotency_digest, IdempotencyDigest};
+use crate::error::{Error, Result};
+use crate::traits::{
+    Acquire, ChangeFeed, Deletion, Deletions, Page, TakeoverCount, TakeoverReason,
 };
+use crate::trim;
+use crate::trim::{ChannelStats, TrimLimits, Trimmed};
 
 /// A `timestamptz` as whole milliseconds since the Unix epoch, rounded
 /// down (also before 1970).
@@ -125,12 +129,6 @@ const PROBE_HOLDER_SQL: &str =
 const HOLDER_GONE_SQL: &str = "SELECT pg_try_advisory_xact_lock($1) \
      AND pg_try_advisory_xact_lock($3) \
      AND clock_timestamp() - pg_postmaster_start_time() >= $2::bigint * interval '1 millisecond'";
-
-/// How long after the database server starts a free session lock of a
-/// holder is not yet taken as proof that the holder is gone (see
-/// [`HOLDER_GONE_SQL`]): well above the liveness connection's longest
-/// reconnect pause (2 s) plus a connect.
-pub(super) const HOLDER_GONE_GRACE_MS: i64 = 5_000;
 
 /// The takeover decision, run after the row lock is held: the row is taken
 /// when released, expired at this statement's clock reading, or when
@@ -1241,7 +1239,8 @@ mod database_tests {
     use herald_core::FencingToken;
 
     use super::*;
-    use crate::postgres::{PostgresOptions, PostgresStorage};
+    use crate::postgres::connect::PostgresStorage;
+    use crate::postgres::session::PostgresOptions;
     use crate::testing::TestDatabase;
 
     /// A fencing check that failed is reported as `LeaseLost` even when the

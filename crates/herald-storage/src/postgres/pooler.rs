@@ -48,7 +48,7 @@ use std::time::Duration;
 use tokio_postgres::{Client, Config, SimpleQueryMessage};
 
 use super::session::open_connection;
-use crate::{Error, PoolerEvidence, Result};
+use crate::error::{Error, PoolerEvidence, Result};
 
 /// The custom session setting (a placeholder, PostgreSQL documentation,
 /// "Customized Options") that step 1 sets and later steps read back.

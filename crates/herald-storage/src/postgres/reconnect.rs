@@ -34,7 +34,7 @@ use tokio::sync::watch;
 use tokio_postgres::{AsyncMessage, Client};
 
 use super::session::{drive, PgConnection};
-use crate::Result;
+use crate::error::Result;
 
 /// First pause before a new connection, after a connection that had been
 /// up a while was lost.

@@ -33,10 +33,9 @@ use tokio::sync::watch;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Config};
 
-use super::names::twin_key;
-use super::ops::HOLDER_GONE_GRACE_MS;
+use super::names::{twin_key, HOLDER_GONE_GRACE_MS};
 use super::session::{connect_raw, drive, PgConnection};
-use crate::Result;
+use crate::error::Result;
 
 /// Pause after a failed connection or statement before the next attempt.
 const RETRY: Duration = Duration::from_secs(1);
