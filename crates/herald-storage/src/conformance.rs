@@ -50,8 +50,10 @@ use harness::{
 pub use harness::{Cluster, Harness};
 pub use retention::{
     concurrent_append_and_trim_keep_offsets_contiguous, delete_keeps_the_head,
-    deletions_are_numbered_shared_and_fenced, trim_by_max_age_removes_only_old_messages,
-    trim_by_max_bytes_keeps_what_fits, trim_by_max_messages_keeps_the_newest_and_drops_their_keys,
+    deletions_are_numbered_shared_and_fenced,
+    trim_and_deletion_are_fenced_by_token_holder_and_expiry,
+    trim_by_max_age_removes_only_old_messages, trim_by_max_bytes_keeps_what_fits,
+    trim_by_max_messages_keeps_the_newest_and_drops_their_keys,
     trim_with_a_lost_lease_removes_nothing,
 };
 
@@ -100,6 +102,7 @@ macro_rules! conformance_tests {
             trim_by_max_bytes_keeps_what_fits,
             trim_by_max_age_removes_only_old_messages,
             trim_with_a_lost_lease_removes_nothing,
+            trim_and_deletion_are_fenced_by_token_holder_and_expiry,
             delete_keeps_the_head,
             deletions_are_numbered_shared_and_fenced,
             concurrent_append_and_trim_keep_offsets_contiguous,
