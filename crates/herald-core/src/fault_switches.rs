@@ -40,14 +40,18 @@ pub const ENV_VAR: &str = "HERALD_FAULT_SWITCHES";
 /// are the variants' names in snake_case.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum FaultSwitch {
-    /// `skip_fencing_check`: a PostgreSQL fenced write no longer locks the
-    /// lease row `FOR KEY SHARE` and no longer checks holder, token and
-    /// expiry (it still takes the lease's advisory lock and reads the commit
-    /// time from the database clock). Removes the fencing that keeps a node
-    /// which lost the lease from writing. Acts on PostgreSQL only: SQLite's
-    /// fenced write is unchanged.
+    /// `skip_fencing_check`: every PostgreSQL fenced write (an append, a
+    /// trim, the record of a deletion) no longer locks the lease row `FOR
+    /// KEY SHARE` and no longer checks holder, token and expiry, neither
+    /// before it writes nor as its decision to commit. It still takes
+    /// every other lock it takes (the lease's advisory lock for appends
+    /// and deletions, the channel's row for a trim), and an append reads
+    /// its commit time from the database clock. Removes the fencing that
+    /// keeps a node which lost the lease from writing. Acts on PostgreSQL
+    /// only: SQLite's fenced writes are unchanged.
     ///
-    /// Acts in `herald-storage`, `postgres/ops.rs` (`append`).
+    /// Acts in `herald-storage`, `postgres/ops.rs` (`fenced`, the prelude
+    /// every fenced write runs).
     SkipFencingCheck,
     /// `renew_expired`: a PostgreSQL renewal keeps its holder and token
     /// guard but drops its "not yet expired" guard, so it extends a lease

@@ -28,7 +28,7 @@
 use herald_core::ChannelName;
 use serde_json::{json, Map, Value};
 
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// The longest payload sent, in bytes: PostgreSQL refuses a `NOTIFY`
 /// payload of 8000 bytes or more in its default configuration

@@ -26,64 +26,36 @@
 //! poll [`crate::LeaseStore::lease_info`] until `expires_in_ms <= 0`; they never
 //! sleep a fixed time.
 
-use std::any::Any;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-use herald_core::{
-    Appended, Candidate, ChannelHead, ChannelName, FencingToken, Lease, NewMessage,
-    DEFAULT_LEASE_NAME,
+use herald_core::{ChannelHead, FencingToken, Lease, NewMessage, DEFAULT_LEASE_NAME};
+
+use crate::testing::{keyed, msg, tagged};
+
+use crate::error::Error;
+use crate::traits::{
+    Acquire, ChannelClients, ClientInfo, NodeReport, PresenceEntry, PresenceEvent,
+    PresenceEventKind, TakeoverCount, TakeoverReason,
 };
 
-use crate::testing::{self, keyed, msg, tagged};
-
-use crate::{
-    Acquire, ChannelClients, ClientInfo, Error, NodeReport, PresenceEntry, PresenceEvent,
-    PresenceEventKind, Storage, TakeoverCount, TakeoverReason,
-};
-
+mod harness;
 mod retention;
+
+use harness::{
+    acquire, assert_lost, candidate, channel, offsets, wait_expired, EXPIRY_WAIT, HOLDER_GONE_WAIT,
+    LONG_TTL, SHORT_TTL,
+};
+pub use harness::{Cluster, Harness};
 pub use retention::{
     concurrent_append_and_trim_keep_offsets_contiguous, delete_keeps_the_head,
-    deletions_are_numbered_shared_and_fenced, trim_by_max_age_removes_only_old_messages,
-    trim_by_max_bytes_keeps_what_fits, trim_by_max_messages_keeps_the_newest_and_drops_their_keys,
+    deletions_are_numbered_shared_and_fenced,
+    trim_and_deletion_are_fenced_by_token_holder_and_expiry,
+    trim_by_max_age_removes_only_old_messages, trim_by_max_bytes_keeps_what_fits,
+    trim_by_max_messages_keeps_the_newest_and_drops_their_keys,
     trim_with_a_lost_lease_removes_nothing,
 };
-
-/// Nodes that share one database, made by a [`Harness`].
-pub struct Cluster {
-    /// The nodes, each acting as a separate Herald process (its own
-    /// connections, and its own session where the backend has one).
-    pub nodes: Vec<Arc<dyn Storage>>,
-    /// Whatever must outlive the nodes (a temporary directory, a throwaway
-    /// database). Dropped after `nodes`.
-    pub guard: Box<dyn Any + Send + Sync>,
-}
-
-impl Cluster {
-    /// Node `i`.
-    ///
-    /// # Panics
-    /// When the cluster has fewer than `i + 1` nodes.
-    pub fn node(&self, i: usize) -> &Arc<dyn Storage> {
-        &self.nodes[i]
-    }
-}
-
-/// What a backend's tests provide to run the suite.
-#[async_trait]
-pub trait Harness: Send + Sync + 'static {
-    /// `n` storages sharing one new, empty database, each acting as a
-    /// separate node (process). Panics on failure: this is test code.
-    async fn cluster(&self, n: usize) -> Cluster;
-
-    /// The rows of every table of `cluster`'s database, by table name,
-    /// counted directly in the database (not through [`Storage`]): the
-    /// cases that check that a read writes nothing compare two of these.
-    async fn row_counts(&self, cluster: &Cluster) -> BTreeMap<String, u64>;
-}
 
 /// Expands into one `#[tokio::test]` per conformance case, each running the
 /// case against a fresh [`Harness`](crate::conformance::Harness) made by
@@ -130,6 +102,7 @@ macro_rules! conformance_tests {
             trim_by_max_bytes_keeps_what_fits,
             trim_by_max_age_removes_only_old_messages,
             trim_with_a_lost_lease_removes_nothing,
+            trim_and_deletion_are_fenced_by_token_holder_and_expiry,
             delete_keeps_the_head,
             deletions_are_numbered_shared_and_fenced,
             concurrent_append_and_trim_keep_offsets_contiguous,
@@ -151,68 +124,6 @@ macro_rules! conformance_tests {
             }
         )*
     };
-}
-
-/// Lease ttl for cases that do not wait for expiry, in ms (60 s).
-const LONG_TTL: Duration = Duration::from_secs(60);
-/// Lease ttl for cases that wait for expiry (100 ms).
-const SHORT_TTL: Duration = Duration::from_millis(100);
-/// Longest a case polls for an expiry before it fails (10 s).
-const EXPIRY_WAIT: Duration = Duration::from_secs(10);
-/// Longest a case retries an acquire over a holder whose storage was
-/// dropped (5 s): the storage may need a moment to notice that the holder's
-/// session has closed. Far below [`LONG_TTL`], so that only the detection of
-/// the gone holder can explain a takeover.
-const HOLDER_GONE_WAIT: Duration = Duration::from_secs(5);
-
-/// Candidate `i`: node id `node-<i>`, lease [`DEFAULT_LEASE_NAME`].
-fn candidate(i: usize) -> Candidate {
-    testing::candidate(&format!("node-{i}"))
-}
-
-fn channel(name: &str) -> ChannelName {
-    ChannelName::new(name).expect("valid test channel name")
-}
-
-/// Acquires for candidate `i` and expects success.
-async fn acquire(node: &Arc<dyn Storage>, i: usize, ttl: Duration) -> (Lease, TakeoverReason) {
-    match node.acquire(&candidate(i), ttl).await.expect("acquire") {
-        Acquire::Acquired { lease, reason } => (lease, reason),
-        Acquire::Held(info) => {
-            panic!("node-{i} expected to acquire, but the lease is held: {info:?}")
-        }
-    }
-}
-
-/// Polls until the lease has expired on the storage's clock.
-async fn wait_expired(node: &Arc<dyn Storage>, name: &str) {
-    let deadline = Instant::now() + EXPIRY_WAIT;
-    loop {
-        let info = node
-            .lease_info(name)
-            .await
-            .expect("lease_info")
-            .expect("lease exists");
-        if info.expires_in_ms <= 0 {
-            return;
-        }
-        assert!(Instant::now() < deadline, "lease never expired: {info:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-fn assert_lost<T: std::fmt::Debug>(result: crate::Result<T>, lease: &Lease) {
-    match result {
-        Err(Error::LeaseLost { name, token }) => {
-            assert_eq!(name, lease.name);
-            assert_eq!(token, lease.token);
-        }
-        other => panic!("expected LeaseLost for {lease:?}, got {other:?}"),
-    }
-}
-
-fn offsets(appended: &[Appended]) -> Vec<u64> {
-    appended.iter().map(|a| a.offset).collect()
 }
 
 /// The first acquisition gets token 1 and reason `Fresh`; a second node then
@@ -1006,7 +917,7 @@ pub async fn read_pages_with_after_and_limit(h: &dyn Harness) {
     let node = c.node(1);
     let ch = channel("p");
     let offsets_of =
-        |page: &crate::Page| page.messages.iter().map(|m| m.offset).collect::<Vec<_>>();
+        |page: &crate::traits::Page| page.messages.iter().map(|m| m.offset).collect::<Vec<_>>();
 
     let page = node.read(&ch, 0, 3).await.unwrap();
     assert_eq!(page.head, 10);

@@ -7,7 +7,8 @@ use std::time::Duration;
 use herald_core::{Candidate, ChannelName, FencingToken, Lease, Tags};
 use serde_json::value::RawValue;
 
-use crate::{Acquire, Error, Result, TakeoverReason};
+use crate::error::{Error, Result};
+use crate::traits::{Acquire, TakeoverReason};
 
 /// Longest lease ttl stored, in ms (about 100 years): keeps `now + ttl`
 /// inside a signed 64-bit integer on both databases.

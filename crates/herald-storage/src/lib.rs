@@ -18,8 +18,9 @@
 //!
 //! The feature `fault-switches` (test-only, never shipped) compiles in the
 //! fault switches of `herald_core::fault_switches`; three act here, on the
-//! PostgreSQL backend only: `skip_fencing_check` and `drop_notify`
-//! (`postgres/ops.rs`) and `renew_expired` (`postgres/renewal.rs`).
+//! PostgreSQL backend only: `skip_fencing_check` (`postgres/ops.rs`, the
+//! prelude every fenced write runs), `drop_notify` (`postgres/ops.rs`) and
+//! `renew_expired` (`postgres/renewal.rs`).
 //! `FaultSwitch` explains each. The SQLite backend is unchanged by them.
 
 pub mod cluster;

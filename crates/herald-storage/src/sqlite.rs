@@ -44,11 +44,13 @@ use rusqlite::{Connection, TransactionBehavior};
 
 use self::session::SessionLock;
 use self::worker::Worker;
+use crate::cluster::ClusterEvent;
 use crate::decode::ttl_ms;
-use crate::{
-    Acquire, ChangeFeed, ChannelClients, ChannelStats, ClusterEvent, Deletions, Error, LeaseStore,
-    NodeReport, Page, Result, Storage, TrimLimits, Trimmed,
+use crate::error::{Error, Result};
+use crate::traits::{
+    Acquire, ChangeFeed, ChannelClients, Deletions, LeaseStore, NodeReport, Page, Storage,
 };
+use crate::trim::{ChannelStats, TrimLimits, Trimmed};
 
 mod embedded {
     #![allow(missing_docs, unreachable_pub)]
@@ -521,7 +523,7 @@ impl LeaseStore for SqliteStorage {
             .await
     }
 
-    async fn takeover_counts(&self, name: &str) -> Result<Vec<crate::TakeoverCount>> {
+    async fn takeover_counts(&self, name: &str) -> Result<Vec<crate::traits::TakeoverCount>> {
         let name = name.to_owned();
         self.inner
             .readers
@@ -608,7 +610,7 @@ impl Storage for SqliteStorage {
     async fn presence_add(
         &self,
         session: &str,
-        entry: &crate::PresenceEntry,
+        entry: &crate::traits::PresenceEntry,
         ttl: Duration,
     ) -> Result<()> {
         let session = session.to_owned();
@@ -662,7 +664,7 @@ impl Storage for SqliteStorage {
             .await
     }
 
-    async fn presence(&self, channel: &ChannelName) -> Result<Vec<crate::PresenceEntry>> {
+    async fn presence(&self, channel: &ChannelName) -> Result<Vec<crate::traits::PresenceEntry>> {
         let channel = channel.clone();
         self.inner
             .readers

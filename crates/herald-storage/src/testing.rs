@@ -133,7 +133,12 @@ impl TestDatabase {
         )
         .await
         .unwrap_or_else(|_| panic!("CREATE DATABASE {name} did not finish in time"))
-        .unwrap_or_else(|e| panic!("CREATE DATABASE {name} failed: {}", crate::Error::from(e)));
+        .unwrap_or_else(|e| {
+            panic!(
+                "CREATE DATABASE {name} failed: {}",
+                crate::error::Error::from(e)
+            )
+        });
         let url = with_database(&admin_url, &name);
         TestDatabase {
             name,
@@ -258,7 +263,7 @@ async fn connect(url: &str) -> Client {
         .unwrap_or_else(|e| {
             panic!(
                 "cannot connect to the test cluster ({DATABASE_URL_VAR}): {}",
-                crate::Error::from(e)
+                crate::error::Error::from(e)
             )
         });
     tokio::spawn(async move {

@@ -5,7 +5,9 @@ use herald_core::{
     Appended, Candidate, ChannelHead, ChannelName, Lease, LeaseInfo, Message, NewMessage, Offset,
 };
 
-use crate::{ChannelStats, ClusterEvent, Result, TrimLimits, Trimmed};
+use crate::cluster::ClusterEvent;
+use crate::error::Result;
+use crate::trim::{ChannelStats, TrimLimits, Trimmed};
 
 /// Why an acquisition was possible.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,10 +75,10 @@ impl TakeoverCount {
         let mut counts = Vec::with_capacity(rows.len());
         for (reason, takeovers) in rows {
             let reason = TakeoverReason::from_name(&reason).ok_or_else(|| {
-                crate::Error::corrupt(format!("unknown takeover reason {reason:?}"))
+                crate::error::Error::corrupt(format!("unknown takeover reason {reason:?}"))
             })?;
             let takeovers = u64::try_from(takeovers).map_err(|_| {
-                crate::Error::corrupt(format!("negative takeover count {takeovers}"))
+                crate::error::Error::corrupt(format!("negative takeover count {takeovers}"))
             })?;
             counts.push(TakeoverCount { reason, takeovers });
         }

@@ -5,9 +5,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{acquire, assert_lost, channel, offsets, wait_expired, Harness, LONG_TTL, SHORT_TTL};
+use super::harness::{
+    acquire, assert_lost, channel, offsets, wait_expired, Harness, LONG_TTL, SHORT_TTL,
+};
 use crate::testing::{keyed, msg};
-use crate::{Page, Storage, TrimLimits, Trimmed};
+use crate::traits::{Page, Storage};
+use crate::trim::{TrimLimits, Trimmed};
 
 /// Trims `ch` with `limits` in transactions of at most `max_rows` until
 /// done; returns every transaction's answer.
@@ -180,6 +183,57 @@ pub async fn trim_with_a_lost_lease_removes_nothing(h: &dyn Harness) {
         .await
         .unwrap();
     assert_eq!((t.messages, t.earliest, t.head), (5, 6, 5));
+}
+
+/// A trim and a deletion are fenced like an append, on every part of the
+/// check: after the lease expired (nobody took it), with a superseded
+/// token of the same holder, and with the current token under another
+/// holder's name, each is `LeaseLost` and changes nothing.
+pub async fn trim_and_deletion_are_fenced_by_token_holder_and_expiry(h: &dyn Harness) {
+    let c = h.cluster(1).await;
+    let node = c.node(0);
+    let all = TrimLimits {
+        max_messages: Some(0),
+        ..TrimLimits::default()
+    };
+    let (expired, _) = acquire(node, 0, SHORT_TTL).await;
+    let batch: Vec<_> = (1..=3).map(|i| msg("g", &i.to_string())).collect();
+    node.append(&expired, &batch).await.unwrap();
+    wait_expired(node, &expired.name).await;
+    assert_lost(
+        node.trim(&expired, &channel("g"), &all, 100).await,
+        &expired,
+    );
+    assert_lost(
+        node.record_deletion(&expired, &channel("g"), 3).await,
+        &expired,
+    );
+
+    let (first, _) = acquire(node, 0, LONG_TTL).await;
+    node.release(&first).await.unwrap();
+    let (second, _) = acquire(node, 0, LONG_TTL).await;
+    assert_eq!(first.holder, second.holder);
+    let impostor = herald_core::Lease {
+        holder: "node-9".to_owned(),
+        ..second.clone()
+    };
+    for lost in [&first, &impostor] {
+        assert_lost(node.trim(lost, &channel("g"), &all, 100).await, lost);
+        assert_lost(node.record_deletion(lost, &channel("g"), 3).await, lost);
+    }
+
+    let page = node.read(&channel("g"), 0, 10).await.unwrap();
+    assert_eq!((page.earliest, page.head, page.deletion), (1, 3, 0));
+    assert_eq!(page.messages.len(), 3);
+    assert_eq!(node.deletion_cursor().await.unwrap(), 0);
+    let t = node.trim(&second, &channel("g"), &all, 100).await.unwrap();
+    assert_eq!((t.messages, t.earliest, t.head), (3, 4, 3));
+    assert_eq!(
+        node.record_deletion(&second, &channel("g"), 3)
+            .await
+            .unwrap(),
+        1
+    );
 }
 
 /// Deleting a channel (`up_to` its head) removes every message and key but

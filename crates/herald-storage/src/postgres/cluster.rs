@@ -6,9 +6,10 @@
 use deadpool_postgres::Object;
 use tokio::sync::broadcast;
 
-use super::CLUSTER_CHANNEL;
+use super::names::CLUSTER_CHANNEL;
+use crate::cluster::ClusterEvent;
 use crate::cluster::{decode, encode};
-use crate::{ClusterEvent, Result};
+use crate::error::Result;
 
 /// Sends `event` from the storage whose session key is `origin`.
 /// Autocommitted: delivered to the listeners once the statement ends

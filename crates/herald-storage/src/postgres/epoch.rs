@@ -6,7 +6,7 @@
 use deadpool_postgres::Object;
 use herald_core::ChannelName;
 
-use crate::Result;
+use crate::error::Result;
 
 /// The epoch of `channel`: its stored row's, else the derived one.
 pub(super) async fn read(client: &Object, channel: &ChannelName) -> Result<String> {

@@ -17,25 +17,28 @@
 //! When the connection fails, the task opens a new one after a pause that
 //! starts at 100 ms and doubles up to 2 s while attempts keep failing (or
 //! connections keep being lost within 10 s), with its warnings
-//! rate-limited (see `reconnect.rs`). Every successful `LISTEN` (the first
+//! rate-limited: the reconnect loop of `reconnect.rs`. Every successful `LISTEN` (the first
 //! one included) is followed by [`ChangeSignal::Resync`]: notices sent
 //! while no connection listened are lost, and receivers catch up with
 //! `changes_since` and `deletions_since`. It also bumps the lease counter,
 //! since a release may have been missed too. Cluster events sent meanwhile
 //! are lost for good (they are best effort; see `crate::cluster`).
 
-use std::time::{Duration, Instant};
+use std::future::Future;
+use std::time::Duration;
 
 use herald_core::ChannelName;
 use tokio::sync::{broadcast, watch};
 use tokio_postgres::{AsyncMessage, Client, Config};
 
+use super::cluster;
+use super::names::{CHANGES_CHANNEL, CLUSTER_CHANNEL, LEASE_CHANNEL};
 use super::presence_events::{Inbox, PRESENCE_CHANNEL};
-use super::reconnect::{millis, pause, Reconnect};
-use super::{
-    cluster, connect_raw, drive, PgConnection, CHANGES_CHANNEL, CLUSTER_CHANNEL, LEASE_CHANNEL,
-};
-use crate::{ChangeSignal, ClusterEvent, Deletion, Error, Result};
+use super::reconnect::{keep_open, Kept};
+use super::session::{connect_raw, drive, PgConnection};
+use crate::cluster::ClusterEvent;
+use crate::error::{Error, Result};
+use crate::traits::{ChangeSignal, Deletion};
 
 /// The statements that subscribe the connection to the notices.
 fn listen_sql() -> String {
@@ -86,66 +89,50 @@ pub(super) async fn establish(
 }
 
 /// The listener task: serves `first` (already listening) until it ends,
-/// then reconnects with backoff ([`Reconnect`]), until `stop`'s sender is
+/// then reconnects with backoff ([`keep_open`]), until `stop`'s sender is
 /// dropped.
 pub(super) async fn run(
     config: Config,
     limit: Duration,
     outputs: Outputs,
     first: (Client, PgConnection),
-    mut stop: watch::Receiver<()>,
+    stop: watch::Receiver<()>,
 ) {
-    let mut current = Some(first);
-    let mut policy = Reconnect::new(Instant::now());
-    let mut wait = Duration::ZERO;
-    loop {
-        if let Some((client, mut connection)) = current.take() {
-            // Listening from here on: whatever was sent before is unknown.
-            let _ = outputs.changes.send(ChangeSignal::Resync);
-            outputs.releases.send_modify(|n| *n += 1);
-            let ended = tokio::select! {
-                _ = stop.changed() => return,
-                ended = drive(&mut connection, std::future::pending::<()>(), |m| handle(m, &outputs)) => ended,
-            };
-            drop(client);
-            let error = ended.err().map(|e| e.to_string()).unwrap_or_default();
-            wait = policy.lost(Instant::now());
-            if let Some(suppressed) = policy.warning(Instant::now()) {
-                tracing::warn!(
-                    error = %error,
-                    failures = policy.failures(),
-                    retry_in_ms = millis(wait),
-                    suppressed_warnings = suppressed,
-                    "change listener connection lost; reconnecting"
-                );
-            }
-        }
-        tokio::select! {
-            _ = stop.changed() => return,
-            () = pause(wait) => {}
-        }
-        tokio::select! {
-            _ = stop.changed() => return,
-            opened = establish(&config, limit, &outputs) => match opened {
-                Ok(listening) => {
-                    policy.connected(Instant::now());
-                    tracing::info!(failures = policy.failures(), "change listener reconnected");
-                    current = Some(listening);
-                }
-                Err(e) => {
-                    wait = policy.failed();
-                    if let Some(suppressed) = policy.warning(Instant::now()) {
-                        tracing::warn!(
-                            error = %e,
-                            failures = policy.failures(),
-                            retry_in_ms = millis(wait),
-                            suppressed_warnings = suppressed,
-                            "change listener could not reconnect"
-                        );
-                    }
-                }
-            },
-        }
+    let listener = Listener {
+        config,
+        limit,
+        outputs,
+    };
+    keep_open(listener, first, stop).await;
+}
+
+/// The change listener as [`keep_open`] keeps it open.
+struct Listener {
+    /// The listener connection's settings.
+    config: Config,
+    /// Longest wait to connect and `LISTEN`.
+    limit: Duration,
+    /// Where what it hears goes.
+    outputs: Outputs,
+}
+
+impl Kept for Listener {
+    const LOST: &'static str = "change listener connection lost; reconnecting";
+    const RECONNECTED: &'static str = "change listener reconnected";
+    const NOT_RECONNECTED: &'static str = "change listener could not reconnect";
+
+    fn open(&self) -> impl Future<Output = Result<(Client, PgConnection)>> + Send {
+        establish(&self.config, self.limit, &self.outputs)
+    }
+
+    /// Listening from here on: whatever was sent before is unknown.
+    fn serving(&self) {
+        let _ = self.outputs.changes.send(ChangeSignal::Resync);
+        self.outputs.releases.send_modify(|n| *n += 1);
+    }
+
+    fn heard(&self, message: AsyncMessage) {
+        handle(message, &self.outputs);
     }
 }
 

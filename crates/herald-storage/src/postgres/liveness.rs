@@ -27,14 +27,16 @@
 //! takeover increments the fencing token, so this node's next fenced write
 //! or renewal fails with `LeaseLost` and it stops writing.
 
-use std::time::{Duration, Instant};
+use std::future::Future;
+use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio_postgres::{Client, Config};
 
-use super::reconnect::{millis, pause, Reconnect};
-use super::{connect_raw, drive, PgConnection};
-use crate::{Error, Result};
+use super::reconnect::{keep_open, Kept};
+use super::session::{connect_raw, drive, PgConnection};
+use crate::error::{Error, Result};
+
 /// Longest wait to take the key again after a reconnect. The old session
 /// may still hold it until the server notices that its client is gone
 /// (about 10 s with the keepalive settings above).
@@ -68,76 +70,47 @@ pub(super) async fn establish(
 }
 
 /// The liveness task: keeps `first` (which holds the lock) open until it
-/// ends, then reconnects and takes the key again, until `stop`'s sender is
-/// dropped; then it closes the connection, which releases the lock.
+/// ends, then reconnects and takes the key again ([`keep_open`]), until
+/// `stop`'s sender is dropped; then it closes the connection, which
+/// releases the lock.
 pub(super) async fn run(
     config: Config,
     key: i64,
     connect_limit: Duration,
     first: (Client, PgConnection),
-    mut stop: watch::Receiver<()>,
+    stop: watch::Receiver<()>,
 ) {
-    let mut current = Some(first);
-    let mut policy = Reconnect::new(Instant::now());
-    let mut wait = Duration::ZERO;
-    loop {
-        if let Some((client, mut connection)) = current.take() {
-            let ended = tokio::select! {
-                _ = stop.changed() => {
-                    // The client's end makes the connection say goodbye and
-                    // close; the server then ends the session at once.
-                    drop(client);
-                    let _ = tokio::time::timeout(CLOSE_WAIT, &mut connection).await;
-                    return;
-                }
-                ended = drive(&mut connection, std::future::pending::<()>(), |_| {}) => ended,
-            };
-            drop(client);
-            let error = ended.err().map(|e| e.to_string()).unwrap_or_default();
-            wait = policy.lost(Instant::now());
-            if let Some(suppressed) = policy.warning(Instant::now()) {
-                tracing::warn!(
-                    session_key = key,
-                    error = %error,
-                    failures = policy.failures(),
-                    retry_in_ms = millis(wait),
-                    suppressed_warnings = suppressed,
-                    "liveness connection lost; reconnecting to take the session lock again \
-                     (the other liveness connection still marks this node alive; if it is lost \
-                     too, another node may take the lease over)"
-                );
-            }
-        }
-        tokio::select! {
-            _ = stop.changed() => return,
-            () = pause(wait) => {}
-        }
-        tokio::select! {
-            _ = stop.changed() => return,
-            opened = establish(&config, key, connect_limit, RELOCK_WAIT) => match opened {
-                Ok(locked) => {
-                    policy.connected(Instant::now());
-                    tracing::info!(
-                        session_key = key,
-                        failures = policy.failures(),
-                        "liveness session lock taken again"
-                    );
-                    current = Some(locked);
-                }
-                Err(e) => {
-                    wait = policy.failed();
-                    if let Some(suppressed) = policy.warning(Instant::now()) {
-                        tracing::warn!(
-                            session_key = key,
-                            error = %e,
-                            failures = policy.failures(),
-                            retry_in_ms = millis(wait),
-                            suppressed_warnings = suppressed,
-                            "liveness connection could not reconnect"
-                        );
-                    }
-                }
-            },
-        }
+    let liveness = Liveness {
+        config,
+        key,
+        connect_limit,
+    };
+    keep_open(liveness, first, stop).await;
+}
+
+/// One liveness connection as [`keep_open`] keeps it open.
+struct Liveness {
+    /// The liveness connection's settings.
+    config: Config,
+    /// The key of the session lock it holds.
+    key: i64,
+    /// Longest wait to connect.
+    connect_limit: Duration,
+}
+
+impl Kept for Liveness {
+    const LOST: &'static str = "liveness connection lost; reconnecting to take the session lock \
+         again (the other liveness connection still marks this node alive; if it is lost too, \
+         another node may take the lease over)";
+    const RECONNECTED: &'static str = "liveness session lock taken again";
+    const NOT_RECONNECTED: &'static str = "liveness connection could not reconnect";
+    const CLOSE_WAIT: Option<Duration> = Some(CLOSE_WAIT);
+
+    fn open(&self) -> impl Future<Output = Result<(Client, PgConnection)>> + Send {
+        establish(&self.config, self.key, self.connect_limit, RELOCK_WAIT)
+    }
+
+    fn session_key(&self) -> Option<i64> {
+        Some(self.key)
     }
 }

@@ -7,7 +7,8 @@ use std::time::Duration;
 use deadpool_postgres::Object;
 
 use crate::decode::{sql_position, to_channel, to_u64, ttl_ms};
-use crate::{ChannelClients, NodeReport, Result};
+use crate::error::Result;
+use crate::traits::{ChannelClients, NodeReport};
 
 /// Deletes expired reports and their channels, then upserts `report` and
 /// brings the node's channels to `channels`, in one transaction: rows of

@@ -16,18 +16,23 @@ use herald_core::fault_switches::{self, FaultSwitch};
 use herald_core::{
     Appended, Candidate, ChannelHead, ChannelName, Lease, LeaseInfo, Message, NewMessage, Offset,
 };
+use tokio_postgres::types::ToSql;
 use tokio_postgres::{GenericClient, IsolationLevel};
 
-use super::{fenced_write_lock_key, CHANGES_CHANNEL, LEASE_CHANNEL};
+use super::names::{
+    fenced_write_lock_key, twin_key, CHANGES_CHANNEL, HOLDER_GONE_GRACE_MS, LEASE_CHANNEL,
+};
 use crate::decode::{
     acquired, log_lost, log_release, lost, sql_position, sql_token, to_channel, to_json, to_tags,
     to_token, to_u64,
 };
-use crate::trim;
-use crate::{
-    idempotency_digest, Acquire, ChangeFeed, ChannelStats, Deletion, Deletions, Error,
-    IdempotencyDigest, Page, Result, TakeoverCount, TakeoverReason, TrimLimits, Trimmed,
+use crate::digest::{idempotency_digest, IdempotencyDigest};
+use crate::error::{Error, Result};
+use crate::traits::{
+    Acquire, ChangeFeed, Deletion, Deletions, Page, TakeoverCount, TakeoverReason,
 };
+use crate::trim;
+use crate::trim::{ChannelStats, TrimLimits, Trimmed};
 
 /// A `timestamptz` as whole milliseconds since the Unix epoch, rounded
 /// down (also before 1970).
@@ -125,12 +130,6 @@ const HOLDER_GONE_SQL: &str = "SELECT pg_try_advisory_xact_lock($1) \
      AND pg_try_advisory_xact_lock($3) \
      AND clock_timestamp() - pg_postmaster_start_time() >= $2::bigint * interval '1 millisecond'";
 
-/// How long after the database server starts a free session lock of a
-/// holder is not yet taken as proof that the holder is gone (see
-/// [`HOLDER_GONE_SQL`]): well above the liveness connection's longest
-/// reconnect pause (2 s) plus a connect.
-pub(super) const HOLDER_GONE_GRACE_MS: i64 = 5_000;
-
 /// The takeover decision, run after the row lock is held: the row is taken
 /// when released, expired at this statement's clock reading, or when
 /// `$5` (the holder's session is gone, probed in this transaction after
@@ -187,7 +186,7 @@ pub(super) async fn acquire(
     .await?;
     let probe = tx.prepare_cached(PROBE_HOLDER_SQL).await?;
     let own_key_free: bool = tx
-        .query_one(&probe, &[&own_session, &super::twin_key(own_session)])
+        .query_one(&probe, &[&own_session, &twin_key(own_session)])
         .await?
         .try_get(0)?;
     if own_key_free {
@@ -240,7 +239,7 @@ pub(super) async fn acquire(
     {
         let gone = tx.prepare_cached(HOLDER_GONE_SQL).await?;
         holder_gone = tx
-            .query_one(&gone, &[&key, &HOLDER_GONE_GRACE_MS, &super::twin_key(key)])
+            .query_one(&gone, &[&key, &HOLDER_GONE_GRACE_MS, &twin_key(key)])
             .await?
             .try_get(0)?;
     }
@@ -313,7 +312,7 @@ async fn held_at_a_glance(
     };
     let gone = client.prepare_cached(HOLDER_GONE_SQL).await?;
     let holder_gone: bool = client
-        .query_one(&gone, &[&key, &HOLDER_GONE_GRACE_MS, &super::twin_key(key)])
+        .query_one(&gone, &[&key, &HOLDER_GONE_GRACE_MS, &twin_key(key)])
         .await?
         .try_get(0)?;
     if holder_gone {
@@ -368,8 +367,174 @@ const FENCING_CHECK_SQL: &str = "SELECT l.holder IS NOT DISTINCT FROM $2 AND l.t
 
 /// The commit time of a fenced write under the test-only fault switch
 /// `skip_fencing_check`, which skips [`FENCING_CHECK_SQL`] (that reads it
-/// otherwise).
+/// otherwise); see [`fenced`].
 const COMMIT_TIME_SQL: &str = "SELECT clock_timestamp()";
+
+/// Whether a fenced write takes the lease's advisory lock
+/// ([`WRITE_LOCK_SQL`]) in its prelude.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Serialized {
+    /// It does: its commit is ordered with every other fenced write of the
+    /// lease that takes it (`append` and `record_deletion`: message ids
+    /// and deletion numbers follow commit order).
+    Yes,
+    /// It does not (`trim`: it inserts nothing, so it cannot disturb the
+    /// commit order of message ids).
+    No,
+}
+
+/// A locking read that a fenced write needs held before its fencing
+/// check (`trim`'s channel row): its SQL and parameters, run in the
+/// prelude after the lease row lock, so that the check's clock reading is
+/// taken after its wait too.
+type LockingRead<'a> = (&'static str, &'a [&'a (dyn ToSql + Sync)]);
+
+/// A fenced write's transaction once its prelude passed.
+struct Fenced<'c> {
+    /// The transaction, holding the prelude's locks until it ends.
+    tx: deadpool_postgres::Transaction<'c>,
+    /// What the decision to commit needs.
+    fence: Fence,
+    /// The row of the prelude's [`LockingRead`]; `None` without one, or
+    /// when it found no row.
+    locked: Option<tokio_postgres::Row>,
+}
+
+/// The fencing check of one fenced write, for its decision to commit.
+struct Fence {
+    /// [`FENCING_CHECK_SQL`], prepared on the write's connection.
+    check: tokio_postgres::Statement,
+    /// The lease's token as stored.
+    token: i64,
+    /// The test-only fault switch `skip_fencing_check`, read once by the
+    /// prelude.
+    skip: bool,
+    /// The database clock read by the prelude's check (under
+    /// `skip_fencing_check`, by [`COMMIT_TIME_SQL`]).
+    now: SystemTime,
+}
+
+/// The fenced-write prelude, the one every fenced write (`append`, `trim`,
+/// `record_deletion`) runs: starts a READ COMMITTED transaction, then, in
+/// one round trip, takes the lease's advisory lock ([`WRITE_LOCK_SQL`],
+/// when `serialized`), locks the lease row `FOR KEY SHARE`
+/// ([`LOCK_FOR_WRITE_SQL`]), runs `also` and makes the fencing check
+/// ([`FENCING_CHECK_SQL`]), in that order, so that the check reads the
+/// clock after every wait before it. Statements sent together are
+/// answered in order; after the first error the server refuses the rest
+/// ("current transaction is aborted"), so every answer is awaited and the
+/// first error in statement order, the cause, is the one returned
+/// (`tokio::join!` polls its futures in an order of its own).
+///
+/// The test-only fault switch `skip_fencing_check` acts here and only
+/// here (see `herald_core::fault_switches::FaultSwitch`): no lease row
+/// lock and no fencing check, in the prelude or in [`Fence::decide`]; the
+/// advisory lock and `also` are still taken, and the clock is read by
+/// [`COMMIT_TIME_SQL`].
+///
+/// # Errors
+/// [`Error::LeaseLost`] when the check fails (the transaction is rolled
+/// back first, see [`refuse`]); the driver's error of the first statement
+/// that failed otherwise.
+async fn fenced<'c>(
+    client: &'c mut Object,
+    lease: &Lease,
+    serialized: Serialized,
+    also: Option<LockingRead<'_>>,
+) -> Result<Fenced<'c>> {
+    let token = sql_token(lease)?;
+    let tx = read_committed(client).await?;
+    let skip = fault_switches::enabled(FaultSwitch::SkipFencingCheck);
+    let (write_lock, lock_row, also_stmt, check, commit_time) = tokio::join!(
+        tx.prepare_cached(WRITE_LOCK_SQL),
+        tx.prepare_cached(LOCK_FOR_WRITE_SQL),
+        async {
+            match also {
+                Some((sql, _)) => tx.prepare_cached(sql).await.map(Some),
+                None => Ok(None),
+            }
+        },
+        tx.prepare_cached(FENCING_CHECK_SQL),
+        tx.prepare_cached(COMMIT_TIME_SQL),
+    );
+    let (write_lock, lock_row, also_stmt, check, commit_time) =
+        (write_lock?, lock_row?, also_stmt?, check?, commit_time?);
+    let lock_key = fenced_write_lock_key(&lease.name);
+    let (write_locked, row_locked, also_row, checked) = tokio::join!(
+        async {
+            match serialized {
+                Serialized::Yes => tx.execute(&write_lock, &[&lock_key]).await.map(drop),
+                Serialized::No => Ok(()),
+            }
+        },
+        async {
+            if skip {
+                Ok(None)
+            } else {
+                tx.query_opt(&lock_row, &[&lease.name]).await
+            }
+        },
+        async {
+            match (&also_stmt, also) {
+                (Some(stmt), Some((_, params))) => tx.query_opt(stmt, params).await,
+                _ => Ok(None),
+            }
+        },
+        async {
+            if skip {
+                // Test-only fault switch: no fencing check.
+                tx.query_one(&commit_time, &[]).await.map(Some)
+            } else {
+                tx.query_opt(&check, &[&lease.name, &lease.holder, &token])
+                    .await
+            }
+        },
+    );
+    write_locked?;
+    row_locked?;
+    let locked = also_row?;
+    let checked = checked?;
+    let now = if skip {
+        checked.map(|row| row.try_get(0)).transpose()?
+    } else {
+        fencing_outcome(checked)?
+    };
+    let Some(now) = now else {
+        return Err(refuse(tx, lease).await);
+    };
+    Ok(Fenced {
+        tx,
+        fence: Fence {
+            check,
+            token,
+            skip,
+            now,
+        },
+        locked,
+    })
+}
+
+impl Fence {
+    /// The decision to commit: the fencing check again, in `tx` (or,
+    /// under the test-only `skip_fencing_check`, the prelude's clock
+    /// reading).
+    async fn decide(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        lease: &Lease,
+    ) -> Result<Decision> {
+        if self.skip {
+            return Ok(Decision::Commit(self.now));
+        }
+        let checked = tx
+            .query_opt(&self.check, &[&lease.name, &lease.holder, &self.token])
+            .await?;
+        Ok(match fencing_outcome(checked)? {
+            Some(now) => Decision::Commit(now),
+            None => Decision::Refuse,
+        })
+    }
+}
 
 /// The change notices of a fenced write, one per channel written: payload
 /// `<from> <to> <committed_at_ms> <channel>` on [`CHANGES_CHANNEL`], with
@@ -431,9 +596,9 @@ struct Written<'a> {
     bytes: i64,
 }
 
-/// The fenced write: one READ COMMITTED transaction that takes the lease's
-/// advisory lock, locks the lease row `FOR KEY SHARE`, checks the lease,
-/// then writes the whole batch with a constant number of set-based
+/// The fenced write: one READ COMMITTED transaction that runs the
+/// fenced-write prelude ([`fenced`]: the lease's advisory lock, the lease
+/// row `FOR KEY SHARE`, the fencing check), then writes the whole batch with a constant number of set-based
 /// statements, whatever its size: every idempotency key of the batch is
 /// looked up in one query; each channel's head advances by its count of
 /// new messages in one statement; the fencing check runs again as the
@@ -445,56 +610,18 @@ struct Written<'a> {
 /// runs them in order, so every check reads the clock after the waits of
 /// the statements before it.
 ///
-/// The test-only fault switches `skip_fencing_check` (no lease row lock, no
-/// fencing check; the commit time comes from [`COMMIT_TIME_SQL`]) and
-/// `drop_notify` (no change notices) act here: see
+/// The test-only fault switch `drop_notify` (no change notices) acts here,
+/// and `skip_fencing_check` through [`fenced`]: see
 /// `herald_core::fault_switches::FaultSwitch`.
 pub(super) async fn append(
     client: &mut Object,
     lease: &Lease,
     batch: &[NewMessage],
 ) -> Result<Vec<Appended>> {
-    let token = sql_token(lease)?;
-    let tx = read_committed(client).await?;
-    let skip_fencing = fault_switches::enabled(FaultSwitch::SkipFencingCheck);
-    // Statements sent together are answered in order; after the first
-    // error the server refuses the rest ("current transaction is aborted"),
-    // so every answer is awaited and the first error in statement order,
-    // the cause, is the one returned (`tokio::join!` polls its futures in
-    // an order of its own).
-    let (write_lock, lock_row, check, commit_time) = tokio::join!(
-        tx.prepare_cached(WRITE_LOCK_SQL),
-        tx.prepare_cached(LOCK_FOR_WRITE_SQL),
-        tx.prepare_cached(FENCING_CHECK_SQL),
-        tx.prepare_cached(COMMIT_TIME_SQL),
-    );
-    let (write_lock, lock_row, check, commit_time) = (write_lock?, lock_row?, check?, commit_time?);
-    let lock_key = fenced_write_lock_key(&lease.name);
-    // 1. The prologue, in one round trip: advisory lock, lease row, check.
-    let started: SystemTime = if skip_fencing {
-        // Test-only fault switch: no row lock, no fencing check.
-        let (locked, row) = tokio::join!(
-            async { tx.execute(&write_lock, &[&lock_key]).await },
-            async { tx.query_one(&commit_time, &[]).await },
-        );
-        locked?;
-        row?.try_get(0)?
-    } else {
-        let (locked, row_locked, checked) = tokio::join!(
-            async { tx.execute(&write_lock, &[&lock_key]).await },
-            async { tx.query_opt(&lock_row, &[&lease.name]).await },
-            async {
-                tx.query_opt(&check, &[&lease.name, &lease.holder, &token])
-                    .await
-            },
-        );
-        locked?;
-        row_locked?;
-        match fencing_outcome(checked?)? {
-            Some(now) => now,
-            None => return Err(refuse(tx, lease).await),
-        }
-    };
+    // 1. The prelude, in one round trip: advisory lock, lease row, check.
+    let Fenced { tx, fence, .. } = fenced(client, lease, Serialized::Yes, None).await?;
+    let started = fence.now;
+    let token = fence.token;
 
     // 2. Stored idempotency keys of the batch, in one query.
     let (key_channels, keys): (Vec<&str>, Vec<&str>) = batch
@@ -575,7 +702,7 @@ pub(super) async fn append(
     // node's and live on the database clock now. Its clock reading is the
     // batch's `published_at`. Sent together.
     let decision = if written.is_empty() {
-        decide(&tx, &check, lease, token, skip_fencing, started).await?
+        fence.decide(&tx, lease).await?
     } else {
         let bump_heads = tx.prepare_cached(BUMP_HEADS_SQL).await?;
         let names: Vec<&str> = written.iter().map(|w| w.channel).collect();
@@ -586,7 +713,7 @@ pub(super) async fn append(
                 tx.query(&bump_heads, &[&names, &counts, &started, &sizes])
                     .await
             },
-            decide(&tx, &check, lease, token, skip_fencing, started),
+            fence.decide(&tx, lease),
         );
         for row in heads? {
             let name: &str = row.try_get(0)?;
@@ -689,28 +816,6 @@ enum Decision {
     Commit(SystemTime),
     /// The lease is lost: roll back.
     Refuse,
-}
-
-/// The decision to commit: the fencing check again (or, under the
-/// test-only `skip_fencing_check`, `started`).
-async fn decide(
-    tx: &deadpool_postgres::Transaction<'_>,
-    check: &tokio_postgres::Statement,
-    lease: &Lease,
-    token: i64,
-    skip_fencing: bool,
-    started: SystemTime,
-) -> Result<Decision> {
-    if skip_fencing {
-        return Ok(Decision::Commit(started));
-    }
-    let checked = tx
-        .query_opt(check, &[&lease.name, &lease.holder, &token])
-        .await?;
-    Ok(match fencing_outcome(checked)? {
-        Some(now) => Decision::Commit(now),
-        None => Decision::Refuse,
-    })
 }
 
 /// How one message of a batch is written.
@@ -880,11 +985,12 @@ const TRIM_DELETE_SQL: &str =
 const TRIM_RECORD_SQL: &str =
     "UPDATE channels SET trimmed_through = $2, bytes = bytes - $3 WHERE name = $1";
 
-/// The fenced trim: one READ COMMITTED transaction that locks the lease
-/// row `FOR KEY SHARE` (as a fenced write does: an acquire waits for it,
-/// a renewal does not), then the channel's row `FOR UPDATE` (so appends to
-/// that channel wait for it, and it for them: offsets stay contiguous),
-/// then makes the fencing check after both waits; then reads the oldest
+/// The fenced trim: one READ COMMITTED transaction that runs the
+/// fenced-write prelude ([`fenced`]), which locks the lease row `FOR KEY
+/// SHARE` (an acquire waits for it, a renewal does not), then the
+/// channel's row `FOR UPDATE` (so appends to that channel wait for it, and
+/// it for them: offsets stay contiguous), then makes the fencing check
+/// after both waits; then reads the oldest
 /// `max_rows` messages, removes the prefix that [`trim::plan`] picks and
 /// records the new `trimmed_through` and `bytes`. It does not take the
 /// fenced writes' advisory lock: it inserts nothing, so it cannot disturb
@@ -893,8 +999,8 @@ const TRIM_RECORD_SQL: &str =
 /// lock, so `max_rows` bounds what every queued write waits). Removed rows become dead tuples that autovacuum reclaims
 /// for reuse (docs/retention.md).
 ///
-/// The test-only fault switch `skip_fencing_check` skips the check here
-/// too.
+/// The test-only fault switch `skip_fencing_check` acts here as on every
+/// fenced write (see [`fenced`]).
 pub(super) async fn trim(
     client: &mut Object,
     lease: &Lease,
@@ -902,33 +1008,16 @@ pub(super) async fn trim(
     limits: &TrimLimits,
     max_rows: usize,
 ) -> Result<Trimmed> {
-    let token = sql_token(lease)?;
-    let tx = read_committed(client).await?;
-    let skip_fencing = fault_switches::enabled(FaultSwitch::SkipFencingCheck);
-    let (lock_row, lock_channel, check) = tokio::join!(
-        tx.prepare_cached(LOCK_FOR_WRITE_SQL),
-        tx.prepare_cached(LOCK_CHANNEL_SQL),
-        tx.prepare_cached(FENCING_CHECK_SQL),
-    );
-    let (lock_row, lock_channel, check) = (lock_row?, lock_channel?, check?);
     let name = channel.as_str();
-    let (row_locked, window, checked) = tokio::join!(
-        async { tx.query_opt(&lock_row, &[&lease.name]).await },
-        async { tx.query_opt(&lock_channel, &[&name]).await },
-        async {
-            if skip_fencing {
-                Ok(None)
-            } else {
-                tx.query_opt(&check, &[&lease.name, &lease.holder, &token])
-                    .await
-            }
-        },
-    );
-    row_locked?;
-    let window = window?;
-    if !skip_fencing && fencing_outcome(checked?)?.is_none() {
-        return Err(refuse(tx, lease).await);
-    }
+    let Fenced {
+        tx, locked: window, ..
+    } = fenced(
+        client,
+        lease,
+        Serialized::No,
+        Some((LOCK_CHANNEL_SQL, &[&name])),
+    )
+    .await?;
     let Some(window) = window else {
         tx.rollback().await?;
         return Ok(Trimmed {
@@ -1007,44 +1096,24 @@ const RECORD_DELETION_SQL: &str = "INSERT INTO channel_deletions (channel, delet
 const NOTIFY_DELETION_SQL: &str = "SELECT pg_notify($1, $2)";
 
 /// The fenced record of a channel's deletion: one READ COMMITTED
-/// transaction that takes the lease's advisory lock (as `append` does: the
-/// fenced writes of a lease, and so the deletion numbers, are serialized
-/// until commit), locks the lease row `FOR KEY SHARE` and makes the
-/// fencing check after both waits, then upserts the channel's row of
+/// transaction that runs the fenced-write prelude ([`fenced`]: the lease's
+/// advisory lock, as `append` takes it, so the fenced writes of a lease,
+/// and so the deletion numbers, are serialized until commit; the lease row
+/// `FOR KEY SHARE`; the fencing check after both waits), then upserts the channel's row of
 /// `channel_deletions` with the next number and sends its change notice,
 /// before `COMMIT`. Returns the number.
 ///
 /// The test-only fault switch `drop_notify` drops the notice, as it does
-/// `append`'s.
+/// `append`'s; `skip_fencing_check` acts here as on every fenced write
+/// (see [`fenced`]).
 pub(super) async fn record_deletion(
     client: &mut Object,
     lease: &Lease,
     channel: &ChannelName,
     head: Offset,
 ) -> Result<u64> {
-    let token = sql_token(lease)?;
-    let tx = read_committed(client).await?;
-    let (write_lock, lock_row, check, record) = tokio::join!(
-        tx.prepare_cached(WRITE_LOCK_SQL),
-        tx.prepare_cached(LOCK_FOR_WRITE_SQL),
-        tx.prepare_cached(FENCING_CHECK_SQL),
-        tx.prepare_cached(RECORD_DELETION_SQL),
-    );
-    let (write_lock, lock_row, check, record) = (write_lock?, lock_row?, check?, record?);
-    let lock_key = fenced_write_lock_key(&lease.name);
-    let (locked, row_locked, checked) = tokio::join!(
-        async { tx.execute(&write_lock, &[&lock_key]).await },
-        async { tx.query_opt(&lock_row, &[&lease.name]).await },
-        async {
-            tx.query_opt(&check, &[&lease.name, &lease.holder, &token])
-                .await
-        },
-    );
-    locked?;
-    row_locked?;
-    if fencing_outcome(checked?)?.is_none() {
-        return Err(refuse(tx, lease).await);
-    }
+    let Fenced { tx, .. } = fenced(client, lease, Serialized::Yes, None).await?;
+    let record = tx.prepare_cached(RECORD_DELETION_SQL).await?;
     let number = to_u64(
         tx.query_one(&record, &[&channel.as_str(), &sql_position(head)])
             .await?
@@ -1170,7 +1239,8 @@ mod database_tests {
     use herald_core::FencingToken;
 
     use super::*;
-    use crate::postgres::{PostgresOptions, PostgresStorage};
+    use crate::postgres::connect::PostgresStorage;
+    use crate::postgres::session::PostgresOptions;
     use crate::testing::TestDatabase;
 
     /// A fencing check that failed is reported as `LeaseLost` even when the

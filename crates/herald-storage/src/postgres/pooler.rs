@@ -47,8 +47,8 @@ use std::time::Duration;
 
 use tokio_postgres::{Client, Config, SimpleQueryMessage};
 
-use super::open_connection;
-use crate::{Error, PoolerEvidence, Result};
+use super::session::open_connection;
+use crate::error::{Error, PoolerEvidence, Result};
 
 /// The custom session setting (a placeholder, PostgreSQL documentation,
 /// "Customized Options") that step 1 sets and later steps read back.

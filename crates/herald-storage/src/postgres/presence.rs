@@ -7,7 +7,8 @@ use deadpool_postgres::Object;
 use herald_core::ChannelName;
 
 use crate::decode::to_channel;
-use crate::{PresenceEntry, Result};
+use crate::error::Result;
+use crate::traits::PresenceEntry;
 
 fn ttl_ms(ttl: Duration) -> f64 {
     ttl.as_secs_f64() * 1000.0

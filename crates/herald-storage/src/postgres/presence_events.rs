@@ -27,7 +27,8 @@ use herald_core::ChannelName;
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
 
-use crate::{ClientInfo, PresenceEvent, PresenceEventKind, Result};
+use crate::error::Result;
+use crate::traits::{ClientInfo, PresenceEvent, PresenceEventKind};
 
 /// The notification channel (`LISTEN`/`NOTIFY`) of join and leave events.
 pub const PRESENCE_CHANNEL: &str = "herald_presence";

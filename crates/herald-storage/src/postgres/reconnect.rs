@@ -21,9 +21,20 @@
 //!   were left out since the last one logged.
 //!
 //! [`Reconnect`] is pure logic: every method that needs the time is given
-//! it, so tests drive it on made-up instants.
+//! it, so tests drive it on made-up instants. [`keep_open`] is the one
+//! loop that applies it: it serves a connection until it ends, then
+//! reconnects under the policy, until the storage stops; what differs
+//! between the connections (how one is opened, what is done with its
+//! messages, what each log line says) is their [`Kept`] implementation.
 
+use std::future::Future;
 use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tokio_postgres::{AsyncMessage, Client};
+
+use super::session::{drive, PgConnection};
+use crate::error::Result;
 
 /// First pause before a new connection, after a connection that had been
 /// up a while was lost.
@@ -121,7 +132,7 @@ impl Reconnect {
 }
 
 /// `d` in whole milliseconds, for log fields.
-pub(super) fn millis(d: Duration) -> u64 {
+fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
@@ -137,6 +148,124 @@ pub(super) async fn pause(wait: Duration) {
         let rest = deadline - now;
         // `thread::sleep` sleeps at least `rest` on the OS clock.
         let _ = tokio::task::spawn_blocking(move || std::thread::sleep(rest)).await;
+    }
+}
+
+/// A connection that a storage keeps open for its whole life and opens
+/// again when it fails (the change listener, each liveness connection):
+/// what [`keep_open`] needs to know of it.
+pub(super) trait Kept: Send + Sync + 'static {
+    /// The warning logged when a serving connection is lost.
+    const LOST: &'static str;
+    /// The line (INFO) logged when a new connection serves.
+    const RECONNECTED: &'static str;
+    /// The warning logged when an attempt to reconnect fails.
+    const NOT_RECONNECTED: &'static str;
+    /// At stop, how long to drive the connection after the client is
+    /// dropped, so that it says goodbye and the server ends the session
+    /// at once; `None`: the connection is dropped without that.
+    const CLOSE_WAIT: Option<Duration> = None;
+
+    /// Opens a new connection, ready to serve (connected, and whatever it
+    /// holds taken again).
+    ///
+    /// # Errors
+    /// Any: the attempt counts as a failure and is retried after the
+    /// policy's pause.
+    fn open(&self) -> impl Future<Output = Result<(Client, PgConnection)>> + Send;
+
+    /// Called each time a connection, the first one included, starts to
+    /// serve.
+    fn serving(&self) {}
+
+    /// Handles one asynchronous message (a notification, a notice) of the
+    /// serving connection.
+    fn heard(&self, _message: AsyncMessage) {}
+
+    /// The session key named in every log line (the `session_key` field),
+    /// if any.
+    fn session_key(&self) -> Option<i64> {
+        None
+    }
+}
+
+/// The reconnect loop: serves `first` (already open) until it ends, then
+/// opens a new one after the pause of [`Reconnect`], and so on, until
+/// `stop`'s sender is dropped (then the connection is dropped, after
+/// [`Kept::CLOSE_WAIT`] if set). Logs a warning (rate-limited) for each
+/// connection lost and each failed attempt, and one line at INFO for each
+/// new connection.
+pub(super) async fn keep_open<K: Kept>(
+    kept: K,
+    first: (Client, PgConnection),
+    mut stop: watch::Receiver<()>,
+) {
+    let mut current = Some(first);
+    let mut policy = Reconnect::new(Instant::now());
+    let mut wait = Duration::ZERO;
+    loop {
+        if let Some((client, mut connection)) = current.take() {
+            kept.serving();
+            let ended = tokio::select! {
+                _ = stop.changed() => {
+                    // The client's end makes the connection say goodbye and
+                    // close; the server then ends the session at once.
+                    drop(client);
+                    if let Some(limit) = K::CLOSE_WAIT {
+                        let _ = tokio::time::timeout(limit, &mut connection).await;
+                    }
+                    return;
+                }
+                ended = drive(&mut connection, std::future::pending::<()>(), |m| kept.heard(m)) => ended,
+            };
+            drop(client);
+            let error = ended.err().map(|e| e.to_string()).unwrap_or_default();
+            wait = policy.lost(Instant::now());
+            if let Some(suppressed) = policy.warning(Instant::now()) {
+                tracing::warn!(
+                    session_key = kept.session_key(),
+                    error = %error,
+                    failures = policy.failures(),
+                    retry_in_ms = millis(wait),
+                    suppressed_warnings = suppressed,
+                    "{}",
+                    K::LOST
+                );
+            }
+        }
+        tokio::select! {
+            _ = stop.changed() => return,
+            () = pause(wait) => {}
+        }
+        tokio::select! {
+            _ = stop.changed() => return,
+            opened = kept.open() => match opened {
+                Ok(open) => {
+                    policy.connected(Instant::now());
+                    tracing::info!(
+                        session_key = kept.session_key(),
+                        failures = policy.failures(),
+                        "{}",
+                        K::RECONNECTED
+                    );
+                    current = Some(open);
+                }
+                Err(e) => {
+                    wait = policy.failed();
+                    if let Some(suppressed) = policy.warning(Instant::now()) {
+                        tracing::warn!(
+                            session_key = kept.session_key(),
+                            error = %e,
+                            failures = policy.failures(),
+                            retry_in_ms = millis(wait),
+                            suppressed_warnings = suppressed,
+                            "{}",
+                            K::NOT_RECONNECTED
+                        );
+                    }
+                }
+            },
+        }
     }
 }
 

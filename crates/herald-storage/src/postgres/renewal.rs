@@ -24,9 +24,9 @@ use herald_core::Lease;
 use tokio::task::JoinHandle;
 use tokio_postgres::{Client, Config, IsolationLevel, Statement};
 
-use super::{open_connection, read_settings, SessionSettings};
+use super::session::{open_connection, read_settings, SessionSettings};
 use crate::decode::{log_lost, lost, sql_token};
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// How long after the renewal statement timeout an attempt that has not
 /// answered is abandoned.

@@ -33,9 +33,9 @@ use tokio::sync::watch;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Config};
 
-use super::ops::HOLDER_GONE_GRACE_MS;
-use super::{connect_raw, drive, PgConnection};
-use crate::Result;
+use super::names::{twin_key, HOLDER_GONE_GRACE_MS};
+use super::session::{connect_raw, drive, PgConnection};
+use crate::error::Result;
 
 /// Pause after a failed connection or statement before the next attempt.
 const RETRY: Duration = Duration::from_secs(1);
@@ -192,7 +192,7 @@ async fn holder_session(
 /// back at once; then answers whether both are free at one instant, with
 /// the server's uptime in ms.
 async fn wait_for_both(client: &Client, conn: &mut PgConnection, key: i64) -> Result<(bool, i64)> {
-    let twin = super::twin_key(key);
+    let twin = twin_key(key);
     for k in [key, twin] {
         let params: [&(dyn ToSql + Sync); 1] = [&k];
         drive(conn, client.execute(WAIT_SQL, &params), |_| {}).await??;

@@ -6,7 +6,7 @@
 use herald_core::ChannelName;
 use rusqlite::Connection;
 
-use crate::Result;
+use crate::error::Result;
 
 /// The epoch of `channel`: its stored row's, else the derived one.
 pub(super) fn read(conn: &mut Connection, channel: &ChannelName) -> Result<String> {

@@ -8,7 +8,8 @@ use std::time::Duration;
 use rusqlite::{params, Connection, TransactionBehavior};
 
 use crate::decode::{sql_position, to_channel, to_u64, ttl_ms};
-use crate::{ChannelClients, NodeReport, Result};
+use crate::error::Result;
+use crate::traits::{ChannelClients, NodeReport};
 
 /// SQLite's clock in ms since the Unix epoch.
 const NOW_MS: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";

@@ -18,11 +18,13 @@ use crate::decode::{
     acquired, log_lost, log_release, lost, sql_position, sql_token, to_channel, to_json, to_tags,
     to_token, to_u64,
 };
-use crate::trim;
-use crate::{
-    idempotency_digest, Acquire, ChangeFeed, ChannelStats, Deletion, Deletions, Error, Page,
-    Result, TakeoverCount, TakeoverReason, TrimLimits, Trimmed,
+use crate::digest::idempotency_digest;
+use crate::error::{Error, Result};
+use crate::traits::{
+    Acquire, ChangeFeed, Deletion, Deletions, Page, TakeoverCount, TakeoverReason,
 };
+use crate::trim;
+use crate::trim::{ChannelStats, TrimLimits, Trimmed};
 
 /// SQLite's clock in ms since the Unix epoch (needs SQLite >= 3.42 for
 /// `'subsec'`).

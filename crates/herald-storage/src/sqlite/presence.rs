@@ -8,7 +8,8 @@ use herald_core::ChannelName;
 use rusqlite::{params, Connection};
 
 use crate::decode::to_channel;
-use crate::{PresenceEntry, Result};
+use crate::error::Result;
+use crate::traits::PresenceEntry;
 
 /// SQLite's clock in ms since the Unix epoch.
 const NOW_MS: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";

@@ -16,7 +16,7 @@ use std::time::Duration;
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// Work for a connection thread.
 pub(super) type Job = Box<dyn FnOnce(&mut Connection) + Send + 'static>;
