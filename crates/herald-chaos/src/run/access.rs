@@ -14,11 +14,13 @@ use jsonwebtoken::{encode, EncodingKey, Header};
 use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION};
 use sha2::{Digest, Sha256};
 
-use super::node::TRIM_MAX_MESSAGES;
-
 /// How long the Centrifugo subscribers' token is valid: far beyond any
 /// run (a connection whose token expires is closed with 3005).
 const TOKEN_LIFETIME: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Messages kept per channel of the namespace `trim` (retention), by the
+/// run's config file.
+pub(crate) const TRIM_MAX_MESSAGES: u64 = 20;
 
 /// The run's API key (every permission, every channel), its client token
 /// for the Centrifugo subscribers, and the config file that holds the

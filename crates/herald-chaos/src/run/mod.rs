@@ -28,7 +28,7 @@ use node::{Node, Urls};
 use schedule::FaultKind;
 
 /// The channels the clients publish to and follow. Those in the
-/// namespace `trim` keep only their newest [`node::TRIM_MAX_MESSAGES`]
+/// namespace `trim` keep only their newest [`access::TRIM_MAX_MESSAGES`]
 /// messages (retention), so the run also judges trimming under faults.
 pub(crate) const CHANNELS: [&str; 3] = ["chaos-a", "chaos-b", "trim:chaos-c"];
 
