@@ -5,6 +5,7 @@ mod bench;
 mod client;
 mod config_check;
 mod config_file;
+mod duration;
 mod exposure;
 mod fanout;
 mod file_modes;

@@ -11,7 +11,7 @@ use herald_server::{RetentionConfig, RetentionHandle, TrimPacing};
 use serde::Deserialize;
 use tracing::{error, info};
 
-use crate::serve::parse_duration;
+use crate::duration::parse_duration;
 
 /// Retention flags of `herald serve`.
 #[derive(Debug, Clone, clap::Args)]

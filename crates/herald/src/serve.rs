@@ -33,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::config_file::ConfigFile;
+use crate::duration::parse_duration;
 use crate::exposure::{self, Exposure};
 use crate::logging::LogFormat;
 use crate::retention::RetentionArgs;
@@ -404,11 +405,6 @@ async fn bind(listen: &ListenAddr) -> anyhow::Result<TcpListener> {
         );
     }
     anyhow::bail!("cannot listen on {addr} (--listen {listen}): {e}")
-}
-
-/// Parses `250ms`, `6s`, `2m` (humantime's syntax).
-pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{e} (write e.g. 250ms, 6s, 2m)"))
 }
 
 /// Runs the server until drain or a lease stop; the exit code tells which.
@@ -1309,14 +1305,6 @@ mod tests {
             "proxy.local"
         ])
         .is_err());
-    }
-
-    #[test]
-    fn durations_take_the_documented_forms() {
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("6s"), Ok(Duration::from_secs(6)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert!(parse_duration("six").is_err());
     }
 
     #[test]
