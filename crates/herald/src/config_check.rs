@@ -13,7 +13,7 @@ use clap::parser::ValueSource;
 use clap::{ArgAction, ArgMatches, CommandFactory, FromArgMatches};
 
 use crate::config_file::{self, ConfigFile, FLAG_SECTIONS};
-use crate::serve::{self, ServeArgs};
+use crate::serve::settings::{self, ServeArgs};
 
 /// What a secret is replaced with.
 const MASK: &str = "****";
@@ -67,7 +67,8 @@ pub(crate) fn run(command: ConfigCommand) -> anyhow::Result<ExitCode> {
         .subcommand_matches("serve")
         .expect("the serve subcommand was parsed");
     let args = ServeArgs::from_arg_matches(serve_matches)?;
-    serve::check(&args, &file).map_err(|e| e.context(format!("config file {}", path.display())))?;
+    settings::check(&args, &file)
+        .map_err(|e| e.context(format!("config file {}", path.display())))?;
     // The policies as `herald serve` puts them in force: the file's
     // `[retention]` with the default-policy variables over it.
     let retention = args
@@ -75,7 +76,7 @@ pub(crate) fn run(command: ConfigCommand) -> anyhow::Result<ExitCode> {
         .load(Some(&path))
         .map_err(|e| e.context(format!("config file {}", path.display())))?;
     let mut out = effective_settings(serve_matches, &file, &retention);
-    // Checked by `serve::check` above.
+    // Checked by `settings::check` above.
     if let Ok(auth) = herald_server::Auth::new(
         &file.auth.clone().unwrap_or_default(),
         &file.namespaces.clone().unwrap_or_default(),

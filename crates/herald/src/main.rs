@@ -34,7 +34,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the server.
-    Serve(Box<serve::ServeArgs>),
+    Serve(Box<serve::settings::ServeArgs>),
     /// Publish one message; prints the server's answer JSON.
     Publish(publish::PublishArgs),
     /// Print a channel's stored messages, one JSON per line.
