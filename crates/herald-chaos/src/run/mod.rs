@@ -102,7 +102,7 @@ pub(crate) async fn run(settings: Settings) -> anyhow::Result<Report> {
     let epoch_ms = db_now_ms(&cluster.url()).await?;
     let start = Instant::now();
 
-    let urls = Urls::new(access::Access::create(work.path())?);
+    let urls = Urls::new(access::Access::create(work.path(), &CHANNELS)?);
     let mut nodes = Vec::new();
     for index in 0..settings.nodes {
         let mut node = Node::new(
