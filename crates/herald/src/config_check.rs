@@ -13,7 +13,7 @@ use clap::parser::ValueSource;
 use clap::{ArgAction, ArgMatches, CommandFactory, FromArgMatches};
 
 use crate::config_file::{self, ConfigFile, FLAG_SECTIONS};
-use crate::serve::settings::{self, ServeArgs};
+use crate::serve::settings::{self, serve_command, ServeArgs};
 
 /// What a secret is replaced with.
 const MASK: &str = "****";
@@ -51,7 +51,7 @@ pub(crate) enum ConfigCommand {
 /// The file is refused: the message names the problem (status 1).
 pub(crate) fn run(command: ConfigCommand) -> anyhow::Result<ExitCode> {
     let ConfigCommand::Check { file: path } = command;
-    let file = config_file::load(&path, &crate::serve_command())?;
+    let file = config_file::load(&path, &serve_command())?;
     let matches = crate::Cli::command()
         .mut_subcommand("serve", |serve| {
             config_file::with_file_defaults(serve, &file)
@@ -99,7 +99,7 @@ fn effective_settings(
     file: &ConfigFile,
     retention: &RetentionConfig,
 ) -> String {
-    let serve = crate::serve_command();
+    let serve = serve_command();
     let mut top = String::new();
     let mut sections: Vec<(&str, String)> =
         FLAG_SECTIONS.iter().map(|s| (*s, String::new())).collect();
@@ -218,7 +218,7 @@ fn publish_rates_comment(auth: &herald_server::Auth) -> String {
 /// comment naming each default-policy bound that an environment variable
 /// (or flag) set over the file.
 fn retention_section(matches: &ArgMatches, retention: &RetentionConfig) -> String {
-    let serve = crate::serve_command();
+    let serve = serve_command();
     let mut out = String::new();
     for (id, key) in RETENTION_FLAGS {
         let source = match matches.value_source(id) {

@@ -360,9 +360,10 @@ fn clap_message(e: &clap::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::serve::settings::serve_command;
 
     fn serve() -> Command {
-        crate::serve_command()
+        serve_command()
     }
 
     #[test]

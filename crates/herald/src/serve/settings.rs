@@ -25,6 +25,33 @@ use crate::exposure::{self, Exposure};
 use crate::logging::LogFormat;
 use crate::retention::RetentionArgs;
 
+/// The `herald serve` subcommand, flattened into the `herald` command
+/// line's subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub(crate) enum ServeCommand {
+    /// Run the server.
+    Serve(Box<ServeArgs>),
+}
+
+/// The `herald` command line with `serve` alone: the same command name
+/// and attributes as the binary's, so that `serve` is built the same.
+#[derive(clap::Parser)]
+#[command(name = "herald", version, about)]
+struct ServeOnly {
+    #[command(subcommand)]
+    command: ServeCommand,
+}
+
+/// The `herald serve` command as clap builds it (its flags, their
+/// defaults and environment variables), for the config file's keys.
+pub(crate) fn serve_command() -> clap::Command {
+    let mut cli = <ServeOnly as clap::CommandFactory>::command();
+    cli.build();
+    cli.find_subcommand("serve")
+        .expect("herald has a serve subcommand")
+        .clone()
+}
+
 /// Flags of `herald serve`. Each flag is also read from the environment
 /// variable `HERALD_<FLAG>`; durations are written `250ms`, `6s`, `2m`.
 #[derive(Debug, clap::Args)]
