@@ -10,10 +10,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::parser::ValueSource;
-use clap::{ArgAction, ArgMatches, CommandFactory, FromArgMatches};
+use clap::{ArgAction, ArgMatches, FromArgMatches};
 
 use crate::config_file::{self, ConfigFile, FLAG_SECTIONS};
-use crate::serve::settings::{self, serve_command, ServeArgs};
+use crate::serve::settings::{self, serve_command, serve_command_line, ServeArgs};
 
 /// What a secret is replaced with.
 const MASK: &str = "****";
@@ -52,7 +52,7 @@ pub(crate) enum ConfigCommand {
 pub(crate) fn run(command: ConfigCommand) -> anyhow::Result<ExitCode> {
     let ConfigCommand::Check { file: path } = command;
     let file = config_file::load(&path, &serve_command())?;
-    let matches = crate::Cli::command()
+    let matches = serve_command_line()
         .mut_subcommand("serve", |serve| {
             config_file::with_file_defaults(serve, &file)
         })

@@ -18,6 +18,7 @@ mod serve;
 mod status;
 mod tail;
 mod tls_reload;
+mod toml_syntax;
 
 use std::process::ExitCode;
 

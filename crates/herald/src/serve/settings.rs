@@ -42,10 +42,16 @@ struct ServeOnly {
     command: ServeCommand,
 }
 
+/// The `herald` command line with the `serve` subcommand alone, which
+/// parses `herald serve ...` as the binary does.
+pub(crate) fn serve_command_line() -> clap::Command {
+    <ServeOnly as clap::CommandFactory>::command()
+}
+
 /// The `herald serve` command as clap builds it (its flags, their
 /// defaults and environment variables), for the config file's keys.
 pub(crate) fn serve_command() -> clap::Command {
-    let mut cli = <ServeOnly as clap::CommandFactory>::command();
+    let mut cli = serve_command_line();
     cli.build();
     cli.find_subcommand("serve")
         .expect("herald has a serve subcommand")
