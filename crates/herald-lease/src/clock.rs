@@ -3,7 +3,7 @@ use std::time::Duration;
 
 /// A point in time on a [`Clock`]: the time elapsed since that clock's
 /// origin. Instants of different clocks are not comparable; the supervisor
-/// and its [`crate::LeaseHandle`] share one clock.
+/// and its [`crate::state::LeaseHandle`] share one clock.
 ///
 /// Distinct from [`Duration`] so that a point in time (a safety deadline,
 /// the send of a renewal) and a length of time (a ttl, a margin) cannot be

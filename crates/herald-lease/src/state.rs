@@ -5,7 +5,7 @@ use herald_core::fault_switches::{self, FaultSwitch};
 use herald_core::{FencingToken, Lease, LeaseInfo};
 use tokio::sync::{mpsc, watch};
 
-use crate::{Clock, ClockInstant};
+use crate::clock::{Clock, ClockInstant};
 
 /// Where the node stands with the lease. Published by the supervisor on a
 /// `watch` channel; read through [`LeaseHandle`].
@@ -283,7 +283,7 @@ mod tests {
                 holder_url: "http://me".to_owned(),
                 token: FencingToken(4),
             },
-            safety_deadline: crate::ClockInstant::ORIGIN,
+            safety_deadline: ClockInstant::ORIGIN,
         };
         let held = standby(Some(row(Some("b"), 1000)));
         let expired = standby(Some(row(Some("b"), 0)));

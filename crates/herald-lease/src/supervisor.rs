@@ -18,13 +18,13 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn, Instrument};
 
-use crate::{
-    Clock, ClockInstant, LeaseConfig, LeaseHandle, LeaseState, Release, StopReason, WatchdogRecord,
-};
+use crate::clock::{Clock, ClockInstant};
+use crate::config::LeaseConfig;
+use crate::state::{LeaseHandle, LeaseState, Release, StopReason, WatchdogRecord};
 
 /// Longest the watchdog sleeps between two looks at the clock. Tokio's timer
 /// runs on `CLOCK_MONOTONIC`, which stops during suspend; waking this often
-/// lets the watchdog notice a suspend (seen on [`crate::BootClock`]) quickly.
+/// lets the watchdog notice a suspend (seen on [`crate::clock::BootClock`]) quickly.
 const WATCHDOG_TICK: Duration = Duration::from_millis(250);
 
 /// Shortest time between the starts of two acquire attempts woken by a

@@ -11,7 +11,7 @@ use herald_storage::sqlite::{SqliteOptions, SqliteStorage};
 use herald_storage::Storage;
 use tempfile::TempDir;
 
-use crate::TestDatabase;
+use crate::database::TestDatabase;
 
 /// The storage backend a [`Place`] is made on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

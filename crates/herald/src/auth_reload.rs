@@ -29,6 +29,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use tracing::{error, info, warn};
 
 use crate::config_file::{self, ConfigFile};
+use crate::serve::settings::serve_command;
 
 /// The settings the node started with, which a reload compares the file
 /// with.
@@ -60,7 +61,7 @@ pub(crate) fn reload_on_sighup(handle: AuthReload, config_file: Option<PathBuf>,
         let mut in_force = (started.auth.clone(), started.namespaces.clone());
         while hangups.recv().await.is_some() {
             let file = match &config_file {
-                Some(path) => match config_file::load(path, &crate::serve_command()) {
+                Some(path) => match config_file::load(path, &serve_command()) {
                     Ok(file) => file,
                     Err(e) => {
                         error!(
@@ -147,7 +148,7 @@ fn reload_jwt_keys(handle: &AuthReload, auth: &AuthConfig) {
 /// setting, and `auth.cluster_secret`. Sorted, each named as the file
 /// spells it (`cors.allowed_origins`).
 fn needs_restart(started: &Started, file: &ConfigFile) -> BTreeSet<String> {
-    let serve = crate::serve_command();
+    let serve = serve_command();
     let ids: BTreeSet<&String> = started.flags.keys().chain(file.flags.keys()).collect();
     let mut changed: BTreeSet<String> = ids
         .into_iter()
@@ -173,7 +174,7 @@ mod tests {
 
     #[test]
     fn a_changed_flag_setting_or_cluster_secret_needs_a_restart_and_auth_does_not() {
-        let serve = crate::serve_command();
+        let serve = serve_command();
         let before = config_file::parse(
             "listen = \"127.0.0.1:7700\"\n[cors]\nallowed_origins = [\"https://a.example\"]\n\
              [auth]\ncluster_secret = \"0123456789abcdef\"\n",
@@ -206,7 +207,7 @@ mod tests {
 
     #[test]
     fn turning_access_control_on_over_postgres_without_a_cluster_secret_waits_for_a_restart() {
-        let serve = crate::serve_command();
+        let serve = serve_command();
         let keyed = config_file::parse(
             &format!(
                 "[[auth.api_keys]]\nname = \"k\"\nsha256 = \"{}\"\npermissions = [\"publish\"]\n",

@@ -10,10 +10,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::parser::ValueSource;
-use clap::{ArgAction, ArgMatches, CommandFactory, FromArgMatches};
+use clap::{ArgAction, ArgMatches, FromArgMatches};
 
 use crate::config_file::{self, ConfigFile, FLAG_SECTIONS};
-use crate::serve::{self, ServeArgs};
+use crate::serve::settings::{self, serve_command, serve_command_line, ServeArgs};
 
 /// What a secret is replaced with.
 const MASK: &str = "****";
@@ -51,8 +51,8 @@ pub(crate) enum ConfigCommand {
 /// The file is refused: the message names the problem (status 1).
 pub(crate) fn run(command: ConfigCommand) -> anyhow::Result<ExitCode> {
     let ConfigCommand::Check { file: path } = command;
-    let file = config_file::load(&path, &crate::serve_command())?;
-    let matches = crate::Cli::command()
+    let file = config_file::load(&path, &serve_command())?;
+    let matches = serve_command_line()
         .mut_subcommand("serve", |serve| {
             config_file::with_file_defaults(serve, &file)
         })
@@ -67,7 +67,8 @@ pub(crate) fn run(command: ConfigCommand) -> anyhow::Result<ExitCode> {
         .subcommand_matches("serve")
         .expect("the serve subcommand was parsed");
     let args = ServeArgs::from_arg_matches(serve_matches)?;
-    serve::check(&args, &file).map_err(|e| e.context(format!("config file {}", path.display())))?;
+    settings::check(&args, &file)
+        .map_err(|e| e.context(format!("config file {}", path.display())))?;
     // The policies as `herald serve` puts them in force: the file's
     // `[retention]` with the default-policy variables over it.
     let retention = args
@@ -75,7 +76,7 @@ pub(crate) fn run(command: ConfigCommand) -> anyhow::Result<ExitCode> {
         .load(Some(&path))
         .map_err(|e| e.context(format!("config file {}", path.display())))?;
     let mut out = effective_settings(serve_matches, &file, &retention);
-    // Checked by `serve::check` above.
+    // Checked by `settings::check` above.
     if let Ok(auth) = herald_server::Auth::new(
         &file.auth.clone().unwrap_or_default(),
         &file.namespaces.clone().unwrap_or_default(),
@@ -98,7 +99,7 @@ fn effective_settings(
     file: &ConfigFile,
     retention: &RetentionConfig,
 ) -> String {
-    let serve = crate::serve_command();
+    let serve = serve_command();
     let mut top = String::new();
     let mut sections: Vec<(&str, String)> =
         FLAG_SECTIONS.iter().map(|s| (*s, String::new())).collect();
@@ -217,7 +218,7 @@ fn publish_rates_comment(auth: &herald_server::Auth) -> String {
 /// comment naming each default-policy bound that an environment variable
 /// (or flag) set over the file.
 fn retention_section(matches: &ArgMatches, retention: &RetentionConfig) -> String {
-    let serve = crate::serve_command();
+    let serve = serve_command();
     let mut out = String::new();
     for (id, key) in RETENTION_FLAGS {
         let source = match matches.value_source(id) {

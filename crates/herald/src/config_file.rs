@@ -26,6 +26,8 @@ use clap::{Arg, ArgAction, Command};
 use herald_server::{AuthConfig, NamespacesConfig, RetentionConfig};
 use serde::{Deserialize, Serialize};
 
+use crate::toml_syntax::syntax_error;
+
 /// Sections whose keys are `herald serve` flags `--<section>-<key>`.
 pub(crate) const FLAG_SECTIONS: [&str; 3] = ["tls", "cors", "centrifugo"];
 
@@ -186,35 +188,6 @@ pub(crate) fn parse(text: &str, serve: &Command) -> anyhow::Result<ConfigFile> {
     Ok(file)
 }
 
-/// A TOML syntax error in `text` as its place and reason only:
-/// `line 3, column 14: invalid string`. The `toml` crate's own text quotes
-/// the offending line, which may hold a secret (an unquoted database URL
-/// with its password, an unquoted key); this never does, so it is safe in
-/// the log and in `herald config check`'s output.
-pub(crate) fn syntax_error(text: &str, error: &toml::de::Error) -> String {
-    // The reason's first line: the crate's messages name what was expected,
-    // never the input itself.
-    let reason = error.message().lines().next().unwrap_or_default().trim();
-    let reason = if reason.is_empty() {
-        "not valid TOML"
-    } else {
-        reason
-    };
-    match error.span() {
-        Some(span) => {
-            let before = text.get(..span.start).unwrap_or(text);
-            let line = before.matches('\n').count() + 1;
-            let column = before
-                .rsplit('\n')
-                .next()
-                .map_or(0, |start| start.chars().count())
-                + 1;
-            format!("not valid TOML at line {line}, column {column}: {reason}")
-        }
-        None => format!("not valid TOML: {reason}"),
-    }
-}
-
 /// `serve` with the file's values as the flags' defaults.
 pub(crate) fn with_file_defaults(serve: Command, file: &ConfigFile) -> Command {
     file.flags.iter().fold(serve, |command, (id, values)| {
@@ -360,9 +333,10 @@ fn clap_message(e: &clap::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::serve::settings::serve_command;
 
     fn serve() -> Command {
-        crate::serve_command()
+        serve_command()
     }
 
     #[test]

@@ -5,6 +5,7 @@ mod bench;
 mod client;
 mod config_check;
 mod config_file;
+mod duration;
 mod exposure;
 mod fanout;
 mod file_modes;
@@ -17,10 +18,13 @@ mod serve;
 mod status;
 mod tail;
 mod tls_reload;
+mod toml_syntax;
 
 use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+
+use serve::settings::{serve_command, ServeCommand};
 
 /// Herald: durable real-time channels over HTTP, SSE and WebSocket.
 #[derive(Debug, Parser)]
@@ -32,8 +36,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the server.
-    Serve(Box<serve::ServeArgs>),
+    #[command(flatten)]
+    Serve(serve::settings::ServeCommand),
     /// Publish one message; prints the server's answer JSON.
     Publish(publish::PublishArgs),
     /// Print a channel's stored messages, one JSON per line.
@@ -60,7 +64,7 @@ enum Command {
 async fn main() -> ExitCode {
     let (cli, file) = parse_command_line();
     let result = match cli.command {
-        Command::Serve(args) => serve::run(*args, file).await,
+        Command::Serve(ServeCommand::Serve(args)) => serve::run(*args, file).await,
         Command::Config(command) => config_check::run(command),
         Command::Publish(args) => publish::run(args).await,
         Command::History(args) => history::run(args).await,
@@ -89,7 +93,7 @@ async fn main() -> ExitCode {
 /// logs that as a failed start).
 fn parse_command_line() -> (Cli, anyhow::Result<config_file::ConfigFile>) {
     let cli = Cli::parse();
-    let Command::Serve(args) = &cli.command else {
+    let Command::Serve(ServeCommand::Serve(args)) = &cli.command else {
         return (cli, Ok(config_file::ConfigFile::default()));
     };
     let Some(path) = args.config.clone() else {
@@ -105,15 +109,6 @@ fn parse_command_line() -> (Cli, anyhow::Result<config_file::ConfigFile>) {
     let matches = command.get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     (cli, Ok(file))
-}
-
-/// The `herald serve` command as clap builds it.
-fn serve_command() -> clap::Command {
-    let mut cli = Cli::command();
-    cli.build();
-    cli.find_subcommand("serve")
-        .expect("herald has a serve subcommand")
-        .clone()
 }
 
 /// `true` when `e` comes from writing to a closed pipe.

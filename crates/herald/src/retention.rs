@@ -11,7 +11,8 @@ use herald_server::{RetentionConfig, RetentionHandle, TrimPacing};
 use serde::Deserialize;
 use tracing::{error, info};
 
-use crate::serve::parse_duration;
+use crate::duration::parse_duration;
+use crate::toml_syntax::syntax_error;
 
 /// Retention flags of `herald serve`.
 #[derive(Debug, Clone, clap::Args)]
@@ -130,7 +131,7 @@ fn read_file(path: &Path) -> anyhow::Result<RetentionConfig> {
         anyhow::anyhow!(
             "config file {}: {}",
             path.display(),
-            crate::config_file::syntax_error(&text, &e)
+            syntax_error(&text, &e)
         )
     })?;
     let file = PolicyFile::deserialize(table).map_err(|e| {

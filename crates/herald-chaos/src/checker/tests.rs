@@ -1,5 +1,5 @@
 use super::*;
-use crate::history::{LeaseAcquisition, StoredMessage, StreamPosition};
+use crate::history::{LeaseAcquisition, PublishResult, StoredMessage, StreamPosition};
 
 // ---- building histories -------------------------------------------------
 

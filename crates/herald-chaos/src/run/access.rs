@@ -14,11 +14,13 @@ use jsonwebtoken::{encode, EncodingKey, Header};
 use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION};
 use sha2::{Digest, Sha256};
 
-use super::node::TRIM_MAX_MESSAGES;
-
 /// How long the Centrifugo subscribers' token is valid: far beyond any
 /// run (a connection whose token expires is closed with 3005).
 const TOKEN_LIFETIME: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Messages kept per channel of the namespace `trim` (retention), by the
+/// run's config file.
+pub(crate) const TRIM_MAX_MESSAGES: u64 = 20;
 
 /// The run's API key (every permission, every channel), its client token
 /// for the Centrifugo subscribers, and the config file that holds the
@@ -37,13 +39,14 @@ pub(crate) struct Access {
 
 impl Access {
     /// Draws a random API key, HS256 secret and cluster secret (32 bytes
-    /// each, as hex), mints the client token, and writes
+    /// each, as hex), mints the client token for `channels` (the run's
+    /// channels), and writes
     /// `dir/herald.toml` with them and the retention policy of the
     /// namespace `trim`.
     ///
     /// # Errors
     /// When the file cannot be written or the token not signed.
-    pub(crate) fn create(dir: &Path) -> anyhow::Result<Self> {
+    pub(crate) fn create(dir: &Path, channels: &[&str]) -> anyhow::Result<Self> {
         let key = random_hex();
         let cluster_secret = random_hex();
         let jwt_secret = random_hex();
@@ -86,7 +89,7 @@ impl Access {
             .as_secs();
         let centrifugo_token = encode(
             &Header::default(),
-            &serde_json::json!({ "sub": "chaos", "exp": exp, "channels": super::CHANNELS }),
+            &serde_json::json!({ "sub": "chaos", "exp": exp, "channels": channels }),
             &EncodingKey::from_secret(jwt_secret.as_bytes()),
         )
         .context("sign the client token")?;

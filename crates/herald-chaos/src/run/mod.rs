@@ -28,7 +28,7 @@ use node::{Node, Urls};
 use schedule::FaultKind;
 
 /// The channels the clients publish to and follow. Those in the
-/// namespace `trim` keep only their newest [`node::TRIM_MAX_MESSAGES`]
+/// namespace `trim` keep only their newest [`access::TRIM_MAX_MESSAGES`]
 /// messages (retention), so the run also judges trimming under faults.
 pub(crate) const CHANNELS: [&str; 3] = ["chaos-a", "chaos-b", "trim:chaos-c"];
 
@@ -102,7 +102,7 @@ pub(crate) async fn run(settings: Settings) -> anyhow::Result<Report> {
     let epoch_ms = db_now_ms(&cluster.url()).await?;
     let start = Instant::now();
 
-    let urls = Urls::new(access::Access::create(work.path())?);
+    let urls = Urls::new(access::Access::create(work.path(), &CHANNELS)?);
     let mut nodes = Vec::new();
     for index in 0..settings.nodes {
         let mut node = Node::new(

@@ -43,10 +43,6 @@ const LEASE_FLAGS: [&str; 8] = [
 /// due within 2 s (`--centrifugo-pong-timeout`).
 pub(crate) const CENTRIFUGO_PING: &str = "3s";
 
-/// Messages kept per channel of the namespace `trim` (retention), by the
-/// run's config file (`access.rs`).
-pub(crate) const TRIM_MAX_MESSAGES: u64 = 20;
-
 /// How to reach the nodes: their base URLs (`http://addr`), by node index,
 /// which clients read on every request because a restarted node may listen
 /// elsewhere, and the run's access control (the credential clients
