@@ -13,7 +13,7 @@
 //! - `nbf` (optional): refused while `now < nbf`; `iat` (optional, not
 //!   checked); `aud`, `iss` checked when configured;
 //! - `channels` (optional list of channel entries, see
-//!   [`crate::policy::TokenPattern`]: exact names, or `*` as a whole
+//!   `TokenPattern` in `policy.rs`: exact names, or `*` as a whole
 //!   segment after the namespace): may subscribe to and read them (a
 //!   connection token);
 //! - `channel` (optional, one exact channel name): a subscription token,
