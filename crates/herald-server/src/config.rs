@@ -3,8 +3,10 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
+use herald_auth::{AuthConfig, AuthReload, NamespacesConfig};
+
 use crate::retention::{RetentionHandle, TrimPacing};
-use crate::{AuthConfig, CorsConfig, NamespacesConfig, StartError, TlsCertificates};
+use crate::{CorsConfig, StartError, TlsCertificates};
 
 /// Settings of one node's HTTP server. Every field has a default (see
 /// [`ServerConfig::default`]); [`ServerConfig::validate`] checks them.
@@ -112,8 +114,8 @@ pub struct ServerConfig {
     pub centrifugo: crate::CentrifugoConfig,
     /// Reloads the node's access control (`[auth]`, `[namespaces]`) or
     /// its `[auth.jwt]` key files while it runs (`herald serve` on
-    /// SIGHUP); see [`crate::AuthReload`].
-    pub auth_reload: crate::AuthReload,
+    /// SIGHUP); see [`AuthReload`].
+    pub auth_reload: AuthReload,
     /// Answer only requests whose `Host` is a loopback name (`localhost`,
     /// `*.localhost`, `127.0.0.0/8`, `[::1]`); any other is
     /// `403 host_not_allowed` (default off). `herald serve` turns it on
@@ -149,7 +151,7 @@ impl Default for ServerConfig {
             retention: RetentionHandle::default(),
             trim_pacing: TrimPacing::default(),
             centrifugo: crate::CentrifugoConfig::default(),
-            auth_reload: crate::AuthReload::default(),
+            auth_reload: AuthReload::default(),
             loopback_hosts_only: false,
         }
     }

@@ -13,7 +13,7 @@ use axum::Json;
 use herald_core::ChannelName;
 use serde_json::json;
 
-use crate::auth::AuthError;
+use herald_auth::AuthError;
 
 /// Result alias for this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -249,7 +249,7 @@ impl Error {
             | Self::StorageUnavailable
             | Self::Draining => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            Self::Auth(e) => e.status(),
+            Self::Auth(e) => auth_status(e),
             Self::InBatchEntry { error, .. } => error.status(),
         }
     }
@@ -280,7 +280,7 @@ impl Error {
             Self::Storage(_) | Self::StorageUnavailable => "storage_unavailable",
             Self::Draining => "draining",
             Self::Internal(_) => "internal",
-            Self::Auth(e) => e.code(),
+            Self::Auth(e) => auth_code(e),
             Self::InBatchEntry { error, .. } => error.code(),
         }
     }
@@ -363,15 +363,62 @@ impl IntoResponse for Error {
         }
         if let Some(auth) = self.auth() {
             let headers = response.headers_mut();
-            if let Some(challenge) = auth.challenge() {
+            if let Some(challenge) = auth_challenge(auth) {
                 headers.insert(header::WWW_AUTHENTICATE, challenge);
             }
-            if let Some(seconds) = auth.retry_after_s() {
+            if let AuthError::RateLimited { retry_after_s, .. } = auth {
+                let seconds = *retry_after_s;
                 headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
             }
         }
         response
     }
+}
+
+/// `WWW-Authenticate` for a request without credentials (RFC 6750 §3).
+const CHALLENGE: &str = r#"Bearer realm="herald""#;
+/// `WWW-Authenticate` for a bad credential (RFC 6750 §3.1, `invalid_token`).
+const CHALLENGE_INVALID: &str = r#"Bearer realm="herald", error="invalid_token""#;
+/// `WWW-Authenticate` for an expired token (RFC 6750 §3.1).
+const CHALLENGE_EXPIRED: &str =
+    r#"Bearer realm="herald", error="invalid_token", error_description="the token has expired""#;
+
+/// The HTTP status of an access-control refusal ([`Error::Auth`]).
+fn auth_status(e: &AuthError) -> StatusCode {
+    match e {
+        AuthError::MissingCredentials(_)
+        | AuthError::InvalidCredentials(_)
+        | AuthError::TokenExpired => StatusCode::UNAUTHORIZED,
+        AuthError::Forbidden(_) => StatusCode::FORBIDDEN,
+        AuthError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+        // Settings, never a request's refusal.
+        AuthError::Config(_) | AuthError::KeyReload(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// The stable error code of an access-control refusal.
+fn auth_code(e: &AuthError) -> &'static str {
+    match e {
+        AuthError::MissingCredentials(_) | AuthError::InvalidCredentials(_) => "unauthorized",
+        AuthError::TokenExpired => "token_expired",
+        AuthError::Forbidden(_) => "forbidden",
+        AuthError::RateLimited { .. } => "rate_limited",
+        AuthError::Config(_) | AuthError::KeyReload(_) => "internal",
+    }
+}
+
+/// The `WWW-Authenticate` header of a 401 answer (RFC 6750 §3).
+fn auth_challenge(e: &AuthError) -> Option<HeaderValue> {
+    let value = match e {
+        AuthError::MissingCredentials(_) => CHALLENGE,
+        AuthError::InvalidCredentials(_) => CHALLENGE_INVALID,
+        AuthError::TokenExpired => CHALLENGE_EXPIRED,
+        AuthError::Forbidden(_)
+        | AuthError::RateLimited { .. }
+        | AuthError::Config(_)
+        | AuthError::KeyReload(_) => return None,
+    };
+    Some(HeaderValue::from_static(value))
 }
 
 /// A storage error and what the server asked the storage for: the source
@@ -469,6 +516,17 @@ pub enum StartError {
     /// change cursor). The storage's error is also the source.
     #[error("storage: {0}")]
     Storage(#[from] herald_storage::Error),
+}
+
+/// Access control that cannot be built from its settings:
+/// [`StartError::Config`] with the message naming the setting.
+impl From<AuthError> for StartError {
+    fn from(e: AuthError) -> Self {
+        match e {
+            AuthError::Config(message) => Self::Config(message),
+            other => Self::Config(other.to_string()),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@
 //! - the standby checked the client's credentials; it sends the cluster
 //!   secret (`Herald-Cluster-Secret`, when configured) instead of them,
 //!   and the holder trusts a forwarded request only with it
-//!   (`auth/extract.rs`);
+//!   (`auth_extract.rs`);
 //! - no holder known, or the holder unreachable (connect error, timeout,
 //!   broken answer) → 503 `no_holder`. Once the request may have reached
 //!   the holder, its outcome is unknown to this node: the client retries
@@ -36,14 +36,16 @@ use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
 use axum::response::Response;
 use bytes::Bytes;
+use herald_auth::Secret;
 use herald_lease::{LeaseState, Release, StopReason};
 use tokio::sync::watch;
 
-use crate::auth::{Secret, CLUSTER_SECRET};
 use crate::{metrics, Error, Result, StartError};
 
 /// The header that marks a forwarded request, with the forwarding node's id.
 pub(crate) const FORWARDED_BY: HeaderName = HeaderName::from_static("herald-forwarded-by");
+/// The header that carries the cluster secret on a forwarded request.
+pub(crate) const CLUSTER_SECRET: HeaderName = HeaderName::from_static("herald-cluster-secret");
 
 /// Longest the connection to the holder may take to open.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);

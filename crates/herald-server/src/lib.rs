@@ -15,7 +15,9 @@
 //! The server API's cluster-wide requests reach the other nodes' clients
 //! as cluster events (`cluster.rs`). Every error becomes one JSON shape in
 //! `error.rs`. Access control (API keys, client tokens, namespaces,
-//! publish rate limits) is `auth/`. `listener.rs` accepts connections and serves them with
+//! publish rate limits) is the herald-auth crate; `auth_extract.rs` reads
+//! credentials from requests for it, and `jwks_fetch.rs` fetches a JWKS
+//! URL for it. `listener.rs` accepts connections and serves them with
 //! HTTP/1 or HTTP/2, closing those that do not send a request head in time.
 //!
 //! Invariants:
@@ -33,7 +35,7 @@
 //! `drop_notify` (`standby_feed.rs`). `FaultSwitch` explains each.
 
 mod api;
-mod auth;
+mod auth_extract;
 mod centrifugo;
 mod cluster;
 mod config;
@@ -45,6 +47,7 @@ mod forward;
 #[cfg(test)]
 mod fuzz;
 mod hub;
+mod jwks_fetch;
 mod listener;
 mod metrics;
 mod retention;
@@ -66,11 +69,6 @@ use herald_storage::Storage;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-pub use auth::{
-    api_key_sha256, generate_api_key, ApiKeyConfig, Auth, AuthConfig, AuthError, AuthReload,
-    JwtConfig, KeyReloadError, NamespaceRule, NamespacesConfig, OneOrMany, Permission, PublishRule,
-    Secret, SubscribeRule, DEFAULT_HISTORY_RESUME_WINDOW,
-};
 pub use centrifugo::CentrifugoConfig;
 pub use config::ServerConfig;
 pub use cors::CorsConfig;

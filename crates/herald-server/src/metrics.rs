@@ -35,6 +35,7 @@
 
 use std::sync::OnceLock;
 
+use herald_auth::metrics::RATE_LIMITED;
 use metrics::Unit;
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
@@ -51,7 +52,6 @@ pub(crate) const FORWARDED_WRITES: &str = "herald_forwarded_writes_total";
 pub(crate) const NOTIFY_LAG: &str = "herald_notify_lag_seconds";
 pub(crate) const CATCHUP_READS: &str = "herald_catchup_reads_total";
 pub(crate) const SUBSCRIPTION_READ_RETRIES: &str = "herald_subscription_read_retries_total";
-pub(crate) const RATE_LIMITED: &str = "herald_publish_rate_limited_total";
 pub(crate) const CONNECTIONS_REFUSED: &str = "herald_connections_refused_total";
 pub(crate) const IDLE_CONNECTIONS_CLOSED: &str = "herald_idle_connections_closed_total";
 pub(crate) const WS_MESSAGES_TOO_BIG: &str = "herald_ws_messages_too_big_total";
@@ -366,12 +366,6 @@ pub(crate) fn lease(holder: bool, token: u64, since_renewal: Option<std::time::D
 /// `takeover`).
 pub(crate) fn forwarded(result: &'static str) {
     counter!(FORWARDED_WRITES, "result" => result).increment(1);
-}
-
-/// Counts one publish refused by a rate limit, by `credential` (`key`,
-/// `token`).
-pub(crate) fn rate_limited(credential: &'static str) {
-    counter!(RATE_LIMITED, "credential" => credential).increment(1);
 }
 
 /// Records the delay of one commit signal, in seconds (never negative).

@@ -46,7 +46,7 @@ use futures::StreamExt;
 use herald_core::Message;
 
 use crate::api::{resume_point, AfterQuery, ChannelPath, ValidQuery};
-use crate::auth::Subscriber;
+use crate::auth_extract::Subscriber;
 use crate::subscription::{Item, StartAt, Subscription};
 use crate::{AppState, Result};
 

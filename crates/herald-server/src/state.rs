@@ -5,6 +5,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use herald_auth::{Auth, AuthSlot};
 use herald_lease::LeaseHandle;
 use herald_storage::Storage;
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -13,10 +14,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::auth::{Auth, AuthSlot};
 use crate::conn_limit::ConnectionLimits;
 use crate::forward::Forwarder;
 use crate::hub::Hub;
+use crate::jwks_fetch::HttpJwksFetch;
 use crate::retention::Trimmer;
 use crate::role::LeaseView;
 use crate::standby_feed::StandbyFeed;
@@ -108,7 +109,12 @@ impl AppState {
         shutdown: CancellationToken,
     ) -> Result<Self, StartError> {
         config.validate()?;
-        let auth = Arc::new(AuthSlot::new(Auth::new(&config.auth, &config.namespaces)?));
+        let jwks_fetch = Arc::new(HttpJwksFetch::new().map_err(StartError::Config)?);
+        let auth = Arc::new(AuthSlot::new(Auth::new(
+            &config.auth,
+            &config.namespaces,
+            jwks_fetch,
+        )?));
         config.auth_reload.attach(&auth);
         let forwarder = Forwarder::new(
             &config.node_id,

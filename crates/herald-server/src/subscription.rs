@@ -150,7 +150,7 @@ impl StartAt {
     /// The start of a subscriber that gave `resume` (`Last-Event-ID`,
     /// `?after=`; `None` when it gave none): with `live_only` (the history
     /// resume window of a subscriber that may not read history, from
-    /// [`crate::auth::Auth::live_only_window`]) a [`StartAt::LiveOnly`] on
+    /// [`herald_auth::Auth::live_only_window`]) a [`StartAt::LiveOnly`] on
     /// the node's wall clock, else after `resume` (0: the whole history).
     pub(crate) fn new(resume: Option<Offset>, live_only: Option<Duration>) -> Self {
         match live_only {

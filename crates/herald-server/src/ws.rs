@@ -55,12 +55,13 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt, StreamExt};
+use herald_auth::{AuthError, Credential, Principal};
 use tokio_tungstenite::tungstenite;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::api::{resume_point, AfterQuery, ChannelPath, ValidQuery};
-use crate::auth::{AuthError, Credential, Principal, Subscriber};
+use crate::auth_extract::Subscriber;
 use crate::conn_limit::ClientSlot;
 use crate::metrics;
 use crate::subscription::{Item, StartAt, Subscription};

@@ -44,11 +44,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Once;
 
 use futures::{SinkExt, StreamExt};
-use herald_core::{ChannelName, Offset};
-use herald_server::{
-    AuthConfig, CentrifugoConfig, JwtConfig, NamespaceRule, NamespacesConfig, OneOrMany,
-    PublishRule, Secret, ServerConfig, SubscribeRule,
+use herald_auth::{
+    AuthConfig, JwtConfig, NamespaceRule, NamespacesConfig, OneOrMany, PublishRule, Secret,
+    SubscribeRule,
 };
+use herald_core::{ChannelName, Offset};
+use herald_server::{CentrifugoConfig, ServerConfig};
 use herald_testkit::node::{Node, Role};
 use herald_testkit::place::{Backend, Place};
 use herald_testkit::ws::Ws;
@@ -1657,7 +1658,7 @@ fn client_protocol_answers_every_command_or_closes_as_documented() {
         .enable_all()
         .build()
         .unwrap();
-    let secret = herald_server::generate_api_key();
+    let secret = herald_auth::generate_api_key();
     let place = rt.block_on(Place::new(Backend::Sqlite));
     let node = rt.block_on(Node::start(
         &place,

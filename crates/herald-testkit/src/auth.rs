@@ -26,9 +26,9 @@ pub struct AuthFile {
 /// HS256 secret for client tokens and a cluster secret, each newly
 /// generated. Panics when the file cannot be written.
 pub fn write_auth_config(path: &Path, permissions: &[&str]) -> AuthFile {
-    let key = herald_server::generate_api_key();
-    let secret = herald_server::generate_api_key();
-    let cluster_secret = herald_server::generate_api_key();
+    let key = herald_auth::generate_api_key();
+    let secret = herald_auth::generate_api_key();
+    let cluster_secret = herald_auth::generate_api_key();
     let permissions = permissions
         .iter()
         .map(|p| format!("\"{p}\""))
@@ -43,7 +43,7 @@ pub fn write_auth_config(path: &Path, permissions: &[&str]) -> AuthFile {
              \n\
              [auth.jwt]\n\
              hs256_secret = \"{secret}\"\n",
-            herald_server::api_key_sha256(&key)
+            herald_auth::api_key_sha256(&key)
         ),
     )
     .expect("write the config file");

@@ -24,7 +24,7 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use herald_server::{AuthConfig, AuthReload, NamespacesConfig};
+use herald_auth::{AuthConfig, AuthReload, NamespacesConfig};
 use tokio::signal::unix::{signal, SignalKind};
 use tracing::{error, info, warn};
 

@@ -77,9 +77,10 @@ pub(crate) fn run(command: ConfigCommand) -> anyhow::Result<ExitCode> {
         .map_err(|e| e.context(format!("config file {}", path.display())))?;
     let mut out = effective_settings(serve_matches, &file, &retention);
     // Checked by `settings::check` above.
-    if let Ok(auth) = herald_server::Auth::new(
+    if let Ok(auth) = herald_auth::Auth::new(
         &file.auth.clone().unwrap_or_default(),
         &file.namespaces.clone().unwrap_or_default(),
+        std::sync::Arc::new(herald_auth::NoFetch),
     ) {
         out.push_str(&publish_rates_comment(&auth));
     }
@@ -206,7 +207,7 @@ fn effective_settings(
 
 /// The publish rates in force, per node, as TOML comments (defaults
 /// included, which the `[auth]` table above does not show).
-fn publish_rates_comment(auth: &herald_server::Auth) -> String {
+fn publish_rates_comment(auth: &herald_auth::Auth) -> String {
     let mut out = String::from("\n# Publish rates in force (each node counts its own):\n");
     for line in auth.publish_rates() {
         let _ = writeln!(out, "#   {line}");

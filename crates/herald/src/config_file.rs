@@ -23,7 +23,8 @@ use std::path::Path;
 use anyhow::{anyhow, bail, Context};
 use clap::builder::Resettable;
 use clap::{Arg, ArgAction, Command};
-use herald_server::{AuthConfig, NamespacesConfig, RetentionConfig};
+use herald_auth::{AuthConfig, NamespacesConfig};
+use herald_server::RetentionConfig;
 use serde::{Deserialize, Serialize};
 
 use crate::toml_syntax::syntax_error;

@@ -13,7 +13,7 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use herald_server::AuthConfig;
+use herald_auth::AuthConfig;
 
 use tracing::warn;
 

@@ -8,7 +8,7 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use herald_server::{api_key_sha256, generate_api_key};
+use herald_auth::{api_key_sha256, generate_api_key};
 
 /// `herald keys` subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -126,18 +126,23 @@ mod tests {
         let key = generate_api_key();
         let text = snippet(&args, &key);
         let file: toml::Table = text.parse().unwrap();
-        let auth: herald_server::AuthConfig = file["auth"].clone().try_into().unwrap();
+        let auth: herald_auth::AuthConfig = file["auth"].clone().try_into().unwrap();
         let config = &auth.api_keys[0];
         assert_eq!(config.name, "backend");
         assert_eq!(config.sha256, api_key_sha256(&key));
         assert_eq!(
             config.permissions,
             [
-                herald_server::Permission::Publish,
-                herald_server::Permission::Read
+                herald_auth::Permission::Publish,
+                herald_auth::Permission::Read
             ]
         );
         assert_eq!(config.channels.as_deref().unwrap(), ["news:*", "a\"b"]);
-        herald_server::Auth::new(&auth, &herald_server::NamespacesConfig::new()).unwrap();
+        herald_auth::Auth::new(
+            &auth,
+            &herald_auth::NamespacesConfig::new(),
+            std::sync::Arc::new(herald_auth::NoFetch),
+        )
+        .unwrap();
     }
 }

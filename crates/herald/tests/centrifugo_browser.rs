@@ -180,8 +180,8 @@ async fn centrifuge_js_in_headless_chromium_receives_a_publication() {
     chromium();
 
     let dir = tempfile::tempdir().unwrap();
-    let api_key = herald_server::generate_api_key();
-    let jwt_secret = herald_server::generate_api_key();
+    let api_key = herald_auth::generate_api_key();
+    let jwt_secret = herald_auth::generate_api_key();
     let config = dir.path().join("herald.toml");
     std::fs::write(
         &config,
@@ -191,7 +191,7 @@ async fn centrifuge_js_in_headless_chromium_receives_a_publication() {
              \n\
              [auth.jwt]\n\
              hs256_secret = \"{jwt_secret}\"\n",
-            herald_server::api_key_sha256(&api_key)
+            herald_auth::api_key_sha256(&api_key)
         ),
     )
     .unwrap();

@@ -363,12 +363,12 @@ async fn insecure_no_auth_starts_on_a_public_address_and_warns() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_auth_section_with_an_api_key_lets_a_public_node_start_and_enforces_it() {
     let dir = tempfile::tempdir().unwrap();
-    let key = herald_server::generate_api_key();
+    let key = herald_auth::generate_api_key();
     let config = write_config(
         dir.path(),
         &format!(
             "[auth]\napi_keys = [{{ name = \"backend\", sha256 = \"{}\", permissions = [\"publish\", \"read\"] }}]\n",
-            herald_server::api_key_sha256(&key)
+            herald_auth::api_key_sha256(&key)
         ),
     );
     let server = Server::start_listening(
@@ -427,15 +427,15 @@ async fn keys_generate_keeps_the_key_out_of_what_is_appended_to_the_config() {
         .unwrap_or_else(|| panic!("no key on stderr:\n{stderr}"));
     assert!(!stdout.contains(key), "the key is on stdout:\n{stdout}");
     let file: toml::Table = stdout.parse().unwrap();
-    let auth: herald_server::AuthConfig = file["auth"].clone().try_into().unwrap();
-    assert_eq!(auth.api_keys[0].sha256, herald_server::api_key_sha256(key));
+    let auth: herald_auth::AuthConfig = file["auth"].clone().try_into().unwrap();
+    assert_eq!(auth.api_keys[0].sha256, herald_auth::api_key_sha256(key));
 }
 
 /// `[[auth.api_keys]]` lines for `key` with `extra` lines after them.
 fn key_lines(key: &str, extra: &str) -> String {
     format!(
         "[[auth.api_keys]]\nname = \"backend\"\nsha256 = \"{}\"\npermissions = [\"publish\"]\n{extra}",
-        herald_server::api_key_sha256(key)
+        herald_auth::api_key_sha256(key)
     )
 }
 
@@ -446,7 +446,7 @@ fn key_lines(key: &str, extra: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn access_control_on_postgres_without_a_cluster_secret_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let key = herald_server::generate_api_key();
+    let key = herald_auth::generate_api_key();
     let config = write_config(dir.path(), &key_lines(&key, ""));
     // Refused before connecting: nothing listens at this address.
     let error = failed_start(
@@ -515,7 +515,7 @@ async fn access_control_on_postgres_without_a_cluster_secret_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_holder_logs_a_refused_forward_and_the_first_rate_limit_refusal() {
     let dir = tempfile::tempdir().unwrap();
-    let key = herald_server::generate_api_key();
+    let key = herald_auth::generate_api_key();
     let config = write_config(
         dir.path(),
         &format!(
@@ -616,7 +616,7 @@ async fn sighup_reloads_auth_and_names_what_needs_a_restart() {
     };
     assert_eq!(publish(None).await, 201, "an open node");
 
-    let key = herald_server::generate_api_key();
+    let key = herald_auth::generate_api_key();
     write_config(
         dir.path(),
         &format!(

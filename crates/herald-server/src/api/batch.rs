@@ -11,13 +11,14 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
+use herald_auth::AuthError;
 use herald_core::{format_rfc3339_ms, Appended, ChannelName, IdempotencyKey, NewMessage, Tags};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::api::extract::{check_depth, read_limited};
 use crate::api::publish::{after_takeover_error, forward_to_holder};
-use crate::auth::{AuthError, Caller};
+use crate::auth_extract::Caller;
 use crate::forward::Forwarded;
 use crate::{metrics, AppState, Error, HolderWrite, Result};
 

@@ -10,11 +10,12 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
+use herald_auth::Principal;
 use herald_core::{ChannelName, Offset};
 use serde::Serialize;
 
 use crate::api::{forward_to_holder, ChannelPath};
-use crate::auth::{Caller, Principal};
+use crate::auth_extract::Caller;
 use crate::forward::Forwarded;
 use crate::{retention, AppState, HolderWrite, Result};
 

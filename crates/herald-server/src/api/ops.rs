@@ -11,7 +11,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::api::{FromQuery, QueryParams, ValidQuery};
-use crate::auth::Caller;
+use crate::auth_extract::Caller;
 use crate::error::{StorageContext, StorageFailure};
 use crate::forward::HolderView;
 use crate::{metrics, AppState, Error, Result};

@@ -11,7 +11,7 @@ use herald_core::{format_rfc3339_ms, Appended, ChannelName, NewMessage};
 use serde::Serialize;
 
 use crate::api::extract::{idempotency_key, ChannelPath, PublishBody};
-use crate::auth::Caller;
+use crate::auth_extract::Caller;
 use crate::forward::{was_forwarded, ForwardRequest, Forwarded, HolderView};
 use crate::{metrics, AppState, Error, HolderWrite, Result};
 

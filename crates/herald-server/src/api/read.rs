@@ -6,7 +6,7 @@ use herald_core::{ChannelName, Message, Offset};
 use serde::Serialize;
 
 use crate::api::extract::{ChannelPath, FromQuery, QueryParams, ValidQuery};
-use crate::auth::Caller;
+use crate::auth_extract::Caller;
 use crate::error::StorageContext;
 use crate::{AppState, Error, Result};
 

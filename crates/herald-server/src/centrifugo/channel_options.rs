@@ -5,10 +5,10 @@
 //! `[auth.default_namespace]`), each defaulting to the `[centrifugo]`
 //! setting of the same name when the rule does not say.
 
+use herald_auth::NamespaceRule;
 use herald_core::ChannelName;
 
 use super::CentrifugoConfig;
-use crate::auth::NamespaceRule;
 use crate::AppState;
 
 /// The options in force for one channel.

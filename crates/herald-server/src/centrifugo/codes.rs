@@ -54,8 +54,8 @@ impl ReplyError {
     /// 111, bad input → 107, a message too large → 106, everything the
     /// client cannot fix (storage down, no holder, draining) → 100.
     pub(crate) fn from_error(e: &crate::Error) -> Self {
-        use crate::auth::AuthError;
         use crate::Error;
+        use herald_auth::AuthError;
         match e {
             Error::Auth(AuthError::TokenExpired) => Self::token_expired(),
             Error::Auth(AuthError::Forbidden(_)) => Self::permission_denied(),

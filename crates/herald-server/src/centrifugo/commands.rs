@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use herald_auth::{AuthError, Credential, Principal};
 use herald_core::{ChannelName, Message, Offset, Tags};
 use herald_storage::{ClientInfo, PresenceEvent, PresenceEventKind};
 use serde::Serialize;
@@ -24,7 +25,6 @@ use super::recovery::{self, Recovery};
 use super::session::{
     max_commands_per_frame, Out, Session, Stop, Sub, Writer, MAX_DENIALS_LOGGED, REPLY_FRAME_BYTES,
 };
-use crate::auth::{AuthError, Credential, Principal};
 use crate::error::StorageContext;
 use crate::subscription::{Item, Subscription};
 

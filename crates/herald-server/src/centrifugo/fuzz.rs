@@ -28,6 +28,7 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use base64::Engine;
+use herald_auth::{api_key_sha256, generate_api_key, ApiKeyConfig, AuthConfig, Permission};
 use herald_core::FencingToken;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -35,7 +36,6 @@ use serde_json::{json, Map, Value};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
-use crate::auth::{api_key_sha256, generate_api_key, ApiKeyConfig, AuthConfig, Permission};
 use crate::testing::{FakeLease, MemoryStorage};
 use crate::{app, AppState, ServerConfig};
 

@@ -13,13 +13,13 @@
 //! forwards a publish, `forward.rs`) and returns its answer.
 
 use axum::http::{HeaderMap, StatusCode};
+use herald_auth::Principal;
 use herald_core::ChannelName;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::codes::ReplyError;
 use crate::api::forward_to_holder;
-use crate::auth::Principal;
 use crate::forward::Forwarded;
 use crate::{retention, AppState, Error};
 

@@ -6,7 +6,7 @@
 //! recovery succeeds for any offset the channel still holds, however old.
 //!
 //! A subscriber that may not read the channel's history (its namespace has
-//! `history = false`; [`crate::auth::Auth::live_only_window`]) recovers
+//! `history = false`; [`herald_auth::Auth::live_only_window`]) recovers
 //! only what it could have seen live: the missed publications are handed
 //! over only when the oldest of them was published less than the history
 //! resume window ago, else the answer is `recovered: false` at the head

@@ -22,6 +22,8 @@ use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use bytes::Bytes;
+use herald_auth::policy::Pattern;
+use herald_auth::{Credential, Principal};
 use herald_core::{ChannelName, IdempotencyKey, Tags};
 use herald_storage::ClusterEvent;
 use serde::Deserialize;
@@ -32,7 +34,7 @@ use super::codes::{self, ReplyError};
 use super::history::{history, Budget, HistoryQuery};
 use super::protocol::{object, publications, StreamPosition};
 use crate::api::read_limited;
-use crate::auth::{Credential, Pattern, Principal};
+use crate::auth_extract::RequestPrincipal;
 use crate::{AppState, Error};
 
 /// A method's result, kept as JSON text (publication data stays byte
@@ -124,7 +126,7 @@ pub(crate) async fn call(
 /// key is missing or unknown. `?api_key=` is percent-decoded, as any query
 /// parameter. A call a standby forwarded (`Herald-Forwarded-By`,
 /// `history_remove`) is the cluster's when it carries the cluster secret,
-/// and `None` without it, as a forwarded publish is (`auth/extract.rs`).
+/// and `None` without it, as a forwarded publish is (`auth_extract.rs`).
 async fn principal(state: &AppState, headers: &HeaderMap, uri: &Uri) -> Option<Principal> {
     let auth = &state.shared.auth();
     if crate::forward::was_forwarded(headers) {
@@ -629,9 +631,9 @@ mod tests {
     use tower::ServiceExt;
 
     use super::*;
-    use crate::auth::{api_key_sha256, generate_api_key, ApiKeyConfig, AuthConfig, Permission};
     use crate::testing::{FakeLease, MemoryStorage};
     use crate::{app, ServerConfig};
+    use herald_auth::{api_key_sha256, generate_api_key, ApiKeyConfig, AuthConfig, Permission};
 
     /// A holder with one API key that may do everything; the key.
     async fn node() -> (AppState, String, CancellationToken) {

@@ -25,6 +25,7 @@ use axum::extract::{Extension, State};
 use axum::response::Response;
 use futures::stream::SplitSink;
 use futures::{SinkExt, StreamExt};
+use herald_auth::Principal;
 use herald_core::ChannelName;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -34,7 +35,6 @@ use tracing::Instrument;
 
 use super::codes::{self, Disconnect};
 use super::registry::{Control, Mailbox};
-use crate::auth::Principal;
 use crate::conn_limit::ClientSlot;
 use crate::{AppState, Error, Result};
 

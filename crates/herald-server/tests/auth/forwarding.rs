@@ -2,7 +2,8 @@
 //! credentials itself and forwards with the cluster secret; the holder
 //! trusts a forwarded publish only with the right secret.
 
-use herald_server::{Secret, ServerConfig};
+use herald_auth::Secret;
+use herald_server::ServerConfig;
 use serde_json::json;
 
 use crate::{assert_refused, get, on_both_backends, publish_as, Backend, Creds, Node, Place, Role};

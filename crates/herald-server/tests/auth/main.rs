@@ -14,10 +14,11 @@ mod limits;
 mod secrets;
 mod tokens;
 
-use herald_server::{
+use herald_auth::{
     api_key_sha256, generate_api_key, ApiKeyConfig, AuthConfig, JwtConfig, NamespaceRule,
-    NamespacesConfig, OneOrMany, Permission, PublishRule, Secret, ServerConfig, SubscribeRule,
+    NamespacesConfig, OneOrMany, Permission, PublishRule, Secret, SubscribeRule,
 };
+use herald_server::ServerConfig;
 pub(crate) use herald_testkit::node::{Node, Role};
 pub(crate) use herald_testkit::place::{Backend, Place};
 use jsonwebtoken::{encode, EncodingKey, Header};

@@ -7,16 +7,15 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use herald_auth::{Auth, AuthConfig, NamespacesConfig, NoFetch};
 use herald_lease::{
     default_renew_statement_timeout, LeaseConfig, RENEW_ATTEMPT_SLACK, SHORTEST_DERIVED_TTL,
 };
-use herald_server::{
-    Auth, AuthConfig, CentrifugoConfig, CorsConfig, NamespacesConfig, RetentionHandle,
-    ServerConfig, TlsCertificates,
-};
+use herald_server::{CentrifugoConfig, CorsConfig, RetentionHandle, ServerConfig, TlsCertificates};
 use tracing::warn;
 
 use crate::config_file::ConfigFile;
@@ -395,7 +394,7 @@ pub(crate) fn check(args: &ServeArgs, file: &ConfigFile) -> anyhow::Result<Check
     let namespaces = file.namespaces.clone().unwrap_or_default();
     // Key hashes, key files, secret lengths and rates, checked as the
     // server will check them at its start.
-    Auth::new(&auth, &namespaces).map_err(|e| anyhow::anyhow!("[auth]: {e}"))?;
+    Auth::new(&auth, &namespaces, Arc::new(NoFetch)).map_err(|e| anyhow::anyhow!("[auth]: {e}"))?;
     Ok(Checked {
         lease_config,
         exposure,

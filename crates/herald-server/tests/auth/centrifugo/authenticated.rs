@@ -4,7 +4,7 @@
 //! one, the reason logged (INFO `permission denied` with the client's
 //! user, the channel and why).
 
-use herald_server::{NamespaceRule, SubscribeRule};
+use herald_auth::{NamespaceRule, SubscribeRule};
 use serde_json::json;
 
 use super::client::Client;

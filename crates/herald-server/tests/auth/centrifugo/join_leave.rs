@@ -7,7 +7,8 @@
 //! PostgreSQL) reach the other node, in order, with an `info` too long
 //! for a notification left out, and when the node drains.
 
-use herald_server::{CentrifugoConfig, NamespaceRule, ServerConfig};
+use herald_auth::NamespaceRule;
+use herald_server::{CentrifugoConfig, ServerConfig};
 use serde_json::{json, Value};
 
 use super::api;

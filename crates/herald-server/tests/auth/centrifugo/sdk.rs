@@ -18,7 +18,8 @@
 //! them in `HERALD_TEST_NODE_CLIENTS` (and `node` in `HERALD_TEST_NODE`,
 //! else `node` on `PATH`) and `HERALD_TEST_PYTHON`.
 
-use herald_server::{CentrifugoConfig, NamespaceRule, ServerConfig};
+use herald_auth::NamespaceRule;
+use herald_server::{CentrifugoConfig, ServerConfig};
 use herald_testkit::sdk::{is, Sdk, SdkClient};
 use herald_testkit::{within, NODE_WAIT};
 use serde_json::{json, Value};
@@ -564,7 +565,7 @@ async fn a_plain_token_in_an_authenticated_namespace(backend: Backend) {
     config.namespaces.insert(
         "members".to_owned(),
         NamespaceRule {
-            subscribe: herald_server::SubscribeRule::Authenticated,
+            subscribe: herald_auth::SubscribeRule::Authenticated,
             ..NamespaceRule::default()
         },
     );

@@ -4,22 +4,48 @@
 //! token names a `kid` it does not hold, as Centrifugo's JWKS endpoint
 //! option does, so that a key rotation needs no restart.
 //!
-//! A fetch is bounded: [`FETCH_TIMEOUT`] for the whole request, a body of
-//! at most [`MAX_JWKS_BYTES`], no redirect followed; and rate-limited: at
-//! most one fetch per refetch interval, whatever the tokens ask, so a
-//! flood of tokens with made-up `kid`s costs the JWKS server one request
-//! per interval. While one fetch runs, the others wait for it and use its
-//! keys. A failed fetch keeps the keys in hand.
+//! The fetch itself is the caller's [`JwksFetch`] (herald-auth knows no
+//! HTTP; the server's is bounded in time and size and follows no
+//! redirect). Fetches are rate-limited here: at most one per refetch
+//! interval, whatever the tokens ask, so a flood of tokens with made-up
+//! `kid`s costs the JWKS server one request per interval. While one fetch
+//! runs, the others wait for it and use its keys. A failed fetch keeps the
+//! keys in hand.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
 use jsonwebtoken::jwk::{AlgorithmParameters, JwkSet};
 use jsonwebtoken::{Algorithm, DecodingKey};
 use tracing::{info, warn};
+use url::Url;
 
-use super::wall_clock::WallClock;
+use crate::wall_clock::WallClock;
+
+/// Fetches the JWKS document served at a URL: the body's bytes, or why
+/// not (the message names no secret; it is logged with the URL).
+#[async_trait::async_trait]
+pub trait JwksFetch: Send + Sync + std::fmt::Debug {
+    /// The body of a successful answer to a GET of `url`.
+    ///
+    /// # Errors
+    /// Why there is none: the request failed, the answer was not a
+    /// success, the body was too large ...
+    async fn fetch(&self, url: &Url) -> Result<Vec<u8>, String>;
+}
+
+/// A [`JwksFetch`] that fetches nothing: for an [`crate::access::Auth`]
+/// built only to check settings, which verifies no token. Every fetch
+/// fails.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoFetch;
+
+#[async_trait::async_trait]
+impl JwksFetch for NoFetch {
+    async fn fetch(&self, _url: &Url) -> Result<Vec<u8>, String> {
+        Err("this node fetches no JWKS".to_owned())
+    }
+}
 
 /// One verification key.
 pub(crate) struct Key {
@@ -31,11 +57,6 @@ pub(crate) struct Key {
     pub(crate) key: DecodingKey,
 }
 
-/// Longest a JWKS fetch may take, connection and body included.
-pub(crate) const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
-/// Largest JWKS document accepted from a URL, bytes (a set of a few dozen
-/// RSA keys is about 20 KB).
-pub(crate) const MAX_JWKS_BYTES: usize = 256 * 1024;
 /// Default time a fetched JWKS is used before it is fetched again, seconds.
 pub(crate) const DEFAULT_CACHE_TTL_S: u64 = 3600;
 /// Default shortest time between two fetches, seconds.
@@ -80,9 +101,8 @@ pub(crate) fn keys_of(bytes: &[u8], what: &str) -> Result<Vec<Key>, String> {
 ///
 /// # Errors
 /// A message saying what is wrong with it.
-pub(crate) fn check_url(text: &str) -> Result<reqwest::Url, String> {
-    let url =
-        reqwest::Url::parse(text).map_err(|e| format!("auth.jwt.jwks_url: not a URL: {e}"))?;
+pub(crate) fn check_url(text: &str) -> Result<Url, String> {
+    let url = Url::parse(text).map_err(|e| format!("auth.jwt.jwks_url: not a URL: {e}"))?;
     if !url.username().is_empty() || url.password().is_some() {
         return Err("auth.jwt.jwks_url: must not hold a user name or password".to_owned());
     }
@@ -107,8 +127,9 @@ pub(crate) fn check_url(text: &str) -> Result<reqwest::Url, String> {
 
 /// A JWKS served at a URL, with the keys of its last good fetch.
 pub(crate) struct RemoteJwks {
-    url: reqwest::Url,
-    client: reqwest::Client,
+    url: Url,
+    /// Fetches the set (the caller's HTTP client).
+    fetch: Arc<dyn JwksFetch>,
     /// How long a fetched set is used before it is fetched again, ms.
     cache_ttl_ms: u64,
     /// Shortest time between two fetch attempts, ms.
@@ -132,34 +153,24 @@ impl std::fmt::Debug for RemoteJwks {
 }
 
 impl RemoteJwks {
-    /// The JWKS at `url` (checked by [`check_url`]), used for
-    /// `cache_ttl_s` seconds, fetched at most once per `refetch_interval_s`
-    /// seconds. Nothing is fetched yet.
-    ///
-    /// # Errors
-    /// The HTTP client cannot be built.
+    /// The JWKS at `url` (checked by [`check_url`]), fetched by `fetch`,
+    /// used for `cache_ttl_s` seconds, fetched at most once per
+    /// `refetch_interval_s` seconds. Nothing is fetched yet.
     pub(crate) fn new(
-        url: reqwest::Url,
+        url: Url,
         cache_ttl_s: u64,
         refetch_interval_s: u64,
-    ) -> Result<Self, String> {
-        let client = reqwest::Client::builder()
-            .timeout(FETCH_TIMEOUT)
-            .connect_timeout(FETCH_TIMEOUT)
-            // A redirect could lead to any server; a JWKS is fetched from
-            // the configured one only.
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(|e| format!("auth.jwt.jwks_url: cannot build an HTTP client: {e}"))?;
-        Ok(Self {
+        fetch: Arc<dyn JwksFetch>,
+    ) -> Self {
+        Self {
             url,
-            client,
+            fetch,
             cache_ttl_ms: cache_ttl_s.saturating_mul(1000),
             refetch_interval_ms: refetch_interval_s.saturating_mul(1000),
             keys: RwLock::new(Arc::new(Vec::new())),
             fetched_at_ms: AtomicU64::new(0),
             last_attempt_ms: tokio::sync::Mutex::new(None),
-        })
+        }
     }
 
     /// The keys of the last good fetch.
@@ -222,36 +233,9 @@ impl RemoteJwks {
         }
     }
 
-    /// GETs the set and reads its keys.
+    /// Fetches the set and reads its keys.
     async fn fetch(&self) -> Result<Vec<Key>, String> {
-        let mut response = self
-            .client
-            .get(self.url.clone())
-            .header(reqwest::header::ACCEPT, "application/json")
-            .send()
-            .await
-            .map_err(|e| format!("request failed: {e}"))?;
-        if !response.status().is_success() {
-            return Err(format!("answered {}", response.status()));
-        }
-        let too_big = || format!("the JWKS is larger than {MAX_JWKS_BYTES} bytes");
-        if response
-            .content_length()
-            .is_some_and(|n| n > MAX_JWKS_BYTES as u64)
-        {
-            return Err(too_big());
-        }
-        let mut body = Vec::new();
-        while let Some(chunk) = response
-            .chunk()
-            .await
-            .map_err(|e| format!("reading the body failed: {e}"))?
-        {
-            if body.len() + chunk.len() > MAX_JWKS_BYTES {
-                return Err(too_big());
-            }
-            body.extend_from_slice(&chunk);
-        }
+        let body = self.fetch.fetch(&self.url).await?;
         keys_of(&body, "the JWKS")
     }
 }

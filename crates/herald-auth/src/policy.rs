@@ -3,22 +3,22 @@
 
 use herald_core::ChannelName;
 
-use super::config::{NamespaceRule, NamespacesConfig};
+use crate::config::{NamespaceRule, NamespacesConfig};
 
 /// A channel pattern: `*` matches any run of characters (`:` included),
 /// every other character itself. `news:*` covers `news:` and
 /// `news:sport:uk`; `*` covers every channel.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Pattern(String);
+pub struct Pattern(String);
 
 impl Pattern {
     /// The pattern `text`.
-    pub(crate) fn new(text: impl Into<String>) -> Self {
+    pub fn new(text: impl Into<String>) -> Self {
         Self(text.into())
     }
 
     /// `true` when the pattern covers `name`.
-    pub(crate) fn matches(&self, name: &str) -> bool {
+    pub fn matches(&self, name: &str) -> bool {
         glob_matches(self.0.as_bytes(), name.as_bytes())
     }
 }
@@ -197,7 +197,7 @@ impl Namespaces {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auth::config::SubscribeRule;
+    use crate::config::SubscribeRule;
 
     fn ch(name: &str) -> ChannelName {
         ChannelName::new(name).unwrap()
@@ -268,5 +268,73 @@ mod tests {
         assert_eq!(ns.rule(&ch("pub")).subscribe, SubscribeRule::Token);
         assert_eq!(ns.rule(&ch("other:a")).subscribe, SubscribeRule::Token);
         assert_eq!(ns.rule(&ch("a:pub:b")).subscribe, SubscribeRule::Token);
+    }
+}
+
+#[cfg(test)]
+mod token_entries {
+    //! A token's `channels`/`publish` entries against the documented rule
+    //! (`super::super::TokenPattern`): never a prefix, never across
+    //! a `:`, `*` only as a whole segment after the namespace.
+
+    use proptest::prelude::*;
+
+    use crate::policy::TokenPattern;
+
+    /// Segments that make prefixes, stars in and out of place, and empty
+    /// ones.
+    fn segment() -> impl Strategy<Value = String> {
+        proptest::sample::select(vec!["user", "42", "420", "4", "*", "42*", "*2", "", "a-b"])
+            .prop_map(str::to_owned)
+    }
+
+    fn text() -> impl Strategy<Value = String> {
+        proptest::collection::vec(segment(), 1..5).prop_map(|s| s.join(":"))
+    }
+
+    /// A channel-like name: the same segments without stars.
+    fn name() -> impl Strategy<Value = String> {
+        text().prop_map(|t| t.replace('*', ""))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: 2048,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
+        /// An entry is refused exactly when a `*` is not a whole segment
+        /// after the first `:`; one without `*` covers only its own
+        /// spelling; one with `*`s covers a name only segment by segment,
+        /// each `*` one non-empty segment.
+        #[test]
+        fn an_entry_covers_only_what_the_rule_says(entry in text(), name in name()) {
+            let segments: Vec<&str> = entry.split(':').collect();
+            let allowed = !entry.contains('*')
+                || (!segments[0].contains('*')
+                    && segments.iter().all(|s| !s.contains('*') || *s == "*"));
+            let parsed = TokenPattern::parse(&entry);
+            prop_assert_eq!(parsed.is_ok(), allowed, "{}", entry);
+            let Ok(pattern) = parsed else { return Ok(()) };
+            // The rule, written out segment by segment.
+            let rule = |name: &str| {
+                let parts: Vec<&str> = name.split(':').collect();
+                if entry.contains('*') {
+                    parts.len() == segments.len()
+                        && segments
+                            .iter()
+                            .zip(&parts)
+                            .all(|(s, p)| if *s == "*" { !p.is_empty() } else { s == p })
+                } else {
+                    entry == name
+                }
+            };
+            prop_assert_eq!(pattern.matches(&name), rule(&name), "{} {}", entry, name);
+            // Never a prefix: a name one character longer is covered only
+            // when the rule covers it (spelled out, or through a `*`).
+            let longer = format!("{name}0");
+            prop_assert_eq!(pattern.matches(&longer), rule(&longer), "{} {}", entry, longer);
+        }
     }
 }

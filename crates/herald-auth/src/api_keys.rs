@@ -7,17 +7,17 @@ use base64::Engine;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use super::config::{ApiKeyConfig, Permission};
-use super::policy::Patterns;
+use crate::config::{ApiKeyConfig, Permission};
+use crate::policy::Patterns;
 
 /// Random bytes in a generated API key (256 bits).
 const GENERATED_KEY_BYTES: usize = 32;
 
 /// One configured API key.
 #[derive(Debug)]
-pub(crate) struct ApiKey {
+pub struct ApiKey {
     /// Its name, for logs (never the key).
-    pub(crate) name: String,
+    pub name: String,
     /// SHA-256 of the key.
     hash: [u8; 32],
     permissions: Vec<Permission>,
@@ -27,7 +27,7 @@ pub(crate) struct ApiKey {
 
 impl ApiKey {
     /// `true` when the key has `permission`.
-    pub(crate) fn can(&self, permission: Permission) -> bool {
+    pub fn can(&self, permission: Permission) -> bool {
         self.permissions.contains(&permission)
     }
 }

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-#[cfg(test)]
+#[cfg(any(test, feature = "testing"))]
 use std::time::Duration;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -12,18 +12,18 @@ use std::time::{SystemTime, UNIX_EPOCH};
 /// JWKS refetch interval without waiting). Clones share the hand-set
 /// time.
 #[derive(Clone, Default)]
-pub(crate) struct WallClock(Option<Arc<AtomicU64>>);
+pub struct WallClock(Option<Arc<AtomicU64>>);
 
 impl WallClock {
     /// A clock that reads `unix_ms` until set or advanced.
-    #[cfg(test)]
-    pub(crate) fn manual(unix_ms: u64) -> Self {
+    #[cfg(any(test, feature = "testing"))]
+    pub fn manual(unix_ms: u64) -> Self {
         Self(Some(Arc::new(AtomicU64::new(unix_ms))))
     }
 
     /// Moves a hand-set clock forward by `by`.
-    #[cfg(test)]
-    pub(crate) fn advance(&self, by: Duration) {
+    #[cfg(any(test, feature = "testing"))]
+    pub fn advance(&self, by: Duration) {
         if let Some(ms) = &self.0 {
             ms.fetch_add(
                 u64::try_from(by.as_millis()).unwrap_or(u64::MAX),

@@ -2,7 +2,7 @@
 //! `[auth]` section ([`AuthConfig`]) and the `[namespaces.<name>]` tables
 //! ([`NamespacesConfig`]). `docs/security.md` documents every key.
 //!
-//! These are plain data; [`crate::auth::Auth::new`] checks them and builds
+//! These are plain data; [`crate::access::Auth::new`] checks them and builds
 //! what the server uses (hashes decoded, JWT keys read from their files).
 //! They serialize with every [`Secret`] masked as `"***"`, to show the
 //! effective settings without their secrets.

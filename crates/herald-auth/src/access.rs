@@ -1,63 +1,44 @@
-//! Access control: who may publish, read, subscribe and administer.
+//! [`Auth`]: the node's access control, built from the checked settings,
+//! and [`Principal`], who is asking once a credential is checked. `Auth`
+//! answers every question: `may_publish`, `may_subscribe`,
+//! `may_read_history`, `may_admin`, `may_scrape`, `take_publishes`.
 //!
-//! - `config.rs`: the `[auth]` and `[namespaces]` settings;
-//! - `api_keys.rs`: server-side API keys (SHA-256 hashes, constant-time
-//!   lookup, key generation);
-//! - `jwt.rs`: client tokens (JWT) and what they grant;
-//! - `jwks.rs`: JWKS documents and their keys, and a JWKS served at a
-//!   URL (cached, refetched for an unknown `kid` within a rate limit);
-//! - `wall_clock.rs`: the clock that `jwt.rs` and `jwks.rs` read;
-//! - `policy.rs`: channel patterns and namespace rules;
-//! - `extract.rs`: credentials from a request (headers, `?token=`), the
-//!   cluster secret of forwarded publishes, and the extractors handlers
-//!   use;
-//! - `rate_limit.rs`: publish rate per API key and per token subject;
-//! - `error.rs`: [`AuthError`], folded into [`crate::Error::Auth`].
-//!
-//! [`Auth`] holds the checked settings and answers every question. With
-//! neither an API key nor a JWT key configured, access control is off:
-//! every request is allowed, as on a development node on loopback.
+//! With neither an API key nor a JWT key configured, access control is
+//! off: every request is allowed, as on a development node on loopback.
 //! `docs/security.md` describes the model.
 
-mod api_keys;
-mod config;
-mod error;
-mod extract;
-mod jwks;
-mod jwt;
-mod log_limit;
-mod policy;
-#[cfg(test)]
-mod proptests;
-mod rate_limit;
-mod wall_clock;
-
-use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
+use std::sync::Arc;
 
 use herald_core::ChannelName;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-pub use api_keys::{api_key_sha256, generate_api_key};
-pub use config::{
-    ApiKeyConfig, AuthConfig, JwtConfig, NamespaceRule, NamespacesConfig, OneOrMany, Permission,
-    PublishRule, Secret, SubscribeRule, DEFAULT_HISTORY_RESUME_WINDOW,
+use crate::api_keys::{ApiKey, ApiKeys};
+use crate::config::{
+    AuthConfig, NamespaceRule, NamespacesConfig, Permission, PublishRule, SubscribeRule,
 };
-pub use error::{AuthError, KeyReloadError};
-pub(crate) use extract::{Caller, Credential, Subscriber, CLUSTER_SECRET};
-pub(crate) use jwt::TokenGrant;
+use crate::error::AuthError;
+use crate::jwks::JwksFetch;
+use crate::jwt::{JwtVerifier, TokenGrant};
+use crate::log_limit::LogLimit;
+use crate::policy::Namespaces;
+use crate::rate_limit::{Limit, PublishLimits, Rate, DEFAULT_RATE_PER_S};
 
-use api_keys::{ApiKey, ApiKeys};
-use jwt::JwtVerifier;
-use policy::Namespaces;
-pub(crate) use policy::Pattern;
-use rate_limit::{Limit, PublishLimits, Rate, DEFAULT_RATE_PER_S};
-
-use crate::StartError;
+/// A credential as presented, whatever carried it (a header, `?token=`,
+/// a WebSocket's first frame, a Centrifugo command).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Credential<'a> {
+    /// `Authorization: Bearer`: an API key or a token.
+    Bearer(&'a str),
+    /// `X-API-Key`: an API key only.
+    ApiKey(&'a str),
+    /// `?token=` or a WebSocket's first frame: a token only.
+    Token(&'a str),
+}
 
 /// Who is asking, once the request's credentials are checked.
 #[derive(Debug, Clone)]
-pub(crate) enum Principal {
+pub enum Principal {
     /// No credentials (or access control is off).
     Anonymous,
     /// A configured API key.
@@ -71,7 +52,7 @@ pub(crate) enum Principal {
 
 impl Principal {
     /// The token, for a token principal (its `exp` bounds a subscription).
-    pub(crate) fn token(&self) -> Option<&TokenGrant> {
+    pub fn token(&self) -> Option<&TokenGrant> {
         match self {
             Self::Token(grant) => Some(grant),
             _ => None,
@@ -116,28 +97,38 @@ pub struct Auth {
     history_resume_window: std::time::Duration,
     /// The WARN of a forwarded request refused for its cluster secret, at
     /// most one a minute.
-    forward_refusals: log_limit::LogLimit,
+    forward_refusals: LogLimit,
+    /// Fetches `[auth.jwt] jwks_url` for this access control and the
+    /// next one a reload builds.
+    jwks_fetch: Arc<dyn JwksFetch>,
 }
 
 impl Auth {
     /// Checks `config` and `namespaces` and builds the access control: API
-    /// key hashes decoded, JWT key files read, rate limits set up.
+    /// key hashes decoded, JWT key files read, rate limits set up. A
+    /// `jwks_url` is fetched through `jwks_fetch` when a token first needs
+    /// it (the caller's HTTP client; [`crate::jwks::NoFetch`] where no
+    /// token is verified, as in a config check).
     ///
     /// # Errors
-    /// [`StartError::Config`] naming the setting that is wrong (a hash that
+    /// [`AuthError::Config`] naming the setting that is wrong (a hash that
     /// is not 64 hex digits, an unreadable key file, a bad rate ...).
-    pub fn new(config: &AuthConfig, namespaces: &NamespacesConfig) -> Result<Self, StartError> {
-        let keys = ApiKeys::new(&config.api_keys).map_err(StartError::Config)?;
+    pub fn new(
+        config: &AuthConfig,
+        namespaces: &NamespacesConfig,
+        jwks_fetch: Arc<dyn JwksFetch>,
+    ) -> Result<Self, AuthError> {
+        let keys = ApiKeys::new(&config.api_keys).map_err(AuthError::Config)?;
         let jwt = config
             .jwt
             .as_ref()
-            .map(JwtVerifier::new)
+            .map(|jwt| JwtVerifier::new(jwt, Arc::clone(&jwks_fetch)))
             .transpose()
-            .map_err(StartError::Config)?
+            .map_err(AuthError::Config)?
             .map(Arc::new);
         let rate = |per_s: Option<f64>, burst: Option<u32>, what: &str| {
             Rate::new(per_s.unwrap_or(DEFAULT_RATE_PER_S), burst)
-                .map_err(|e| StartError::Config(format!("{what}: {e}")))
+                .map_err(|e| AuthError::Config(format!("{what}: {e}")))
         };
         let auth_sets_rate = config.publish_rate_per_s.is_some() || config.publish_burst.is_some();
         let auth_setting = if auth_sets_rate {
@@ -179,7 +170,7 @@ impl Auth {
         }
         if let Some(secret) = &config.cluster_secret {
             if secret.expose().len() < 16 {
-                return Err(StartError::Config(
+                return Err(AuthError::Config(
                     "auth.cluster_secret must be at least 16 bytes".to_owned(),
                 ));
             }
@@ -196,7 +187,8 @@ impl Auth {
             limits: PublishLimits::new(key_limits, subject_limit),
             protect_metrics: config.protect_metrics,
             history_resume_window: config.history_resume_window(),
-            forward_refusals: log_limit::LogLimit::default(),
+            forward_refusals: LogLimit::default(),
+            jwks_fetch,
         })
     }
 
@@ -205,11 +197,11 @@ impl Auth {
     /// files hold now. Without `[auth.jwt]`, nothing to do.
     ///
     /// # Errors
-    /// [`KeyReloadError`] naming the file that cannot be read or holds no
-    /// usable key; the keys in force stay.
-    pub fn reload_jwt_keys(&self) -> Result<usize, KeyReloadError> {
+    /// [`AuthError::KeyReload`] naming the file that cannot be read or
+    /// holds no usable key; the keys in force stay.
+    pub fn reload_jwt_keys(&self) -> Result<usize, AuthError> {
         match &self.jwt {
-            Some(jwt) => jwt.reload().map_err(KeyReloadError),
+            Some(jwt) => jwt.reload().map_err(AuthError::KeyReload),
             None => Ok(0),
         }
     }
@@ -238,7 +230,7 @@ impl Auth {
 
     /// The rule of `channel`'s namespace (the default rule for a channel
     /// without one, or in a namespace not listed).
-    pub(crate) fn namespace_rule(&self, channel: &ChannelName) -> &NamespaceRule {
+    pub fn namespace_rule(&self, channel: &ChannelName) -> &NamespaceRule {
         self.namespaces.rule(channel)
     }
 
@@ -262,11 +254,7 @@ impl Auth {
     /// # Errors
     /// [`AuthError::MissingCredentials`] without credentials,
     /// [`AuthError::Forbidden`] when they do not allow it.
-    pub(crate) fn may_publish(
-        &self,
-        who: &Principal,
-        channel: &ChannelName,
-    ) -> Result<(), AuthError> {
+    pub fn may_publish(&self, who: &Principal, channel: &ChannelName) -> Result<(), AuthError> {
         if !self.enabled {
             return Ok(());
         }
@@ -306,11 +294,7 @@ impl Auth {
     /// # Errors
     /// As [`Auth::may_publish`]; the message says what the channel's
     /// namespace rule needs and what the credentials lack.
-    pub(crate) fn may_subscribe(
-        &self,
-        who: &Principal,
-        channel: &ChannelName,
-    ) -> Result<(), AuthError> {
+    pub fn may_subscribe(&self, who: &Principal, channel: &ChannelName) -> Result<(), AuthError> {
         self.may_follow(who, channel, Access::Subscribe)
     }
 
@@ -378,7 +362,7 @@ impl Auth {
     ///
     /// # Errors
     /// As [`Auth::may_publish`].
-    pub(crate) fn may_read_history(
+    pub fn may_read_history(
         &self,
         who: &Principal,
         channel: &ChannelName,
@@ -410,7 +394,7 @@ impl Auth {
     /// head, and a resume point below it is honoured only when the oldest
     /// message after it was published less than this long ago (see
     /// `docs/security.md`, "History and live-only subscribers").
-    pub(crate) fn live_only_window(
+    pub fn live_only_window(
         &self,
         who: &Principal,
         channel: &ChannelName,
@@ -436,7 +420,7 @@ impl Auth {
     ///
     /// # Errors
     /// As [`Auth::may_publish`].
-    pub(crate) fn may_admin(&self, who: &Principal) -> Result<(), AuthError> {
+    pub fn may_admin(&self, who: &Principal) -> Result<(), AuthError> {
         if !self.enabled {
             return Ok(());
         }
@@ -455,7 +439,7 @@ impl Auth {
     ///
     /// # Errors
     /// As [`Auth::may_admin`].
-    pub(crate) fn may_scrape(&self, who: &Principal) -> Result<(), AuthError> {
+    pub fn may_scrape(&self, who: &Principal) -> Result<(), AuthError> {
         if self.protect_metrics {
             self.may_admin(who)
         } else {
@@ -468,7 +452,7 @@ impl Auth {
     ///
     /// # Errors
     /// [`AuthError::RateLimited`] with the wait.
-    pub(crate) fn take_publishes(&self, who: &Principal, messages: usize) -> Result<(), AuthError> {
+    pub fn take_publishes(&self, who: &Principal, messages: usize) -> Result<(), AuthError> {
         match who {
             Principal::Key(key) => self.limits.check_key(&key.name, messages),
             Principal::Token(grant) => self.limits.check_subject(&grant.subject, messages),
@@ -477,124 +461,109 @@ impl Auth {
     }
 }
 
-/// The access control in force on one node. A reload
-/// ([`AuthReload::replace`]) swaps it whole; each request reads it once
-/// ([`AuthSlot::load`]) and is judged by one version throughout.
-#[derive(Debug)]
-pub(crate) struct AuthSlot(RwLock<Arc<Auth>>);
-
-impl AuthSlot {
-    /// A slot holding `auth`.
-    pub(crate) fn new(auth: Auth) -> Self {
-        Self(RwLock::new(Arc::new(auth)))
-    }
-
-    /// The access control in force now.
-    pub(crate) fn load(&self) -> Arc<Auth> {
-        Arc::clone(&self.0.read().unwrap_or_else(PoisonError::into_inner))
-    }
-
-    fn store(&self, auth: Auth) {
-        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(auth);
-    }
-}
-
-/// Reloads the access control of the nodes started with a
-/// [`crate::ServerConfig`] holding it: `herald serve` calls
-/// [`AuthReload::replace`] on SIGHUP when the config file's `[auth]` or
-/// `[namespaces]` changed (API keys, JWT keys, namespace rules, publish
-/// rates, `protect_metrics`, `history_resume_window`), and
-/// [`AuthReload::reload_jwt_keys`] when they did not, so that a key added
-/// to the JWKS file for a rotation is accepted without a restart. Clones
-/// share the same nodes. It is not a setting: two handles compare equal.
-#[derive(Clone, Default)]
-pub struct AuthReload(Arc<Mutex<Vec<Weak<AuthSlot>>>>);
-
-impl AuthReload {
-    /// Has the access control in `slot` reloaded by this handle from now
-    /// on.
-    pub(crate) fn attach(&self, slot: &Arc<AuthSlot>) {
-        let mut nodes = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        nodes.retain(|node| node.strong_count() > 0);
-        nodes.push(Arc::downgrade(slot));
-    }
-
-    /// The slots of the nodes still running.
-    fn slots(&self) -> Vec<Arc<AuthSlot>> {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect()
-    }
-
-    /// Reads the JWT key files of every running node attached again; the
-    /// number of keys they hold now (summed over the nodes).
+impl Auth {
+    /// Who presents `credential` (none: [`Principal::Anonymous`]). With
+    /// access control off, always anonymous.
     ///
     /// # Errors
-    /// [`KeyReloadError`] naming the file that cannot be read or holds no
-    /// usable key; that node keeps the keys in force.
-    pub fn reload_jwt_keys(&self) -> Result<usize, KeyReloadError> {
-        let mut keys = 0;
-        for slot in self.slots() {
-            keys += slot.load().reload_jwt_keys()?;
-        }
-        Ok(keys)
-    }
-
-    /// Puts `config` and `namespaces` in force on every running node
-    /// attached, checked as at the start ([`Auth::new`]: key files read
-    /// again). Requests from then on are judged by them; subscriptions
-    /// already open stay open (a token's still end at its `exp`). The
-    /// publish rate buckets start full again. The cluster secret in force
-    /// stays: the forwarder sends the one it started with, so a new one
-    /// takes effect at the next restart. Returns the number of nodes
-    /// whose access control was replaced.
-    ///
-    /// # Errors
-    /// [`StartError::Config`] naming the setting that is wrong, or when
-    /// the new settings would turn access control off (no API key, no
-    /// `[auth.jwt]`) on a node that has it on: that needs a restart, which
-    /// checks the exposure again. The settings in force stay.
-    pub fn replace(
+    /// [`AuthError::InvalidCredentials`] for an unknown API key or a token
+    /// that does not verify; [`AuthError::TokenExpired`] for an expired
+    /// one.
+    pub async fn resolve(
         &self,
-        config: &AuthConfig,
-        namespaces: &NamespacesConfig,
-    ) -> Result<usize, StartError> {
-        let slots = self.slots();
-        let mut built = Vec::with_capacity(slots.len());
-        for slot in &slots {
-            let current = slot.load();
-            let mut next = Auth::new(config, namespaces)?;
-            if current.enabled && !next.enabled {
-                return Err(StartError::Config(
-                    "the new [auth] has neither API keys nor [auth.jwt]: turning access control \
-                     off needs a restart"
-                        .to_owned(),
-                ));
+        credential: Option<Credential<'_>>,
+    ) -> Result<Principal, AuthError> {
+        if !self.enabled {
+            return Ok(Principal::Anonymous);
+        }
+        match credential {
+            None => Ok(Principal::Anonymous),
+            Some(Credential::ApiKey(text)) => self
+                .keys
+                .find(text)
+                .map(Principal::Key)
+                .ok_or_else(|| AuthError::InvalidCredentials("unknown API key".to_owned())),
+            Some(Credential::Token(text)) => self.token(text).await,
+            Some(Credential::Bearer(text)) => match self.keys.find(text) {
+                Some(key) => Ok(Principal::Key(key)),
+                // A JWT has three dot-separated parts; an API key has none.
+                None if text.contains('.') => self.token(text).await,
+                None => Err(AuthError::InvalidCredentials(
+                    "unknown API key or invalid token".to_owned(),
+                )),
+            },
+        }
+    }
+
+    /// The principal of the client token `text`.
+    async fn token(&self, text: &str) -> Result<Principal, AuthError> {
+        match &self.jwt {
+            Some(jwt) => jwt.verify(text).await.map(|g| Principal::Token(g.into())),
+            None => Err(AuthError::InvalidCredentials(
+                "this server accepts API keys only, no tokens".to_owned(),
+            )),
+        }
+    }
+
+    /// The principal of a write forwarded by another node, which presents
+    /// the cluster secret `presented` (if any) and names itself
+    /// `forwarded_by` (its node id, for the log): [`Principal::Cluster`]
+    /// with the cluster secret; without it, refused once a cluster secret
+    /// or access control is configured (and anonymous on an open node, as
+    /// before).
+    ///
+    /// # Errors
+    /// [`AuthError::InvalidCredentials`] without the right cluster secret;
+    /// such a refusal is logged (WARN, at most one a minute).
+    pub fn forwarded(
+        &self,
+        presented: Option<&[u8]>,
+        forwarded_by: &str,
+    ) -> Result<Principal, AuthError> {
+        if self.cluster_secret.is_none() && !self.enabled {
+            return Ok(Principal::Anonymous);
+        }
+        match presented {
+            Some(secret) if self.is_cluster_secret(secret) => Ok(Principal::Cluster),
+            _ => {
+                self.warn_forward_refused(forwarded_by, presented.is_some());
+                Err(AuthError::InvalidCredentials(
+                    "a forwarded request needs the cluster secret".to_owned(),
+                ))
             }
-            next.cluster_secret = current.cluster_secret;
-            built.push(next);
         }
-        for (slot, next) in slots.iter().zip(built) {
-            slot.store(next);
-        }
-        Ok(slots.len())
+    }
+
+    /// Logs a WARN (at most one per [`crate::log_limit::LOG_INTERVAL`])
+    /// for a forwarded request refused for its cluster secret: without
+    /// it, every publish that reaches a standby fails with 401 and the
+    /// operator would hear of it only from the clients.
+    fn warn_forward_refused(&self, forwarded_by: &str, presented: bool) {
+        let Some(held_back) = self.forward_refusals.allow() else {
+            return;
+        };
+        let forwarded_by = forwarded_by.get(..64).unwrap_or(forwarded_by);
+        let reason = match (presented, self.cluster_secret.is_some()) {
+            (_, false) => "this node has no auth.cluster_secret",
+            (false, true) => "the request carries no cluster secret",
+            (true, true) => "the request's cluster secret differs from this node's",
+        };
+        tracing::warn!(
+            forwarded_by,
+            reason,
+            refused_since_last_warning = held_back,
+            "refused a forwarded request (401): give every node the same auth.cluster_secret"
+        );
+    }
+
+    /// The fetcher of `jwks_url` this access control was built with.
+    pub(crate) fn jwks_fetch(&self) -> Arc<dyn JwksFetch> {
+        Arc::clone(&self.jwks_fetch)
+    }
+
+    /// Keeps the cluster secret of `current`: a reload does not change
+    /// it (the forwarder sends the one it started with).
+    pub(crate) fn keep_cluster_secret(&mut self, current: &Self) {
+        self.cluster_secret = current.cluster_secret;
     }
 }
-
-impl std::fmt::Debug for AuthReload {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("AuthReload")
-    }
-}
-
-/// Not a setting: every handle equals every other.
-impl PartialEq for AuthReload {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-
-impl Eq for AuthReload {}

@@ -1,4 +1,5 @@
-//! Credentials from a request, and the extractors handlers use:
+//! Credentials from a request for herald-auth's [`Auth`], and the
+//! extractors handlers use:
 //! [`Caller`] (headers only) and [`Subscriber`] (headers, or `?token=` for
 //! browsers' `EventSource` and WebSocket, which cannot set headers).
 //!
@@ -20,26 +21,16 @@ use axum::extract::{FromRequestParts, Query};
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName};
+use herald_auth::{Auth, AuthError, Credential, Principal};
 
-use super::{Auth, AuthError, Principal};
-use crate::forward::was_forwarded;
+use crate::forward::{was_forwarded, CLUSTER_SECRET, FORWARDED_BY};
 use crate::{AppState, Error};
 
-/// The header that carries the cluster secret on a forwarded publish.
-pub(crate) const CLUSTER_SECRET: HeaderName = HeaderName::from_static("herald-cluster-secret");
+#[cfg(test)]
+mod proptests;
+
 /// Centrifugo's API key header.
 const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
-
-/// A credential as presented.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Credential<'a> {
-    /// `Authorization: Bearer`: an API key or a token.
-    Bearer(&'a str),
-    /// `X-API-Key`: an API key only.
-    ApiKey(&'a str),
-    /// `?token=` or a WebSocket's first frame: a token only.
-    Token(&'a str),
-}
 
 /// The credential in `headers`, if one.
 ///
@@ -84,50 +75,9 @@ pub(crate) fn from_headers(headers: &HeaderMap) -> Result<Option<Credential<'_>>
     }
 }
 
-impl Auth {
-    /// Who presents `credential` (none: [`Principal::Anonymous`]). With
-    /// access control off, always anonymous.
-    ///
-    /// # Errors
-    /// [`AuthError::InvalidCredentials`] for an unknown API key or a token
-    /// that does not verify; [`AuthError::TokenExpired`] for an expired
-    /// one.
-    pub(crate) async fn resolve(
-        &self,
-        credential: Option<Credential<'_>>,
-    ) -> Result<Principal, AuthError> {
-        if !self.enabled {
-            return Ok(Principal::Anonymous);
-        }
-        match credential {
-            None => Ok(Principal::Anonymous),
-            Some(Credential::ApiKey(text)) => self
-                .keys
-                .find(text)
-                .map(Principal::Key)
-                .ok_or_else(|| AuthError::InvalidCredentials("unknown API key".to_owned())),
-            Some(Credential::Token(text)) => self.token(text).await,
-            Some(Credential::Bearer(text)) => match self.keys.find(text) {
-                Some(key) => Ok(Principal::Key(key)),
-                // A JWT has three dot-separated parts; an API key has none.
-                None if text.contains('.') => self.token(text).await,
-                None => Err(AuthError::InvalidCredentials(
-                    "unknown API key or invalid token".to_owned(),
-                )),
-            },
-        }
-    }
-
-    /// The principal of the client token `text`.
-    async fn token(&self, text: &str) -> Result<Principal, AuthError> {
-        match &self.jwt {
-            Some(jwt) => jwt.verify(text).await.map(|g| Principal::Token(g.into())),
-            None => Err(AuthError::InvalidCredentials(
-                "this server accepts API keys only, no tokens".to_owned(),
-            )),
-        }
-    }
-
+/// The principal of a request, read from its headers (and `?token=`
+/// where a route takes it) by [`Auth`].
+pub(crate) trait RequestPrincipal {
     /// The principal of a request with `headers` and, if allowed here,
     /// `query_token` (`?token=`).
     ///
@@ -140,25 +90,26 @@ impl Auth {
     /// As [`Auth::resolve`]; [`AuthError::InvalidCredentials`] for a
     /// forwarded request without the right cluster secret, or a header and
     /// a `?token=` at once.
-    pub(crate) async fn principal(
+    async fn principal(
+        &self,
+        headers: &HeaderMap,
+        query_token: Option<&str>,
+    ) -> Result<Principal, AuthError>;
+}
+
+impl RequestPrincipal for Auth {
+    async fn principal(
         &self,
         headers: &HeaderMap,
         query_token: Option<&str>,
     ) -> Result<Principal, AuthError> {
         if was_forwarded(headers) {
-            if self.cluster_secret.is_none() && !self.enabled {
-                return Ok(Principal::Anonymous);
-            }
             let presented = headers.get(CLUSTER_SECRET).map(|v| v.as_bytes());
-            return match presented {
-                Some(secret) if self.is_cluster_secret(secret) => Ok(Principal::Cluster),
-                _ => {
-                    self.warn_forward_refused(headers, presented.is_some());
-                    Err(AuthError::InvalidCredentials(
-                        "a forwarded request needs the cluster secret".to_owned(),
-                    ))
-                }
-            };
+            let forwarded_by = headers
+                .get(FORWARDED_BY)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            return self.forwarded(presented, forwarded_by);
         }
         let header = from_headers(headers)?;
         let credential = match (header, query_token) {
@@ -171,31 +122,6 @@ impl Auth {
             (None, token) => token.map(Credential::Token),
         };
         self.resolve(credential).await
-    }
-
-    /// Logs a WARN (at most one per [`super::log_limit::LOG_INTERVAL`])
-    /// for a forwarded request refused for its cluster secret: without
-    /// it, every publish that reaches a standby fails with 401 and the
-    /// operator would hear of it only from the clients.
-    fn warn_forward_refused(&self, headers: &HeaderMap, presented: bool) {
-        let Some(held_back) = self.forward_refusals.allow() else {
-            return;
-        };
-        let forwarded_by = headers
-            .get(crate::forward::FORWARDED_BY)
-            .and_then(|v| v.to_str().ok())
-            .map_or("", |id| id.get(..64).unwrap_or(id));
-        let reason = match (presented, self.cluster_secret.is_some()) {
-            (_, false) => "this node has no auth.cluster_secret",
-            (false, true) => "the request carries no cluster secret",
-            (true, true) => "the request's cluster secret differs from this node's",
-        };
-        tracing::warn!(
-            forwarded_by,
-            reason,
-            refused_since_last_warning = held_back,
-            "refused a forwarded request (401): give every node the same auth.cluster_secret"
-        );
     }
 }
 
@@ -296,7 +222,7 @@ mod tests {
             vec![("authorization", "Bearer a"), ("x-api-key", "b")],
         ] {
             let err = from_headers(&headers(&bad)).unwrap_err();
-            assert_eq!(err.code(), "unauthorized", "{bad:?}");
+            assert_eq!(Error::Auth(err).code(), "unauthorized", "{bad:?}");
         }
     }
 }

@@ -4,8 +4,14 @@
 
 use std::sync::Arc;
 
+use crate::testing::{FakeLease, MemoryStorage};
+use crate::{app, AppState, ServerConfig};
 use axum::body::Body;
 use axum::http::{HeaderValue, Request};
+use herald_auth::{
+    api_key_sha256, generate_api_key, ApiKeyConfig, AuthConfig, JwtConfig, OneOrMany, Permission,
+    Secret,
+};
 use herald_core::FencingToken;
 use jsonwebtoken::{encode, EncodingKey, Header};
 use proptest::prelude::*;
@@ -13,13 +19,6 @@ use proptest::test_runner::{Config, TestRunner};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
-
-use super::{
-    api_key_sha256, generate_api_key, ApiKeyConfig, AuthConfig, JwtConfig, OneOrMany, Permission,
-    Secret,
-};
-use crate::testing::{FakeLease, MemoryStorage};
-use crate::{app, AppState, ServerConfig};
 
 /// Cases per run: enough to reach every branch, bounded in time.
 const CASES: u32 = 256;
@@ -191,71 +190,4 @@ fn any_credential_gets_2xx_401_or_403() {
     assert!(seen.iter().any(|s| *s < 300), "{seen:?}");
     shutdown.cancel();
     runtime.block_on(state.stopped());
-}
-
-mod token_entries {
-    //! A token's `channels`/`publish` entries against the documented rule
-    //! (`super::super::policy::TokenPattern`): never a prefix, never across
-    //! a `:`, `*` only as a whole segment after the namespace.
-
-    use proptest::prelude::*;
-
-    use crate::auth::policy::TokenPattern;
-
-    /// Segments that make prefixes, stars in and out of place, and empty
-    /// ones.
-    fn segment() -> impl Strategy<Value = String> {
-        proptest::sample::select(vec!["user", "42", "420", "4", "*", "42*", "*2", "", "a-b"])
-            .prop_map(str::to_owned)
-    }
-
-    fn text() -> impl Strategy<Value = String> {
-        proptest::collection::vec(segment(), 1..5).prop_map(|s| s.join(":"))
-    }
-
-    /// A channel-like name: the same segments without stars.
-    fn name() -> impl Strategy<Value = String> {
-        text().prop_map(|t| t.replace('*', ""))
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig {
-            cases: 2048,
-            failure_persistence: None,
-            ..ProptestConfig::default()
-        })]
-
-        /// An entry is refused exactly when a `*` is not a whole segment
-        /// after the first `:`; one without `*` covers only its own
-        /// spelling; one with `*`s covers a name only segment by segment,
-        /// each `*` one non-empty segment.
-        #[test]
-        fn an_entry_covers_only_what_the_rule_says(entry in text(), name in name()) {
-            let segments: Vec<&str> = entry.split(':').collect();
-            let allowed = !entry.contains('*')
-                || (!segments[0].contains('*')
-                    && segments.iter().all(|s| !s.contains('*') || *s == "*"));
-            let parsed = TokenPattern::parse(&entry);
-            prop_assert_eq!(parsed.is_ok(), allowed, "{}", entry);
-            let Ok(pattern) = parsed else { return Ok(()) };
-            // The rule, written out segment by segment.
-            let rule = |name: &str| {
-                let parts: Vec<&str> = name.split(':').collect();
-                if entry.contains('*') {
-                    parts.len() == segments.len()
-                        && segments
-                            .iter()
-                            .zip(&parts)
-                            .all(|(s, p)| if *s == "*" { !p.is_empty() } else { s == p })
-                } else {
-                    entry == name
-                }
-            };
-            prop_assert_eq!(pattern.matches(&name), rule(&name), "{} {}", entry, name);
-            // Never a prefix: a name one character longer is covered only
-            // when the rule covers it (spelled out, or through a `*`).
-            let longer = format!("{name}0");
-            prop_assert_eq!(pattern.matches(&longer), rule(&longer), "{} {}", entry, longer);
-        }
-    }
 }

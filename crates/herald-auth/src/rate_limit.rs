@@ -15,8 +15,8 @@ use std::time::Duration;
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota};
 
-use super::log_limit::LogLimit;
-use super::AuthError;
+use crate::error::AuthError;
+use crate::log_limit::LogLimit;
 use crate::metrics;
 
 /// Default publish rate, per second, of a token subject when `[auth]`
@@ -246,8 +246,14 @@ mod tests {
             limits.check_key("k", 1).unwrap();
         }
         let refused = limits.check_key("k", 1).unwrap_err();
-        assert_eq!(refused.code(), "rate_limited");
-        let wait = refused.retry_after_s().unwrap();
+        assert_eq!(refused.code_for_tests(), "rate_limited");
+        let AuthError::RateLimited {
+            retry_after_s: wait,
+            ..
+        } = refused
+        else {
+            panic!("{refused:?}")
+        };
         assert!((900..=1000).contains(&wait), "{wait}");
         // Other keys and subjects have their own buckets.
         limits.check_key("unlimited", 100).unwrap();
