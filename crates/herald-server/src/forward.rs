@@ -40,7 +40,8 @@ use herald_lease::{LeaseState, Release, StopReason};
 use tokio::sync::watch;
 
 use crate::auth::{Secret, CLUSTER_SECRET};
-use crate::{metrics, Error, Result, StartError};
+use crate::role::LeaseView;
+use crate::{metrics, Error, HolderWrite, Result, StartError};
 
 /// The header that marks a forwarded request, with the forwarding node's id.
 pub(crate) const FORWARDED_BY: HeaderName = HeaderName::from_static("herald-forwarded-by");
@@ -128,6 +129,9 @@ pub(crate) fn was_forwarded(headers: &HeaderMap) -> bool {
 pub(crate) struct Forwarder {
     client: reqwest::Client,
     node_id: HeaderValue,
+    /// This node's advertised URL: a lease row that names it is stale,
+    /// never a holder to forward to.
+    advertise_url: String,
     /// The cluster secret, sent with every forward; marked sensitive so
     /// that it is never shown in a `Debug` form.
     cluster_secret: Option<HeaderValue>,
@@ -166,7 +170,8 @@ pub(crate) struct ForwardRequest<'a> {
 }
 
 impl Forwarder {
-    /// A forwarder that names `node_id` in `Herald-Forwarded-By`, sends
+    /// A forwarder that names `node_id` (advertised at `advertise_url`) in
+    /// `Herald-Forwarded-By`, sends
     /// `cluster_secret` (if any) in `Herald-Cluster-Secret`, and waits at
     /// most `timeout` for a holder's whole answer (at most
     /// [`CONNECT_TIMEOUT`] of it to connect). A holder whose advertised
@@ -180,6 +185,7 @@ impl Forwarder {
     /// HTTP client cannot be built.
     pub(crate) fn new(
         node_id: &str,
+        advertise_url: &str,
         timeout: Duration,
         trusted_ca_pem: Option<&[u8]>,
         cluster_secret: Option<&Secret>,
@@ -219,9 +225,54 @@ impl Forwarder {
         Ok(Self {
             client,
             node_id,
+            advertise_url: advertise_url.to_owned(),
             cluster_secret,
             warned_in_clear: std::sync::Arc::default(),
         })
+    }
+
+    /// Forwards `write`, a request that reached this standby and that only
+    /// the holder makes (the body exactly as received, `headers` those of
+    /// the incoming request), once to the holder's route for it, and
+    /// returns the holder's answer, or [`Forwarded::TakenOver`] when this
+    /// node (whose role `lease` shows) took the lease over first.
+    ///
+    /// # Errors
+    /// [`Error::NotHolder`] naming `write` for a request that was forwarded
+    /// to this node already (one hop only); [`Error::NoHolder`] when no
+    /// holder is known or it cannot be reached.
+    pub(crate) async fn to_holder(
+        &self,
+        lease: &dyn LeaseView,
+        headers: &HeaderMap,
+        write: HolderWrite,
+        body: Bytes,
+    ) -> Result<Forwarded> {
+        let state = lease.state();
+        if was_forwarded(headers) {
+            // One hop only: a forwarded request is never forwarded again.
+            return Err(Error::NotHolder {
+                request: Some(write),
+                holder_url: state.holder_url().map(str::to_owned),
+            });
+        }
+        let holder = HolderView::from_lease_row(&state)
+            // A row naming this node's own URL is stale (this node is not
+            // holder): forwarding to itself would come back as not_holder.
+            // (Node ids cannot tell: nodes sharing a data dir share one.)
+            .filter(|h| h.url.trim_end_matches('/') != self.advertise_url.trim_end_matches('/'));
+        let Some(holder) = holder else {
+            metrics::forwarded("no_holder");
+            return Err(Error::NoHolder);
+        };
+        let (method, path) = write.route();
+        let request = ForwardRequest {
+            method,
+            path,
+            body,
+            headers,
+        };
+        self.forward(&holder.url, request, lease.subscribe()).await
     }
 
     /// Logs a WARN, once per holder URL, when this forwarder sends a
@@ -334,6 +385,19 @@ impl Forwarder {
             headers.insert(RETRY_AFTER, value);
         }
         Ok(response)
+    }
+}
+
+/// The error of a commit attempted after a takeover (a forward that ended
+/// with [`Forwarded::TakenOver`]): every error that would say "nothing was
+/// stored" speaks for this node only, not for the old holder, so it
+/// becomes `no_holder` (outcome unknown).
+pub(crate) fn after_takeover_error(e: Error) -> Error {
+    match e {
+        Error::QueueFull | Error::LeaseLost | Error::Draining | Error::NotHolder { .. } => {
+            Error::NoHolder
+        }
+        e => e,
     }
 }
 
@@ -521,7 +585,14 @@ mod tests {
             assert!(!secret_in_clear(safe), "{safe}");
         }
         let secret = Secret::new("a cluster secret of 16+ bytes".to_owned());
-        let forwarder = Forwarder::new("me", Duration::from_secs(1), None, Some(&secret)).unwrap();
+        let forwarder = Forwarder::new(
+            "me",
+            "http://me",
+            Duration::from_secs(1),
+            None,
+            Some(&secret),
+        )
+        .unwrap();
         assert!(forwarder.warn_secret_in_clear("http://10.0.0.5:7700"));
         assert!(
             !forwarder.warn_secret_in_clear("http://10.0.0.5:7700"),
@@ -530,7 +601,7 @@ mod tests {
         assert!(forwarder.warn_secret_in_clear("http://10.0.0.6:7700"));
         assert!(!forwarder.warn_secret_in_clear("https://10.0.0.7:7700"));
         // Without a secret there is nothing to leak.
-        let plain = Forwarder::new("me", Duration::from_secs(1), None, None).unwrap();
+        let plain = Forwarder::new("me", "http://me", Duration::from_secs(1), None, None).unwrap();
         assert!(!plain.warn_secret_in_clear("http://10.0.0.5:7700"));
     }
 
@@ -580,7 +651,14 @@ mod tests {
     /// Forwards a publish with a cluster secret to `holder_url`.
     async fn forward_to(holder_url: &str) -> Result<Forwarded> {
         let secret = Secret::new("a cluster secret of 16+ bytes".to_owned());
-        let forwarder = Forwarder::new("me", Duration::from_secs(10), None, Some(&secret)).unwrap();
+        let forwarder = Forwarder::new(
+            "me",
+            "http://me",
+            Duration::from_secs(10),
+            None,
+            Some(&secret),
+        )
+        .unwrap();
         let (_states, watched) = watch::channel(LeaseState::Starting);
         let headers = HeaderMap::new();
         let request = ForwardRequest {

@@ -41,6 +41,7 @@ mod conn_limit;
 mod cors;
 mod edge;
 mod error;
+mod extract;
 mod forward;
 #[cfg(test)]
 mod fuzz;
@@ -49,15 +50,15 @@ mod listener;
 mod metrics;
 mod retention;
 mod role;
-mod sse;
+mod router;
 mod standby_feed;
 mod state;
 mod subscription;
 #[cfg(test)]
 mod testing;
 mod tls;
+mod websocket;
 mod writer;
-mod ws;
 
 use std::sync::Arc;
 
@@ -83,7 +84,7 @@ pub use tls::TlsCertificates;
 /// The HTTP API over `state`, without a socket (tests call it with
 /// `tower::ServiceExt::oneshot`). Routes and error codes: `docs/api.md`.
 pub fn app(state: AppState) -> axum::Router {
-    api::router(state)
+    router::router(state)
 }
 
 /// Serves the API on `listener` until `shutdown` is cancelled, then drains:

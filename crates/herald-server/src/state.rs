@@ -112,6 +112,7 @@ impl AppState {
         config.auth_reload.attach(&auth);
         let forwarder = Forwarder::new(
             &config.node_id,
+            &config.advertise_url,
             config.forward_timeout,
             config.trusted_ca_pem.as_deref(),
             config.auth.cluster_secret.as_ref(),

@@ -15,10 +15,9 @@ use herald_core::{format_rfc3339_ms, Appended, ChannelName, IdempotencyKey, NewM
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::api::extract::{check_depth, read_limited};
-use crate::api::publish::{after_takeover_error, forward_to_holder};
 use crate::auth::{AuthError, Caller};
-use crate::forward::Forwarded;
+use crate::extract::{check_depth, read_limited};
+use crate::forward::{after_takeover_error, Forwarded};
 use crate::{metrics, AppState, Error, HolderWrite, Result};
 
 /// Most entries in one batch publish.
@@ -136,7 +135,16 @@ async fn append(state: &AppState, parts: &mut Parts, body: Body) -> Result<Outco
     if shared.lease.is_holder() {
         return commit(state, messages).await;
     }
-    match forward_to_holder(state, headers, HolderWrite::BatchPublish, raw).await? {
+    let forwarded = shared
+        .forwarder
+        .to_holder(
+            shared.lease.as_ref(),
+            headers,
+            HolderWrite::BatchPublish,
+            raw,
+        )
+        .await?;
+    match forwarded {
         Forwarded::Answer(response) => Ok(Outcome::Forwarded(response)),
         // As for a single publish: committing here is safe only when every
         // entry carries an idempotency key (a takeover waited for the old

@@ -13,8 +13,8 @@ use bytes::Bytes;
 use herald_core::{ChannelName, Offset};
 use serde::Serialize;
 
-use crate::api::{forward_to_holder, ChannelPath};
 use crate::auth::{Caller, Principal};
+use crate::extract::ChannelPath;
 use crate::forward::Forwarded;
 use crate::{retention, AppState, HolderWrite, Result};
 
@@ -43,7 +43,12 @@ pub(crate) async fn delete_channel(
     }
     if !state.shared.lease.is_holder() {
         let write = HolderWrite::DeleteChannel(channel.clone());
-        match forward_to_holder(&state, &headers, write, Bytes::new()).await? {
+        let shared = &state.shared;
+        let forwarded = shared
+            .forwarder
+            .to_holder(shared.lease.as_ref(), &headers, write, Bytes::new())
+            .await?;
+        match forwarded {
             Forwarded::Answer(answer) => return Ok(answer),
             // This node holds the lease now: it deletes the channel itself,
             // as the client's retry would.

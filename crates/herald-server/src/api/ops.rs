@@ -10,9 +10,9 @@ use herald_core::LeaseInfo;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::api::{FromQuery, QueryParams, ValidQuery};
 use crate::auth::Caller;
 use crate::error::{StorageContext, StorageFailure};
+use crate::extract::{FromQuery, QueryParams, ValidQuery};
 use crate::forward::HolderView;
 use crate::{metrics, AppState, Error, Result};
 

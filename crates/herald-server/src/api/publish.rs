@@ -10,9 +10,9 @@ use axum::Json;
 use herald_core::{format_rfc3339_ms, Appended, ChannelName, NewMessage};
 use serde::Serialize;
 
-use crate::api::extract::{idempotency_key, ChannelPath, PublishBody};
 use crate::auth::Caller;
-use crate::forward::{was_forwarded, ForwardRequest, Forwarded, HolderView};
+use crate::extract::{idempotency_key, ChannelPath, PublishBody};
+use crate::forward::{after_takeover_error, Forwarded};
 use crate::{metrics, AppState, Error, HolderWrite, Result};
 
 /// The answer to a publish: 201 when appended, 200 for a repeated
@@ -121,70 +121,13 @@ async fn append(
         return commit(state, message).await;
     }
     let write = HolderWrite::Publish(message.channel.clone());
-    let forwarded = forward_to_holder(state, headers, write, raw).await?;
+    let forwarded = shared
+        .forwarder
+        .to_holder(shared.lease.as_ref(), headers, write, raw)
+        .await?;
     match forwarded {
         Forwarded::Answer(response) => Ok(Outcome::Forwarded(response)),
         Forwarded::TakenOver => after_takeover(state, message).await,
-    }
-}
-
-/// Forwards `write`, a request that reached this standby and that only
-/// the holder makes (the body exactly as received), once to the holder's
-/// route for it, and returns the holder's answer, or
-/// [`Forwarded::TakenOver`] when this node took the lease over first.
-///
-/// # Errors
-/// [`Error::NotHolder`] naming `write` for a request that was forwarded to
-/// this node already (one hop only); [`Error::NoHolder`] when no holder is
-/// known or it cannot be reached.
-pub(crate) async fn forward_to_holder(
-    state: &AppState,
-    headers: &HeaderMap,
-    write: HolderWrite,
-    body: bytes::Bytes,
-) -> Result<Forwarded> {
-    let shared = &state.shared;
-    let lease = shared.lease.state();
-    if was_forwarded(headers) {
-        // One hop only: a forwarded request is never forwarded again.
-        return Err(Error::NotHolder {
-            request: Some(write),
-            holder_url: lease.holder_url().map(str::to_owned),
-        });
-    }
-    let config = &shared.config;
-    let holder = HolderView::from_lease_row(&lease)
-        // A row naming this node's own URL is stale (this node is not
-        // holder): forwarding to itself would come back as not_holder.
-        // (Node ids cannot tell: nodes sharing a data dir share one.)
-        .filter(|h| h.url.trim_end_matches('/') != config.advertise_url.trim_end_matches('/'));
-    let Some(holder) = holder else {
-        metrics::forwarded("no_holder");
-        return Err(Error::NoHolder);
-    };
-    let (method, path) = write.route();
-    let request = ForwardRequest {
-        method,
-        path,
-        body,
-        headers,
-    };
-    shared
-        .forwarder
-        .forward(&holder.url, request, shared.lease.subscribe())
-        .await
-}
-
-/// The error of a commit attempted after a takeover (see
-/// [`after_takeover`]): every error that would say "nothing was stored"
-/// speaks for this node only, not for the old holder, so it becomes
-/// `no_holder` (outcome unknown).
-pub(crate) fn after_takeover_error(e: Error) -> Error {
-    match e {
-        Error::QueueFull | Error::LeaseLost | Error::Draining | Error::NotHolder { .. } => {
-            Error::NoHolder
-        }
-        e => e,
     }
 }
 

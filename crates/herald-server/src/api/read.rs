@@ -5,9 +5,9 @@ use axum::Json;
 use herald_core::{ChannelName, Message, Offset};
 use serde::Serialize;
 
-use crate::api::extract::{ChannelPath, FromQuery, QueryParams, ValidQuery};
 use crate::auth::Caller;
 use crate::error::StorageContext;
+use crate::extract::{ChannelPath, FromQuery, QueryParams, ValidQuery};
 use crate::{AppState, Error, Result};
 
 /// `limit` of a history read when the query has none, in messages.

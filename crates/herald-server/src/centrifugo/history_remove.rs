@@ -18,7 +18,6 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::codes::ReplyError;
-use crate::api::forward_to_holder;
 use crate::auth::Principal;
 use crate::forward::Forwarded;
 use crate::{retention, AppState, Error};
@@ -45,14 +44,13 @@ pub(crate) async fn history_remove(
     }
     if !state.shared.lease.is_holder() {
         let body = serde_json::json!({ "channel": channel.as_str() }).to_string();
-        match forward_to_holder(
-            state,
-            headers,
-            crate::HolderWrite::RemoveHistory(channel.clone()),
-            body.into(),
-        )
-        .await
-        {
+        let shared = &state.shared;
+        let write = crate::HolderWrite::RemoveHistory(channel.clone());
+        let forwarded = shared
+            .forwarder
+            .to_holder(shared.lease.as_ref(), headers, write, body.into())
+            .await;
+        match forwarded {
             Ok(Forwarded::Answer(response)) => return holder_answer(response).await,
             // This node holds the lease now: it removes the history itself
             // (removing it twice removes nothing more).

@@ -49,10 +49,26 @@ mod registry;
 mod server_api;
 mod session;
 
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use axum::Router;
+
+use crate::config::ServerConfig;
+use crate::state::AppState;
+
 pub use config::CentrifugoConfig;
 pub(crate) use node_info::report_task as node_report_task;
 pub(crate) use registry::Registry;
 #[cfg(test)]
 pub(crate) use registry::{Control, Mailbox};
-pub(crate) use server_api::call as server_api;
-pub(crate) use session::upgrade;
+
+/// Centrifugo's routes: the client protocol's WebSocket and the server
+/// API, whose body limit is `config`'s `max_batch_body_bytes`.
+pub(crate) fn routes(config: &ServerConfig) -> Router<AppState> {
+    Router::new()
+        .route("/connection/websocket", get(session::upgrade))
+        .route(
+            "/api/{method}",
+            post(server_api::call).layer(DefaultBodyLimit::max(config.max_batch_body_bytes)),
+        )
+}

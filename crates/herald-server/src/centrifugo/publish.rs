@@ -1,7 +1,7 @@
 //! One publish from a Centrifugo client or the server API, into the same
 //! channel sequence as `POST /v1/channels/{channel}/messages`: on the
 //! holder through this node's writer, on a standby forwarded once to the
-//! holder as a Herald publish (`api/publish.rs`'s `forward_to_holder`,
+//! holder as a Herald publish (`forward.rs`'s `Forwarder::to_holder`,
 //! with the cluster secret; the caller's rights were checked here).
 
 use std::sync::Arc;
@@ -12,8 +12,7 @@ use herald_core::{ChannelName, IdempotencyKey, NewMessage, Offset, Tags};
 use serde_json::value::RawValue;
 
 use super::codes::ReplyError;
-use crate::api::{after_takeover_error, forward_to_holder};
-use crate::forward::Forwarded;
+use crate::forward::{after_takeover_error, Forwarded};
 use crate::{AppState, Error};
 
 /// Largest holder answer read back from a forwarded publish, in bytes.
@@ -63,7 +62,11 @@ pub(crate) async fn publish(
         Some(tags) => format!("{{\"data\":{},\"tags\":{tags}}}", message.data.get()),
     };
     let write = crate::HolderWrite::Publish(message.channel.clone());
-    match forward_to_holder(state, &headers, write, body.into()).await {
+    let forwarded = shared
+        .forwarder
+        .to_holder(shared.lease.as_ref(), &headers, write, body.into())
+        .await;
+    match forwarded {
         Ok(Forwarded::Answer(response)) => holder_answer(response).await,
         Ok(Forwarded::TakenOver) => {
             if message.idempotency_key.is_none() || !shared.lease.is_holder() {

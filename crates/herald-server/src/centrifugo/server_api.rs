@@ -31,8 +31,8 @@ use serde_json::{json, Map, Value};
 use super::codes::{self, ReplyError};
 use super::history::{history, Budget, HistoryQuery};
 use super::protocol::{object, publications, StreamPosition};
-use crate::api::read_limited;
 use crate::auth::{Credential, Pattern, Principal};
+use crate::extract::read_limited;
 use crate::{AppState, Error};
 
 /// A method's result, kept as JSON text (publication data stays byte

@@ -437,7 +437,7 @@ async fn run(socket: WebSocket, state: AppState) {
     session.end_subscriptions();
     if let Some(d) = end {
         tracing::debug!(client = %session.client, code = d.code, reason = d.reason, "closing");
-        crate::ws::close(writer.tx, rx, d.code, d.reason).await;
+        crate::websocket::close(writer.tx, rx, d.code, d.reason).await;
     }
 }
 

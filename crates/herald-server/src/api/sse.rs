@@ -45,8 +45,8 @@ use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use herald_core::Message;
 
-use crate::api::{resume_point, AfterQuery, ChannelPath, ValidQuery};
 use crate::auth::Subscriber;
+use crate::extract::{resume_point, AfterQuery, ChannelPath, ValidQuery};
 use crate::subscription::{Item, StartAt, Subscription};
 use crate::{AppState, Result};
 
