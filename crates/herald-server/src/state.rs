@@ -14,6 +14,8 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::auth::{Auth, AuthSlot};
+use crate::centrifugo::node_info;
+use crate::centrifugo::registry::Registry;
 use crate::conn_limit::ConnectionLimits;
 use crate::forward::Forwarder;
 use crate::hub::Hub;
@@ -64,7 +66,7 @@ pub(crate) struct Shared {
     /// Connections open per client address (`max_connections_per_ip`).
     pub(crate) conn_limits: Arc<ConnectionLimits>,
     /// This node's Centrifugo connections (`centrifugo/registry.rs`).
-    pub(crate) centrifugo: Arc<crate::centrifugo::Registry>,
+    pub(crate) centrifugo: Arc<Registry>,
     /// Writer, standby feed and upkeep tasks, awaited by
     /// [`AppState::stopped`].
     tasks: Mutex<Vec<JoinHandle<()>>>,
@@ -139,7 +141,7 @@ impl AppState {
         );
         // Every log record of these tasks carries the node's id.
         let span = tracing::info_span!("herald", node_id = %config.node_id);
-        let centrifugo = Arc::new(crate::centrifugo::Registry::new(
+        let centrifugo = Arc::new(Registry::new(
             Arc::clone(&storage),
             shutdown.clone(),
             span.clone(),
@@ -171,7 +173,7 @@ impl AppState {
             tokio::spawn(trimmer.run(shutdown.clone()).instrument(span.clone())),
             tokio::spawn(cluster_events.instrument(span.clone())),
             tokio::spawn(
-                crate::centrifugo::node_report_task(
+                node_info::report_task(
                     Arc::clone(&storage),
                     Arc::clone(&centrifugo),
                     config.node_id.clone(),

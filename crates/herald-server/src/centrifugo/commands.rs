@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use super::channel_options::ChannelOptions;
 use super::codes::{self, Disconnect, ReplyError};
 use super::history::{cost, history, Budget, HistoryQuery};
+use super::mailbox::Out;
 use super::presence;
 use super::protocol::{
     self, error_reply, publications, reply, ChannelRequest, Command, ConnectRequest,
@@ -22,7 +23,7 @@ use super::protocol::{
 };
 use super::recovery::{self, Recovery};
 use super::session::{
-    max_commands_per_frame, Out, Session, Stop, Sub, Writer, MAX_DENIALS_LOGGED, REPLY_FRAME_BYTES,
+    max_commands_per_frame, Session, Stop, Sub, Writer, MAX_DENIALS_LOGGED, REPLY_FRAME_BYTES,
 };
 use crate::auth::{AuthError, Credential, Principal};
 use crate::error::StorageContext;

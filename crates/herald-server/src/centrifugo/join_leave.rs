@@ -29,8 +29,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use super::mailbox::Out;
 use super::protocol::join_leave_push;
-use super::session::Out;
 
 /// Events the relay may have queued before new ones are dropped.
 const OUTBOX_CAPACITY: usize = 4096;

@@ -13,6 +13,7 @@
 //! - `history.rs`: history with Centrifugo's `limit`, `since`, `reverse`;
 //! - `publish.rs`: a publish into the same channel sequence as Herald's
 //!   own, forwarded to the holder from a standby;
+//! - `mailbox.rs`: what reaches a session from outside its connection;
 //! - `registry.rs`: this node's connections, for the server API, which
 //!   also applies other nodes' cluster events to them (`cluster.rs`);
 //! - `presence.rs`: cluster-wide presence in the storage, when enabled;
@@ -40,12 +41,13 @@ mod fuzz;
 mod history;
 mod history_remove;
 mod join_leave;
-mod node_info;
+pub(crate) mod mailbox;
+pub(crate) mod node_info;
 mod presence;
 mod protocol;
 mod publish;
 mod recovery;
-mod registry;
+pub(crate) mod registry;
 mod server_api;
 mod session;
 
@@ -57,10 +59,6 @@ use crate::config::ServerConfig;
 use crate::state::AppState;
 
 pub use config::CentrifugoConfig;
-pub(crate) use node_info::report_task as node_report_task;
-pub(crate) use registry::Registry;
-#[cfg(test)]
-pub(crate) use registry::{Control, Mailbox};
 
 /// Centrifugo's routes: the client protocol's WebSocket and the server
 /// API, whose body limit is `config`'s `max_batch_body_bytes`.

@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 use super::codes::ReplyError;
-use super::Registry;
+use super::registry::Registry;
 use crate::AppState;
 
 /// How often a node reports itself.

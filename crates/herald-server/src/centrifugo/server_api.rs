@@ -512,7 +512,8 @@ struct UserChannel {
 /// an event too large to send (nothing done), 100 when the storage cannot
 /// send it (nothing done either).
 async fn tell_cluster(state: &AppState, event: ClusterEvent) -> Outcome {
-    match crate::cluster::tell(state, event).await {
+    let shared = &state.shared;
+    match crate::cluster::tell(shared.storage.as_ref(), &shared.centrifugo, event).await {
         Ok(()) => raw(&json!({})),
         Err(herald_storage::Error::ClusterEventTooLarge { .. }) => Err(ReplyError::bad_request()),
         Err(e) => {

@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::codes::{self, Disconnect};
-use super::registry::{Control, Mailbox};
+use super::mailbox::{Control, Mailbox, Out};
 use crate::auth::Principal;
 use crate::conn_limit::ClientSlot;
 use crate::{AppState, Error, Result};
@@ -161,23 +161,6 @@ impl Writer {
             sent = self.tx.send(Frame::Text(text.into())) => sent.map_err(|_| Stop::Gone),
         }
     }
-}
-
-/// What a subscription task sends its session.
-#[derive(Debug)]
-pub(crate) enum Out {
-    /// A publication push of subscription `generation` of `channel`.
-    Push {
-        /// The channel.
-        channel: ChannelName,
-        /// Which subscription to the channel queued it; a push of an
-        /// ended one is dropped.
-        generation: u64,
-        /// The push, one JSON line.
-        text: String,
-    },
-    /// The subscription could not go on: close with this code.
-    End(Disconnect),
 }
 
 /// A live subscription of the session.
