@@ -3,8 +3,12 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use crate::retention::{RetentionHandle, TrimPacing};
-use crate::{AuthConfig, CorsConfig, NamespacesConfig, StartError, TlsCertificates};
+use crate::auth::{AuthConfig, NamespacesConfig};
+use crate::cors::CorsConfig;
+use crate::error::StartError;
+use crate::retention::policy::RetentionHandle;
+use crate::retention::trimmer::TrimPacing;
+use crate::tls::TlsCertificates;
 
 /// Settings of one node's HTTP server. Every field has a default (see
 /// [`ServerConfig::default`]); [`ServerConfig::validate`] checks them.
@@ -109,11 +113,11 @@ pub struct ServerConfig {
     pub trim_pacing: TrimPacing,
     /// The Centrifugo protocols' settings (`/connection/websocket`): ping
     /// period, pong timeout, connect timeout. See `docs/centrifugo.md`.
-    pub centrifugo: crate::CentrifugoConfig,
+    pub centrifugo: crate::centrifugo::config::CentrifugoConfig,
     /// Reloads the node's access control (`[auth]`, `[namespaces]`) or
     /// its `[auth.jwt]` key files while it runs (`herald serve` on
-    /// SIGHUP); see [`crate::AuthReload`].
-    pub auth_reload: crate::AuthReload,
+    /// SIGHUP); see [`crate::auth::AuthReload`].
+    pub auth_reload: crate::auth::AuthReload,
     /// Answer only requests whose `Host` is a loopback name (`localhost`,
     /// `*.localhost`, `127.0.0.0/8`, `[::1]`); any other is
     /// `403 host_not_allowed` (default off). `herald serve` turns it on
@@ -148,8 +152,8 @@ impl Default for ServerConfig {
             ws_max_message_bytes: 64 * 1024,
             retention: RetentionHandle::default(),
             trim_pacing: TrimPacing::default(),
-            centrifugo: crate::CentrifugoConfig::default(),
-            auth_reload: crate::AuthReload::default(),
+            centrifugo: crate::centrifugo::config::CentrifugoConfig::default(),
+            auth_reload: crate::auth::AuthReload::default(),
             loopback_hosts_only: false,
         }
     }

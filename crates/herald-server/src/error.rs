@@ -453,11 +453,11 @@ impl<T> StorageContext<T> for herald_storage::Result<T> {
 }
 
 /// Why the server could not start ([`crate::serve`],
-/// [`crate::AppState::start`], [`crate::ServerConfig::validate`]). Never an
+/// [`crate::state::AppState::start`], [`crate::config::ServerConfig::validate`]). Never an
 /// HTTP answer.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// A [`crate::ServerConfig`] field is unusable: the message names it.
+    /// A [`crate::config::ServerConfig`] field is unusable: the message names it.
     #[error("invalid server configuration: {0}")]
     Config(String),
     /// The TLS certificate or key cannot be used (at start, or at a reload,

@@ -40,8 +40,9 @@ use herald_lease::{LeaseState, Release, StopReason};
 use tokio::sync::watch;
 
 use crate::auth::{Secret, CLUSTER_SECRET};
+use crate::error::{Error, HolderWrite, Result, StartError};
+use crate::metrics;
 use crate::role::LeaseView;
-use crate::{metrics, Error, HolderWrite, Result, StartError};
 
 /// The header that marks a forwarded request, with the forwarding node's id.
 pub(crate) const FORWARDED_BY: HeaderName = HeaderName::from_static("herald-forwarded-by");

@@ -3,6 +3,8 @@
 //! (edge checks, connection limits, the request span, CORS) and the
 //! fallbacks that keep every error in the JSON error shape.
 
+use std::sync::Arc;
+
 use axum::extract::{Request, State};
 use axum::middleware::{self, Next};
 use axum::response::Response;
@@ -30,7 +32,7 @@ pub(crate) fn router(state: AppState) -> Router {
             edge::check_websocket_origin,
         ))
         .layer(middleware::from_fn_with_state(
-            state.clone(),
+            Arc::clone(&state.shared.conn_limits),
             conn_limit::limit_proxied,
         ))
         .layer(middleware::from_fn_with_state(state.clone(), request_span))

@@ -16,14 +16,16 @@ use tracing::Instrument;
 use crate::auth::{Auth, AuthSlot};
 use crate::centrifugo::node_info;
 use crate::centrifugo::registry::Registry;
+use crate::config::ServerConfig;
 use crate::conn_limit::ConnectionLimits;
+use crate::error::StartError;
 use crate::forward::Forwarder;
 use crate::hub::Hub;
-use crate::retention::Trimmer;
+use crate::metrics::install_metrics_recorder;
+use crate::retention::trimmer::Trimmer;
 use crate::role::LeaseView;
 use crate::standby_feed::StandbyFeed;
 use crate::writer::{Writer, WriterHandle};
-use crate::{install_metrics_recorder, ServerConfig, StartError};
 
 /// Interval of the metrics recorder's upkeep (draining histogram samples
 /// when nobody scrapes).

@@ -57,9 +57,9 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
 
 use crate::error::StorageFailure;
+use crate::error::{Error, Result};
 use crate::hub::{Hub, HubReceiver, Notice};
 use crate::metrics::{self, SubscriberGauge};
-use crate::{Error, Result};
 
 /// What a subscription hands out, in order.
 #[derive(Debug, Clone, PartialEq)]

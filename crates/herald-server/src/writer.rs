@@ -24,9 +24,10 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::StorageFailure;
+use crate::error::{Error, Result};
 use crate::hub::{Hub, Notice};
+use crate::metrics;
 use crate::role::LeaseView;
-use crate::{metrics, Error, Result};
 
 /// One publish request waiting for the writer: one message, or a batch
 /// publish's messages, which are always committed in one transaction.

@@ -16,9 +16,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::auth::{AuthError, Caller};
+use crate::error::{Error, HolderWrite, Result};
 use crate::extract::{check_depth, read_limited};
 use crate::forward::{after_takeover_error, Forwarded};
-use crate::{metrics, AppState, Error, HolderWrite, Result};
+use crate::metrics;
+use crate::state::AppState;
 
 /// Most entries in one batch publish.
 pub(crate) const MAX_BATCH_ENTRIES: usize = 1000;

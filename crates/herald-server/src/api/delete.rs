@@ -14,9 +14,11 @@ use herald_core::{ChannelName, Offset};
 use serde::Serialize;
 
 use crate::auth::{Caller, Principal};
+use crate::error::{HolderWrite, Result};
 use crate::extract::ChannelPath;
 use crate::forward::Forwarded;
-use crate::{retention, AppState, HolderWrite, Result};
+use crate::retention;
+use crate::state::AppState;
 
 /// The answer of a deletion.
 #[derive(Debug, Serialize)]

@@ -11,10 +11,12 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::auth::Caller;
+use crate::error::{Error, Result};
 use crate::error::{StorageContext, StorageFailure};
 use crate::extract::{FromQuery, QueryParams, ValidQuery};
 use crate::forward::HolderView;
-use crate::{metrics, AppState, Error, Result};
+use crate::metrics;
+use crate::state::AppState;
 
 /// How long `/v1/status` waits for the lease row before showing `null`.
 const STATUS_LEASE_TIMEOUT: Duration = Duration::from_millis(500);

@@ -11,9 +11,11 @@ use herald_core::{format_rfc3339_ms, Appended, ChannelName, NewMessage};
 use serde::Serialize;
 
 use crate::auth::Caller;
+use crate::error::{Error, HolderWrite, Result};
 use crate::extract::{idempotency_key, ChannelPath, PublishBody};
 use crate::forward::{after_takeover_error, Forwarded};
-use crate::{metrics, AppState, Error, HolderWrite, Result};
+use crate::metrics;
+use crate::state::AppState;
 
 /// The answer to a publish: 201 when appended, 200 for a repeated
 /// idempotency key (with the original offset and time).

@@ -7,8 +7,9 @@ use serde::Serialize;
 
 use crate::auth::Caller;
 use crate::error::StorageContext;
+use crate::error::{Error, Result};
 use crate::extract::{ChannelPath, FromQuery, QueryParams, ValidQuery};
-use crate::{AppState, Error, Result};
+use crate::state::AppState;
 
 /// `limit` of a history read when the query has none, in messages.
 pub(crate) const DEFAULT_LIMIT: usize = 100;

@@ -60,11 +60,12 @@ use tracing::Instrument;
 
 use crate::auth::{AuthError, Credential, Principal, Subscriber};
 use crate::conn_limit::ClientSlot;
+use crate::error::{Error, Result};
 use crate::extract::{resume_point, AfterQuery, ChannelPath, ValidQuery};
 use crate::metrics;
+use crate::state::AppState;
 use crate::subscription::{Item, StartAt, Subscription};
 use crate::websocket::{close, CLOSE_TIMEOUT};
-use crate::{AppState, Error, Result};
 
 /// How long a client that upgraded without credentials has to send its
 /// token frame.

@@ -22,8 +22,9 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName};
 
 use super::{Auth, AuthError, Principal};
+use crate::error::Error;
 use crate::forward::was_forwarded;
-use crate::{AppState, Error};
+use crate::state::AppState;
 
 /// The header that carries the cluster secret on a forwarded publish.
 pub(crate) const CLUSTER_SECRET: HeaderName = HeaderName::from_static("herald-cluster-secret");

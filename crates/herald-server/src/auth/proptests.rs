@@ -18,8 +18,10 @@ use super::{
     api_key_sha256, generate_api_key, ApiKeyConfig, AuthConfig, JwtConfig, OneOrMany, Permission,
     Secret,
 };
+use crate::app;
+use crate::config::ServerConfig;
+use crate::state::AppState;
 use crate::testing::{FakeLease, MemoryStorage};
-use crate::{app, AppState, ServerConfig};
 
 /// Cases per run: enough to reach every branch, bounded in time.
 const CASES: u32 = 256;

@@ -7,9 +7,9 @@
 
 use herald_core::ChannelName;
 
-use super::CentrifugoConfig;
+use super::config::CentrifugoConfig;
 use crate::auth::NamespaceRule;
-use crate::AppState;
+use crate::state::AppState;
 
 /// The options in force for one channel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

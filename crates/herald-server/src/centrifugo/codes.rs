@@ -53,9 +53,9 @@ impl ReplyError {
     /// 101 (109 for an expired token), not allowed → 103, rate limited →
     /// 111, bad input → 107, a message too large → 106, everything the
     /// client cannot fix (storage down, no holder, draining) → 100.
-    pub(crate) fn from_error(e: &crate::Error) -> Self {
+    pub(crate) fn from_error(e: &crate::error::Error) -> Self {
         use crate::auth::AuthError;
-        use crate::Error;
+        use crate::error::Error;
         match e {
             Error::Auth(AuthError::TokenExpired) => Self::token_expired(),
             Error::Auth(AuthError::Forbidden(_)) => Self::permission_denied(),

@@ -632,7 +632,7 @@ impl Session {
         channel: &ChannelName,
         recover: Option<&RecoverFrom<'_>>,
         budget: Budget,
-    ) -> crate::Result<(Started, Subscription)> {
+    ) -> crate::error::Result<(Started, Subscription)> {
         let shared = &self.state.shared;
         let storage = shared.storage.as_ref();
         let epoch = storage
@@ -827,7 +827,7 @@ impl Session {
         let epoch = match shared.storage.channel_epoch(&channel).await {
             Ok(epoch) => epoch,
             Err(e) => {
-                crate::StorageFailure::new("channel_epoch", Some(&channel), e).log();
+                crate::error::StorageFailure::new("channel_epoch", Some(&channel), e).log();
                 return Answer::Reply(error_reply(id, &ReplyError::internal()));
             }
         };

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::StartError;
+use crate::error::StartError;
 
 /// Settings of `/connection/websocket` (see `docs/centrifugo.md`).
 #[derive(Debug, Clone, PartialEq, Eq)]

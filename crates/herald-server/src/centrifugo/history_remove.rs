@@ -19,8 +19,10 @@ use serde_json::value::RawValue;
 
 use super::codes::ReplyError;
 use crate::auth::Principal;
+use crate::error::Error;
 use crate::forward::Forwarded;
-use crate::{retention, AppState, Error};
+use crate::retention;
+use crate::state::AppState;
 
 /// Largest holder answer read back from a forwarded call, in bytes.
 const MAX_FORWARD_ANSWER_BYTES: usize = 64 * 1024;
@@ -45,7 +47,7 @@ pub(crate) async fn history_remove(
     if !state.shared.lease.is_holder() {
         let body = serde_json::json!({ "channel": channel.as_str() }).to_string();
         let shared = &state.shared;
-        let write = crate::HolderWrite::RemoveHistory(channel.clone());
+        let write = crate::error::HolderWrite::RemoveHistory(channel.clone());
         let forwarded = shared
             .forwarder
             .to_holder(shared.lease.as_ref(), headers, write, body.into())

@@ -35,7 +35,7 @@
 mod channel_options;
 mod codes;
 mod commands;
-mod config;
+pub(crate) mod config;
 #[cfg(test)]
 mod fuzz;
 mod history;

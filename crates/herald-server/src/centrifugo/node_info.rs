@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::codes::ReplyError;
 use super::registry::Registry;
-use crate::AppState;
+use crate::state::AppState;
 
 /// How often a node reports itself.
 pub(crate) const REPORT_INTERVAL: Duration = Duration::from_secs(3);
@@ -138,7 +138,7 @@ pub(crate) async fn report_task(
 pub(crate) async fn info(state: &AppState) -> Result<Value, ReplyError> {
     let shared = &state.shared;
     let mut reports = shared.storage.node_reports().await.map_err(|e| {
-        crate::StorageFailure::new("node_reports", None, e).log();
+        crate::error::StorageFailure::new("node_reports", None, e).log();
         ReplyError::internal()
     })?;
     let own = report(&shared.centrifugo, &shared.config.node_id);
@@ -180,7 +180,7 @@ pub(crate) async fn channel_counts(
         .cluster_channels(&shared.config.node_id)
         .await
         .map_err(|e| {
-            crate::StorageFailure::new("cluster_channels", None, e).log();
+            crate::error::StorageFailure::new("cluster_channels", None, e).log();
             ReplyError::internal()
         })?;
     let mut counts: BTreeMap<ChannelName, u64> =

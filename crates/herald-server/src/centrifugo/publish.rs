@@ -12,8 +12,9 @@ use herald_core::{ChannelName, IdempotencyKey, NewMessage, Offset, Tags};
 use serde_json::value::RawValue;
 
 use super::codes::ReplyError;
+use crate::error::Error;
 use crate::forward::{after_takeover_error, Forwarded};
-use crate::{AppState, Error};
+use crate::state::AppState;
 
 /// Largest holder answer read back from a forwarded publish, in bytes.
 const MAX_FORWARD_ANSWER_BYTES: usize = 64 * 1024;
@@ -61,7 +62,7 @@ pub(crate) async fn publish(
         None => format!("{{\"data\":{}}}", message.data.get()),
         Some(tags) => format!("{{\"data\":{},\"tags\":{tags}}}", message.data.get()),
     };
-    let write = crate::HolderWrite::Publish(message.channel.clone());
+    let write = crate::error::HolderWrite::Publish(message.channel.clone());
     let forwarded = shared
         .forwarder
         .to_holder(shared.lease.as_ref(), &headers, write, body.into())

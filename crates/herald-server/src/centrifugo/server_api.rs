@@ -32,8 +32,9 @@ use super::codes::{self, ReplyError};
 use super::history::{history, Budget, HistoryQuery};
 use super::protocol::{object, publications, StreamPosition};
 use crate::auth::{Credential, Pattern, Principal};
+use crate::error::Error;
 use crate::extract::read_limited;
-use crate::{AppState, Error};
+use crate::state::AppState;
 
 /// A method's result, kept as JSON text (publication data stays byte
 /// for byte what was published).
@@ -421,7 +422,7 @@ async fn epoch(state: &AppState, channel: &ChannelName) -> Result<String, ReplyE
         .channel_epoch(channel)
         .await
         .map_err(|e| {
-            crate::StorageFailure::new("channel_epoch", Some(channel), e).log();
+            crate::error::StorageFailure::new("channel_epoch", Some(channel), e).log();
             ReplyError::internal()
         })
 }
@@ -517,7 +518,7 @@ async fn tell_cluster(state: &AppState, event: ClusterEvent) -> Outcome {
         Ok(()) => raw(&json!({})),
         Err(herald_storage::Error::ClusterEventTooLarge { .. }) => Err(ReplyError::bad_request()),
         Err(e) => {
-            crate::StorageFailure::new("send_cluster_event", None, e).log();
+            crate::error::StorageFailure::new("send_cluster_event", None, e).log();
             Err(ReplyError::internal())
         }
     }
@@ -630,9 +631,10 @@ mod tests {
     use tower::ServiceExt;
 
     use super::*;
+    use crate::app;
     use crate::auth::{api_key_sha256, generate_api_key, ApiKeyConfig, AuthConfig, Permission};
+    use crate::config::ServerConfig;
     use crate::testing::{FakeLease, MemoryStorage};
-    use crate::{app, ServerConfig};
 
     /// A holder with one API key that may do everything; the key.
     async fn node() -> (AppState, String, CancellationToken) {

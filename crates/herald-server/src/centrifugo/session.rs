@@ -36,7 +36,8 @@ use super::codes::{self, Disconnect};
 use super::mailbox::{Control, Mailbox, Out};
 use crate::auth::Principal;
 use crate::conn_limit::ClientSlot;
-use crate::{AppState, Error, Result};
+use crate::error::{Error, Result};
+use crate::state::AppState;
 
 /// Frames a session's subscriptions may queue before their tasks wait.
 const OUT_CAPACITY: usize = 256;

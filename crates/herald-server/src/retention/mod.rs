@@ -5,19 +5,19 @@
 //! module decides what and when. `docs/retention.md` is the operator's
 //! view.
 
-mod policy;
-mod trimmer;
+pub(crate) mod policy;
+pub(crate) mod trimmer;
 
 use herald_core::{ChannelName, Offset};
 use herald_storage::TrimLimits;
 
 pub use policy::{duration_text, RetentionConfig, RetentionHandle, RetentionPolicy};
 pub use trimmer::TrimPacing;
-pub(crate) use trimmer::Trimmer;
 
+use crate::error::{Error, HolderWrite, Result};
 use crate::error::{StorageContext, StorageFailure};
 use crate::hub::Notice;
-use crate::{AppState, Error, HolderWrite, Result};
+use crate::state::AppState;
 
 /// Removes every message of `channel` up to the head read at the start
 /// (messages published while it runs survive) on this node, which must

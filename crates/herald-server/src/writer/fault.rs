@@ -9,8 +9,9 @@ use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::{answer, fail_all, Replies, Writer};
+use crate::error::Error;
 use crate::error::StorageFailure;
-use crate::{metrics, Error};
+use crate::metrics;
 use herald_core::fault_switches::FaultSwitch;
 use herald_core::{Appended, ChannelName, Lease, NewMessage, Offset};
 
@@ -118,12 +119,12 @@ mod tests {
     use herald_core::FencingToken;
 
     use super::*;
+    use crate::error::Result;
     use crate::hub::Hub;
     use crate::role::LeaseView;
     use crate::testing::{FakeLease, MemoryStorage};
     use crate::writer::tests::new_message;
     use crate::writer::Reply;
-    use crate::Result;
     use tokio::sync::oneshot;
 
     /// The path behind the switch, called directly (the switch itself is
