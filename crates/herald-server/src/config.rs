@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::auth::{AuthConfig, NamespacesConfig};
 use crate::cors::CorsConfig;
-use crate::error::StartError;
+use crate::node_error::StartError;
 use crate::retention::policy::RetentionHandle;
 use crate::retention::trimmer::TrimPacing;
 use crate::tls::TlsCertificates;

@@ -40,8 +40,9 @@ use herald_lease::{LeaseState, Release, StopReason};
 use tokio::sync::watch;
 
 use crate::auth::{Secret, CLUSTER_SECRET};
-use crate::error::{Error, HolderWrite, Result, StartError};
 use crate::metrics;
+use crate::node_error::{HolderWrite, StartError};
+use crate::node_error::{NodeError, NodeResult};
 use crate::role::LeaseView;
 
 /// The header that marks a forwarded request, with the forwarding node's id.
@@ -190,7 +191,7 @@ impl Forwarder {
         timeout: Duration,
         trusted_ca_pem: Option<&[u8]>,
         cluster_secret: Option<&Secret>,
-    ) -> Result<Self, StartError> {
+    ) -> NodeResult<Self, StartError> {
         let node_id = HeaderValue::from_str(node_id).map_err(|_| {
             StartError::Config("node_id must be visible ASCII to name it in a header".to_owned())
         })?;
@@ -239,8 +240,8 @@ impl Forwarder {
     /// node (whose role `lease` shows) took the lease over first.
     ///
     /// # Errors
-    /// [`Error::NotHolder`] naming `write` for a request that was forwarded
-    /// to this node already (one hop only); [`Error::NoHolder`] when no
+    /// [`NodeError::NotHolder`] naming `write` for a request that was forwarded
+    /// to this node already (one hop only); [`NodeError::NoHolder`] when no
     /// holder is known or it cannot be reached.
     pub(crate) async fn to_holder(
         &self,
@@ -248,11 +249,11 @@ impl Forwarder {
         headers: &HeaderMap,
         write: HolderWrite,
         body: Bytes,
-    ) -> Result<Forwarded> {
+    ) -> NodeResult<Forwarded> {
         let state = lease.state();
         if was_forwarded(headers) {
             // One hop only: a forwarded request is never forwarded again.
-            return Err(Error::NotHolder {
+            return Err(NodeError::NotHolder {
                 request: Some(write),
                 holder_url: state.holder_url().map(str::to_owned),
             });
@@ -264,9 +265,9 @@ impl Forwarder {
             .filter(|h| h.url.trim_end_matches('/') != self.advertise_url.trim_end_matches('/'));
         let Some(holder) = holder else {
             metrics::forwarded("no_holder");
-            return Err(Error::NoHolder);
+            return Err(NodeError::NoHolder);
         };
-        let (method, path) = write.route();
+        let (method, path) = holder_route(&write);
         let request = ForwardRequest {
             method,
             path,
@@ -307,14 +308,14 @@ impl Forwarder {
     /// first.
     ///
     /// # Errors
-    /// [`Error::NoHolder`] when the holder cannot be reached or its answer
+    /// [`NodeError::NoHolder`] when the holder cannot be reached or its answer
     /// breaks off.
     pub(crate) async fn forward(
         &self,
         holder_url: &str,
         request: ForwardRequest<'_>,
         states: watch::Receiver<LeaseState>,
-    ) -> Result<Forwarded> {
+    ) -> NodeResult<Forwarded> {
         let url = format!("{}{}", holder_url.trim_end_matches('/'), request.path);
         let method = request.method.clone();
         self.warn_secret_in_clear(holder_url);
@@ -336,7 +337,7 @@ impl Forwarder {
 
     /// Sends `request` to `url` and returns the answer (see
     /// [`Forwarder::forward`]).
-    async fn send(&self, url: &str, request: ForwardRequest<'_>) -> Result<Response> {
+    async fn send(&self, url: &str, request: ForwardRequest<'_>) -> NodeResult<Response> {
         let method = request.method;
         let mut outgoing = self
             .client
@@ -364,7 +365,7 @@ impl Forwarder {
                 "the holder's advertised URL answered a redirect, which forwards never follow; \
                  advertise the URL that serves the API itself"
             );
-            return Err(Error::NoHolder);
+            return Err(NodeError::NoHolder);
         }
         let content_type = answer.headers().get(CONTENT_TYPE).cloned();
         let retry_after = answer.headers().get(RETRY_AFTER).cloned();
@@ -389,15 +390,26 @@ impl Forwarder {
     }
 }
 
+/// The method and path of the holder's route that takes `write`.
+fn holder_route(write: &HolderWrite) -> (Method, String) {
+    match write {
+        HolderWrite::Publish(channel) => (Method::POST, format!("/v1/channels/{channel}/messages")),
+        HolderWrite::BatchPublish => (Method::POST, "/v1/messages".to_owned()),
+        HolderWrite::DeleteChannel(channel) => (Method::DELETE, format!("/v1/channels/{channel}")),
+        HolderWrite::RemoveHistory(_) => (Method::POST, "/api/history_remove".to_owned()),
+    }
+}
+
 /// The error of a commit attempted after a takeover (a forward that ended
 /// with [`Forwarded::TakenOver`]): every error that would say "nothing was
 /// stored" speaks for this node only, not for the old holder, so it
 /// becomes `no_holder` (outcome unknown).
-pub(crate) fn after_takeover_error(e: Error) -> Error {
+pub(crate) fn after_takeover_error(e: NodeError) -> NodeError {
     match e {
-        Error::QueueFull | Error::LeaseLost | Error::Draining | Error::NotHolder { .. } => {
-            Error::NoHolder
-        }
+        NodeError::QueueFull
+        | NodeError::LeaseLost
+        | NodeError::Draining
+        | NodeError::NotHolder { .. } => NodeError::NoHolder,
         e => e,
     }
 }
@@ -405,8 +417,12 @@ pub(crate) fn after_takeover_error(e: Error) -> Error {
 /// The holder's answer body, up to [`MAX_ANSWER_BYTES`].
 ///
 /// # Errors
-/// [`Error::NoHolder`] when it breaks off or is longer (logged, counted).
-async fn read_answer(method: &Method, url: &str, mut answer: reqwest::Response) -> Result<Bytes> {
+/// [`NodeError::NoHolder`] when it breaks off or is longer (logged, counted).
+async fn read_answer(
+    method: &Method,
+    url: &str,
+    mut answer: reqwest::Response,
+) -> NodeResult<Bytes> {
     let too_long = || {
         metrics::forwarded("error");
         tracing::warn!(
@@ -414,7 +430,7 @@ async fn read_answer(method: &Method, url: &str, mut answer: reqwest::Response) 
             limit = MAX_ANSWER_BYTES,
             "the holder's answer to a forwarded request is too long; read no further"
         );
-        Error::NoHolder
+        NodeError::NoHolder
     };
     if answer
         .content_length()
@@ -462,7 +478,7 @@ fn secret_in_clear(url: &str) -> bool {
 /// record's `error` is the whole chain of causes
 /// ([`error_with_causes`]), so that it says "Connection refused" or
 /// "dns error", not only "error sending request".
-fn failed(method: &Method, url: &str, e: &reqwest::Error) -> Error {
+fn failed(method: &Method, url: &str, e: &reqwest::Error) -> NodeError {
     metrics::forwarded("error");
     let kind = if e.is_timeout() {
         "timeout"
@@ -478,7 +494,7 @@ fn failed(method: &Method, url: &str, e: &reqwest::Error) -> Error {
         error = %error_with_causes(e),
         "cannot forward a request to the holder"
     );
-    Error::NoHolder
+    NodeError::NoHolder
 }
 
 /// `e` and each of its causes (`source()`), joined by `: `: an HTTP
@@ -650,7 +666,7 @@ mod tests {
     }
 
     /// Forwards a publish with a cluster secret to `holder_url`.
-    async fn forward_to(holder_url: &str) -> Result<Forwarded> {
+    async fn forward_to(holder_url: &str) -> NodeResult<Forwarded> {
         let secret = Secret::new("a cluster secret of 16+ bytes".to_owned());
         let forwarder = Forwarder::new(
             "me",
@@ -692,7 +708,7 @@ mod tests {
             let (holder, asked) = answering(redirect.into_bytes()).await;
             let outcome = forward_to(&holder).await;
             assert!(
-                matches!(outcome, Err(Error::NoHolder)),
+                matches!(outcome, Err(NodeError::NoHolder)),
                 "{status}: {outcome:?}"
             );
             assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
@@ -721,7 +737,7 @@ mod tests {
         for answer in [with_length, until_close] {
             let (holder, _) = answering(answer).await;
             let outcome = forward_to(&holder).await;
-            assert!(matches!(outcome, Err(Error::NoHolder)), "{outcome:?}");
+            assert!(matches!(outcome, Err(NodeError::NoHolder)), "{outcome:?}");
         }
         let (holder, _) = answering(
             b"HTTP/1.1 201 Created\r\ncontent-length: 12\r\nconnection: close\r\n\r\n{\"offset\":1}"
@@ -769,7 +785,7 @@ mod tests {
             .finish();
         let _guard = tracing::subscriber::set_default(subscriber);
         let outcome = forward_to(&holder).await;
-        assert!(matches!(outcome, Err(Error::NoHolder)), "{outcome:?}");
+        assert!(matches!(outcome, Err(NodeError::NoHolder)), "{outcome:?}");
         let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
         let records: Vec<serde_json::Value> = text
             .lines()

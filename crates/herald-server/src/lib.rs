@@ -48,6 +48,7 @@ mod fuzz;
 mod hub;
 mod listener;
 mod metrics;
+mod node_error;
 mod retention;
 mod role;
 mod router;
@@ -75,8 +76,9 @@ pub use auth::{
 pub use centrifugo::CentrifugoConfig;
 pub use config::ServerConfig;
 pub use cors::CorsConfig;
-pub use error::{Error, HolderWrite, Result, StartError, StorageFailure};
+pub use error::{Error, Result};
 pub use metrics::install_metrics_recorder;
+pub use node_error::{HolderWrite, NodeError, StartError, StorageFailure};
 pub use retention::{duration_text, RetentionConfig, RetentionHandle, RetentionPolicy, TrimPacing};
 pub use state::AppState;
 pub use tls::TlsCertificates;

@@ -16,10 +16,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::auth::{AuthError, Caller};
-use crate::error::{Error, HolderWrite, Result};
+use crate::error::{Error, Result};
 use crate::extract::{check_depth, read_limited};
 use crate::forward::{after_takeover_error, Forwarded};
 use crate::metrics;
+use crate::node_error::HolderWrite;
+use crate::node_error::{NodeError, NodeResult};
 use crate::state::AppState;
 
 /// Most entries in one batch publish.
@@ -135,7 +137,7 @@ async fn append(state: &AppState, parts: &mut Parts, body: Body) -> Result<Outco
     }
     shared.auth().take_publishes(&who, messages.len())?;
     if shared.lease.is_holder() {
-        return commit(state, messages).await;
+        return Ok(commit(state, messages).await?);
     }
     let forwarded = shared
         .forwarder
@@ -155,20 +157,22 @@ async fn append(state: &AppState, parts: &mut Parts, body: Body) -> Result<Outco
             if messages.iter().any(|m| m.idempotency_key.is_none()) || !shared.lease.is_holder() {
                 return Err(Error::NoHolder);
             }
-            commit(state, messages).await.map_err(after_takeover_error)
+            commit(state, messages)
+                .await
+                .map_err(|e| Error::from(after_takeover_error(e)))
         }
     }
 }
 
 /// Hands the batch to this node's writer and answers once it is committed.
-async fn commit(state: &AppState, messages: Vec<NewMessage>) -> Result<Outcome> {
+async fn commit(state: &AppState, messages: Vec<NewMessage>) -> NodeResult<Outcome> {
     let reply = state.shared.writer.submit_batch(messages)?;
     let appended = reply.await.map_err(|_| {
         if state.draining() {
-            Error::Draining
+            NodeError::Draining
         } else {
             tracing::error!("writer task ended without answering a batch publish");
-            Error::Internal("writer task ended".to_owned())
+            NodeError::Internal("writer task ended".to_owned())
         }
     })??;
     Ok(Outcome::Committed(appended))

@@ -14,9 +14,10 @@ use herald_core::{ChannelName, Offset};
 use serde::Serialize;
 
 use crate::auth::{Caller, Principal};
-use crate::error::{HolderWrite, Result};
+use crate::error::Result;
 use crate::extract::ChannelPath;
 use crate::forward::Forwarded;
+use crate::node_error::HolderWrite;
 use crate::retention;
 use crate::state::AppState;
 
@@ -57,7 +58,15 @@ pub(crate) async fn delete_channel(
             Forwarded::TakenOver => {}
         }
     }
-    let head = retention::delete_channel(&state, &channel).await?;
+    let shared = &state.shared;
+    let head = retention::delete_channel(
+        shared.storage.as_ref(),
+        shared.lease.as_ref(),
+        &shared.hub,
+        shared.config.trim_pacing.batch,
+        &channel,
+    )
+    .await?;
     Ok(Json(Deleted {
         channel,
         head,

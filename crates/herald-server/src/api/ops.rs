@@ -12,10 +12,10 @@ use serde_json::{json, Value};
 
 use crate::auth::Caller;
 use crate::error::{Error, Result};
-use crate::error::{StorageContext, StorageFailure};
 use crate::extract::{FromQuery, QueryParams, ValidQuery};
 use crate::forward::HolderView;
 use crate::metrics;
+use crate::node_error::{StorageContext, StorageFailure};
 use crate::state::AppState;
 
 /// How long `/v1/status` waits for the lease row before showing `null`.

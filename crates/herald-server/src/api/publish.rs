@@ -11,10 +11,12 @@ use herald_core::{format_rfc3339_ms, Appended, ChannelName, NewMessage};
 use serde::Serialize;
 
 use crate::auth::Caller;
-use crate::error::{Error, HolderWrite, Result};
+use crate::error::{Error, Result};
 use crate::extract::{idempotency_key, ChannelPath, PublishBody};
 use crate::forward::{after_takeover_error, Forwarded};
 use crate::metrics;
+use crate::node_error::HolderWrite;
+use crate::node_error::{NodeError, NodeResult};
 use crate::state::AppState;
 
 /// The answer to a publish: 201 when appended, 200 for a repeated
@@ -120,7 +122,7 @@ async fn append(
         tags,
     };
     if shared.lease.is_holder() {
-        return commit(state, message).await;
+        return Ok(commit(state, message).await?);
     }
     let write = HolderWrite::Publish(message.channel.clone());
     let forwarded = shared
@@ -153,22 +155,24 @@ async fn after_takeover(state: &AppState, message: NewMessage) -> Result<Outcome
     if message.idempotency_key.is_none() || !state.shared.lease.is_holder() {
         return Err(Error::NoHolder);
     }
-    commit(state, message).await.map_err(after_takeover_error)
+    commit(state, message)
+        .await
+        .map_err(|e| Error::from(after_takeover_error(e)))
 }
 
 /// Hands `message` to this node's writer and answers once it is committed
 /// ([`Outcome::Created`]), or found by its idempotency key
 /// ([`Outcome::Duplicate`]).
-async fn commit(state: &AppState, message: NewMessage) -> Result<Outcome> {
+async fn commit(state: &AppState, message: NewMessage) -> NodeResult<Outcome> {
     let channel = message.channel.clone();
     let reply = state.shared.writer.submit(message)?;
     let appended = reply.await.map_err(|_| {
         // The writer dropped the request without answering: it is gone.
         if state.draining() {
-            Error::Draining
+            NodeError::Draining
         } else {
             tracing::error!(channel = %channel, "writer task ended without answering");
-            Error::Internal("writer task ended".to_owned())
+            NodeError::Internal("writer task ended".to_owned())
         }
     })??;
     Ok(if appended.duplicate {

@@ -6,9 +6,9 @@ use herald_core::{ChannelName, Message, Offset};
 use serde::Serialize;
 
 use crate::auth::Caller;
-use crate::error::StorageContext;
 use crate::error::{Error, Result};
 use crate::extract::{ChannelPath, FromQuery, QueryParams, ValidQuery};
+use crate::node_error::StorageContext;
 use crate::state::AppState;
 
 /// `limit` of a history read when the query has none, in messages.

@@ -63,6 +63,7 @@ use crate::conn_limit::ClientSlot;
 use crate::error::{Error, Result};
 use crate::extract::{resume_point, AfterQuery, ChannelPath, ValidQuery};
 use crate::metrics;
+use crate::node_error::NodeError;
 use crate::state::AppState;
 use crate::subscription::{Item, StartAt, Subscription};
 use crate::websocket::{close, CLOSE_TIMEOUT};
@@ -333,7 +334,7 @@ async fn session(
                 // Found only after an outage at the start (else the
                 // upgrade was refused with 409): the client's resume point
                 // is foreign to this channel.
-                Err(Error::OffsetBeyondHead { .. }) => {
+                Err(NodeError::OffsetBeyondHead { .. }) => {
                     break End::Close(close_code::POLICY, "offset_beyond_head");
                 }
                 // Not transient (those are waited out in `next`).

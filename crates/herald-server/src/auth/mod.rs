@@ -53,7 +53,7 @@ use policy::Namespaces;
 pub(crate) use policy::Pattern;
 use rate_limit::{Limit, PublishLimits, Rate, DEFAULT_RATE_PER_S};
 
-use crate::error::StartError;
+use crate::node_error::StartError;
 
 /// Who is asking, once the request's credentials are checked.
 #[derive(Debug, Clone)]

@@ -26,7 +26,7 @@ use super::session::{
     max_commands_per_frame, Session, Stop, Sub, Writer, MAX_DENIALS_LOGGED, REPLY_FRAME_BYTES,
 };
 use crate::auth::{AuthError, Credential, Principal};
-use crate::error::StorageContext;
+use crate::node_error::StorageContext;
 use crate::subscription::{Item, Subscription};
 
 /// The version the connect reply names: Herald's.
@@ -827,7 +827,7 @@ impl Session {
         let epoch = match shared.storage.channel_epoch(&channel).await {
             Ok(epoch) => epoch,
             Err(e) => {
-                crate::error::StorageFailure::new("channel_epoch", Some(&channel), e).log();
+                crate::node_error::StorageFailure::new("channel_epoch", Some(&channel), e).log();
                 return Answer::Reply(error_reply(id, &ReplyError::internal()));
             }
         };

@@ -100,7 +100,7 @@ pub(crate) async fn history(
     };
     let read = |after: Offset, limit: usize| async move {
         storage.read(channel, after, limit).await.map_err(|e| {
-            crate::error::StorageFailure::new("read", Some(channel), e).log();
+            crate::node_error::StorageFailure::new("read", Some(channel), e).log();
             ReplyError::internal()
         })
     };

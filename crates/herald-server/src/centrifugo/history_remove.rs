@@ -47,7 +47,7 @@ pub(crate) async fn history_remove(
     if !state.shared.lease.is_holder() {
         let body = serde_json::json!({ "channel": channel.as_str() }).to_string();
         let shared = &state.shared;
-        let write = crate::error::HolderWrite::RemoveHistory(channel.clone());
+        let write = crate::node_error::HolderWrite::RemoveHistory(channel.clone());
         let forwarded = shared
             .forwarder
             .to_holder(shared.lease.as_ref(), headers, write, body.into())
@@ -57,15 +57,23 @@ pub(crate) async fn history_remove(
             // This node holds the lease now: it removes the history itself
             // (removing it twice removes nothing more).
             Ok(Forwarded::TakenOver) => {}
-            Err(e) => return Err(logged(&e)),
+            Err(e) => return Err(logged(&Error::from(e))),
         }
     }
-    match retention::remove_history(state, &channel).await {
+    let shared = &state.shared;
+    let removed = retention::remove_history(
+        shared.storage.as_ref(),
+        shared.lease.as_ref(),
+        shared.config.trim_pacing.batch,
+        &channel,
+    )
+    .await;
+    match removed {
         Ok(head) => {
             tracing::info!(channel = %channel, head, "history removed");
             Ok(())
         }
-        Err(e) => Err(logged(&e)),
+        Err(e) => Err(logged(&Error::from(e))),
     }
 }
 

@@ -138,7 +138,7 @@ pub(crate) async fn report_task(
 pub(crate) async fn info(state: &AppState) -> Result<Value, ReplyError> {
     let shared = &state.shared;
     let mut reports = shared.storage.node_reports().await.map_err(|e| {
-        crate::error::StorageFailure::new("node_reports", None, e).log();
+        crate::node_error::StorageFailure::new("node_reports", None, e).log();
         ReplyError::internal()
     })?;
     let own = report(&shared.centrifugo, &shared.config.node_id);
@@ -180,7 +180,7 @@ pub(crate) async fn channel_counts(
         .cluster_channels(&shared.config.node_id)
         .await
         .map_err(|e| {
-            crate::error::StorageFailure::new("cluster_channels", None, e).log();
+            crate::node_error::StorageFailure::new("cluster_channels", None, e).log();
             ReplyError::internal()
         })?;
     let mut counts: BTreeMap<ChannelName, u64> =

@@ -85,7 +85,7 @@ impl PresenceSession {
                     _ = beats.tick() => {
                         session.retry_removals(storage.as_ref()).await;
                         if let Err(e) = storage.presence_touch(&session.id, ttl).await {
-                            crate::error::StorageFailure::new("presence_touch", None, e).log();
+                            crate::node_error::StorageFailure::new("presence_touch", None, e).log();
                         }
                     }
                 }
@@ -101,7 +101,7 @@ impl PresenceSession {
         for key in keys {
             let (channel, client) = &key;
             if let Err(e) = storage.presence_remove(channel, client).await {
-                crate::error::StorageFailure::new("presence_remove", Some(channel), e).log();
+                crate::node_error::StorageFailure::new("presence_remove", Some(channel), e).log();
                 return;
             }
             self.pending().remove(&key);
@@ -112,7 +112,7 @@ impl PresenceSession {
     /// row is a pending removal.
     async fn remove(&self, storage: &dyn Storage, channel: &ChannelName, client: &str) {
         if let Err(e) = storage.presence_remove(channel, client).await {
-            crate::error::StorageFailure::new("presence_remove", Some(channel), e).log();
+            crate::node_error::StorageFailure::new("presence_remove", Some(channel), e).log();
             self.pending().insert((channel.clone(), client.to_owned()));
         }
     }
@@ -167,7 +167,7 @@ pub(crate) async fn join(
         .presence_add(&session.id, &entry, config.presence_ttl)
         .await
         .map_err(|e| {
-            crate::error::StorageFailure::new("presence_add", Some(channel), e).log();
+            crate::node_error::StorageFailure::new("presence_add", Some(channel), e).log();
             // The row may have been written all the same: the subscribe
             // fails, so the row must not be renewed.
             session.pending().insert(key);
@@ -216,7 +216,7 @@ async fn entries(
         return Err(ReplyError::not_available());
     }
     state.shared.storage.presence(channel).await.map_err(|e| {
-        crate::error::StorageFailure::new("presence", Some(channel), e).log();
+        crate::node_error::StorageFailure::new("presence", Some(channel), e).log();
         ReplyError::internal()
     })
 }

@@ -14,6 +14,7 @@ use serde_json::value::RawValue;
 use super::codes::ReplyError;
 use crate::error::Error;
 use crate::forward::{after_takeover_error, Forwarded};
+use crate::node_error::{NodeError, NodeResult};
 use crate::state::AppState;
 
 /// Largest holder answer read back from a forwarded publish, in bytes.
@@ -49,7 +50,9 @@ pub(crate) async fn publish(
         tags,
     };
     if shared.lease.is_holder() {
-        return commit(state, message).await.map_err(|e| logged(&e));
+        return commit(state, message)
+            .await
+            .map_err(|e| logged(&Error::from(e)));
     }
     let mut headers = HeaderMap::new();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -62,7 +65,7 @@ pub(crate) async fn publish(
         None => format!("{{\"data\":{}}}", message.data.get()),
         Some(tags) => format!("{{\"data\":{},\"tags\":{tags}}}", message.data.get()),
     };
-    let write = crate::error::HolderWrite::Publish(message.channel.clone());
+    let write = crate::node_error::HolderWrite::Publish(message.channel.clone());
     let forwarded = shared
         .forwarder
         .to_holder(shared.lease.as_ref(), &headers, write, body.into())
@@ -75,9 +78,9 @@ pub(crate) async fn publish(
             }
             commit(state, message)
                 .await
-                .map_err(|e| logged(&after_takeover_error(e)))
+                .map_err(|e| logged(&Error::from(after_takeover_error(e))))
         }
-        Err(e) => Err(logged(&e)),
+        Err(e) => Err(logged(&Error::from(e))),
     }
 }
 
@@ -88,9 +91,9 @@ fn logged(e: &Error) -> ReplyError {
 }
 
 /// Hands `message` to this node's writer and waits for the commit.
-async fn commit(state: &AppState, message: NewMessage) -> Result<Offset, Error> {
+async fn commit(state: &AppState, message: NewMessage) -> NodeResult<Offset> {
     let reply = state.shared.writer.submit(message)?;
-    let appended = reply.await.map_err(|_| Error::Draining)??;
+    let appended = reply.await.map_err(|_| NodeError::Draining)??;
     Ok(appended.offset)
 }
 

@@ -17,7 +17,7 @@ use herald_storage::{Page, Storage};
 
 use super::history::{cost, Budget};
 use crate::error::Result;
-use crate::error::StorageContext;
+use crate::node_error::StorageContext;
 use crate::subscription::LiveOnly;
 
 /// Most publications a subscribe reply recovers; a client further behind

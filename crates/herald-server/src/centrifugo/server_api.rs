@@ -422,7 +422,7 @@ async fn epoch(state: &AppState, channel: &ChannelName) -> Result<String, ReplyE
         .channel_epoch(channel)
         .await
         .map_err(|e| {
-            crate::error::StorageFailure::new("channel_epoch", Some(channel), e).log();
+            crate::node_error::StorageFailure::new("channel_epoch", Some(channel), e).log();
             ReplyError::internal()
         })
 }
@@ -518,7 +518,7 @@ async fn tell_cluster(state: &AppState, event: ClusterEvent) -> Outcome {
         Ok(()) => raw(&json!({})),
         Err(herald_storage::Error::ClusterEventTooLarge { .. }) => Err(ReplyError::bad_request()),
         Err(e) => {
-            crate::error::StorageFailure::new("send_cluster_event", None, e).log();
+            crate::node_error::StorageFailure::new("send_cluster_event", None, e).log();
             Err(ReplyError::internal())
         }
     }
