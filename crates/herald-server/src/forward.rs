@@ -31,11 +31,10 @@
 
 use std::time::Duration;
 
-use axum::body::Body;
 use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
-use axum::response::Response;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use bytes::Bytes;
+use herald_core::{NewMessage, Offset};
 use herald_lease::{LeaseState, Release, StopReason};
 use tokio::sync::watch;
 
@@ -146,7 +145,7 @@ pub(crate) struct Forwarder {
 #[derive(Debug)]
 pub(crate) enum Forwarded {
     /// The holder answered (any status): its answer, to return unchanged.
-    Answer(Response),
+    Answer(HolderAnswer),
     /// This node took the lease over before the holder answered
     /// ([`ends_forward`]); the request to the holder was dropped. Whether
     /// the holder committed the publish before it lost the lease is unknown
@@ -337,7 +336,7 @@ impl Forwarder {
 
     /// Sends `request` to `url` and returns the answer (see
     /// [`Forwarder::forward`]).
-    async fn send(&self, url: &str, request: ForwardRequest<'_>) -> NodeResult<Response> {
+    async fn send(&self, url: &str, request: ForwardRequest<'_>) -> NodeResult<HolderAnswer> {
         let method = request.method;
         let mut outgoing = self
             .client
@@ -377,17 +376,111 @@ impl Forwarder {
             status = status.as_u16(),
             "request forwarded to the holder"
         );
-        let mut response = Response::new(Body::from(body));
-        *response.status_mut() = status;
-        let headers = response.headers_mut();
-        if let Some(value) = content_type {
-            headers.insert(CONTENT_TYPE, value);
-        }
-        if let Some(value) = retry_after {
-            headers.insert(RETRY_AFTER, value);
-        }
-        Ok(response)
+        Ok(HolderAnswer {
+            status,
+            content_type,
+            retry_after,
+            body,
+        })
     }
+}
+
+/// The holder's answer to a forwarded request, read whole: what a wing
+/// returns unchanged to its client (status, `Content-Type`,
+/// `Retry-After`, body), or reads as a publish's outcome
+/// ([`HolderAnswer::published`]).
+#[derive(Debug)]
+pub(crate) struct HolderAnswer {
+    status: StatusCode,
+    content_type: Option<HeaderValue>,
+    retry_after: Option<HeaderValue>,
+    body: Bytes,
+}
+
+/// Why the holder refused a forwarded publish, read from its answer's
+/// status ([`HolderAnswer::published`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HolderRefusal {
+    /// 401: the holder refused the forward's credentials (the cluster
+    /// secret differs between the nodes).
+    Unauthorized,
+    /// 403: the publish is not allowed.
+    Forbidden,
+    /// 429: the holder's rate limit refused it.
+    RateLimited,
+    /// 413: the message is larger than the holder takes.
+    TooLarge,
+    /// Another `4xx`: the holder found the publish invalid.
+    Invalid,
+    /// A `5xx`, or a success whose body is not a publish's answer.
+    Failed,
+}
+
+impl HolderAnswer {
+    /// The answer's HTTP status.
+    pub(crate) fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The answer's `Content-Type`, if it had one.
+    pub(crate) fn content_type(&self) -> Option<&HeaderValue> {
+        self.content_type.as_ref()
+    }
+
+    /// The answer's `Retry-After`, if it had one.
+    pub(crate) fn retry_after(&self) -> Option<&HeaderValue> {
+        self.retry_after.as_ref()
+    }
+
+    /// The answer's body, at most [`MAX_ANSWER_BYTES`].
+    pub(crate) fn body(&self) -> &Bytes {
+        &self.body
+    }
+
+    /// The offset the holder gave a forwarded publish (its answer
+    /// `{"channel","offset","published_at"}` with 201, or 200 for a
+    /// repeated idempotency key).
+    ///
+    /// # Errors
+    /// The [`HolderRefusal`] its error status says, or
+    /// [`HolderRefusal::Failed`] for a success that names no offset.
+    pub(crate) fn published(&self) -> Result<Offset, HolderRefusal> {
+        #[derive(serde::Deserialize)]
+        struct Published {
+            offset: Offset,
+        }
+        if !self.status.is_success() {
+            return Err(match self.status {
+                StatusCode::UNAUTHORIZED => HolderRefusal::Unauthorized,
+                StatusCode::FORBIDDEN => HolderRefusal::Forbidden,
+                StatusCode::TOO_MANY_REQUESTS => HolderRefusal::RateLimited,
+                StatusCode::PAYLOAD_TOO_LARGE => HolderRefusal::TooLarge,
+                s if s.is_client_error() => HolderRefusal::Invalid,
+                _ => HolderRefusal::Failed,
+            });
+        }
+        serde_json::from_slice::<Published>(&self.body)
+            .map(|p| p.offset)
+            .map_err(|_| HolderRefusal::Failed)
+    }
+}
+
+/// The headers and body of a Herald publish of `message`, for a publish
+/// that did not come as one (Centrifugo's): `Content-Type: application/json`,
+/// its `Idempotency-Key` if any, and the body `{"data": ..., "tags": ...}`.
+pub(crate) fn publish_request(message: &NewMessage) -> (HeaderMap, Bytes) {
+    let mut headers = HeaderMap::new();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if let Some(key) = &message.idempotency_key {
+        if let Ok(value) = HeaderValue::from_str(key.as_str()) {
+            headers.insert(HeaderName::from_static("idempotency-key"), value);
+        }
+    }
+    let body = match message.tags.to_json() {
+        None => format!("{{\"data\":{}}}", message.data.get()),
+        Some(tags) => format!("{{\"data\":{},\"tags\":{tags}}}", message.data.get()),
+    };
+    (headers, Bytes::from(body))
 }
 
 /// The method and path of the holder's route that takes `write`.
@@ -747,10 +840,7 @@ mod tests {
         match forward_to(&holder).await {
             Ok(Forwarded::Answer(answer)) => {
                 assert_eq!(answer.status().as_u16(), 201);
-                let body = axum::body::to_bytes(answer.into_body(), 1024)
-                    .await
-                    .unwrap();
-                assert_eq!(&body[..], b"{\"offset\":1}");
+                assert_eq!(&answer.body()[..], b"{\"offset\":1}");
             }
             other => panic!("{other:?}"),
         }

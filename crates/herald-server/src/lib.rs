@@ -49,6 +49,7 @@ mod hub;
 mod listener;
 mod metrics;
 mod node_error;
+mod publish;
 mod retention;
 mod role;
 mod router;

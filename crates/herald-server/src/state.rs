@@ -22,6 +22,7 @@ use crate::forward::Forwarder;
 use crate::hub::Hub;
 use crate::metrics::install_metrics_recorder;
 use crate::node_error::StartError;
+use crate::publish::Publisher;
 use crate::retention::trimmer::Trimmer;
 use crate::role::LeaseView;
 use crate::standby_feed::StandbyFeed;
@@ -79,6 +80,16 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// What the publish routine needs of this node (`publish.rs`).
+    pub(crate) fn publisher(&self) -> Publisher<'_> {
+        Publisher {
+            writer: &self.writer,
+            lease: self.lease.as_ref(),
+            forwarder: &self.forwarder,
+            shutdown: &self.shutdown,
+        }
+    }
+
     /// The access control in force now; a request reads it once.
     pub(crate) fn auth(&self) -> Arc<Auth> {
         self.auth_slot.load()

@@ -13,6 +13,7 @@ use bytes::Bytes;
 use herald_core::{ChannelName, Offset};
 use serde::Serialize;
 
+use crate::api::publish::holder_response;
 use crate::auth::{Caller, Principal};
 use crate::error::Result;
 use crate::extract::ChannelPath;
@@ -52,7 +53,7 @@ pub(crate) async fn delete_channel(
             .to_holder(shared.lease.as_ref(), &headers, write, Bytes::new())
             .await?;
         match forwarded {
-            Forwarded::Answer(answer) => return Ok(answer),
+            Forwarded::Answer(answer) => return Ok(holder_response(answer)),
             // This node holds the lease now: it deletes the channel itself,
             // as the client's retry would.
             Forwarded::TakenOver => {}

@@ -20,7 +20,7 @@ use serde_json::value::RawValue;
 use super::codes::ReplyError;
 use crate::auth::Principal;
 use crate::error::Error;
-use crate::forward::Forwarded;
+use crate::forward::{Forwarded, HolderAnswer};
 use crate::retention;
 use crate::state::AppState;
 
@@ -53,7 +53,7 @@ pub(crate) async fn history_remove(
             .to_holder(shared.lease.as_ref(), headers, write, body.into())
             .await;
         match forwarded {
-            Ok(Forwarded::Answer(response)) => return holder_answer(response).await,
+            Ok(Forwarded::Answer(answer)) => return holder_answer(&answer),
             // This node holds the lease now: it removes the history itself
             // (removing it twice removes nothing more).
             Ok(Forwarded::TakenOver) => {}
@@ -86,7 +86,7 @@ fn logged(e: &Error) -> ReplyError {
 /// The outcome of the holder's answer to a forwarded call (`{"result":
 /// ...}` or `{"error": {...}}` with HTTP 200), or the Centrifugo error for
 /// its HTTP status.
-async fn holder_answer(response: axum::response::Response) -> Result<(), ReplyError> {
+fn holder_answer(answer: &HolderAnswer) -> Result<(), ReplyError> {
     #[derive(Deserialize)]
     struct Answer {
         #[serde(default)]
@@ -94,7 +94,7 @@ async fn holder_answer(response: axum::response::Response) -> Result<(), ReplyEr
         #[serde(default)]
         error: Option<ReplyError>,
     }
-    let status = response.status();
+    let status = answer.status();
     if status != StatusCode::OK {
         return Err(match status {
             // The holder refused the cluster secret: it differs between
@@ -103,10 +103,11 @@ async fn holder_answer(response: axum::response::Response) -> Result<(), ReplyEr
             _ => ReplyError::internal(),
         });
     }
-    let body = axum::body::to_bytes(response.into_body(), MAX_FORWARD_ANSWER_BYTES)
-        .await
-        .map_err(|_| ReplyError::internal())?;
-    match serde_json::from_slice::<Answer>(&body) {
+    let body = answer.body();
+    if body.len() > MAX_FORWARD_ANSWER_BYTES {
+        return Err(ReplyError::internal());
+    }
+    match serde_json::from_slice::<Answer>(body) {
         Ok(Answer {
             error: Some(error), ..
         }) => Err(error),
