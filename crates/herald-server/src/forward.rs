@@ -27,7 +27,7 @@
 //!   ([`ends_forward`]): the holder it went to is fenced from then on, so
 //!   waiting for its answer (it may be frozen) only delays the client. The
 //!   caller then commits the publish itself or answers `no_holder`
-//!   (`api/publish.rs`).
+//!   (`publish.rs`).
 
 use std::time::Duration;
 

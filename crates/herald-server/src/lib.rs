@@ -8,13 +8,15 @@
 //! after the commit. Live subscribers follow a per-channel broadcast
 //! (`hub.rs`) fed by the writer on the holder and by the standby feed
 //! (`standby_feed.rs`) on a standby; `subscription.rs` turns history plus
-//! live notices into one gap-free, repeat-free sequence for SSE (`sse.rs`)
-//! and WebSocket (`ws.rs`), and for Centrifugo's client protocol
-//! (`centrifugo/`, which also serves Centrifugo's server API). A publish
-//! that reaches a standby is forwarded once to the holder (`forward.rs`).
+//! live notices into one gap-free, repeat-free sequence for SSE
+//! (`api/sse.rs`) and WebSocket (`api/ws.rs`), and for Centrifugo's client
+//! protocol (`centrifugo/`, which also serves Centrifugo's server API).
+//! Every wing publishes through one routine (`publish.rs`): a publish that
+//! reaches a standby is forwarded once to the holder (`forward.rs`). The
+//! router (`router.rs`) merges the wings' routes.
 //! The server API's cluster-wide requests reach the other nodes' clients
-//! as cluster events (`cluster.rs`). Every error becomes one JSON shape in
-//! `error.rs`. Access control (API keys, client tokens, namespaces,
+//! as cluster events (`cluster.rs`). The core's errors are `NodeError`
+//! (`node_error.rs`); every error becomes one JSON shape in `error.rs`. Access control (API keys, client tokens, namespaces,
 //! publish rate limits) is `auth/`. `listener.rs` accepts connections and serves them with
 //! HTTP/1 or HTTP/2, closing those that do not send a request head in time.
 //!
