@@ -12,11 +12,12 @@
 //!   channel's epoch from the storage (`Storage::channel_epoch`);
 //! - `history.rs`: history with Centrifugo's `limit`, `since`, `reverse`;
 //! - `publish.rs`: a publish into the same channel sequence as Herald's
-//!   own, forwarded to the holder from a standby;
+//!   own, through the node's publish routine (`crate::publish`);
 //! - `mailbox.rs`: what reaches a session from outside its connection;
 //! - `registry.rs`: this node's connections, for the server API, which
 //!   also applies other nodes' cluster events to them (`cluster.rs`);
-//! - `presence.rs`: cluster-wide presence in the storage, when enabled;
+//! - `presence.rs`: cluster-wide presence in the storage, when enabled
+//!   (`presence_session.rs`: this node's session of rows and its heartbeat);
 //! - `join_leave.rs`: join and leave pushes, cluster-wide, when enabled;
 //! - `channel_options.rs`: `presence`, `join_leave` and
 //!   `force_push_join_leave` per namespace;
@@ -44,6 +45,7 @@ mod join_leave;
 pub(crate) mod mailbox;
 pub(crate) mod node_info;
 mod presence;
+mod presence_session;
 mod protocol;
 mod publish;
 mod recovery;

@@ -32,7 +32,7 @@ pub(crate) struct Registry {
     /// When the node started, for `info`'s `uptime`.
     started: std::time::Instant,
     /// This process's presence session (`presence.rs`).
-    pub(crate) presence: Arc<super::presence::PresenceSession>,
+    pub(crate) presence: Arc<super::presence_session::PresenceSession>,
     /// Join and leave pushes (`join_leave.rs`).
     pub(crate) join_leave: super::join_leave::JoinLeave,
 }

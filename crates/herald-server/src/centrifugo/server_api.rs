@@ -483,7 +483,13 @@ async fn channels(state: &AppState, who: &Principal, p: ChannelsParams) -> Outco
     if state.shared.auth().may_admin(who).is_err() {
         return Err(ReplyError::permission_denied());
     }
-    let counts = super::node_info::channel_counts(state).await?;
+    let shared = &state.shared;
+    let counts = super::node_info::channel_counts(
+        shared.storage.as_ref(),
+        &shared.centrifugo,
+        &shared.config.node_id,
+    )
+    .await?;
     let pattern = p.pattern.filter(|p| !p.is_empty()).map(Pattern::new);
     let channels: Map<String, Value> = counts
         .into_iter()
@@ -498,7 +504,13 @@ async fn info(state: &AppState, who: &Principal) -> Outcome {
     if state.shared.auth().may_admin(who).is_err() {
         return Err(ReplyError::permission_denied());
     }
-    raw(&super::node_info::info(state).await?)
+    let shared = &state.shared;
+    raw(&super::node_info::info(
+        shared.storage.as_ref(),
+        &shared.centrifugo,
+        &shared.config.node_id,
+    )
+    .await?)
 }
 
 #[derive(Deserialize)]
