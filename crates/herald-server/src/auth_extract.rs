@@ -23,8 +23,9 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName};
 use herald_auth::{Auth, AuthError, Credential, Principal};
 
+use crate::error::Error;
 use crate::forward::{was_forwarded, CLUSTER_SECRET, FORWARDED_BY};
-use crate::{AppState, Error};
+use crate::state::AppState;
 
 #[cfg(test)]
 mod proptests;

@@ -11,19 +11,24 @@ use herald_storage::ClusterEvent;
 use tokio::sync::broadcast::{self, error::RecvError};
 use tokio_util::sync::CancellationToken;
 
-use crate::centrifugo::Registry;
-use crate::AppState;
+use herald_storage::Storage;
 
-/// Sends `event` to every other node, then applies it to this node's
-/// clients: a request the storage refuses (too large, or the database
+use crate::centrifugo::registry::Registry;
+
+/// Sends `event` to every other node through `storage`, then applies it
+/// to this node's clients (`registry`): a request the storage refuses (too large, or the database
 /// unreachable) is applied nowhere.
 ///
 /// # Errors
 /// The storage's: [`herald_storage::Error::ClusterEventTooLarge`] or
 /// [`herald_storage::Error::Unavailable`].
-pub(crate) async fn tell(state: &AppState, event: ClusterEvent) -> herald_storage::Result<()> {
-    state.shared.storage.send_cluster_event(&event).await?;
-    apply(&state.shared.centrifugo, &event);
+pub(crate) async fn tell(
+    storage: &dyn Storage,
+    registry: &Registry,
+    event: ClusterEvent,
+) -> herald_storage::Result<()> {
+    storage.send_cluster_event(&event).await?;
+    apply(registry, &event);
     Ok(())
 }
 
@@ -67,7 +72,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::centrifugo::{Control, Mailbox};
+    use crate::centrifugo::mailbox::{Control, Mailbox};
     use crate::testing::MemoryStorage;
     use herald_core::ChannelName;
 

@@ -3,10 +3,12 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
+use crate::cors::CorsConfig;
+use crate::node_error::StartError;
+use crate::retention::policy::RetentionHandle;
+use crate::retention::trimmer::TrimPacing;
+use crate::tls::TlsCertificates;
 use herald_auth::{AuthConfig, AuthReload, NamespacesConfig};
-
-use crate::retention::{RetentionHandle, TrimPacing};
-use crate::{CorsConfig, StartError, TlsCertificates};
 
 /// Settings of one node's HTTP server. Every field has a default (see
 /// [`ServerConfig::default`]); [`ServerConfig::validate`] checks them.
@@ -111,7 +113,7 @@ pub struct ServerConfig {
     pub trim_pacing: TrimPacing,
     /// The Centrifugo protocols' settings (`/connection/websocket`): ping
     /// period, pong timeout, connect timeout. See `docs/centrifugo.md`.
-    pub centrifugo: crate::CentrifugoConfig,
+    pub centrifugo: crate::centrifugo::config::CentrifugoConfig,
     /// Reloads the node's access control (`[auth]`, `[namespaces]`) or
     /// its `[auth.jwt]` key files while it runs (`herald serve` on
     /// SIGHUP); see [`AuthReload`].
@@ -150,7 +152,7 @@ impl Default for ServerConfig {
             ws_max_message_bytes: 64 * 1024,
             retention: RetentionHandle::default(),
             trim_pacing: TrimPacing::default(),
-            centrifugo: crate::CentrifugoConfig::default(),
+            centrifugo: crate::centrifugo::config::CentrifugoConfig::default(),
             auth_reload: AuthReload::default(),
             loopback_hosts_only: false,
         }

@@ -3,7 +3,7 @@
 //!
 //! A direct client is counted per TCP connection (the accept loop in
 //! `listener.rs` takes a [`Slot`] for each). A reverse proxy listed in
-//! [`crate::ServerConfig::trusted_proxies`] multiplexes many clients over
+//! [`crate::config::ServerConfig::trusted_proxies`] multiplexes many clients over
 //! its connections, so its connections are not counted; each request it
 //! carries is counted instead, by the client address in its
 //! `X-Forwarded-For` header, for as long as its answer lasts (the router's
@@ -31,7 +31,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 
-use crate::{metrics, AppState, Error};
+use crate::error::Error;
+use crate::metrics;
 
 /// The address a connection was accepted from, in each request's
 /// extensions (set by the accept loop).
@@ -223,14 +224,13 @@ pub(crate) struct ClientSlot {
 /// other peers pass untouched (their connection holds a slot already).
 /// Over the limit: `429 too_many_connections`.
 pub(crate) async fn limit_proxied(
-    State(state): State<AppState>,
+    State(limits): State<Arc<ConnectionLimits>>,
     mut request: Request,
     next: Next,
 ) -> Response {
     let Some(Peer(peer)) = request.extensions().get::<Peer>().copied() else {
         return next.run(request).await;
     };
-    let limits = &state.shared.conn_limits;
     if !limits.is_trusted(peer.ip()) {
         return next.run(request).await;
     }

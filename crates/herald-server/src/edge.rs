@@ -18,7 +18,7 @@
 //!   parameters), which a page can only send after a CORS preflight.
 //!   Refused: `415 unsupported_media_type`.
 //! - [`check_loopback_host`]: on a node without access control serving
-//!   loopback only ([`crate::ServerConfig::loopback_hosts_only`]), a
+//!   loopback only ([`crate::config::ServerConfig::loopback_hosts_only`]), a
 //!   request whose `Host` is not a loopback name (`localhost`,
 //!   `*.localhost`, `127.0.0.0/8`, `::1`) came through a name that
 //!   resolved to loopback for the page's sake (DNS rebinding). Refused:
@@ -30,7 +30,8 @@ use axum::http::{HeaderMap, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use crate::{AppState, Error};
+use crate::error::Error;
+use crate::state::AppState;
 
 /// Refuses a WebSocket upgrade whose `Origin` the CORS allow-list does not
 /// allow (see the module's documentation).

@@ -1,5 +1,5 @@
-//! The crate's errors: [`Error`], which becomes an HTTP answer, and
-//! [`StartError`], why the server could not start.
+//! [`Error`], which becomes an HTTP answer: the request's own errors and,
+//! through `From<NodeError>`, the node core's (`node_error.rs`).
 //!
 //! Every error answer has the body `{"error":{"code","message"}}` (plus
 //! `holder_url` for `not_holder`, `head` for `offset_beyond_head`). The code is stable and documented in
@@ -10,9 +10,9 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use herald_core::ChannelName;
 use serde_json::json;
 
+use crate::node_error::{not_holder_message, HolderWrite, NodeError, StorageFailure};
 use herald_auth::AuthError;
 
 /// Result alias for this crate.
@@ -169,59 +169,6 @@ pub enum Error {
     },
 }
 
-/// A write that only the holder makes: a standby forwards it to the
-/// holder (`forward.rs`), and names it when it answers `not_holder`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HolderWrite {
-    /// `POST /v1/channels/{channel}/messages`, and Centrifugo's
-    /// `publish` and `broadcast` (one per channel), which are forwarded
-    /// as such.
-    Publish(ChannelName),
-    /// `POST /v1/messages`.
-    BatchPublish,
-    /// `DELETE /v1/channels/{channel}`.
-    DeleteChannel(ChannelName),
-    /// Centrifugo's server API `history_remove`.
-    RemoveHistory(ChannelName),
-}
-
-impl HolderWrite {
-    /// The method and path of the holder's route that takes this write.
-    pub(crate) fn route(&self) -> (axum::http::Method, String) {
-        use axum::http::Method;
-        match self {
-            Self::Publish(channel) => (Method::POST, format!("/v1/channels/{channel}/messages")),
-            Self::BatchPublish => (Method::POST, "/v1/messages".to_owned()),
-            Self::DeleteChannel(channel) => (Method::DELETE, format!("/v1/channels/{channel}")),
-            Self::RemoveHistory(_) => (Method::POST, "/api/history_remove".to_owned()),
-        }
-    }
-}
-
-impl std::fmt::Display for HolderWrite {
-    /// The write in words, as a refusal names it: `publishing to orders`.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Publish(channel) => write!(f, "publishing to {channel}"),
-            Self::BatchPublish => f.write_str("a batch publish"),
-            Self::DeleteChannel(channel) => write!(f, "deleting channel {channel}"),
-            Self::RemoveHistory(channel) => write!(f, "removing the history of {channel}"),
-        }
-    }
-}
-
-/// The message of [`Error::NotHolder`]: names the write that needs the
-/// holder (or the holder probe), and where the holder is.
-fn not_holder_message(request: Option<&HolderWrite>) -> String {
-    match request {
-        Some(write) => format!(
-            "{write} needs the holder, and this node is not the holder (nor forwards a \
-             request another node forwarded); send it to the holder (holder_url), or retry"
-        ),
-        None => "this node is a standby, not the holder (holder_url)".to_owned(),
-    }
-}
-
 impl Error {
     /// The HTTP status this error is answered with.
     pub fn status(&self) -> StatusCode {
@@ -341,6 +288,35 @@ impl Error {
     }
 }
 
+/// The node core's error as an HTTP answer: each [`NodeError`] becomes the
+/// [`Error`] of the same name, with its status, code, message and headers.
+impl From<NodeError> for Error {
+    fn from(e: NodeError) -> Self {
+        match e {
+            NodeError::IdempotencyKeyReused => Self::IdempotencyKeyReused,
+            NodeError::OffsetBeyondHead { after, head } => Self::OffsetBeyondHead { after, head },
+            NodeError::NotHolder {
+                request,
+                holder_url,
+            } => Self::NotHolder {
+                request,
+                holder_url,
+            },
+            NodeError::NoHolder => Self::NoHolder,
+            NodeError::QueueFull => Self::QueueFull,
+            NodeError::LeaseLost => Self::LeaseLost,
+            NodeError::Storage(failure) => Self::Storage(failure),
+            NodeError::StorageUnavailable => Self::StorageUnavailable,
+            NodeError::Draining => Self::Draining,
+            NodeError::Internal(detail) => Self::Internal(detail),
+            NodeError::InBatchEntry { index, error } => Self::InBatchEntry {
+                index,
+                error: Box::new(Self::from(*error)),
+            },
+        }
+    }
+}
+
 impl IntoResponse for Error {
     /// The JSON error answer. Logs the storage failure of an
     /// [`Error::Storage`] first: this is where it ends.
@@ -421,106 +397,9 @@ fn auth_challenge(e: &AuthError) -> Option<HeaderValue> {
     Some(HeaderValue::from_static(value))
 }
 
-/// A storage error and what the server asked the storage for: the source
-/// of an [`Error::Storage`]. Handlers make it by naming what they asked
-/// the storage for: `.during("read", Some(&channel))?`.
-///
-/// It is logged once, by whoever ends it: `Error::into_response` when it
-/// becomes an answer, the SSE or WebSocket session whose stream it ends,
-/// the writer when it fails a whole batch, `/v1/status` when it shows the
-/// lease as `null`. The record is a WARN `storage unavailable` for a
-/// storage that did not answer (a retry may cure it), else an ERROR
-/// `storage failed`, with the fields `operation`, `channel` and `error`.
-#[derive(Debug, thiserror::Error)]
-#[error("storage operation {operation} failed")]
-pub struct StorageFailure {
-    /// What was asked: `read`, `channels`, `ping`, `lease_info`, `append`.
-    operation: &'static str,
-    /// The channel it concerned, if one.
-    channel: Option<ChannelName>,
-    /// The storage's answer.
-    #[source]
-    error: herald_storage::Error,
-}
-
-impl StorageFailure {
-    /// `error`, met while asking the storage for `operation` (on
-    /// `channel`, if one).
-    pub(crate) fn new(
-        operation: &'static str,
-        channel: Option<&ChannelName>,
-        error: herald_storage::Error,
-    ) -> Self {
-        Self {
-            operation,
-            channel: channel.cloned(),
-            error,
-        }
-    }
-
-    /// Logs the failure (see [`StorageFailure`]): WARN for a storage that
-    /// did not answer or a lease lost under a write, which the node
-    /// handles itself; ERROR for anything a human must look at.
-    pub(crate) fn log(&self) {
-        let Self {
-            operation,
-            channel,
-            error,
-        } = self;
-        let channel = channel.as_ref().map(ChannelName::as_str);
-        match error {
-            herald_storage::Error::Unavailable { .. } | herald_storage::Error::LeaseLost { .. } => {
-                tracing::warn!(operation, channel, error = %error, "storage unavailable");
-            }
-            _ => tracing::error!(operation, channel, error = %error, "storage failed"),
-        }
-    }
-}
-
-/// Names what a storage call was for, so that `?` turns its error into an
-/// [`Error::Storage`]:
-/// `storage.read(&channel, after, limit).await.during("read", Some(&channel))?`.
-pub(crate) trait StorageContext<T> {
-    /// The value, or a [`StorageFailure`] for `operation` on `channel`.
-    fn during(
-        self,
-        operation: &'static str,
-        channel: Option<&ChannelName>,
-    ) -> Result<T, StorageFailure>;
-}
-
-impl<T> StorageContext<T> for herald_storage::Result<T> {
-    fn during(
-        self,
-        operation: &'static str,
-        channel: Option<&ChannelName>,
-    ) -> Result<T, StorageFailure> {
-        self.map_err(|error| StorageFailure::new(operation, channel, error))
-    }
-}
-
-/// Why the server could not start ([`crate::serve`],
-/// [`crate::AppState::start`], [`crate::ServerConfig::validate`]). Never an
-/// HTTP answer.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    /// A [`crate::ServerConfig`] field is unusable: the message names it.
-    #[error("invalid server configuration: {0}")]
-    Config(String),
-    /// The TLS certificate or key cannot be used (at start, or at a reload,
-    /// which then keeps the certificate in use): the message names the
-    /// file.
-    #[error("TLS: {0}")]
-    Tls(String),
-    /// The storage failed before the server could serve (reading its
-    /// change cursor). The storage's error is also the source.
-    #[error("storage: {0}")]
-    Storage(#[from] herald_storage::Error),
-}
-
 /// Access control that cannot be built from its settings:
 /// [`StartError::Config`] with the message naming the setting.
-impl From<AuthError> for StartError {
+impl From<AuthError> for crate::node_error::StartError {
     fn from(e: AuthError) -> Self {
         match e {
             AuthError::Config(message) => Self::Config(message),
@@ -531,6 +410,8 @@ impl From<AuthError> for StartError {
 
 #[cfg(test)]
 mod tests {
+    use herald_core::ChannelName;
+
     use super::*;
 
     async fn body_json(response: Response) -> serde_json::Value {
@@ -616,5 +497,52 @@ mod tests {
         let body = body_json(r).await;
         assert_eq!(body["error"]["code"], "invalid_json");
         assert!(body["error"]["message"].as_str().unwrap().contains("eof"));
+    }
+
+    /// Every error of the node's core keeps its status, code and message
+    /// as an HTTP answer, also inside a batch entry.
+    #[test]
+    fn node_errors_answer_as_before() {
+        let cases = [
+            (
+                NodeError::IdempotencyKeyReused,
+                422,
+                "idempotency_key_reused",
+            ),
+            (
+                NodeError::OffsetBeyondHead { after: 5, head: 1 },
+                409,
+                "offset_beyond_head",
+            ),
+            (
+                NodeError::NotHolder {
+                    request: None,
+                    holder_url: None,
+                },
+                503,
+                "not_holder",
+            ),
+            (NodeError::NoHolder, 503, "no_holder"),
+            (NodeError::QueueFull, 503, "queue_full"),
+            (NodeError::LeaseLost, 503, "lease_lost"),
+            (NodeError::StorageUnavailable, 503, "storage_unavailable"),
+            (NodeError::Draining, 503, "draining"),
+            (NodeError::Internal("x".to_owned()), 500, "internal"),
+            (
+                NodeError::InBatchEntry {
+                    index: 2,
+                    error: Box::new(NodeError::IdempotencyKeyReused),
+                },
+                422,
+                "idempotency_key_reused",
+            ),
+        ];
+        for (node_error, status, code) in cases {
+            let text = node_error.to_string();
+            let e = Error::from(node_error);
+            assert_eq!(e.status().as_u16(), status, "{e:?}");
+            assert_eq!(e.code(), code, "{e:?}");
+            assert_eq!(e.to_string(), text, "{e:?}");
+        }
     }
 }

@@ -27,20 +27,22 @@
 //!   ([`ends_forward`]): the holder it went to is fenced from then on, so
 //!   waiting for its answer (it may be frozen) only delays the client. The
 //!   caller then commits the publish itself or answers `no_holder`
-//!   (`api/publish.rs`).
+//!   (`publish.rs`).
 
 use std::time::Duration;
 
-use axum::body::Body;
 use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
-use axum::response::Response;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use bytes::Bytes;
 use herald_auth::Secret;
+use herald_core::{NewMessage, Offset};
 use herald_lease::{LeaseState, Release, StopReason};
 use tokio::sync::watch;
 
-use crate::{metrics, Error, Result, StartError};
+use crate::metrics;
+use crate::node_error::{HolderWrite, StartError};
+use crate::node_error::{NodeError, NodeResult};
+use crate::role::LeaseView;
 
 /// The header that marks a forwarded request, with the forwarding node's id.
 pub(crate) const FORWARDED_BY: HeaderName = HeaderName::from_static("herald-forwarded-by");
@@ -130,6 +132,9 @@ pub(crate) fn was_forwarded(headers: &HeaderMap) -> bool {
 pub(crate) struct Forwarder {
     client: reqwest::Client,
     node_id: HeaderValue,
+    /// This node's advertised URL: a lease row that names it is stale,
+    /// never a holder to forward to.
+    advertise_url: String,
     /// The cluster secret, sent with every forward; marked sensitive so
     /// that it is never shown in a `Debug` form.
     cluster_secret: Option<HeaderValue>,
@@ -142,7 +147,7 @@ pub(crate) struct Forwarder {
 #[derive(Debug)]
 pub(crate) enum Forwarded {
     /// The holder answered (any status): its answer, to return unchanged.
-    Answer(Response),
+    Answer(HolderAnswer),
     /// This node took the lease over before the holder answered
     /// ([`ends_forward`]); the request to the holder was dropped. Whether
     /// the holder committed the publish before it lost the lease is unknown
@@ -168,7 +173,8 @@ pub(crate) struct ForwardRequest<'a> {
 }
 
 impl Forwarder {
-    /// A forwarder that names `node_id` in `Herald-Forwarded-By`, sends
+    /// A forwarder that names `node_id` (advertised at `advertise_url`) in
+    /// `Herald-Forwarded-By`, sends
     /// `cluster_secret` (if any) in `Herald-Cluster-Secret`, and waits at
     /// most `timeout` for a holder's whole answer (at most
     /// [`CONNECT_TIMEOUT`] of it to connect). A holder whose advertised
@@ -182,10 +188,11 @@ impl Forwarder {
     /// HTTP client cannot be built.
     pub(crate) fn new(
         node_id: &str,
+        advertise_url: &str,
         timeout: Duration,
         trusted_ca_pem: Option<&[u8]>,
         cluster_secret: Option<&Secret>,
-    ) -> Result<Self, StartError> {
+    ) -> NodeResult<Self, StartError> {
         let node_id = HeaderValue::from_str(node_id).map_err(|_| {
             StartError::Config("node_id must be visible ASCII to name it in a header".to_owned())
         })?;
@@ -221,9 +228,54 @@ impl Forwarder {
         Ok(Self {
             client,
             node_id,
+            advertise_url: advertise_url.to_owned(),
             cluster_secret,
             warned_in_clear: std::sync::Arc::default(),
         })
+    }
+
+    /// Forwards `write`, a request that reached this standby and that only
+    /// the holder makes (the body exactly as received, `headers` those of
+    /// the incoming request), once to the holder's route for it, and
+    /// returns the holder's answer, or [`Forwarded::TakenOver`] when this
+    /// node (whose role `lease` shows) took the lease over first.
+    ///
+    /// # Errors
+    /// [`NodeError::NotHolder`] naming `write` for a request that was forwarded
+    /// to this node already (one hop only); [`NodeError::NoHolder`] when no
+    /// holder is known or it cannot be reached.
+    pub(crate) async fn to_holder(
+        &self,
+        lease: &dyn LeaseView,
+        headers: &HeaderMap,
+        write: HolderWrite,
+        body: Bytes,
+    ) -> NodeResult<Forwarded> {
+        let state = lease.state();
+        if was_forwarded(headers) {
+            // One hop only: a forwarded request is never forwarded again.
+            return Err(NodeError::NotHolder {
+                request: Some(write),
+                holder_url: state.holder_url().map(str::to_owned),
+            });
+        }
+        let holder = HolderView::from_lease_row(&state)
+            // A row naming this node's own URL is stale (this node is not
+            // holder): forwarding to itself would come back as not_holder.
+            // (Node ids cannot tell: nodes sharing a data dir share one.)
+            .filter(|h| h.url.trim_end_matches('/') != self.advertise_url.trim_end_matches('/'));
+        let Some(holder) = holder else {
+            metrics::forwarded("no_holder");
+            return Err(NodeError::NoHolder);
+        };
+        let (method, path) = holder_route(&write);
+        let request = ForwardRequest {
+            method,
+            path,
+            body,
+            headers,
+        };
+        self.forward(&holder.url, request, lease.subscribe()).await
     }
 
     /// Logs a WARN, once per holder URL, when this forwarder sends a
@@ -257,14 +309,14 @@ impl Forwarder {
     /// first.
     ///
     /// # Errors
-    /// [`Error::NoHolder`] when the holder cannot be reached or its answer
+    /// [`NodeError::NoHolder`] when the holder cannot be reached or its answer
     /// breaks off.
     pub(crate) async fn forward(
         &self,
         holder_url: &str,
         request: ForwardRequest<'_>,
         states: watch::Receiver<LeaseState>,
-    ) -> Result<Forwarded> {
+    ) -> NodeResult<Forwarded> {
         let url = format!("{}{}", holder_url.trim_end_matches('/'), request.path);
         let method = request.method.clone();
         self.warn_secret_in_clear(holder_url);
@@ -286,7 +338,7 @@ impl Forwarder {
 
     /// Sends `request` to `url` and returns the answer (see
     /// [`Forwarder::forward`]).
-    async fn send(&self, url: &str, request: ForwardRequest<'_>) -> Result<Response> {
+    async fn send(&self, url: &str, request: ForwardRequest<'_>) -> NodeResult<HolderAnswer> {
         let method = request.method;
         let mut outgoing = self
             .client
@@ -314,7 +366,7 @@ impl Forwarder {
                 "the holder's advertised URL answered a redirect, which forwards never follow; \
                  advertise the URL that serves the API itself"
             );
-            return Err(Error::NoHolder);
+            return Err(NodeError::NoHolder);
         }
         let content_type = answer.headers().get(CONTENT_TYPE).cloned();
         let retry_after = answer.headers().get(RETRY_AFTER).cloned();
@@ -326,24 +378,146 @@ impl Forwarder {
             status = status.as_u16(),
             "request forwarded to the holder"
         );
-        let mut response = Response::new(Body::from(body));
-        *response.status_mut() = status;
-        let headers = response.headers_mut();
-        if let Some(value) = content_type {
-            headers.insert(CONTENT_TYPE, value);
+        Ok(HolderAnswer {
+            status,
+            content_type,
+            retry_after,
+            body,
+        })
+    }
+}
+
+/// The holder's answer to a forwarded request, read whole: what a wing
+/// returns unchanged to its client (status, `Content-Type`,
+/// `Retry-After`, body), or reads as a publish's outcome
+/// ([`HolderAnswer::published`]).
+#[derive(Debug)]
+pub(crate) struct HolderAnswer {
+    status: StatusCode,
+    content_type: Option<HeaderValue>,
+    retry_after: Option<HeaderValue>,
+    body: Bytes,
+}
+
+/// Why the holder refused a forwarded publish, read from its answer's
+/// status ([`HolderAnswer::published`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HolderRefusal {
+    /// 401: the holder refused the forward's credentials (the cluster
+    /// secret differs between the nodes).
+    Unauthorized,
+    /// 403: the publish is not allowed.
+    Forbidden,
+    /// 429: the holder's rate limit refused it.
+    RateLimited,
+    /// 413: the message is larger than the holder takes.
+    TooLarge,
+    /// Another `4xx`: the holder found the publish invalid.
+    Invalid,
+    /// A `5xx`, or a success whose body is not a publish's answer.
+    Failed,
+}
+
+impl HolderAnswer {
+    /// The answer's HTTP status.
+    pub(crate) fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The answer's `Content-Type`, if it had one.
+    pub(crate) fn content_type(&self) -> Option<&HeaderValue> {
+        self.content_type.as_ref()
+    }
+
+    /// The answer's `Retry-After`, if it had one.
+    pub(crate) fn retry_after(&self) -> Option<&HeaderValue> {
+        self.retry_after.as_ref()
+    }
+
+    /// The answer's body, at most [`MAX_ANSWER_BYTES`].
+    pub(crate) fn body(&self) -> &Bytes {
+        &self.body
+    }
+
+    /// The offset the holder gave a forwarded publish (its answer
+    /// `{"channel","offset","published_at"}` with 201, or 200 for a
+    /// repeated idempotency key).
+    ///
+    /// # Errors
+    /// The [`HolderRefusal`] its error status says, or
+    /// [`HolderRefusal::Failed`] for a success that names no offset.
+    pub(crate) fn published(&self) -> Result<Offset, HolderRefusal> {
+        #[derive(serde::Deserialize)]
+        struct Published {
+            offset: Offset,
         }
-        if let Some(value) = retry_after {
-            headers.insert(RETRY_AFTER, value);
+        if !self.status.is_success() {
+            return Err(match self.status {
+                StatusCode::UNAUTHORIZED => HolderRefusal::Unauthorized,
+                StatusCode::FORBIDDEN => HolderRefusal::Forbidden,
+                StatusCode::TOO_MANY_REQUESTS => HolderRefusal::RateLimited,
+                StatusCode::PAYLOAD_TOO_LARGE => HolderRefusal::TooLarge,
+                s if s.is_client_error() => HolderRefusal::Invalid,
+                _ => HolderRefusal::Failed,
+            });
         }
-        Ok(response)
+        serde_json::from_slice::<Published>(&self.body)
+            .map(|p| p.offset)
+            .map_err(|_| HolderRefusal::Failed)
+    }
+}
+
+/// The headers and body of a Herald publish of `message`, for a publish
+/// that did not come as one (Centrifugo's): `Content-Type: application/json`,
+/// its `Idempotency-Key` if any, and the body `{"data": ..., "tags": ...}`.
+pub(crate) fn publish_request(message: &NewMessage) -> (HeaderMap, Bytes) {
+    let mut headers = HeaderMap::new();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if let Some(key) = &message.idempotency_key {
+        if let Ok(value) = HeaderValue::from_str(key.as_str()) {
+            headers.insert(HeaderName::from_static("idempotency-key"), value);
+        }
+    }
+    let body = match message.tags.to_json() {
+        None => format!("{{\"data\":{}}}", message.data.get()),
+        Some(tags) => format!("{{\"data\":{},\"tags\":{tags}}}", message.data.get()),
+    };
+    (headers, Bytes::from(body))
+}
+
+/// The method and path of the holder's route that takes `write`.
+fn holder_route(write: &HolderWrite) -> (Method, String) {
+    match write {
+        HolderWrite::Publish(channel) => (Method::POST, format!("/v1/channels/{channel}/messages")),
+        HolderWrite::BatchPublish => (Method::POST, "/v1/messages".to_owned()),
+        HolderWrite::DeleteChannel(channel) => (Method::DELETE, format!("/v1/channels/{channel}")),
+        HolderWrite::RemoveHistory(_) => (Method::POST, "/api/history_remove".to_owned()),
+    }
+}
+
+/// The error of a commit attempted after a takeover (a forward that ended
+/// with [`Forwarded::TakenOver`]): every error that would say "nothing was
+/// stored" speaks for this node only, not for the old holder, so it
+/// becomes `no_holder` (outcome unknown).
+pub(crate) fn after_takeover_error(e: NodeError) -> NodeError {
+    match e {
+        NodeError::QueueFull
+        | NodeError::LeaseLost
+        | NodeError::Draining
+        | NodeError::NotHolder { .. } => NodeError::NoHolder,
+        e => e,
     }
 }
 
 /// The holder's answer body, up to [`MAX_ANSWER_BYTES`].
 ///
 /// # Errors
-/// [`Error::NoHolder`] when it breaks off or is longer (logged, counted).
-async fn read_answer(method: &Method, url: &str, mut answer: reqwest::Response) -> Result<Bytes> {
+/// [`NodeError::NoHolder`] when it breaks off or is longer (logged, counted).
+async fn read_answer(
+    method: &Method,
+    url: &str,
+    mut answer: reqwest::Response,
+) -> NodeResult<Bytes> {
     let too_long = || {
         metrics::forwarded("error");
         tracing::warn!(
@@ -351,7 +525,7 @@ async fn read_answer(method: &Method, url: &str, mut answer: reqwest::Response) 
             limit = MAX_ANSWER_BYTES,
             "the holder's answer to a forwarded request is too long; read no further"
         );
-        Error::NoHolder
+        NodeError::NoHolder
     };
     if answer
         .content_length()
@@ -399,7 +573,7 @@ fn secret_in_clear(url: &str) -> bool {
 /// record's `error` is the whole chain of causes
 /// ([`error_with_causes`]), so that it says "Connection refused" or
 /// "dns error", not only "error sending request".
-fn failed(method: &Method, url: &str, e: &reqwest::Error) -> Error {
+fn failed(method: &Method, url: &str, e: &reqwest::Error) -> NodeError {
     metrics::forwarded("error");
     let kind = if e.is_timeout() {
         "timeout"
@@ -415,7 +589,7 @@ fn failed(method: &Method, url: &str, e: &reqwest::Error) -> Error {
         error = %error_with_causes(e),
         "cannot forward a request to the holder"
     );
-    Error::NoHolder
+    NodeError::NoHolder
 }
 
 /// `e` and each of its causes (`source()`), joined by `: `: an HTTP
@@ -523,7 +697,14 @@ mod tests {
             assert!(!secret_in_clear(safe), "{safe}");
         }
         let secret = Secret::new("a cluster secret of 16+ bytes".to_owned());
-        let forwarder = Forwarder::new("me", Duration::from_secs(1), None, Some(&secret)).unwrap();
+        let forwarder = Forwarder::new(
+            "me",
+            "http://me",
+            Duration::from_secs(1),
+            None,
+            Some(&secret),
+        )
+        .unwrap();
         assert!(forwarder.warn_secret_in_clear("http://10.0.0.5:7700"));
         assert!(
             !forwarder.warn_secret_in_clear("http://10.0.0.5:7700"),
@@ -532,7 +713,7 @@ mod tests {
         assert!(forwarder.warn_secret_in_clear("http://10.0.0.6:7700"));
         assert!(!forwarder.warn_secret_in_clear("https://10.0.0.7:7700"));
         // Without a secret there is nothing to leak.
-        let plain = Forwarder::new("me", Duration::from_secs(1), None, None).unwrap();
+        let plain = Forwarder::new("me", "http://me", Duration::from_secs(1), None, None).unwrap();
         assert!(!plain.warn_secret_in_clear("http://10.0.0.5:7700"));
     }
 
@@ -580,9 +761,16 @@ mod tests {
     }
 
     /// Forwards a publish with a cluster secret to `holder_url`.
-    async fn forward_to(holder_url: &str) -> Result<Forwarded> {
+    async fn forward_to(holder_url: &str) -> NodeResult<Forwarded> {
         let secret = Secret::new("a cluster secret of 16+ bytes".to_owned());
-        let forwarder = Forwarder::new("me", Duration::from_secs(10), None, Some(&secret)).unwrap();
+        let forwarder = Forwarder::new(
+            "me",
+            "http://me",
+            Duration::from_secs(10),
+            None,
+            Some(&secret),
+        )
+        .unwrap();
         let (_states, watched) = watch::channel(LeaseState::Starting);
         let headers = HeaderMap::new();
         let request = ForwardRequest {
@@ -615,7 +803,7 @@ mod tests {
             let (holder, asked) = answering(redirect.into_bytes()).await;
             let outcome = forward_to(&holder).await;
             assert!(
-                matches!(outcome, Err(Error::NoHolder)),
+                matches!(outcome, Err(NodeError::NoHolder)),
                 "{status}: {outcome:?}"
             );
             assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
@@ -644,7 +832,7 @@ mod tests {
         for answer in [with_length, until_close] {
             let (holder, _) = answering(answer).await;
             let outcome = forward_to(&holder).await;
-            assert!(matches!(outcome, Err(Error::NoHolder)), "{outcome:?}");
+            assert!(matches!(outcome, Err(NodeError::NoHolder)), "{outcome:?}");
         }
         let (holder, _) = answering(
             b"HTTP/1.1 201 Created\r\ncontent-length: 12\r\nconnection: close\r\n\r\n{\"offset\":1}"
@@ -654,10 +842,7 @@ mod tests {
         match forward_to(&holder).await {
             Ok(Forwarded::Answer(answer)) => {
                 assert_eq!(answer.status().as_u16(), 201);
-                let body = axum::body::to_bytes(answer.into_body(), 1024)
-                    .await
-                    .unwrap();
-                assert_eq!(&body[..], b"{\"offset\":1}");
+                assert_eq!(&answer.body()[..], b"{\"offset\":1}");
             }
             other => panic!("{other:?}"),
         }
@@ -692,7 +877,7 @@ mod tests {
             .finish();
         let _guard = tracing::subscriber::set_default(subscriber);
         let outcome = forward_to(&holder).await;
-        assert!(matches!(outcome, Err(Error::NoHolder)), "{outcome:?}");
+        assert!(matches!(outcome, Err(NodeError::NoHolder)), "{outcome:?}");
         let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
         let records: Vec<serde_json::Value> = text
             .lines()

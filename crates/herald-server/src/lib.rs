@@ -8,16 +8,19 @@
 //! after the commit. Live subscribers follow a per-channel broadcast
 //! (`hub.rs`) fed by the writer on the holder and by the standby feed
 //! (`standby_feed.rs`) on a standby; `subscription.rs` turns history plus
-//! live notices into one gap-free, repeat-free sequence for SSE (`sse.rs`)
-//! and WebSocket (`ws.rs`), and for Centrifugo's client protocol
-//! (`centrifugo/`, which also serves Centrifugo's server API). A publish
-//! that reaches a standby is forwarded once to the holder (`forward.rs`).
+//! live notices into one gap-free, repeat-free sequence for SSE
+//! (`api/sse.rs`) and WebSocket (`api/ws.rs`), and for Centrifugo's client
+//! protocol (`centrifugo/`, which also serves Centrifugo's server API).
+//! Every wing publishes through one routine (`publish.rs`): a publish that
+//! reaches a standby is forwarded once to the holder (`forward.rs`). The
+//! router (`router.rs`) merges the wings' routes.
 //! The server API's cluster-wide requests reach the other nodes' clients
-//! as cluster events (`cluster.rs`). Every error becomes one JSON shape in
-//! `error.rs`. Access control (API keys, client tokens, namespaces,
-//! publish rate limits) is the herald-auth crate; `auth_extract.rs` reads
-//! credentials from requests for it, and `jwks_fetch.rs` fetches a JWKS
-//! URL for it. `listener.rs` accepts connections and serves them with
+//! as cluster events (`cluster.rs`). The core's errors are `NodeError`
+//! (`node_error.rs`); every error becomes one JSON shape in `error.rs`.
+//! Access control (API keys, client tokens, namespaces, publish rate
+//! limits) is the herald-auth crate; `auth_extract.rs` reads credentials
+//! from requests for it, and `jwks_fetch.rs` fetches a JWKS URL for it.
+//! `listener.rs` accepts connections and serves them with
 //! HTTP/1 or HTTP/2, closing those that do not send a request head in time.
 //!
 //! Invariants:
@@ -43,6 +46,7 @@ mod conn_limit;
 mod cors;
 mod edge;
 mod error;
+mod extract;
 mod forward;
 #[cfg(test)]
 mod fuzz;
@@ -50,17 +54,19 @@ mod hub;
 mod jwks_fetch;
 mod listener;
 mod metrics;
+mod node_error;
+mod publish;
 mod retention;
 mod role;
-mod sse;
+mod router;
 mod standby_feed;
 mod state;
 mod subscription;
 #[cfg(test)]
 mod testing;
 mod tls;
+mod websocket;
 mod writer;
-mod ws;
 
 use std::sync::Arc;
 
@@ -72,8 +78,9 @@ use tokio_util::sync::CancellationToken;
 pub use centrifugo::CentrifugoConfig;
 pub use config::ServerConfig;
 pub use cors::CorsConfig;
-pub use error::{Error, HolderWrite, Result, StartError, StorageFailure};
+pub use error::{Error, Result};
 pub use metrics::install_metrics_recorder;
+pub use node_error::{HolderWrite, NodeError, StartError, StorageFailure};
 pub use retention::{duration_text, RetentionConfig, RetentionHandle, RetentionPolicy, TrimPacing};
 pub use state::AppState;
 pub use tls::TlsCertificates;
@@ -81,7 +88,7 @@ pub use tls::TlsCertificates;
 /// The HTTP API over `state`, without a socket (tests call it with
 /// `tower::ServiceExt::oneshot`). Routes and error codes: `docs/api.md`.
 pub fn app(state: AppState) -> axum::Router {
-    api::router(state)
+    router::router(state)
 }
 
 /// Serves the API on `listener` until `shutdown` is cancelled, then drains:

@@ -54,7 +54,8 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 use crate::conn_limit::{ConnectionLimits, Peer};
-use crate::{metrics, Error};
+use crate::error::Error;
+use crate::metrics;
 
 /// The HTTP/2 connection preface (RFC 9113 §3.4).
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";

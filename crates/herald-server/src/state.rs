@@ -14,15 +14,20 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
+use crate::centrifugo::node_info;
+use crate::centrifugo::registry::Registry;
+use crate::config::ServerConfig;
 use crate::conn_limit::ConnectionLimits;
 use crate::forward::Forwarder;
 use crate::hub::Hub;
 use crate::jwks_fetch::HttpJwksFetch;
-use crate::retention::Trimmer;
+use crate::metrics::install_metrics_recorder;
+use crate::node_error::StartError;
+use crate::publish::Publisher;
+use crate::retention::trimmer::Trimmer;
 use crate::role::LeaseView;
 use crate::standby_feed::StandbyFeed;
 use crate::writer::{Writer, WriterHandle};
-use crate::{install_metrics_recorder, ServerConfig, StartError};
 
 /// Interval of the metrics recorder's upkeep (draining histogram samples
 /// when nobody scrapes).
@@ -65,7 +70,7 @@ pub(crate) struct Shared {
     /// Connections open per client address (`max_connections_per_ip`).
     pub(crate) conn_limits: Arc<ConnectionLimits>,
     /// This node's Centrifugo connections (`centrifugo/registry.rs`).
-    pub(crate) centrifugo: Arc<crate::centrifugo::Registry>,
+    pub(crate) centrifugo: Arc<Registry>,
     /// Writer, standby feed and upkeep tasks, awaited by
     /// [`AppState::stopped`].
     tasks: Mutex<Vec<JoinHandle<()>>>,
@@ -76,6 +81,16 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// What the publish routine needs of this node (`publish.rs`).
+    pub(crate) fn publisher(&self) -> Publisher<'_> {
+        Publisher {
+            writer: &self.writer,
+            lease: self.lease.as_ref(),
+            forwarder: &self.forwarder,
+            shutdown: &self.shutdown,
+        }
+    }
+
     /// The access control in force now; a request reads it once.
     pub(crate) fn auth(&self) -> Arc<Auth> {
         self.auth_slot.load()
@@ -118,6 +133,7 @@ impl AppState {
         config.auth_reload.attach(&auth);
         let forwarder = Forwarder::new(
             &config.node_id,
+            &config.advertise_url,
             config.forward_timeout,
             config.trusted_ca_pem.as_deref(),
             config.auth.cluster_secret.as_ref(),
@@ -144,7 +160,7 @@ impl AppState {
         );
         // Every log record of these tasks carries the node's id.
         let span = tracing::info_span!("herald", node_id = %config.node_id);
-        let centrifugo = Arc::new(crate::centrifugo::Registry::new(
+        let centrifugo = Arc::new(Registry::new(
             Arc::clone(&storage),
             shutdown.clone(),
             span.clone(),
@@ -176,7 +192,7 @@ impl AppState {
             tokio::spawn(trimmer.run(shutdown.clone()).instrument(span.clone())),
             tokio::spawn(cluster_events.instrument(span.clone())),
             tokio::spawn(
-                crate::centrifugo::node_report_task(
+                node_info::report_task(
                     Arc::clone(&storage),
                     Arc::clone(&centrifugo),
                     config.node_id.clone(),

@@ -45,7 +45,7 @@
 //! open with heartbeats). Since nothing is queued until a read succeeds and
 //! `last` only moves with what is queued, the wait loses and repeats
 //! nothing. Any other storage error (corrupt data, an unexpected SQL error)
-//! ends the subscription with [`Error::Storage`], which the caller logs.
+//! ends the subscription with [`NodeError::Storage`], which the caller logs.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -56,10 +56,10 @@ use herald_storage::{Page, Storage};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
 
-use crate::error::StorageFailure;
 use crate::hub::{Hub, HubReceiver, Notice};
 use crate::metrics::{self, SubscriberGauge};
-use crate::{Error, Result};
+use crate::node_error::StorageFailure;
+use crate::node_error::{NodeError, NodeResult};
 
 /// What a subscription hands out, in order.
 #[derive(Debug, Clone, PartialEq)]
@@ -300,19 +300,19 @@ impl Subscription {
     /// The resume point is judged against the head that the first
     /// successful read returns with its page, read from the storage (on a
     /// standby too, never a cached view): a resume point beyond it is
-    /// [`Error::OffsetBeyondHead`], here or, when that read waited out an
+    /// [`NodeError::OffsetBeyondHead`], here or, when that read waited out an
     /// outage, from [`Subscription::next`].
     ///
     /// # Errors
-    /// [`Error::Storage`] when the first read fails with an error
-    /// that is not transient; [`Error::OffsetBeyondHead`].
+    /// [`NodeError::Storage`] when the first read fails with an error
+    /// that is not transient; [`NodeError::OffsetBeyondHead`].
     pub(crate) async fn start(
         storage: Arc<dyn Storage>,
         hub: &Arc<Hub>,
         channel: ChannelName,
         after: Offset,
         transport: &'static str,
-    ) -> Result<Self> {
+    ) -> NodeResult<Self> {
         Self::start_at(storage, hub, channel, StartAt::After(after), transport).await
     }
 
@@ -328,7 +328,7 @@ impl Subscription {
         channel: ChannelName,
         start: StartAt,
         transport: &'static str,
-    ) -> Result<Self> {
+    ) -> NodeResult<Self> {
         let (after, live_only) = match start {
             StartAt::After(after) => (after, None),
             StartAt::LiveOnly(live) => (live.resume.unwrap_or(0), Some(live)),
@@ -378,12 +378,12 @@ impl Subscription {
     /// across one, and [`HubReceiver::recv`] is cancel safe itself.
     ///
     /// # Errors
-    /// [`Error::Storage`] when a storage read failed with an
+    /// [`NodeError::Storage`] when a storage read failed with an
     /// error that is not transient; the caller ends the subscription (the
-    /// client resumes from its last offset). [`Error::OffsetBeyondHead`]
+    /// client resumes from its last offset). [`NodeError::OffsetBeyondHead`]
     /// when the first read that succeeded came after an outage at the
     /// start and found the resume point beyond the head.
-    pub(crate) async fn next_item(&mut self) -> Result<Option<Item>> {
+    pub(crate) async fn next_item(&mut self) -> NodeResult<Option<Item>> {
         loop {
             if let Some(item) = self.ready.pop_front() {
                 return Ok(Some(item));
@@ -429,9 +429,9 @@ impl Subscription {
     /// storage), else [`Phase::Applying`] again.
     ///
     /// # Errors
-    /// [`Error::StorageUnavailable`] on a read failure that is not
+    /// [`NodeError::StorageUnavailable`] on a read failure that is not
     /// transient.
-    async fn apply(&mut self, notice: Arc<Notice>) -> Result<Phase> {
+    async fn apply(&mut self, notice: Arc<Notice>) -> NodeResult<Phase> {
         if let Some(deletion) = notice.deleted {
             if deletion > self.deletion_at_start {
                 self.ready.push_back(Item::Deleted { head: notice.head });
@@ -475,8 +475,8 @@ impl Subscription {
     /// succeeds.
     ///
     /// # Errors
-    /// [`Error::Storage`] on a failure that is not transient.
-    async fn read_page(&mut self) -> Result<usize> {
+    /// [`NodeError::Storage`] on a failure that is not transient.
+    async fn read_page(&mut self) -> NodeResult<usize> {
         loop {
             if let Some(retry) = self.retry {
                 tokio::time::sleep_until(retry.at).await;
@@ -492,9 +492,9 @@ impl Subscription {
     /// next try is scheduled in `retry`).
     ///
     /// # Errors
-    /// [`Error::Storage`] on a failure that is not transient;
-    /// [`Error::OffsetBeyondHead`] at the first successful read.
-    async fn try_read_page(&mut self) -> Result<Option<usize>> {
+    /// [`NodeError::Storage`] on a failure that is not transient;
+    /// [`NodeError::OffsetBeyondHead`] at the first successful read.
+    async fn try_read_page(&mut self) -> NodeResult<Option<usize>> {
         // A subscriber that may not read history and gave no resume point
         // needs only the head.
         let head_only = self.live_only.is_some_and(|l| l.resume.is_none());
@@ -509,7 +509,7 @@ impl Subscription {
                 if !self.resume_checked {
                     // Nothing was queued yet: `last` is the resume point.
                     if !head_only && self.last > page.head {
-                        return Err(Error::OffsetBeyondHead {
+                        return Err(NodeError::OffsetBeyondHead {
                             after: self.last,
                             head: page.head,
                         });
@@ -591,7 +591,7 @@ impl Subscription {
                 self.retry = Some(retry);
                 Ok(None)
             }
-            Err(e) => Err(Error::Storage(StorageFailure::new(
+            Err(e) => Err(NodeError::Storage(StorageFailure::new(
                 "read",
                 Some(&self.channel),
                 e,
@@ -636,7 +636,7 @@ impl Subscription {
     /// The next message, for tests written before retention: panics on
     /// any other item.
     #[cfg(test)]
-    pub(crate) async fn next(&mut self) -> Result<Option<Message>> {
+    pub(crate) async fn next(&mut self) -> NodeResult<Option<Message>> {
         match self.next_item().await? {
             Some(Item::Message(m)) => Ok(Some(m)),
             None => Ok(None),
@@ -904,7 +904,7 @@ mod tests {
         };
         assert!(matches!(
             start(2).await,
-            Err(Error::OffsetBeyondHead { after: 2, head: 1 })
+            Err(NodeError::OffsetBeyondHead { after: 2, head: 1 })
         ));
         assert!(start(1).await.is_ok());
 
@@ -913,7 +913,7 @@ mod tests {
         storage.fail_reads(false);
         assert!(matches!(
             sub.next().await,
-            Err(Error::OffsetBeyondHead { after: 5, head: 1 })
+            Err(NodeError::OffsetBeyondHead { after: 5, head: 1 })
         ));
     }
 
@@ -990,7 +990,7 @@ mod tests {
             "sse",
         )
         .await;
-        assert!(matches!(start, Err(Error::Storage(_))));
+        assert!(matches!(start, Err(NodeError::Storage(_))));
         // The failed start left no sender behind.
         assert_eq!(hub.channel_count(), 0);
         // Mid-stream, the same error ends it.
@@ -1002,7 +1002,7 @@ mod tests {
         let next = tokio::time::timeout(Duration::from_secs(5), sub.next())
             .await
             .expect("next returns");
-        assert!(matches!(next, Err(Error::Storage(_))));
+        assert!(matches!(next, Err(NodeError::Storage(_))));
     }
 
     /// Trims `channel` of `storage` to its newest `keep` messages.
@@ -1095,7 +1095,7 @@ mod tests {
         storage: &Arc<MemoryStorage>,
         hub: &Arc<Hub>,
         start: StartAt,
-    ) -> Result<Subscription> {
+    ) -> NodeResult<Subscription> {
         Subscription::start_at(
             storage.clone(),
             hub,
@@ -1165,7 +1165,7 @@ mod tests {
         assert_eq!(collect(&mut at_head, 1).await, vec![4]);
         assert!(matches!(
             start_live_only(&storage, &hub, live_only(Some(9), Duration::ZERO)).await,
-            Err(Error::OffsetBeyondHead { after: 9, head: 4 })
+            Err(NodeError::OffsetBeyondHead { after: 9, head: 4 })
         ));
     }
 

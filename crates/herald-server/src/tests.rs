@@ -13,8 +13,11 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
+use crate::app;
+use crate::config::ServerConfig;
+use crate::serve_with;
+use crate::state::AppState;
 use crate::testing::{FakeLease, MemoryStorage};
-use crate::{app, serve_with, AppState, ServerConfig};
 
 struct Node {
     storage: Arc<MemoryStorage>,

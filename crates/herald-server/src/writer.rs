@@ -23,10 +23,11 @@ use herald_storage::Storage;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use crate::error::StorageFailure;
 use crate::hub::{Hub, Notice};
+use crate::metrics;
+use crate::node_error::StorageFailure;
+use crate::node_error::{NodeError, NodeResult};
 use crate::role::LeaseView;
-use crate::{metrics, Error, Result};
 
 /// One publish request waiting for the writer: one message, or a batch
 /// publish's messages, which are always committed in one transaction.
@@ -40,14 +41,14 @@ pub(crate) struct PublishRequest {
 #[derive(Debug)]
 pub(crate) enum Reply {
     /// A single publish: one outcome.
-    One(oneshot::Sender<Result<Appended>>),
+    One(oneshot::Sender<NodeResult<Appended>>),
     /// A batch publish: one outcome per message, in order.
-    Batch(oneshot::Sender<Result<Vec<Appended>>>),
+    Batch(oneshot::Sender<NodeResult<Vec<Appended>>>),
 }
 
 impl Reply {
     /// Sends `error`.
-    fn fail(self, error: Error) {
+    fn fail(self, error: NodeError) {
         match self {
             Self::One(tx) => {
                 let _ = tx.send(Err(error));
@@ -86,7 +87,7 @@ pub(super) fn answer(replies: Replies, outcomes: Vec<Appended>) {
 }
 
 /// Fails every request of a batch with the error `error` makes.
-pub(super) fn fail_all(replies: Replies, error: impl Fn() -> Error) {
+pub(super) fn fail_all(replies: Replies, error: impl Fn() -> NodeError) {
     for (_, reply) in replies {
         reply.fail(error());
     }
@@ -105,12 +106,12 @@ fn refuse_key_reuse(messages: &mut Vec<NewMessage>, replies: &mut Replies, index
             messages.drain(start..start + count);
             match reply {
                 Reply::One(tx) => {
-                    let _ = tx.send(Err(Error::IdempotencyKeyReused));
+                    let _ = tx.send(Err(NodeError::IdempotencyKeyReused));
                 }
                 Reply::Batch(tx) => {
-                    let _ = tx.send(Err(Error::InBatchEntry {
+                    let _ = tx.send(Err(NodeError::InBatchEntry {
                         index: index - start,
-                        error: Box::new(Error::IdempotencyKeyReused),
+                        error: Box::new(NodeError::IdempotencyKeyReused),
                     }));
                 }
             }
@@ -132,12 +133,12 @@ impl WriterHandle {
     /// once the writer has committed (or failed) its batch.
     ///
     /// # Errors
-    /// [`Error::QueueFull`] when the queue is full, [`Error::Draining`]
+    /// [`NodeError::QueueFull`] when the queue is full, [`NodeError::Draining`]
     /// once the writer has closed its queue.
     pub(crate) fn submit(
         &self,
         message: NewMessage,
-    ) -> Result<oneshot::Receiver<Result<Appended>>> {
+    ) -> NodeResult<oneshot::Receiver<NodeResult<Appended>>> {
         let (reply, rx) = oneshot::channel();
         self.queue(vec![message], Reply::One(reply))?;
         Ok(rx)
@@ -153,17 +154,17 @@ impl WriterHandle {
     pub(crate) fn submit_batch(
         &self,
         messages: Vec<NewMessage>,
-    ) -> Result<oneshot::Receiver<Result<Vec<Appended>>>> {
+    ) -> NodeResult<oneshot::Receiver<NodeResult<Vec<Appended>>>> {
         let (reply, rx) = oneshot::channel();
         self.queue(messages, Reply::Batch(reply))?;
         Ok(rx)
     }
 
-    fn queue(&self, messages: Vec<NewMessage>, reply: Reply) -> Result<()> {
+    fn queue(&self, messages: Vec<NewMessage>, reply: Reply) -> NodeResult<()> {
         match self.tx.try_send(PublishRequest { messages, reply }) {
             Ok(()) => Ok(()),
-            Err(mpsc::error::TrySendError::Full(_)) => Err(Error::QueueFull),
-            Err(mpsc::error::TrySendError::Closed(_)) => Err(Error::Draining),
+            Err(mpsc::error::TrySendError::Full(_)) => Err(NodeError::QueueFull),
+            Err(mpsc::error::TrySendError::Closed(_)) => Err(NodeError::Draining),
         }
     }
 
@@ -280,7 +281,7 @@ impl Writer {
                 messages = messages.len(),
                 "lease not writable: batch refused"
             );
-            fail_all(replies, || Error::LeaseLost);
+            fail_all(replies, || NodeError::LeaseLost);
             return;
         };
         if fault_switches::enabled(FaultSwitch::AckBeforeCommit) {
@@ -296,7 +297,7 @@ impl Writer {
             if !refuse_key_reuse(&mut messages, &mut replies, index) {
                 tracing::error!(index, "storage named a message outside the batch");
                 fail_all(replies, || {
-                    Error::Internal("storage named a message outside the batch".to_owned())
+                    NodeError::Internal("storage named a message outside the batch".to_owned())
                 });
                 return;
             }
@@ -319,7 +320,7 @@ impl Writer {
                     "storage returned a result count different from the batch size"
                 );
                 fail_all(replies, || {
-                    Error::Internal("storage answered a batch incompletely".to_owned())
+                    NodeError::Internal("storage answered a batch incompletely".to_owned())
                 });
             }
             Err(herald_storage::Error::LeaseLost { name, token }) => {
@@ -330,11 +331,11 @@ impl Writer {
                     "fenced write found the lease lost; batch failed"
                 );
                 self.lease.report_lease_lost(lease.token);
-                fail_all(replies, || Error::LeaseLost);
+                fail_all(replies, || NodeError::LeaseLost);
             }
             Err(e) => {
                 StorageFailure::new("append", None, e).log();
-                fail_all(replies, || Error::StorageUnavailable);
+                fail_all(replies, || NodeError::StorageUnavailable);
             }
         }
     }
@@ -462,7 +463,7 @@ mod tests {
         r.storage.wait_for_appends_started(1).await;
         let second = r.handle.submit(new_message("a", "2", None)).unwrap();
         let third = r.handle.submit(new_message("a", "3", None));
-        assert!(matches!(third, Err(Error::QueueFull)));
+        assert!(matches!(third, Err(NodeError::QueueFull)));
         drop(gate);
         assert_eq!(first.await.unwrap().unwrap().offset, 1);
         assert_eq!(second.await.unwrap().unwrap().offset, 2);
@@ -518,11 +519,11 @@ mod tests {
         assert_eq!((keyed.offset, keyed.duplicate), (2, false));
         assert!(matches!(
             reused.await.unwrap(),
-            Err(Error::IdempotencyKeyReused)
+            Err(NodeError::IdempotencyKeyReused)
         ));
         match batch.await.unwrap() {
-            Err(Error::InBatchEntry { index: 1, error }) => {
-                assert!(matches!(*error, Error::IdempotencyKeyReused));
+            Err(NodeError::InBatchEntry { index: 1, error }) => {
+                assert!(matches!(*error, NodeError::IdempotencyKeyReused));
             }
             other => panic!("expected messages[1] idempotency_key_reused, got {other:?}"),
         }
@@ -543,7 +544,7 @@ mod tests {
         r.lease.set_standby(Some("http://holder:7"));
         let rx = r.handle.submit(new_message("a", "1", None)).unwrap();
         match rx.await.unwrap() {
-            Err(Error::LeaseLost) => {}
+            Err(NodeError::LeaseLost) => {}
             other => panic!("expected lease_lost, got {other:?}"),
         }
         assert_eq!(r.storage.head("a"), 0);
@@ -556,7 +557,7 @@ mod tests {
         let r = rig(16, 512);
         r.storage.set_current_token(FencingToken(2));
         let rx = r.handle.submit(new_message("a", "1", None)).unwrap();
-        assert!(matches!(rx.await.unwrap(), Err(Error::LeaseLost)));
+        assert!(matches!(rx.await.unwrap(), Err(NodeError::LeaseLost)));
         assert_eq!(r.lease.reported_lost(), vec![FencingToken(1)]);
         assert_eq!(r.storage.head("a"), 0);
         r.shutdown.cancel();
@@ -568,7 +569,10 @@ mod tests {
         let r = rig(16, 512);
         r.storage.fail_appends(true);
         let rx = r.handle.submit(new_message("a", "1", None)).unwrap();
-        assert!(matches!(rx.await.unwrap(), Err(Error::StorageUnavailable)));
+        assert!(matches!(
+            rx.await.unwrap(),
+            Err(NodeError::StorageUnavailable)
+        ));
         r.shutdown.cancel();
         r.task.await.unwrap();
     }
@@ -626,7 +630,7 @@ mod tests {
         r.task.await.unwrap();
         assert!(matches!(
             r.handle.submit(new_message("a", "6", None)),
-            Err(Error::Draining)
+            Err(NodeError::Draining)
         ));
         // max_batch 2: the four queued requests took two transactions.
         assert_eq!(r.storage.batch_sizes(), vec![1, 2, 2]);

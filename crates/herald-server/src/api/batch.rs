@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::auth_extract::Caller;
 use axum::body::Body;
 use axum::extract::{FromRequestParts, Request, State};
 use axum::http::request::Parts;
@@ -12,15 +13,16 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
 use herald_auth::AuthError;
-use herald_core::{format_rfc3339_ms, Appended, ChannelName, IdempotencyKey, NewMessage, Tags};
+use herald_core::{format_rfc3339_ms, ChannelName, IdempotencyKey, NewMessage, Tags};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::api::extract::{check_depth, read_limited};
-use crate::api::publish::{after_takeover_error, forward_to_holder};
-use crate::auth_extract::Caller;
-use crate::forward::Forwarded;
-use crate::{metrics, AppState, Error, HolderWrite, Result};
+use crate::api::publish::holder_response;
+use crate::error::{Error, Result};
+use crate::extract::{check_depth, read_limited};
+use crate::metrics;
+use crate::publish::{self, BatchPublished};
+use crate::state::AppState;
 
 /// Most entries in one batch publish.
 pub(crate) const MAX_BATCH_ENTRIES: usize = 1000;
@@ -66,14 +68,6 @@ struct BatchAnswer<'a> {
     results: Vec<EntryResult<'a>>,
 }
 
-/// How a batch publish ended when it did not fail.
-enum Outcome {
-    /// This node committed it (or found every key used).
-    Committed(Vec<Appended>),
-    /// This node, a standby, forwarded it; the holder's answer unchanged.
-    Forwarded(Response),
-}
-
 /// Appends every entry of the batch in one transaction; answers only after
 /// the commit. On a standby it is forwarded once to the holder, as a single
 /// publish is.
@@ -82,7 +76,7 @@ pub(crate) async fn publish_batch(State(state): State<AppState>, req: Request) -
     let (mut parts, body) = req.into_parts();
     let outcome = append(&state, &mut parts, body).await;
     let (result, response) = match outcome {
-        Ok(Outcome::Committed(appended)) => {
+        Ok(BatchPublished::Committed(appended)) => {
             let created = appended.iter().any(|a| !a.duplicate);
             let results = appended
                 .iter()
@@ -104,7 +98,7 @@ pub(crate) async fn publish_batch(State(state): State<AppState>, req: Request) -
                 (status, Json(BatchAnswer { results })).into_response(),
             )
         }
-        Ok(Outcome::Forwarded(response)) => ("forwarded", response),
+        Ok(BatchPublished::Forwarded(answer)) => ("forwarded", holder_response(answer)),
         Err(e) => (e.code(), e.into_response()),
     };
     metrics::publish_finished(result, started.elapsed().as_secs_f64());
@@ -113,7 +107,7 @@ pub(crate) async fn publish_batch(State(state): State<AppState>, req: Request) -
 
 /// Checks the caller's credentials (401) before the body is read, so that
 /// a client waiting for `100 Continue` gets the refusal at once.
-async fn append(state: &AppState, parts: &mut Parts, body: Body) -> Result<Outcome> {
+async fn append(state: &AppState, parts: &mut Parts, body: Body) -> Result<BatchPublished> {
     let Caller(who) = Caller::from_request_parts(parts, state).await?;
     let headers = &parts.headers;
     let raw = read_limited(headers, body, state.config().max_batch_body_bytes).await?;
@@ -134,35 +128,8 @@ async fn append(state: &AppState, parts: &mut Parts, body: Body) -> Result<Outco
         return Err(Error::Draining);
     }
     shared.auth().take_publishes(&who, messages.len())?;
-    if shared.lease.is_holder() {
-        return commit(state, messages).await;
-    }
-    match forward_to_holder(state, headers, HolderWrite::BatchPublish, raw).await? {
-        Forwarded::Answer(response) => Ok(Outcome::Forwarded(response)),
-        // As for a single publish: committing here is safe only when every
-        // entry carries an idempotency key (a takeover waited for the old
-        // holder's writes, and the keys find what it stored).
-        Forwarded::TakenOver => {
-            if messages.iter().any(|m| m.idempotency_key.is_none()) || !shared.lease.is_holder() {
-                return Err(Error::NoHolder);
-            }
-            commit(state, messages).await.map_err(after_takeover_error)
-        }
-    }
-}
-
-/// Hands the batch to this node's writer and answers once it is committed.
-async fn commit(state: &AppState, messages: Vec<NewMessage>) -> Result<Outcome> {
-    let reply = state.shared.writer.submit_batch(messages)?;
-    let appended = reply.await.map_err(|_| {
-        if state.draining() {
-            Error::Draining
-        } else {
-            tracing::error!("writer task ended without answering a batch publish");
-            Error::Internal("writer task ended".to_owned())
-        }
-    })??;
-    Ok(Outcome::Committed(appended))
+    let published = publish::publish_batch(&shared.publisher(), messages, headers, raw).await?;
+    Ok(published)
 }
 
 /// Parses and validates a batch body: 1 to [`MAX_BATCH_ENTRIES`] entries,

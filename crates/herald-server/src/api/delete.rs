@@ -14,10 +14,14 @@ use herald_auth::Principal;
 use herald_core::{ChannelName, Offset};
 use serde::Serialize;
 
-use crate::api::{forward_to_holder, ChannelPath};
+use crate::api::publish::holder_response;
 use crate::auth_extract::Caller;
+use crate::error::Result;
+use crate::extract::ChannelPath;
 use crate::forward::Forwarded;
-use crate::{retention, AppState, HolderWrite, Result};
+use crate::node_error::HolderWrite;
+use crate::retention;
+use crate::state::AppState;
 
 /// The answer of a deletion.
 #[derive(Debug, Serialize)]
@@ -44,14 +48,27 @@ pub(crate) async fn delete_channel(
     }
     if !state.shared.lease.is_holder() {
         let write = HolderWrite::DeleteChannel(channel.clone());
-        match forward_to_holder(&state, &headers, write, Bytes::new()).await? {
-            Forwarded::Answer(answer) => return Ok(answer),
+        let shared = &state.shared;
+        let forwarded = shared
+            .forwarder
+            .to_holder(shared.lease.as_ref(), &headers, write, Bytes::new())
+            .await?;
+        match forwarded {
+            Forwarded::Answer(answer) => return Ok(holder_response(answer)),
             // This node holds the lease now: it deletes the channel itself,
             // as the client's retry would.
             Forwarded::TakenOver => {}
         }
     }
-    let head = retention::delete_channel(&state, &channel).await?;
+    let shared = &state.shared;
+    let head = retention::delete_channel(
+        shared.storage.as_ref(),
+        shared.lease.as_ref(),
+        &shared.hub,
+        shared.config.trim_pacing.batch,
+        &channel,
+    )
+    .await?;
     Ok(Json(Deleted {
         channel,
         head,

@@ -10,11 +10,13 @@ use herald_core::LeaseInfo;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::api::{FromQuery, QueryParams, ValidQuery};
 use crate::auth_extract::Caller;
-use crate::error::{StorageContext, StorageFailure};
+use crate::error::{Error, Result};
+use crate::extract::{FromQuery, QueryParams, ValidQuery};
 use crate::forward::HolderView;
-use crate::{metrics, AppState, Error, Result};
+use crate::metrics;
+use crate::node_error::{StorageContext, StorageFailure};
+use crate::state::AppState;
 
 /// How long `/v1/status` waits for the lease row before showing `null`.
 const STATUS_LEASE_TIMEOUT: Duration = Duration::from_millis(500);

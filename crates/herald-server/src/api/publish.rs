@@ -4,73 +4,67 @@ use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
+use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use herald_core::{format_rfc3339_ms, Appended, ChannelName, NewMessage};
+use herald_core::{format_rfc3339_ms, ChannelName, NewMessage};
 use serde::Serialize;
 
-use crate::api::extract::{idempotency_key, ChannelPath, PublishBody};
 use crate::auth_extract::Caller;
-use crate::forward::{was_forwarded, ForwardRequest, Forwarded, HolderView};
-use crate::{metrics, AppState, Error, HolderWrite, Result};
+use crate::error::{Error, Result};
+use crate::extract::{idempotency_key, ChannelPath, PublishBody};
+use crate::forward::HolderAnswer;
+use crate::metrics;
+use crate::publish::{self, Published, Received};
+use crate::state::AppState;
 
 /// The answer to a publish: 201 when appended, 200 for a repeated
 /// idempotency key (with the original offset and time).
 #[derive(Debug, Serialize)]
-struct Published<'a> {
+struct PublishedBody<'a> {
     channel: &'a ChannelName,
     offset: u64,
     published_at: String,
 }
 
-/// How a publish ended when it did not fail. The holder's own outcomes
-/// (`Created`, `Duplicate`) are also those of a standby that took the lease
-/// over while it forwarded the publish ([`after_takeover`]).
-enum Outcome {
-    /// This node (the holder) committed it: `201`.
-    Created(Appended),
-    /// This node (the holder) found its idempotency key already used on the
-    /// channel, and stored nothing: `200` with the original offset and
-    /// time.
-    Duplicate(Appended),
-    /// This node (a standby) handed it to the holder; the holder's answer,
-    /// returned unchanged.
-    Forwarded(Response),
+/// The answer to a publish, from the publish routine's outcome: 201 when
+/// this node committed it, 200 for a repeated idempotency key, and the
+/// holder's answer unchanged when it was forwarded.
+fn answer(outcome: Published) -> Response {
+    let (status, appended) = match outcome {
+        Published::Created(appended) => (StatusCode::CREATED, appended),
+        Published::Duplicate(appended) => (StatusCode::OK, appended),
+        Published::Forwarded(answer) => return holder_response(answer),
+    };
+    let body = PublishedBody {
+        channel: &appended.channel,
+        offset: appended.offset,
+        published_at: format_rfc3339_ms(appended.published_at_ms),
+    };
+    (status, Json(body)).into_response()
 }
 
-impl Outcome {
-    /// The `result` label of `herald_publish_*`.
-    fn label(&self) -> &'static str {
-        match self {
-            Self::Created(_) => "created",
-            Self::Duplicate(_) => "duplicate",
-            Self::Forwarded(_) => "forwarded",
-        }
+/// The holder's answer to a forwarded request, returned to the client
+/// unchanged: status, `Content-Type`, `Retry-After` and body.
+pub(crate) fn holder_response(answer: HolderAnswer) -> Response {
+    let mut response = Response::new(Body::from(answer.body().clone()));
+    *response.status_mut() = answer.status();
+    let headers = response.headers_mut();
+    if let Some(value) = answer.content_type() {
+        headers.insert(CONTENT_TYPE, value.clone());
     }
-}
-
-impl IntoResponse for Outcome {
-    fn into_response(self) -> Response {
-        let (status, appended) = match self {
-            Self::Created(appended) => (StatusCode::CREATED, appended),
-            Self::Duplicate(appended) => (StatusCode::OK, appended),
-            Self::Forwarded(response) => return response,
-        };
-        let body = Published {
-            channel: &appended.channel,
-            offset: appended.offset,
-            published_at: format_rfc3339_ms(appended.published_at_ms),
-        };
-        (status, Json(body)).into_response()
+    if let Some(value) = answer.retry_after() {
+        headers.insert(RETRY_AFTER, value.clone());
     }
+    response
 }
 
 /// Appends one message; answers only after it is committed. The caller's
 /// credentials are checked first (401), then its right to publish to the
 /// channel (403) and its publish rate (429). On a standby the publish is
-/// then forwarded once to the holder (`forward.rs`); if this node takes
-/// the lease over before the holder answered, see [`after_takeover`].
+/// then forwarded once to the holder; if this node takes the lease over
+/// before the holder answered, see `publish.rs`.
 ///
 /// The body is read only once the credentials, path and headers are
 /// valid, so that a client that waits for `100 Continue`
@@ -86,7 +80,7 @@ pub(crate) async fn publish(
     let (parts, body) = req.into_parts();
     let outcome = append(&state, caller, channel, &parts.headers, body).await;
     let (result, response) = match outcome {
-        Ok(outcome) => (outcome.label(), outcome.into_response()),
+        Ok(outcome) => (outcome.label(), answer(outcome)),
         Err(e) => (e.code(), e.into_response()),
     };
     metrics::publish_finished(result, started.elapsed().as_secs_f64());
@@ -99,7 +93,7 @@ async fn append(
     channel: Result<ChannelPath>,
     headers: &HeaderMap,
     body: Body,
-) -> Result<Outcome> {
+) -> Result<Published> {
     let Caller(who) = caller?;
     let ChannelPath(channel) = channel?;
     let shared = &state.shared;
@@ -117,118 +111,6 @@ async fn append(
         idempotency_key,
         tags,
     };
-    if shared.lease.is_holder() {
-        return commit(state, message).await;
-    }
-    let write = HolderWrite::Publish(message.channel.clone());
-    let forwarded = forward_to_holder(state, headers, write, raw).await?;
-    match forwarded {
-        Forwarded::Answer(response) => Ok(Outcome::Forwarded(response)),
-        Forwarded::TakenOver => after_takeover(state, message).await,
-    }
-}
-
-/// Forwards `write`, a request that reached this standby and that only
-/// the holder makes (the body exactly as received), once to the holder's
-/// route for it, and returns the holder's answer, or
-/// [`Forwarded::TakenOver`] when this node took the lease over first.
-///
-/// # Errors
-/// [`Error::NotHolder`] naming `write` for a request that was forwarded to
-/// this node already (one hop only); [`Error::NoHolder`] when no holder is
-/// known or it cannot be reached.
-pub(crate) async fn forward_to_holder(
-    state: &AppState,
-    headers: &HeaderMap,
-    write: HolderWrite,
-    body: bytes::Bytes,
-) -> Result<Forwarded> {
-    let shared = &state.shared;
-    let lease = shared.lease.state();
-    if was_forwarded(headers) {
-        // One hop only: a forwarded request is never forwarded again.
-        return Err(Error::NotHolder {
-            request: Some(write),
-            holder_url: lease.holder_url().map(str::to_owned),
-        });
-    }
-    let config = &shared.config;
-    let holder = HolderView::from_lease_row(&lease)
-        // A row naming this node's own URL is stale (this node is not
-        // holder): forwarding to itself would come back as not_holder.
-        // (Node ids cannot tell: nodes sharing a data dir share one.)
-        .filter(|h| h.url.trim_end_matches('/') != config.advertise_url.trim_end_matches('/'));
-    let Some(holder) = holder else {
-        metrics::forwarded("no_holder");
-        return Err(Error::NoHolder);
-    };
-    let (method, path) = write.route();
-    let request = ForwardRequest {
-        method,
-        path,
-        body,
-        headers,
-    };
-    shared
-        .forwarder
-        .forward(&holder.url, request, shared.lease.subscribe())
-        .await
-}
-
-/// The error of a commit attempted after a takeover (see
-/// [`after_takeover`]): every error that would say "nothing was stored"
-/// speaks for this node only, not for the old holder, so it becomes
-/// `no_holder` (outcome unknown).
-pub(crate) fn after_takeover_error(e: Error) -> Error {
-    match e {
-        Error::QueueFull | Error::LeaseLost | Error::Draining | Error::NotHolder { .. } => {
-            Error::NoHolder
-        }
-        e => e,
-    }
-}
-
-/// A publish whose forward ended because this node took the lease over
-/// before the holder answered. The old holder may have committed it just
-/// before it lost the lease, and can commit nothing after that.
-///
-/// With an `Idempotency-Key`, this node, holder now, commits it itself:
-/// its fenced write runs after the old holder's last commit (a takeover
-/// waits for the write transactions in flight, and a later one fails its
-/// fencing check), and finds the key there if the old holder stored it,
-/// so the client gets `200` with the original offset, or `201` for a
-/// message stored once, here. Without a key a second copy could not be
-/// told from the first: `no_holder` (outcome unknown) at once, and the
-/// client's retry reaches the new holder.
-///
-/// Every error that would say "nothing was stored" (`queue_full`,
-/// `lease_lost`, `draining`, `not_holder`) is `no_holder` here: it speaks
-/// for this node only, not for the old holder.
-async fn after_takeover(state: &AppState, message: NewMessage) -> Result<Outcome> {
-    if message.idempotency_key.is_none() || !state.shared.lease.is_holder() {
-        return Err(Error::NoHolder);
-    }
-    commit(state, message).await.map_err(after_takeover_error)
-}
-
-/// Hands `message` to this node's writer and answers once it is committed
-/// ([`Outcome::Created`]), or found by its idempotency key
-/// ([`Outcome::Duplicate`]).
-async fn commit(state: &AppState, message: NewMessage) -> Result<Outcome> {
-    let channel = message.channel.clone();
-    let reply = state.shared.writer.submit(message)?;
-    let appended = reply.await.map_err(|_| {
-        // The writer dropped the request without answering: it is gone.
-        if state.draining() {
-            Error::Draining
-        } else {
-            tracing::error!(channel = %channel, "writer task ended without answering");
-            Error::Internal("writer task ended".to_owned())
-        }
-    })??;
-    Ok(if appended.duplicate {
-        Outcome::Duplicate(appended)
-    } else {
-        Outcome::Created(appended)
-    })
+    let received = Received::Http { headers, body: raw };
+    Ok(publish::publish(&shared.publisher(), message, received).await?)
 }

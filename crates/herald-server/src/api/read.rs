@@ -5,10 +5,11 @@ use axum::Json;
 use herald_core::{ChannelName, Message, Offset};
 use serde::Serialize;
 
-use crate::api::extract::{ChannelPath, FromQuery, QueryParams, ValidQuery};
 use crate::auth_extract::Caller;
-use crate::error::StorageContext;
-use crate::{AppState, Error, Result};
+use crate::error::{Error, Result};
+use crate::extract::{ChannelPath, FromQuery, QueryParams, ValidQuery};
+use crate::node_error::StorageContext;
+use crate::state::AppState;
 
 /// `limit` of a history read when the query has none, in messages.
 pub(crate) const DEFAULT_LIMIT: usize = 100;

@@ -4,8 +4,6 @@
 
 use std::sync::Arc;
 
-use crate::testing::{FakeLease, MemoryStorage};
-use crate::{app, AppState, ServerConfig};
 use axum::body::Body;
 use axum::http::{HeaderValue, Request};
 use herald_auth::{
@@ -19,6 +17,11 @@ use proptest::test_runner::{Config, TestRunner};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
+
+use crate::app;
+use crate::config::ServerConfig;
+use crate::state::AppState;
+use crate::testing::{FakeLease, MemoryStorage};
 
 /// Cases per run: enough to reach every branch, bounded in time.
 const CASES: u32 = 256;

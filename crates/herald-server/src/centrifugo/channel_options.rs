@@ -8,8 +8,8 @@
 use herald_auth::NamespaceRule;
 use herald_core::ChannelName;
 
-use super::CentrifugoConfig;
-use crate::AppState;
+use super::config::CentrifugoConfig;
+use crate::state::AppState;
 
 /// The options in force for one channel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -53,8 +53,8 @@ impl ReplyError {
     /// 101 (109 for an expired token), not allowed → 103, rate limited →
     /// 111, bad input → 107, a message too large → 106, everything the
     /// client cannot fix (storage down, no holder, draining) → 100.
-    pub(crate) fn from_error(e: &crate::Error) -> Self {
-        use crate::Error;
+    pub(crate) fn from_error(e: &crate::error::Error) -> Self {
+        use crate::error::Error;
         use herald_auth::AuthError;
         match e {
             Error::Auth(AuthError::TokenExpired) => Self::token_expired(),

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use super::channel_options::ChannelOptions;
 use super::codes::{self, Disconnect, ReplyError};
 use super::history::{cost, history, Budget, HistoryQuery};
+use super::mailbox::Out;
 use super::presence;
 use super::protocol::{
     self, error_reply, publications, reply, ChannelRequest, Command, ConnectRequest,
@@ -23,9 +24,9 @@ use super::protocol::{
 };
 use super::recovery::{self, Recovery};
 use super::session::{
-    max_commands_per_frame, Out, Session, Stop, Sub, Writer, MAX_DENIALS_LOGGED, REPLY_FRAME_BYTES,
+    max_commands_per_frame, Session, Stop, Sub, Writer, MAX_DENIALS_LOGGED, REPLY_FRAME_BYTES,
 };
-use crate::error::StorageContext;
+use crate::node_error::StorageContext;
 use crate::subscription::{Item, Subscription};
 
 /// The version the connect reply names: Herald's.
@@ -631,7 +632,7 @@ impl Session {
         channel: &ChannelName,
         recover: Option<&RecoverFrom<'_>>,
         budget: Budget,
-    ) -> crate::Result<(Started, Subscription)> {
+    ) -> crate::error::Result<(Started, Subscription)> {
         let shared = &self.state.shared;
         let storage = shared.storage.as_ref();
         let epoch = storage
@@ -826,7 +827,7 @@ impl Session {
         let epoch = match shared.storage.channel_epoch(&channel).await {
             Ok(epoch) => epoch,
             Err(e) => {
-                crate::StorageFailure::new("channel_epoch", Some(&channel), e).log();
+                crate::node_error::StorageFailure::new("channel_epoch", Some(&channel), e).log();
                 return Answer::Reply(error_reply(id, &ReplyError::internal()));
             }
         };

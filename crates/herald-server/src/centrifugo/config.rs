@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::StartError;
+use crate::node_error::StartError;
 
 /// Settings of `/connection/websocket` (see `docs/centrifugo.md`).
 #[derive(Debug, Clone, PartialEq, Eq)]

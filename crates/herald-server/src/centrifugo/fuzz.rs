@@ -36,8 +36,10 @@ use serde_json::{json, Map, Value};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
+use crate::app;
+use crate::config::ServerConfig;
+use crate::state::AppState;
 use crate::testing::{FakeLease, MemoryStorage};
-use crate::{app, AppState, ServerConfig};
 
 /// Cases per property.
 const CASES: u32 = 512;

@@ -49,7 +49,7 @@ impl Budget {
     }
 
     /// The budget of one answer on this node: [`REPLY_BUDGET_BYTES`].
-    pub(crate) fn of(config: &crate::ServerConfig) -> Self {
+    pub(crate) fn of(config: &crate::config::ServerConfig) -> Self {
         Self::new(REPLY_BUDGET_BYTES, config.max_message_bytes)
     }
 }
@@ -100,7 +100,7 @@ pub(crate) async fn history(
     };
     let read = |after: Offset, limit: usize| async move {
         storage.read(channel, after, limit).await.map_err(|e| {
-            crate::StorageFailure::new("read", Some(channel), e).log();
+            crate::node_error::StorageFailure::new("read", Some(channel), e).log();
             ReplyError::internal()
         })
     };

@@ -19,9 +19,10 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::codes::ReplyError;
-use crate::api::forward_to_holder;
-use crate::forward::Forwarded;
-use crate::{retention, AppState, Error};
+use crate::error::Error;
+use crate::forward::{Forwarded, HolderAnswer};
+use crate::retention;
+use crate::state::AppState;
 
 /// Largest holder answer read back from a forwarded call, in bytes.
 const MAX_FORWARD_ANSWER_BYTES: usize = 64 * 1024;
@@ -45,27 +46,34 @@ pub(crate) async fn history_remove(
     }
     if !state.shared.lease.is_holder() {
         let body = serde_json::json!({ "channel": channel.as_str() }).to_string();
-        match forward_to_holder(
-            state,
-            headers,
-            crate::HolderWrite::RemoveHistory(channel.clone()),
-            body.into(),
-        )
-        .await
-        {
-            Ok(Forwarded::Answer(response)) => return holder_answer(response).await,
+        let shared = &state.shared;
+        let write = crate::node_error::HolderWrite::RemoveHistory(channel.clone());
+        let forwarded = shared
+            .forwarder
+            .to_holder(shared.lease.as_ref(), headers, write, body.into())
+            .await;
+        match forwarded {
+            Ok(Forwarded::Answer(answer)) => return holder_answer(&answer),
             // This node holds the lease now: it removes the history itself
             // (removing it twice removes nothing more).
             Ok(Forwarded::TakenOver) => {}
-            Err(e) => return Err(logged(&e)),
+            Err(e) => return Err(logged(&Error::from(e))),
         }
     }
-    match retention::remove_history(state, &channel).await {
+    let shared = &state.shared;
+    let removed = retention::remove_history(
+        shared.storage.as_ref(),
+        shared.lease.as_ref(),
+        shared.config.trim_pacing.batch,
+        &channel,
+    )
+    .await;
+    match removed {
         Ok(head) => {
             tracing::info!(channel = %channel, head, "history removed");
             Ok(())
         }
-        Err(e) => Err(logged(&e)),
+        Err(e) => Err(logged(&Error::from(e))),
     }
 }
 
@@ -78,7 +86,7 @@ fn logged(e: &Error) -> ReplyError {
 /// The outcome of the holder's answer to a forwarded call (`{"result":
 /// ...}` or `{"error": {...}}` with HTTP 200), or the Centrifugo error for
 /// its HTTP status.
-async fn holder_answer(response: axum::response::Response) -> Result<(), ReplyError> {
+fn holder_answer(answer: &HolderAnswer) -> Result<(), ReplyError> {
     #[derive(Deserialize)]
     struct Answer {
         #[serde(default)]
@@ -86,7 +94,7 @@ async fn holder_answer(response: axum::response::Response) -> Result<(), ReplyEr
         #[serde(default)]
         error: Option<ReplyError>,
     }
-    let status = response.status();
+    let status = answer.status();
     if status != StatusCode::OK {
         return Err(match status {
             // The holder refused the cluster secret: it differs between
@@ -95,10 +103,11 @@ async fn holder_answer(response: axum::response::Response) -> Result<(), ReplyEr
             _ => ReplyError::internal(),
         });
     }
-    let body = axum::body::to_bytes(response.into_body(), MAX_FORWARD_ANSWER_BYTES)
-        .await
-        .map_err(|_| ReplyError::internal())?;
-    match serde_json::from_slice::<Answer>(&body) {
+    let body = answer.body();
+    if body.len() > MAX_FORWARD_ANSWER_BYTES {
+        return Err(ReplyError::internal());
+    }
+    match serde_json::from_slice::<Answer>(body) {
         Ok(Answer {
             error: Some(error), ..
         }) => Err(error),

@@ -29,8 +29,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use super::mailbox::Out;
 use super::protocol::join_leave_push;
-use super::session::Out;
 
 /// Events the relay may have queued before new ones are dropped.
 const OUTBOX_CAPACITY: usize = 4096;
@@ -237,7 +237,7 @@ async fn relay(
 /// One call of the storage; a failure is logged (the events are lost).
 async fn send(storage: &dyn Storage, batch: &[PresenceEvent]) {
     if let Err(e) = storage.send_presence_events(batch).await {
-        crate::StorageFailure::new("send_presence_events", None, e).log();
+        crate::node_error::StorageFailure::new("send_presence_events", None, e).log();
     }
 }
 

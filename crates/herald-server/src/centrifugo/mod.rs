@@ -12,10 +12,12 @@
 //!   channel's epoch from the storage (`Storage::channel_epoch`);
 //! - `history.rs`: history with Centrifugo's `limit`, `since`, `reverse`;
 //! - `publish.rs`: a publish into the same channel sequence as Herald's
-//!   own, forwarded to the holder from a standby;
+//!   own, through the node's publish routine (`crate::publish`);
+//! - `mailbox.rs`: what reaches a session from outside its connection;
 //! - `registry.rs`: this node's connections, for the server API, which
 //!   also applies other nodes' cluster events to them (`cluster.rs`);
-//! - `presence.rs`: cluster-wide presence in the storage, when enabled;
+//! - `presence.rs`: cluster-wide presence in the storage, when enabled
+//!   (`presence_session.rs`: this node's session of rows and its heartbeat);
 //! - `join_leave.rs`: join and leave pushes, cluster-wide, when enabled;
 //! - `channel_options.rs`: `presence`, `join_leave` and
 //!   `force_push_join_leave` per namespace;
@@ -34,25 +36,39 @@
 mod channel_options;
 mod codes;
 mod commands;
-mod config;
+pub(crate) mod config;
 #[cfg(test)]
 mod fuzz;
 mod history;
 mod history_remove;
 mod join_leave;
-mod node_info;
+pub(crate) mod mailbox;
+pub(crate) mod node_info;
 mod presence;
+mod presence_session;
 mod protocol;
 mod publish;
 mod recovery;
-mod registry;
+pub(crate) mod registry;
 mod server_api;
 mod session;
 
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use axum::Router;
+
+use crate::config::ServerConfig;
+use crate::state::AppState;
+
 pub use config::CentrifugoConfig;
-pub(crate) use node_info::report_task as node_report_task;
-pub(crate) use registry::Registry;
-#[cfg(test)]
-pub(crate) use registry::{Control, Mailbox};
-pub(crate) use server_api::call as server_api;
-pub(crate) use session::upgrade;
+
+/// Centrifugo's routes: the client protocol's WebSocket and the server
+/// API, whose body limit is `config`'s `max_batch_body_bytes`.
+pub(crate) fn routes(config: &ServerConfig) -> Router<AppState> {
+    Router::new()
+        .route("/connection/websocket", get(session::upgrade))
+        .route(
+            "/api/{method}",
+            post(server_api::call).layer(DefaultBodyLimit::max(config.max_batch_body_bytes)),
+        )
+}

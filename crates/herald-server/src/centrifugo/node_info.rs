@@ -19,8 +19,7 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 use super::codes::ReplyError;
-use super::Registry;
-use crate::AppState;
+use super::registry::Registry;
 
 /// How often a node reports itself.
 pub(crate) const REPORT_INTERVAL: Duration = Duration::from_secs(3);
@@ -130,18 +129,22 @@ pub(crate) async fn report_task(
     }
 }
 
-/// `info`'s result: `{"nodes": [...]}`, one entry per live node, by node
-/// id, in Centrifugo's shape.
+/// `info`'s result: `{"nodes": [...]}`, one entry per live node (the
+/// others' reports in `storage`, this node's, `node_id`, of `registry`
+/// now), by node id, in Centrifugo's shape.
 ///
 /// # Errors
 /// 100 when the storage fails (logged).
-pub(crate) async fn info(state: &AppState) -> Result<Value, ReplyError> {
-    let shared = &state.shared;
-    let mut reports = shared.storage.node_reports().await.map_err(|e| {
-        crate::StorageFailure::new("node_reports", None, e).log();
+pub(crate) async fn info(
+    storage: &dyn Storage,
+    registry: &Registry,
+    node_id: &str,
+) -> Result<Value, ReplyError> {
+    let mut reports = storage.node_reports().await.map_err(|e| {
+        crate::node_error::StorageFailure::new("node_reports", None, e).log();
         ReplyError::internal()
     })?;
-    let own = report(&shared.centrifugo, &shared.config.node_id);
+    let own = report(registry, node_id);
     reports.retain(|r| r.node_id != own.node_id);
     reports.push(own);
     reports.sort_by(|a, b| a.node_id.cmp(&b.node_id));
@@ -168,24 +171,23 @@ pub(crate) async fn info(state: &AppState) -> Result<Value, ReplyError> {
 /// last report, this node's of now), by name. Centrifugo's `channels`
 /// lists the active channels, those with at least one subscriber, and so
 /// does this: a channel with history but no subscribers is not listed.
+/// The other nodes' reports are read from `storage`; this node
+/// (`node_id`)'s subscribers from `registry`.
 ///
 /// # Errors
 /// 100 when the storage fails (logged).
 pub(crate) async fn channel_counts(
-    state: &AppState,
+    storage: &dyn Storage,
+    registry: &Registry,
+    node_id: &str,
 ) -> Result<BTreeMap<ChannelName, u64>, ReplyError> {
-    let shared = &state.shared;
-    let others = shared
-        .storage
-        .cluster_channels(&shared.config.node_id)
-        .await
-        .map_err(|e| {
-            crate::StorageFailure::new("cluster_channels", None, e).log();
-            ReplyError::internal()
-        })?;
+    let others = storage.cluster_channels(node_id).await.map_err(|e| {
+        crate::node_error::StorageFailure::new("cluster_channels", None, e).log();
+        ReplyError::internal()
+    })?;
     let mut counts: BTreeMap<ChannelName, u64> =
         others.into_iter().map(|c| (c.channel, c.clients)).collect();
-    for (channel, n) in shared.centrifugo.subscribers() {
+    for (channel, n) in registry.subscribers() {
         let sum = counts.entry(channel).or_insert(0);
         *sum = sum.saturating_add(wide(n));
     }

@@ -13,110 +13,15 @@
 //! pending removal, retried by each heartbeat before it renews the rest.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 
 use herald_core::ChannelName;
-use herald_storage::{PresenceEntry, Storage};
+use herald_storage::PresenceEntry;
 use serde_json::{json, Map, Value};
-use tokio_util::sync::CancellationToken;
 
 use super::channel_options::ChannelOptions;
 use super::codes::ReplyError;
-use crate::AppState;
-
-/// A presence row's key: its channel and client id.
-type RowKey = (ChannelName, String);
-
-/// This node process's presence session: its id, whether its heartbeat
-/// runs, and the rows whose removal failed.
-#[derive(Debug)]
-pub(crate) struct PresenceSession {
-    /// Random per process, so that a restarted node never renews the rows
-    /// of its previous run.
-    id: String,
-    heartbeat: AtomicBool,
-    /// Rows of ended subscriptions that may still be in the storage: their
-    /// removal failed (or an add failed, which may have written the row).
-    /// Each heartbeat removes them before it renews the session's rows.
-    pending: Mutex<BTreeSet<RowKey>>,
-    /// Held by the heartbeat while it retries the pending removals, and
-    /// by a subscribe whose row was pending while it writes the row again,
-    /// so that a retried removal never lands after that write.
-    retrying: tokio::sync::Mutex<()>,
-}
-
-impl Default for PresenceSession {
-    fn default() -> Self {
-        let bits: u128 = rand::random();
-        Self {
-            id: format!("{bits:032x}"),
-            heartbeat: AtomicBool::new(false),
-            pending: Mutex::default(),
-            retrying: tokio::sync::Mutex::new(()),
-        }
-    }
-}
-
-impl PresenceSession {
-    fn pending(&self) -> MutexGuard<'_, BTreeSet<RowKey>> {
-        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Starts the heartbeat once: every third of the ttl, retry the
-    /// pending removals, then renew this session's rows, until the node
-    /// drains.
-    fn ensure_heartbeat(
-        self: &Arc<Self>,
-        storage: Arc<dyn Storage>,
-        ttl: std::time::Duration,
-        shutdown: CancellationToken,
-    ) {
-        if self.heartbeat.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        let session = Arc::clone(self);
-        tokio::spawn(async move {
-            let mut beats = tokio::time::interval(ttl / 3);
-            beats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    _ = beats.tick() => {
-                        session.retry_removals(storage.as_ref()).await;
-                        if let Err(e) = storage.presence_touch(&session.id, ttl).await {
-                            crate::StorageFailure::new("presence_touch", None, e).log();
-                        }
-                    }
-                }
-            }
-        });
-    }
-
-    /// Removes the pending rows, in order, until one fails (logged; it and
-    /// the rest are tried at the next heartbeat).
-    async fn retry_removals(&self, storage: &dyn Storage) {
-        let _retrying = self.retrying.lock().await;
-        let keys: Vec<RowKey> = self.pending().iter().cloned().collect();
-        for key in keys {
-            let (channel, client) = &key;
-            if let Err(e) = storage.presence_remove(channel, client).await {
-                crate::StorageFailure::new("presence_remove", Some(channel), e).log();
-                return;
-            }
-            self.pending().remove(&key);
-        }
-    }
-
-    /// Removes `client`'s row of `channel`; when that fails (logged), the
-    /// row is a pending removal.
-    async fn remove(&self, storage: &dyn Storage, channel: &ChannelName, client: &str) {
-        if let Err(e) = storage.presence_remove(channel, client).await {
-            crate::StorageFailure::new("presence_remove", Some(channel), e).log();
-            self.pending().insert((channel.clone(), client.to_owned()));
-        }
-    }
-}
+use crate::state::AppState;
 
 /// Whether `channel` has presence; when not, `presence` and
 /// `presence_stats` answer 108 before permissions are checked, as
@@ -167,7 +72,7 @@ pub(crate) async fn join(
         .presence_add(&session.id, &entry, config.presence_ttl)
         .await
         .map_err(|e| {
-            crate::StorageFailure::new("presence_add", Some(channel), e).log();
+            crate::node_error::StorageFailure::new("presence_add", Some(channel), e).log();
             // The row may have been written all the same: the subscribe
             // fails, so the row must not be renewed.
             session.pending().insert(key);
@@ -177,7 +82,7 @@ pub(crate) async fn join(
 
 /// Removes `client`'s rows of those of `channels` that have presence, in
 /// the background, once its connection closed (a failure is logged and the
-/// row becomes a pending removal, see [`PresenceSession`]).
+/// row becomes a pending removal, see [`super::presence_session::PresenceSession`]).
 pub(crate) fn leave(state: &AppState, client: &str, mut channels: BTreeSet<ChannelName>) {
     channels.retain(|channel| enabled(state, channel));
     if channels.is_empty() {
@@ -194,7 +99,7 @@ pub(crate) fn leave(state: &AppState, client: &str, mut channels: BTreeSet<Chann
 }
 
 /// Removes `client`'s row of `channel` now (a failure is logged and the
-/// row becomes a pending removal, see [`PresenceSession`]).
+/// row becomes a pending removal, see [`super::presence_session::PresenceSession`]).
 pub(crate) async fn remove(state: &AppState, client: &str, channel: &ChannelName) {
     if !enabled(state, channel) {
         return;
@@ -216,7 +121,7 @@ async fn entries(
         return Err(ReplyError::not_available());
     }
     state.shared.storage.presence(channel).await.map_err(|e| {
-        crate::StorageFailure::new("presence", Some(channel), e).log();
+        crate::node_error::StorageFailure::new("presence", Some(channel), e).log();
         ReplyError::internal()
     })
 }

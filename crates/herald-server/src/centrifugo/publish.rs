@@ -1,23 +1,20 @@
 //! One publish from a Centrifugo client or the server API, into the same
-//! channel sequence as `POST /v1/channels/{channel}/messages`: on the
-//! holder through this node's writer, on a standby forwarded once to the
-//! holder as a Herald publish (`api/publish.rs`'s `forward_to_holder`,
-//! with the cluster secret; the caller's rights were checked here).
+//! channel sequence as `POST /v1/channels/{channel}/messages`, through the
+//! node's publish routine (`publish.rs`): on the holder this node's writer
+//! commits it, on a standby it is forwarded once to the holder (the
+//! caller's rights were checked here). This module maps the routine's
+//! outcome to Centrifugo's answer.
 
 use std::sync::Arc;
 
-use axum::http::header::CONTENT_TYPE;
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use herald_core::{ChannelName, IdempotencyKey, NewMessage, Offset, Tags};
 use serde_json::value::RawValue;
 
 use super::codes::ReplyError;
-use crate::api::{after_takeover_error, forward_to_holder};
-use crate::forward::Forwarded;
-use crate::{AppState, Error};
-
-/// Largest holder answer read back from a forwarded publish, in bytes.
-const MAX_FORWARD_ANSWER_BYTES: usize = 64 * 1024;
+use crate::error::Error;
+use crate::forward::HolderRefusal;
+use crate::publish::{self, Published, Received};
+use crate::state::AppState;
 
 /// Publishes `data` with `tags` to `channel` and returns its offset once
 /// committed (the original offset for a repeated `idempotency_key`).
@@ -48,32 +45,10 @@ pub(crate) async fn publish(
         idempotency_key,
         tags,
     };
-    if shared.lease.is_holder() {
-        return commit(state, message).await.map_err(|e| logged(&e));
-    }
-    let mut headers = HeaderMap::new();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    if let Some(key) = &message.idempotency_key {
-        if let Ok(value) = HeaderValue::from_str(key.as_str()) {
-            headers.insert(HeaderName::from_static("idempotency-key"), value);
-        }
-    }
-    let body = match message.tags.to_json() {
-        None => format!("{{\"data\":{}}}", message.data.get()),
-        Some(tags) => format!("{{\"data\":{},\"tags\":{tags}}}", message.data.get()),
-    };
-    let write = crate::HolderWrite::Publish(message.channel.clone());
-    match forward_to_holder(state, &headers, write, body.into()).await {
-        Ok(Forwarded::Answer(response)) => holder_answer(response).await,
-        Ok(Forwarded::TakenOver) => {
-            if message.idempotency_key.is_none() || !shared.lease.is_holder() {
-                return Err(ReplyError::internal());
-            }
-            commit(state, message)
-                .await
-                .map_err(|e| logged(&after_takeover_error(e)))
-        }
-        Err(e) => Err(logged(&e)),
+    match publish::publish(&shared.publisher(), message, Received::Message).await {
+        Ok(Published::Created(appended) | Published::Duplicate(appended)) => Ok(appended.offset),
+        Ok(Published::Forwarded(answer)) => answer.published().map_err(refused),
+        Err(e) => Err(logged(&Error::from(e))),
     }
 }
 
@@ -83,36 +58,14 @@ fn logged(e: &Error) -> ReplyError {
     ReplyError::from_error(e)
 }
 
-/// Hands `message` to this node's writer and waits for the commit.
-async fn commit(state: &AppState, message: NewMessage) -> Result<Offset, Error> {
-    let reply = state.shared.writer.submit(message)?;
-    let appended = reply.await.map_err(|_| Error::Draining)??;
-    Ok(appended.offset)
-}
-
-/// The offset from the holder's answer to a forwarded publish
-/// (`{"channel","offset","published_at"}` with 201 or 200), or the
-/// Centrifugo error for its error status.
-async fn holder_answer(response: axum::response::Response) -> Result<Offset, ReplyError> {
-    #[derive(serde::Deserialize)]
-    struct Published {
-        offset: Offset,
+/// The Centrifugo error for the holder's refusal of a forwarded publish.
+fn refused(refusal: HolderRefusal) -> ReplyError {
+    match refusal {
+        HolderRefusal::Unauthorized => ReplyError::unauthorized(),
+        HolderRefusal::Forbidden => ReplyError::permission_denied(),
+        HolderRefusal::RateLimited => ReplyError::too_many_requests(),
+        HolderRefusal::TooLarge => ReplyError::limit_exceeded(),
+        HolderRefusal::Invalid => ReplyError::bad_request(),
+        HolderRefusal::Failed => ReplyError::internal(),
     }
-    let status = response.status();
-    if !status.is_success() {
-        return Err(match status {
-            StatusCode::UNAUTHORIZED => ReplyError::unauthorized(),
-            StatusCode::FORBIDDEN => ReplyError::permission_denied(),
-            StatusCode::TOO_MANY_REQUESTS => ReplyError::too_many_requests(),
-            StatusCode::PAYLOAD_TOO_LARGE => ReplyError::limit_exceeded(),
-            s if s.is_client_error() => ReplyError::bad_request(),
-            _ => ReplyError::internal(),
-        });
-    }
-    let body = axum::body::to_bytes(response.into_body(), MAX_FORWARD_ANSWER_BYTES)
-        .await
-        .map_err(|_| ReplyError::internal())?;
-    serde_json::from_slice::<Published>(&body)
-        .map(|p| p.offset)
-        .map_err(|_| ReplyError::internal())
 }

@@ -16,9 +16,9 @@ use herald_core::{ChannelName, Message, Offset};
 use herald_storage::{Page, Storage};
 
 use super::history::{cost, Budget};
-use crate::error::StorageContext;
+use crate::error::Result;
+use crate::node_error::StorageContext;
 use crate::subscription::LiveOnly;
-use crate::Result;
 
 /// Most publications a subscribe reply recovers; a client further behind
 /// gets `recovered: false` (and reads the history itself if it wants).
@@ -96,7 +96,7 @@ pub(crate) fn decide(
 /// there, so that a recovery never holds more than the budget and a page.
 ///
 /// # Errors
-/// [`crate::Error::Storage`] when a read fails.
+/// [`crate::error::Error::Storage`] when a read fails.
 pub(crate) async fn recover(
     storage: &dyn Storage,
     channel: &ChannelName,

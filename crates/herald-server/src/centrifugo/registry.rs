@@ -9,84 +9,10 @@ use std::sync::{Arc, Mutex};
 
 use herald_core::ChannelName;
 use herald_storage::{ClusterEvent, Storage};
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::codes::{self, Disconnect};
-
-/// What the server API asks a session to do.
-#[derive(Debug, Clone)]
-pub(crate) enum Control {
-    /// Close the connection with this code.
-    Disconnect(Disconnect),
-    /// End the subscription to this channel (push `unsubscribe`).
-    Unsubscribe(ChannelName),
-}
-
-/// A session's way in for [`Control`]s: what was told waits here until
-/// the session takes it, so nothing told is ever dropped (a full queue
-/// once made the server API answer success for a `disconnect` that never
-/// reached the session). Its size is bounded: one disconnect (the first
-/// told wins) and a set of channels to unsubscribe from, each of them a
-/// channel the session was subscribed to when told.
-#[derive(Debug, Default)]
-pub(crate) struct Mailbox {
-    pending: Mutex<Pending>,
-    /// Wakes the session; a wake-up with nobody waiting is kept for the
-    /// next wait.
-    notify: Notify,
-}
-
-/// What a [`Mailbox`] holds.
-#[derive(Debug, Default)]
-struct Pending {
-    disconnect: Option<Disconnect>,
-    unsubscribe: BTreeSet<ChannelName>,
-}
-
-impl Mailbox {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
-        self.pending
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Leaves `control` for the session and wakes it.
-    pub(crate) fn tell(&self, control: &Control) {
-        {
-            let mut pending = self.lock();
-            match control {
-                Control::Disconnect(d) => {
-                    pending.disconnect.get_or_insert(*d);
-                }
-                Control::Unsubscribe(channel) => {
-                    pending.unsubscribe.insert(channel.clone());
-                }
-            }
-        }
-        self.notify.notify_one();
-    }
-
-    /// The next thing told, a disconnect before any unsubscribe; waits
-    /// until there is one. Cancel-safe: nothing is taken unless returned.
-    pub(crate) async fn next(&self) -> Control {
-        loop {
-            if let Some(control) = self.take() {
-                return control;
-            }
-            self.notify.notified().await;
-        }
-    }
-
-    /// The next thing told, a disconnect first, if there is one.
-    pub(crate) fn take(&self) -> Option<Control> {
-        let mut pending = self.lock();
-        if let Some(d) = pending.disconnect.take() {
-            return Some(Control::Disconnect(d));
-        }
-        pending.unsubscribe.pop_first().map(Control::Unsubscribe)
-    }
-}
+use super::codes;
+use super::mailbox::{Control, Mailbox};
 
 /// One connection as the registry knows it.
 #[derive(Debug)]
@@ -106,7 +32,7 @@ pub(crate) struct Registry {
     /// When the node started, for `info`'s `uptime`.
     started: std::time::Instant,
     /// This process's presence session (`presence.rs`).
-    pub(crate) presence: Arc<super::presence::PresenceSession>,
+    pub(crate) presence: Arc<super::presence_session::PresenceSession>,
     /// Join and leave pushes (`join_leave.rs`).
     pub(crate) join_leave: super::join_leave::JoinLeave,
 }

@@ -33,9 +33,10 @@ use serde_json::{json, Map, Value};
 use super::codes::{self, ReplyError};
 use super::history::{history, Budget, HistoryQuery};
 use super::protocol::{object, publications, StreamPosition};
-use crate::api::read_limited;
 use crate::auth_extract::RequestPrincipal;
-use crate::{AppState, Error};
+use crate::error::Error;
+use crate::extract::read_limited;
+use crate::state::AppState;
 
 /// A method's result, kept as JSON text (publication data stays byte
 /// for byte what was published).
@@ -423,7 +424,7 @@ async fn epoch(state: &AppState, channel: &ChannelName) -> Result<String, ReplyE
         .channel_epoch(channel)
         .await
         .map_err(|e| {
-            crate::StorageFailure::new("channel_epoch", Some(channel), e).log();
+            crate::node_error::StorageFailure::new("channel_epoch", Some(channel), e).log();
             ReplyError::internal()
         })
 }
@@ -484,7 +485,13 @@ async fn channels(state: &AppState, who: &Principal, p: ChannelsParams) -> Outco
     if state.shared.auth().may_admin(who).is_err() {
         return Err(ReplyError::permission_denied());
     }
-    let counts = super::node_info::channel_counts(state).await?;
+    let shared = &state.shared;
+    let counts = super::node_info::channel_counts(
+        shared.storage.as_ref(),
+        &shared.centrifugo,
+        &shared.config.node_id,
+    )
+    .await?;
     let pattern = p.pattern.filter(|p| !p.is_empty()).map(Pattern::new);
     let channels: Map<String, Value> = counts
         .into_iter()
@@ -499,7 +506,13 @@ async fn info(state: &AppState, who: &Principal) -> Outcome {
     if state.shared.auth().may_admin(who).is_err() {
         return Err(ReplyError::permission_denied());
     }
-    raw(&super::node_info::info(state).await?)
+    let shared = &state.shared;
+    raw(&super::node_info::info(
+        shared.storage.as_ref(),
+        &shared.centrifugo,
+        &shared.config.node_id,
+    )
+    .await?)
 }
 
 #[derive(Deserialize)]
@@ -514,11 +527,12 @@ struct UserChannel {
 /// an event too large to send (nothing done), 100 when the storage cannot
 /// send it (nothing done either).
 async fn tell_cluster(state: &AppState, event: ClusterEvent) -> Outcome {
-    match crate::cluster::tell(state, event).await {
+    let shared = &state.shared;
+    match crate::cluster::tell(shared.storage.as_ref(), &shared.centrifugo, event).await {
         Ok(()) => raw(&json!({})),
         Err(herald_storage::Error::ClusterEventTooLarge { .. }) => Err(ReplyError::bad_request()),
         Err(e) => {
-            crate::StorageFailure::new("send_cluster_event", None, e).log();
+            crate::node_error::StorageFailure::new("send_cluster_event", None, e).log();
             Err(ReplyError::internal())
         }
     }
@@ -631,8 +645,9 @@ mod tests {
     use tower::ServiceExt;
 
     use super::*;
+    use crate::app;
+    use crate::config::ServerConfig;
     use crate::testing::{FakeLease, MemoryStorage};
-    use crate::{app, ServerConfig};
     use herald_auth::{api_key_sha256, generate_api_key, ApiKeyConfig, AuthConfig, Permission};
 
     /// A holder with one API key that may do everything; the key.

@@ -34,9 +34,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::codes::{self, Disconnect};
-use super::registry::{Control, Mailbox};
+use super::mailbox::{Control, Mailbox, Out};
 use crate::conn_limit::ClientSlot;
-use crate::{AppState, Error, Result};
+use crate::error::{Error, Result};
+use crate::state::AppState;
 
 /// Frames a session's subscriptions may queue before their tasks wait.
 const OUT_CAPACITY: usize = 256;
@@ -161,23 +162,6 @@ impl Writer {
             sent = self.tx.send(Frame::Text(text.into())) => sent.map_err(|_| Stop::Gone),
         }
     }
-}
-
-/// What a subscription task sends its session.
-#[derive(Debug)]
-pub(crate) enum Out {
-    /// A publication push of subscription `generation` of `channel`.
-    Push {
-        /// The channel.
-        channel: ChannelName,
-        /// Which subscription to the channel queued it; a push of an
-        /// ended one is dropped.
-        generation: u64,
-        /// The push, one JSON line.
-        text: String,
-    },
-    /// The subscription could not go on: close with this code.
-    End(Disconnect),
 }
 
 /// A live subscription of the session.
@@ -437,7 +421,7 @@ async fn run(socket: WebSocket, state: AppState) {
     session.end_subscriptions();
     if let Some(d) = end {
         tracing::debug!(client = %session.client, code = d.code, reason = d.reason, "closing");
-        crate::ws::close(writer.tx, rx, d.code, d.reason).await;
+        crate::websocket::close(writer.tx, rx, d.code, d.reason).await;
     }
 }
 

@@ -5,19 +5,20 @@
 //! module decides what and when. `docs/retention.md` is the operator's
 //! view.
 
-mod policy;
-mod trimmer;
+pub(crate) mod policy;
+pub(crate) mod trimmer;
 
 use herald_core::{ChannelName, Offset};
-use herald_storage::TrimLimits;
+use herald_storage::{Storage, TrimLimits};
 
 pub use policy::{duration_text, RetentionConfig, RetentionHandle, RetentionPolicy};
 pub use trimmer::TrimPacing;
-pub(crate) use trimmer::Trimmer;
 
-use crate::error::{StorageContext, StorageFailure};
-use crate::hub::Notice;
-use crate::{AppState, Error, HolderWrite, Result};
+use crate::hub::{Hub, Notice};
+use crate::node_error::HolderWrite;
+use crate::node_error::{NodeError, NodeResult};
+use crate::node_error::{StorageContext, StorageFailure};
+use crate::role::LeaseView;
 
 /// Removes every message of `channel` up to the head read at the start
 /// (messages published while it runs survive) on this node, which must
@@ -31,19 +32,22 @@ use crate::{AppState, Error, HolderWrite, Result};
 /// trim; one that had them all goes on. (Centrifugo's `history_remove`.)
 ///
 /// # Errors
-/// [`Error::NotHolder`] when this node does not hold the lease;
-/// [`Error::LeaseLost`] when it lost it meanwhile (what was removed stays
-/// removed; the head is kept); [`Error::Storage`] when the storage fails.
-pub(crate) async fn remove_history(state: &AppState, channel: &ChannelName) -> Result<Offset> {
-    let shared = &state.shared;
-    let Some(lease) = shared.lease.writable_lease() else {
-        return Err(Error::NotHolder {
+/// [`NodeError::NotHolder`] when this node does not hold the lease;
+/// [`NodeError::LeaseLost`] when it lost it meanwhile (what was removed stays
+/// removed; the head is kept); [`NodeError::Storage`] when the storage fails.
+pub(crate) async fn remove_history(
+    storage: &dyn Storage,
+    role: &dyn LeaseView,
+    trim_batch: usize,
+    channel: &ChannelName,
+) -> NodeResult<Offset> {
+    let Some(lease) = role.writable_lease() else {
+        return Err(NodeError::NotHolder {
             request: Some(HolderWrite::RemoveHistory(channel.clone())),
-            holder_url: shared.lease.state().holder_url().map(str::to_owned),
+            holder_url: role.state().holder_url().map(str::to_owned),
         });
     };
-    let page = shared
-        .storage
+    let page = storage
         .read(channel, Offset::MAX, 0)
         .await
         .during("read", Some(channel))?;
@@ -52,19 +56,11 @@ pub(crate) async fn remove_history(state: &AppState, channel: &ChannelName) -> R
         ..TrimLimits::default()
     };
     let failed = |e: herald_storage::Error, what: &'static str| match e {
-        herald_storage::Error::LeaseLost { .. } => Error::LeaseLost,
-        e => Error::Storage(StorageFailure::new(what, Some(channel), e)),
+        herald_storage::Error::LeaseLost { .. } => NodeError::LeaseLost,
+        e => NodeError::Storage(StorageFailure::new(what, Some(channel), e)),
     };
     loop {
-        let step = trimmer::trim_step(
-            &*shared.storage,
-            &*shared.lease,
-            &lease,
-            channel,
-            &limits,
-            shared.config.trim_pacing.batch,
-        )
-        .await;
+        let step = trimmer::trim_step(storage, role, &lease, channel, &limits, trim_batch).await;
         match step {
             Ok(t) if t.done => break,
             Ok(_) => {}
@@ -87,32 +83,39 @@ pub(crate) async fn remove_history(state: &AppState, channel: &ChannelName) -> R
 /// As [`remove_history`]; the same when recording the deletion fails
 /// (the messages are removed then, the deletion not recorded: a retry
 /// records it).
-pub(crate) async fn delete_channel(state: &AppState, channel: &ChannelName) -> Result<Offset> {
-    let not_holder = |e: Error| match e {
-        Error::NotHolder { holder_url, .. } => Error::NotHolder {
+pub(crate) async fn delete_channel(
+    storage: &dyn Storage,
+    role: &dyn LeaseView,
+    hub: &Hub,
+    trim_batch: usize,
+    channel: &ChannelName,
+) -> NodeResult<Offset> {
+    let not_holder = |e: NodeError| match e {
+        NodeError::NotHolder { holder_url, .. } => NodeError::NotHolder {
             request: Some(HolderWrite::DeleteChannel(channel.clone())),
             holder_url,
         },
         e => e,
     };
-    let head = remove_history(state, channel).await.map_err(not_holder)?;
-    let shared = &state.shared;
-    let Some(lease) = shared.lease.writable_lease() else {
-        return Err(Error::NotHolder {
+    let head = remove_history(storage, role, trim_batch, channel)
+        .await
+        .map_err(not_holder)?;
+    let Some(lease) = role.writable_lease() else {
+        return Err(NodeError::NotHolder {
             request: Some(HolderWrite::DeleteChannel(channel.clone())),
-            holder_url: shared.lease.state().holder_url().map(str::to_owned),
+            holder_url: role.state().holder_url().map(str::to_owned),
         });
     };
-    let recorded = shared.storage.record_deletion(&lease, channel, head).await;
+    let recorded = storage.record_deletion(&lease, channel, head).await;
     if let Err(herald_storage::Error::LeaseLost { token, .. }) = &recorded {
         // As the writer and the trimming task report it.
-        shared.lease.report_lease_lost(*token);
+        role.report_lease_lost(*token);
     }
     let number = recorded.map_err(|e| match e {
-        herald_storage::Error::LeaseLost { .. } => Error::LeaseLost,
-        e => Error::Storage(StorageFailure::new("record_deletion", Some(channel), e)),
+        herald_storage::Error::LeaseLost { .. } => NodeError::LeaseLost,
+        e => NodeError::Storage(StorageFailure::new("record_deletion", Some(channel), e)),
     })?;
-    shared.hub.publish(Notice {
+    hub.publish(Notice {
         channel: channel.clone(),
         head,
         messages: Vec::new(),

@@ -9,8 +9,9 @@ use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::{answer, fail_all, Replies, Writer};
-use crate::error::StorageFailure;
-use crate::{metrics, Error};
+use crate::metrics;
+use crate::node_error::NodeError;
+use crate::node_error::StorageFailure;
 use herald_core::fault_switches::FaultSwitch;
 use herald_core::{Appended, ChannelName, Lease, NewMessage, Offset};
 
@@ -52,7 +53,7 @@ impl Writer {
                     Err(e) => {
                         StorageFailure::new("read", Some(&message.channel), e).log();
                         self.fault.predicted_heads.clear();
-                        fail_all(replies, || Error::StorageUnavailable);
+                        fail_all(replies, || NodeError::StorageUnavailable);
                         return;
                     }
                 },
@@ -119,11 +120,11 @@ mod tests {
 
     use super::*;
     use crate::hub::Hub;
+    use crate::node_error::NodeResult;
     use crate::role::LeaseView;
     use crate::testing::{FakeLease, MemoryStorage};
     use crate::writer::tests::new_message;
     use crate::writer::Reply;
-    use crate::Result;
     use tokio::sync::oneshot;
 
     /// The path behind the switch, called directly (the switch itself is
@@ -148,7 +149,7 @@ mod tests {
                 .unzip();
             (messages, replies, answers)
         };
-        let offsets = |answers: Vec<oneshot::Receiver<Result<Appended>>>| {
+        let offsets = |answers: Vec<oneshot::Receiver<NodeResult<Appended>>>| {
             answers
                 .into_iter()
                 .map(|mut rx| rx.try_recv().unwrap().unwrap().offset)

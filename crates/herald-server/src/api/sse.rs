@@ -45,10 +45,11 @@ use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use herald_core::Message;
 
-use crate::api::{resume_point, AfterQuery, ChannelPath, ValidQuery};
 use crate::auth_extract::Subscriber;
+use crate::error::Result;
+use crate::extract::{resume_point, AfterQuery, ChannelPath, ValidQuery};
+use crate::state::AppState;
 use crate::subscription::{Item, StartAt, Subscription};
-use crate::{AppState, Result};
 
 /// Tells nginx-style proxies not to buffer the stream.
 const X_ACCEL_BUFFERING: HeaderName = HeaderName::from_static("x-accel-buffering");

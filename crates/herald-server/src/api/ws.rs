@@ -49,23 +49,25 @@
 use std::time::Duration;
 
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
-use axum::extract::ws::{close_code, CloseFrame, Message as Frame, WebSocket, WebSocketUpgrade};
+use axum::extract::ws::{close_code, Message as Frame, WebSocket, WebSocketUpgrade};
 use axum::extract::{Extension, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
-use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt, StreamExt};
 use herald_auth::{AuthError, Credential, Principal};
 use tokio_tungstenite::tungstenite;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::api::{resume_point, AfterQuery, ChannelPath, ValidQuery};
 use crate::auth_extract::Subscriber;
 use crate::conn_limit::ClientSlot;
+use crate::error::{Error, Result};
+use crate::extract::{resume_point, AfterQuery, ChannelPath, ValidQuery};
 use crate::metrics;
+use crate::node_error::NodeError;
+use crate::state::AppState;
 use crate::subscription::{Item, StartAt, Subscription};
-use crate::{AppState, Error, Result};
+use crate::websocket::{close, CLOSE_TIMEOUT};
 
 /// How long a client that upgraded without credentials has to send its
 /// token frame.
@@ -84,10 +86,6 @@ pub(crate) const CLOSE_FORBIDDEN: u16 = 4403;
 struct TokenFrame {
     token: String,
 }
-
-/// How long the server waits for a client to answer its Close frame, or to
-/// take a frame, while closing.
-const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Capacity of a session's read buffer, allocated up front for every
 /// connection. The WebSocket library's default (128 KiB) made an idle
@@ -337,7 +335,7 @@ async fn session(
                 // Found only after an outage at the start (else the
                 // upgrade was refused with 409): the client's resume point
                 // is foreign to this channel.
-                Err(Error::OffsetBeyondHead { .. }) => {
+                Err(NodeError::OffsetBeyondHead { .. }) => {
                     break End::Close(close_code::POLICY, "offset_beyond_head");
                 }
                 // Not transient (those are waited out in `next`).
@@ -359,32 +357,4 @@ fn is_too_big(error: &axum::Error) -> bool {
     std::error::Error::source(error)
         .and_then(|inner| inner.downcast_ref::<tungstenite::Error>())
         .is_some_and(|e| matches!(e, tungstenite::Error::Capacity(_)))
-}
-
-/// Sends a Close frame and waits (bounded, [`CLOSE_TIMEOUT`] each way)
-/// for the client's Close reply. Also ends Centrifugo sessions.
-pub(crate) async fn close(
-    mut tx: SplitSink<WebSocket, Frame>,
-    mut rx: SplitStream<WebSocket>,
-    code: u16,
-    reason: &'static str,
-) {
-    let frame = Frame::Close(Some(CloseFrame {
-        code,
-        reason: reason.into(),
-    }));
-    if !matches!(
-        tokio::time::timeout(CLOSE_TIMEOUT, tx.send(frame)).await,
-        Ok(Ok(()))
-    ) {
-        return;
-    }
-    let _ = tokio::time::timeout(CLOSE_TIMEOUT, async {
-        while let Some(Ok(frame)) = rx.next().await {
-            if matches!(frame, Frame::Close(_)) {
-                break;
-            }
-        }
-    })
-    .await;
 }

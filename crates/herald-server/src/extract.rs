@@ -17,7 +17,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::Error;
+use crate::error::Error;
 
 /// The `{channel}` path segment, validated.
 #[derive(Debug)]

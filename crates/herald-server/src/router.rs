@@ -1,0 +1,70 @@
+//! The node's router: each wing's routes (API v1's `api::routes`,
+//! Centrifugo's `centrifugo::routes`) merged, with the layers they share
+//! (edge checks, connection limits, the request span, CORS) and the
+//! fallbacks that keep every error in the JSON error shape.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::Router;
+use tracing::Instrument;
+
+use crate::error::Error;
+use crate::state::AppState;
+use crate::{api, centrifugo, conn_limit, edge};
+
+/// Builds the router over `state`.
+pub(crate) fn router(state: AppState) -> Router {
+    let config = state.config();
+    Router::new()
+        .merge(api::routes(config))
+        // Centrifugo's client protocol and server API (`docs/centrifugo.md`).
+        .merge(centrifugo::routes(config))
+        // After every route: it applies to the routes already added.
+        .method_not_allowed_fallback(method_not_allowed)
+        .fallback(not_found)
+        // Every WebSocket upgrade, whatever its route: its `Origin`
+        // (`edge.rs`).
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            edge::check_websocket_origin,
+        ))
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&state.shared.conn_limits),
+            conn_limit::limit_proxied,
+        ))
+        .layer(middleware::from_fn_with_state(state.clone(), request_span))
+        // A preflight (`OPTIONS`) is answered here, on every route, and
+        // every answer gets the CORS headers (`cors.rs`).
+        .layer(config.cors.layer())
+        // Outermost: on a loopback node without access control, a
+        // request for another host name is refused before anything else
+        // (`edge.rs`).
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            edge::check_loopback_host,
+        ))
+        .with_state(state)
+}
+
+/// Runs each request in a span that carries the node's id, so that every
+/// log record of a handler names the node.
+async fn request_span(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let span = tracing::debug_span!(
+        "request",
+        node_id = %state.config().node_id,
+        method = %request.method(),
+        path = %request.uri().path(),
+    );
+    next.run(request).instrument(span).await
+}
+
+async fn not_found() -> Error {
+    Error::NotFound
+}
+
+async fn method_not_allowed() -> Error {
+    Error::MethodNotAllowed
+}
