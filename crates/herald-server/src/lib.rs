@@ -15,7 +15,7 @@
 //! reaches a standby is forwarded once to the holder (`forward.rs`). The
 //! router (`router.rs`) merges the wings' routes.
 //! The server API's cluster-wide requests reach the other nodes' clients
-//! as cluster events (`cluster.rs`). The core's errors are `NodeError`
+//! as cluster events (`centrifugo/cluster.rs`). The core's errors are `NodeError`
 //! (`node_error.rs`); every error becomes one JSON shape in `error.rs`.
 //! Access control (API keys, client tokens, namespaces, publish rate
 //! limits) is the herald-auth crate; `auth_extract.rs` reads credentials
@@ -40,7 +40,6 @@
 mod api;
 mod auth_extract;
 mod centrifugo;
-mod cluster;
 mod config;
 mod conn_limit;
 mod cors;

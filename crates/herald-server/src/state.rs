@@ -166,7 +166,7 @@ impl AppState {
             span.clone(),
         ));
         // Subscribed now: every event sent after the start is applied.
-        let cluster_events = crate::cluster::run(
+        let cluster_events = crate::centrifugo::cluster::run(
             storage.watch_cluster_events(),
             Arc::clone(&centrifugo),
             shutdown.clone(),

@@ -34,6 +34,7 @@
 //! the server API takes Herald's API keys.
 
 mod channel_options;
+pub(crate) mod cluster;
 mod codes;
 mod commands;
 pub(crate) mod config;

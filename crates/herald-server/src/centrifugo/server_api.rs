@@ -528,7 +528,7 @@ struct UserChannel {
 /// send it (nothing done either).
 async fn tell_cluster(state: &AppState, event: ClusterEvent) -> Outcome {
     let shared = &state.shared;
-    match crate::cluster::tell(shared.storage.as_ref(), &shared.centrifugo, event).await {
+    match super::cluster::tell(shared.storage.as_ref(), &shared.centrifugo, event).await {
         Ok(()) => raw(&json!({})),
         Err(herald_storage::Error::ClusterEventTooLarge { .. }) => Err(ReplyError::bad_request()),
         Err(e) => {
