@@ -17,18 +17,32 @@
 //! Two credentials at once, or a forwarded request without the right
 //! cluster secret, is 401.
 
-use axum::extract::{FromRequestParts, Query};
+use std::sync::Arc;
+
+use axum::extract::{FromRef, FromRequestParts, Query};
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName};
-use herald_auth::{Auth, AuthError, Credential, Principal};
+use herald_auth::{Auth, AuthError, AuthSlot, Credential, Principal};
 
 use crate::error::Error;
 use crate::forward::{was_forwarded, CLUSTER_SECRET, FORWARDED_BY};
-use crate::state::AppState;
 
 #[cfg(test)]
 mod proptests;
+
+/// What the extractors need of a wing's state: the node's access control.
+/// A wing's state gives it to them through axum's [`FromRef`], so
+/// [`Caller`] and [`Subscriber`] work with any state that can.
+#[derive(Clone)]
+pub(crate) struct AuthState(pub(crate) Arc<AuthSlot>);
+
+impl AuthState {
+    /// The access control in force now; a request reads it once.
+    fn load(&self) -> Arc<Auth> {
+        self.0.load()
+    }
+}
 
 /// Centrifugo's API key header.
 const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
@@ -142,11 +156,15 @@ pub(crate) const QUERY_TOKEN_ROUTES: &str = "?token= is taken only by the SSE an
 #[derive(Debug)]
 pub(crate) struct Caller(pub(crate) Principal);
 
-impl FromRequestParts<AppState> for Caller {
+impl<S> FromRequestParts<S> for Caller
+where
+    AuthState: FromRef<S>,
+    S: Send + Sync,
+{
     type Rejection = Error;
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Error> {
-        let auth = state.shared.auth();
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Error> {
+        let auth = AuthState::from_ref(state).load();
         if auth.enabled() && has_query_token(parts) {
             return Err(AuthError::MissingCredentials(QUERY_TOKEN_ROUTES.to_owned()).into());
         }
@@ -166,10 +184,14 @@ fn has_query_token(parts: &Parts) -> bool {
 #[derive(Debug)]
 pub(crate) struct Subscriber(pub(crate) Principal);
 
-impl FromRequestParts<AppState> for Subscriber {
+impl<S> FromRequestParts<S> for Subscriber
+where
+    AuthState: FromRef<S>,
+    S: Send + Sync,
+{
     type Rejection = Error;
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Error> {
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Error> {
         // A query that does not decode is refused by the route's own query
         // extractor; here it only has no token.
         let pairs = Query::<Vec<(String, String)>>::from_request_parts(parts, state)
@@ -183,9 +205,8 @@ impl FromRequestParts<AppState> for Subscriber {
                 AuthError::InvalidCredentials("token is given more than once".to_owned()).into(),
             );
         }
-        Ok(Self(
-            state.shared.auth().principal(&parts.headers, token).await?,
-        ))
+        let auth = AuthState::from_ref(state).load();
+        Ok(Self(auth.principal(&parts.headers, token).await?))
     }
 }
 

@@ -24,6 +24,8 @@
 //!   resolved to loopback for the page's sake (DNS rebinding). Refused:
 //!   `403 host_not_allowed`.
 
+use std::sync::Arc;
+
 use axum::extract::{Request, State};
 use axum::http::header::{CONTENT_TYPE, HOST, ORIGIN, UPGRADE};
 use axum::http::{HeaderMap, Method};
@@ -31,12 +33,12 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use crate::error::Error;
-use crate::state::AppState;
+use crate::shared::Shared;
 
 /// Refuses a WebSocket upgrade whose `Origin` the CORS allow-list does not
 /// allow (see the module's documentation).
 pub(crate) async fn check_websocket_origin(
-    State(state): State<AppState>,
+    State(state): State<Arc<Shared>>,
     request: Request,
     next: Next,
 ) -> Response {
@@ -46,7 +48,7 @@ pub(crate) async fn check_websocket_origin(
                 origin_allowed(
                     origin,
                     request_authority(&request),
-                    &state.config().cors.allowed_origins,
+                    &state.config.cors.allowed_origins,
                 )
             });
             if !allowed {
@@ -75,11 +77,11 @@ pub(crate) async fn require_json(request: Request, next: Next) -> Response {
 /// serves loopback only without access control (see the module's
 /// documentation).
 pub(crate) async fn check_loopback_host(
-    State(state): State<AppState>,
+    State(state): State<Arc<Shared>>,
     request: Request,
     next: Next,
 ) -> Response {
-    if state.config().loopback_hosts_only
+    if state.config.loopback_hosts_only
         && !request_authority(&request)
             .is_some_and(|authority| is_loopback_name(host_of(authority)))
     {

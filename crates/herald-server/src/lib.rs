@@ -13,9 +13,13 @@
 //! protocol (`centrifugo/`, which also serves Centrifugo's server API).
 //! Every wing publishes through one routine (`publish.rs`): a publish that
 //! reaches a standby is forwarded once to the holder (`forward.rs`). The
-//! router (`router.rs`) merges the wings' routes.
+//! router (`router.rs`) merges the wings' routes, each with its own state
+//! taken from `AppState` (`state.rs`): API v1's `ApiState`
+//! (`api/state.rs`) and Centrifugo's context (`centrifugo/context.rs`,
+//! which starts Centrifugo's own tasks), both over what every wing shares
+//! (`shared.rs`).
 //! The server API's cluster-wide requests reach the other nodes' clients
-//! as cluster events (`cluster.rs`). The core's errors are `NodeError`
+//! as cluster events (`centrifugo/cluster.rs`). The core's errors are `NodeError`
 //! (`node_error.rs`); every error becomes one JSON shape in `error.rs`.
 //! Access control (API keys, client tokens, namespaces, publish rate
 //! limits) is the herald-auth crate; `auth_extract.rs` reads credentials
@@ -40,7 +44,6 @@
 mod api;
 mod auth_extract;
 mod centrifugo;
-mod cluster;
 mod config;
 mod conn_limit;
 mod cors;
@@ -59,6 +62,7 @@ mod publish;
 mod retention;
 mod role;
 mod router;
+mod shared;
 mod standby_feed;
 mod state;
 mod subscription;
@@ -187,7 +191,7 @@ pub(crate) async fn serve_with(
         app(state.clone()),
         state.config().header_read_timeout,
         state.config().max_streams_per_connection,
-        Arc::clone(&state.shared.conn_limits),
+        Arc::clone(state.conn_limits()),
         stop.clone(),
     )
     .await;

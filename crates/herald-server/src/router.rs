@@ -1,16 +1,19 @@
 //! The node's router: each wing's routes (API v1's `api::routes`,
-//! Centrifugo's `centrifugo::routes`) merged, with the layers they share
+//! Centrifugo's `centrifugo::routes`), each given its own state (taken
+//! from `AppState` with `FromRef`), merged, with the layers they share
 //! (edge checks, connection limits, the request span, CORS) and the
 //! fallbacks that keep every error in the JSON error shape.
 
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
+use axum::extract::{FromRef, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::Router;
 use tracing::Instrument;
 
+use crate::api::state::ApiState;
+use crate::centrifugo::context::CentrifugoState;
 use crate::error::Error;
 use crate::state::AppState;
 use crate::{api, centrifugo, conn_limit, edge};
@@ -19,20 +22,20 @@ use crate::{api, centrifugo, conn_limit, edge};
 pub(crate) fn router(state: AppState) -> Router {
     let config = state.config();
     Router::new()
-        .merge(api::routes(config))
+        .merge(api::routes(config).with_state(ApiState::from_ref(&state)))
         // Centrifugo's client protocol and server API (`docs/centrifugo.md`).
-        .merge(centrifugo::routes(config))
+        .merge(centrifugo::routes(config).with_state(CentrifugoState::from_ref(&state)))
         // After every route: it applies to the routes already added.
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         // Every WebSocket upgrade, whatever its route: its `Origin`
         // (`edge.rs`).
         .layer(middleware::from_fn_with_state(
-            state.clone(),
+            Arc::clone(&state.shared),
             edge::check_websocket_origin,
         ))
         .layer(middleware::from_fn_with_state(
-            Arc::clone(&state.shared.conn_limits),
+            Arc::clone(state.conn_limits()),
             conn_limit::limit_proxied,
         ))
         .layer(middleware::from_fn_with_state(state.clone(), request_span))
@@ -43,7 +46,7 @@ pub(crate) fn router(state: AppState) -> Router {
         // request for another host name is refused before anything else
         // (`edge.rs`).
         .layer(middleware::from_fn_with_state(
-            state.clone(),
+            Arc::clone(&state.shared),
             edge::check_loopback_host,
         ))
         .with_state(state)

@@ -1,21 +1,22 @@
-//! The node's shared state and its background tasks (writer, standby feed,
-//! retention's trimming task, cluster events, the node's report for
-//! Centrifugo's `info`, metrics upkeep).
+//! The node's state and its background tasks (writer, standby feed,
+//! retention's trimming task, metrics upkeep; Centrifugo's context starts
+//! its own, `centrifugo/context.rs`), and the sub-state each wing takes
+//! from it (`FromRef`).
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use axum::extract::FromRef;
 use herald_auth::{Auth, AuthSlot};
 use herald_lease::LeaseHandle;
 use herald_storage::Storage;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::centrifugo::node_info;
-use crate::centrifugo::registry::Registry;
+use crate::api::state::ApiState;
+use crate::centrifugo::context::{Centrifugo, CentrifugoState};
 use crate::config::ServerConfig;
 use crate::conn_limit::ConnectionLimits;
 use crate::forward::Forwarder;
@@ -23,78 +24,46 @@ use crate::hub::Hub;
 use crate::jwks_fetch::HttpJwksFetch;
 use crate::metrics::install_metrics_recorder;
 use crate::node_error::StartError;
-use crate::publish::Publisher;
 use crate::retention::trimmer::Trimmer;
 use crate::role::LeaseView;
+use crate::shared::Shared;
 use crate::standby_feed::StandbyFeed;
-use crate::writer::{Writer, WriterHandle};
+use crate::writer::Writer;
 
 /// Interval of the metrics recorder's upkeep (draining histogram samples
 /// when nobody scrapes).
 const METRICS_UPKEEP: Duration = Duration::from_secs(5);
 
-/// Everything the handlers share: storage, lease view, writer queue, hub,
-/// settings and the drain signal. Cheap to clone.
+/// The whole node's state: what every wing shares (`shared.rs`), each
+/// wing's own (API v1's `ApiState`, Centrifugo's context), the connection
+/// limits and the background tasks. Cheap to clone. The router hands each
+/// wing only its own state ([`FromRef`]).
 ///
 /// Built by [`AppState::start`], which also starts the node's background
 /// tasks; they run until the `shutdown` token passed there is cancelled.
 #[derive(Clone)]
 pub struct AppState {
+    /// What every wing shares.
     pub(crate) shared: Arc<Shared>,
+    /// The rest, which only this file and the router reach.
+    running: Arc<Running>,
 }
 
-/// The state behind [`AppState`].
-pub(crate) struct Shared {
-    /// Where messages and the lease live.
-    pub(crate) storage: Arc<dyn Storage>,
-    /// The node's role (holder or standby).
-    pub(crate) lease: Arc<dyn LeaseView>,
-    /// Settings.
-    pub(crate) config: ServerConfig,
-    /// The writer's queue.
-    pub(crate) writer: WriterHandle,
-    /// Live fan-out to subscribers.
-    pub(crate) hub: Arc<Hub>,
-    /// Access control, replaced whole on a reload: read it with
-    /// [`Shared::auth`].
-    auth_slot: Arc<AuthSlot>,
-    /// Hands publishes that reach this node while standby to the holder.
-    pub(crate) forwarder: Forwarder,
-    /// Cancelled when the node drains.
-    pub(crate) shutdown: CancellationToken,
-    /// Renders `/metrics`.
-    pub(crate) metrics: PrometheusHandle,
-    /// WebSocket sessions, which outlive their HTTP request; drain waits for
-    /// them to send their Close frame.
-    pub(crate) ws_sessions: TaskTracker,
+/// The part of [`AppState`] that is not shared with the wings whole.
+struct Running {
+    /// API v1's state.
+    api: ApiState,
+    /// Centrifugo's context.
+    centrifugo: Arc<Centrifugo>,
     /// Connections open per client address (`max_connections_per_ip`).
-    pub(crate) conn_limits: Arc<ConnectionLimits>,
-    /// This node's Centrifugo connections (`centrifugo/registry.rs`).
-    pub(crate) centrifugo: Arc<Registry>,
-    /// Writer, standby feed and upkeep tasks, awaited by
+    conn_limits: Arc<ConnectionLimits>,
+    /// Writer, standby feed, trimming and upkeep tasks, awaited by
     /// [`AppState::stopped`].
     tasks: Mutex<Vec<JoinHandle<()>>>,
     /// Cancelled when the writer has ended: from then on this node writes
     /// nothing more, so the lease can be released even while slow clients
     /// still hold connections open.
     writes_done: CancellationToken,
-}
-
-impl Shared {
-    /// What the publish routine needs of this node (`publish.rs`).
-    pub(crate) fn publisher(&self) -> Publisher<'_> {
-        Publisher {
-            writer: &self.writer,
-            lease: self.lease.as_ref(),
-            forwarder: &self.forwarder,
-            shutdown: &self.shutdown,
-        }
-    }
-
-    /// The access control in force now; a request reads it once.
-    pub(crate) fn auth(&self) -> Arc<Auth> {
-        self.auth_slot.load()
-    }
 }
 
 impl AppState {
@@ -160,17 +129,14 @@ impl AppState {
         );
         // Every log record of these tasks carries the node's id.
         let span = tracing::info_span!("herald", node_id = %config.node_id);
-        let centrifugo = Arc::new(Registry::new(
-            Arc::clone(&storage),
-            shutdown.clone(),
-            span.clone(),
+        // Subscribed to other nodes' cluster events now: every event sent
+        // after the start is applied.
+        let centrifugo = Arc::new(Centrifugo::start(
+            &storage,
+            &config.node_id,
+            &shutdown,
+            &span,
         ));
-        // Subscribed now: every event sent after the start is applied.
-        let cluster_events = crate::cluster::run(
-            storage.watch_cluster_events(),
-            Arc::clone(&centrifugo),
-            shutdown.clone(),
-        );
         let writes_done = CancellationToken::new();
         let writer_task = {
             let shutdown = shutdown.clone();
@@ -189,17 +155,7 @@ impl AppState {
         let tasks = vec![
             tokio::spawn(writer_task.instrument(span.clone())),
             tokio::spawn(feed.run(shutdown.clone()).instrument(span.clone())),
-            tokio::spawn(trimmer.run(shutdown.clone()).instrument(span.clone())),
-            tokio::spawn(cluster_events.instrument(span.clone())),
-            tokio::spawn(
-                node_info::report_task(
-                    Arc::clone(&storage),
-                    Arc::clone(&centrifugo),
-                    config.node_id.clone(),
-                    shutdown.clone(),
-                )
-                .instrument(span),
-            ),
+            tokio::spawn(trimmer.run(shutdown.clone()).instrument(span)),
             tokio::spawn(upkeep(metrics.clone(), shutdown.clone())),
         ];
         tracing::info!(
@@ -214,23 +170,25 @@ impl AppState {
             config.trusted_proxies.clone(),
             &config.node_id,
         );
+        let shared = Arc::new(Shared {
+            storage,
+            lease,
+            config,
+            writer: writer_handle,
+            hub,
+            auth_slot: auth,
+            forwarder,
+            shutdown,
+        });
         Ok(Self {
-            shared: Arc::new(Shared {
-                storage,
-                lease,
-                config,
-                writer: writer_handle,
-                hub,
-                auth_slot: auth,
-                forwarder,
-                shutdown,
-                metrics,
-                ws_sessions: TaskTracker::new(),
-                conn_limits,
+            running: Arc::new(Running {
+                api: ApiState::new(Arc::clone(&shared), metrics),
                 centrifugo,
+                conn_limits,
                 tasks: Mutex::new(tasks),
                 writes_done,
             }),
+            shared,
         })
     }
 
@@ -241,19 +199,26 @@ impl AppState {
 
     /// `true` once the node drains (its `shutdown` token is cancelled).
     pub fn draining(&self) -> bool {
-        self.shared.shutdown.is_cancelled()
+        self.shared.draining()
+    }
+
+    /// Connections open per client address, which the router's layer and
+    /// the listener count.
+    pub(crate) fn conn_limits(&self) -> &Arc<ConnectionLimits> {
+        &self.running.conn_limits
     }
 
     /// Resolves once the writer has ended after the drain began: every
     /// publish it accepted is committed or failed, and it will write
     /// nothing more.
     pub async fn writes_done(&self) {
-        self.shared.writes_done.cancelled().await;
+        self.running.writes_done.cancelled().await;
     }
 
     /// Waits until the background tasks have ended and every WebSocket
-    /// session has closed. Call it after cancelling the `shutdown` token
-    /// given to [`AppState::start`]; before that it waits for the drain.
+    /// session (API v1's, then Centrifugo's) has closed. Call it after
+    /// cancelling the `shutdown` token given to [`AppState::start`];
+    /// before that it waits for the drain.
     /// Queued publishes are committed (or failed) before it returns, and
     /// the leaves of the closed Centrifugo connections are sent to the
     /// other nodes.
@@ -261,7 +226,7 @@ impl AppState {
         self.shared.shutdown.cancelled().await;
         let tasks = std::mem::take(
             &mut *self
-                .shared
+                .running
                 .tasks
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner),
@@ -271,9 +236,8 @@ impl AppState {
                 tracing::error!(error = %e, "background task panicked");
             }
         }
-        self.shared.ws_sessions.close();
-        self.shared.ws_sessions.wait().await;
-        self.shared.centrifugo.join_leave.finish().await;
+        self.running.api.stopped().await;
+        self.running.centrifugo.stopped().await;
     }
 }
 
@@ -283,6 +247,21 @@ impl std::fmt::Debug for AppState {
             .field("node_id", &self.shared.config.node_id)
             .field("draining", &self.draining())
             .finish_non_exhaustive()
+    }
+}
+
+impl FromRef<AppState> for ApiState {
+    fn from_ref(state: &AppState) -> Self {
+        state.running.api.clone()
+    }
+}
+
+impl FromRef<AppState> for CentrifugoState {
+    fn from_ref(state: &AppState) -> Self {
+        CentrifugoState {
+            shared: Arc::clone(&state.shared),
+            centrifugo: Arc::clone(&state.running.centrifugo),
+        }
     }
 }
 

@@ -17,12 +17,12 @@ use herald_core::{format_rfc3339_ms, ChannelName, IdempotencyKey, NewMessage, Ta
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use super::state::ApiState;
 use crate::api::publish::holder_response;
 use crate::error::{Error, Result};
 use crate::extract::{check_depth, read_limited};
 use crate::metrics;
 use crate::publish::{self, BatchPublished};
-use crate::state::AppState;
 
 /// Most entries in one batch publish.
 pub(crate) const MAX_BATCH_ENTRIES: usize = 1000;
@@ -71,7 +71,7 @@ struct BatchAnswer<'a> {
 /// Appends every entry of the batch in one transaction; answers only after
 /// the commit. On a standby it is forwarded once to the holder, as a single
 /// publish is.
-pub(crate) async fn publish_batch(State(state): State<AppState>, req: Request) -> Response {
+pub(crate) async fn publish_batch(State(state): State<ApiState>, req: Request) -> Response {
     let started = Instant::now();
     let (mut parts, body) = req.into_parts();
     let outcome = append(&state, &mut parts, body).await;
@@ -107,7 +107,7 @@ pub(crate) async fn publish_batch(State(state): State<AppState>, req: Request) -
 
 /// Checks the caller's credentials (401) before the body is read, so that
 /// a client waiting for `100 Continue` gets the refusal at once.
-async fn append(state: &AppState, parts: &mut Parts, body: Body) -> Result<BatchPublished> {
+async fn append(state: &ApiState, parts: &mut Parts, body: Body) -> Result<BatchPublished> {
     let Caller(who) = Caller::from_request_parts(parts, state).await?;
     let headers = &parts.headers;
     let raw = read_limited(headers, body, state.config().max_batch_body_bytes).await?;

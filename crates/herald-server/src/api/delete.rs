@@ -14,6 +14,7 @@ use herald_auth::Principal;
 use herald_core::{ChannelName, Offset};
 use serde::Serialize;
 
+use super::state::ApiState;
 use crate::api::publish::holder_response;
 use crate::auth_extract::Caller;
 use crate::error::Result;
@@ -21,7 +22,6 @@ use crate::extract::ChannelPath;
 use crate::forward::Forwarded;
 use crate::node_error::HolderWrite;
 use crate::retention;
-use crate::state::AppState;
 
 /// The answer of a deletion.
 #[derive(Debug, Serialize)]
@@ -38,7 +38,7 @@ pub(crate) struct Deleted {
 /// 403); a deletion a standby forwarded with the cluster secret was
 /// checked there.
 pub(crate) async fn delete_channel(
-    State(state): State<AppState>,
+    State(state): State<ApiState>,
     Caller(who): Caller,
     ChannelPath(channel): ChannelPath,
     headers: HeaderMap,

@@ -9,6 +9,7 @@ mod ops;
 mod publish;
 mod read;
 mod sse;
+pub(crate) mod state;
 mod ws;
 
 use axum::extract::DefaultBodyLimit;
@@ -18,11 +19,11 @@ use axum::Router;
 
 use crate::config::ServerConfig;
 use crate::edge;
-use crate::state::AppState;
+use state::ApiState;
 
 /// API v1's routes and the operational ones (`/v1/status`, `/healthz`,
 /// `/readyz`, `/metrics`), with their body limits from `config`.
-pub(crate) fn routes(config: &ServerConfig) -> Router<AppState> {
+pub(crate) fn routes(config: &ServerConfig) -> Router<ApiState> {
     let limit = config.max_message_bytes;
     Router::new()
         // The publish body extractor enforces `max_message_bytes` itself

@@ -10,13 +10,13 @@ use herald_core::LeaseInfo;
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use super::state::ApiState;
 use crate::auth_extract::Caller;
 use crate::error::{Error, Result};
 use crate::extract::{FromQuery, QueryParams, ValidQuery};
 use crate::forward::HolderView;
 use crate::metrics;
 use crate::node_error::{StorageContext, StorageFailure};
-use crate::state::AppState;
 
 /// How long `/v1/status` waits for the lease row before showing `null`.
 const STATUS_LEASE_TIMEOUT: Duration = Duration::from_millis(500);
@@ -84,7 +84,7 @@ struct StatusSummary {
 /// role and drain flag (bad credentials: 401). The role is `holder` only
 /// while this node is writable and the lease row read for this request
 /// (when it was read in time) names this node with its token, unexpired.
-pub(crate) async fn status(State(state): State<AppState>, Caller(who): Caller) -> Response {
+pub(crate) async fn status(State(state): State<ApiState>, Caller(who): Caller) -> Response {
     let shared = &state.shared;
     let lease_state = shared.lease.state();
     let (is_holder, lease) = role_on_the_row(&state).await;
@@ -128,7 +128,7 @@ pub(crate) async fn status(State(state): State<AppState>, Caller(who): Caller) -
 /// row read for it (`None` when the storage did not answer within 500 ms):
 /// holder while this node is writable and the row, when read, names this
 /// node with its token and has not expired.
-async fn role_on_the_row(state: &AppState) -> (bool, Option<LeaseInfo>) {
+async fn role_on_the_row(state: &ApiState) -> (bool, Option<LeaseInfo>) {
     let shared = &state.shared;
     let name = shared
         .lease
@@ -169,7 +169,7 @@ pub(crate) async fn healthz() -> Json<Value> {
 /// session ended), this node no longer answers holder, however late it
 /// learns of the takeover itself.
 pub(crate) async fn readyz(
-    State(state): State<AppState>,
+    State(state): State<ApiState>,
     query: Result<ValidQuery<ReadyQuery>>,
 ) -> Result<Json<Value>> {
     let ValidQuery(query) = query?;
@@ -198,7 +198,7 @@ pub(crate) async fn readyz(
 /// the lease row, read now (within 1 s), says this node holds the lease
 /// with its token and has not expired on the storage's clock; and the
 /// node is still writable with that token after the read.
-async fn prove_holder(state: &AppState) -> Result<Json<Value>> {
+async fn prove_holder(state: &ApiState) -> Result<Json<Value>> {
     let shared = &state.shared;
     let not_holder = |row: Option<&LeaseInfo>| Error::NotHolder {
         request: None,
@@ -251,7 +251,7 @@ fn holds(row: &LeaseInfo, lease: &herald_core::Lease) -> bool {
 /// its last value when the storage does not answer within 500 ms).
 /// Needs `admin` when `auth.protect_metrics` is set.
 pub(crate) async fn metrics(
-    State(state): State<AppState>,
+    State(state): State<ApiState>,
     Caller(who): Caller,
 ) -> Result<impl IntoResponse> {
     let shared = &state.shared;
@@ -271,6 +271,6 @@ pub(crate) async fn metrics(
     metrics::collect_process();
     Ok((
         [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
-        shared.metrics.render(),
+        state.metrics.render(),
     ))
 }

@@ -11,13 +11,13 @@ use axum::Json;
 use herald_core::{format_rfc3339_ms, ChannelName, NewMessage};
 use serde::Serialize;
 
+use super::state::ApiState;
 use crate::auth_extract::Caller;
 use crate::error::{Error, Result};
 use crate::extract::{idempotency_key, ChannelPath, PublishBody};
 use crate::forward::HolderAnswer;
 use crate::metrics;
 use crate::publish::{self, Published, Received};
-use crate::state::AppState;
 
 /// The answer to a publish: 201 when appended, 200 for a repeated
 /// idempotency key (with the original offset and time).
@@ -71,7 +71,7 @@ pub(crate) fn holder_response(answer: HolderAnswer) -> Response {
 /// (`Expect: 100-continue`) gets a `4xx` decided by them at once and never
 /// sends the body.
 pub(crate) async fn publish(
-    State(state): State<AppState>,
+    State(state): State<ApiState>,
     caller: Result<Caller>,
     channel: Result<ChannelPath>,
     req: Request,
@@ -88,7 +88,7 @@ pub(crate) async fn publish(
 }
 
 async fn append(
-    state: &AppState,
+    state: &ApiState,
     caller: Result<Caller>,
     channel: Result<ChannelPath>,
     headers: &HeaderMap,

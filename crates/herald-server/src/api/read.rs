@@ -5,11 +5,11 @@ use axum::Json;
 use herald_core::{ChannelName, Message, Offset};
 use serde::Serialize;
 
+use super::state::ApiState;
 use crate::auth_extract::Caller;
 use crate::error::{Error, Result};
 use crate::extract::{ChannelPath, FromQuery, QueryParams, ValidQuery};
 use crate::node_error::StorageContext;
-use crate::state::AppState;
 
 /// `limit` of a history read when the query has none, in messages.
 pub(crate) const DEFAULT_LIMIT: usize = 100;
@@ -53,7 +53,7 @@ pub(crate) struct History {
 /// with `truncated: true`. Needs the right to read the channel's history
 /// (`auth`).
 pub(crate) async fn history(
-    State(state): State<AppState>,
+    State(state): State<ApiState>,
     Caller(who): Caller,
     ChannelPath(channel): ChannelPath,
     ValidQuery(query): ValidQuery<HistoryQuery>,
@@ -105,7 +105,7 @@ pub(crate) struct Channels {
 
 /// Lists the channels, ordered by name. Needs `admin` (`auth`).
 pub(crate) async fn channels(
-    State(state): State<AppState>,
+    State(state): State<ApiState>,
     Caller(who): Caller,
 ) -> Result<Json<Channels>> {
     state.shared.auth().may_admin(&who)?;

@@ -45,10 +45,10 @@ use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use herald_core::Message;
 
+use super::state::ApiState;
 use crate::auth_extract::Subscriber;
 use crate::error::Result;
 use crate::extract::{resume_point, AfterQuery, ChannelPath, ValidQuery};
-use crate::state::AppState;
 use crate::subscription::{Item, StartAt, Subscription};
 
 /// Tells nginx-style proxies not to buffer the stream.
@@ -62,7 +62,7 @@ const TOKEN_EXPIRED_EVENT: &str = "token_expired";
 /// storage_unavailable` only when the storage fails with an error that is
 /// not transient, else `200`.
 pub(crate) async fn events(
-    State(state): State<AppState>,
+    State(state): State<ApiState>,
     Subscriber(who): Subscriber,
     ChannelPath(channel): ChannelPath,
     headers: HeaderMap,

@@ -59,13 +59,13 @@ use tokio_tungstenite::tungstenite;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use super::state::ApiState;
 use crate::auth_extract::Subscriber;
 use crate::conn_limit::ClientSlot;
 use crate::error::{Error, Result};
 use crate::extract::{resume_point, AfterQuery, ChannelPath, ValidQuery};
 use crate::metrics;
 use crate::node_error::NodeError;
-use crate::state::AppState;
 use crate::subscription::{Item, StartAt, Subscription};
 use crate::websocket::{close, CLOSE_TIMEOUT};
 
@@ -98,7 +98,7 @@ const WS_READ_BUFFER_BYTES: usize = 4096;
 /// upgrades. Frames are written out as they are sent (no write
 /// buffering), so nothing waits in a buffer.
 pub(crate) async fn upgrade(
-    State(state): State<AppState>,
+    State(state): State<ApiState>,
     Subscriber(who): Subscriber,
     ChannelPath(channel): ChannelPath,
     headers: HeaderMap,
@@ -117,7 +117,7 @@ pub(crate) async fn upgrade(
         .max_frame_size(max);
     let resume = resume_point(&headers, &query)?;
     let shared = &state.shared;
-    let sessions = shared.ws_sessions.clone();
+    let sessions = state.sessions.clone();
     let span = tracing::debug_span!(
         "ws",
         node_id = %shared.config.node_id,
@@ -174,7 +174,7 @@ fn expiry(who: &Principal) -> Option<tokio::time::Instant> {
 /// as [`session`]; else closes with 4401, 4403 or 3005.
 async fn authenticate_then_serve(
     socket: WebSocket,
-    state: AppState,
+    state: ApiState,
     channel: herald_core::ChannelName,
     resume: Option<herald_core::Offset>,
 ) {

@@ -9,7 +9,7 @@ use herald_auth::NamespaceRule;
 use herald_core::ChannelName;
 
 use super::config::CentrifugoConfig;
-use crate::state::AppState;
+use super::context::CentrifugoState;
 
 /// The options in force for one channel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,7 +25,7 @@ pub(crate) struct ChannelOptions {
 
 impl ChannelOptions {
     /// The options of `channel` on this node.
-    pub(crate) fn of(state: &AppState, channel: &ChannelName) -> Self {
+    pub(crate) fn of(state: &CentrifugoState, channel: &ChannelName) -> Self {
         let shared = &state.shared;
         Self::resolve(
             shared.auth().namespace_rule(channel),

@@ -450,8 +450,8 @@ impl Session {
         let expiry = Expiry::of(&who);
         let user = who.token().map(|t| t.subject.clone()).unwrap_or_default();
         self.state
-            .shared
             .centrifugo
+            .registry
             .insert(&self.client, &user, Arc::clone(&self.mailbox));
         self.expires = expiry_instant(&who);
         self.who = Some(who);
@@ -604,14 +604,12 @@ impl Session {
                 chan_info: join_leave.chan_info.clone(),
             },
         );
-        let shared = &self.state.shared;
-        shared
-            .centrifugo
-            .set_subscribed(&self.client, channel, true);
+        let registry = &self.state.centrifugo.registry;
+        registry.set_subscribed(&self.client, channel, true);
         // Listening first: a subscriber that asked gets its own join,
         // after the reply (the session writes the reply before it reads
         // its push queue again), as Centrifugo's subscribers do.
-        let pushes = &shared.centrifugo.join_leave;
+        let pushes = &registry.join_leave;
         if options.pushes_join_leave(join_leave.asked) {
             pushes.listen(channel, &self.client, generation, self.out.clone());
         }
@@ -706,8 +704,8 @@ impl Session {
             return false;
         };
         self.state
-            .shared
             .centrifugo
+            .registry
             .set_subscribed(&self.client, channel, false);
         self.ended(channel.clone(), sub);
         true
@@ -728,7 +726,7 @@ impl Session {
     /// a leave where the channel has `join_leave` (the client itself, no
     /// longer a listener, does not get it).
     fn ended(&self, channel: ChannelName, sub: Sub) {
-        let join_leave = &self.state.shared.centrifugo.join_leave;
+        let join_leave = &self.state.centrifugo.registry.join_leave;
         join_leave.unlisten(&channel, &self.client);
         if sub.join_leave {
             let chan_info = sub.chan_info.clone();

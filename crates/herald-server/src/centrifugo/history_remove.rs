@@ -19,10 +19,10 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::codes::ReplyError;
+use super::context::CentrifugoState;
 use crate::error::Error;
 use crate::forward::{Forwarded, HolderAnswer};
 use crate::retention;
-use crate::state::AppState;
 
 /// Largest holder answer read back from a forwarded call, in bytes.
 const MAX_FORWARD_ANSWER_BYTES: usize = 64 * 1024;
@@ -35,7 +35,7 @@ const MAX_FORWARD_ANSWER_BYTES: usize = 64 * 1024;
 /// 103 without `admin`; 100 (temporary) when this node is not holder and
 /// the holder cannot be reached, or the storage or the lease failed.
 pub(crate) async fn history_remove(
-    state: &AppState,
+    state: &CentrifugoState,
     who: &Principal,
     headers: &HeaderMap,
     channel: ChannelName,

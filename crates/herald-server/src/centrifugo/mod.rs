@@ -16,6 +16,9 @@
 //! - `mailbox.rs`: what reaches a session from outside its connection;
 //! - `registry.rs`: this node's connections, for the server API, which
 //!   also applies other nodes' cluster events to them (`cluster.rs`);
+//! - `context.rs`: Centrifugo's context on a node (the registry, the
+//!   client sessions, the tasks of cluster events and of the node report)
+//!   and `CentrifugoState`, what its handlers take;
 //! - `presence.rs`: cluster-wide presence in the storage, when enabled
 //!   (`presence_session.rs`: this node's session of rows and its heartbeat);
 //! - `join_leave.rs`: join and leave pushes, cluster-wide, when enabled;
@@ -34,9 +37,11 @@
 //! the server API takes Herald's API keys.
 
 mod channel_options;
+mod cluster;
 mod codes;
 mod commands;
 pub(crate) mod config;
+pub(crate) mod context;
 #[cfg(test)]
 mod fuzz;
 mod history;
@@ -58,13 +63,13 @@ use axum::routing::{get, post};
 use axum::Router;
 
 use crate::config::ServerConfig;
-use crate::state::AppState;
+use context::CentrifugoState;
 
 pub use config::CentrifugoConfig;
 
 /// Centrifugo's routes: the client protocol's WebSocket and the server
 /// API, whose body limit is `config`'s `max_batch_body_bytes`.
-pub(crate) fn routes(config: &ServerConfig) -> Router<AppState> {
+pub(crate) fn routes(config: &ServerConfig) -> Router<CentrifugoState> {
     Router::new()
         .route("/connection/websocket", get(session::upgrade))
         .route(

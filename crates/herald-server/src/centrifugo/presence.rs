@@ -21,12 +21,12 @@ use serde_json::{json, Map, Value};
 
 use super::channel_options::ChannelOptions;
 use super::codes::ReplyError;
-use crate::state::AppState;
+use super::context::CentrifugoState;
 
 /// Whether `channel` has presence; when not, `presence` and
 /// `presence_stats` answer 108 before permissions are checked, as
 /// Centrifugo's do.
-pub(crate) fn enabled(state: &AppState, channel: &ChannelName) -> bool {
+pub(crate) fn enabled(state: &CentrifugoState, channel: &ChannelName) -> bool {
     ChannelOptions::of(state, channel).presence
 }
 
@@ -36,7 +36,7 @@ pub(crate) fn enabled(state: &AppState, channel: &ChannelName) -> bool {
 /// # Errors
 /// 100 when the storage fails (logged).
 pub(crate) async fn join(
-    state: &AppState,
+    state: &CentrifugoState,
     client: &str,
     user: &str,
     channel: &ChannelName,
@@ -46,7 +46,7 @@ pub(crate) async fn join(
     }
     let shared = &state.shared;
     let config = &shared.config.centrifugo;
-    let session = &shared.centrifugo.presence;
+    let session = &state.centrifugo.registry.presence;
     session.ensure_heartbeat(
         Arc::clone(&shared.storage),
         config.presence_ttl,
@@ -83,13 +83,13 @@ pub(crate) async fn join(
 /// Removes `client`'s rows of those of `channels` that have presence, in
 /// the background, once its connection closed (a failure is logged and the
 /// row becomes a pending removal, see [`super::presence_session::PresenceSession`]).
-pub(crate) fn leave(state: &AppState, client: &str, mut channels: BTreeSet<ChannelName>) {
+pub(crate) fn leave(state: &CentrifugoState, client: &str, mut channels: BTreeSet<ChannelName>) {
     channels.retain(|channel| enabled(state, channel));
     if channels.is_empty() {
         return;
     }
     let storage = Arc::clone(&state.shared.storage);
-    let session = Arc::clone(&state.shared.centrifugo.presence);
+    let session = Arc::clone(&state.centrifugo.registry.presence);
     let client = client.to_owned();
     tokio::spawn(async move {
         for channel in channels {
@@ -100,21 +100,21 @@ pub(crate) fn leave(state: &AppState, client: &str, mut channels: BTreeSet<Chann
 
 /// Removes `client`'s row of `channel` now (a failure is logged and the
 /// row becomes a pending removal, see [`super::presence_session::PresenceSession`]).
-pub(crate) async fn remove(state: &AppState, client: &str, channel: &ChannelName) {
+pub(crate) async fn remove(state: &CentrifugoState, client: &str, channel: &ChannelName) {
     if !enabled(state, channel) {
         return;
     }
-    let shared = &state.shared;
-    shared
+    state
         .centrifugo
+        .registry
         .presence
-        .remove(shared.storage.as_ref(), channel, client)
+        .remove(state.shared.storage.as_ref(), channel, client)
         .await;
 }
 
 /// The entries of `channel`, or 108 when it has no presence.
 async fn entries(
-    state: &AppState,
+    state: &CentrifugoState,
     channel: &ChannelName,
 ) -> Result<Vec<PresenceEntry>, ReplyError> {
     if !enabled(state, channel) {
@@ -130,7 +130,10 @@ async fn entries(
 ///
 /// # Errors
 /// 108 when the channel has no presence; 100 when the storage fails.
-pub(crate) async fn presence(state: &AppState, channel: &ChannelName) -> Result<Value, ReplyError> {
+pub(crate) async fn presence(
+    state: &CentrifugoState,
+    channel: &ChannelName,
+) -> Result<Value, ReplyError> {
     let map: Map<String, Value> = entries(state, channel)
         .await?
         .into_iter()
@@ -148,7 +151,10 @@ pub(crate) async fn presence(state: &AppState, channel: &ChannelName) -> Result<
 ///
 /// # Errors
 /// As [`presence`].
-pub(crate) async fn stats(state: &AppState, channel: &ChannelName) -> Result<Value, ReplyError> {
+pub(crate) async fn stats(
+    state: &CentrifugoState,
+    channel: &ChannelName,
+) -> Result<Value, ReplyError> {
     let entries = entries(state, channel).await?;
     let users: BTreeSet<&str> = entries.iter().map(|e| e.user.as_str()).collect();
     Ok(json!({ "num_clients": entries.len(), "num_users": users.len() }))

@@ -11,10 +11,10 @@ use herald_core::{ChannelName, IdempotencyKey, NewMessage, Offset, Tags};
 use serde_json::value::RawValue;
 
 use super::codes::ReplyError;
+use super::context::CentrifugoState;
 use crate::error::Error;
 use crate::forward::HolderRefusal;
 use crate::publish::{self, Published, Received};
-use crate::state::AppState;
 
 /// Publishes `data` with `tags` to `channel` and returns its offset once
 /// committed (the original offset for a repeated `idempotency_key`).
@@ -26,7 +26,7 @@ use crate::state::AppState;
 /// (temporary) when the storage, the writer or the holder failed, 111 when
 /// the holder's rate limit refused it.
 pub(crate) async fn publish(
-    state: &AppState,
+    state: &CentrifugoState,
     channel: ChannelName,
     data: Arc<RawValue>,
     tags: Tags,

@@ -31,12 +31,12 @@ use serde_json::value::{to_raw_value, RawValue};
 use serde_json::{json, Map, Value};
 
 use super::codes::{self, ReplyError};
+use super::context::CentrifugoState;
 use super::history::{history, Budget, HistoryQuery};
 use super::protocol::{object, publications, StreamPosition};
 use crate::auth_extract::RequestPrincipal;
 use crate::error::Error;
 use crate::extract::read_limited;
-use crate::state::AppState;
 
 /// A method's result, kept as JSON text (publication data stays byte
 /// for byte what was published).
@@ -74,7 +74,7 @@ struct Undecodable;
 /// sends, and a client that waits for `100 Continue` never sends its body;
 /// then a body that does not decode is 400.
 pub(crate) async fn call(
-    State(state): State<AppState>,
+    State(state): State<CentrifugoState>,
     Path(method): Path<String>,
     request: Request,
 ) -> Response {
@@ -128,7 +128,7 @@ pub(crate) async fn call(
 /// parameter. A call a standby forwarded (`Herald-Forwarded-By`,
 /// `history_remove`) is the cluster's when it carries the cluster secret,
 /// and `None` without it, as a forwarded publish is (`auth_extract.rs`).
-async fn principal(state: &AppState, headers: &HeaderMap, uri: &Uri) -> Option<Principal> {
+async fn principal(state: &CentrifugoState, headers: &HeaderMap, uri: &Uri) -> Option<Principal> {
     let auth = &state.shared.auth();
     if crate::forward::was_forwarded(headers) {
         return auth.principal(headers, None).await.ok();
@@ -198,7 +198,7 @@ fn answer(outcome: &Outcome) -> Response {
 /// ([`Budget`]); once less than `max_message_bytes` of it is left, a
 /// further `history` answers 106 in its place.
 async fn batch(
-    state: &AppState,
+    state: &CentrifugoState,
     who: &Principal,
     headers: &HeaderMap,
     params: &RawValue,
@@ -276,7 +276,7 @@ fn channel(name: &str) -> Result<ChannelName, ReplyError> {
 /// Runs one method (`Err` when its parameters do not decode; `headers`
 /// are the request's, for a call to forward).
 async fn run(
-    state: &AppState,
+    state: &CentrifugoState,
     who: &Principal,
     headers: &HeaderMap,
     method: &str,
@@ -364,7 +364,7 @@ impl PublishParams {
 
 /// Publishes to one channel: `{"offset","epoch"}`.
 async fn publish_one(
-    state: &AppState,
+    state: &CentrifugoState,
     who: &Principal,
     channel: ChannelName,
     payload: &Payload,
@@ -388,7 +388,7 @@ async fn publish_one(
     raw(&json!({ "offset": offset, "epoch": epoch }))
 }
 
-async fn publish(state: &AppState, who: &Principal, p: PublishParams) -> Outcome {
+async fn publish(state: &CentrifugoState, who: &Principal, p: PublishParams) -> Outcome {
     let channel = channel(&p.channel)?;
     let payload = p.payload()?;
     publish_one(state, who, channel, &payload).await
@@ -396,7 +396,7 @@ async fn publish(state: &AppState, who: &Principal, p: PublishParams) -> Outcome
 
 /// Publishes to each channel in turn: `{"responses":[...]}`, one publish
 /// answer per channel; no channel is 107, as in Centrifugo.
-async fn broadcast(state: &AppState, who: &Principal, p: PublishParams) -> Outcome {
+async fn broadcast(state: &CentrifugoState, who: &Principal, p: PublishParams) -> Outcome {
     if p.channels.is_empty() {
         return Err(ReplyError::bad_request());
     }
@@ -417,7 +417,7 @@ async fn broadcast(state: &AppState, who: &Principal, p: PublishParams) -> Outco
         .map_err(|_| ReplyError::internal())
 }
 
-async fn epoch(state: &AppState, channel: &ChannelName) -> Result<String, ReplyError> {
+async fn epoch(state: &CentrifugoState, channel: &ChannelName) -> Result<String, ReplyError> {
     state
         .shared
         .storage
@@ -443,7 +443,7 @@ struct HistoryParams {
 
 /// `history`, within `budget` (see `history.rs`).
 async fn history_method(
-    state: &AppState,
+    state: &CentrifugoState,
     who: &Principal,
     p: HistoryParams,
     budget: Budget,
@@ -481,14 +481,14 @@ struct ChannelsParams {
 
 /// Every channel with subscribers on some node, with `num_clients` summed
 /// over the nodes (`node_info.rs`), those whose name matches `pattern`.
-async fn channels(state: &AppState, who: &Principal, p: ChannelsParams) -> Outcome {
+async fn channels(state: &CentrifugoState, who: &Principal, p: ChannelsParams) -> Outcome {
     if state.shared.auth().may_admin(who).is_err() {
         return Err(ReplyError::permission_denied());
     }
     let shared = &state.shared;
     let counts = super::node_info::channel_counts(
         shared.storage.as_ref(),
-        &shared.centrifugo,
+        &state.centrifugo.registry,
         &shared.config.node_id,
     )
     .await?;
@@ -502,14 +502,14 @@ async fn channels(state: &AppState, who: &Principal, p: ChannelsParams) -> Outco
 }
 
 /// Every live node, as it last reported itself (`node_info.rs`).
-async fn info(state: &AppState, who: &Principal) -> Outcome {
+async fn info(state: &CentrifugoState, who: &Principal) -> Outcome {
     if state.shared.auth().may_admin(who).is_err() {
         return Err(ReplyError::permission_denied());
     }
     let shared = &state.shared;
     raw(&super::node_info::info(
         shared.storage.as_ref(),
-        &shared.centrifugo,
+        &state.centrifugo.registry,
         &shared.config.node_id,
     )
     .await?)
@@ -526,9 +526,9 @@ struct UserChannel {
 /// Tells every node (`cluster.rs`) to act on `event`: `{}`, or 107 for
 /// an event too large to send (nothing done), 100 when the storage cannot
 /// send it (nothing done either).
-async fn tell_cluster(state: &AppState, event: ClusterEvent) -> Outcome {
+async fn tell_cluster(state: &CentrifugoState, event: ClusterEvent) -> Outcome {
     let shared = &state.shared;
-    match crate::cluster::tell(shared.storage.as_ref(), &shared.centrifugo, event).await {
+    match super::cluster::tell(shared.storage.as_ref(), &state.centrifugo.registry, event).await {
         Ok(()) => raw(&json!({})),
         Err(herald_storage::Error::ClusterEventTooLarge { .. }) => Err(ReplyError::bad_request()),
         Err(e) => {
@@ -539,7 +539,7 @@ async fn tell_cluster(state: &AppState, event: ClusterEvent) -> Outcome {
 }
 
 /// Ends `user`'s subscriptions to `channel` on every node.
-async fn unsubscribe(state: &AppState, who: &Principal, p: UserChannel) -> Outcome {
+async fn unsubscribe(state: &CentrifugoState, who: &Principal, p: UserChannel) -> Outcome {
     if state.shared.auth().may_admin(who).is_err() {
         return Err(ReplyError::permission_denied());
     }
@@ -574,7 +574,7 @@ struct CustomDisconnect {
 /// (the client does not reconnect), or 3011 "force reconnect" when the
 /// request's `disconnect.code` is one a client reconnects after
 /// (3000–3499).
-async fn disconnect(state: &AppState, who: &Principal, p: DisconnectParams) -> Outcome {
+async fn disconnect(state: &CentrifugoState, who: &Principal, p: DisconnectParams) -> Outcome {
     if state.shared.auth().may_admin(who).is_err() {
         return Err(ReplyError::permission_denied());
     }
@@ -595,7 +595,7 @@ async fn disconnect(state: &AppState, who: &Principal, p: DisconnectParams) -> O
 /// `history_remove` (`admin`): every stored publication of the channel up
 /// to its head removed, head and epoch kept (`history_remove.rs`).
 async fn history_remove(
-    state: &AppState,
+    state: &CentrifugoState,
     who: &Principal,
     headers: &HeaderMap,
     p: ChannelParams,
@@ -614,7 +614,7 @@ struct ChannelParams {
 /// `presence` (`presence_stats` with `stats`), for a key that may read the
 /// channel; 108 when the channel's namespace has no presence.
 async fn presence_method(
-    state: &AppState,
+    state: &CentrifugoState,
     who: &Principal,
     p: ChannelParams,
     stats: bool,
@@ -647,6 +647,7 @@ mod tests {
     use super::*;
     use crate::app;
     use crate::config::ServerConfig;
+    use crate::state::AppState;
     use crate::testing::{FakeLease, MemoryStorage};
     use herald_auth::{api_key_sha256, generate_api_key, ApiKeyConfig, AuthConfig, Permission};
 

@@ -34,10 +34,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::codes::{self, Disconnect};
+use super::context::CentrifugoState;
 use super::mailbox::{Control, Mailbox, Out};
 use crate::conn_limit::ClientSlot;
 use crate::error::{Error, Result};
-use crate::state::AppState;
 
 /// Frames a session's subscriptions may queue before their tasks wait.
 const OUT_CAPACITY: usize = 256;
@@ -187,7 +187,7 @@ impl Drop for Sub {
 
 /// The state of one connection.
 pub(crate) struct Session {
-    pub(crate) state: AppState,
+    pub(crate) state: CentrifugoState,
     /// The client id given in the connect reply.
     pub(crate) client: String,
     /// Who connected; `None` until `connect`.
@@ -255,7 +255,7 @@ impl Session {
 
 impl Drop for Session {
     fn drop(&mut self) {
-        let registry = &self.state.shared.centrifugo;
+        let registry = &self.state.centrifugo.registry;
         registry.remove(&self.client);
         for channel in self.subs.keys() {
             registry.join_leave.unlisten(channel, &self.client);
@@ -268,7 +268,7 @@ impl Drop for Session {
 /// (`conn_limit.rs`) for as long as the session runs, not only until the
 /// `101` answer is sent.
 pub(crate) async fn upgrade(
-    State(state): State<AppState>,
+    State(state): State<CentrifugoState>,
     slot: Option<Extension<ClientSlot>>,
     upgrade: std::result::Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response> {
@@ -279,7 +279,7 @@ pub(crate) async fn upgrade(
         .write_buffer_size(0)
         .max_message_size(max)
         .max_frame_size(max);
-    let sessions = state.shared.ws_sessions.clone();
+    let sessions = state.centrifugo.sessions.clone();
     let span = tracing::debug_span!("centrifugo", node_id = %state.config().node_id);
     let slot = slot.map(|Extension(slot)| slot);
     Ok(upgrade.on_upgrade(move |socket| {
@@ -309,7 +309,7 @@ fn client_id() -> String {
 }
 
 /// Runs one connection until it closes.
-async fn run(socket: WebSocket, state: AppState) {
+async fn run(socket: WebSocket, state: CentrifugoState) {
     let (tx, mut rx) = socket.split();
     let (out, mut out_rx) = mpsc::channel(OUT_CAPACITY);
     let config = state.config().centrifugo.clone();

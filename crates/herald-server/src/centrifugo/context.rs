@@ -1,0 +1,125 @@
+//! Centrifugo's own context on a node: its connections' registry, the
+//! WebSocket sessions of its client protocol, and its background tasks
+//! (the cluster events of other nodes, `cluster.rs`; this node's report
+//! for a cluster-wide `info`, `node_info.rs`). [`Centrifugo::start`]
+//! starts them and [`Centrifugo::stopped`] waits for them and finishes the
+//! join and leave relay. [`CentrifugoState`] is what Centrifugo's handlers
+//! take: the state every wing shares and this context.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use axum::extract::FromRef;
+use herald_storage::Storage;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use super::registry::Registry;
+use super::{cluster, node_info};
+use crate::auth_extract::AuthState;
+use crate::config::ServerConfig;
+use crate::shared::Shared;
+
+/// Centrifugo's context on this node. Built and started by
+/// [`Centrifugo::start`]; its tasks run until the `shutdown` token passed
+/// there is cancelled.
+pub(crate) struct Centrifugo {
+    /// This node's Centrifugo connections (`registry.rs`).
+    pub(crate) registry: Arc<Registry>,
+    /// The client protocol's WebSocket sessions, which outlive their HTTP
+    /// request; [`Centrifugo::stopped`] waits for them to close.
+    pub(crate) sessions: TaskTracker,
+    /// Cancelled when the node drains.
+    shutdown: CancellationToken,
+    /// The cluster events' and the node report's tasks, awaited by
+    /// [`Centrifugo::stopped`].
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Centrifugo {
+    /// Makes the registry (which starts the join and leave relay on
+    /// `storage`) and starts the task that applies other nodes' cluster
+    /// events (subscribed here: every event sent from now on is applied)
+    /// and the task that reports this node's connections as `node_id`
+    /// (Centrifugo's `info`). Every task runs in `span` and stops when
+    /// `shutdown` is cancelled.
+    pub(crate) fn start(
+        storage: &Arc<dyn Storage>,
+        node_id: &str,
+        shutdown: &CancellationToken,
+        span: &tracing::Span,
+    ) -> Self {
+        let registry = Arc::new(Registry::new(
+            Arc::clone(storage),
+            shutdown.clone(),
+            span.clone(),
+        ));
+        let cluster_events = cluster::run(
+            storage.watch_cluster_events(),
+            Arc::clone(&registry),
+            shutdown.clone(),
+        );
+        let report = node_info::report_task(
+            Arc::clone(storage),
+            Arc::clone(&registry),
+            node_id.to_owned(),
+            shutdown.clone(),
+        );
+        let tasks = vec![
+            tokio::spawn(cluster_events.instrument(span.clone())),
+            tokio::spawn(report.instrument(span.clone())),
+        ];
+        Self {
+            registry,
+            sessions: TaskTracker::new(),
+            shutdown: shutdown.clone(),
+            tasks: Mutex::new(tasks),
+        }
+    }
+
+    /// Waits until the drain began (the `shutdown` token given to
+    /// [`Centrifugo::start`] is cancelled), the background tasks ended and
+    /// every client session closed, then sends the leaves of the closed
+    /// connections to the other nodes (the join and leave relay's end).
+    pub(crate) async fn stopped(&self) {
+        self.shutdown.cancelled().await;
+        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(PoisonError::into_inner));
+        for task in tasks {
+            if let Err(e) = task.await {
+                tracing::error!(error = %e, "background task panicked");
+            }
+        }
+        self.sessions.close();
+        self.sessions.wait().await;
+        self.registry.join_leave.finish().await;
+    }
+}
+
+/// What Centrifugo's handlers take (`session.rs`, `server_api.rs`): the
+/// state every wing shares and Centrifugo's context. Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct CentrifugoState {
+    /// What every wing shares (`shared.rs`).
+    pub(crate) shared: Arc<Shared>,
+    /// Centrifugo's own context.
+    pub(crate) centrifugo: Arc<Centrifugo>,
+}
+
+impl CentrifugoState {
+    /// The node's settings.
+    pub(crate) fn config(&self) -> &ServerConfig {
+        &self.shared.config
+    }
+
+    /// `true` once the node drains.
+    pub(crate) fn draining(&self) -> bool {
+        self.shared.draining()
+    }
+}
+
+impl FromRef<CentrifugoState> for AuthState {
+    fn from_ref(state: &CentrifugoState) -> Self {
+        AuthState(Arc::clone(&state.shared.auth_slot))
+    }
+}
