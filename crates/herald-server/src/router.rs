@@ -12,11 +12,14 @@ use axum::response::Response;
 use axum::Router;
 use tracing::Instrument;
 
+use crate::api;
 use crate::api::state::ApiState;
+use crate::centrifugo;
 use crate::centrifugo::context::CentrifugoState;
+use crate::conn_limit;
+use crate::edge;
 use crate::error::Error;
 use crate::state::AppState;
-use crate::{api, centrifugo, conn_limit, edge};
 
 /// Builds the router over `state`.
 pub(crate) fn router(state: AppState) -> Router {
