@@ -1,45 +1,39 @@
-//! Herald's HTTP server: API v1, the group-commit writer, live
-//! subscriptions over SSE and WebSocket, and metrics.
+//! Herald's crates, bottom to top: `herald-core` (the domain, no I/O),
+//! `herald-storage` (all SQL), `herald-lease` (the lease's timing),
+//! `herald-node` (the core, no route), `herald-server` (HTTP: API v1 and
+//! Centrifugo) and `herald` (the binary); `herald-auth` (access control, no
+//! HTTP) stands beside them on `herald-core`. `ARCHITECTURE.md` is the map.
+//!
+//! Herald's HTTP adapters: Herald's API v1 (with SSE and WebSocket),
+//! Centrifugo's client protocol and server API, and the connections they
+//! share. The node's core (writer, hub, subscriptions, forwarding,
+//! retention, the one publish routine) is `herald-node`; access control is
+//! `herald-auth`.
 //!
 //! A node runs [`serve`] with a listener, a storage, the lease supervisor's
-//! [`LeaseHandle`] and a [`ServerConfig`]. Publishes go through one writer
-//! task per node (`writer.rs`): a bounded queue, batches of up to
-//! `max_batch` messages appended in one fenced transaction, answered only
-//! after the commit. Live subscribers follow a per-channel broadcast
-//! (`hub.rs`) fed by the writer on the holder and by the standby feed
-//! (`standby_feed.rs`) on a standby; `subscription.rs` turns history plus
-//! live notices into one gap-free, repeat-free sequence for SSE
-//! (`api/sse.rs`) and WebSocket (`api/ws.rs`), and for Centrifugo's client
-//! protocol (`centrifugo/`, which also serves Centrifugo's server API).
-//! Every wing publishes through one routine (`publish.rs`): a publish that
-//! reaches a standby is forwarded once to the holder (`forward.rs`). The
-//! router (`router.rs`) merges the wings' routes, each with its own state
-//! taken from `AppState` (`state.rs`): API v1's `ApiState`
-//! (`api/state.rs`) and Centrifugo's context (`centrifugo/context.rs`,
-//! which starts Centrifugo's own tasks), both over what every wing shares
-//! (`shared.rs`).
-//! The server API's cluster-wide requests reach the other nodes' clients
-//! as cluster events (`centrifugo/cluster.rs`). The core's errors are `NodeError`
-//! (`node_error.rs`); every error becomes one JSON shape in `error.rs`.
-//! Access control (API keys, client tokens, namespaces, publish rate
-//! limits) is the herald-auth crate; `auth_extract.rs` reads credentials
-//! from requests for it, and `jwks_fetch.rs` fetches a JWKS URL for it.
-//! `listener.rs` accepts connections and serves them with
-//! HTTP/1 or HTTP/2, closing those that do not send a request head in time.
+//! [`LeaseHandle`] and a [`ServerConfig`]. `router.rs` merges the wings'
+//! routes (`api/`, `centrifugo/`) with the layers they share (connection
+//! limits, the request span, CORS, the edge checks) and the fallbacks;
+//! `state.rs` holds `AppState`, from which each wing takes its own
+//! sub-state (API v1's `api/state.rs`, Centrifugo's `centrifugo/context.rs`,
+//! which starts Centrifugo's own tasks), both over `shared.rs`. `extract.rs` is the request parsing both wings share,
+//! `error.rs` the HTTP `Error` (one JSON shape, with `From<NodeError>`),
+//! `auth_extract.rs` and `jwks_fetch.rs` the HTTP side of access control,
+//! `listener.rs` the accept loop (HTTP/1 and HTTP/2, over TLS when
+//! configured).
 //!
 //! Invariants:
-//! - a publish is acknowledged only after `Storage::append` returned Ok,
-//!   which the storage does only after the commit;
-//! - only the holder writes: the writer asks `LeaseHandle::writable_lease`
-//!   before every batch, and the storage fences every write by token;
-//! - a subscriber sees every offset after its resume point exactly once, in
-//!   order;
+//! - no core logic here: a publish goes through the core's one publish
+//!   routine, a subscription is the core's, and a standby's holder-only
+//!   write is forwarded once by the core;
+//! - bad input is refused before it reaches the core and changes nothing;
+//! - with access control on, every route but `/healthz`, `/readyz` and (by
+//!   default) `/metrics` checks the caller before doing anything;
 //! - the crate knows nothing of SQL or of the lease's timing policy.
 //!
 //! The feature `fault-switches` (test-only, never shipped) compiles in the
-//! fault switches of `herald_core::fault_switches`; two act here:
-//! `ack_before_commit` (`writer/fault.rs`, against the first invariant) and
-//! `drop_notify` (`standby_feed.rs`). `FaultSwitch` explains each.
+//! fault switches of `herald_core::fault_switches`; `FaultSwitch` says
+//! where each acts.
 
 mod api;
 mod auth_extract;

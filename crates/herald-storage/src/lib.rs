@@ -1,3 +1,9 @@
+//! Herald's crates, bottom to top: `herald-core` (the domain, no I/O),
+//! `herald-storage` (all SQL), `herald-lease` (the lease's timing),
+//! `herald-node` (the core, no route), `herald-server` (HTTP: API v1 and
+//! Centrifugo) and `herald` (the binary); `herald-auth` (access control, no
+//! HTTP) stands beside them on `herald-core`. `ARCHITECTURE.md` is the map.
+//!
 //! Herald's storage: one trait, [`Storage`], that every backend implements,
 //! the embedded SQLite backend ([`sqlite::SqliteStorage`]) and the
 //! PostgreSQL backend ([`postgres::PostgresStorage`]).
@@ -9,8 +15,9 @@
 //! that the writer's token is still current and that the lease has not
 //! expired on the storage's clock, or it fails with [`Error::LeaseLost`].
 //!
-//! The crate knows nothing of HTTP or of the lease's timing policy (when to
-//! renew, when to give up): that is `herald-lease`.
+//! It is the only crate that speaks SQL. It knows nothing of HTTP or of
+//! the lease's timing policy (when to renew, when to give up): that is
+//! `herald-lease`.
 //!
 //! The feature `testing` adds test support: the module `conformance` (the
 //! suite every backend passes unchanged) and the module `testing` (a
