@@ -398,7 +398,8 @@ fn auth_challenge(e: &AuthError) -> Option<HeaderValue> {
 }
 
 /// Access control that cannot be built from its settings:
-/// [`StartError::Config`] with the message naming the setting.
+/// [`StartError::Config`](crate::node_error::StartError::Config) with the
+/// message naming the setting.
 impl From<AuthError> for crate::node_error::StartError {
     fn from(e: AuthError) -> Self {
         match e {

@@ -1,4 +1,4 @@
-//! The conformance suite: the cases every [`Storage`] backend must pass,
+//! The conformance suite: the cases every [`Storage`](crate::traits::Storage) backend must pass,
 //! unchanged.
 //!
 //! A backend's test file implements [`Harness`] (how to make `n` nodes that
@@ -468,7 +468,7 @@ async fn standby_waiting_on_its_hint(c: &Cluster) -> tokio::task::JoinHandle<()>
     waiting
 }
 
-/// A standby waiting on [`LeaseStore::takeover_hint`] is woken when the
+/// A standby waiting on [`LeaseStore::takeover_hint`](crate::traits::LeaseStore::takeover_hint) is woken when the
 /// holder's storage goes away (its process ended), and then takes over
 /// with reason `HolderGone`. While the holder lives the hint stays pending.
 pub async fn takeover_hint_fires_when_the_holder_is_dropped(h: &dyn Harness) {
@@ -485,7 +485,7 @@ pub async fn takeover_hint_fires_when_the_holder_is_dropped(h: &dyn Harness) {
     assert_eq!(new.token, FencingToken(old.token.0 + 1));
 }
 
-/// A standby waiting on [`LeaseStore::takeover_hint`] is woken by the
+/// A standby waiting on [`LeaseStore::takeover_hint`](crate::traits::LeaseStore::takeover_hint) is woken by the
 /// holder's release, and then acquires with reason `Released`.
 pub async fn takeover_hint_fires_when_the_holder_releases(h: &dyn Harness) {
     let c = h.cluster(2).await;
@@ -958,7 +958,7 @@ pub async fn unknown_channel_reads_empty(h: &dyn Harness) {
 }
 
 /// `channels()` lists every channel with its head, ordered by name in byte
-/// order (the order of [`ChannelName`]'s `Ord`: digits, then upper case,
+/// order (the order of [`ChannelName`](herald_core::ChannelName)'s `Ord`: digits, then upper case,
 /// then lower case).
 pub async fn channels_are_sorted_with_heads(h: &dyn Harness) {
     let c = h.cluster(1).await;

@@ -29,7 +29,7 @@ pub struct CentrifugoConfig {
     /// off: error 108 "not available", as Centrifugo without presence).
     /// On, every subscription is recorded in the storage's presence rows,
     /// seen by every node. The default for channels whose namespace has
-    /// no `presence` of its own ([`crate::NamespaceRule::presence`]).
+    /// no `presence` of its own ([`herald_auth::NamespaceRule::presence`]).
     pub presence: bool,
     /// How long a node's presence rows outlive its last heartbeat; the
     /// node renews them every third of it (default 30 s). A node that dies
@@ -38,12 +38,12 @@ pub struct CentrifugoConfig {
     /// Whether subscribes and unsubscribes are pushed to the channel's
     /// subscribers as joins and leaves (Centrifugo's `join_leave`, default
     /// off); the default for channels whose namespace has no `join_leave`
-    /// of its own ([`crate::NamespaceRule::join_leave`]).
+    /// of its own ([`herald_auth::NamespaceRule::join_leave`]).
     pub join_leave: bool,
     /// Whether joins and leaves go to every subscriber, not only to those
     /// whose subscribe asked (Centrifugo's `force_push_join_leave`,
     /// default off); the default for namespaces that do not say
-    /// ([`crate::NamespaceRule::force_push_join_leave`]).
+    /// ([`herald_auth::NamespaceRule::force_push_join_leave`]).
     pub force_push_join_leave: bool,
     /// The most channels one connection may be subscribed to at once,
     /// client-side and server-side subscriptions together (Centrifugo's
