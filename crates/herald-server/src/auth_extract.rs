@@ -24,8 +24,8 @@ use axum::http::{HeaderMap, HeaderName};
 use herald_auth::{Auth, AuthError, Credential, Principal};
 
 use crate::error::Error;
-use crate::forward::{was_forwarded, CLUSTER_SECRET, FORWARDED_BY};
 use crate::state::AppState;
+use herald_node::forward::{was_forwarded, CLUSTER_SECRET, FORWARDED_BY};
 
 #[cfg(test)]
 mod proptests;

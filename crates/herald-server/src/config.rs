@@ -4,11 +4,11 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use crate::cors::CorsConfig;
-use crate::node_error::StartError;
-use crate::retention::policy::RetentionHandle;
-use crate::retention::trimmer::TrimPacing;
 use crate::tls::TlsCertificates;
 use herald_auth::{AuthConfig, AuthReload, NamespacesConfig};
+use herald_node::node_error::StartError;
+use herald_node::retention::policy::RetentionHandle;
+use herald_node::retention::trimmer::TrimPacing;
 
 /// Settings of one node's HTTP server. Every field has a default (see
 /// [`ServerConfig::default`]); [`ServerConfig::validate`] checks them.

@@ -1,41 +1,36 @@
-//! Herald's HTTP server: API v1, the group-commit writer, live
-//! subscriptions over SSE and WebSocket, and metrics.
+//! Herald's HTTP server: API v1 with SSE and WebSocket, Centrifugo's
+//! client protocol and server API, connections and metrics, on the node's
+//! core (the herald-node crate: the group-commit writer, the hub, the
+//! subscriptions, the standby feed, forwarding to the holder, retention
+//! and the one publish routine).
 //!
 //! A node runs [`serve`] with a listener, a storage, the lease supervisor's
-//! [`LeaseHandle`] and a [`ServerConfig`]. Publishes go through one writer
-//! task per node (`writer.rs`): a bounded queue, batches of up to
-//! `max_batch` messages appended in one fenced transaction, answered only
-//! after the commit. Live subscribers follow a per-channel broadcast
-//! (`hub.rs`) fed by the writer on the holder and by the standby feed
-//! (`standby_feed.rs`) on a standby; `subscription.rs` turns history plus
-//! live notices into one gap-free, repeat-free sequence for SSE
-//! (`api/sse.rs`) and WebSocket (`api/ws.rs`), and for Centrifugo's client
-//! protocol (`centrifugo/`, which also serves Centrifugo's server API).
-//! Every wing publishes through one routine (`publish.rs`): a publish that
-//! reaches a standby is forwarded once to the holder (`forward.rs`). The
-//! router (`router.rs`) merges the wings' routes.
+//! [`LeaseHandle`] and a [`ServerConfig`]. `state.rs` starts the core
+//! (`herald_node`'s writer, standby feed and trimming task) and the
+//! server's own tasks. Subscriptions (`herald_node::subscription`) reach
+//! clients over SSE (`api/sse.rs`), WebSocket (`api/ws.rs`) and
+//! Centrifugo's client protocol (`centrifugo/`, which also serves
+//! Centrifugo's server API). Every wing publishes through the core's one
+//! routine (`herald_node::publish`). The router (`router.rs`) merges the
+//! wings' routes.
 //! The server API's cluster-wide requests reach the other nodes' clients
 //! as cluster events (`cluster.rs`). The core's errors are `NodeError`
-//! (`node_error.rs`); every error becomes one JSON shape in `error.rs`.
+//! (`herald_node::node_error`); every error becomes one JSON shape in
+//! `error.rs`.
 //! Access control (API keys, client tokens, namespaces, publish rate
 //! limits) is the herald-auth crate; `auth_extract.rs` reads credentials
 //! from requests for it, and `jwks_fetch.rs` fetches a JWKS URL for it.
 //! `listener.rs` accepts connections and serves them with
 //! HTTP/1 or HTTP/2, closing those that do not send a request head in time.
 //!
-//! Invariants:
-//! - a publish is acknowledged only after `Storage::append` returned Ok,
-//!   which the storage does only after the commit;
-//! - only the holder writes: the writer asks `LeaseHandle::writable_lease`
-//!   before every batch, and the storage fences every write by token;
-//! - a subscriber sees every offset after its resume point exactly once, in
-//!   order;
-//! - the crate knows nothing of SQL or of the lease's timing policy.
+//! The core's invariants (a publish acknowledged only after the commit,
+//! only the holder writes, every offset exactly once to a subscriber) are
+//! herald-node's; this crate keeps them by publishing and subscribing only
+//! through it. It knows nothing of SQL or of the lease's timing policy.
 //!
-//! The feature `fault-switches` (test-only, never shipped) compiles in the
-//! fault switches of `herald_core::fault_switches`; two act here:
-//! `ack_before_commit` (`writer/fault.rs`, against the first invariant) and
-//! `drop_notify` (`standby_feed.rs`). `FaultSwitch` explains each.
+//! The feature `fault-switches` (test-only, never shipped) enables
+//! herald-node's, whose fault switches act in the writer and the standby
+//! feed.
 
 mod api;
 mod auth_extract;
@@ -47,26 +42,15 @@ mod cors;
 mod edge;
 mod error;
 mod extract;
-mod forward;
 #[cfg(test)]
 mod fuzz;
-mod hub;
 mod jwks_fetch;
 mod listener;
 mod metrics;
-mod node_error;
-mod publish;
-mod retention;
-mod role;
 mod router;
-mod standby_feed;
 mod state;
-mod subscription;
-#[cfg(test)]
-mod testing;
 mod tls;
 mod websocket;
-mod writer;
 
 use std::sync::Arc;
 
@@ -79,9 +63,11 @@ pub use centrifugo::CentrifugoConfig;
 pub use config::ServerConfig;
 pub use cors::CorsConfig;
 pub use error::{Error, Result};
+pub use herald_node::node_error::{HolderWrite, NodeError, StartError, StorageFailure};
+pub use herald_node::retention::{
+    duration_text, RetentionConfig, RetentionHandle, RetentionPolicy, TrimPacing,
+};
 pub use metrics::install_metrics_recorder;
-pub use node_error::{HolderWrite, NodeError, StartError, StorageFailure};
-pub use retention::{duration_text, RetentionConfig, RetentionHandle, RetentionPolicy, TrimPacing};
 pub use state::AppState;
 pub use tls::TlsCertificates;
 
@@ -156,7 +142,7 @@ pub async fn serve_with_writes_done(
 pub(crate) async fn serve_with(
     listener: TcpListener,
     storage: Arc<dyn Storage>,
-    lease: Arc<dyn role::LeaseView>,
+    lease: Arc<dyn herald_node::role::LeaseView>,
     config: ServerConfig,
     shutdown: CancellationToken,
     writes_done: Option<CancellationToken>,

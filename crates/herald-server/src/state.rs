@@ -18,16 +18,16 @@ use crate::centrifugo::node_info;
 use crate::centrifugo::registry::Registry;
 use crate::config::ServerConfig;
 use crate::conn_limit::ConnectionLimits;
-use crate::forward::Forwarder;
-use crate::hub::Hub;
 use crate::jwks_fetch::HttpJwksFetch;
 use crate::metrics::install_metrics_recorder;
-use crate::node_error::StartError;
-use crate::publish::Publisher;
-use crate::retention::trimmer::Trimmer;
-use crate::role::LeaseView;
-use crate::standby_feed::StandbyFeed;
-use crate::writer::{Writer, WriterHandle};
+use herald_node::forward::Forwarder;
+use herald_node::hub::Hub;
+use herald_node::node_error::StartError;
+use herald_node::publish::Publisher;
+use herald_node::retention::trimmer::Trimmer;
+use herald_node::role::LeaseView;
+use herald_node::standby_feed::StandbyFeed;
+use herald_node::writer::{Writer, WriterHandle};
 
 /// Interval of the metrics recorder's upkeep (draining histogram samples
 /// when nobody scrapes).

@@ -17,7 +17,7 @@ use crate::app;
 use crate::config::ServerConfig;
 use crate::serve_with;
 use crate::state::AppState;
-use crate::testing::{FakeLease, MemoryStorage};
+use herald_node::testing::{FakeLease, MemoryStorage};
 
 struct Node {
     storage: Arc<MemoryStorage>,

@@ -20,9 +20,9 @@ use serde_json::value::RawValue;
 use crate::api::publish::holder_response;
 use crate::error::{Error, Result};
 use crate::extract::{check_depth, read_limited};
-use crate::metrics;
-use crate::publish::{self, BatchPublished};
 use crate::state::AppState;
+use herald_node::metrics;
+use herald_node::publish::{self, BatchPublished};
 
 /// Most entries in one batch publish.
 pub(crate) const MAX_BATCH_ENTRIES: usize = 1000;

@@ -18,10 +18,10 @@ use crate::api::publish::holder_response;
 use crate::auth_extract::Caller;
 use crate::error::Result;
 use crate::extract::ChannelPath;
-use crate::forward::Forwarded;
-use crate::node_error::HolderWrite;
-use crate::retention;
 use crate::state::AppState;
+use herald_node::forward::Forwarded;
+use herald_node::node_error::HolderWrite;
+use herald_node::retention;
 
 /// The answer of a deletion.
 #[derive(Debug, Serialize)]

@@ -13,10 +13,10 @@ use serde_json::{json, Value};
 use crate::auth_extract::Caller;
 use crate::error::{Error, Result};
 use crate::extract::{FromQuery, QueryParams, ValidQuery};
-use crate::forward::HolderView;
 use crate::metrics;
-use crate::node_error::{StorageContext, StorageFailure};
 use crate::state::AppState;
+use herald_node::forward::HolderView;
+use herald_node::node_error::{StorageContext, StorageFailure};
 
 /// How long `/v1/status` waits for the lease row before showing `null`.
 const STATUS_LEASE_TIMEOUT: Duration = Duration::from_millis(500);
@@ -259,11 +259,11 @@ pub(crate) async fn metrics(
     let (is_holder, row) = role_on_the_row(&state).await;
     let name = row.map_or_else(|| herald_core::DEFAULT_LEASE_NAME.to_owned(), |r| r.name);
     match tokio::time::timeout(STATUS_LEASE_TIMEOUT, shared.storage.takeover_counts(&name)).await {
-        Ok(Ok(counts)) => metrics::takeovers_recorded(&counts),
+        Ok(Ok(counts)) => herald_node::metrics::takeovers_recorded(&counts),
         Ok(Err(e)) => StorageFailure::new("takeover_counts", None, e).log(),
         Err(_) => tracing::debug!("takeover counts not read within the metrics timeout"),
     }
-    metrics::lease(
+    herald_node::metrics::lease(
         is_holder,
         shared.lease.state().last_token().map_or(0, |token| token.0),
         shared.lease.since_last_renewal(),

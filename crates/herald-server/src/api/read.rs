@@ -8,8 +8,8 @@ use serde::Serialize;
 use crate::auth_extract::Caller;
 use crate::error::{Error, Result};
 use crate::extract::{ChannelPath, FromQuery, QueryParams, ValidQuery};
-use crate::node_error::StorageContext;
 use crate::state::AppState;
+use herald_node::node_error::StorageContext;
 
 /// `limit` of a history read when the query has none, in messages.
 pub(crate) const DEFAULT_LIMIT: usize = 100;

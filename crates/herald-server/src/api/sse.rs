@@ -49,7 +49,7 @@ use crate::auth_extract::Subscriber;
 use crate::error::Result;
 use crate::extract::{resume_point, AfterQuery, ChannelPath, ValidQuery};
 use crate::state::AppState;
-use crate::subscription::{Item, StartAt, Subscription};
+use herald_node::subscription::{Item, StartAt, Subscription};
 
 /// Tells nginx-style proxies not to buffer the stream.
 const X_ACCEL_BUFFERING: HeaderName = HeaderName::from_static("x-accel-buffering");

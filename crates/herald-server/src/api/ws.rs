@@ -64,10 +64,10 @@ use crate::conn_limit::ClientSlot;
 use crate::error::{Error, Result};
 use crate::extract::{resume_point, AfterQuery, ChannelPath, ValidQuery};
 use crate::metrics;
-use crate::node_error::NodeError;
 use crate::state::AppState;
-use crate::subscription::{Item, StartAt, Subscription};
 use crate::websocket::{close, CLOSE_TIMEOUT};
+use herald_node::node_error::NodeError;
+use herald_node::subscription::{Item, StartAt, Subscription};
 
 /// How long a client that upgraded without credentials has to send its
 /// token frame.

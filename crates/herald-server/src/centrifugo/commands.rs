@@ -26,8 +26,8 @@ use super::recovery::{self, Recovery};
 use super::session::{
     max_commands_per_frame, Session, Stop, Sub, Writer, MAX_DENIALS_LOGGED, REPLY_FRAME_BYTES,
 };
-use crate::node_error::StorageContext;
-use crate::subscription::{Item, Subscription};
+use herald_node::node_error::StorageContext;
+use herald_node::subscription::{Item, Subscription};
 
 /// The version the connect reply names: Herald's.
 const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -827,7 +827,8 @@ impl Session {
         let epoch = match shared.storage.channel_epoch(&channel).await {
             Ok(epoch) => epoch,
             Err(e) => {
-                crate::node_error::StorageFailure::new("channel_epoch", Some(&channel), e).log();
+                herald_node::node_error::StorageFailure::new("channel_epoch", Some(&channel), e)
+                    .log();
                 return Answer::Reply(error_reply(id, &ReplyError::internal()));
             }
         };

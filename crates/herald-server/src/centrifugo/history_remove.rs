@@ -20,9 +20,9 @@ use serde_json::value::RawValue;
 
 use super::codes::ReplyError;
 use crate::error::Error;
-use crate::forward::{Forwarded, HolderAnswer};
-use crate::retention;
 use crate::state::AppState;
+use herald_node::forward::{Forwarded, HolderAnswer};
+use herald_node::retention;
 
 /// Largest holder answer read back from a forwarded call, in bytes.
 const MAX_FORWARD_ANSWER_BYTES: usize = 64 * 1024;
@@ -47,7 +47,7 @@ pub(crate) async fn history_remove(
     if !state.shared.lease.is_holder() {
         let body = serde_json::json!({ "channel": channel.as_str() }).to_string();
         let shared = &state.shared;
-        let write = crate::node_error::HolderWrite::RemoveHistory(channel.clone());
+        let write = herald_node::node_error::HolderWrite::RemoveHistory(channel.clone());
         let forwarded = shared
             .forwarder
             .to_holder(shared.lease.as_ref(), headers, write, body.into())

@@ -72,7 +72,7 @@ pub(crate) async fn join(
         .presence_add(&session.id, &entry, config.presence_ttl)
         .await
         .map_err(|e| {
-            crate::node_error::StorageFailure::new("presence_add", Some(channel), e).log();
+            herald_node::node_error::StorageFailure::new("presence_add", Some(channel), e).log();
             // The row may have been written all the same: the subscribe
             // fails, so the row must not be renewed.
             session.pending().insert(key);
@@ -121,7 +121,7 @@ async fn entries(
         return Err(ReplyError::not_available());
     }
     state.shared.storage.presence(channel).await.map_err(|e| {
-        crate::node_error::StorageFailure::new("presence", Some(channel), e).log();
+        herald_node::node_error::StorageFailure::new("presence", Some(channel), e).log();
         ReplyError::internal()
     })
 }

@@ -130,7 +130,7 @@ pub(crate) async fn call(
 /// and `None` without it, as a forwarded publish is (`auth_extract.rs`).
 async fn principal(state: &AppState, headers: &HeaderMap, uri: &Uri) -> Option<Principal> {
     let auth = &state.shared.auth();
-    if crate::forward::was_forwarded(headers) {
+    if herald_node::forward::was_forwarded(headers) {
         return auth.principal(headers, None).await.ok();
     }
     if !auth.enabled() {
@@ -424,7 +424,7 @@ async fn epoch(state: &AppState, channel: &ChannelName) -> Result<String, ReplyE
         .channel_epoch(channel)
         .await
         .map_err(|e| {
-            crate::node_error::StorageFailure::new("channel_epoch", Some(channel), e).log();
+            herald_node::node_error::StorageFailure::new("channel_epoch", Some(channel), e).log();
             ReplyError::internal()
         })
 }
@@ -532,7 +532,7 @@ async fn tell_cluster(state: &AppState, event: ClusterEvent) -> Outcome {
         Ok(()) => raw(&json!({})),
         Err(herald_storage::Error::ClusterEventTooLarge { .. }) => Err(ReplyError::bad_request()),
         Err(e) => {
-            crate::node_error::StorageFailure::new("send_cluster_event", None, e).log();
+            herald_node::node_error::StorageFailure::new("send_cluster_event", None, e).log();
             Err(ReplyError::internal())
         }
     }
@@ -647,8 +647,8 @@ mod tests {
     use super::*;
     use crate::app;
     use crate::config::ServerConfig;
-    use crate::testing::{FakeLease, MemoryStorage};
     use herald_auth::{api_key_sha256, generate_api_key, ApiKeyConfig, AuthConfig, Permission};
+    use herald_node::testing::{FakeLease, MemoryStorage};
 
     /// A holder with one API key that may do everything; the key.
     async fn node() -> (AppState, String, CancellationToken) {

@@ -31,12 +31,12 @@
 
 use std::time::Duration;
 
-use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use bytes::Bytes;
 use herald_auth::Secret;
 use herald_core::{NewMessage, Offset};
 use herald_lease::{LeaseState, Release, StopReason};
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use tokio::sync::watch;
 
 use crate::metrics;
@@ -45,9 +45,9 @@ use crate::node_error::{NodeError, NodeResult};
 use crate::role::LeaseView;
 
 /// The header that marks a forwarded request, with the forwarding node's id.
-pub(crate) const FORWARDED_BY: HeaderName = HeaderName::from_static("herald-forwarded-by");
+pub const FORWARDED_BY: HeaderName = HeaderName::from_static("herald-forwarded-by");
 /// The header that carries the cluster secret on a forwarded request.
-pub(crate) const CLUSTER_SECRET: HeaderName = HeaderName::from_static("herald-cluster-secret");
+pub const CLUSTER_SECRET: HeaderName = HeaderName::from_static("herald-cluster-secret");
 
 /// Longest the connection to the holder may take to open.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -58,20 +58,20 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Largest answer body taken from a holder, in bytes (1 MiB): the answer
 /// to the largest batch (1 000 entries) is well under it. A longer one is
 /// a broken answer, read no further.
-pub(crate) const MAX_ANSWER_BYTES: usize = 1024 * 1024;
+pub const MAX_ANSWER_BYTES: usize = 1024 * 1024;
 
 /// The holder as this node knows it: its id and advertised URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct HolderView {
+pub struct HolderView {
     /// The holder's node id.
-    pub(crate) node_id: String,
+    pub node_id: String,
     /// The holder's advertised URL.
-    pub(crate) url: String,
+    pub url: String,
 }
 
 impl HolderView {
     /// This node, while it is holder: `own_id` at `own_url`.
-    pub(crate) fn this_node(own_id: &str, own_url: &str) -> Self {
+    pub fn this_node(own_id: &str, own_url: &str) -> Self {
         Self {
             node_id: own_id.to_owned(),
             url: own_url.to_owned(),
@@ -81,7 +81,7 @@ impl HolderView {
     /// Another node, as a standby last read it from the lease row, if that
     /// row is held ([`LeaseState::held_by_other`]) and names the holder's
     /// id and URL; `None` when this node knows no holder.
-    pub(crate) fn from_lease_row(state: &LeaseState) -> Option<Self> {
+    pub fn from_lease_row(state: &LeaseState) -> Option<Self> {
         let info = state.held_by_other()?;
         Some(Self {
             node_id: info.holder.clone()?,
@@ -99,7 +99,7 @@ impl HolderView {
 /// A standby's own drain (`Stopped` with [`Release::NotHeld`]) does not
 /// count: the holder it forwards to is unchanged, and a drain lets the
 /// requests in flight finish until its deadline.
-pub(crate) fn ends_forward(state: &LeaseState) -> bool {
+pub fn ends_forward(state: &LeaseState) -> bool {
     match state {
         LeaseState::Holder { .. } => true,
         LeaseState::Stopped {
@@ -122,14 +122,14 @@ async fn taken_over(mut states: watch::Receiver<LeaseState>) {
 }
 
 /// `true` when the request was already forwarded by a node.
-pub(crate) fn was_forwarded(headers: &HeaderMap) -> bool {
+pub fn was_forwarded(headers: &HeaderMap) -> bool {
     headers.contains_key(FORWARDED_BY)
 }
 
 /// The HTTP client that forwards holder-only writes: one per node, pooling its
 /// connections to the holder.
 #[derive(Debug, Clone)]
-pub(crate) struct Forwarder {
+pub struct Forwarder {
     client: reqwest::Client,
     node_id: HeaderValue,
     /// This node's advertised URL: a lease row that names it is stale,
@@ -145,7 +145,7 @@ pub(crate) struct Forwarder {
 
 /// How a forward ended when the holder did not fail it.
 #[derive(Debug)]
-pub(crate) enum Forwarded {
+pub enum Forwarded {
     /// The holder answered (any status): its answer, to return unchanged.
     Answer(HolderAnswer),
     /// This node took the lease over before the holder answered
@@ -157,19 +157,19 @@ pub(crate) enum Forwarded {
 
 /// What a forward needs from the incoming request.
 #[derive(Debug)]
-pub(crate) struct ForwardRequest<'a> {
+pub struct ForwardRequest<'a> {
     /// The method of the route on the holder: `POST` for the publishes
     /// and Centrifugo's `history_remove`, `DELETE` for a channel's
     /// deletion.
-    pub(crate) method: Method,
+    pub method: Method,
     /// The path of the route on the holder (e.g.
     /// `/v1/channels/<channel>/messages`, the channel being a valid name,
     /// safe in a path; `/v1/messages`; `/v1/channels/<channel>`).
-    pub(crate) path: String,
+    pub path: String,
     /// The request body exactly as received (empty for a deletion).
-    pub(crate) body: Bytes,
+    pub body: Bytes,
     /// The incoming request's headers (`Idempotency-Key`, `Content-Type`).
-    pub(crate) headers: &'a HeaderMap,
+    pub headers: &'a HeaderMap,
 }
 
 impl Forwarder {
@@ -186,7 +186,7 @@ impl Forwarder {
     /// [`StartError::Config`] when `node_id` or the secret cannot be a
     /// header value, `trusted_ca_pem` holds no usable certificate or the
     /// HTTP client cannot be built.
-    pub(crate) fn new(
+    pub fn new(
         node_id: &str,
         advertise_url: &str,
         timeout: Duration,
@@ -244,7 +244,7 @@ impl Forwarder {
     /// [`NodeError::NotHolder`] naming `write` for a request that was forwarded
     /// to this node already (one hop only); [`NodeError::NoHolder`] when no
     /// holder is known or it cannot be reached.
-    pub(crate) async fn to_holder(
+    pub async fn to_holder(
         &self,
         lease: &dyn LeaseView,
         headers: &HeaderMap,
@@ -282,7 +282,7 @@ impl Forwarder {
     /// cluster secret to `holder_url` over plain HTTP on a host that is
     /// not loopback: anyone on the path can read it there. Returns
     /// whether it warned now.
-    pub(crate) fn warn_secret_in_clear(&self, holder_url: &str) -> bool {
+    pub fn warn_secret_in_clear(&self, holder_url: &str) -> bool {
         if self.cluster_secret.is_none() || !secret_in_clear(holder_url) {
             return false;
         }
@@ -311,7 +311,7 @@ impl Forwarder {
     /// # Errors
     /// [`NodeError::NoHolder`] when the holder cannot be reached or its answer
     /// breaks off.
-    pub(crate) async fn forward(
+    pub async fn forward(
         &self,
         holder_url: &str,
         request: ForwardRequest<'_>,
@@ -392,7 +392,7 @@ impl Forwarder {
 /// `Retry-After`, body), or reads as a publish's outcome
 /// ([`HolderAnswer::published`]).
 #[derive(Debug)]
-pub(crate) struct HolderAnswer {
+pub struct HolderAnswer {
     status: StatusCode,
     content_type: Option<HeaderValue>,
     retry_after: Option<HeaderValue>,
@@ -402,7 +402,7 @@ pub(crate) struct HolderAnswer {
 /// Why the holder refused a forwarded publish, read from its answer's
 /// status ([`HolderAnswer::published`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum HolderRefusal {
+pub enum HolderRefusal {
     /// 401: the holder refused the forward's credentials (the cluster
     /// secret differs between the nodes).
     Unauthorized,
@@ -420,22 +420,22 @@ pub(crate) enum HolderRefusal {
 
 impl HolderAnswer {
     /// The answer's HTTP status.
-    pub(crate) fn status(&self) -> StatusCode {
+    pub fn status(&self) -> StatusCode {
         self.status
     }
 
     /// The answer's `Content-Type`, if it had one.
-    pub(crate) fn content_type(&self) -> Option<&HeaderValue> {
+    pub fn content_type(&self) -> Option<&HeaderValue> {
         self.content_type.as_ref()
     }
 
     /// The answer's `Retry-After`, if it had one.
-    pub(crate) fn retry_after(&self) -> Option<&HeaderValue> {
+    pub fn retry_after(&self) -> Option<&HeaderValue> {
         self.retry_after.as_ref()
     }
 
     /// The answer's body, at most [`MAX_ANSWER_BYTES`].
-    pub(crate) fn body(&self) -> &Bytes {
+    pub fn body(&self) -> &Bytes {
         &self.body
     }
 
@@ -446,7 +446,7 @@ impl HolderAnswer {
     /// # Errors
     /// The [`HolderRefusal`] its error status says, or
     /// [`HolderRefusal::Failed`] for a success that names no offset.
-    pub(crate) fn published(&self) -> Result<Offset, HolderRefusal> {
+    pub fn published(&self) -> Result<Offset, HolderRefusal> {
         #[derive(serde::Deserialize)]
         struct Published {
             offset: Offset,
@@ -470,7 +470,7 @@ impl HolderAnswer {
 /// The headers and body of a Herald publish of `message`, for a publish
 /// that did not come as one (Centrifugo's): `Content-Type: application/json`,
 /// its `Idempotency-Key` if any, and the body `{"data": ..., "tags": ...}`.
-pub(crate) fn publish_request(message: &NewMessage) -> (HeaderMap, Bytes) {
+pub fn publish_request(message: &NewMessage) -> (HeaderMap, Bytes) {
     let mut headers = HeaderMap::new();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     if let Some(key) = &message.idempotency_key {
@@ -499,7 +499,7 @@ fn holder_route(write: &HolderWrite) -> (Method, String) {
 /// with [`Forwarded::TakenOver`]): every error that would say "nothing was
 /// stored" speaks for this node only, not for the old holder, so it
 /// becomes `no_holder` (outcome unknown).
-pub(crate) fn after_takeover_error(e: NodeError) -> NodeError {
+pub fn after_takeover_error(e: NodeError) -> NodeError {
     match e {
         NodeError::QueueFull
         | NodeError::LeaseLost
@@ -597,7 +597,7 @@ fn failed(method: &Method, url: &str, e: &reqwest::Error) -> NodeError {
 /// for url ...") and keeps the reason ("Connection refused (os error
 /// 111)") in its causes. A cause whose text the previous one already
 /// holds is left out.
-pub(crate) fn error_with_causes(e: &(dyn std::error::Error + 'static)) -> String {
+pub fn error_with_causes(e: &(dyn std::error::Error + 'static)) -> String {
     let mut text = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {
