@@ -14,7 +14,10 @@
 //! the holder, forwarded once to the holder from a standby (`forward.rs`,
 //! the one place that speaks HTTP, node to holder), or committed here after
 //! a takeover; it returns a typed outcome each wing maps to its own answer.
-//! `retention/` holds the retention policies, the holder's trimming task,
+//! [`Node`] (`node.rs`) is the core as one value: [`Node::start`] takes a
+//! storage, a lease view and a [`NodeConfig`] and starts the writer, the
+//! standby feed and the trimming task; [`Node::stopped`] waits for them
+//! after the drain. `retention/` holds the retention policies, the holder's trimming task,
 //! history removal and channel deletion. `role.rs` is the node's view of
 //! the lease, `node_error.rs` the core's errors, `metrics.rs` the core's
 //! metric names and recorders.
@@ -41,6 +44,7 @@
 pub mod forward;
 pub mod hub;
 pub mod metrics;
+pub mod node;
 pub mod node_error;
 pub mod publish;
 pub mod retention;
@@ -51,5 +55,6 @@ pub mod subscription;
 pub mod testing;
 pub mod writer;
 
+pub use node::{Node, NodeConfig};
 pub use node_error::{HolderWrite, NodeError, StartError, StorageFailure};
 pub use retention::{duration_text, RetentionConfig, RetentionHandle, RetentionPolicy, TrimPacing};

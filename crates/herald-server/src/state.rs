@@ -1,12 +1,18 @@
-//! The node's shared state and its background tasks (writer, standby feed,
-//! retention's trimming task, cluster events, the node's report for
-//! Centrifugo's `info`, metrics upkeep).
+//! The node's shared state: the core ([`Node`], which runs the writer, the
+//! standby feed and retention's trimming task) and the server's own parts
+//! and tasks (access control, connection limits, Centrifugo's registry,
+//! cluster events, the node's report for Centrifugo's `info`, metrics
+//! upkeep).
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use herald_auth::{Auth, AuthSlot};
 use herald_lease::LeaseHandle;
+use herald_node::node::Node;
+use herald_node::node_error::StartError;
+use herald_node::publish::Publisher;
+use herald_node::role::LeaseView;
 use herald_storage::Storage;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::task::JoinHandle;
@@ -20,14 +26,6 @@ use crate::config::ServerConfig;
 use crate::conn_limit::ConnectionLimits;
 use crate::jwks_fetch::HttpJwksFetch;
 use crate::metrics::install_metrics_recorder;
-use herald_node::forward::Forwarder;
-use herald_node::hub::Hub;
-use herald_node::node_error::StartError;
-use herald_node::publish::Publisher;
-use herald_node::retention::trimmer::Trimmer;
-use herald_node::role::LeaseView;
-use herald_node::standby_feed::StandbyFeed;
-use herald_node::writer::{Writer, WriterHandle};
 
 /// Interval of the metrics recorder's upkeep (draining histogram samples
 /// when nobody scrapes).
@@ -45,21 +43,14 @@ pub struct AppState {
 
 /// The state behind [`AppState`].
 pub(crate) struct Shared {
-    /// Where messages and the lease live.
-    pub(crate) storage: Arc<dyn Storage>,
-    /// The node's role (holder or standby).
-    pub(crate) lease: Arc<dyn LeaseView>,
+    /// The node's core: storage, lease view, writer queue, hub, forwarder
+    /// and their tasks.
+    pub(crate) node: Arc<Node>,
     /// Settings.
     pub(crate) config: ServerConfig,
-    /// The writer's queue.
-    pub(crate) writer: WriterHandle,
-    /// Live fan-out to subscribers.
-    pub(crate) hub: Arc<Hub>,
     /// Access control, replaced whole on a reload: read it with
     /// [`Shared::auth`].
     auth_slot: Arc<AuthSlot>,
-    /// Hands publishes that reach this node while standby to the holder.
-    pub(crate) forwarder: Forwarder,
     /// Cancelled when the node drains.
     pub(crate) shutdown: CancellationToken,
     /// Renders `/metrics`.
@@ -71,24 +62,15 @@ pub(crate) struct Shared {
     pub(crate) conn_limits: Arc<ConnectionLimits>,
     /// This node's Centrifugo connections (`centrifugo/registry.rs`).
     pub(crate) centrifugo: Arc<Registry>,
-    /// Writer, standby feed and upkeep tasks, awaited by
-    /// [`AppState::stopped`].
+    /// The server's own tasks (cluster events, the node's report, metrics
+    /// upkeep), awaited by [`AppState::stopped`] after the core's.
     tasks: Mutex<Vec<JoinHandle<()>>>,
-    /// Cancelled when the writer has ended: from then on this node writes
-    /// nothing more, so the lease can be released even while slow clients
-    /// still hold connections open.
-    writes_done: CancellationToken,
 }
 
 impl Shared {
     /// What the publish routine needs of this node (`publish.rs`).
     pub(crate) fn publisher(&self) -> Publisher<'_> {
-        Publisher {
-            writer: &self.writer,
-            lease: self.lease.as_ref(),
-            forwarder: &self.forwarder,
-            shutdown: &self.shutdown,
-        }
+        self.node.publisher()
     }
 
     /// The access control in force now; a request reads it once.
@@ -131,32 +113,15 @@ impl AppState {
             jwks_fetch,
         )?));
         config.auth_reload.attach(&auth);
-        let forwarder = Forwarder::new(
-            &config.node_id,
-            &config.advertise_url,
-            config.forward_timeout,
-            config.trusted_ca_pem.as_deref(),
-            config.auth.cluster_secret.as_ref(),
-        )?;
         let metrics = install_metrics_recorder();
-        let cursors = (
-            storage.change_cursor().await?,
-            storage.deletion_cursor().await?,
-        );
-        let hub = Hub::new(config.subscriber_buffer);
-        let (writer, writer_handle) = Writer::new(
-            Arc::clone(&storage),
-            Arc::clone(&lease),
-            Arc::clone(&hub),
-            config.queue_capacity,
-            config.max_batch,
-        );
-        let feed = StandbyFeed::new(
-            Arc::clone(&storage),
-            Arc::clone(&lease),
-            Arc::clone(&hub),
-            cursors,
-            config.standby_poll_interval,
+        let node = Arc::new(
+            Node::start(
+                Arc::clone(&storage),
+                lease,
+                config.node_config(),
+                shutdown.clone(),
+            )
+            .await?,
         );
         // Every log record of these tasks carries the node's id.
         let span = tracing::info_span!("herald", node_id = %config.node_id);
@@ -171,25 +136,7 @@ impl AppState {
             Arc::clone(&centrifugo),
             shutdown.clone(),
         );
-        let writes_done = CancellationToken::new();
-        let writer_task = {
-            let shutdown = shutdown.clone();
-            let done = writes_done.clone();
-            async move {
-                writer.run(shutdown).await;
-                done.cancel();
-            }
-        };
-        let trimmer = Trimmer {
-            storage: Arc::clone(&storage),
-            lease: Arc::clone(&lease),
-            retention: config.retention.clone(),
-            pacing: config.trim_pacing,
-        };
         let tasks = vec![
-            tokio::spawn(writer_task.instrument(span.clone())),
-            tokio::spawn(feed.run(shutdown.clone()).instrument(span.clone())),
-            tokio::spawn(trimmer.run(shutdown.clone()).instrument(span.clone())),
             tokio::spawn(cluster_events.instrument(span.clone())),
             tokio::spawn(
                 node_info::report_task(
@@ -216,20 +163,15 @@ impl AppState {
         );
         Ok(Self {
             shared: Arc::new(Shared {
-                storage,
-                lease,
+                node,
                 config,
-                writer: writer_handle,
-                hub,
                 auth_slot: auth,
-                forwarder,
                 shutdown,
                 metrics,
                 ws_sessions: TaskTracker::new(),
                 conn_limits,
                 centrifugo,
                 tasks: Mutex::new(tasks),
-                writes_done,
             }),
         })
     }
@@ -248,7 +190,7 @@ impl AppState {
     /// publish it accepted is committed or failed, and it will write
     /// nothing more.
     pub async fn writes_done(&self) {
-        self.shared.writes_done.cancelled().await;
+        self.shared.node.writes_done().await;
     }
 
     /// Waits until the background tasks have ended and every WebSocket
@@ -259,6 +201,7 @@ impl AppState {
     /// other nodes.
     pub async fn stopped(&self) {
         self.shared.shutdown.cancelled().await;
+        self.shared.node.stopped().await;
         let tasks = std::mem::take(
             &mut *self
                 .shared

@@ -63,7 +63,8 @@ pub(crate) async fn history(
     let limit = query.limit.unwrap_or(DEFAULT_LIMIT);
     let page = state
         .shared
-        .storage
+        .node
+        .storage()
         .read(&channel, after, limit)
         .await
         .during("read", Some(&channel))?;
@@ -111,7 +112,8 @@ pub(crate) async fn channels(
     state.shared.auth().may_admin(&who)?;
     let channels = state
         .shared
-        .storage
+        .node
+        .storage()
         .channel_stats()
         .await
         .during("channels", None)?

@@ -77,8 +77,14 @@ pub(crate) async fn events(
     let expiry = who
         .token()
         .map(|token| Box::pin(tokio::time::sleep(token.time_left())));
-    let sub =
-        Subscription::start_at(shared.storage.clone(), &shared.hub, channel, start, "sse").await?;
+    let sub = Subscription::start_at(
+        shared.node.storage().clone(),
+        shared.node.hub(),
+        channel,
+        start,
+        "sse",
+    )
+    .await?;
     let stream = futures::stream::unfold(Some((sub, expiry)), |open| async move {
         let (mut sub, mut expiry) = open?;
         let next = match expiry.as_mut() {

@@ -634,7 +634,7 @@ impl Session {
         budget: Budget,
     ) -> crate::error::Result<(Started, Subscription)> {
         let shared = &self.state.shared;
-        let storage = shared.storage.as_ref();
+        let storage = shared.node.storage().as_ref();
         let epoch = storage
             .channel_epoch(channel)
             .await
@@ -670,8 +670,8 @@ impl Session {
             Recovery::NotRecovered { position } => (Vec::new(), position, false),
         };
         let live = Subscription::start(
-            Arc::clone(&shared.storage),
-            &shared.hub,
+            Arc::clone(shared.node.storage()),
+            shared.node.hub(),
             channel.clone(),
             position,
             "centrifugo",
@@ -824,7 +824,7 @@ impl Session {
         if let Err(e) = shared.auth().may_read_history(&who, &channel) {
             return Answer::Reply(error_reply(id, &self.denied("history", &who, &channel, &e)));
         }
-        let epoch = match shared.storage.channel_epoch(&channel).await {
+        let epoch = match shared.node.storage().channel_epoch(&channel).await {
             Ok(epoch) => epoch,
             Err(e) => {
                 herald_node::node_error::StorageFailure::new("channel_epoch", Some(&channel), e)
@@ -838,7 +838,15 @@ impl Session {
             reverse: req.reverse,
         };
         let budget = Budget::of(self.state.config());
-        match history(shared.storage.as_ref(), &channel, epoch, &query, budget).await {
+        match history(
+            shared.node.storage().as_ref(),
+            &channel,
+            epoch,
+            &query,
+            budget,
+        )
+        .await
+        {
             Ok(h) => Answer::Reply(reply(
                 id,
                 "history",

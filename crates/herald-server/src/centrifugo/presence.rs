@@ -48,7 +48,7 @@ pub(crate) async fn join(
     let config = &shared.config.centrifugo;
     let session = &shared.centrifugo.presence;
     session.ensure_heartbeat(
-        Arc::clone(&shared.storage),
+        Arc::clone(shared.node.storage()),
         config.presence_ttl,
         shared.shutdown.clone(),
     );
@@ -68,7 +68,8 @@ pub(crate) async fn join(
         user: user.to_owned(),
     };
     shared
-        .storage
+        .node
+        .storage()
         .presence_add(&session.id, &entry, config.presence_ttl)
         .await
         .map_err(|e| {
@@ -88,7 +89,7 @@ pub(crate) fn leave(state: &AppState, client: &str, mut channels: BTreeSet<Chann
     if channels.is_empty() {
         return;
     }
-    let storage = Arc::clone(&state.shared.storage);
+    let storage = Arc::clone(state.shared.node.storage());
     let session = Arc::clone(&state.shared.centrifugo.presence);
     let client = client.to_owned();
     tokio::spawn(async move {
@@ -108,7 +109,7 @@ pub(crate) async fn remove(state: &AppState, client: &str, channel: &ChannelName
     shared
         .centrifugo
         .presence
-        .remove(shared.storage.as_ref(), channel, client)
+        .remove(shared.node.storage().as_ref(), channel, client)
         .await;
 }
 
@@ -120,10 +121,16 @@ async fn entries(
     if !enabled(state, channel) {
         return Err(ReplyError::not_available());
     }
-    state.shared.storage.presence(channel).await.map_err(|e| {
-        herald_node::node_error::StorageFailure::new("presence", Some(channel), e).log();
-        ReplyError::internal()
-    })
+    state
+        .shared
+        .node
+        .storage()
+        .presence(channel)
+        .await
+        .map_err(|e| {
+            herald_node::node_error::StorageFailure::new("presence", Some(channel), e).log();
+            ReplyError::internal()
+        })
 }
 
 /// `presence`'s result: `{"presence": {"<client>": {"client", "user"}}}`.

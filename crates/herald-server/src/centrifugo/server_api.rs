@@ -420,7 +420,8 @@ async fn broadcast(state: &AppState, who: &Principal, p: PublishParams) -> Outco
 async fn epoch(state: &AppState, channel: &ChannelName) -> Result<String, ReplyError> {
     state
         .shared
-        .storage
+        .node
+        .storage()
         .channel_epoch(channel)
         .await
         .map_err(|e| {
@@ -459,7 +460,7 @@ async fn history_method(
         reverse: p.reverse,
     };
     let h = history(
-        state.shared.storage.as_ref(),
+        state.shared.node.storage().as_ref(),
         &channel,
         epoch,
         &query,
@@ -487,7 +488,7 @@ async fn channels(state: &AppState, who: &Principal, p: ChannelsParams) -> Outco
     }
     let shared = &state.shared;
     let counts = super::node_info::channel_counts(
-        shared.storage.as_ref(),
+        shared.node.storage().as_ref(),
         &shared.centrifugo,
         &shared.config.node_id,
     )
@@ -508,7 +509,7 @@ async fn info(state: &AppState, who: &Principal) -> Outcome {
     }
     let shared = &state.shared;
     raw(&super::node_info::info(
-        shared.storage.as_ref(),
+        shared.node.storage().as_ref(),
         &shared.centrifugo,
         &shared.config.node_id,
     )
@@ -528,7 +529,7 @@ struct UserChannel {
 /// send it (nothing done either).
 async fn tell_cluster(state: &AppState, event: ClusterEvent) -> Outcome {
     let shared = &state.shared;
-    match crate::cluster::tell(shared.storage.as_ref(), &shared.centrifugo, event).await {
+    match crate::cluster::tell(shared.node.storage().as_ref(), &shared.centrifugo, event).await {
         Ok(()) => raw(&json!({})),
         Err(herald_storage::Error::ClusterEventTooLarge { .. }) => Err(ReplyError::bad_request()),
         Err(e) => {
