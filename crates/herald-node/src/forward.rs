@@ -58,7 +58,7 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Largest answer body taken from a holder, in bytes (1 MiB): the answer
 /// to the largest batch (1 000 entries) is well under it. A longer one is
 /// a broken answer, read no further.
-pub const MAX_ANSWER_BYTES: usize = 1024 * 1024;
+pub(crate) const MAX_ANSWER_BYTES: usize = 1024 * 1024;
 
 /// The holder as this node knows it: its id and advertised URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,7 +99,7 @@ impl HolderView {
 /// A standby's own drain (`Stopped` with [`Release::NotHeld`]) does not
 /// count: the holder it forwards to is unchanged, and a drain lets the
 /// requests in flight finish until its deadline.
-pub fn ends_forward(state: &LeaseState) -> bool {
+pub(crate) fn ends_forward(state: &LeaseState) -> bool {
     match state {
         LeaseState::Holder { .. } => true,
         LeaseState::Stopped {
@@ -470,7 +470,7 @@ impl HolderAnswer {
 /// The headers and body of a Herald publish of `message`, for a publish
 /// that did not come as one (Centrifugo's): `Content-Type: application/json`,
 /// its `Idempotency-Key` if any, and the body `{"data": ..., "tags": ...}`.
-pub fn publish_request(message: &NewMessage) -> (HeaderMap, Bytes) {
+pub(crate) fn publish_request(message: &NewMessage) -> (HeaderMap, Bytes) {
     let mut headers = HeaderMap::new();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     if let Some(key) = &message.idempotency_key {
@@ -499,7 +499,7 @@ fn holder_route(write: &HolderWrite) -> (Method, String) {
 /// with [`Forwarded::TakenOver`]): every error that would say "nothing was
 /// stored" speaks for this node only, not for the old holder, so it
 /// becomes `no_holder` (outcome unknown).
-pub fn after_takeover_error(e: NodeError) -> NodeError {
+pub(crate) fn after_takeover_error(e: NodeError) -> NodeError {
     match e {
         NodeError::QueueFull
         | NodeError::LeaseLost
@@ -597,7 +597,7 @@ fn failed(method: &Method, url: &str, e: &reqwest::Error) -> NodeError {
 /// for url ...") and keeps the reason ("Connection refused (os error
 /// 111)") in its causes. A cause whose text the previous one already
 /// holds is left out.
-pub fn error_with_causes(e: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn error_with_causes(e: &(dyn std::error::Error + 'static)) -> String {
     let mut text = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {

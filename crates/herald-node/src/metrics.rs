@@ -70,7 +70,7 @@ pub fn batch_committed(messages: usize) {
 }
 
 /// Sets the writer's queue depth.
-pub fn queue_depth(depth: usize) {
+pub(crate) fn queue_depth(depth: usize) {
     gauge!(QUEUE_DEPTH).set(depth as f64);
 }
 
@@ -89,23 +89,23 @@ pub fn forwarded(result: &'static str) {
 }
 
 /// Records the delay of one commit signal, in seconds (never negative).
-pub fn notify_lag(seconds: f64) {
+pub(crate) fn notify_lag(seconds: f64) {
     histogram!(NOTIFY_LAG).record(seconds.max(0.0));
 }
 
 /// Counts one subscription read that fills a gap or a lag.
-pub fn catchup_read() {
+pub(crate) fn catchup_read() {
     counter!(CATCHUP_READS).increment(1);
 }
 
 /// Counts one subscription read that failed transiently and will be tried
 /// again.
-pub fn subscription_read_retry() {
+pub(crate) fn subscription_read_retry() {
     counter!(SUBSCRIPTION_READ_RETRIES).increment(1);
 }
 
 /// Counts one `truncated` event handed to a subscriber.
-pub fn subscription_truncated() {
+pub(crate) fn subscription_truncated() {
     counter!(SUBSCRIPTIONS_TRUNCATED).increment(1);
 }
 
@@ -117,21 +117,21 @@ pub fn trimmed(messages: u64, bytes: u64, seconds: f64) {
 }
 
 /// Sets the retention backlog gauges at the start of a sweep.
-pub fn retention_backlog(messages: u64, channels: u64) {
+pub(crate) fn retention_backlog(messages: u64, channels: u64) {
     gauge!(RETENTION_BACKLOG).set(messages as f64);
     gauge!(CHANNELS_BEYOND_POLICY).set(channels as f64);
 }
 
 /// Counts one live subscription for as long as it lives.
 #[derive(Debug)]
-pub struct SubscriberGauge {
+pub(crate) struct SubscriberGauge {
     transport: &'static str,
 }
 
 impl SubscriberGauge {
     /// Counts a new subscription on `transport` (`"sse"`, `"ws"` or
     /// `"centrifugo"`).
-    pub fn new(transport: &'static str) -> Self {
+    pub(crate) fn new(transport: &'static str) -> Self {
         gauge!(SUBSCRIBERS, "transport" => transport).increment(1.0);
         Self { transport }
     }

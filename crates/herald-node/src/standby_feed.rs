@@ -40,10 +40,10 @@ use crate::role::LeaseView;
 
 /// How often a standby that receives commit signals still polls, in case a
 /// signal was lost.
-pub const SAFETY_POLL: Duration = Duration::from_secs(1);
+pub(crate) const SAFETY_POLL: Duration = Duration::from_secs(1);
 
 /// The standby feed task's state.
-pub struct StandbyFeed {
+pub(crate) struct StandbyFeed {
     storage: Arc<dyn Storage>,
     lease: Arc<dyn LeaseView>,
     hub: Arc<Hub>,
@@ -124,7 +124,7 @@ struct Inputs {
 impl StandbyFeed {
     /// A feed that announces changes committed after `cursor` and the
     /// deletions numbered after `deletions`.
-    pub fn new(
+    pub(crate) fn new(
         storage: Arc<dyn Storage>,
         lease: Arc<dyn LeaseView>,
         hub: Arc<Hub>,
@@ -144,7 +144,7 @@ impl StandbyFeed {
     }
 
     /// Runs until `shutdown` is cancelled.
-    pub async fn run(mut self, shutdown: CancellationToken) {
+    pub(crate) async fn run(mut self, shutdown: CancellationToken) {
         let mut inputs = Inputs {
             signals: self.storage.watch_changes(),
             states: Some(self.lease.subscribe()),

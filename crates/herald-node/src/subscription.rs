@@ -197,16 +197,16 @@ pub fn wall_clock_ms() -> i64 {
 }
 
 /// Messages read from the storage per request.
-pub const PAGE_LIMIT: usize = 1000;
+pub(crate) const PAGE_LIMIT: usize = 1000;
 
 /// Pause after the first transient failure of a subscription's read,
 /// before the read is tried again; each further failure doubles it, up to
 /// [`RETRY_MAX`].
-pub const RETRY_FIRST: Duration = Duration::from_millis(50);
+pub(crate) const RETRY_FIRST: Duration = Duration::from_millis(50);
 
 /// Longest pause between two tries of a failing read: once the storage is
 /// back, a waiting subscription delivers again within this long.
-pub const RETRY_MAX: Duration = Duration::from_secs(1);
+pub(crate) const RETRY_MAX: Duration = Duration::from_secs(1);
 
 /// Whether a storage error may go away by itself, so that a subscription
 /// waits and reads again rather than ending: the storage's

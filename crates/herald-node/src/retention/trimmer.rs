@@ -49,15 +49,15 @@ impl Default for TrimPacing {
 }
 
 /// The trimming task of one node (it trims only while holder).
-pub struct Trimmer {
+pub(crate) struct Trimmer {
     /// Where the messages are trimmed.
-    pub storage: Arc<dyn Storage>,
+    pub(crate) storage: Arc<dyn Storage>,
     /// The node's role: it trims only while holder, fenced by its token.
-    pub lease: Arc<dyn LeaseView>,
+    pub(crate) lease: Arc<dyn LeaseView>,
     /// The policies in force (replaced whole on a reload).
-    pub retention: RetentionHandle,
+    pub(crate) retention: RetentionHandle,
     /// How much one trim transaction removes and how often sweeps run.
-    pub pacing: TrimPacing,
+    pub(crate) pacing: TrimPacing,
 }
 
 /// Whether a sweep trims `channel` under `policy`: it holds more messages
@@ -77,7 +77,7 @@ fn backlog(channel: &ChannelStats, policy: &RetentionPolicy) -> u64 {
 
 impl Trimmer {
     /// Sweeps every [`TrimPacing::interval`] until `shutdown`.
-    pub async fn run(self, shutdown: CancellationToken) {
+    pub(crate) async fn run(self, shutdown: CancellationToken) {
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return,
@@ -170,7 +170,7 @@ impl Trimmer {
 ///
 /// # Errors
 /// The storage's error.
-pub async fn trim_step(
+pub(crate) async fn trim_step(
     storage: &dyn Storage,
     view: &dyn LeaseView,
     lease: &Lease,
