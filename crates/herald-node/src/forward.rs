@@ -20,11 +20,11 @@
 //!   with the same `Idempotency-Key`;
 //! - the forwarder never follows a redirect (the cluster secret would go
 //!   wherever the answer points): a `3xx` answer is a broken answer
-//!   (`no_holder`), and so is an answer body over [`MAX_ANSWER_BYTES`];
+//!   (`no_holder`), and so is an answer body over `MAX_ANSWER_BYTES`;
 //! - a cluster secret about to travel over plain `http://` to a holder
 //!   that is not on loopback is logged as a WARN, once per holder URL;
 //! - a forward in flight ends the moment this node takes the lease over
-//!   ([`ends_forward`]): the holder it went to is fenced from then on, so
+//!   (`ends_forward`): the holder it went to is fenced from then on, so
 //!   waiting for its answer (it may be frozen) only delays the client. The
 //!   caller then commits the publish itself or answers `no_holder`
 //!   (`publish.rs`).
@@ -149,7 +149,7 @@ pub enum Forwarded {
     /// The holder answered (any status): its answer, to return unchanged.
     Answer(HolderAnswer),
     /// This node took the lease over before the holder answered
-    /// ([`ends_forward`]); the request to the holder was dropped. Whether
+    /// (`ends_forward`); the request to the holder was dropped. Whether
     /// the holder committed the publish before it lost the lease is unknown
     /// here, but settled: it can commit nothing more.
     TakenOver,
@@ -177,7 +177,7 @@ impl Forwarder {
     /// `Herald-Forwarded-By`, sends
     /// `cluster_secret` (if any) in `Herald-Cluster-Secret`, and waits at
     /// most `timeout` for a holder's whole answer (at most
-    /// [`CONNECT_TIMEOUT`] of it to connect). A holder whose advertised
+    /// `CONNECT_TIMEOUT` of it to connect). A holder whose advertised
     /// URL is `https://` is reached over TLS (rustls), its certificate
     /// checked against the system's trust store and `trusted_ca_pem` (PEM
     /// certificates of private CAs), if given.
@@ -434,7 +434,7 @@ impl HolderAnswer {
         self.retry_after.as_ref()
     }
 
-    /// The answer's body, at most [`MAX_ANSWER_BYTES`].
+    /// The answer's body, at most `MAX_ANSWER_BYTES`.
     pub fn body(&self) -> &Bytes {
         &self.body
     }

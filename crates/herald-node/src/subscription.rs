@@ -40,7 +40,7 @@
 //! A storage read that fails with a transient error (the storage's
 //! `Unavailable`: the database is down, restarting, locked or slow) does not
 //! end the subscription: the read is tried again after a pause that grows
-//! from [`RETRY_FIRST`] to at most [`RETRY_MAX`], as often as needed, and
+//! from `RETRY_FIRST` to at most `RETRY_MAX`, as often as needed, and
 //! the subscription waits meanwhile (its transport keeps the connection
 //! open with heartbeats). Since nothing is queued until a read succeeds and
 //! `last` only moves with what is queued, the wait loses and repeats
@@ -292,7 +292,7 @@ pub struct Subscription {
 impl Subscription {
     /// Subscribes to `channel` live, then tries to read the first history
     /// page after `after`. When that read fails transiently (see the module
-    /// docs) the subscription starts anyway, and [`Subscription::next`]
+    /// docs) the subscription starts anyway, and `Subscription::next`
     /// waits and reads again: the client is answered at once and follows
     /// the channel as soon as the storage is back. `transport` labels the
     /// subscriber gauge.
@@ -301,7 +301,7 @@ impl Subscription {
     /// successful read returns with its page, read from the storage (on a
     /// standby too, never a cached view): a resume point beyond it is
     /// [`NodeError::OffsetBeyondHead`], here or, when that read waited out an
-    /// outage, from [`Subscription::next`].
+    /// outage, from `Subscription::next`.
     ///
     /// # Errors
     /// [`NodeError::Storage`] when the first read fails with an error
