@@ -26,7 +26,7 @@ use axum::http::{HeaderMap, HeaderName};
 use herald_auth::{Auth, AuthError, AuthSlot, Credential, Principal};
 
 use crate::error::Error;
-use crate::forward::{was_forwarded, CLUSTER_SECRET, FORWARDED_BY};
+use herald_node::forward::{was_forwarded, CLUSTER_SECRET, FORWARDED_BY};
 
 #[cfg(test)]
 mod proptests;

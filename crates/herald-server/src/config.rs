@@ -4,11 +4,12 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use crate::cors::CorsConfig;
-use crate::node_error::StartError;
-use crate::retention::policy::RetentionHandle;
-use crate::retention::trimmer::TrimPacing;
 use crate::tls::TlsCertificates;
 use herald_auth::{AuthConfig, AuthReload, NamespacesConfig};
+use herald_node::node::NodeConfig;
+use herald_node::node_error::StartError;
+use herald_node::retention::policy::RetentionHandle;
+use herald_node::retention::trimmer::TrimPacing;
 
 /// Settings of one node's HTTP server. Every field has a default (see
 /// [`ServerConfig::default`]); [`ServerConfig::validate`] checks them.
@@ -160,6 +161,27 @@ impl Default for ServerConfig {
 }
 
 impl ServerConfig {
+    /// The settings of the node's core (herald-node) among these: node id,
+    /// advertised URL, writer queue and batch, subscriber buffer, standby
+    /// poll interval, retention and trim pacing, and forwarding (timeout,
+    /// trusted certificates, cluster secret). Call [`ServerConfig::validate`]
+    /// first.
+    pub fn node_config(&self) -> NodeConfig {
+        NodeConfig {
+            node_id: self.node_id.clone(),
+            advertise_url: self.advertise_url.clone(),
+            queue_capacity: self.queue_capacity,
+            max_batch: self.max_batch,
+            subscriber_buffer: self.subscriber_buffer,
+            standby_poll_interval: self.standby_poll_interval,
+            retention: self.retention.clone(),
+            trim_pacing: self.trim_pacing,
+            forward_timeout: self.forward_timeout,
+            trusted_ca_pem: self.trusted_ca_pem.clone(),
+            cluster_secret: self.auth.cluster_secret.clone(),
+        }
+    }
+
     /// Checks that every size and period is usable.
     ///
     /// # Errors

@@ -18,7 +18,7 @@ use axum::http::header::{
 use axum::http::{HeaderValue, Method};
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
-use crate::node_error::StartError;
+use herald_node::node_error::StartError;
 
 /// The request headers a page may send: credentials (`Authorization`,
 /// `X-API-Key`), the publish body's type, `Idempotency-Key` and SSE's

@@ -12,8 +12,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-use crate::node_error::{not_holder_message, HolderWrite, NodeError, StorageFailure};
 use herald_auth::AuthError;
+use herald_node::node_error::{not_holder_message, HolderWrite, NodeError, StorageFailure};
 
 /// Result alias for this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -395,18 +395,6 @@ fn auth_challenge(e: &AuthError) -> Option<HeaderValue> {
         | AuthError::KeyReload(_) => return None,
     };
     Some(HeaderValue::from_static(value))
-}
-
-/// Access control that cannot be built from its settings:
-/// [`StartError::Config`](crate::node_error::StartError::Config) with the
-/// message naming the setting.
-impl From<AuthError> for crate::node_error::StartError {
-    fn from(e: AuthError) -> Self {
-        match e {
-            AuthError::Config(message) => Self::Config(message),
-            other => Self::Config(other.to_string()),
-        }
-    }
 }
 
 #[cfg(test)]

@@ -31,9 +31,9 @@
 //!   default) `/metrics` checks the caller before doing anything;
 //! - the crate knows nothing of SQL or of the lease's timing policy.
 //!
-//! The feature `fault-switches` (test-only, never shipped) compiles in the
-//! fault switches of `herald_core::fault_switches`; `FaultSwitch` says
-//! where each acts.
+//! The feature `fault-switches` (test-only, never shipped) enables
+//! herald-node's, whose fault switches act in the writer and the standby
+//! feed.
 
 mod api;
 mod auth_extract;
@@ -44,27 +44,16 @@ mod cors;
 mod edge;
 mod error;
 mod extract;
-mod forward;
 #[cfg(test)]
 mod fuzz;
-mod hub;
 mod jwks_fetch;
 mod listener;
 mod metrics;
-mod node_error;
-mod publish;
-mod retention;
-mod role;
 mod router;
 mod shared;
-mod standby_feed;
 mod state;
-mod subscription;
-#[cfg(test)]
-mod testing;
 mod tls;
 mod websocket;
-mod writer;
 
 use std::sync::Arc;
 
@@ -77,9 +66,11 @@ pub use centrifugo::CentrifugoConfig;
 pub use config::ServerConfig;
 pub use cors::CorsConfig;
 pub use error::{Error, Result};
+pub use herald_node::node_error::{HolderWrite, NodeError, StartError, StorageFailure};
+pub use herald_node::retention::{
+    duration_text, RetentionConfig, RetentionHandle, RetentionPolicy, TrimPacing,
+};
 pub use metrics::install_metrics_recorder;
-pub use node_error::{HolderWrite, NodeError, StartError, StorageFailure};
-pub use retention::{duration_text, RetentionConfig, RetentionHandle, RetentionPolicy, TrimPacing};
 pub use state::AppState;
 pub use tls::TlsCertificates;
 
@@ -154,7 +145,7 @@ pub async fn serve_with_writes_done(
 pub(crate) async fn serve_with(
     listener: TcpListener,
     storage: Arc<dyn Storage>,
-    lease: Arc<dyn role::LeaseView>,
+    lease: Arc<dyn herald_node::role::LeaseView>,
     config: ServerConfig,
     shutdown: CancellationToken,
     writes_done: Option<CancellationToken>,

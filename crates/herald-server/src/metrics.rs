@@ -1,5 +1,6 @@
-//! Prometheus metrics: the process-wide recorder and the server's metric
-//! names.
+//! Prometheus metrics: the process-wide recorder, which describes every
+//! family (the core's, named in `herald_node::metrics`, and the server's
+//! own, named here), and the connection and protocol metrics' recorders.
 //!
 //! | name | type | labels | meaning |
 //! | --- | --- | --- | --- |
@@ -36,33 +37,20 @@
 use std::sync::OnceLock;
 
 use herald_auth::metrics::RATE_LIMITED;
+use herald_node::metrics::{
+    BATCH_MESSAGES, CATCHUP_READS, CHANNELS_BEYOND_POLICY, FORWARDED_WRITES, LEASE_ROLE,
+    LEASE_SINCE_RENEWAL, LEASE_TOKEN, NOTIFY_LAG, PUBLISHES, PUBLISH_DURATION, QUEUE_DEPTH,
+    RETENTION_BACKLOG, SUBSCRIBERS, SUBSCRIPTIONS_TRUNCATED, SUBSCRIPTION_READ_RETRIES,
+    TAKEOVERS_RECORDED, TRIMMED_BYTES, TRIMMED_MESSAGES, TRIM_DURATION,
+};
 use metrics::Unit;
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-pub(crate) const PUBLISHES: &str = "herald_publishes_total";
-pub(crate) const PUBLISH_DURATION: &str = "herald_publish_duration_seconds";
-pub(crate) const BATCH_MESSAGES: &str = "herald_writer_batch_messages";
-pub(crate) const QUEUE_DEPTH: &str = "herald_writer_queue_depth";
-pub(crate) const SUBSCRIBERS: &str = "herald_subscribers";
-pub(crate) const LEASE_ROLE: &str = "herald_lease_role";
-pub(crate) const LEASE_TOKEN: &str = "herald_lease_token";
-pub(crate) const LEASE_SINCE_RENEWAL: &str = "herald_lease_seconds_since_renewal";
-pub(crate) const FORWARDED_WRITES: &str = "herald_forwarded_writes_total";
-pub(crate) const NOTIFY_LAG: &str = "herald_notify_lag_seconds";
-pub(crate) const CATCHUP_READS: &str = "herald_catchup_reads_total";
-pub(crate) const SUBSCRIPTION_READ_RETRIES: &str = "herald_subscription_read_retries_total";
 pub(crate) const CONNECTIONS_REFUSED: &str = "herald_connections_refused_total";
 pub(crate) const IDLE_CONNECTIONS_CLOSED: &str = "herald_idle_connections_closed_total";
 pub(crate) const WS_MESSAGES_TOO_BIG: &str = "herald_ws_messages_too_big_total";
-pub(crate) const TRIMMED_MESSAGES: &str = "herald_retention_trimmed_messages_total";
-pub(crate) const TRIMMED_BYTES: &str = "herald_retention_trimmed_bytes_total";
-pub(crate) const TRIM_DURATION: &str = "herald_retention_trim_duration_seconds";
-pub(crate) const RETENTION_BACKLOG: &str = "herald_retention_backlog_messages";
-pub(crate) const CHANNELS_BEYOND_POLICY: &str = "herald_retention_channels_beyond_policy";
-pub(crate) const SUBSCRIPTIONS_TRUNCATED: &str = "herald_subscriptions_truncated_total";
 pub(crate) const CHANNELS_UNREPORTED: &str = "herald_centrifugo_channels_unreported";
-pub(crate) const TAKEOVERS_RECORDED: &str = "herald_lease_takeovers_recorded";
 /// Emitted by the lease supervisor (herald-lease).
 const LEASE_RENEWALS: &str = "herald_lease_renewals_total";
 const LEASE_RENEWAL_DURATION: &str = "herald_lease_renewal_duration_seconds";
@@ -326,85 +314,9 @@ fn register_at_zero() {
     }
 }
 
-/// Sets `herald_lease_takeovers_recorded` from the database's record
-/// (`LeaseStore::takeover_counts`); reasons without a record read 0.
-pub(crate) fn takeovers_recorded(counts: &[herald_storage::TakeoverCount]) {
-    for reason in herald_storage::TakeoverReason::ALL {
-        let takeovers = counts
-            .iter()
-            .find(|c| c.reason == reason)
-            .map_or(0, |c| c.takeovers);
-        gauge!(TAKEOVERS_RECORDED, "reason" => reason.as_str()).set(takeovers as f64);
-    }
-}
-
-/// Counts one publish outcome and its duration.
-pub(crate) fn publish_finished(result: &'static str, seconds: f64) {
-    counter!(PUBLISHES, "result" => result).increment(1);
-    histogram!(PUBLISH_DURATION).record(seconds);
-}
-
-/// Records the size of one committed batch.
-pub(crate) fn batch_committed(messages: usize) {
-    histogram!(BATCH_MESSAGES).record(messages as f64);
-}
-
-/// Sets the writer's queue depth.
-pub(crate) fn queue_depth(depth: usize) {
-    gauge!(QUEUE_DEPTH).set(depth as f64);
-}
-
-/// Sets the lease gauges (at scrape time).
-pub(crate) fn lease(holder: bool, token: u64, since_renewal: Option<std::time::Duration>) {
-    gauge!(LEASE_ROLE).set(if holder { 1.0 } else { 0.0 });
-    gauge!(LEASE_TOKEN).set(token as f64);
-    // Absent (NaN) on a standby: it renews nothing.
-    gauge!(LEASE_SINCE_RENEWAL).set(since_renewal.map_or(f64::NAN, |d| d.as_secs_f64()));
-}
-
-/// Counts one forwarded publish by `result` (`ok`, `error`, `no_holder`,
-/// `takeover`).
-pub(crate) fn forwarded(result: &'static str) {
-    counter!(FORWARDED_WRITES, "result" => result).increment(1);
-}
-
-/// Records the delay of one commit signal, in seconds (never negative).
-pub(crate) fn notify_lag(seconds: f64) {
-    histogram!(NOTIFY_LAG).record(seconds.max(0.0));
-}
-
-/// Counts one subscription read that fills a gap or a lag.
-pub(crate) fn catchup_read() {
-    counter!(CATCHUP_READS).increment(1);
-}
-
-/// Counts one subscription read that failed transiently and will be tried
-/// again.
-pub(crate) fn subscription_read_retry() {
-    counter!(SUBSCRIPTION_READ_RETRIES).increment(1);
-}
-
-/// Counts one `truncated` event handed to a subscriber.
-pub(crate) fn subscription_truncated() {
-    counter!(SUBSCRIPTIONS_TRUNCATED).increment(1);
-}
-
 /// Sets how many subscribed channels the last node report left out.
 pub(crate) fn channels_unreported(channels: u64) {
     gauge!(CHANNELS_UNREPORTED).set(channels as f64);
-}
-
-/// Records one trim transaction: what it removed and how long it took.
-pub(crate) fn trimmed(messages: u64, bytes: u64, seconds: f64) {
-    counter!(TRIMMED_MESSAGES).increment(messages);
-    counter!(TRIMMED_BYTES).increment(bytes);
-    histogram!(TRIM_DURATION).record(seconds);
-}
-
-/// Sets the retention backlog gauges at the start of a sweep.
-pub(crate) fn retention_backlog(messages: u64, channels: u64) {
-    gauge!(RETENTION_BACKLOG).set(messages as f64);
-    gauge!(CHANNELS_BEYOND_POLICY).set(channels as f64);
 }
 
 /// Counts one connection (or proxied request) refused for `reason`
@@ -423,30 +335,10 @@ pub(crate) fn ws_message_too_big() {
     counter!(WS_MESSAGES_TOO_BIG).increment(1);
 }
 
-/// Counts one live subscription for as long as it lives.
-#[derive(Debug)]
-pub(crate) struct SubscriberGauge {
-    transport: &'static str,
-}
-
-impl SubscriberGauge {
-    /// Counts a new subscription on `transport` (`"sse"`, `"ws"` or
-    /// `"centrifugo"`).
-    pub(crate) fn new(transport: &'static str) -> Self {
-        gauge!(SUBSCRIBERS, "transport" => transport).increment(1.0);
-        Self { transport }
-    }
-}
-
-impl Drop for SubscriberGauge {
-    fn drop(&mut self) {
-        gauge!(SUBSCRIBERS, "transport" => self.transport).decrement(1.0);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use herald_node::metrics::batch_committed;
 
     #[test]
     fn batch_sizes_render_as_a_histogram() {

@@ -1,7 +1,8 @@
-//! The node's state and its background tasks (writer, standby feed,
-//! retention's trimming task, metrics upkeep; Centrifugo's context starts
-//! its own, `centrifugo/context.rs`), and the sub-state each wing takes
-//! from it (`FromRef`).
+//! The node's state: the core ([`Node`], which runs the writer, the standby
+//! feed and retention's trimming task), the server's metrics upkeep and
+//! Centrifugo's context (which starts its own tasks,
+//! `centrifugo/context.rs`), and the sub-state each wing takes from it
+//! (`FromRef`).
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -9,26 +10,21 @@ use std::time::Duration;
 use axum::extract::FromRef;
 use herald_auth::{Auth, AuthSlot};
 use herald_lease::LeaseHandle;
+use herald_node::node::Node;
+use herald_node::node_error::StartError;
+use herald_node::role::LeaseView;
 use herald_storage::Storage;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 use crate::api::state::ApiState;
 use crate::centrifugo::context::{Centrifugo, CentrifugoState};
 use crate::config::ServerConfig;
 use crate::conn_limit::ConnectionLimits;
-use crate::forward::Forwarder;
-use crate::hub::Hub;
 use crate::jwks_fetch::HttpJwksFetch;
 use crate::metrics::install_metrics_recorder;
-use crate::node_error::StartError;
-use crate::retention::trimmer::Trimmer;
-use crate::role::LeaseView;
 use crate::shared::Shared;
-use crate::standby_feed::StandbyFeed;
-use crate::writer::Writer;
 
 /// Interval of the metrics recorder's upkeep (draining histogram samples
 /// when nobody scrapes).
@@ -57,13 +53,9 @@ struct Running {
     centrifugo: Arc<Centrifugo>,
     /// Connections open per client address (`max_connections_per_ip`).
     conn_limits: Arc<ConnectionLimits>,
-    /// Writer, standby feed, trimming and upkeep tasks, awaited by
-    /// [`AppState::stopped`].
+    /// The server's own tasks (metrics upkeep), awaited by
+    /// [`AppState::stopped`] after the core's.
     tasks: Mutex<Vec<JoinHandle<()>>>,
-    /// Cancelled when the writer has ended: from then on this node writes
-    /// nothing more, so the lease can be released even while slow clients
-    /// still hold connections open.
-    writes_done: CancellationToken,
 }
 
 impl AppState {
@@ -100,32 +92,15 @@ impl AppState {
             jwks_fetch,
         )?));
         config.auth_reload.attach(&auth);
-        let forwarder = Forwarder::new(
-            &config.node_id,
-            &config.advertise_url,
-            config.forward_timeout,
-            config.trusted_ca_pem.as_deref(),
-            config.auth.cluster_secret.as_ref(),
-        )?;
         let metrics = install_metrics_recorder();
-        let cursors = (
-            storage.change_cursor().await?,
-            storage.deletion_cursor().await?,
-        );
-        let hub = Hub::new(config.subscriber_buffer);
-        let (writer, writer_handle) = Writer::new(
-            Arc::clone(&storage),
-            Arc::clone(&lease),
-            Arc::clone(&hub),
-            config.queue_capacity,
-            config.max_batch,
-        );
-        let feed = StandbyFeed::new(
-            Arc::clone(&storage),
-            Arc::clone(&lease),
-            Arc::clone(&hub),
-            cursors,
-            config.standby_poll_interval,
+        let node = Arc::new(
+            Node::start(
+                Arc::clone(&storage),
+                lease,
+                config.node_config(),
+                shutdown.clone(),
+            )
+            .await?,
         );
         // Every log record of these tasks carries the node's id.
         let span = tracing::info_span!("herald", node_id = %config.node_id);
@@ -137,27 +112,7 @@ impl AppState {
             &shutdown,
             &span,
         ));
-        let writes_done = CancellationToken::new();
-        let writer_task = {
-            let shutdown = shutdown.clone();
-            let done = writes_done.clone();
-            async move {
-                writer.run(shutdown).await;
-                done.cancel();
-            }
-        };
-        let trimmer = Trimmer {
-            storage: Arc::clone(&storage),
-            lease: Arc::clone(&lease),
-            retention: config.retention.clone(),
-            pacing: config.trim_pacing,
-        };
-        let tasks = vec![
-            tokio::spawn(writer_task.instrument(span.clone())),
-            tokio::spawn(feed.run(shutdown.clone()).instrument(span.clone())),
-            tokio::spawn(trimmer.run(shutdown.clone()).instrument(span)),
-            tokio::spawn(upkeep(metrics.clone(), shutdown.clone())),
-        ];
+        let tasks = vec![tokio::spawn(upkeep(metrics.clone(), shutdown.clone()))];
         tracing::info!(
             node_id = %config.node_id,
             advertise_url = %config.advertise_url,
@@ -171,13 +126,9 @@ impl AppState {
             &config.node_id,
         );
         let shared = Arc::new(Shared {
-            storage,
-            lease,
+            node,
             config,
-            writer: writer_handle,
-            hub,
             auth_slot: auth,
-            forwarder,
             shutdown,
         });
         Ok(Self {
@@ -186,7 +137,6 @@ impl AppState {
                 centrifugo,
                 conn_limits,
                 tasks: Mutex::new(tasks),
-                writes_done,
             }),
             shared,
         })
@@ -212,7 +162,7 @@ impl AppState {
     /// publish it accepted is committed or failed, and it will write
     /// nothing more.
     pub async fn writes_done(&self) {
-        self.running.writes_done.cancelled().await;
+        self.shared.node.writes_done().await;
     }
 
     /// Waits until the background tasks have ended and every WebSocket
@@ -224,6 +174,7 @@ impl AppState {
     /// other nodes.
     pub async fn stopped(&self) {
         self.shared.shutdown.cancelled().await;
+        self.shared.node.stopped().await;
         let tasks = std::mem::take(
             &mut *self
                 .running

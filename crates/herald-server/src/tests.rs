@@ -17,7 +17,7 @@ use crate::app;
 use crate::config::ServerConfig;
 use crate::serve_with;
 use crate::state::AppState;
-use crate::testing::{FakeLease, MemoryStorage};
+use herald_node::testing::{FakeLease, MemoryStorage};
 
 struct Node {
     storage: Arc<MemoryStorage>,
@@ -556,7 +556,7 @@ async fn the_holder_probe_follows_the_lease_row_not_only_the_nodes_view() {
     // Another node took the lease over (token 2); this node's view is
     // unchanged, its deadline far away.
     node.storage.set_current_token(FencingToken(2));
-    assert!(node.state.shared.lease.is_holder());
+    assert!(node.state.shared.node.lease().is_holder());
     let (status, headers, body) = node.get("/readyz?role=holder").await;
     assert_error(status, &body, StatusCode::SERVICE_UNAVAILABLE, "not_holder");
     assert_eq!(headers[header::RETRY_AFTER], "1");
@@ -596,7 +596,7 @@ async fn a_full_queue_answers_queue_full() {
     node.storage.wait_for_appends_started(1).await;
     let second = publish(&node);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while node.state.shared.writer.queued() < 1 {
+    while node.state.shared.node.writer().queued() < 1 {
         assert!(
             tokio::time::Instant::now() < deadline,
             "second publish never queued"

@@ -20,7 +20,7 @@ use tokio_rustls::rustls::sign::CertifiedKey;
 use tokio_rustls::rustls::ServerConfig as RustlsConfig;
 use tokio_rustls::TlsAcceptor;
 
-use crate::node_error::StartError;
+use herald_node::node_error::StartError;
 
 /// The ALPN protocols offered (RFC 7301): HTTP/2, then HTTP/1.1.
 const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];

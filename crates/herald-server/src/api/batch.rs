@@ -21,8 +21,8 @@ use super::state::ApiState;
 use crate::api::publish::holder_response;
 use crate::error::{Error, Result};
 use crate::extract::{check_depth, read_limited};
-use crate::metrics;
-use crate::publish::{self, BatchPublished};
+use herald_node::metrics;
+use herald_node::publish::{self, BatchPublished};
 
 /// Most entries in one batch publish.
 pub(crate) const MAX_BATCH_ENTRIES: usize = 1000;

@@ -19,9 +19,9 @@ use crate::api::publish::holder_response;
 use crate::auth_extract::Caller;
 use crate::error::Result;
 use crate::extract::ChannelPath;
-use crate::forward::Forwarded;
-use crate::node_error::HolderWrite;
-use crate::retention;
+use herald_node::forward::Forwarded;
+use herald_node::node_error::HolderWrite;
+use herald_node::retention;
 
 /// The answer of a deletion.
 #[derive(Debug, Serialize)]
@@ -46,12 +46,13 @@ pub(crate) async fn delete_channel(
     if !matches!(who, Principal::Cluster) {
         state.shared.auth().may_admin(&who)?;
     }
-    if !state.shared.lease.is_holder() {
+    if !state.shared.node.lease().is_holder() {
         let write = HolderWrite::DeleteChannel(channel.clone());
         let shared = &state.shared;
         let forwarded = shared
-            .forwarder
-            .to_holder(shared.lease.as_ref(), &headers, write, Bytes::new())
+            .node
+            .forwarder()
+            .to_holder(shared.node.lease().as_ref(), &headers, write, Bytes::new())
             .await?;
         match forwarded {
             Forwarded::Answer(answer) => return Ok(holder_response(answer)),
@@ -62,9 +63,9 @@ pub(crate) async fn delete_channel(
     }
     let shared = &state.shared;
     let head = retention::delete_channel(
-        shared.storage.as_ref(),
-        shared.lease.as_ref(),
-        &shared.hub,
+        shared.node.storage().as_ref(),
+        shared.node.lease().as_ref(),
+        shared.node.hub(),
         shared.config.trim_pacing.batch,
         &channel,
     )

@@ -14,9 +14,9 @@ use super::state::ApiState;
 use crate::auth_extract::Caller;
 use crate::error::{Error, Result};
 use crate::extract::{FromQuery, QueryParams, ValidQuery};
-use crate::forward::HolderView;
 use crate::metrics;
-use crate::node_error::{StorageContext, StorageFailure};
+use herald_node::forward::HolderView;
+use herald_node::node_error::{StorageContext, StorageFailure};
 
 /// How long `/v1/status` waits for the lease row before showing `null`.
 const STATUS_LEASE_TIMEOUT: Duration = Duration::from_millis(500);
@@ -86,7 +86,7 @@ struct StatusSummary {
 /// (when it was read in time) names this node with its token, unexpired.
 pub(crate) async fn status(State(state): State<ApiState>, Caller(who): Caller) -> Response {
     let shared = &state.shared;
-    let lease_state = shared.lease.state();
+    let lease_state = shared.node.lease().state();
     let (is_holder, lease) = role_on_the_row(&state).await;
     let role = if is_holder { "holder" } else { "standby" };
     if shared.auth().may_admin(&who).is_err() {
@@ -113,9 +113,10 @@ pub(crate) async fn status(State(state): State<ApiState>, Caller(who): Caller) -
         node_id: shared.config.node_id.clone(),
         role,
         draining: state.draining(),
-        backend: shared.storage.backend(),
+        backend: shared.node.storage().backend(),
         since_last_renewal_ms: shared
-            .lease
+            .node
+            .lease()
             .since_last_renewal()
             .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
         holder,
@@ -131,27 +132,36 @@ pub(crate) async fn status(State(state): State<ApiState>, Caller(who): Caller) -
 async fn role_on_the_row(state: &ApiState) -> (bool, Option<LeaseInfo>) {
     let shared = &state.shared;
     let name = shared
-        .lease
+        .node
+        .lease()
         .state()
         .lease_name()
         .unwrap_or(herald_core::DEFAULT_LEASE_NAME)
         .to_owned();
-    let row =
-        match tokio::time::timeout(STATUS_LEASE_TIMEOUT, shared.storage.lease_info(&name)).await {
-            Ok(Ok(info)) => info,
-            Ok(Err(e)) => {
-                StorageFailure::new("lease_info", None, e).log();
-                None
-            }
-            Err(_) => {
-                tracing::debug!("lease row not read within the status timeout");
-                None
-            }
-        };
-    let is_holder = shared.lease.writable_lease().is_some_and(|own| match &row {
-        Some(row) => holds(row, &own),
-        None => true,
-    });
+    let row = match tokio::time::timeout(
+        STATUS_LEASE_TIMEOUT,
+        shared.node.storage().lease_info(&name),
+    )
+    .await
+    {
+        Ok(Ok(info)) => info,
+        Ok(Err(e)) => {
+            StorageFailure::new("lease_info", None, e).log();
+            None
+        }
+        Err(_) => {
+            tracing::debug!("lease row not read within the status timeout");
+            None
+        }
+    };
+    let is_holder = shared
+        .node
+        .lease()
+        .writable_lease()
+        .is_some_and(|own| match &row {
+            Some(row) => holds(row, &own),
+            None => true,
+        });
     (is_holder, row)
 }
 
@@ -179,7 +189,7 @@ pub(crate) async fn readyz(
     if query.role == Some(ReadyRole::Holder) {
         return prove_holder(&state).await;
     }
-    match tokio::time::timeout(READY_TIMEOUT, state.shared.storage.ping()).await {
+    match tokio::time::timeout(READY_TIMEOUT, state.shared.node.storage().ping()).await {
         Ok(pinged) => {
             pinged.during("ping", None)?;
             Ok(Json(json!({ "status": "ready" })))
@@ -204,13 +214,15 @@ async fn prove_holder(state: &ApiState) -> Result<Json<Value>> {
         request: None,
         holder_url: row
             .and_then(|r| r.holder_url.clone())
-            .or_else(|| shared.lease.state().holder_url().map(str::to_owned)),
+            .or_else(|| shared.node.lease().state().holder_url().map(str::to_owned)),
     };
-    let Some(lease) = shared.lease.writable_lease() else {
+    let Some(lease) = shared.node.lease().writable_lease() else {
         return Err(not_holder(None));
     };
     let row =
-        match tokio::time::timeout(READY_TIMEOUT, shared.storage.lease_info(&lease.name)).await {
+        match tokio::time::timeout(READY_TIMEOUT, shared.node.storage().lease_info(&lease.name))
+            .await
+        {
             Ok(read) => read.during("lease_info", None)?,
             Err(_) => {
                 tracing::warn!(
@@ -222,7 +234,8 @@ async fn prove_holder(state: &ApiState) -> Result<Json<Value>> {
         };
     let proven = row.as_ref().is_some_and(|r| holds(r, &lease));
     let still = shared
-        .lease
+        .node
+        .lease()
         .writable_lease()
         .is_some_and(|now| now.token == lease.token);
     if proven && still {
@@ -258,15 +271,25 @@ pub(crate) async fn metrics(
     shared.auth().may_scrape(&who)?;
     let (is_holder, row) = role_on_the_row(&state).await;
     let name = row.map_or_else(|| herald_core::DEFAULT_LEASE_NAME.to_owned(), |r| r.name);
-    match tokio::time::timeout(STATUS_LEASE_TIMEOUT, shared.storage.takeover_counts(&name)).await {
-        Ok(Ok(counts)) => metrics::takeovers_recorded(&counts),
+    match tokio::time::timeout(
+        STATUS_LEASE_TIMEOUT,
+        shared.node.storage().takeover_counts(&name),
+    )
+    .await
+    {
+        Ok(Ok(counts)) => herald_node::metrics::takeovers_recorded(&counts),
         Ok(Err(e)) => StorageFailure::new("takeover_counts", None, e).log(),
         Err(_) => tracing::debug!("takeover counts not read within the metrics timeout"),
     }
-    metrics::lease(
+    herald_node::metrics::lease(
         is_holder,
-        shared.lease.state().last_token().map_or(0, |token| token.0),
-        shared.lease.since_last_renewal(),
+        shared
+            .node
+            .lease()
+            .state()
+            .last_token()
+            .map_or(0, |token| token.0),
+        shared.node.lease().since_last_renewal(),
     );
     metrics::collect_process();
     Ok((

@@ -15,9 +15,9 @@ use super::state::ApiState;
 use crate::auth_extract::Caller;
 use crate::error::{Error, Result};
 use crate::extract::{idempotency_key, ChannelPath, PublishBody};
-use crate::forward::HolderAnswer;
-use crate::metrics;
-use crate::publish::{self, Published, Received};
+use herald_node::forward::HolderAnswer;
+use herald_node::metrics;
+use herald_node::publish::{self, Published, Received};
 
 /// The answer to a publish: 201 when appended, 200 for a repeated
 /// idempotency key (with the original offset and time).

@@ -9,7 +9,7 @@ use super::state::ApiState;
 use crate::auth_extract::Caller;
 use crate::error::{Error, Result};
 use crate::extract::{ChannelPath, FromQuery, QueryParams, ValidQuery};
-use crate::node_error::StorageContext;
+use herald_node::node_error::StorageContext;
 
 /// `limit` of a history read when the query has none, in messages.
 pub(crate) const DEFAULT_LIMIT: usize = 100;
@@ -63,7 +63,8 @@ pub(crate) async fn history(
     let limit = query.limit.unwrap_or(DEFAULT_LIMIT);
     let page = state
         .shared
-        .storage
+        .node
+        .storage()
         .read(&channel, after, limit)
         .await
         .during("read", Some(&channel))?;
@@ -111,7 +112,8 @@ pub(crate) async fn channels(
     state.shared.auth().may_admin(&who)?;
     let channels = state
         .shared
-        .storage
+        .node
+        .storage()
         .channel_stats()
         .await
         .during("channels", None)?

@@ -49,7 +49,7 @@ use super::state::ApiState;
 use crate::auth_extract::Subscriber;
 use crate::error::Result;
 use crate::extract::{resume_point, AfterQuery, ChannelPath, ValidQuery};
-use crate::subscription::{Item, StartAt, Subscription};
+use herald_node::subscription::{Item, StartAt, Subscription};
 
 /// Tells nginx-style proxies not to buffer the stream.
 const X_ACCEL_BUFFERING: HeaderName = HeaderName::from_static("x-accel-buffering");
@@ -77,8 +77,14 @@ pub(crate) async fn events(
     let expiry = who
         .token()
         .map(|token| Box::pin(tokio::time::sleep(token.time_left())));
-    let sub =
-        Subscription::start_at(shared.storage.clone(), &shared.hub, channel, start, "sse").await?;
+    let sub = Subscription::start_at(
+        shared.node.storage().clone(),
+        shared.node.hub(),
+        channel,
+        start,
+        "sse",
+    )
+    .await?;
     let stream = futures::stream::unfold(Some((sub, expiry)), |open| async move {
         let (mut sub, mut expiry) = open?;
         let next = match expiry.as_mut() {

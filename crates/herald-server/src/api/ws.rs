@@ -65,9 +65,9 @@ use crate::conn_limit::ClientSlot;
 use crate::error::{Error, Result};
 use crate::extract::{resume_point, AfterQuery, ChannelPath, ValidQuery};
 use crate::metrics;
-use crate::node_error::NodeError;
-use crate::subscription::{Item, StartAt, Subscription};
 use crate::websocket::{close, CLOSE_TIMEOUT};
+use herald_node::node_error::NodeError;
+use herald_node::subscription::{Item, StartAt, Subscription};
 
 /// How long a client that upgraded without credentials has to send its
 /// token frame.
@@ -146,8 +146,14 @@ pub(crate) async fn upgrade(
     }
     let expires = expiry(&who);
     let start = StartAt::new(resume, shared.auth().live_only_window(&who, &channel));
-    let sub =
-        Subscription::start_at(shared.storage.clone(), &shared.hub, channel, start, "ws").await?;
+    let sub = Subscription::start_at(
+        shared.node.storage().clone(),
+        shared.node.hub(),
+        channel,
+        start,
+        "ws",
+    )
+    .await?;
     let shutdown = shared.shutdown.clone();
     let heartbeat = shared.config.heartbeat;
     Ok(upgrade.on_upgrade(move |socket| {
@@ -220,16 +226,21 @@ async fn authenticate_then_serve(
     };
     let shared = &state.shared;
     let start = StartAt::new(resume, auth.live_only_window(&who, &channel));
-    let sub =
-        match Subscription::start_at(shared.storage.clone(), &shared.hub, channel, start, "ws")
-            .await
-        {
-            Ok(sub) => sub,
-            Err(e) => {
-                e.log();
-                return close(tx, rx, close_code::ERROR, "storage failed; resume later").await;
-            }
-        };
+    let sub = match Subscription::start_at(
+        shared.node.storage().clone(),
+        shared.node.hub(),
+        channel,
+        start,
+        "ws",
+    )
+    .await
+    {
+        Ok(sub) => sub,
+        Err(e) => {
+            e.log();
+            return close(tx, rx, close_code::ERROR, "storage failed; resume later").await;
+        }
+    };
     let socket = match tx.reunite(rx) {
         Ok(socket) => socket,
         Err(_) => return,

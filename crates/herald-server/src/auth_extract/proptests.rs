@@ -21,7 +21,7 @@ use tower::ServiceExt;
 use crate::app;
 use crate::config::ServerConfig;
 use crate::state::AppState;
-use crate::testing::{FakeLease, MemoryStorage};
+use herald_node::testing::{FakeLease, MemoryStorage};
 
 /// Cases per run: enough to reach every branch, bounded in time.
 const CASES: u32 = 256;
@@ -140,7 +140,7 @@ fn any_credential_gets_2xx_401_or_403() {
     let state = runtime
         .block_on(AppState::start_with(
             MemoryStorage::new(),
-            FakeLease::holder(FencingToken(1)) as Arc<dyn crate::role::LeaseView>,
+            FakeLease::holder(FencingToken(1)) as Arc<dyn herald_node::role::LeaseView>,
             config,
             shutdown.clone(),
         ))

@@ -73,8 +73,8 @@ mod tests {
 
     use super::*;
     use crate::centrifugo::mailbox::{Control, Mailbox};
-    use crate::testing::MemoryStorage;
     use herald_core::ChannelName;
+    use herald_node::testing::MemoryStorage;
 
     async fn next(mailbox: &Mailbox) -> Control {
         tokio::time::timeout(Duration::from_secs(5), mailbox.next())

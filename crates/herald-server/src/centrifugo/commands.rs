@@ -26,8 +26,8 @@ use super::recovery::{self, Recovery};
 use super::session::{
     max_commands_per_frame, Session, Stop, Sub, Writer, MAX_DENIALS_LOGGED, REPLY_FRAME_BYTES,
 };
-use crate::node_error::StorageContext;
-use crate::subscription::{Item, Subscription};
+use herald_node::node_error::StorageContext;
+use herald_node::subscription::{Item, Subscription};
 
 /// The version the connect reply names: Herald's.
 const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -632,7 +632,7 @@ impl Session {
         budget: Budget,
     ) -> crate::error::Result<(Started, Subscription)> {
         let shared = &self.state.shared;
-        let storage = shared.storage.as_ref();
+        let storage = shared.node.storage().as_ref();
         let epoch = storage
             .channel_epoch(channel)
             .await
@@ -668,8 +668,8 @@ impl Session {
             Recovery::NotRecovered { position } => (Vec::new(), position, false),
         };
         let live = Subscription::start(
-            Arc::clone(&shared.storage),
-            &shared.hub,
+            Arc::clone(shared.node.storage()),
+            shared.node.hub(),
             channel.clone(),
             position,
             "centrifugo",
@@ -822,10 +822,11 @@ impl Session {
         if let Err(e) = shared.auth().may_read_history(&who, &channel) {
             return Answer::Reply(error_reply(id, &self.denied("history", &who, &channel, &e)));
         }
-        let epoch = match shared.storage.channel_epoch(&channel).await {
+        let epoch = match shared.node.storage().channel_epoch(&channel).await {
             Ok(epoch) => epoch,
             Err(e) => {
-                crate::node_error::StorageFailure::new("channel_epoch", Some(&channel), e).log();
+                herald_node::node_error::StorageFailure::new("channel_epoch", Some(&channel), e)
+                    .log();
                 return Answer::Reply(error_reply(id, &ReplyError::internal()));
             }
         };
@@ -835,7 +836,15 @@ impl Session {
             reverse: req.reverse,
         };
         let budget = Budget::of(self.state.config());
-        match history(shared.storage.as_ref(), &channel, epoch, &query, budget).await {
+        match history(
+            shared.node.storage().as_ref(),
+            &channel,
+            epoch,
+            &query,
+            budget,
+        )
+        .await
+        {
             Ok(h) => Answer::Reply(reply(
                 id,
                 "history",

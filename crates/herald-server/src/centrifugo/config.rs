@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::node_error::StartError;
+use herald_node::node_error::StartError;
 
 /// Settings of `/connection/websocket` (see `docs/centrifugo.md`).
 #[derive(Debug, Clone, PartialEq, Eq)]

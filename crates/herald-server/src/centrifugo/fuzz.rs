@@ -39,7 +39,7 @@ use tower::ServiceExt;
 use crate::app;
 use crate::config::ServerConfig;
 use crate::state::AppState;
-use crate::testing::{FakeLease, MemoryStorage};
+use herald_node::testing::{FakeLease, MemoryStorage};
 
 /// Cases per property.
 const CASES: u32 = 512;

@@ -100,7 +100,7 @@ pub(crate) async fn history(
     };
     let read = |after: Offset, limit: usize| async move {
         storage.read(channel, after, limit).await.map_err(|e| {
-            crate::node_error::StorageFailure::new("read", Some(channel), e).log();
+            herald_node::node_error::StorageFailure::new("read", Some(channel), e).log();
             ReplyError::internal()
         })
     };
@@ -202,7 +202,7 @@ pub(crate) async fn history(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::MemoryStorage;
+    use herald_node::testing::MemoryStorage;
 
     /// 50 messages of 1000 bytes (1066 each against a budget) in `news:b`.
     fn channel_of_50() -> (std::sync::Arc<MemoryStorage>, ChannelName) {

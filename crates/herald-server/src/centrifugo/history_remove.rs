@@ -21,8 +21,8 @@ use serde_json::value::RawValue;
 use super::codes::ReplyError;
 use super::context::CentrifugoState;
 use crate::error::Error;
-use crate::forward::{Forwarded, HolderAnswer};
-use crate::retention;
+use herald_node::forward::{Forwarded, HolderAnswer};
+use herald_node::retention;
 
 /// Largest holder answer read back from a forwarded call, in bytes.
 const MAX_FORWARD_ANSWER_BYTES: usize = 64 * 1024;
@@ -44,13 +44,14 @@ pub(crate) async fn history_remove(
     if !forwarded_by_a_node && state.shared.auth().may_admin(who).is_err() {
         return Err(ReplyError::permission_denied());
     }
-    if !state.shared.lease.is_holder() {
+    if !state.shared.node.lease().is_holder() {
         let body = serde_json::json!({ "channel": channel.as_str() }).to_string();
         let shared = &state.shared;
-        let write = crate::node_error::HolderWrite::RemoveHistory(channel.clone());
+        let write = herald_node::node_error::HolderWrite::RemoveHistory(channel.clone());
         let forwarded = shared
-            .forwarder
-            .to_holder(shared.lease.as_ref(), headers, write, body.into())
+            .node
+            .forwarder()
+            .to_holder(shared.node.lease().as_ref(), headers, write, body.into())
             .await;
         match forwarded {
             Ok(Forwarded::Answer(answer)) => return holder_answer(&answer),
@@ -62,8 +63,8 @@ pub(crate) async fn history_remove(
     }
     let shared = &state.shared;
     let removed = retention::remove_history(
-        shared.storage.as_ref(),
-        shared.lease.as_ref(),
+        shared.node.storage().as_ref(),
+        shared.node.lease().as_ref(),
         shared.config.trim_pacing.batch,
         &channel,
     )

@@ -237,7 +237,7 @@ async fn relay(
 /// One call of the storage; a failure is logged (the events are lost).
 async fn send(storage: &dyn Storage, batch: &[PresenceEvent]) {
     if let Err(e) = storage.send_presence_events(batch).await {
-        crate::node_error::StorageFailure::new("send_presence_events", None, e).log();
+        herald_node::node_error::StorageFailure::new("send_presence_events", None, e).log();
     }
 }
 

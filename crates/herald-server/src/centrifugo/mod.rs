@@ -12,7 +12,7 @@
 //!   channel's epoch from the storage (`Storage::channel_epoch`);
 //! - `history.rs`: history with Centrifugo's `limit`, `since`, `reverse`;
 //! - `publish.rs`: a publish into the same channel sequence as Herald's
-//!   own, through the node's publish routine (`crate::publish`);
+//!   own, through the node's publish routine (`herald_node::publish`);
 //! - `mailbox.rs`: what reaches a session from outside its connection;
 //! - `registry.rs`: this node's connections, for the server API, which
 //!   also applies other nodes' cluster events to them (`cluster.rs`);

@@ -141,7 +141,7 @@ pub(crate) async fn info(
     node_id: &str,
 ) -> Result<Value, ReplyError> {
     let mut reports = storage.node_reports().await.map_err(|e| {
-        crate::node_error::StorageFailure::new("node_reports", None, e).log();
+        herald_node::node_error::StorageFailure::new("node_reports", None, e).log();
         ReplyError::internal()
     })?;
     let own = report(registry, node_id);
@@ -182,7 +182,7 @@ pub(crate) async fn channel_counts(
     node_id: &str,
 ) -> Result<BTreeMap<ChannelName, u64>, ReplyError> {
     let others = storage.cluster_channels(node_id).await.map_err(|e| {
-        crate::node_error::StorageFailure::new("cluster_channels", None, e).log();
+        herald_node::node_error::StorageFailure::new("cluster_channels", None, e).log();
         ReplyError::internal()
     })?;
     let mut counts: BTreeMap<ChannelName, u64> =

@@ -48,7 +48,7 @@ pub(crate) async fn join(
     let config = &shared.config.centrifugo;
     let session = &state.centrifugo.registry.presence;
     session.ensure_heartbeat(
-        Arc::clone(&shared.storage),
+        Arc::clone(shared.node.storage()),
         config.presence_ttl,
         shared.shutdown.clone(),
     );
@@ -68,11 +68,12 @@ pub(crate) async fn join(
         user: user.to_owned(),
     };
     shared
-        .storage
+        .node
+        .storage()
         .presence_add(&session.id, &entry, config.presence_ttl)
         .await
         .map_err(|e| {
-            crate::node_error::StorageFailure::new("presence_add", Some(channel), e).log();
+            herald_node::node_error::StorageFailure::new("presence_add", Some(channel), e).log();
             // The row may have been written all the same: the subscribe
             // fails, so the row must not be renewed.
             session.pending().insert(key);
@@ -88,7 +89,7 @@ pub(crate) fn leave(state: &CentrifugoState, client: &str, mut channels: BTreeSe
     if channels.is_empty() {
         return;
     }
-    let storage = Arc::clone(&state.shared.storage);
+    let storage = Arc::clone(state.shared.node.storage());
     let session = Arc::clone(&state.centrifugo.registry.presence);
     let client = client.to_owned();
     tokio::spawn(async move {
@@ -108,7 +109,7 @@ pub(crate) async fn remove(state: &CentrifugoState, client: &str, channel: &Chan
         .centrifugo
         .registry
         .presence
-        .remove(state.shared.storage.as_ref(), channel, client)
+        .remove(state.shared.node.storage().as_ref(), channel, client)
         .await;
 }
 
@@ -120,10 +121,16 @@ async fn entries(
     if !enabled(state, channel) {
         return Err(ReplyError::not_available());
     }
-    state.shared.storage.presence(channel).await.map_err(|e| {
-        crate::node_error::StorageFailure::new("presence", Some(channel), e).log();
-        ReplyError::internal()
-    })
+    state
+        .shared
+        .node
+        .storage()
+        .presence(channel)
+        .await
+        .map_err(|e| {
+            herald_node::node_error::StorageFailure::new("presence", Some(channel), e).log();
+            ReplyError::internal()
+        })
 }
 
 /// `presence`'s result: `{"presence": {"<client>": {"client", "user"}}}`.

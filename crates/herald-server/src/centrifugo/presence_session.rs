@@ -71,7 +71,7 @@ impl PresenceSession {
                     _ = beats.tick() => {
                         session.retry_removals(storage.as_ref()).await;
                         if let Err(e) = storage.presence_touch(&session.id, ttl).await {
-                            crate::node_error::StorageFailure::new("presence_touch", None, e).log();
+                            herald_node::node_error::StorageFailure::new("presence_touch", None, e).log();
                         }
                     }
                 }
@@ -87,7 +87,8 @@ impl PresenceSession {
         for key in keys {
             let (channel, client) = &key;
             if let Err(e) = storage.presence_remove(channel, client).await {
-                crate::node_error::StorageFailure::new("presence_remove", Some(channel), e).log();
+                herald_node::node_error::StorageFailure::new("presence_remove", Some(channel), e)
+                    .log();
                 return;
             }
             self.pending().remove(&key);
@@ -98,7 +99,7 @@ impl PresenceSession {
     /// row is a pending removal.
     pub(super) async fn remove(&self, storage: &dyn Storage, channel: &ChannelName, client: &str) {
         if let Err(e) = storage.presence_remove(channel, client).await {
-            crate::node_error::StorageFailure::new("presence_remove", Some(channel), e).log();
+            herald_node::node_error::StorageFailure::new("presence_remove", Some(channel), e).log();
             self.pending().insert((channel.clone(), client.to_owned()));
         }
     }

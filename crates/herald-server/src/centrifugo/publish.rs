@@ -13,8 +13,8 @@ use serde_json::value::RawValue;
 use super::codes::ReplyError;
 use super::context::CentrifugoState;
 use crate::error::Error;
-use crate::forward::HolderRefusal;
-use crate::publish::{self, Published, Received};
+use herald_node::forward::HolderRefusal;
+use herald_node::publish::{self, Published, Received};
 
 /// Publishes `data` with `tags` to `channel` and returns its offset once
 /// committed (the original offset for a repeated `idempotency_key`).

@@ -17,8 +17,8 @@ use herald_storage::{Page, Storage};
 
 use super::history::{cost, Budget};
 use crate::error::Result;
-use crate::node_error::StorageContext;
-use crate::subscription::LiveOnly;
+use herald_node::node_error::StorageContext;
+use herald_node::subscription::LiveOnly;
 
 /// Most publications a subscribe reply recovers; a client further behind
 /// gets `recovered: false` (and reads the history itself if it wants).
@@ -143,7 +143,7 @@ pub(crate) async fn recover(
     let live_only = live_only.map(|window| LiveOnly {
         resume: Some(offset),
         window,
-        now_ms: crate::subscription::wall_clock_ms,
+        now_ms: herald_node::subscription::wall_clock_ms,
     });
     Ok(decide(
         channel_epoch,
@@ -253,7 +253,7 @@ mod tests {
 #[cfg(test)]
 mod budget_tests {
     use super::*;
-    use crate::testing::MemoryStorage;
+    use herald_node::testing::MemoryStorage;
 
     #[tokio::test]
     async fn a_recovery_holds_at_most_its_budget() {

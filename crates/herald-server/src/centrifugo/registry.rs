@@ -181,7 +181,7 @@ mod tests {
     #[tokio::test]
     async fn nothing_told_is_dropped() {
         let registry = Registry::new(
-            crate::testing::MemoryStorage::new(),
+            herald_node::testing::MemoryStorage::new(),
             CancellationToken::new(),
             tracing::Span::none(),
         );

@@ -130,7 +130,7 @@ pub(crate) async fn call(
 /// and `None` without it, as a forwarded publish is (`auth_extract.rs`).
 async fn principal(state: &CentrifugoState, headers: &HeaderMap, uri: &Uri) -> Option<Principal> {
     let auth = &state.shared.auth();
-    if crate::forward::was_forwarded(headers) {
+    if herald_node::forward::was_forwarded(headers) {
         return auth.principal(headers, None).await.ok();
     }
     if !auth.enabled() {
@@ -420,11 +420,12 @@ async fn broadcast(state: &CentrifugoState, who: &Principal, p: PublishParams) -
 async fn epoch(state: &CentrifugoState, channel: &ChannelName) -> Result<String, ReplyError> {
     state
         .shared
-        .storage
+        .node
+        .storage()
         .channel_epoch(channel)
         .await
         .map_err(|e| {
-            crate::node_error::StorageFailure::new("channel_epoch", Some(channel), e).log();
+            herald_node::node_error::StorageFailure::new("channel_epoch", Some(channel), e).log();
             ReplyError::internal()
         })
 }
@@ -459,7 +460,7 @@ async fn history_method(
         reverse: p.reverse,
     };
     let h = history(
-        state.shared.storage.as_ref(),
+        state.shared.node.storage().as_ref(),
         &channel,
         epoch,
         &query,
@@ -487,7 +488,7 @@ async fn channels(state: &CentrifugoState, who: &Principal, p: ChannelsParams) -
     }
     let shared = &state.shared;
     let counts = super::node_info::channel_counts(
-        shared.storage.as_ref(),
+        shared.node.storage().as_ref(),
         &state.centrifugo.registry,
         &shared.config.node_id,
     )
@@ -508,7 +509,7 @@ async fn info(state: &CentrifugoState, who: &Principal) -> Outcome {
     }
     let shared = &state.shared;
     raw(&super::node_info::info(
-        shared.storage.as_ref(),
+        shared.node.storage().as_ref(),
         &state.centrifugo.registry,
         &shared.config.node_id,
     )
@@ -528,11 +529,17 @@ struct UserChannel {
 /// send it (nothing done either).
 async fn tell_cluster(state: &CentrifugoState, event: ClusterEvent) -> Outcome {
     let shared = &state.shared;
-    match super::cluster::tell(shared.storage.as_ref(), &state.centrifugo.registry, event).await {
+    match super::cluster::tell(
+        shared.node.storage().as_ref(),
+        &state.centrifugo.registry,
+        event,
+    )
+    .await
+    {
         Ok(()) => raw(&json!({})),
         Err(herald_storage::Error::ClusterEventTooLarge { .. }) => Err(ReplyError::bad_request()),
         Err(e) => {
-            crate::node_error::StorageFailure::new("send_cluster_event", None, e).log();
+            herald_node::node_error::StorageFailure::new("send_cluster_event", None, e).log();
             Err(ReplyError::internal())
         }
     }
@@ -648,8 +655,8 @@ mod tests {
     use crate::app;
     use crate::config::ServerConfig;
     use crate::state::AppState;
-    use crate::testing::{FakeLease, MemoryStorage};
     use herald_auth::{api_key_sha256, generate_api_key, ApiKeyConfig, AuthConfig, Permission};
+    use herald_node::testing::{FakeLease, MemoryStorage};
 
     /// A holder with one API key that may do everything; the key.
     async fn node() -> (AppState, String, CancellationToken) {

@@ -10,9 +10,9 @@
 
 use std::future::Future;
 
-use axum::http::HeaderMap;
 use bytes::Bytes;
 use herald_core::{Appended, NewMessage};
+use http::HeaderMap;
 use tokio_util::sync::CancellationToken;
 
 use crate::forward::{self, after_takeover_error, Forwarded, Forwarder, HolderAnswer};
@@ -22,20 +22,20 @@ use crate::writer::WriterHandle;
 
 /// What a publish needs of the node: its writer, its role, its way to the
 /// holder, and whether it drains.
-pub(crate) struct Publisher<'a> {
+pub struct Publisher<'a> {
     /// This node's writer queue.
-    pub(crate) writer: &'a WriterHandle,
+    pub writer: &'a WriterHandle,
     /// This node's role.
-    pub(crate) lease: &'a dyn LeaseView,
+    pub lease: &'a dyn LeaseView,
     /// Forwards to the holder on a standby.
-    pub(crate) forwarder: &'a Forwarder,
+    pub forwarder: &'a Forwarder,
     /// Cancelled when the node drains.
-    pub(crate) shutdown: &'a CancellationToken,
+    pub shutdown: &'a CancellationToken,
 }
 
 /// How a publish reached this node, which decides what a standby forwards.
 #[derive(Debug)]
-pub(crate) enum Received<'a> {
+pub enum Received<'a> {
     /// As an HTTP request of Herald's API: its headers (`Idempotency-Key`,
     /// `Content-Type`, and whether a node forwarded it already) and its
     /// body exactly as received, forwarded unchanged.
@@ -54,7 +54,7 @@ pub(crate) enum Received<'a> {
 /// (`Created`, `Duplicate`) are also those of a standby that took the
 /// lease over while it forwarded the publish.
 #[derive(Debug)]
-pub(crate) enum Published {
+pub enum Published {
     /// This node committed it.
     Created(Appended),
     /// This node found its idempotency key already used on the channel,
@@ -66,7 +66,7 @@ pub(crate) enum Published {
 
 impl Published {
     /// The `result` label of `herald_publish_*`.
-    pub(crate) fn label(&self) -> &'static str {
+    pub fn label(&self) -> &'static str {
         match self {
             Self::Created(_) => "created",
             Self::Duplicate(_) => "duplicate",
@@ -77,7 +77,7 @@ impl Published {
 
 /// How a batch publish ended when it did not fail.
 #[derive(Debug)]
-pub(crate) enum BatchPublished {
+pub enum BatchPublished {
     /// This node committed it (or found every key used), in the order of
     /// the batch.
     Committed(Vec<Appended>),
@@ -106,7 +106,7 @@ pub(crate) enum BatchPublished {
 /// would say "nothing was stored" (`QueueFull`, `LeaseLost`, `Draining`,
 /// `NotHolder`) is `NoHolder`: it speaks for this node only, not for the
 /// old holder.
-pub(crate) async fn publish(
+pub async fn publish(
     node: &Publisher<'_>,
     message: NewMessage,
     received: Received<'_>,
@@ -137,7 +137,7 @@ pub(crate) async fn publish(
 ///
 /// # Errors
 /// As [`publish`].
-pub(crate) async fn publish_batch(
+pub async fn publish_batch(
     node: &Publisher<'_>,
     messages: Vec<NewMessage>,
     headers: &HeaderMap,

@@ -9,7 +9,7 @@ use herald_lease::{LeaseHandle, LeaseState};
 use tokio::sync::watch;
 
 /// The node's role, as the lease supervisor publishes it.
-pub(crate) trait LeaseView: Send + Sync + 'static {
+pub trait LeaseView: Send + Sync + 'static {
     /// The lease to present in a fenced write, or `None` when this node must
     /// not write now.
     fn writable_lease(&self) -> Option<Lease>;

@@ -9,7 +9,7 @@
 //! When the storage signals commits (`Storage::watch_changes`, PostgreSQL),
 //! the feed asks which channels moved at each signal, and publishes the
 //! deleted notice of a deletion signal at once. A resync or a lagged signal
-//! receiver (signals may have been missed) and every [`SAFETY_POLL`], in
+//! receiver (signals may have been missed) and every `SAFETY_POLL`, in
 //! case a signal was lost, make it also ask for the deletions it has not
 //! seen: a deletion whose signal was lost still ends the subscriptions.
 //! Without signals (SQLite) it asks for both every
@@ -22,7 +22,7 @@
 //! role to change, without polling, dropping commit signals.
 //!
 //! The test-only fault switch `drop_notify` acts here: see
-//! `herald_core::fault_switches::FaultSwitch::DropNotify`, and [`Turn`].
+//! `herald_core::fault_switches::FaultSwitch::DropNotify`, and `Turn`.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -20,23 +20,23 @@
 //!   with the same `Idempotency-Key`;
 //! - the forwarder never follows a redirect (the cluster secret would go
 //!   wherever the answer points): a `3xx` answer is a broken answer
-//!   (`no_holder`), and so is an answer body over [`MAX_ANSWER_BYTES`];
+//!   (`no_holder`), and so is an answer body over `MAX_ANSWER_BYTES`;
 //! - a cluster secret about to travel over plain `http://` to a holder
 //!   that is not on loopback is logged as a WARN, once per holder URL;
 //! - a forward in flight ends the moment this node takes the lease over
-//!   ([`ends_forward`]): the holder it went to is fenced from then on, so
+//!   (`ends_forward`): the holder it went to is fenced from then on, so
 //!   waiting for its answer (it may be frozen) only delays the client. The
 //!   caller then commits the publish itself or answers `no_holder`
 //!   (`publish.rs`).
 
 use std::time::Duration;
 
-use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use bytes::Bytes;
 use herald_auth::Secret;
 use herald_core::{NewMessage, Offset};
 use herald_lease::{LeaseState, Release, StopReason};
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use tokio::sync::watch;
 
 use crate::metrics;
@@ -45,9 +45,9 @@ use crate::node_error::{NodeError, NodeResult};
 use crate::role::LeaseView;
 
 /// The header that marks a forwarded request, with the forwarding node's id.
-pub(crate) const FORWARDED_BY: HeaderName = HeaderName::from_static("herald-forwarded-by");
+pub const FORWARDED_BY: HeaderName = HeaderName::from_static("herald-forwarded-by");
 /// The header that carries the cluster secret on a forwarded request.
-pub(crate) const CLUSTER_SECRET: HeaderName = HeaderName::from_static("herald-cluster-secret");
+pub const CLUSTER_SECRET: HeaderName = HeaderName::from_static("herald-cluster-secret");
 
 /// Longest the connection to the holder may take to open.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -62,16 +62,16 @@ pub(crate) const MAX_ANSWER_BYTES: usize = 1024 * 1024;
 
 /// The holder as this node knows it: its id and advertised URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct HolderView {
+pub struct HolderView {
     /// The holder's node id.
-    pub(crate) node_id: String,
+    pub node_id: String,
     /// The holder's advertised URL.
-    pub(crate) url: String,
+    pub url: String,
 }
 
 impl HolderView {
     /// This node, while it is holder: `own_id` at `own_url`.
-    pub(crate) fn this_node(own_id: &str, own_url: &str) -> Self {
+    pub fn this_node(own_id: &str, own_url: &str) -> Self {
         Self {
             node_id: own_id.to_owned(),
             url: own_url.to_owned(),
@@ -81,7 +81,7 @@ impl HolderView {
     /// Another node, as a standby last read it from the lease row, if that
     /// row is held ([`LeaseState::held_by_other`]) and names the holder's
     /// id and URL; `None` when this node knows no holder.
-    pub(crate) fn from_lease_row(state: &LeaseState) -> Option<Self> {
+    pub fn from_lease_row(state: &LeaseState) -> Option<Self> {
         let info = state.held_by_other()?;
         Some(Self {
             node_id: info.holder.clone()?,
@@ -122,14 +122,14 @@ async fn taken_over(mut states: watch::Receiver<LeaseState>) {
 }
 
 /// `true` when the request was already forwarded by a node.
-pub(crate) fn was_forwarded(headers: &HeaderMap) -> bool {
+pub fn was_forwarded(headers: &HeaderMap) -> bool {
     headers.contains_key(FORWARDED_BY)
 }
 
 /// The HTTP client that forwards holder-only writes: one per node, pooling its
 /// connections to the holder.
 #[derive(Debug, Clone)]
-pub(crate) struct Forwarder {
+pub struct Forwarder {
     client: reqwest::Client,
     node_id: HeaderValue,
     /// This node's advertised URL: a lease row that names it is stale,
@@ -145,11 +145,11 @@ pub(crate) struct Forwarder {
 
 /// How a forward ended when the holder did not fail it.
 #[derive(Debug)]
-pub(crate) enum Forwarded {
+pub enum Forwarded {
     /// The holder answered (any status): its answer, to return unchanged.
     Answer(HolderAnswer),
     /// This node took the lease over before the holder answered
-    /// ([`ends_forward`]); the request to the holder was dropped. Whether
+    /// (`ends_forward`); the request to the holder was dropped. Whether
     /// the holder committed the publish before it lost the lease is unknown
     /// here, but settled: it can commit nothing more.
     TakenOver,
@@ -157,19 +157,19 @@ pub(crate) enum Forwarded {
 
 /// What a forward needs from the incoming request.
 #[derive(Debug)]
-pub(crate) struct ForwardRequest<'a> {
+pub struct ForwardRequest<'a> {
     /// The method of the route on the holder: `POST` for the publishes
     /// and Centrifugo's `history_remove`, `DELETE` for a channel's
     /// deletion.
-    pub(crate) method: Method,
+    pub method: Method,
     /// The path of the route on the holder (e.g.
     /// `/v1/channels/<channel>/messages`, the channel being a valid name,
     /// safe in a path; `/v1/messages`; `/v1/channels/<channel>`).
-    pub(crate) path: String,
+    pub path: String,
     /// The request body exactly as received (empty for a deletion).
-    pub(crate) body: Bytes,
+    pub body: Bytes,
     /// The incoming request's headers (`Idempotency-Key`, `Content-Type`).
-    pub(crate) headers: &'a HeaderMap,
+    pub headers: &'a HeaderMap,
 }
 
 impl Forwarder {
@@ -177,7 +177,7 @@ impl Forwarder {
     /// `Herald-Forwarded-By`, sends
     /// `cluster_secret` (if any) in `Herald-Cluster-Secret`, and waits at
     /// most `timeout` for a holder's whole answer (at most
-    /// [`CONNECT_TIMEOUT`] of it to connect). A holder whose advertised
+    /// `CONNECT_TIMEOUT` of it to connect). A holder whose advertised
     /// URL is `https://` is reached over TLS (rustls), its certificate
     /// checked against the system's trust store and `trusted_ca_pem` (PEM
     /// certificates of private CAs), if given.
@@ -186,7 +186,7 @@ impl Forwarder {
     /// [`StartError::Config`] when `node_id` or the secret cannot be a
     /// header value, `trusted_ca_pem` holds no usable certificate or the
     /// HTTP client cannot be built.
-    pub(crate) fn new(
+    pub fn new(
         node_id: &str,
         advertise_url: &str,
         timeout: Duration,
@@ -244,7 +244,7 @@ impl Forwarder {
     /// [`NodeError::NotHolder`] naming `write` for a request that was forwarded
     /// to this node already (one hop only); [`NodeError::NoHolder`] when no
     /// holder is known or it cannot be reached.
-    pub(crate) async fn to_holder(
+    pub async fn to_holder(
         &self,
         lease: &dyn LeaseView,
         headers: &HeaderMap,
@@ -282,7 +282,7 @@ impl Forwarder {
     /// cluster secret to `holder_url` over plain HTTP on a host that is
     /// not loopback: anyone on the path can read it there. Returns
     /// whether it warned now.
-    pub(crate) fn warn_secret_in_clear(&self, holder_url: &str) -> bool {
+    pub fn warn_secret_in_clear(&self, holder_url: &str) -> bool {
         if self.cluster_secret.is_none() || !secret_in_clear(holder_url) {
             return false;
         }
@@ -311,7 +311,7 @@ impl Forwarder {
     /// # Errors
     /// [`NodeError::NoHolder`] when the holder cannot be reached or its answer
     /// breaks off.
-    pub(crate) async fn forward(
+    pub async fn forward(
         &self,
         holder_url: &str,
         request: ForwardRequest<'_>,
@@ -392,7 +392,7 @@ impl Forwarder {
 /// `Retry-After`, body), or reads as a publish's outcome
 /// ([`HolderAnswer::published`]).
 #[derive(Debug)]
-pub(crate) struct HolderAnswer {
+pub struct HolderAnswer {
     status: StatusCode,
     content_type: Option<HeaderValue>,
     retry_after: Option<HeaderValue>,
@@ -402,7 +402,7 @@ pub(crate) struct HolderAnswer {
 /// Why the holder refused a forwarded publish, read from its answer's
 /// status ([`HolderAnswer::published`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum HolderRefusal {
+pub enum HolderRefusal {
     /// 401: the holder refused the forward's credentials (the cluster
     /// secret differs between the nodes).
     Unauthorized,
@@ -420,22 +420,22 @@ pub(crate) enum HolderRefusal {
 
 impl HolderAnswer {
     /// The answer's HTTP status.
-    pub(crate) fn status(&self) -> StatusCode {
+    pub fn status(&self) -> StatusCode {
         self.status
     }
 
     /// The answer's `Content-Type`, if it had one.
-    pub(crate) fn content_type(&self) -> Option<&HeaderValue> {
+    pub fn content_type(&self) -> Option<&HeaderValue> {
         self.content_type.as_ref()
     }
 
     /// The answer's `Retry-After`, if it had one.
-    pub(crate) fn retry_after(&self) -> Option<&HeaderValue> {
+    pub fn retry_after(&self) -> Option<&HeaderValue> {
         self.retry_after.as_ref()
     }
 
-    /// The answer's body, at most [`MAX_ANSWER_BYTES`].
-    pub(crate) fn body(&self) -> &Bytes {
+    /// The answer's body, at most `MAX_ANSWER_BYTES`.
+    pub fn body(&self) -> &Bytes {
         &self.body
     }
 
@@ -446,7 +446,7 @@ impl HolderAnswer {
     /// # Errors
     /// The [`HolderRefusal`] its error status says, or
     /// [`HolderRefusal::Failed`] for a success that names no offset.
-    pub(crate) fn published(&self) -> Result<Offset, HolderRefusal> {
+    pub fn published(&self) -> Result<Offset, HolderRefusal> {
         #[derive(serde::Deserialize)]
         struct Published {
             offset: Offset,

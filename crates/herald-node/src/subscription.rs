@@ -40,7 +40,7 @@
 //! A storage read that fails with a transient error (the storage's
 //! `Unavailable`: the database is down, restarting, locked or slow) does not
 //! end the subscription: the read is tried again after a pause that grows
-//! from [`RETRY_FIRST`] to at most [`RETRY_MAX`], as often as needed, and
+//! from `RETRY_FIRST` to at most `RETRY_MAX`, as often as needed, and
 //! the subscription waits meanwhile (its transport keeps the connection
 //! open with heartbeats). Since nothing is queued until a read succeeds and
 //! `last` only moves with what is queued, the wait loses and repeats
@@ -63,7 +63,7 @@ use crate::node_error::{NodeError, NodeResult};
 
 /// What a subscription hands out, in order.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Item {
+pub enum Item {
     /// The next message (offset `last + 1`).
     Message(Message),
     /// Messages after `requested_after` and below `earliest` were trimmed
@@ -101,7 +101,7 @@ impl Item {
     /// `{"requested_after":N,"head":H}`, `{"head":N}`)
     /// and WebSocket in a text frame with `"type"` added; `None` for a
     /// message.
-    pub(crate) fn control_json(&self, with_type: bool) -> Option<String> {
+    pub fn control_json(&self, with_type: bool) -> Option<String> {
         let value = match *self {
             Item::Message(_) => return None,
             Item::Truncated {
@@ -138,7 +138,7 @@ impl Item {
 
 /// Where a subscription starts (see the module docs).
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum StartAt {
+pub enum StartAt {
     /// After this offset: every stored message after it, for a subscriber
     /// that may read the channel's history.
     After(Offset),
@@ -152,7 +152,7 @@ impl StartAt {
     /// resume window of a subscriber that may not read history, from
     /// [`herald_auth::Auth::live_only_window`]) a [`StartAt::LiveOnly`] on
     /// the node's wall clock, else after `resume` (0: the whole history).
-    pub(crate) fn new(resume: Option<Offset>, live_only: Option<Duration>) -> Self {
+    pub fn new(resume: Option<Offset>, live_only: Option<Duration>) -> Self {
         match live_only {
             None => Self::After(resume.unwrap_or(0)),
             Some(window) => Self::LiveOnly(LiveOnly {
@@ -166,16 +166,16 @@ impl StartAt {
 
 /// The start of a subscriber that may not read the channel's history.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct LiveOnly {
+pub struct LiveOnly {
     /// The client's resume point, if it gave one.
-    pub(crate) resume: Option<Offset>,
+    pub resume: Option<Offset>,
     /// The history resume window: the stored messages after `resume` are
     /// handed out only if the oldest was published less than this long
     /// ago.
-    pub(crate) window: Duration,
+    pub window: Duration,
     /// The wall clock, in ms since the Unix epoch ([`wall_clock_ms`]; a
     /// fixed one in tests).
-    pub(crate) now_ms: fn() -> i64,
+    pub now_ms: fn() -> i64,
 }
 
 impl LiveOnly {
@@ -183,14 +183,14 @@ impl LiveOnly {
     /// Unix epoch, the database's clock) is inside the window at the
     /// wall clock's now: less than `window` old. A window of zero admits
     /// nothing.
-    pub(crate) fn admits(&self, published_at_ms: i64) -> bool {
+    pub fn admits(&self, published_at_ms: i64) -> bool {
         let window_ms = i64::try_from(self.window.as_millis()).unwrap_or(i64::MAX);
         (self.now_ms)().saturating_sub(published_at_ms) < window_ms
     }
 }
 
 /// The node's wall clock, in ms since the Unix epoch (0 before it).
-pub(crate) fn wall_clock_ms() -> i64 {
+pub fn wall_clock_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
@@ -256,7 +256,7 @@ enum Phase {
 }
 
 /// A live subscription to one channel (see the module docs).
-pub(crate) struct Subscription {
+pub struct Subscription {
     storage: Arc<dyn Storage>,
     channel: ChannelName,
     live: HubReceiver,
@@ -292,7 +292,7 @@ pub(crate) struct Subscription {
 impl Subscription {
     /// Subscribes to `channel` live, then tries to read the first history
     /// page after `after`. When that read fails transiently (see the module
-    /// docs) the subscription starts anyway, and [`Subscription::next`]
+    /// docs) the subscription starts anyway, and `Subscription::next`
     /// waits and reads again: the client is answered at once and follows
     /// the channel as soon as the storage is back. `transport` labels the
     /// subscriber gauge.
@@ -301,12 +301,12 @@ impl Subscription {
     /// successful read returns with its page, read from the storage (on a
     /// standby too, never a cached view): a resume point beyond it is
     /// [`NodeError::OffsetBeyondHead`], here or, when that read waited out an
-    /// outage, from [`Subscription::next`].
+    /// outage, from `Subscription::next`.
     ///
     /// # Errors
     /// [`NodeError::Storage`] when the first read fails with an error
     /// that is not transient; [`NodeError::OffsetBeyondHead`].
-    pub(crate) async fn start(
+    pub async fn start(
         storage: Arc<dyn Storage>,
         hub: &Arc<Hub>,
         channel: ChannelName,
@@ -322,7 +322,7 @@ impl Subscription {
     ///
     /// # Errors
     /// As [`Subscription::start`].
-    pub(crate) async fn start_at(
+    pub async fn start_at(
         storage: Arc<dyn Storage>,
         hub: &Arc<Hub>,
         channel: ChannelName,
@@ -359,7 +359,7 @@ impl Subscription {
     }
 
     /// The channel followed.
-    pub(crate) fn channel(&self) -> &ChannelName {
+    pub fn channel(&self) -> &ChannelName {
         &self.channel
     }
 
@@ -383,7 +383,7 @@ impl Subscription {
     /// client resumes from its last offset). [`NodeError::OffsetBeyondHead`]
     /// when the first read that succeeded came after an outage at the
     /// start and found the resume point beyond the head.
-    pub(crate) async fn next_item(&mut self) -> NodeResult<Option<Item>> {
+    pub async fn next_item(&mut self) -> NodeResult<Option<Item>> {
         loop {
             if let Some(item) = self.ready.pop_front() {
                 return Ok(Some(item));
@@ -636,7 +636,7 @@ impl Subscription {
     /// The next message, for tests written before retention: panics on
     /// any other item.
     #[cfg(test)]
-    pub(crate) async fn next(&mut self) -> NodeResult<Option<Message>> {
+    pub async fn next(&mut self) -> NodeResult<Option<Message>> {
         match self.next_item().await? {
             Some(Item::Message(m)) => Ok(Some(m)),
             None => Ok(None),

@@ -32,14 +32,14 @@ use crate::role::LeaseView;
 /// One publish request waiting for the writer: one message, or a batch
 /// publish's messages, which are always committed in one transaction.
 #[derive(Debug)]
-pub(crate) struct PublishRequest {
+pub struct PublishRequest {
     messages: Vec<NewMessage>,
     reply: Reply,
 }
 
 /// Where the outcome of a [`PublishRequest`] goes.
 #[derive(Debug)]
-pub(crate) enum Reply {
+pub enum Reply {
     /// A single publish: one outcome.
     One(oneshot::Sender<NodeResult<Appended>>),
     /// A batch publish: one outcome per message, in order.
@@ -124,7 +124,7 @@ fn refuse_key_reuse(messages: &mut Vec<NewMessage>, replies: &mut Replies, index
 
 /// The handlers' end of the writer's queue.
 #[derive(Debug, Clone)]
-pub(crate) struct WriterHandle {
+pub struct WriterHandle {
     tx: mpsc::Sender<PublishRequest>,
 }
 
@@ -135,7 +135,7 @@ impl WriterHandle {
     /// # Errors
     /// [`NodeError::QueueFull`] when the queue is full, [`NodeError::Draining`]
     /// once the writer has closed its queue.
-    pub(crate) fn submit(
+    pub fn submit(
         &self,
         message: NewMessage,
     ) -> NodeResult<oneshot::Receiver<NodeResult<Appended>>> {
@@ -151,7 +151,7 @@ impl WriterHandle {
     ///
     /// # Errors
     /// As [`WriterHandle::submit`].
-    pub(crate) fn submit_batch(
+    pub fn submit_batch(
         &self,
         messages: Vec<NewMessage>,
     ) -> NodeResult<oneshot::Receiver<NodeResult<Vec<Appended>>>> {
@@ -169,14 +169,14 @@ impl WriterHandle {
     }
 
     /// Requests waiting in the queue.
-    #[cfg(test)]
-    pub(crate) fn queued(&self) -> usize {
+    #[cfg(any(test, feature = "testing"))]
+    pub fn queued(&self) -> usize {
         self.tx.max_capacity() - self.tx.capacity()
     }
 }
 
 /// The writer task's state.
-pub(crate) struct Writer {
+pub struct Writer {
     storage: Arc<dyn Storage>,
     lease: Arc<dyn LeaseView>,
     hub: Arc<Hub>,
@@ -193,7 +193,7 @@ pub(crate) struct Writer {
 impl Writer {
     /// A writer and its queue of `capacity` requests (at least 1); batches
     /// hold at most `max_batch` messages (at least 1).
-    pub(crate) fn new(
+    pub fn new(
         storage: Arc<dyn Storage>,
         lease: Arc<dyn LeaseView>,
         hub: Arc<Hub>,
@@ -216,7 +216,7 @@ impl Writer {
     /// Commits batches until `shutdown` is cancelled (or every handle is
     /// gone), then closes the queue, so that new publishes get `draining`,
     /// and commits (or fails) what is still queued before returning.
-    pub(crate) async fn run(mut self, shutdown: CancellationToken) {
+    pub async fn run(mut self, shutdown: CancellationToken) {
         loop {
             if let Some(first) = self.held_over.take() {
                 self.commit_batch(first).await;

@@ -16,25 +16,25 @@ use tokio::sync::broadcast;
 /// "The channel's head moved", with the new messages when the sender has
 /// them. Shared between subscribers behind an `Arc`.
 #[derive(Debug)]
-pub(crate) struct Notice {
+pub struct Notice {
     /// The channel whose head moved.
-    pub(crate) channel: ChannelName,
+    pub channel: ChannelName,
     /// The channel's head after the change.
-    pub(crate) head: Offset,
+    pub head: Offset,
     /// The committed messages in offset order, when known; empty means "read
     /// up to `head` from the storage".
-    pub(crate) messages: Vec<Message>,
+    pub messages: Vec<Message>,
     /// `Some(n)`: the channel was deleted by deletion number `n`
     /// (`Storage::record_deletion`; its messages up to `head` removed,
     /// `head` kept): every subscription to it that began before that
     /// deletion ends with a final `deleted` event; one that began after it
     /// ignores the notice (it may come late, or more than once).
-    pub(crate) deleted: Option<u64>,
+    pub deleted: Option<u64>,
 }
 
 /// Per-channel broadcast senders.
 #[derive(Debug)]
-pub(crate) struct Hub {
+pub struct Hub {
     /// Senders of the channels that have at least one subscriber.
     ///
     /// A `std::sync::Mutex`, not tokio's: the lock is never held across an
@@ -52,7 +52,7 @@ pub(crate) struct Hub {
 
 impl Hub {
     /// A hub whose channels buffer `capacity` notices (at least 1).
-    pub(crate) fn new(capacity: usize) -> Arc<Self> {
+    pub fn new(capacity: usize) -> Arc<Self> {
         Arc::new(Self {
             channels: Mutex::new(HashMap::new()),
             capacity: capacity.max(1),
@@ -66,7 +66,7 @@ impl Hub {
     }
 
     /// Starts receiving the notices of `channel` published from now on.
-    pub(crate) fn subscribe(self: &Arc<Self>, channel: &ChannelName) -> HubReceiver {
+    pub fn subscribe(self: &Arc<Self>, channel: &ChannelName) -> HubReceiver {
         let rx = self
             .lock()
             .entry(channel.clone())
@@ -80,7 +80,7 @@ impl Hub {
     }
 
     /// Sends `notice` to the channel's current subscribers, if any.
-    pub(crate) fn publish(&self, notice: Notice) {
+    pub fn publish(&self, notice: Notice) {
         let map = self.lock();
         if let Some(tx) = map.get(&notice.channel) {
             // An error only means that the last receiver is being dropped
@@ -91,7 +91,7 @@ impl Hub {
 
     /// Number of channels with a live sender.
     #[cfg(test)]
-    pub(crate) fn channel_count(&self) -> usize {
+    pub fn channel_count(&self) -> usize {
         self.lock().len()
     }
 }
@@ -99,7 +99,7 @@ impl Hub {
 /// One subscriber's end of a channel's broadcast. Dropping the last one of
 /// a channel drops the channel's sender.
 #[derive(Debug)]
-pub(crate) struct HubReceiver {
+pub struct HubReceiver {
     /// Always `Some` until drop.
     rx: Option<broadcast::Receiver<Arc<Notice>>>,
     hub: Arc<Hub>,
@@ -119,7 +119,7 @@ impl HubReceiver {
     /// `Lagged(n)` when this receiver missed `n` notices (the subscriber
     /// must read from the storage), `Closed` never while the hub holds the
     /// sender.
-    pub(crate) async fn recv(&mut self) -> Result<Arc<Notice>, broadcast::error::RecvError> {
+    pub async fn recv(&mut self) -> Result<Arc<Notice>, broadcast::error::RecvError> {
         match self.rx.as_mut() {
             Some(rx) => rx.recv().await,
             None => Err(broadcast::error::RecvError::Closed),

@@ -9,7 +9,7 @@
 use herald_core::{ChannelName, Offset};
 
 /// Result alias for the node's core.
-pub(crate) type NodeResult<T, E = NodeError> = std::result::Result<T, E>;
+pub type NodeResult<T, E = NodeError> = std::result::Result<T, E>;
 
 /// Everything that can go wrong in the node's core. The messages are
 /// those the HTTP API shows for the same errors.
@@ -85,7 +85,7 @@ impl NodeError {
     /// Logs what the error holds that a client is not told: the storage
     /// failure of a [`NodeError::Storage`] (see [`StorageFailure`]). Call
     /// it once, where the error ends (a stream it ends, or an answer).
-    pub(crate) fn log(&self) {
+    pub fn log(&self) {
         if let Self::Storage(failure) = self {
             failure.log();
         }
@@ -122,7 +122,7 @@ impl std::fmt::Display for HolderWrite {
 
 /// The message of [`NodeError::NotHolder`] (and of the HTTP error's): names the write that needs the
 /// holder (or the holder probe), and where the holder is.
-pub(crate) fn not_holder_message(request: Option<&HolderWrite>) -> String {
+pub fn not_holder_message(request: Option<&HolderWrite>) -> String {
     match request {
         Some(write) => format!(
             "{write} needs the holder, and this node is not the holder (nor forwards a \
@@ -157,7 +157,7 @@ pub struct StorageFailure {
 impl StorageFailure {
     /// `error`, met while asking the storage for `operation` (on
     /// `channel`, if one).
-    pub(crate) fn new(
+    pub fn new(
         operation: &'static str,
         channel: Option<&ChannelName>,
         error: herald_storage::Error,
@@ -172,7 +172,7 @@ impl StorageFailure {
     /// Logs the failure (see [`StorageFailure`]): WARN for a storage that
     /// did not answer or a lease lost under a write, which the node
     /// handles itself; ERROR for anything a human must look at.
-    pub(crate) fn log(&self) {
+    pub fn log(&self) {
         let Self {
             operation,
             channel,
@@ -191,7 +191,7 @@ impl StorageFailure {
 /// Names what a storage call was for, so that `?` turns its error into an
 /// [`NodeError::Storage`]:
 /// `storage.read(&channel, after, limit).await.during("read", Some(&channel))?`.
-pub(crate) trait StorageContext<T> {
+pub trait StorageContext<T> {
     /// The value, or a [`StorageFailure`] for `operation` on `channel`.
     fn during(
         self,
@@ -210,12 +210,12 @@ impl<T> StorageContext<T> for herald_storage::Result<T> {
     }
 }
 
-/// Why the server could not start ([`crate::serve`],
-/// [`crate::state::AppState::start`], [`crate::config::ServerConfig::validate`]). Never an
-/// HTTP answer.
+/// Why the node (or the server around it) could not start: herald-server's
+/// `serve`, `AppState::start` and `ServerConfig::validate` return it too.
+/// Never an HTTP answer.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// A [`crate::config::ServerConfig`] field is unusable: the message names it.
+    /// A setting is unusable: the message names it.
     #[error("invalid server configuration: {0}")]
     Config(String),
     /// The TLS certificate or key cannot be used (at start, or at a reload,
@@ -227,4 +227,16 @@ pub enum StartError {
     /// change cursor). The storage's error is also the source.
     #[error("storage: {0}")]
     Storage(#[from] herald_storage::Error),
+}
+
+/// Access control that cannot be built from its settings (herald-server
+/// builds it at start): [`StartError::Config`] with the message naming the
+/// setting.
+impl From<herald_auth::AuthError> for StartError {
+    fn from(e: herald_auth::AuthError) -> Self {
+        match e {
+            herald_auth::AuthError::Config(message) => Self::Config(message),
+            other => Self::Config(other.to_string()),
+        }
+    }
 }

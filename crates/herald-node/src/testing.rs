@@ -56,7 +56,7 @@ struct Mem {
 
 /// An in-memory storage that follows the `Storage` contract closely enough
 /// for the server's unit tests.
-pub(crate) struct MemoryStorage {
+pub struct MemoryStorage {
     mem: Mutex<Mem>,
     gate: Arc<tokio::sync::Mutex<()>>,
     appends_started: AtomicUsize,
@@ -81,10 +81,11 @@ pub(crate) struct MemoryStorage {
 
 /// The memory storage's clock at its start, in ms since the Unix epoch:
 /// its messages are stamped 1 ms, 2 ms, … after it.
-pub(crate) const CLOCK_START_MS: i64 = 1_795_287_034_000;
+pub const CLOCK_START_MS: i64 = 1_795_287_034_000;
 
 impl MemoryStorage {
-    pub(crate) fn new() -> Arc<Self> {
+    /// An empty storage whose clock starts at [`CLOCK_START_MS`].
+    pub fn new() -> Arc<Self> {
         Arc::new(Self {
             mem: Mutex::new(Mem {
                 token: 1,
@@ -107,19 +108,19 @@ impl MemoryStorage {
     }
 
     /// The cluster events sent through this storage so far.
-    pub(crate) fn sent_events(&self) -> Vec<ClusterEvent> {
+    pub fn sent_events(&self) -> Vec<ClusterEvent> {
         self.sent_events.lock().unwrap().clone()
     }
 
     /// Delivers `event` to every cluster event watcher, as another node
     /// sending it would.
-    pub(crate) fn hear_event(&self, event: ClusterEvent) {
+    pub fn hear_event(&self, event: ClusterEvent) {
         let _ = self.cluster_events.send(event);
     }
 
     /// Deletes `channel` as another node would: removes every message and
     /// records the deletion; returns its number.
-    pub(crate) fn delete_as_other_node(&self, channel: &str) -> u64 {
+    pub fn delete_as_other_node(&self, channel: &str) -> u64 {
         let mut mem = self.mem.lock().unwrap();
         let trimmed = mem.trimmed.get(channel).copied().unwrap_or(0);
         let list = mem.channels.entry(channel.to_owned()).or_default();
@@ -138,38 +139,38 @@ impl MemoryStorage {
     }
 
     /// Waits until `changes_since` has been called at least `n` times.
-    pub(crate) async fn wait_polls(&self, n: usize) {
+    pub async fn wait_polls(&self, n: usize) {
         let mut rx = self.polls.subscribe();
         let _ = rx.wait_for(|polls| *polls >= n).await;
     }
 
     /// A storage whose `watch_changes` answers, with a signal buffer of
     /// `capacity`. The test sends the signals with [`Self::signal`].
-    pub(crate) fn with_signals(capacity: usize) -> Arc<Self> {
+    pub fn with_signals(capacity: usize) -> Arc<Self> {
         let storage = Self::new();
         *storage.signals.lock().unwrap() = Some(broadcast::channel(capacity).0);
         storage
     }
 
     /// Sends `signal` to every watcher.
-    pub(crate) fn signal(&self, signal: ChangeSignal) {
+    pub fn signal(&self, signal: ChangeSignal) {
         if let Some(tx) = self.signals.lock().unwrap().as_ref() {
             let _ = tx.send(signal);
         }
     }
 
     /// Drops the signal sender: watchers see the end of the signals.
-    pub(crate) fn close_signals(&self) {
+    pub fn close_signals(&self) {
         self.signals.lock().unwrap().take();
     }
 
     /// While the guard lives, every `append` waits after it started.
-    pub(crate) async fn hold_appends(&self) -> OwnedMutexGuard<()> {
+    pub async fn hold_appends(&self) -> OwnedMutexGuard<()> {
         Arc::clone(&self.gate).lock_owned().await
     }
 
     /// Waits until `n` appends have started in total.
-    pub(crate) async fn wait_for_appends_started(&self, n: usize) {
+    pub async fn wait_for_appends_started(&self, n: usize) {
         loop {
             let notified = self.started.notified();
             if self.appends_started.load(Ordering::SeqCst) >= n {
@@ -179,40 +180,43 @@ impl MemoryStorage {
         }
     }
 
-    pub(crate) fn fail_appends(&self, on: bool) {
+    /// Appends fail with `Unavailable` while `on`.
+    pub fn fail_appends(&self, on: bool) {
         self.fail_appends.store(on, Ordering::SeqCst);
     }
 
     /// Reads (and pings) fail with `Unavailable`, a transient error.
-    pub(crate) fn fail_reads(&self, on: bool) {
+    pub fn fail_reads(&self, on: bool) {
         self.fail_reads.store(on, Ordering::SeqCst);
     }
 
     /// Reads fail with `Corrupt`, an error that is not transient.
-    pub(crate) fn corrupt_reads(&self, on: bool) {
+    pub fn corrupt_reads(&self, on: bool) {
         self.corrupt_reads.store(on, Ordering::SeqCst);
     }
 
     /// Calls of `read` so far, failed ones included.
-    pub(crate) fn reads(&self) -> usize {
+    pub fn reads(&self) -> usize {
         self.reads.load(Ordering::SeqCst)
     }
 
     /// When each call of `read` came, on tokio's clock.
-    pub(crate) fn read_times(&self) -> Vec<tokio::time::Instant> {
+    pub fn read_times(&self) -> Vec<tokio::time::Instant> {
         self.read_times.lock().unwrap().clone()
     }
 
     /// Makes `token` the current one, as a takeover by another node would.
-    pub(crate) fn set_current_token(&self, token: FencingToken) {
+    pub fn set_current_token(&self, token: FencingToken) {
         self.mem.lock().unwrap().token = token.0;
     }
 
-    pub(crate) fn batch_sizes(&self) -> Vec<usize> {
+    /// The number of messages of each `append` call so far.
+    pub fn batch_sizes(&self) -> Vec<usize> {
         self.mem.lock().unwrap().batch_sizes.clone()
     }
 
-    pub(crate) fn head(&self, channel: &str) -> Offset {
+    /// The head (last offset) of `channel`, 0 when it has no message.
+    pub fn head(&self, channel: &str) -> Offset {
         let mem = self.mem.lock().unwrap();
         mem.channels
             .get(channel)
@@ -222,7 +226,7 @@ impl MemoryStorage {
 
     /// Everything a refused request must leave as it was: every channel's
     /// messages (offsets and data) and every stored idempotency key.
-    pub(crate) fn snapshot(&self) -> Vec<(String, Offset, String)> {
+    pub fn snapshot(&self) -> Vec<(String, Offset, String)> {
         let mem = self.mem.lock().unwrap();
         let mut all: Vec<(String, Offset, String)> = mem
             .channels
@@ -241,7 +245,7 @@ impl MemoryStorage {
     }
 
     /// Appends directly, as another node on the same database would.
-    pub(crate) fn append_as_other_node(&self, channel: &str, data: &str) -> Offset {
+    pub fn append_as_other_node(&self, channel: &str, data: &str) -> Offset {
         let mut mem = self.mem.lock().unwrap();
         let msg = NewMessage {
             channel: ChannelName::new(channel).unwrap(),
@@ -707,13 +711,14 @@ impl Storage for MemoryStorage {
 
 /// A lease view whose state the test sets by hand. While `Holder`, the
 /// lease is writable (the safety deadline is not checked).
-pub(crate) struct FakeLease {
+pub struct FakeLease {
     tx: watch::Sender<LeaseState>,
     lost: Mutex<Vec<FencingToken>>,
 }
 
 impl FakeLease {
-    pub(crate) fn holder(token: FencingToken) -> Arc<Self> {
+    /// A lease view that holds the lease with `token`.
+    pub fn holder(token: FencingToken) -> Arc<Self> {
         let (tx, _) = watch::channel(Self::holder_state(token));
         Arc::new(Self {
             tx,
@@ -721,7 +726,8 @@ impl FakeLease {
         })
     }
 
-    pub(crate) fn holder_state(token: FencingToken) -> LeaseState {
+    /// The holder state [`FakeLease::holder`] starts in, with `token`.
+    pub fn holder_state(token: FencingToken) -> LeaseState {
         LeaseState::Holder {
             lease: Lease {
                 name: herald_core::DEFAULT_LEASE_NAME.to_owned(),
@@ -733,11 +739,13 @@ impl FakeLease {
         }
     }
 
-    pub(crate) fn set(&self, state: LeaseState) {
+    /// Replaces the state.
+    pub fn set(&self, state: LeaseState) {
         self.tx.send_replace(state);
     }
 
-    pub(crate) fn set_standby(&self, holder_url: Option<&str>) {
+    /// Standby, with node-b holding the lease at `holder_url`.
+    pub fn set_standby(&self, holder_url: Option<&str>) {
         self.set(LeaseState::Standby {
             holder: Some(LeaseInfo {
                 name: herald_core::DEFAULT_LEASE_NAME.to_owned(),
@@ -749,7 +757,8 @@ impl FakeLease {
         });
     }
 
-    pub(crate) fn reported_lost(&self) -> Vec<FencingToken> {
+    /// The tokens reported lost so far.
+    pub fn reported_lost(&self) -> Vec<FencingToken> {
         self.lost.lock().unwrap().clone()
     }
 }

@@ -5,8 +5,8 @@
 //! module decides what and when. `docs/retention.md` is the operator's
 //! view.
 
-pub(crate) mod policy;
-pub(crate) mod trimmer;
+pub mod policy;
+pub mod trimmer;
 
 use herald_core::{ChannelName, Offset};
 use herald_storage::{Storage, TrimLimits};
@@ -35,7 +35,7 @@ use crate::role::LeaseView;
 /// [`NodeError::NotHolder`] when this node does not hold the lease;
 /// [`NodeError::LeaseLost`] when it lost it meanwhile (what was removed stays
 /// removed; the head is kept); [`NodeError::Storage`] when the storage fails.
-pub(crate) async fn remove_history(
+pub async fn remove_history(
     storage: &dyn Storage,
     role: &dyn LeaseView,
     trim_batch: usize,
@@ -83,7 +83,7 @@ pub(crate) async fn remove_history(
 /// As [`remove_history`]; the same when recording the deletion fails
 /// (the messages are removed then, the deletion not recorded: a retry
 /// records it).
-pub(crate) async fn delete_channel(
+pub async fn delete_channel(
     storage: &dyn Storage,
     role: &dyn LeaseView,
     hub: &Hub,

@@ -50,9 +50,13 @@ impl Default for TrimPacing {
 
 /// The trimming task of one node (it trims only while holder).
 pub(crate) struct Trimmer {
+    /// Where the messages are trimmed.
     pub(crate) storage: Arc<dyn Storage>,
+    /// The node's role: it trims only while holder, fenced by its token.
     pub(crate) lease: Arc<dyn LeaseView>,
+    /// The policies in force (replaced whole on a reload).
     pub(crate) retention: RetentionHandle,
+    /// How much one trim transaction removes and how often sweeps run.
     pub(crate) pacing: TrimPacing,
 }
 
