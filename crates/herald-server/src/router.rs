@@ -12,12 +12,12 @@ use axum::response::Response;
 use axum::Router;
 use tracing::Instrument;
 
-use crate::api;
+use crate::api::routes as api_routes;
 use crate::api::state::ApiState;
-use crate::centrifugo;
 use crate::centrifugo::context::CentrifugoState;
-use crate::conn_limit;
-use crate::edge;
+use crate::centrifugo::routes as centrifugo_routes;
+use crate::conn_limit::limit_proxied;
+use crate::edge::{check_loopback_host, check_websocket_origin};
 use crate::error::Error;
 use crate::state::AppState;
 
@@ -25,9 +25,9 @@ use crate::state::AppState;
 pub(crate) fn router(state: AppState) -> Router {
     let config = state.config();
     Router::new()
-        .merge(api::routes(config).with_state(ApiState::from_ref(&state)))
+        .merge(api_routes(config).with_state(ApiState::from_ref(&state)))
         // Centrifugo's client protocol and server API (`docs/centrifugo.md`).
-        .merge(centrifugo::routes(config).with_state(CentrifugoState::from_ref(&state)))
+        .merge(centrifugo_routes(config).with_state(CentrifugoState::from_ref(&state)))
         // After every route: it applies to the routes already added.
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
@@ -35,11 +35,11 @@ pub(crate) fn router(state: AppState) -> Router {
         // (`edge.rs`).
         .layer(middleware::from_fn_with_state(
             Arc::clone(&state.shared),
-            edge::check_websocket_origin,
+            check_websocket_origin,
         ))
         .layer(middleware::from_fn_with_state(
             Arc::clone(state.conn_limits()),
-            conn_limit::limit_proxied,
+            limit_proxied,
         ))
         .layer(middleware::from_fn_with_state(state.clone(), request_span))
         // A preflight (`OPTIONS`) is answered here, on every route, and
@@ -50,7 +50,7 @@ pub(crate) fn router(state: AppState) -> Router {
         // (`edge.rs`).
         .layer(middleware::from_fn_with_state(
             Arc::clone(&state.shared),
-            edge::check_loopback_host,
+            check_loopback_host,
         ))
         .with_state(state)
 }
