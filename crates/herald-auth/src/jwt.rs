@@ -561,6 +561,7 @@ fn read(path: &std::path::Path) -> Result<Vec<u8>, String> {
 
 #[cfg(test)]
 mod tests {
+    use crate::testing::EcKey;
     use jsonwebtoken::{encode, EncodingKey, Header};
     use serde_json::json;
 
@@ -1035,36 +1036,6 @@ mod tests {
             ..JwtConfig::default()
         };
         assert!(JwtVerifier::new(&short, no_fetch()).is_err());
-    }
-
-    /// A P-256 key pair, its JWK with `kid`, and tokens it signs.
-    struct EcKey(aws_lc_rs::signature::EcdsaKeyPair);
-
-    impl EcKey {
-        fn new() -> Self {
-            use aws_lc_rs::signature::{EcdsaKeyPair, ECDSA_P256_SHA256_FIXED_SIGNING};
-            Self(EcdsaKeyPair::generate(&ECDSA_P256_SHA256_FIXED_SIGNING).unwrap())
-        }
-
-        fn jwk(&self, kid: &str) -> serde_json::Value {
-            use aws_lc_rs::signature::KeyPair;
-            use base64::Engine;
-            let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
-            let point = self.0.public_key().as_ref();
-            json!({"kty": "EC", "crv": "P-256", "kid": kid, "alg": "ES256",
-                   "x": b64(&point[1..33]), "y": b64(&point[33..65])})
-        }
-
-        fn token(&self, kid: &str, exp: u64) -> String {
-            let mut header = Header::new(Algorithm::ES256);
-            header.kid = Some(kid.to_owned());
-            encode(
-                &header,
-                &json!({"sub": "u", "exp": exp}),
-                &EncodingKey::from_ec_der(self.0.to_pkcs8v1().unwrap().as_ref()),
-            )
-            .unwrap()
-        }
     }
 
     /// Key rotation in a JWKS file: a new `kid` is refused until the file

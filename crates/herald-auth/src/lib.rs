@@ -51,6 +51,8 @@ pub mod metrics;
 pub mod policy;
 mod rate_limit;
 pub mod reload;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod wall_clock;
 
 pub use access::{Auth, Credential, Principal};
