@@ -561,7 +561,7 @@ fn read(path: &std::path::Path) -> Result<Vec<u8>, String> {
 
 #[cfg(test)]
 mod tests {
-    use crate::testing::EcKey;
+    use crate::testing::{verify, EcKey};
     use jsonwebtoken::{encode, EncodingKey, Header};
     use serde_json::json;
 
@@ -578,21 +578,6 @@ mod tests {
 
     fn now() -> u64 {
         jsonwebtoken::get_current_timestamp()
-    }
-
-    /// `v.verify(token)`, run to its end (on one runtime for every test,
-    /// so that a JWKS client's pooled connections outlive each call).
-    fn verify(v: &JwtVerifier, token: &str) -> Result<TokenGrant, AuthError> {
-        static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
-        RUNTIME
-            .get_or_init(|| {
-                tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(1)
-                    .enable_all()
-                    .build()
-                    .unwrap()
-            })
-            .block_on(v.verify(token))
     }
 
     fn verifier(secrets: &[&str]) -> JwtVerifier {

@@ -1,8 +1,36 @@
 //! Test support for the tests of this crate and of the crates that use it
 //! (feature `testing`, never in a shipped build).
 
+use std::sync::OnceLock;
+
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use serde_json::json;
+use tokio::runtime::{Builder, Runtime};
+
+use crate::error::AuthError;
+use crate::jwt::{JwtVerifier, TokenGrant};
+
+/// `verifier.verify(token)` run to its end from synchronous test code, on
+/// one runtime shared by every call (one worker thread), so that a JWKS
+/// client's pooled connections outlive each call.
+///
+/// # Errors
+/// What [`JwtVerifier::verify`] returns.
+///
+/// # Panics
+/// If the runtime cannot be built.
+pub fn verify(verifier: &JwtVerifier, token: &str) -> Result<TokenGrant, AuthError> {
+    static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap()
+        })
+        .block_on(verifier.verify(token))
+}
 
 /// A P-256 key pair (ES256, RFC 7518 §3.4): its public key as a JWK with a
 /// `kid` (RFC 7517; the coordinates as in RFC 7518 §6.2.1), and tokens it

@@ -86,8 +86,8 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use herald_auth::jwt::{JwtVerifier, TokenGrant};
-    use herald_auth::testing::EcKey;
+    use herald_auth::jwt::JwtVerifier;
+    use herald_auth::testing::{verify, EcKey};
     use herald_auth::wall_clock::WallClock;
     use herald_auth::{AuthError, JwtConfig};
     use serde_json::json;
@@ -113,21 +113,6 @@ mod tests {
         fn code_of(self) -> &'static str {
             Error::Auth(self).code()
         }
-    }
-
-    /// `v.verify(token)`, run to its end (on one runtime for every test,
-    /// so that the JWKS client's pooled connections outlive each call).
-    fn verify(v: &JwtVerifier, token: &str) -> Result<TokenGrant, AuthError> {
-        static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
-        RUNTIME
-            .get_or_init(|| {
-                tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(1)
-                    .enable_all()
-                    .build()
-                    .unwrap()
-            })
-            .block_on(v.verify(token))
     }
 
     /// A JWKS server on loopback that counts its requests.
