@@ -390,6 +390,13 @@ impl Run {
                 }
                 Event::Drain => {
                     lock(&progress).in_flight_since = None;
+                    // An attempt in flight may hold the lease row (its
+                    // transaction took the row lock and waits to be polled
+                    // for its next statement); left unpolled it would block
+                    // the release until the server's idle-in-transaction
+                    // timeout. Dropping it closes its connection, which
+                    // rolls it back and frees the row.
+                    drop(renewal);
                     break self.release(&lease).await;
                 }
                 Event::Tick => renewal = self.send_renewal(&lease, &progress),

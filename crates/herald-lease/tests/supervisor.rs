@@ -27,6 +27,10 @@ enum Renewal {
     /// the client still waits (a statement that commits after the client
     /// abandoned it).
     CommitAfter(Duration),
+    /// Takes the lease row's lock ([`FakeStore::row_lock`]), as a renewal
+    /// transaction's `FOR NO KEY UPDATE` does, then never answers: the
+    /// lock is held until the attempt is dropped.
+    HoldRow,
 }
 
 /// An in-memory lease row on tokio's clock.
@@ -38,6 +42,9 @@ struct Row {
 
 struct FakeStore {
     row: Mutex<Row>,
+    /// The lease row's lock: taken by a [`Renewal::HoldRow`] attempt and
+    /// by every release.
+    row_lock: tokio::sync::Mutex<()>,
     renewal: Mutex<Renewal>,
     /// Instants (since `t0`) at which renewals were sent.
     renew_calls: Mutex<Vec<Duration>>,
@@ -62,6 +69,7 @@ impl FakeStore {
                 token: u64::from(holder.is_some()),
                 expires_at: now + expires_in,
             }),
+            row_lock: tokio::sync::Mutex::new(()),
             renewal: Mutex::new(Renewal::Ok),
             renew_calls: Mutex::new(Vec::new()),
             releases: Mutex::new(0),
@@ -173,11 +181,16 @@ impl LeaseStore for Shared {
                 });
                 rx.await.unwrap_or(Err(Error::unavailable("gone")))
             }
+            Renewal::HoldRow => {
+                let _row = self.0.row_lock.lock().await;
+                std::future::pending().await
+            }
         }
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
         *self.0.releases.lock().unwrap() += 1;
+        let _row = self.0.row_lock.lock().await;
         if *self.0.release_fails.lock().unwrap() {
             return Err(Error::unavailable("release refused by the test"));
         }
@@ -450,6 +463,32 @@ async fn drain_releases_the_lease_and_leaves_no_watchdog_behind() {
             }
         }
     );
+}
+
+/// A drain while a renewal attempt holds the lease row (its transaction
+/// took the row lock and waits for its next statement) still releases at
+/// once: the drain gives up the attempt, which frees the row, instead of
+/// leaving it unpolled until the release times out.
+#[tokio::test(start_paused = true)]
+async fn a_drain_gives_up_a_renewal_that_holds_the_row_and_releases() {
+    let store = FakeStore::new(None, Duration::ZERO);
+    store.set_renewal(Renewal::HoldRow);
+    let node = start(&store, config(6.0), Arc::new(TokioClock::new()));
+    node.at(7.0).await; // the renewal sent at 5 s holds the row
+    assert!(
+        store.row_lock.try_lock().is_err(),
+        "the renewal holds the row"
+    );
+    node.shutdown.cancel();
+    let exit = exit_of(node.task).await;
+    assert_eq!(
+        exit,
+        StopReason::Drained {
+            release: Release::Released,
+        }
+    );
+    assert!(store.row.lock().unwrap().holder.is_none());
+    assert_eq!(Instant::now() - node.t0, Duration::from_secs(7));
 }
 
 /// A drain counts as clean (exit 0) only when the lease was released or
