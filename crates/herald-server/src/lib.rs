@@ -51,6 +51,7 @@ mod listener;
 mod metrics;
 mod router;
 mod shared;
+mod sse_connection;
 mod state;
 mod tls;
 mod websocket;
@@ -93,7 +94,10 @@ pub fn app(state: AppState) -> axum::Router {
 ///
 /// Each connection speaks HTTP/1 (with upgrades, for WebSocket) or HTTP/2,
 /// over TLS when [`ServerConfig::tls`] is set (the handshake, too, must
-/// finish within [`ServerConfig::header_read_timeout`]).
+/// finish within [`ServerConfig::header_read_timeout`]). A plain-TCP
+/// connection whose first request is an SSE subscription is answered
+/// outside the HTTP library, so that an idle subscriber holds no HTTP
+/// buffers; the connection closes when the stream ends.
 /// A client that does not send a complete request head within
 /// [`ServerConfig::header_read_timeout`] (for its first request, or for
 /// the next one on a kept-alive connection) is disconnected. A failed

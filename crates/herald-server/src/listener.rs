@@ -1,6 +1,9 @@
 //! The accept loop: serves each connection with HTTP/1 (upgrades included,
 //! for WebSocket) or HTTP/2, bounds how long a client may take to send a
-//! request head, and drains gracefully.
+//! request head, and drains gracefully. A plain-TCP connection whose first
+//! bytes are an SSE subscription request is served by `sse_connection.rs`
+//! instead, outside hyper; its first bytes are awaited under the same
+//! header read timeout, and a drain closes it while it waits for them.
 //!
 //! Time limits on a connection:
 //! - before the protocol is known (HTTP/2 is recognised by its 24-byte
@@ -56,6 +59,7 @@ use tower::ServiceExt;
 use crate::conn_limit::{ConnectionLimits, Peer};
 use crate::error::Error;
 use crate::metrics;
+use crate::sse_connection::{self, Opening};
 
 /// The HTTP/2 connection preface (RFC 9113 §3.4).
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -113,33 +117,70 @@ pub(crate) async fn serve_connections(
                 };
                 let router = if slot.is_ok() { &app } else { &refusal };
                 let service = TowerToHyperService::new(with_peer(router.clone(), peer));
+                // SSE subscriptions are served outside hyper, on plain TCP
+                // (`sse_connection.rs`); a refused connection is not.
+                let sse_router = (slot.is_ok() && tls.is_none()).then(|| app.clone());
+                let stop = stop.clone();
                 tokio::spawn(async move {
                     // Held until the connection ends.
                     let _slot = slot;
-                    let detected = Arc::new(AtomicBool::new(false));
-                    let Some(tls) = tls else {
+                    let mut stream = stream;
+                    if let Some(sse_router) = sse_router {
+                        match sse_connection::open(&mut stream, header_read_timeout, &stop).await {
+                            Ok(Opening::Subscription(request)) => {
+                                drop(service);
+                                // `watcher` lives until the stream ends, so
+                                // that a drain waits for it.
+                                sse_connection::serve(stream, request, sse_router, peer).await;
+                                drop(watcher);
+                                return;
+                            }
+                            Ok(Opening::Other) => {}
+                            Ok(Opening::Silent) => {
+                                metrics::idle_connection_closed();
+                                tracing::debug!(%peer, "closing a connection that sent no request head in time");
+                                return;
+                            }
+                            Ok(Opening::Draining) => return,
+                            Err(e) => {
+                                tracing::debug!(%peer, error = %e, "connection ended with an error");
+                                return;
+                            }
+                        }
+                    }
+                    // hyper's connection state takes several KiB: boxed, so
+                    // that a task serving an SSE subscription above does not
+                    // carry room for it.
+                    Box::pin(async move {
+                        let detected = Arc::new(AtomicBool::new(false));
+                        let Some(tls) = tls else {
+                            let io =
+                                TokioIo::new(DetectProtocol::new(stream, Arc::clone(&detected)));
+                            let conn =
+                                watcher.watch(builder.serve_connection_with_upgrades(io, service));
+                            serve_one(conn, &detected, header_read_timeout, peer).await;
+                            return;
+                        };
+                        let stream =
+                            match tokio::time::timeout(header_read_timeout, tls.accept(stream))
+                                .await
+                            {
+                                Ok(Ok(stream)) => stream,
+                                Ok(Err(e)) => {
+                                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                                    return;
+                                }
+                                Err(_) => {
+                                    tracing::debug!(%peer, "closing a connection whose TLS handshake did not finish in time");
+                                    return;
+                                }
+                            };
                         let io = TokioIo::new(DetectProtocol::new(stream, Arc::clone(&detected)));
                         let conn =
                             watcher.watch(builder.serve_connection_with_upgrades(io, service));
                         serve_one(conn, &detected, header_read_timeout, peer).await;
-                        return;
-                    };
-                    let stream = match tokio::time::timeout(header_read_timeout, tls.accept(stream))
-                        .await
-                    {
-                        Ok(Ok(stream)) => stream,
-                        Ok(Err(e)) => {
-                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                            return;
-                        }
-                        Err(_) => {
-                            tracing::debug!(%peer, "closing a connection whose TLS handshake did not finish in time");
-                            return;
-                        }
-                    };
-                    let io = TokioIo::new(DetectProtocol::new(stream, Arc::clone(&detected)));
-                    let conn = watcher.watch(builder.serve_connection_with_upgrades(io, service));
-                    serve_one(conn, &detected, header_read_timeout, peer).await;
+                    })
+                    .await;
                 });
             }
             Err(e) if is_connection_error(&e) => {

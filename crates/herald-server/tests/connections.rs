@@ -262,3 +262,70 @@ async fn drain_returns_with_idle_and_unfinished_connections_open() {
     let addr = node.base.trim_start_matches("http://").to_owned();
     assert!(TcpStream::connect(addr).await.is_err());
 }
+
+/// Reads from `stream` until what was read contains `needle`, for at most
+/// [`NODE_WAIT`]; returns everything read.
+async fn read_until(stream: &mut TcpStream, needle: &str) -> String {
+    let mut got = Vec::new();
+    within("the expected bytes", NODE_WAIT, async {
+        let mut buf = [0u8; 4096];
+        while !String::from_utf8_lossy(&got).contains(needle) {
+            let n = stream.read(&mut buf).await.expect("a read");
+            assert!(n > 0, "closed early: {:?}", String::from_utf8_lossy(&got));
+            got.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await;
+    String::from_utf8(got).expect("UTF-8")
+}
+
+/// An SSE subscription is served outside hyper (`sse_connection.rs`): over
+/// a raw socket its events come as chunks of a chunked body; when the
+/// stream ends (the channel is deleted) the last chunk follows and the
+/// server closes the connection, where hyper would keep it open for
+/// another request. An error answer on that route is whole, with
+/// `connection: close`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sse_subscription_comes_as_chunks_and_its_connection_closes_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = node(dir.path()).await;
+    let (status, body) = node.publish("raw", serde_json::json!("first")).await;
+    assert_eq!(status, 201, "{body}");
+    let host = node.url("").trim_start_matches("http://").to_owned();
+
+    let mut stream = connect(&node).await;
+    let head = format!(
+        "GET /v1/channels/raw/events?after=0 HTTP/1.1\r\nHost: {host}\r\nAccept: text/event-stream\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let opening = read_until(&mut stream, "\"first\"").await;
+    assert!(opening.starts_with("HTTP/1.1 200 OK\r\n"), "{opening}");
+    assert!(
+        opening.contains("transfer-encoding: chunked\r\n"),
+        "{opening}"
+    );
+    assert!(
+        opening.contains("content-type: text/event-stream"),
+        "{opening}"
+    );
+    assert!(opening.contains("\r\nid: 1\n"), "{opening}");
+
+    let (status, _, body) = node.call("DELETE", "/v1/channels/raw", &[], None).await;
+    assert!(status < 300, "{status} {body}");
+    let rest = read_until_closed(&mut stream, NODE_WAIT).await;
+    let rest = String::from_utf8_lossy(&rest);
+    assert!(rest.contains("event: deleted"), "{rest}");
+    assert!(rest.ends_with("\r\n0\r\n\r\n"), "{rest}");
+
+    let mut stream = connect(&node).await;
+    let head = format!("GET /v1/channels/raw/events?after=x HTTP/1.1\r\nHost: {host}\r\n\r\n");
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let answer = read_until_closed(&mut stream, NODE_WAIT).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 400 Bad Request\r\n"),
+        "{answer}"
+    );
+    assert!(answer.contains("connection: close\r\n"), "{answer}");
+    assert!(answer.contains("\"code\":"), "{answer}");
+}
