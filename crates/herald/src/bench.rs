@@ -56,7 +56,7 @@ pub(crate) struct BenchPublishArgs {
     server: ServerArg,
     /// Channels to spread the messages over, named `bench:<run id>-<i>`;
     /// they stay on the server after the run.
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     channels: u64,
     /// Concurrent workers, each with one request in flight.
     #[arg(long, value_name = "C", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=10_000))]
@@ -75,6 +75,11 @@ pub(crate) struct BenchPublishArgs {
     /// latencies are per request.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1000))]
     batch: u64,
+    /// With `--batch`: message `i` of the run goes to channel `i % N`, so
+    /// one request spreads over consecutive channels (e.g. to give many
+    /// channels a first message quickly), instead of all to one channel.
+    #[arg(long, requires = "batch")]
+    spread: bool,
     /// Retries of one message after a 503 before it counts as an error.
     #[arg(long, value_name = "N", default_value_t = 10)]
     max_retries: u32,
@@ -146,6 +151,8 @@ struct Work {
     names: Vec<String>,
     /// Messages per request (1: single publishes).
     batch: u64,
+    /// A batch's messages go to consecutive channels (`--spread`).
+    spread: bool,
     /// The payload (`data`) text.
     payload: String,
     /// Index of the next message to publish.
@@ -168,11 +175,16 @@ async fn worker(work: Arc<Work>) -> anyhow::Result<Tally> {
         let n = work.batch.min(work.total - i);
         let index = usize::try_from((i / work.batch) % channels)?;
         let (path, body) = if work.batch > 1 {
-            let entry = format!(
-                "{{\"channel\":\"{}\",\"data\":{}}}",
-                work.names[index], work.payload
-            );
-            let entries = vec![entry; usize::try_from(n)?].join(",");
+            let entry =
+                |channel: &str| format!("{{\"channel\":\"{channel}\",\"data\":{}}}", work.payload);
+            let entries = if work.spread {
+                (i..i + n)
+                    .map(|m| Ok(entry(&work.names[usize::try_from(m % channels)?])))
+                    .collect::<anyhow::Result<Vec<_>>>()?
+                    .join(",")
+            } else {
+                vec![entry(&work.names[index]); usize::try_from(n)?].join(",")
+            };
             (
                 "/v1/messages",
                 RawValue::from_string(format!("{{\"messages\":[{entries}]}}"))?,
@@ -251,6 +263,7 @@ async fn run_publish(args: BenchPublishArgs) -> anyhow::Result<ExitCode> {
         paths,
         names: names.iter().map(|n| n.as_str().to_owned()).collect(),
         batch: args.batch,
+        spread: args.spread,
         payload: data,
         next: AtomicU64::new(0),
         total: args.messages,

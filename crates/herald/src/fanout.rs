@@ -17,6 +17,18 @@
 //! subscribe server's resident memory per connected subscriber: the
 //! difference of `process_resident_memory_bytes` on `/metrics` before the
 //! subscribers connect and once they all are, divided by S.
+//!
+//! Any server: with `--subscribe-url` (and `--publish-url`), the URLs are
+//! templates in which `{channel}` stands for each channel's name, and each
+//! message is the body `--publish-body` with `{sent_us}` and `{seq}` filled
+//! in, sent as `--content-type`. A subscriber then finds every
+//! `"sent_us":<n>` and the `"seq":<n>` after it in each event's data (or
+//! WebSocket text frame), whatever JSON wraps them, so one client measures
+//! Herald and its peers alike (scripts/bench does). Its memory figure is
+//! left to the caller (`null`), who can see all of a server's processes.
+//! `--hold` connects the subscribers, prints `{"connected": S}` and keeps
+//! them open, publishing nothing, until the process is terminated: for a
+//! caller that measures idle connections itself.
 
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -61,6 +73,9 @@ pub(crate) enum Transport {
     Ws,
 }
 
+/// The message body of `--publish-body` by default: Herald's publish body.
+const HERALD_BODY: &str = r#"{"data":{"sent_us":{sent_us},"seq":{seq}}}"#;
+
 /// Flags of `herald bench fanout`.
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct BenchFanoutArgs {
@@ -86,9 +101,64 @@ pub(crate) struct BenchFanoutArgs {
     /// How subscribers connect.
     #[arg(long, value_enum, default_value_t = Transport::Sse)]
     transport: Transport,
+    /// Subscribe URL of any server (SSE, or WebSocket with `--transport
+    /// ws`), `{channel}` standing for the channel's name, e.g.
+    /// `http://127.0.0.1:8080/sub/{channel}`; replaces Herald's URLs on
+    /// `--server`/`--subscribe-server`.
+    #[arg(long, value_name = "URL")]
+    subscribe_url: Option<String>,
+    /// Publish URL (POST) of any server, `{channel}` standing for the
+    /// channel's name; needed with `--subscribe-url` unless `--hold`.
+    #[arg(long, value_name = "URL", requires = "subscribe_url")]
+    publish_url: Option<String>,
+    /// The body of each publish, `{sent_us}` and `{seq}` standing for the
+    /// send time (µs since the Unix epoch) and the message's number.
+    #[arg(long, value_name = "TEMPLATE", default_value = HERALD_BODY)]
+    publish_body: String,
+    /// `Content-Type` of each publish.
+    #[arg(long, value_name = "TYPE", default_value = "application/json")]
+    content_type: String,
+    /// Channel names: this followed by 0, 1, ... (default
+    /// `bench:<run id>-fanout-`).
+    #[arg(long, value_name = "PREFIX")]
+    channel_prefix: Option<String>,
+    /// Connect the subscribers, print `{"connected": S}`, and keep them
+    /// open without publishing until the process is terminated.
+    #[arg(long)]
+    hold: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+}
+
+/// Each `"sent_us":<n>` in `text` with the first `"seq":<m>` after it:
+/// the stamps of the messages an event or frame carries, in order.
+fn stamps(text: &str) -> Vec<(u64, u64)> {
+    /// The decimal digits at the start of `s`, as a number.
+    fn number(s: &str) -> Option<u64> {
+        let end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+        s[..end].parse().ok()
+    }
+    let mut found = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("\"sent_us\":") {
+        rest = &rest[at + "\"sent_us\":".len()..];
+        let Some(sent) = number(rest) else { continue };
+        let Some(seq_at) = rest.find("\"seq\":") else {
+            break;
+        };
+        let after = &rest[seq_at + "\"seq\":".len()..];
+        if let Some(seq) = number(after) {
+            found.push((sent, seq));
+        }
+        rest = after;
+    }
+    found
+}
+
+/// `template` with every `{channel}` replaced by `channel`.
+fn fill_channel(template: &str, channel: &str) -> String {
+    template.replace("{channel}", channel)
 }
 
 /// What one subscriber saw.
@@ -186,8 +256,8 @@ struct Reach {
     ws_tls: Option<Connector>,
 }
 
-/// One subscriber: connects, reports `connected` once, then records every
-/// message until `stop`.
+/// One subscriber of `url` (the SSE or WebSocket URL): connects, reports
+/// `connected` once, then records every message until `stop`.
 async fn subscriber(
     url: String,
     transport: Transport,
@@ -205,23 +275,22 @@ async fn subscriber(
         seqs: Vec::new(),
         latency_us: Histogram::new_with_bounds(1, MAX_LATENCY_US, 3)?,
     };
+    // Data without stamps (a server's own control events) is not counted.
     let mut record = |text: &str| -> anyhow::Result<()> {
         let received = now_us();
-        let message: serde_json::Value = serde_json::from_str(text)?;
-        let data = &message["data"];
-        let (Some(sent), Some(seq)) = (data["sent_us"].as_u64(), data["seq"].as_u64()) else {
-            anyhow::bail!("a message without sent_us and seq: {text}");
-        };
-        seen.latency_us
-            .saturating_record(received.saturating_sub(sent).max(1));
-        seen.seqs.push(seq);
-        delivered.fetch_add(1, Ordering::Relaxed);
+        for (sent, seq) in stamps(text) {
+            seen.latency_us
+                .saturating_record(received.saturating_sub(sent).max(1));
+            seen.seqs.push(seq);
+            delivered.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(())
     };
     match transport {
         Transport::Sse => {
             let response = http
-                .get(format!("{url}/events"))
+                .get(url)
+                .header(reqwest::header::ACCEPT, "text/event-stream")
                 .send()
                 .await?
                 .error_for_status()?;
@@ -233,16 +302,14 @@ async fn subscriber(
                     next = events.next() => next,
                 };
                 match next {
-                    Some(Ok(event)) if event.event == "message" => record(&event.data)?,
-                    Some(Ok(_)) => {}
+                    Some(Ok(event)) => record(&event.data)?,
                     Some(Err(e)) => anyhow::bail!("SSE stream failed: {e}"),
                     None => anyhow::bail!("the SSE stream ended"),
                 }
             }
         }
         Transport::Ws => {
-            let ws_url = format!("{}/ws", url.replacen("http", "ws", 1));
-            let mut request = ws_url.into_client_request()?;
+            let mut request = url.into_client_request()?;
             request.headers_mut().extend(credential);
             let (mut socket, _) =
                 tokio_tungstenite::connect_async_tls_with_config(request, None, false, ws_tls)
@@ -275,13 +342,32 @@ pub(crate) async fn run_fanout(args: BenchFanoutArgs) -> anyhow::Result<ExitCode
         .trim_end_matches('/')
         .to_owned();
     let run = format!("{:08x}", rand::random::<u32>());
-    // `/v1/channels/<name>`, for each channel.
-    let channels: Vec<String> = (0..args.channels)
+    let prefix = args
+        .channel_prefix
+        .clone()
+        .unwrap_or_else(|| format!("bench:{run}-fanout-"));
+    let generic = args.subscribe_url.is_some();
+    if generic && args.publish_url.is_none() && !args.hold {
+        anyhow::bail!("--subscribe-url needs --publish-url (or --hold)");
+    }
+    // Each channel's subscribe and publish URLs.
+    let (subscribe_urls, publish_urls): (Vec<String>, Vec<String>) = (0..args.channels)
         .map(|k| {
-            let name = ChannelName::new(format!("bench:{run}-fanout-{k}"))?;
-            Ok(format!("/v1/channels/{name}"))
+            let name = format!("{prefix}{k}");
+            if let Some(template) = &args.subscribe_url {
+                let publish = args.publish_url.as_deref().unwrap_or_default();
+                return Ok((fill_channel(template, &name), fill_channel(publish, &name)));
+            }
+            let path = format!("/v1/channels/{}", ChannelName::new(name)?);
+            let subscribe = match args.transport {
+                Transport::Sse => format!("{subscribe_base}{path}/events"),
+                Transport::Ws => format!("{}{path}/ws", subscribe_base.replacen("http", "ws", 1)),
+            };
+            Ok((subscribe, format!("{publish_base}{path}/messages")))
         })
-        .collect::<anyhow::Result<_>>()?;
+        .collect::<anyhow::Result<Vec<_>>>()?
+        .into_iter()
+        .unzip();
     // `--api-key`, on every request and WebSocket.
     let credential = crate::client::credential_headers(args.server.api_key.as_deref())?;
     let http = args
@@ -291,7 +377,12 @@ pub(crate) async fn run_fanout(args: BenchFanoutArgs) -> anyhow::Result<ExitCode
         .default_headers(credential.clone())
         .build()?;
 
-    let before = resident_bytes(&http, &subscribe_base).await;
+    // A server of any kind is measured by the caller.
+    let before = if generic {
+        None
+    } else {
+        resident_bytes(&http, &subscribe_base).await
+    };
     let subscribers = usize::try_from(args.subscribers)?;
     let connected = Arc::new(Barrier::new(subscribers + 1));
     let (stop_tx, stop) = watch::channel(false);
@@ -299,10 +390,9 @@ pub(crate) async fn run_fanout(args: BenchFanoutArgs) -> anyhow::Result<ExitCode
     let ws_tls = ws_connector(args.server.ca_file.as_deref())?;
     let mut set = JoinSet::new();
     for s in 0..subscribers {
-        let k = s % channels.len();
-        let url = format!("{subscribe_base}{}", channels[k]);
+        let k = s % subscribe_urls.len();
         let subscribed = subscriber(
-            url,
+            subscribe_urls[k].clone(),
             args.transport,
             connected.clone(),
             stop.clone(),
@@ -320,12 +410,34 @@ pub(crate) async fn run_fanout(args: BenchFanoutArgs) -> anyhow::Result<ExitCode
         .map_err(|_| {
             anyhow::anyhow!("the subscribers did not all connect within {CONNECT_LIMIT:?}")
         })?;
-    let after = resident_bytes(&http, &subscribe_base).await;
+    if args.hold {
+        let mut out = std::io::stdout().lock();
+        writeln!(
+            out,
+            "{}",
+            serde_json::json!({ "connected": args.subscribers })
+        )?;
+        out.flush()?;
+        drop(out);
+        // Until terminated; a subscriber that fails ends the hold.
+        return match set.join_next().await {
+            Some(done) => {
+                done??;
+                anyhow::bail!("a subscriber stopped while holding")
+            }
+            None => Ok(ExitCode::SUCCESS),
+        };
+    }
+    let after = if generic {
+        None
+    } else {
+        resident_bytes(&http, &subscribe_base).await
+    };
 
     // The publisher: R messages per second, round-robin over the channels.
     // Acknowledged sequence numbers, per channel: what each of its
     // subscribers is owed.
-    let mut owed: Vec<BTreeSet<u64>> = vec![BTreeSet::new(); channels.len()];
+    let mut owed: Vec<BTreeSet<u64>> = vec![BTreeSet::new(); publish_urls.len()];
     let mut publish_errors = 0u64;
     let period = Duration::from_secs_f64(1.0 / f64::from(args.rate));
     let total = (args.duration.as_secs_f64() * f64::from(args.rate)).round() as u64;
@@ -334,11 +446,15 @@ pub(crate) async fn run_fanout(args: BenchFanoutArgs) -> anyhow::Result<ExitCode
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     for seq in 0..total {
         tick.tick().await;
-        let k = usize::try_from(seq % channels.len() as u64)?;
-        let body = serde_json::json!({ "data": { "sent_us": now_us(), "seq": seq } });
+        let k = usize::try_from(seq % publish_urls.len() as u64)?;
+        let body = args
+            .publish_body
+            .replace("{sent_us}", &now_us().to_string())
+            .replace("{seq}", &seq.to_string());
         let sent = http
-            .post(format!("{publish_base}{}/messages", channels[k]))
-            .json(&body)
+            .post(&publish_urls[k])
+            .header(reqwest::header::CONTENT_TYPE, &args.content_type)
+            .body(body)
             .send()
             .await;
         match sent {
@@ -352,7 +468,7 @@ pub(crate) async fn run_fanout(args: BenchFanoutArgs) -> anyhow::Result<ExitCode
 
     // Wait until every subscriber has what it is owed, or the drain ends.
     let expected: u64 = (0..subscribers)
-        .map(|s| owed[s % channels.len()].len() as u64)
+        .map(|s| owed[s % publish_urls.len()].len() as u64)
         .sum();
     let drain_end = Instant::now() + DRAIN;
     while delivered.load(Ordering::Relaxed) < expected && Instant::now() < drain_end {
@@ -457,4 +573,40 @@ pub(crate) async fn run_fanout(args: BenchFanoutArgs) -> anyhow::Result<ExitCode
             ExitCode::FAILURE
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{fill_channel, stamps, HERALD_BODY};
+
+    #[test]
+    fn stamps_are_found_whatever_json_wraps_them() {
+        // Herald's SSE data: the message around the published data.
+        assert_eq!(
+            stamps(r#"{"offset":3,"data":{"sent_us":17,"seq":4},"published_at":"x"}"#),
+            vec![(17, 4)]
+        );
+        // Several messages in one event, across lines (a JSON array).
+        assert_eq!(
+            stamps(
+                "[\n{\"data\":{\"sent_us\":1,\"seq\":2}},\n{\"data\":{\"sent_us\":3,\"seq\":4}}\n]"
+            ),
+            vec![(1, 2), (3, 4)]
+        );
+        // A server's own events carry none.
+        assert!(stamps(r#"{"streamNextOffset":"0_31","upToDate":true}"#).is_empty());
+        assert!(stamps(r#"{"sent_us":"x","seq":1}"#).is_empty());
+        assert!(stamps(r#"{"sent_us":5}"#).is_empty());
+    }
+
+    #[test]
+    fn templates_are_filled() {
+        assert_eq!(
+            fill_channel("http://h/sub/{channel}?x={channel}", "c-1"),
+            "http://h/sub/c-1?x=c-1"
+        );
+        let body = HERALD_BODY.replace("{sent_us}", "12").replace("{seq}", "3");
+        assert_eq!(body, r#"{"data":{"sent_us":12,"seq":3}}"#);
+        assert_eq!(stamps(&body), vec![(12, 3)]);
+    }
 }

@@ -687,6 +687,69 @@ async fn bench_fanout_reports_complete_delivery() {
     }
 }
 
+/// `herald bench fanout` with URL templates (the form that measures any
+/// server), pointed at Herald's own URLs: the same complete delivery, the
+/// memory left to the caller; `--hold` connects and reports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_fanout_with_url_templates() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_holder(dir.path()).await;
+    let subscribe = format!("{}/v1/channels/{{channel}}/events", server.url);
+    let publish = format!("{}/v1/channels/{{channel}}/messages", server.url);
+    let report = bench_json(
+        &server,
+        &[
+            "fanout",
+            "--subscribers",
+            "20",
+            "--channels",
+            "2",
+            "--rate",
+            "40",
+            "--duration",
+            "1s",
+            "--channel-prefix",
+            "templated-",
+            "--subscribe-url",
+            &subscribe,
+            "--publish-url",
+            &publish,
+        ],
+    )
+    .await;
+    assert_eq!(report["publish_errors"], 0, "{report}");
+    let published = report["published"].as_u64().unwrap();
+    assert_eq!(published, 40, "{report}");
+    assert_eq!(report["deliveries"], published * 10, "{report}");
+    assert_eq!(report["missed"], 0, "{report}");
+    assert_eq!(report["duplicated"], 0, "{report}");
+    assert!(
+        report["resident_bytes_per_subscriber"].is_null(),
+        "{report}"
+    );
+    let (head, _) = server.api.history_all("templated-1", 1000).await;
+    assert_eq!(head, 20);
+
+    let mut hold = herald()
+        .args([
+            "bench",
+            "fanout",
+            "--hold",
+            "--subscribers",
+            "5",
+            "--subscribe-url",
+            &subscribe,
+        ])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(hold.stdout.take().unwrap()).lines();
+    let line = next_json_line(&mut out).await;
+    assert_eq!(line["connected"], 5, "{line}");
+    hold.kill().await.unwrap();
+}
+
 /// Drain: SIGTERM while an SSE subscriber is connected ends its response
 /// body, and the process exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
