@@ -126,12 +126,25 @@ pub(crate) async fn serve_connections(
                     let _slot = slot;
                     let mut stream = stream;
                     if let Some(sse_router) = sse_router {
-                        match sse_connection::open(&mut stream, header_read_timeout, &stop).await {
+                        // Each stage boxed: the task keeps room only for
+                        // what the connection is doing now.
+                        let opening = Box::pin(sse_connection::open(
+                            &mut stream,
+                            header_read_timeout,
+                            &stop,
+                        ))
+                        .await;
+                        match opening {
                             Ok(Opening::Subscription(request)) => {
                                 drop(service);
                                 // `watcher` lives until the stream ends, so
                                 // that a drain waits for it.
-                                sse_connection::serve(stream, request, sse_router, peer).await;
+                                let answer =
+                                    Box::pin(sse_connection::answer(request, sse_router, peer))
+                                        .await;
+                                if let Some(answer) = answer {
+                                    Box::pin(sse_connection::write(stream, answer, peer)).await;
+                                }
                                 drop(watcher);
                                 return;
                             }

@@ -8,8 +8,9 @@
 //! (`GET /v1/channels/{channel}/events`, HTTP/1.1, no body, no upgrade) is
 //! recognised from the bytes it sent first, without consuming them
 //! ([`open`]); its head is then taken off the socket and the request goes
-//! through the same router, layers and handler as any other ([`serve`]).
-//! The answer is written here: an event stream as a chunked body (RFC 9112
+//! through the same router, layers and handler as any other ([`answer`]),
+//! and the answer is written here ([`write`]).
+//! An event stream is written as a chunked body (RFC 9112
 //! §7.1), each event written as it comes with no buffer kept in between;
 //! any other answer (an error) whole, with `Connection: close`. The
 //! connection closes when the answer ends. Every other connection, and one
@@ -58,7 +59,7 @@ const PATH_SUFFIX: &str = "/events";
 pub(crate) enum Opening {
     /// A complete SSE subscription request, its head already taken off the
     /// socket.
-    Subscription(Request<Body>),
+    Subscription(Box<Request<Body>>),
     /// Anything else, the socket untouched: hyper serves it.
     Other,
     /// Nothing came within the header read timeout.
@@ -104,7 +105,7 @@ pub(crate) async fn open(
     // The head is in the socket's receive buffer already: this read does
     // not wait for the client.
     stream.read_exact(&mut opening[..head_len]).await?;
-    Ok(Opening::Subscription(request))
+    Ok(Opening::Subscription(Box::new(request)))
 }
 
 /// Parses `bytes` as the head of an SSE subscription request; returns the
@@ -145,27 +146,65 @@ fn subscription_request(bytes: &[u8]) -> Option<(Request<Body>, usize)> {
     Some((request.body(Body::empty()).ok()?, head_len))
 }
 
-/// Answers `request` through `router` (with the connection's [`Peer`]) on
-/// `stream`, then closes the connection: an event stream as it comes (see
-/// the module docs), any other answer whole. Returns when the answer ended,
-/// the client left, or writing to it failed.
-pub(crate) async fn serve(
-    mut stream: TcpStream,
-    mut request: Request<Body>,
+/// The answer to a subscription request, ready to be written.
+pub(crate) enum Answer {
+    /// An event stream: its head, then its body, chunk by chunk.
+    Stream {
+        /// The status line and header fields.
+        head: Vec<u8>,
+        /// The events.
+        body: Body,
+    },
+    /// Any other answer (an error), head and body, with `Connection:
+    /// close`.
+    Whole(Vec<u8>),
+}
+
+/// Answers `request` through `router`, with the connection's [`Peer`]:
+/// the same layers and handler as any request. Returns `None` when the
+/// answer is not an event stream and its body fails or is larger than
+/// [`MAX_ANSWER_BYTES`] (the connection is then dropped).
+pub(crate) async fn answer(
+    request: Box<Request<Body>>,
     router: Router,
     peer: SocketAddr,
-) {
+) -> Option<Answer> {
+    let mut request = *request;
     request.extensions_mut().insert(Peer(peer));
-    // Boxed: the routing future is large and lives only until the answer
-    // starts, while this one lives as long as the stream.
-    let response = match Box::pin(router.oneshot(request)).await {
+    let response = match router.oneshot(request).await {
         Ok(response) => response,
         Err(never) => match never {},
     };
-    let outcome = if is_event_stream(&response) {
-        stream_events(&mut stream, response).await
-    } else {
-        answer_whole(&mut stream, response).await
+    if is_event_stream(&response) {
+        let head = head(&response, &Framing::Chunked);
+        return Some(Answer::Stream {
+            head,
+            body: response.into_body(),
+        });
+    }
+    let (parts, body) = response.into_parts();
+    let body = match axum::body::to_bytes(body, MAX_ANSWER_BYTES).await {
+        Ok(body) => body,
+        Err(e) => {
+            tracing::debug!(%peer, error = %e, "an answer on the SSE route could not be read");
+            return None;
+        }
+    };
+    let mut whole = head(
+        &Response::from_parts(parts, Body::empty()),
+        &Framing::Length(body.len()),
+    );
+    whole.extend_from_slice(&body);
+    Some(Answer::Whole(whole))
+}
+
+/// Writes `answer` on `stream`, an event stream as it comes (see the
+/// module docs), then closes the connection. Returns when the answer
+/// ended, the client left, or writing to it failed.
+pub(crate) async fn write(mut stream: TcpStream, answer: Answer, peer: SocketAddr) {
+    let outcome = match answer {
+        Answer::Stream { head, body } => stream_events(&mut stream, head, body).await,
+        Answer::Whole(whole) => stream.write_all(&whole).await,
     };
     match outcome {
         Ok(()) => {
@@ -231,18 +270,6 @@ fn head(response: &Response<Body>, framing: &Framing) -> Vec<u8> {
     out
 }
 
-/// Writes an answer that is not a stream, whole.
-async fn answer_whole(stream: &mut TcpStream, response: Response<Body>) -> io::Result<()> {
-    let (parts, body) = response.into_parts();
-    let body = axum::body::to_bytes(body, MAX_ANSWER_BYTES)
-        .await
-        .map_err(io::Error::other)?;
-    let response = Response::from_parts(parts, Body::empty());
-    let mut out = head(&response, &Framing::Length(body.len()));
-    out.extend_from_slice(&body);
-    stream.write_all(&out).await
-}
-
 /// What happened first while a stream runs.
 enum Step {
     /// The body's next frame, or its end.
@@ -253,11 +280,9 @@ enum Step {
 
 /// Writes the head, then each event as one chunk as soon as the body yields
 /// it, until the body ends (the last chunk follows) or the client leaves.
-async fn stream_events(stream: &mut TcpStream, response: Response<Body>) -> io::Result<()> {
-    stream
-        .write_all(&head(&response, &Framing::Chunked))
-        .await?;
-    let mut body = response.into_body();
+async fn stream_events(stream: &mut TcpStream, head: Vec<u8>, mut body: Body) -> io::Result<()> {
+    stream.write_all(&head).await?;
+    drop(head);
     loop {
         let step = tokio::select! {
             frame = next_data(&mut body) => Step::Frame(frame),
