@@ -102,12 +102,11 @@ impl Upgrade {
         F: FnOnce(Socket) -> Fut + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        let config = WebSocketConfig::default()
-            .read_buffer_size(read_buffer_bytes)
-            .write_buffer_size(0)
-            .max_message_size(Some(max_message_bytes))
-            .max_frame_size(Some(max_message_bytes));
         let on_upgrade = self.on_upgrade;
+        // On the heap until the upgrade completes, then moved into the
+        // session's future: the task's own allocation, which lasts as
+        // long as the session, keeps no room for it.
+        let session = Box::new(session);
         tokio::spawn(async move {
             let upgraded = match on_upgrade.await {
                 Ok(upgraded) => upgraded,
@@ -116,11 +115,17 @@ impl Upgrade {
                     return;
                 }
             };
+            let config = WebSocketConfig::default()
+                .read_buffer_size(read_buffer_bytes)
+                .write_buffer_size(0)
+                .max_message_size(Some(max_message_bytes))
+                .max_frame_size(Some(max_message_bytes));
             let io = OnDemandIo::new(TokioIo::new(upgraded));
             let socket = WebSocketStream::from_raw_socket(io, Role::Server, Some(config)).await;
             // On the heap, made once the connection is handed over: this
             // task then holds only a pointer to it.
-            Box::pin(session(socket)).await;
+            let session = Box::pin(session(socket));
+            session.await;
         });
         match self.key {
             Some(key) => {

@@ -350,7 +350,10 @@ async fn run(
             control = mailbox.next() => match control {
                 Control::Disconnect(d) => Err(Stop::Close(d)),
                 Control::Unsubscribe(channel) => {
-                    if session.unsubscribe(&channel).await {
+                    // Boxed, as the commands below: a command's future
+                    // takes room only while it runs, not in every idle
+                    // connection's.
+                    if Box::pin(session.unsubscribe(&channel)).await {
                         let push = super::protocol::unsubscribe_push(channel.as_str(), 2000, "server unsubscribe");
                         session.write(&mut writer, push).await
                     } else {
@@ -360,7 +363,7 @@ async fn run(
             },
             incoming = rx.next() => match incoming {
                 Some(Ok(Frame::Text(text))) => {
-                    let handled = session.handle_frame(text.as_str(), &mut writer).await;
+                    let handled = Box::pin(session.handle_frame(text.as_str(), &mut writer)).await;
                     if handled.pong {
                         pong_by = None;
                     }
