@@ -48,14 +48,14 @@
 
 use std::time::Duration;
 
-use axum::extract::ws::rejection::WebSocketUpgradeRejection;
-use axum::extract::ws::{close_code, Message as Frame, WebSocket, WebSocketUpgrade};
+use axum::extract::ws::close_code;
 use axum::extract::{Extension, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
+use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt, StreamExt};
 use herald_auth::{AuthError, Credential, Principal};
-use tokio_tungstenite::tungstenite;
+use tokio_tungstenite::tungstenite::Message as Frame;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -65,7 +65,7 @@ use crate::conn_limit::ClientSlot;
 use crate::error::{Error, Result};
 use crate::extract::{resume_point, AfterQuery, ChannelPath, ValidQuery};
 use crate::metrics;
-use crate::websocket::{close, CLOSE_TIMEOUT};
+use crate::websocket::{close, is_too_big, Socket, Upgrade, CLOSE_TIMEOUT};
 use herald_node::node_error::NodeError;
 use herald_node::subscription::{Item, StartAt, Subscription};
 
@@ -87,12 +87,14 @@ struct TokenFrame {
     token: String,
 }
 
-/// Capacity of a session's read buffer, allocated up front for every
-/// connection. The WebSocket library's default (128 KiB) made an idle
-/// subscriber cost about 130 KB; clients only send control frames (pongs,
-/// Close) on this read-only route, so a small buffer is enough, and it
-/// grows when a larger frame arrives.
-const WS_READ_BUFFER_BYTES: usize = 4096;
+/// Capacity of the WebSocket library's read buffer of a session,
+/// allocated up front for every connection. Clients send only control
+/// frames (pongs, Close) on this read-only route, a pong from a browser
+/// in 6 bytes, and at most one token frame: a small buffer is enough (it
+/// grows when a larger frame arrives, and reads never wait on its size,
+/// see `websocket.rs`). The library's default (128 KiB) once made an idle
+/// subscriber cost about 130 KB, a 4 KiB buffer 8.7 KB.
+const WS_READ_BUFFER_BYTES: usize = 128;
 
 /// Validates the request, checks its credentials, subscribes, and
 /// upgrades. Frames are written out as they are sent (no write
@@ -104,17 +106,12 @@ pub(crate) async fn upgrade(
     headers: HeaderMap,
     ValidQuery(query): ValidQuery<AfterQuery>,
     slot: Option<Extension<ClientSlot>>,
-    upgrade: std::result::Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+    upgrade: std::result::Result<Upgrade, Error>,
 ) -> Result<Response> {
     // Client messages (the server ignores them) and frames are held to
     // `ws_max_message_bytes`: a larger one closes the session with 1009.
     let max = state.config().ws_max_message_bytes;
-    let upgrade = upgrade
-        .map_err(|r| Error::InvalidUpgrade(r.body_text()))?
-        .read_buffer_size(WS_READ_BUFFER_BYTES)
-        .write_buffer_size(0)
-        .max_message_size(max)
-        .max_frame_size(max);
+    let upgrade = upgrade?;
     let resume = resume_point(&headers, &query)?;
     let shared = &state.shared;
     let sessions = state.sessions.clone();
@@ -132,15 +129,14 @@ pub(crate) async fn upgrade(
             // A proxied client's connection slot lasts as long as the
             // session.
             let slot = slot.map(|Extension(slot)| slot);
-            return Ok(upgrade.on_upgrade(move |socket| {
-                sessions.track_future(
-                    async move {
-                        authenticate_then_serve(socket, state, channel, resume).await;
-                        drop(slot);
-                    }
-                    .instrument(span),
-                )
-            }));
+            return Ok(
+                upgrade.on_upgrade(WS_READ_BUFFER_BYTES, max, move |socket| {
+                    sessions.track_future(
+                        authenticate_then_serve(socket, state, channel, resume, slot)
+                            .instrument(span),
+                    )
+                }),
+            );
         }
         Err(e) => return Err(e.into()),
     }
@@ -156,17 +152,23 @@ pub(crate) async fn upgrade(
     .await?;
     let shutdown = shared.shutdown.clone();
     let heartbeat = shared.config.heartbeat;
-    Ok(upgrade.on_upgrade(move |socket| {
-        // A proxied client's connection slot lasts as long as the session.
-        let slot = slot.map(|Extension(slot)| slot);
-        sessions.track_future(
-            async move {
-                session(socket, sub, heartbeat, shutdown, expires).await;
-                drop(slot);
-            }
-            .instrument(span),
-        )
-    }))
+    // A proxied client's connection slot lasts as long as the session.
+    let slot = slot.map(|Extension(slot)| slot);
+    Ok(
+        upgrade.on_upgrade(WS_READ_BUFFER_BYTES, max, move |socket| {
+            let (tx, rx) = socket.split();
+            let session = Session {
+                tx,
+                rx,
+                sub,
+                heartbeat,
+                shutdown,
+                expires,
+                slot,
+            };
+            sessions.track_future(session.run().instrument(span))
+        }),
+    )
 }
 
 /// When a subscription by `who` must end: at its token's `exp`.
@@ -177,12 +179,13 @@ fn expiry(who: &Principal) -> Option<tokio::time::Instant> {
 
 /// A session whose client upgraded without credentials: waits up to
 /// [`AUTH_FRAME_TIMEOUT`] for `{"token":"..."}`, checks it, then serves
-/// as [`session`]; else closes with 4401, 4403 or 3005.
+/// as [`Session::run`]; else closes with 4401, 4403 or 3005.
 async fn authenticate_then_serve(
-    socket: WebSocket,
+    socket: Socket,
     state: ApiState,
     channel: herald_core::ChannelName,
     resume: Option<herald_core::Offset>,
+    slot: Option<ClientSlot>,
 ) {
     let (tx, mut rx) = socket.split();
     let first = tokio::select! {
@@ -241,18 +244,16 @@ async fn authenticate_then_serve(
             return close(tx, rx, close_code::ERROR, "storage failed; resume later").await;
         }
     };
-    let socket = match tx.reunite(rx) {
-        Ok(socket) => socket,
-        Err(_) => return,
-    };
-    session(
-        socket,
+    let session = Session {
+        tx,
+        rx,
         sub,
-        shared.config.heartbeat,
-        shared.shutdown.clone(),
-        expiry(&who),
-    )
-    .await;
+        heartbeat: shared.config.heartbeat,
+        shutdown: shared.shutdown.clone(),
+        expires: expiry(&who),
+        slot,
+    };
+    Box::pin(session.run()).await;
 }
 
 /// Why a session ends.
@@ -263,34 +264,72 @@ enum End {
     Close(u16, &'static str),
 }
 
-/// Runs one WebSocket session until the client leaves (or stops answering
-/// the keepalive pings sent every `heartbeat`), the node drains, the
-/// storage fails with an error that is not transient, or `expires` (the
-/// token's `exp`) passes.
-async fn session(
-    socket: WebSocket,
-    mut sub: Subscription,
+/// What one WebSocket session holds while it runs: kept to what an idle
+/// session needs (see `websocket.rs`), each part once.
+struct Session {
+    /// The socket's writing half.
+    tx: SplitSink<Socket, Frame>,
+    /// The socket's reading half.
+    rx: SplitStream<Socket>,
+    /// The channel followed.
+    sub: Subscription,
+    /// Period of the keepalive pings.
     heartbeat: Duration,
+    /// Cancelled when the node drains.
     shutdown: CancellationToken,
+    /// When the token's `exp` ends the session, if it came with a token.
     expires: Option<tokio::time::Instant>,
-) {
-    let (mut tx, mut rx) = socket.split();
+    /// A proxied client's connection slot, held as long as the session.
+    slot: Option<ClientSlot>,
+}
+
+impl Session {
+    /// Runs the session until the client leaves (or stops answering the
+    /// keepalive pings sent every `heartbeat`), the node drains, the
+    /// storage fails with an error that is not transient, or `expires`
+    /// (the token's `exp`) passes.
+    async fn run(mut self) {
+        // Fields are used in place: the future holds each of them once.
+        let end = serve(
+            &mut self.tx,
+            &mut self.rx,
+            &mut self.sub,
+            self.heartbeat,
+            &self.shutdown,
+            self.expires,
+        )
+        .await;
+        match end {
+            End::Close(code, reason) => close(self.tx, self.rx, code, reason).await,
+            End::ClientGone => drop((self.tx, self.rx)),
+        }
+        tracing::debug!(channel = %self.sub.channel(), "WebSocket session ended");
+        drop(self.sub);
+        drop(self.slot);
+    }
+}
+
+/// The loop of [`Session::run`]: says why the session ends.
+async fn serve(
+    tx: &mut SplitSink<Socket, Frame>,
+    rx: &mut SplitStream<Socket>,
+    sub: &mut Subscription,
+    heartbeat: Duration,
+    shutdown: &CancellationToken,
+    expires: Option<tokio::time::Instant>,
+) -> End {
     let mut pings = tokio::time::interval_at(tokio::time::Instant::now() + heartbeat, heartbeat);
     pings.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Whether the client sent any frame since the last ping.
     let mut heard = true;
-    let expired = async {
-        match expires {
-            Some(at) => tokio::time::sleep_until(at).await,
-            None => std::future::pending().await,
-        }
-    };
-    tokio::pin!(expired);
-    let end = loop {
+    // On the heap, and only for a session that came with a token: most
+    // sessions never expire, and an idle one holds only what it needs.
+    let mut expired = expires.map(|at| Box::pin(tokio::time::sleep_until(at)));
+    loop {
         tokio::select! {
             biased;
             () = shutdown.cancelled() => break End::Close(close_code::AWAY, "server is shutting down"),
-            () = &mut expired => break End::Close(CLOSE_TOKEN_EXPIRED, "token expired"),
+            () = until(&mut expired) => break End::Close(CLOSE_TOKEN_EXPIRED, "token expired"),
             incoming = rx.next() => match incoming {
                 Some(Ok(Frame::Close(_))) => {
                     // Flushes the protocol's Close reply.
@@ -356,16 +395,13 @@ async fn session(
                 }
             },
         }
-    };
-    if let End::Close(code, reason) = end {
-        close(tx, rx, code, reason).await;
     }
-    tracing::debug!(channel = %sub.channel(), "WebSocket session ended");
 }
 
-/// Whether a read error is a client message or frame over the size limit.
-fn is_too_big(error: &axum::Error) -> bool {
-    std::error::Error::source(error)
-        .and_then(|inner| inner.downcast_ref::<tungstenite::Error>())
-        .is_some_and(|e| matches!(e, tungstenite::Error::Capacity(_)))
+/// Waits for `expired` to fire; forever when there is none.
+async fn until(expired: &mut Option<std::pin::Pin<Box<tokio::time::Sleep>>>) {
+    match expired {
+        Some(sleep) => sleep.as_mut().await,
+        None => std::future::pending().await,
+    }
 }

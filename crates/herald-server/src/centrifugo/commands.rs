@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use super::channel_options::ChannelOptions;
 use super::codes::{self, Disconnect, ReplyError};
 use super::history::{cost, history, Budget, HistoryQuery};
-use super::mailbox::Out;
+use super::mailbox::{Out, Push};
 use super::presence;
 use super::protocol::{
     self, error_reply, publications, reply, ChannelRequest, Command, ConnectRequest,
@@ -972,11 +972,11 @@ async fn follow(mut live: Subscription, generation: u64, out: tokio::sync::mpsc:
             }
             Ok(Some(Item::Message(message))) => {
                 let text = protocol::publication_push(channel.as_str(), &message);
-                let push = Out::Push {
+                let push = Out::Push(Box::new(Push {
                     channel: channel.clone(),
                     generation,
                     text,
-                };
+                }));
                 if out.send(push).await.is_err() {
                     return;
                 }

@@ -29,7 +29,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::mailbox::Out;
+use super::mailbox::{Out, Push};
 use super::protocol::join_leave_push;
 
 /// Events the relay may have queued before new ones are dropped.
@@ -66,11 +66,11 @@ impl Listeners {
         };
         let text = join_leave_push(event);
         for listener in list {
-            let push = Out::Push {
+            let push = Out::Push(Box::new(Push {
                 channel: event.channel.clone(),
                 generation: listener.generation,
                 text: text.clone(),
-            };
+            }));
             if listener.out.try_send(push).is_err() {
                 tracing::debug!(
                     channel = %event.channel,

@@ -12,21 +12,27 @@ use tokio::sync::Notify;
 
 use super::codes::Disconnect;
 
-/// What a subscription task sends its session.
+/// What a subscription task sends its session. Small, so that the
+/// session's queue, whose slots are allocated a block at a time, costs an
+/// idle connection little: a push is boxed.
 #[derive(Debug)]
 pub(crate) enum Out {
-    /// A publication push of subscription `generation` of `channel`.
-    Push {
-        /// The channel.
-        channel: ChannelName,
-        /// Which subscription to the channel queued it; a push of an
-        /// ended one is dropped.
-        generation: u64,
-        /// The push, one JSON line.
-        text: String,
-    },
+    /// A publication push.
+    Push(Box<Push>),
     /// The subscription could not go on: close with this code.
     End(Disconnect),
+}
+
+/// A publication push of subscription `generation` of `channel`.
+#[derive(Debug)]
+pub(crate) struct Push {
+    /// The channel.
+    pub(crate) channel: ChannelName,
+    /// Which subscription to the channel queued it; a push of an ended
+    /// one is dropped.
+    pub(crate) generation: u64,
+    /// The push, one JSON line.
+    pub(crate) text: String,
 }
 
 /// What the server API asks a session to do.

@@ -19,25 +19,25 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::ws::rejection::WebSocketUpgradeRejection;
-use axum::extract::ws::{Message as Frame, WebSocket, WebSocketUpgrade};
 use axum::extract::{Extension, State};
 use axum::response::Response;
-use futures::stream::SplitSink;
+use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt, StreamExt};
 use herald_auth::Principal;
 use herald_core::ChannelName;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::Message as Frame;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::codes::{self, Disconnect};
 use super::context::CentrifugoState;
-use super::mailbox::{Control, Mailbox, Out};
+use super::mailbox::{Control, Mailbox, Out, Push};
 use crate::conn_limit::ClientSlot;
 use crate::error::{Error, Result};
+use crate::websocket::{Socket, Upgrade};
 
 /// Frames a session's subscriptions may queue before their tasks wait.
 const OUT_CAPACITY: usize = 256;
@@ -49,8 +49,10 @@ const PUSHES_PER_FRAME: usize = 64;
 pub(crate) const REPLY_FRAME_BYTES: usize = 64 * 1024;
 /// How long closing may wait for the client.
 const CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
-/// Read buffer allocated per connection (grows with larger frames).
-const READ_BUFFER_BYTES: usize = 4096;
+/// The WebSocket library's read buffer allocated per connection: room for
+/// a client's `{}` pong and small commands (it grows with larger frames;
+/// reads never wait on its size, see `websocket.rs`).
+const READ_BUFFER_BYTES: usize = 512;
 /// Room for a command's own fields around the largest message.
 const COMMAND_OVERHEAD_BYTES: usize = 16 * 1024;
 /// The least number of commands one client frame may hold (see
@@ -125,7 +127,7 @@ pub(crate) enum Stop {
 
 /// The socket's writing half, with the deadline every write is held to.
 pub(crate) struct Writer {
-    tx: SplitSink<WebSocket, Frame>,
+    tx: SplitSink<Socket, Frame>,
     shutdown: CancellationToken,
     /// The longest one write may wait for the client (`write_timeout`).
     timeout: Duration,
@@ -270,26 +272,16 @@ impl Drop for Session {
 pub(crate) async fn upgrade(
     State(state): State<CentrifugoState>,
     slot: Option<Extension<ClientSlot>>,
-    upgrade: std::result::Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+    upgrade: std::result::Result<Upgrade, Error>,
 ) -> Result<Response> {
     let max = state.config().max_message_bytes + COMMAND_OVERHEAD_BYTES;
-    let upgrade = upgrade
-        .map_err(|r| Error::InvalidUpgrade(r.body_text()))?
-        .read_buffer_size(READ_BUFFER_BYTES)
-        .write_buffer_size(0)
-        .max_message_size(max)
-        .max_frame_size(max);
+    let upgrade = upgrade?;
     let sessions = state.centrifugo.sessions.clone();
     let span = tracing::debug_span!("centrifugo", node_id = %state.config().node_id);
     let slot = slot.map(|Extension(slot)| slot);
-    Ok(upgrade.on_upgrade(move |socket| {
-        sessions.track_future(
-            async move {
-                run(socket, state).await;
-                drop(slot);
-            }
-            .instrument(span),
-        )
+    Ok(upgrade.on_upgrade(READ_BUFFER_BYTES, max, move |socket| {
+        let (tx, rx) = socket.split();
+        sessions.track_future(run(tx, rx, state, slot).instrument(span))
     }))
 }
 
@@ -308,9 +300,14 @@ fn client_id() -> String {
     )
 }
 
-/// Runs one connection until it closes.
-async fn run(socket: WebSocket, state: CentrifugoState) {
-    let (tx, mut rx) = socket.split();
+/// Runs one connection until it closes; a proxied client's connection
+/// slot is held until then (dropped last).
+async fn run(
+    tx: SplitSink<Socket, Frame>,
+    mut rx: SplitStream<Socket>,
+    state: CentrifugoState,
+    _slot: Option<ClientSlot>,
+) {
     let (out, mut out_rx) = mpsc::channel(OUT_CAPACITY);
     let config = state.config().centrifugo.clone();
     let shutdown = state.shared.shutdown.clone();
@@ -353,7 +350,10 @@ async fn run(socket: WebSocket, state: CentrifugoState) {
             control = mailbox.next() => match control {
                 Control::Disconnect(d) => Err(Stop::Close(d)),
                 Control::Unsubscribe(channel) => {
-                    if session.unsubscribe(&channel).await {
+                    // Boxed, as the commands below: a command's future
+                    // takes room only while it runs, not in every idle
+                    // connection's.
+                    if Box::pin(session.unsubscribe(&channel)).await {
                         let push = super::protocol::unsubscribe_push(channel.as_str(), 2000, "server unsubscribe");
                         session.write(&mut writer, push).await
                     } else {
@@ -363,7 +363,7 @@ async fn run(socket: WebSocket, state: CentrifugoState) {
             },
             incoming = rx.next() => match incoming {
                 Some(Ok(Frame::Text(text))) => {
-                    let handled = session.handle_frame(text.as_str(), &mut writer).await;
+                    let handled = Box::pin(session.handle_frame(text.as_str(), &mut writer)).await;
                     if handled.pong {
                         pong_by = None;
                     }
@@ -386,7 +386,8 @@ async fn run(socket: WebSocket, state: CentrifugoState) {
                 let mut next = Some(item);
                 while let Some(item) = next.take() {
                     match item {
-                        Out::Push { channel, generation, text } => {
+                        Out::Push(push) => {
+                            let Push { channel, generation, text } = *push;
                             if session.subs.get(&channel).is_some_and(|s| s.generation == generation) {
                                 lines.push(text);
                             }
