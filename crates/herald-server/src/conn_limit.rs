@@ -7,8 +7,9 @@
 //! its connections, so its connections are not counted; each request it
 //! carries is counted instead, by the client address in its
 //! `X-Forwarded-For` header, for as long as its answer lasts (the router's
-//! middleware in `api/mod.rs` takes the [`Slot`]; an SSE stream or a
-//! WebSocket session keeps it).
+//! request layer, `layers.rs`, takes the [`Slot`] with
+//! [`ConnectionLimits::admit_proxied`]; an SSE stream or a WebSocket
+//! session keeps it).
 //!
 //! The first refusal of an address is logged at WARN, naming the address
 //! and the setting to change; its next refusals are only counted, until a
@@ -25,9 +26,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::HeaderMap;
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 
@@ -217,34 +217,40 @@ pub(crate) struct ClientSlot {
     _slot: Arc<Slot>,
 }
 
-/// Counts a request that came through a trusted proxy against its client's
-/// address (`X-Forwarded-For`) for as long as its answer lasts: the slot
-/// rides along with the response body (an SSE stream holds it to its end)
-/// and, through [`ClientSlot`], into a WebSocket session. Requests from
-/// other peers pass untouched (their connection holds a slot already).
-/// Over the limit: `429 too_many_connections`.
-pub(crate) async fn limit_proxied(
-    State(limits): State<Arc<ConnectionLimits>>,
-    mut request: Request,
-    next: Next,
-) -> Response {
-    let Some(Peer(peer)) = request.extensions().get::<Peer>().copied() else {
-        return next.run(request).await;
-    };
-    if !limits.is_trusted(peer.ip()) {
-        return next.run(request).await;
+impl ConnectionLimits {
+    /// Counts a request that came through a trusted proxy against its
+    /// client's address (`X-Forwarded-For`) for as long as its answer
+    /// lasts: the slot is returned, to ride along with the response body
+    /// ([`hold_slot`]: an SSE stream holds it to its end), and put in the
+    /// request's extensions as a [`ClientSlot`], for a WebSocket session.
+    /// Requests from other peers pass untouched (`Ok(None)`: their
+    /// connection holds a slot already). Over the limit: the answer
+    /// `429 too_many_connections`.
+    pub(crate) fn admit_proxied(
+        self: &Arc<Self>,
+        request: &mut Request,
+    ) -> Result<Option<Arc<Slot>>, Response> {
+        let Some(Peer(peer)) = request.extensions().get::<Peer>().copied() else {
+            return Ok(None);
+        };
+        if !self.is_trusted(peer.ip()) {
+            return Ok(None);
+        }
+        let client = self.client_ip(peer.ip(), request.headers());
+        let Some(slot) = self.try_acquire(client) else {
+            return Err(Error::TooManyConnections.into_response());
+        };
+        let slot = Arc::new(slot);
+        request.extensions_mut().insert(ClientSlot {
+            _slot: Arc::clone(&slot),
+        });
+        Ok(Some(slot))
     }
-    let client = limits.client_ip(peer.ip(), request.headers());
-    let Some(slot) = limits.try_acquire(client) else {
-        return Error::TooManyConnections.into_response();
-    };
-    let slot = Arc::new(slot);
-    request.extensions_mut().insert(ClientSlot {
-        _slot: Arc::clone(&slot),
-    });
-    next.run(request)
-        .await
-        .map(|inner| Body::new(HeldBody { inner, _slot: slot }))
+}
+
+/// `response`, its body holding `slot` until the body is dropped.
+pub(crate) fn hold_slot(response: Response, slot: Arc<Slot>) -> Response {
+    response.map(|inner| Body::new(HeldBody { inner, _slot: slot }))
 }
 
 /// A response body that holds a [`Slot`] until it is dropped.
