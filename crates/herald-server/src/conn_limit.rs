@@ -28,10 +28,9 @@ use std::task::{Context, Poll};
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use bytes::Bytes;
 
-use crate::error::Error;
 use crate::metrics;
 
 /// The address a connection was accepted from, in each request's
@@ -217,34 +216,42 @@ pub(crate) struct ClientSlot {
     _slot: Arc<Slot>,
 }
 
+/// What [`ConnectionLimits::admit_proxied`] decided of a request.
+#[derive(Debug)]
+pub(crate) enum Admission {
+    /// Not from a trusted proxy: its connection holds a slot already.
+    Direct,
+    /// From a trusted proxy: the slot counted against its client's
+    /// address, to be held by the answer ([`hold_slot`]).
+    Proxied(Arc<Slot>),
+    /// From a trusted proxy, for a client address over the limit: answer
+    /// `429 too_many_connections`.
+    Refused,
+}
+
 impl ConnectionLimits {
     /// Counts a request that came through a trusted proxy against its
     /// client's address (`X-Forwarded-For`) for as long as its answer
     /// lasts: the slot is returned, to ride along with the response body
     /// ([`hold_slot`]: an SSE stream holds it to its end), and put in the
     /// request's extensions as a [`ClientSlot`], for a WebSocket session.
-    /// Requests from other peers pass untouched (`Ok(None)`: their
-    /// connection holds a slot already). Over the limit: the answer
-    /// `429 too_many_connections`.
-    pub(crate) fn admit_proxied(
-        self: &Arc<Self>,
-        request: &mut Request,
-    ) -> Result<Option<Arc<Slot>>, Response> {
+    /// Requests from other peers pass untouched ([`Admission::Direct`]).
+    pub(crate) fn admit_proxied(self: &Arc<Self>, request: &mut Request) -> Admission {
         let Some(Peer(peer)) = request.extensions().get::<Peer>().copied() else {
-            return Ok(None);
+            return Admission::Direct;
         };
         if !self.is_trusted(peer.ip()) {
-            return Ok(None);
+            return Admission::Direct;
         }
         let client = self.client_ip(peer.ip(), request.headers());
         let Some(slot) = self.try_acquire(client) else {
-            return Err(Error::TooManyConnections.into_response());
+            return Admission::Refused;
         };
         let slot = Arc::new(slot);
         request.extensions_mut().insert(ClientSlot {
             _slot: Arc::clone(&slot),
         });
-        Ok(Some(slot))
+        Admission::Proxied(slot)
     }
 }
 

@@ -10,14 +10,15 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::extract::Request;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use futures::future::{BoxFuture, Either, Ready};
 use tower::{Layer, Service};
 use tracing::instrument::Instrumented;
 use tracing::Instrument;
 
-use crate::conn_limit::{hold_slot, ConnectionLimits};
+use crate::conn_limit::{hold_slot, Admission, ConnectionLimits};
 use crate::edge::{json_refusal, loopback_host_refusal, websocket_origin_refusal};
+use crate::error::Error;
 use crate::shared::Shared;
 
 /// A check of a request's head: `Some` is the answer that refuses it.
@@ -131,8 +132,12 @@ where
         );
         let future = span.in_scope(|| {
             let slot = match self.layer.limits.admit_proxied(&mut request) {
-                Ok(slot) => slot,
-                Err(refusal) => return Either::Left(futures::future::ready(Ok(refusal))),
+                Admission::Direct => None,
+                Admission::Proxied(slot) => Some(slot),
+                Admission::Refused => {
+                    let refusal = Error::TooManyConnections.into_response();
+                    return Either::Left(futures::future::ready(Ok(refusal)));
+                }
             };
             if let Some(refusal) = websocket_origin_refusal(&self.layer.shared, &request) {
                 return Either::Left(futures::future::ready(Ok(refusal)));
