@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use axum::extract::FromRef;
 use axum::Router;
+use tower::ServiceBuilder;
 
 use crate::api::routes as api_routes;
 use crate::api::state::ApiState;
@@ -20,13 +21,24 @@ use crate::state::AppState;
 /// Builds the router over `state`.
 pub(crate) fn router(state: AppState) -> Router {
     let config = state.config();
-    Router::new()
+    let routes = Router::new()
         .merge(api_routes(config).with_state(ApiState::from_ref(&state)))
         // Centrifugo's client protocol and server API (`docs/centrifugo.md`).
         .merge(centrifugo_routes(config).with_state(CentrifugoState::from_ref(&state)))
         // After every route: it applies to the routes already added.
         .method_not_allowed_fallback(method_not_allowed)
-        .fallback(not_found)
+        .fallback(not_found);
+    // The shared layers wrap the routes once, as one service, rather than
+    // each route's endpoint (`Router::layer`), which would clone every
+    // layer of the stack, each in its own box, on every request.
+    let shared = ServiceBuilder::new()
+        // Outermost: on a loopback node without access control, a
+        // request for another host name is refused before anything else
+        // (`edge.rs`).
+        .layer(CheckLayer(LoopbackHost(Arc::clone(&state.shared))))
+        // A preflight (`OPTIONS`) is answered here, on every route, and
+        // every answer gets the CORS headers (`cors.rs`).
+        .layer(config.cors.layer())
         // The request span, the connection limit of a proxied request and
         // the `Origin` of every WebSocket upgrade, whatever its route
         // (`layers.rs`, `conn_limit.rs`, `edge.rs`).
@@ -34,14 +46,8 @@ pub(crate) fn router(state: AppState) -> Router {
             shared: Arc::clone(&state.shared),
             limits: Arc::clone(state.conn_limits()),
         })
-        // A preflight (`OPTIONS`) is answered here, on every route, and
-        // every answer gets the CORS headers (`cors.rs`).
-        .layer(config.cors.layer())
-        // Outermost: on a loopback node without access control, a
-        // request for another host name is refused before anything else
-        // (`edge.rs`).
-        .layer(CheckLayer(LoopbackHost(Arc::clone(&state.shared))))
-        .with_state(state)
+        .service(routes);
+    Router::new().fallback_service(shared)
 }
 
 async fn not_found() -> Error {
