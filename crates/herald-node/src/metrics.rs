@@ -5,7 +5,9 @@
 //! server installs a Prometheus one and describes every family, these
 //! included); with none installed they are dropped.
 
-use metrics::{counter, gauge, histogram};
+use std::sync::OnceLock;
+
+use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
 
 /// `herald_publishes_total`.
 pub const PUBLISHES: &str = "herald_publishes_total";
@@ -58,20 +60,65 @@ pub fn takeovers_recorded(counts: &[herald_storage::TakeoverCount]) {
     }
 }
 
+/// The handles of the families recorded on every publish, taken once
+/// from the recorder in force when [`register_publish_handles`] ran, so
+/// that a publish does not look its families up by name and labels.
+struct PublishHandles {
+    created: Counter,
+    duplicate: Counter,
+    forwarded: Counter,
+    duration: Histogram,
+    batch: Histogram,
+    queue_depth: Gauge,
+}
+
+static PUBLISH_HANDLES: OnceLock<PublishHandles> = OnceLock::new();
+
+/// Takes the handles of the per-publish families from the recorder
+/// installed now; call it once the process's recorder is installed
+/// (Herald's server does when it installs its own). Until then, and for
+/// the families' other labels, each record looks its family up.
+pub fn register_publish_handles() {
+    PUBLISH_HANDLES.get_or_init(|| PublishHandles {
+        created: counter!(PUBLISHES, "result" => "created"),
+        duplicate: counter!(PUBLISHES, "result" => "duplicate"),
+        forwarded: counter!(PUBLISHES, "result" => "forwarded"),
+        duration: histogram!(PUBLISH_DURATION),
+        batch: histogram!(BATCH_MESSAGES),
+        queue_depth: gauge!(QUEUE_DEPTH),
+    });
+}
+
 /// Counts one publish outcome and its duration.
 pub fn publish_finished(result: &'static str, seconds: f64) {
-    counter!(PUBLISHES, "result" => result).increment(1);
-    histogram!(PUBLISH_DURATION).record(seconds);
+    let Some(handles) = PUBLISH_HANDLES.get() else {
+        counter!(PUBLISHES, "result" => result).increment(1);
+        histogram!(PUBLISH_DURATION).record(seconds);
+        return;
+    };
+    match result {
+        "created" => handles.created.increment(1),
+        "duplicate" => handles.duplicate.increment(1),
+        "forwarded" => handles.forwarded.increment(1),
+        _ => counter!(PUBLISHES, "result" => result).increment(1),
+    }
+    handles.duration.record(seconds);
 }
 
 /// Records the size of one committed batch.
 pub fn batch_committed(messages: usize) {
-    histogram!(BATCH_MESSAGES).record(messages as f64);
+    match PUBLISH_HANDLES.get() {
+        Some(handles) => handles.batch.record(messages as f64),
+        None => histogram!(BATCH_MESSAGES).record(messages as f64),
+    }
 }
 
 /// Sets the writer's queue depth.
 pub(crate) fn queue_depth(depth: usize) {
-    gauge!(QUEUE_DEPTH).set(depth as f64);
+    match PUBLISH_HANDLES.get() {
+        Some(handles) => handles.queue_depth.set(depth as f64),
+        None => gauge!(QUEUE_DEPTH).set(depth as f64),
+    }
 }
 
 /// Sets the lease gauges (at scrape time).

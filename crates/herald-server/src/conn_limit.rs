@@ -7,8 +7,9 @@
 //! its connections, so its connections are not counted; each request it
 //! carries is counted instead, by the client address in its
 //! `X-Forwarded-For` header, for as long as its answer lasts (the router's
-//! middleware in `api/mod.rs` takes the [`Slot`]; an SSE stream or a
-//! WebSocket session keeps it).
+//! request layer, `layers.rs`, takes the [`Slot`] with
+//! [`ConnectionLimits::admit_proxied`]; an SSE stream or a WebSocket
+//! session keeps it).
 //!
 //! The first refusal of an address is logged at WARN, naming the address
 //! and the setting to change; its next refusals are only counted, until a
@@ -25,13 +26,11 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::HeaderMap;
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use bytes::Bytes;
 
-use crate::error::Error;
 use crate::metrics;
 
 /// The address a connection was accepted from, in each request's
@@ -217,34 +216,48 @@ pub(crate) struct ClientSlot {
     _slot: Arc<Slot>,
 }
 
-/// Counts a request that came through a trusted proxy against its client's
-/// address (`X-Forwarded-For`) for as long as its answer lasts: the slot
-/// rides along with the response body (an SSE stream holds it to its end)
-/// and, through [`ClientSlot`], into a WebSocket session. Requests from
-/// other peers pass untouched (their connection holds a slot already).
-/// Over the limit: `429 too_many_connections`.
-pub(crate) async fn limit_proxied(
-    State(limits): State<Arc<ConnectionLimits>>,
-    mut request: Request,
-    next: Next,
-) -> Response {
-    let Some(Peer(peer)) = request.extensions().get::<Peer>().copied() else {
-        return next.run(request).await;
-    };
-    if !limits.is_trusted(peer.ip()) {
-        return next.run(request).await;
+/// What [`ConnectionLimits::admit_proxied`] decided of a request.
+#[derive(Debug)]
+pub(crate) enum Admission {
+    /// Not from a trusted proxy: its connection holds a slot already.
+    Direct,
+    /// From a trusted proxy: the slot counted against its client's
+    /// address, to be held by the answer ([`hold_slot`]).
+    Proxied(Arc<Slot>),
+    /// From a trusted proxy, for a client address over the limit: answer
+    /// `429 too_many_connections`.
+    Refused,
+}
+
+impl ConnectionLimits {
+    /// Counts a request that came through a trusted proxy against its
+    /// client's address (`X-Forwarded-For`) for as long as its answer
+    /// lasts: the slot is returned, to ride along with the response body
+    /// ([`hold_slot`]: an SSE stream holds it to its end), and put in the
+    /// request's extensions as a [`ClientSlot`], for a WebSocket session.
+    /// Requests from other peers pass untouched ([`Admission::Direct`]).
+    pub(crate) fn admit_proxied(self: &Arc<Self>, request: &mut Request) -> Admission {
+        let Some(Peer(peer)) = request.extensions().get::<Peer>().copied() else {
+            return Admission::Direct;
+        };
+        if !self.is_trusted(peer.ip()) {
+            return Admission::Direct;
+        }
+        let client = self.client_ip(peer.ip(), request.headers());
+        let Some(slot) = self.try_acquire(client) else {
+            return Admission::Refused;
+        };
+        let slot = Arc::new(slot);
+        request.extensions_mut().insert(ClientSlot {
+            _slot: Arc::clone(&slot),
+        });
+        Admission::Proxied(slot)
     }
-    let client = limits.client_ip(peer.ip(), request.headers());
-    let Some(slot) = limits.try_acquire(client) else {
-        return Error::TooManyConnections.into_response();
-    };
-    let slot = Arc::new(slot);
-    request.extensions_mut().insert(ClientSlot {
-        _slot: Arc::clone(&slot),
-    });
-    next.run(request)
-        .await
-        .map(|inner| Body::new(HeldBody { inner, _slot: slot }))
+}
+
+/// `response`, its body holding `slot` until the body is dropped.
+pub(crate) fn hold_slot(response: Response, slot: Arc<Slot>) -> Response {
+    response.map(|inner| Body::new(HeldBody { inner, _slot: slot }))
 }
 
 /// A response body that holds a [`Slot`] until it is dropped.

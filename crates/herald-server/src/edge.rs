@@ -5,93 +5,82 @@
 //! is reachable by every site the developer visits; these checks keep such
 //! pages out, with or without access control:
 //!
-//! - [`check_websocket_origin`]: a WebSocket handshake is not subject to
+//! - [`websocket_origin_refusal`]: a WebSocket handshake is not subject to
 //!   CORS (a page opens one to any host without a preflight), so every
 //!   upgrade's `Origin` is checked against the CORS allow-list
 //!   ([`crate::CorsConfig::allowed_origins`]): the node's own origin, a
 //!   listed one, or any with `*`; `null` (a sandboxed frame, a `file:`
 //!   page) is never allowed. A request without `Origin` is not a
 //!   browser's and passes. Refused: `403 origin_not_allowed`.
-//! - [`require_json`]: a page may `POST` a `text/plain` body to any host
+//! - [`json_refusal`]: a page may `POST` a `text/plain` body to any host
 //!   without a preflight, so the JSON `POST` routes take only a JSON
 //!   `Content-Type` (`application/json` or `application/<x>+json`, any
 //!   parameters), which a page can only send after a CORS preflight.
 //!   Refused: `415 unsupported_media_type`.
-//! - [`check_loopback_host`]: on a node without access control serving
+//! - [`loopback_host_refusal`]: on a node without access control serving
 //!   loopback only ([`crate::config::ServerConfig::loopback_hosts_only`]), a
 //!   request whose `Host` is not a loopback name (`localhost`,
 //!   `*.localhost`, `127.0.0.0/8`, `::1`) came through a name that
 //!   resolved to loopback for the page's sake (DNS rebinding). Refused:
 //!   `403 host_not_allowed`.
 
-use std::sync::Arc;
-
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::header::{CONTENT_TYPE, HOST, ORIGIN, UPGRADE};
 use axum::http::{HeaderMap, Method};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use crate::error::Error;
 use crate::shared::Shared;
 
-/// Refuses a WebSocket upgrade whose `Origin` the CORS allow-list does not
-/// allow (see the module's documentation).
-pub(crate) async fn check_websocket_origin(
-    State(state): State<Arc<Shared>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    if is_websocket_upgrade(&request) {
-        if let Some(origin) = request.headers().get(ORIGIN) {
-            let allowed = origin.to_str().is_ok_and(|origin| {
-                origin_allowed(
-                    origin,
-                    request_authority(&request),
-                    &state.config.cors.allowed_origins,
-                )
-            });
-            if !allowed {
-                tracing::debug!(
-                    origin = ?origin,
-                    path = %request.uri().path(),
-                    "WebSocket upgrade from an origin that is not allowed"
-                );
-                return Error::OriginNotAllowed.into_response();
-            }
-        }
+/// The answer that refuses a WebSocket upgrade whose `Origin` the CORS
+/// allow-list does not allow (see the module's documentation); `None`
+/// for every other request.
+pub(crate) fn websocket_origin_refusal(state: &Shared, request: &Request) -> Option<Response> {
+    if !is_websocket_upgrade(request) {
+        return None;
     }
-    next.run(request).await
+    let origin = request.headers().get(ORIGIN)?;
+    let allowed = origin.to_str().is_ok_and(|origin| {
+        origin_allowed(
+            origin,
+            request_authority(request),
+            &state.config.cors.allowed_origins,
+        )
+    });
+    if allowed {
+        return None;
+    }
+    tracing::debug!(
+        origin = ?origin,
+        path = %request.uri().path(),
+        "WebSocket upgrade from an origin that is not allowed"
+    );
+    Some(Error::OriginNotAllowed.into_response())
 }
 
-/// Refuses a `POST` without a JSON `Content-Type` (see the module's
-/// documentation); other methods pass.
-pub(crate) async fn require_json(request: Request, next: Next) -> Response {
+/// The answer that refuses a `POST` without a JSON `Content-Type` (see the
+/// module's documentation); `None` for other methods.
+pub(crate) fn json_refusal(request: &Request) -> Option<Response> {
     if request.method() == Method::POST && !is_json(request.headers()) {
-        return Error::UnsupportedMediaType.into_response();
+        return Some(Error::UnsupportedMediaType.into_response());
     }
-    next.run(request).await
+    None
 }
 
-/// Refuses a request whose `Host` is not a loopback name when the node
-/// serves loopback only without access control (see the module's
-/// documentation).
-pub(crate) async fn check_loopback_host(
-    State(state): State<Arc<Shared>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    if state.config.loopback_hosts_only
-        && !request_authority(&request)
-            .is_some_and(|authority| is_loopback_name(host_of(authority)))
+/// The answer that refuses a request whose `Host` is not a loopback name
+/// when the node serves loopback only without access control (see the
+/// module's documentation); `None` when it may go on.
+pub(crate) fn loopback_host_refusal(state: &Shared, request: &Request) -> Option<Response> {
+    if !state.config.loopback_hosts_only
+        || request_authority(request).is_some_and(|authority| is_loopback_name(host_of(authority)))
     {
-        tracing::debug!(
-            host = ?request_authority(&request),
-            "request for a host name that is not loopback on a loopback node"
-        );
-        return Error::HostNotAllowed.into_response();
+        return None;
     }
-    next.run(request).await
+    tracing::debug!(
+        host = ?request_authority(request),
+        "request for a host name that is not loopback on a loopback node"
+    );
+    Some(Error::HostNotAllowed.into_response())
 }
 
 /// Whether `request` opens a WebSocket: an HTTP/1.1 upgrade to `websocket`

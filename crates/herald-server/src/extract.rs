@@ -347,7 +347,11 @@ pub(crate) fn parse_publish_body(bytes: &[u8]) -> Result<(Arc<RawValue>, Tags), 
 /// # Errors
 /// [`Error::InvalidJson`] naming the limit.
 pub(crate) fn check_depth(json: &str) -> Result<(), Error> {
-    if nesting_depth(json) > MAX_DATA_DEPTH {
+    // The depth is at most the number of `[` and `{` (those inside strings
+    // included); counting them is a much cheaper loop than the scan that
+    // tracks strings, and settles the common case.
+    let openers = json.bytes().filter(|b| matches!(b, b'[' | b'{')).count();
+    if openers > MAX_DATA_DEPTH && nesting_depth(json) > MAX_DATA_DEPTH {
         return Err(Error::InvalidJson(format!(
             "data is nested deeper than {MAX_DATA_DEPTH} levels"
         )));

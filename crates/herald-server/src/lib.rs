@@ -47,6 +47,7 @@ mod extract;
 #[cfg(test)]
 mod fuzz;
 mod jwks_fetch;
+mod layers;
 mod listener;
 mod metrics;
 mod router;

@@ -37,6 +37,7 @@
 use std::sync::OnceLock;
 
 use herald_auth::metrics::RATE_LIMITED;
+use herald_node::metrics::register_publish_handles;
 use herald_node::metrics::{
     BATCH_MESSAGES, CATCHUP_READS, CHANNELS_BEYOND_POLICY, FORWARDED_WRITES, LEASE_ROLE,
     LEASE_SINCE_RENEWAL, LEASE_TOKEN, NOTIFY_LAG, PUBLISHES, PUBLISH_DURATION, QUEUE_DEPTH,
@@ -87,6 +88,7 @@ pub fn install_metrics_recorder() -> PrometheusHandle {
             }
             describe();
             register_at_zero();
+            register_publish_handles();
             metrics_process::Collector::default().describe();
             handle
         })

@@ -13,12 +13,11 @@ pub(crate) mod state;
 mod ws;
 
 use axum::extract::DefaultBodyLimit;
-use axum::middleware;
 use axum::routing::{get, post};
 use axum::Router;
 
 use crate::config::ServerConfig;
-use crate::edge;
+use crate::layers::{CheckLayer, RequireJson};
 use state::ApiState;
 
 /// API v1's routes and the operational ones (`/v1/status`, `/healthz`,
@@ -34,7 +33,7 @@ pub(crate) fn routes(config: &ServerConfig) -> Router<ApiState> {
             get(read::history)
                 .post(publish::publish)
                 .layer(DefaultBodyLimit::max(limit))
-                .layer(middleware::from_fn(edge::require_json)),
+                .layer(CheckLayer(RequireJson)),
         )
         // A batch publish: its own body limit, `max_batch_body_bytes`,
         // enforced by the handler as the publish extractor does.
@@ -42,7 +41,7 @@ pub(crate) fn routes(config: &ServerConfig) -> Router<ApiState> {
             "/v1/messages",
             post(batch::publish_batch)
                 .layer(DefaultBodyLimit::max(config.max_batch_body_bytes))
-                .layer(middleware::from_fn(edge::require_json)),
+                .layer(CheckLayer(RequireJson)),
         )
         .route(
             "/v1/channels/{channel}",

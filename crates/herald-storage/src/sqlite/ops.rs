@@ -304,11 +304,14 @@ pub(super) fn append(
             "SELECT \"offset\", published_at_ms, idempotency_digest FROM messages \
              WHERE channel = ?1 AND idempotency_key = ?2",
         )?;
+        // Without `RETURNING`: SQLite buffers a `RETURNING` statement's
+        // rows in a temporary b-tree it opens (and zeroes a page for) on
+        // each run; the head is read back in the same transaction instead.
         let mut bump_head = tx.prepare_cached(
             "INSERT INTO channels (name, head, created_at_ms, bytes) VALUES (?1, 1, ?2, ?3) \
-             ON CONFLICT (name) DO UPDATE SET head = head + 1, bytes = bytes + excluded.bytes \
-             RETURNING head",
+             ON CONFLICT (name) DO UPDATE SET head = head + 1, bytes = bytes + excluded.bytes",
         )?;
+        let mut read_head = tx.prepare_cached("SELECT head FROM channels WHERE name = ?1")?;
         let mut insert = tx.prepare_cached(
             "INSERT INTO messages \
              (channel, \"offset\", data, published_at_ms, idempotency_key, token, idempotency_digest, tags) \
@@ -347,7 +350,8 @@ pub(super) fn append(
                 }
             }
             let size = data_size(message);
-            let offset: i64 = bump_head.query_row(params![channel, now, size], |r| r.get(0))?;
+            bump_head.execute(params![channel, now, size])?;
+            let offset: i64 = read_head.query_row([channel], |r| r.get(0))?;
             insert.execute(params![
                 channel,
                 offset,
