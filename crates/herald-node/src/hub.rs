@@ -1,17 +1,27 @@
-//! Live fan-out: one `tokio::sync::broadcast` per channel that has
+//! Live fan-out: one buffer of the latest notices per channel that has
 //! subscribers on this node.
 //!
-//! A channel's sender is created by its first subscriber and dropped with
+//! A channel's buffer is created by its first subscriber and dropped with
 //! its last one, so channels nobody follows cost nothing. Notices come from
 //! the writer after each commit (on the holder) and from the standby feed
 //! (on a standby). The hub only fans out; gap detection and catch-up are the
 //! subscriber's job (`subscription.rs`).
+//!
+//! Each buffer behaves as a `tokio::sync::broadcast` channel does (every
+//! receiver gets every notice sent after it subscribed, in order; one that
+//! falls more than the capacity behind gets `Lagged(n)` and goes on with
+//! the oldest notice kept; a notice is dropped as soon as every receiver
+//! has had it), with one difference: it grows with what it holds, where
+//! `broadcast` allocates all its slots when the channel is created (about
+//! 33 KB at the default capacity of 1 024), which subscribers spread over
+//! many channels would pay once per channel.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use herald_core::{ChannelName, Message, Offset};
-use tokio::sync::broadcast;
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::Notify;
 
 /// "The channel's head moved", with the new messages when the sender has
 /// them. Shared between subscribers behind an `Arc`.
@@ -32,26 +42,71 @@ pub struct Notice {
     pub deleted: Option<u64>,
 }
 
-/// Per-channel broadcast senders.
+/// Locks `mutex`; what the hub's mutexes guard stays consistent even if a
+/// holder panicked (every change to it is one step).
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// One channel's live buffer.
+#[derive(Debug)]
+struct Live {
+    ring: Mutex<Ring>,
+    /// Woken at every notice.
+    sent: Notify,
+}
+
+/// The notices a channel keeps, numbered from `first`.
+#[derive(Debug)]
+struct Ring {
+    /// Number of the oldest notice kept (the first of `notices`).
+    first: u64,
+    /// Each notice with how many receivers have yet to take it.
+    notices: VecDeque<(Arc<Notice>, usize)>,
+    /// Receivers of the channel.
+    receivers: usize,
+    /// Most notices kept.
+    capacity: usize,
+}
+
+impl Ring {
+    /// Number of the next notice to be sent.
+    fn end(&self) -> u64 {
+        self.first + self.notices.len() as u64
+    }
+
+    /// Drops the notices at the front that every receiver has had.
+    fn drop_taken(&mut self) {
+        while self.notices.front().is_some_and(|(_, left)| *left == 0) {
+            self.notices.pop_front();
+            self.first += 1;
+        }
+        if self.notices.is_empty() && self.notices.capacity() > 0 {
+            // Nothing kept: give the room back.
+            self.notices = VecDeque::new();
+        }
+    }
+}
+
+/// Per-channel live buffers.
 #[derive(Debug)]
 pub struct Hub {
-    /// Senders of the channels that have at least one subscriber.
+    /// Buffers of the channels that have at least one subscriber.
     ///
     /// A `std::sync::Mutex`, not tokio's: the lock is never held across an
     /// `.await`, and what it guards is short and never blocks (one map
-    /// insert, lookup or remove, and `broadcast::Sender::send`, which
-    /// stores the notice in the channel's buffer and wakes the receivers),
-    /// so no task waits on it for long; and [`HubReceiver`]'s `Drop`, which
-    /// cannot await, must take it too. An async mutex would only add cost
-    /// (tokio's documentation of its `Mutex`, "Which kind of mutex should
-    /// you use?").
-    channels: Mutex<HashMap<ChannelName, broadcast::Sender<Arc<Notice>>>>,
-    /// Notices buffered per channel before a slow receiver lags.
+    /// insert, lookup or remove, and storing a notice in a channel's
+    /// buffer), so no task waits on it for long; and [`HubReceiver`]'s
+    /// `Drop`, which cannot await, must take it too. An async mutex would
+    /// only add cost (tokio's documentation of its `Mutex`, "Which kind of
+    /// mutex should you use?").
+    channels: Mutex<HashMap<ChannelName, Arc<Live>>>,
+    /// Notices kept per channel before a slow receiver lags.
     capacity: usize,
 }
 
 impl Hub {
-    /// A hub whose channels buffer `capacity` notices (at least 1).
+    /// A hub whose channels keep at most `capacity` notices (at least 1).
     pub fn new(capacity: usize) -> Arc<Self> {
         Arc::new(Self {
             channels: Mutex::new(HashMap::new()),
@@ -59,21 +114,32 @@ impl Hub {
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<ChannelName, broadcast::Sender<Arc<Notice>>>> {
-        // The map stays consistent even if a holder panicked: every
-        // operation on it is a single insert, lookup or remove.
-        self.channels.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// Starts receiving the notices of `channel` published from now on.
     pub fn subscribe(self: &Arc<Self>, channel: &ChannelName) -> HubReceiver {
-        let rx = self
-            .lock()
+        let mut map = lock(&self.channels);
+        let live = map
             .entry(channel.clone())
-            .or_insert_with(|| broadcast::channel(self.capacity).0)
-            .subscribe();
+            .or_insert_with(|| {
+                Arc::new(Live {
+                    ring: Mutex::new(Ring {
+                        first: 0,
+                        notices: VecDeque::new(),
+                        receivers: 0,
+                        capacity: self.capacity,
+                    }),
+                    sent: Notify::new(),
+                })
+            })
+            .clone();
+        let next = {
+            let mut ring = lock(&live.ring);
+            ring.receivers += 1;
+            ring.end()
+        };
+        drop(map);
         HubReceiver {
-            rx: Some(rx),
+            live,
+            next,
             hub: Arc::clone(self),
             channel: channel.clone(),
         }
@@ -81,27 +147,37 @@ impl Hub {
 
     /// Sends `notice` to the channel's current subscribers, if any.
     pub fn publish(&self, notice: Notice) {
-        let map = self.lock();
-        if let Some(tx) = map.get(&notice.channel) {
-            // An error only means that the last receiver is being dropped
-            // right now; it removes the sender itself.
-            let _ = tx.send(Arc::new(notice));
+        let map = lock(&self.channels);
+        let Some(live) = map.get(&notice.channel) else {
+            return;
+        };
+        {
+            let mut ring = lock(&live.ring);
+            let receivers = ring.receivers;
+            ring.notices.push_back((Arc::new(notice), receivers));
+            if ring.notices.len() > ring.capacity {
+                // The oldest goes, read or not: a receiver behind it lags.
+                ring.notices.pop_front();
+                ring.first += 1;
+            }
         }
+        live.sent.notify_waiters();
     }
 
-    /// Number of channels with a live sender.
+    /// Number of channels with a live buffer.
     #[cfg(test)]
     pub fn channel_count(&self) -> usize {
-        self.lock().len()
+        lock(&self.channels).len()
     }
 }
 
-/// One subscriber's end of a channel's broadcast. Dropping the last one of
-/// a channel drops the channel's sender.
+/// One subscriber's end of a channel's live buffer. Dropping the last one
+/// of a channel drops the channel's buffer.
 #[derive(Debug)]
 pub struct HubReceiver {
-    /// Always `Some` until drop.
-    rx: Option<broadcast::Receiver<Arc<Notice>>>,
+    live: Arc<Live>,
+    /// Number of the next notice this receiver takes.
+    next: u64,
     hub: Arc<Hub>,
     channel: ChannelName,
 }
@@ -111,29 +187,71 @@ impl HubReceiver {
     ///
     /// # Cancel safety
     ///
-    /// This method is cancel safe, as `broadcast::Receiver::recv` is: if it
-    /// is dropped before it returned (a branch of a `select!` that lost),
-    /// no notice was taken, and the next call returns it.
+    /// This method is cancel safe: if it is dropped before it returned (a
+    /// branch of a `select!` that lost), no notice was taken, and the next
+    /// call returns it.
     ///
     /// # Errors
     /// `Lagged(n)` when this receiver missed `n` notices (the subscriber
-    /// must read from the storage), `Closed` never while the hub holds the
-    /// sender.
-    pub async fn recv(&mut self) -> Result<Arc<Notice>, broadcast::error::RecvError> {
-        match self.rx.as_mut() {
-            Some(rx) => rx.recv().await,
-            None => Err(broadcast::error::RecvError::Closed),
+    /// must read from the storage; the next call returns the oldest notice
+    /// kept), never `Closed`.
+    pub async fn recv(&mut self) -> Result<Arc<Notice>, RecvError> {
+        loop {
+            // Registered before looking, so that a notice sent between the
+            // look and the wait still wakes this receiver.
+            let sent = self.live.sent.notified();
+            tokio::pin!(sent);
+            sent.as_mut().enable();
+            if let Some(taken) = take(&self.live, &mut self.next) {
+                return taken;
+            }
+            sent.await;
         }
     }
+
+    /// The next notice if one is there (or the lag), without waiting.
+    #[cfg(test)]
+    fn try_take(&mut self) -> Option<Result<Arc<Notice>, RecvError>> {
+        take(&self.live, &mut self.next)
+    }
+}
+
+/// Takes notice number `*next` of `live` if it is there (advancing
+/// `*next`), or reports the lag when it was dropped already.
+fn take(live: &Live, next: &mut u64) -> Option<Result<Arc<Notice>, RecvError>> {
+    let mut ring = lock(&live.ring);
+    if *next < ring.first {
+        let missed = ring.first - *next;
+        *next = ring.first;
+        return Some(Err(RecvError::Lagged(missed)));
+    }
+    let at = usize::try_from(*next - ring.first).ok()?;
+    let (notice, left) = ring.notices.get_mut(at)?;
+    let notice = Arc::clone(notice);
+    *left -= 1;
+    *next += 1;
+    ring.drop_taken();
+    Some(Ok(notice))
 }
 
 impl Drop for HubReceiver {
     fn drop(&mut self) {
-        drop(self.rx.take());
-        let mut map = self.hub.lock();
-        if map
-            .get(&self.channel)
-            .is_some_and(|tx| tx.receiver_count() == 0)
+        let mut map = lock(&self.hub.channels);
+        let last = {
+            let mut ring = lock(&self.live.ring);
+            // What this receiver has not taken no longer waits for it.
+            let from = usize::try_from(self.next.saturating_sub(ring.first)).unwrap_or(usize::MAX);
+            for (_, left) in ring.notices.iter_mut().skip(from) {
+                *left -= 1;
+            }
+            ring.drop_taken();
+            ring.receivers -= 1;
+            ring.receivers == 0
+        };
+        if last
+            && map
+                .get(&self.channel)
+                .is_some_and(|live| Arc::ptr_eq(live, &self.live))
         {
             map.remove(&self.channel);
         }
@@ -190,10 +308,7 @@ mod tests {
         });
         let n = ra.recv().await.unwrap();
         assert_eq!((n.head, n.messages[0].offset), (1, 1));
-        assert!(matches!(
-            rb.rx.as_mut().unwrap().try_recv(),
-            Err(broadcast::error::TryRecvError::Empty)
-        ));
+        assert!(rb.try_take().is_none());
     }
 
     #[tokio::test]
@@ -209,10 +324,90 @@ mod tests {
                 messages: vec![],
             });
         }
-        assert!(matches!(
-            r.recv().await,
-            Err(broadcast::error::RecvError::Lagged(3))
-        ));
+        assert!(matches!(r.recv().await, Err(RecvError::Lagged(3))));
         assert_eq!(r.recv().await.unwrap().head, 4);
+    }
+
+    fn notice(channel: &ChannelName, head: Offset) -> Notice {
+        Notice {
+            deleted: None,
+            channel: channel.clone(),
+            head,
+            messages: vec![msg(head)],
+        }
+    }
+
+    /// Notices kept in `r`'s channel, and room for them.
+    fn kept(r: &HubReceiver) -> (usize, usize) {
+        let ring = lock(&r.live.ring);
+        (ring.notices.len(), ring.notices.capacity())
+    }
+
+    #[tokio::test]
+    async fn a_notice_is_dropped_once_every_receiver_has_had_it() {
+        let hub = Hub::new(8);
+        let a = ChannelName::new("a").unwrap();
+        let mut r1 = hub.subscribe(&a);
+        let mut r2 = hub.subscribe(&a);
+        assert_eq!(kept(&r1), (0, 0), "an idle channel keeps no room");
+        for head in 1..=3 {
+            hub.publish(notice(&a, head));
+        }
+        let first = r1.recv().await.unwrap();
+        assert_eq!(kept(&r1).0, 3);
+        assert_eq!(r2.recv().await.unwrap().head, 1);
+        assert_eq!(kept(&r1).0, 2, "taken by both: dropped");
+        drop(first);
+        for want in 2..=3 {
+            assert_eq!(r1.recv().await.unwrap().head, want);
+        }
+        assert_eq!(kept(&r1).0, 2, "r2 has not had them yet");
+        // A receiver that goes away no longer holds anything back.
+        drop(r2);
+        assert_eq!(kept(&r1), (0, 0));
+        // One subscribing now gets only what comes next.
+        let mut r3 = hub.subscribe(&a);
+        hub.publish(notice(&a, 4));
+        assert_eq!(r3.recv().await.unwrap().head, 4);
+        assert_eq!(r1.recv().await.unwrap().head, 4);
+        assert_eq!(kept(&r1), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn a_waiting_receiver_is_woken_by_the_next_notice() {
+        let hub = Hub::new(8);
+        let a = ChannelName::new("a").unwrap();
+        let mut waiting = hub.subscribe(&a);
+        let (started, mut started_rx) = tokio::sync::mpsc::channel(1);
+        let task = tokio::spawn(async move {
+            let mut recv = std::pin::pin!(waiting.recv());
+            // Polled once (registered as waiting) before the notice is sent.
+            let first = std::future::poll_fn(|cx| {
+                std::task::Poll::Ready(std::future::Future::poll(recv.as_mut(), cx))
+            })
+            .await;
+            assert!(first.is_pending());
+            started.send(()).await.unwrap();
+            recv.await.unwrap().head
+        });
+        started_rx.recv().await.unwrap();
+        hub.publish(notice(&a, 7));
+        assert_eq!(task.await.unwrap(), 7);
+    }
+
+    #[tokio::test]
+    async fn a_lagged_receiver_goes_on_with_the_oldest_notice_kept_and_holds_nothing_back() {
+        let hub = Hub::new(2);
+        let a = ChannelName::new("a").unwrap();
+        let mut slow = hub.subscribe(&a);
+        let mut quick = hub.subscribe(&a);
+        for head in 1..=4 {
+            hub.publish(notice(&a, head));
+            assert_eq!(quick.recv().await.unwrap().head, head);
+        }
+        assert!(matches!(slow.recv().await, Err(RecvError::Lagged(2))));
+        assert_eq!(slow.recv().await.unwrap().head, 3);
+        assert_eq!(slow.recv().await.unwrap().head, 4);
+        assert_eq!(kept(&slow), (0, 0));
     }
 }

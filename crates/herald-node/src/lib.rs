@@ -13,7 +13,7 @@
 //! Publishes go through one writer task per node (`writer.rs`): a bounded
 //! queue, batches of up to `max_batch` messages appended in one fenced
 //! transaction, answered only after the commit. Live subscribers follow a
-//! per-channel broadcast (`hub.rs`) fed by the writer on the holder and by
+//! per-channel live buffer (`hub.rs`) fed by the writer on the holder and by
 //! the standby feed (`standby_feed.rs`) on a standby; `subscription.rs`
 //! turns history plus live notices into one gap-free, repeat-free
 //! sequence. `publish.rs` decides where a publish goes: committed here on
