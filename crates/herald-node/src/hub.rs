@@ -67,6 +67,9 @@ struct Ring {
     receivers: usize,
     /// Most notices kept.
     capacity: usize,
+    /// The highest head of the notices published to this buffer; `None`
+    /// before its first one.
+    head: Option<Offset>,
 }
 
 impl Ring {
@@ -126,6 +129,7 @@ impl Hub {
                         notices: VecDeque::new(),
                         receivers: 0,
                         capacity: self.capacity,
+                        head: None,
                     }),
                     sent: Notify::new(),
                 })
@@ -154,6 +158,7 @@ impl Hub {
         {
             let mut ring = lock(&live.ring);
             let receivers = ring.receivers;
+            ring.head = Some(ring.head.map_or(notice.head, |h| h.max(notice.head)));
             ring.notices.push_back((Arc::new(notice), receivers));
             if ring.notices.len() > ring.capacity {
                 // The oldest goes, read or not: a receiver behind it lags.
@@ -162,6 +167,18 @@ impl Hub {
             }
         }
         live.sent.notify_waiters();
+    }
+
+    /// The highest head announced to `channel`'s subscribers on this node:
+    /// `None` when nobody here follows the channel, or nothing was
+    /// published to it since its first current subscriber came. A sender
+    /// that knows the channel's new head uses it to read only the messages
+    /// the subscribers have not been sent (the standby feed).
+    pub fn last_head(&self, channel: &ChannelName) -> Option<Offset> {
+        let map = lock(&self.channels);
+        let live = map.get(channel)?;
+        let head = lock(&live.ring).head;
+        head
     }
 
     /// Number of channels with a live buffer.
@@ -270,6 +287,30 @@ mod tests {
             published_at_ms: 0,
             tags: herald_core::Tags::default(),
         }
+    }
+
+    #[test]
+    fn the_last_head_is_the_highest_told_to_current_subscribers() {
+        let hub = Hub::new(8);
+        let a = ChannelName::new("a").unwrap();
+        let notice = |head| Notice {
+            deleted: None,
+            channel: a.clone(),
+            head,
+            messages: Vec::new(),
+        };
+        // Nobody follows `a`: nothing is known, whatever was published.
+        hub.publish(notice(4));
+        assert_eq!(hub.last_head(&a), None);
+        let r = hub.subscribe(&a);
+        assert_eq!(hub.last_head(&a), None);
+        hub.publish(notice(5));
+        hub.publish(notice(3));
+        assert_eq!(hub.last_head(&a), Some(5));
+        // The buffer goes with the last subscriber, and so does its head.
+        drop(r);
+        let _r = hub.subscribe(&a);
+        assert_eq!(hub.last_head(&a), None);
     }
 
     #[tokio::test]

@@ -1,7 +1,12 @@
 //! Live notices on a standby: another process on the same database writes,
 //! so this node learns of new messages by asking the storage which channels
-//! moved (`Storage::changes_since`) and publishes a head-moved notice (no
-//! messages) per moved channel. Subscribers read the messages themselves.
+//! moved (`Storage::changes_since`) and publishes a head-moved notice per
+//! moved channel. For a channel that has subscribers here, the feed reads
+//! the new messages once and sends them with the notice (up to
+//! `READ_AHEAD_LIMIT`), so that a thousand subscribers cost one read, not
+//! a thousand; the first notice after a channel's first subscriber came,
+//! and one of a channel that moved further, carry none, and each
+//! subscriber reads from the storage itself.
 //! Likewise for deletions of channels (`Storage::deletions_since`): a
 //! deleted notice per deletion, which ends the subscriptions to the
 //! channel that began before it (`subscription.rs`).
@@ -28,6 +33,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use herald_core::fault_switches::{self, FaultSwitch};
+use herald_core::ChannelHead;
 use herald_lease::LeaseState;
 use herald_storage::{ChangeSignal, Deletion, Storage};
 use tokio::sync::broadcast::{self, error::RecvError, error::TryRecvError};
@@ -41,6 +47,10 @@ use crate::role::LeaseView;
 /// How often a standby that receives commit signals still polls, in case a
 /// signal was lost.
 pub(crate) const SAFETY_POLL: Duration = Duration::from_secs(1);
+
+/// The most new messages of one channel the feed reads to send with its
+/// notice; a channel that moved further is announced without them.
+pub(crate) const READ_AHEAD_LIMIT: usize = 256;
 
 /// The standby feed task's state.
 pub(crate) struct StandbyFeed {
@@ -264,13 +274,9 @@ impl StandbyFeed {
         match self.storage.changes_since(self.cursor).await {
             Ok(feed) => {
                 self.cursor = feed.cursor;
-                for moved in feed.changed {
-                    self.hub.publish(Notice {
-                        deleted: None,
-                        channel: moved.name,
-                        head: moved.head,
-                        messages: Vec::new(),
-                    });
+                let reads = feed.changed.into_iter().map(|moved| self.notice(moved));
+                for notice in futures::future::join_all(reads).await {
+                    self.hub.publish(notice);
                 }
             }
             Err(e) => failed = Some(e),
@@ -296,6 +302,37 @@ impl StandbyFeed {
                 self.failing = true;
             }
             _ => {}
+        }
+    }
+
+    /// The notice that `moved`'s head moved. When this node's subscribers
+    /// to the channel were last told of a head at most
+    /// [`READ_AHEAD_LIMIT`] messages behind, it carries the messages in
+    /// between, read once here (at most `READ_AHEAD_LIMIT`, up to the new
+    /// head), so that the subscribers need not each read them. Otherwise,
+    /// or when that read fails, it carries none and each subscriber reads
+    /// from the storage itself (`subscription.rs`).
+    async fn notice(&self, moved: ChannelHead) -> Notice {
+        let mut messages = Vec::new();
+        if let Some(told) = self.hub.last_head(&moved.name) {
+            let behind = moved.head.saturating_sub(told);
+            if behind > 0 && behind <= READ_AHEAD_LIMIT as u64 {
+                match self.storage.read(&moved.name, told, READ_AHEAD_LIMIT).await {
+                    Ok(page) => {
+                        messages = page.messages;
+                        messages.retain(|m| m.offset <= moved.head);
+                    }
+                    Err(e) => {
+                        tracing::debug!(channel = %moved.name, error = %e, "standby feed: cannot read the new messages; subscribers read them");
+                    }
+                }
+            }
+        }
+        Notice {
+            deleted: None,
+            channel: moved.name,
+            head: moved.head,
+            messages,
         }
     }
 
@@ -533,6 +570,52 @@ mod tests {
         storage.append_as_other_node("a", "2");
         storage.signal(ChangeSignal::Resync);
         assert_eq!(next_head(&mut feed.rx).await, 2);
+        feed.stop().await;
+    }
+
+    /// The next notice; fails after 5 s without one.
+    async fn next_notice(rx: &mut crate::hub::HubReceiver) -> Arc<Notice> {
+        tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .expect("no notice")
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_followed_channel_gets_its_new_messages_with_the_notice_read_once() {
+        let storage = MemoryStorage::with_signals(16);
+        let mut feed = Running::start(&storage, |hub| signal_driven(storage.clone(), hub)).await;
+        // The first notice since the subscriber came: the hub knows no head
+        // it was told, so the notice carries nothing and it reads itself.
+        storage.append_as_other_node("a", "1");
+        storage.signal(committed("a", 1));
+        let first = next_notice(&mut feed.rx).await;
+        assert_eq!((first.head, first.messages.len()), (1, 0));
+        // Two commits in one poll: the notice carries both, read once.
+        let reads = storage.reads();
+        storage.append_as_other_node("a", "2");
+        storage.append_as_other_node("a", "3");
+        storage.signal(committed("a", 3));
+        let n = next_notice(&mut feed.rx).await;
+        assert_eq!(n.head, 3);
+        let carried: Vec<(u64, &str)> = n
+            .messages
+            .iter()
+            .map(|m| (m.offset, m.data.get()))
+            .collect();
+        assert_eq!(carried, [(2, "2"), (3, "3")]);
+        assert_eq!(storage.reads() - reads, 1);
+        // Further than the read-ahead limit: announced without messages,
+        // and nothing read.
+        let reads = storage.reads();
+        let mut head = 3;
+        for i in 0..=READ_AHEAD_LIMIT {
+            head = storage.append_as_other_node("a", &i.to_string());
+        }
+        storage.signal(committed("a", head));
+        let n = next_notice(&mut feed.rx).await;
+        assert_eq!((n.head, n.messages.len()), (head, 0));
+        assert_eq!(storage.reads(), reads);
         feed.stop().await;
     }
 
