@@ -450,3 +450,115 @@ async fn cluster_events_reach_the_other_nodes() {
     a.send_cluster_event(&unsubscribe).await.unwrap();
     assert_eq!(next_event(&mut at_b).await, unsubscribe);
 }
+
+/// Scans of the `messages` table so far, as PostgreSQL's statistics show
+/// them: (sequential, by index). Each backend reports its counts when it
+/// goes idle, at most once a second, and within 10 s (PostgreSQL
+/// documentation, "The Cumulative Statistics System").
+async fn message_scans(monitor: &Client) -> (i64, i64) {
+    monitor
+        .batch_execute("SELECT pg_stat_clear_snapshot()")
+        .await
+        .unwrap();
+    let row = monitor
+        .query_one(
+            "SELECT seq_scan, COALESCE(idx_scan, 0) FROM pg_stat_user_tables \
+             WHERE relname = 'messages'",
+            &[],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+/// Messages inserted into `messages` so far, as the statistics show them.
+async fn messages_inserted(monitor: &Client) -> i64 {
+    monitor
+        .batch_execute("SELECT pg_stat_clear_snapshot()")
+        .await
+        .unwrap();
+    monitor
+        .query_one(
+            "SELECT n_tup_ins FROM pg_stat_user_tables WHERE relname = 'messages'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// `changes_since` reads only the messages after its cursor, by the index
+/// on `id`, whatever the statistics say and however often it runs, and
+/// reports every channel that moved, also when more messages moved than
+/// one of its scans reads. Without statistics (autovacuum off here, as
+/// on a new table it has not analyzed yet), a plan for `id > $1` alone
+/// scanned the whole table, so a standby's every poll cost as much as the
+/// messages stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_since_reads_by_index_whatever_the_statistics() {
+    const STORED: i64 = 200_000;
+    // More than the five custom plans PostgreSQL makes before it weighs a
+    // generic one.
+    const CALLS: i64 = 20;
+    let db = TestDatabase::create().await;
+    let writer = node(db.url()).await;
+    let follower = node(db.url()).await;
+    let monitor = db.raw_client().await;
+    monitor
+        .batch_execute("ALTER TABLE messages SET (autovacuum_enabled = false)")
+        .await
+        .unwrap();
+    let lease = acquire(&writer, "a", Duration::from_secs(60)).await;
+    let channels: Vec<String> = (0..64).map(|c| format!("c{c}")).collect();
+    let data = format!("\"{}\"", "x".repeat(198));
+    for start in (0..STORED).step_by(1000) {
+        let batch: Vec<_> = (start..start + 1000)
+            .map(|i| msg(&channels[usize::try_from(i % 64).unwrap()], &data))
+            .collect();
+        writer.append(&lease, &batch).await.unwrap();
+    }
+    // From the start: every channel, the cursor at the last message.
+    let all = follower.changes_since(0).await.unwrap();
+    assert_eq!(all.changed.len(), 64);
+    assert!(
+        all.changed.iter().all(|c| c.head == 3125),
+        "{:?}",
+        all.changed
+    );
+    assert_eq!(all.cursor, u64::try_from(STORED).unwrap());
+
+    writer.append(&lease, &[msg("c0", "1")]).await.unwrap();
+    // Every insert counted: the writer's backends have reported, so the
+    // scans counted from here are the follower's.
+    let settled = tokio::time::timeout(WAIT_LIMIT, async {
+        while messages_inserted(&monitor).await < STORED + 1 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    settled.await.expect("the inserts were never counted");
+    let (seq_before, idx_before) = message_scans(&monitor).await;
+
+    for _ in 0..CALLS {
+        let feed = follower.changes_since(all.cursor).await.unwrap();
+        assert_eq!(feed.changed.len(), 1, "one channel moved: {feed:?}");
+        assert_eq!(feed.cursor, all.cursor + 1);
+    }
+    // Each call scanned the table once, one way or the other; wait until
+    // the follower's backend has reported them.
+    let counted = tokio::time::timeout(WAIT_LIMIT, async {
+        loop {
+            let (seq, idx) = message_scans(&monitor).await;
+            if (seq - seq_before) + (idx - idx_before) >= CALLS {
+                return (seq, idx);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let (seq, idx) = counted.await.expect("the scans were never counted");
+    assert_eq!(
+        seq - seq_before,
+        0,
+        "changes_since scanned the whole messages table ({} index scans)",
+        idx - idx_before
+    );
+}

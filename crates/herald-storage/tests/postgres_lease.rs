@@ -1465,3 +1465,77 @@ async fn the_takeover_hint_fires_when_the_holder_dies() {
     assert_eq!(reason, TakeoverReason::HolderGone);
     assert_eq!(new.token, FencingToken(old.token.0 + 1));
 }
+
+/// The snapshot (`backend_xmin`, as text) of this database's takeover
+/// watch session while it waits for a lock; `None` when it is not waiting.
+async fn waiting_watch_xmin(monitor: &Client) -> Option<String> {
+    monitor
+        .query_opt(
+            "SELECT backend_xmin::text FROM pg_stat_activity \
+             WHERE datname = current_database() AND application_name = 'herald-watch' \
+             AND wait_event_type = 'Lock' AND backend_xmin IS NOT NULL",
+            &[],
+        )
+        .await
+        .unwrap()
+        .map(|r| r.get(0))
+}
+
+/// A standby's takeover watch keeps no snapshot longer than one bounded
+/// wait. A statement that waits for a lock keeps its snapshot, and the
+/// oldest snapshot of the database bounds what `VACUUM` and page pruning
+/// may remove: one wait for the holder's whole life kept every row
+/// version the holder made meanwhile (its channel heads, its renewals),
+/// and the tables bloated for as long as a standby watched. While the
+/// hint stays pending, the watch waits again with a newer snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_takeover_watch_does_not_hold_back_vacuum() {
+    let db = TestDatabase::create().await;
+    let holder = node(db.url(), options()).await;
+    let standby = node(db.url(), options()).await;
+    acquire(&holder, &candidate("holder"), MINUTE).await;
+    let info = held_by_other(&standby, &candidate("standby")).await;
+    let waiting = {
+        let standby = standby.clone();
+        tokio::spawn(async move { standby.takeover_hint(&info).await })
+    };
+    let monitor = db.raw_client().await;
+    wait_for_lock_waiters(&monitor, "herald-watch", 1).await;
+    let deadline = Instant::now() + WAIT_LIMIT;
+    let first = loop {
+        if let Some(xmin) = waiting_watch_xmin(&monitor).await {
+            break xmin;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the waiting watch showed no snapshot"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    // Transactions that end after the watch's snapshot was taken: a later
+    // snapshot's xmin is past them.
+    for _ in 0..3 {
+        monitor
+            .query_one("SELECT txid_current()", &[])
+            .await
+            .unwrap();
+    }
+    let deadline = Instant::now() + WAIT_LIMIT;
+    loop {
+        if waiting_watch_xmin(&monitor)
+            .await
+            .is_some_and(|xmin| xmin != first)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the takeover watch kept its snapshot (xmin {first}) for {WAIT_LIMIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The holder lives: the hint is still pending.
+    assert!(!waiting.is_finished());
+    waiting.abort();
+    drop(holder);
+}

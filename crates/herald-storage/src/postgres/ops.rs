@@ -16,7 +16,7 @@ use herald_core::fault_switches::{self, FaultSwitch};
 use herald_core::{
     Appended, Candidate, ChannelHead, ChannelName, Lease, LeaseInfo, Message, NewMessage, Offset,
 };
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{GenericClient, IsolationLevel};
 
 use super::names::{
@@ -1164,31 +1164,67 @@ pub(super) async fn deletion_cursor(client: &Object) -> Result<u64> {
     to_u64(client.query_one(&stmt, &[]).await?.try_get(0)?, "deletion")
 }
 
+/// The most messages one scan of [`changes_since`] reads; a feed that
+/// moved further takes several scans.
+const CHANGE_SCAN_ROWS: i64 = 10_000;
+
 /// The channels with a message whose id is above `cursor`, with their
-/// current head (same statement, same snapshot), ordered by name; the new
-/// cursor is the largest id seen, or `cursor` when nothing moved.
+/// current head, ordered by name; the new cursor is the largest id seen,
+/// or `cursor` when nothing moved.
 ///
 /// Ids are in commit order because the fenced writes of a lease are
 /// serialized by its advisory lock, held until after their commit is
 /// visible: a snapshot that sees id `n` sees every smaller id that will
 /// ever commit.
+///
+/// Each scan reads the messages after the cursor in id order, at most
+/// [`CHANGE_SCAN_ROWS`] of them, which PostgreSQL can only answer through
+/// the index on `id`: it costs what moved, not what is stored. Without
+/// the `ORDER BY id LIMIT`, a plan made without the table's statistics
+/// (a new or fast-growing table before autovacuum has analyzed it), or
+/// the generic plan of a prepared statement (estimated without the
+/// cursor's value; PostgreSQL documentation, `PREPARE`,
+/// "plan_cache_mode"), scanned the whole table, so a standby's every
+/// poll cost as much as all the messages stored. A full scan is followed
+/// by another from the largest id it saw, until one reads fewer. Sent as
+/// an unnamed statement (`query_typed`: parsed, planned and run in one
+/// round trip), so that each scan is planned for its own values.
 pub(super) async fn changes_since(client: &Object, cursor: u64) -> Result<ChangeFeed> {
-    let stmt = client
-        .prepare_cached(
-            "SELECT c.name, c.head, m.last_id \
-             FROM (SELECT channel, MAX(id) AS last_id FROM messages WHERE id > $1 GROUP BY channel) AS m \
-             JOIN channels AS c ON c.name = m.channel \
-             ORDER BY c.name COLLATE \"C\"",
-        )
-        .await?;
+    let mut heads: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
     let mut new_cursor = cursor;
-    let mut changed = Vec::new();
-    for row in client.query(&stmt, &[&sql_position(cursor)]).await? {
+    loop {
+        let rows = client
+            .query_typed(
+                "SELECT m.channel, c.head, m.last_id, m.n \
+                 FROM (SELECT channel, MAX(id) AS last_id, COUNT(*) AS n \
+                       FROM (SELECT channel, id FROM messages WHERE id > $1 ORDER BY id LIMIT $2) AS recent \
+                       GROUP BY channel) AS m \
+                 LEFT JOIN channels AS c ON c.name = m.channel",
+                &[
+                    (&sql_position(new_cursor), Type::INT8),
+                    (&CHANGE_SCAN_ROWS, Type::INT8),
+                ],
+            )
+            .await?;
+        let mut read = 0_i64;
+        for row in rows {
+            read += row.try_get::<_, i64>(3)?;
+            new_cursor = new_cursor.max(to_u64(row.try_get(2)?, "message id")?);
+            // A message whose channel row is gone moved nothing to announce.
+            if let Some(head) = row.try_get::<_, Option<i64>>(1)? {
+                heads.insert(row.try_get(0)?, to_u64(head, "head")?);
+            }
+        }
+        if read < CHANGE_SCAN_ROWS {
+            break;
+        }
+    }
+    let mut changed = Vec::with_capacity(heads.len());
+    for (name, head) in heads {
         changed.push(ChannelHead {
-            name: to_channel(row.try_get(0)?)?,
-            head: to_u64(row.try_get(1)?, "head")?,
+            name: to_channel(name)?,
+            head,
         });
-        new_cursor = new_cursor.max(to_u64(row.try_get(2)?, "message id")?);
     }
     Ok(ChangeFeed {
         cursor: new_cursor,

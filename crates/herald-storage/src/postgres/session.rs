@@ -224,11 +224,12 @@ pub(super) fn session_config(base: &Config, options: &PostgresOptions, role: Rol
         ],
         // Idle for its whole life: no idle timeout may end it.
         Role::Listener => vec![("idle_session_timeout", "0".to_owned())],
-        // Waits on a lock for as long as the holder lives.
+        // Waits on a lock for as long as the holder lives, in waits of
+        // `takeover::WAIT_BOUND` each (see there).
         Role::Watch => vec![
             ("idle_session_timeout", "0".to_owned()),
             ("statement_timeout", "0".to_owned()),
-            ("lock_timeout", "0".to_owned()),
+            ("lock_timeout", setting_ms(super::takeover::WAIT_BOUND)),
         ],
         // Idle for its whole life, and the server must notice soon when its
         // client's host is gone, because that releases the session lock.
