@@ -1442,28 +1442,53 @@ async fn held_by_other(standby: &PostgresStorage, c: &Candidate) -> herald_core:
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_takeover_hint_fires_when_the_holder_dies() {
     let db = TestDatabase::create().await;
+    let w = standby_watching(&db).await;
+    // The hint stays pending while the holder lives: its watch is blocked
+    // on the holder's session lock.
+    assert!(!w.waiting.is_finished());
+
+    drop(w.holder);
+    tokio::time::timeout(MINUTE, w.waiting)
+        .await
+        .expect("the hint fires when the holder's session ends")
+        .unwrap();
+    let (new, reason) = acquire(&w.standby, &candidate("standby"), MINUTE).await;
+    assert_eq!(reason, TakeoverReason::HolderGone);
+    assert_eq!(new.token, FencingToken(w.lease.token.0 + 1));
+}
+
+/// A holder and a standby on one database, the standby waiting on its
+/// takeover hint, with a monitor session.
+struct Watching {
+    holder: PostgresStorage,
+    /// The holder's lease.
+    lease: Lease,
+    standby: PostgresStorage,
+    /// The standby's pending `takeover_hint`.
+    waiting: JoinHandle<()>,
+    monitor: Client,
+}
+
+/// Starts a holder and a standby on `db` and returns once the standby's
+/// takeover watch is seen waiting for the holder's session lock.
+async fn standby_watching(db: &TestDatabase) -> Watching {
     let holder = node(db.url(), options()).await;
     let standby = node(db.url(), options()).await;
-    let (old, _) = acquire(&holder, &candidate("holder"), MINUTE).await;
+    let (lease, _) = acquire(&holder, &candidate("holder"), MINUTE).await;
     let info = held_by_other(&standby, &candidate("standby")).await;
     let waiting = {
         let standby = standby.clone();
         tokio::spawn(async move { standby.takeover_hint(&info).await })
     };
-    // The hint stays pending while the holder lives: its watch is blocked
-    // on the holder's session lock.
     let monitor = db.raw_client().await;
     wait_for_lock_waiters(&monitor, "herald-watch", 1).await;
-    assert!(!waiting.is_finished());
-
-    drop(holder);
-    tokio::time::timeout(MINUTE, waiting)
-        .await
-        .expect("the hint fires when the holder's session ends")
-        .unwrap();
-    let (new, reason) = acquire(&standby, &candidate("standby"), MINUTE).await;
-    assert_eq!(reason, TakeoverReason::HolderGone);
-    assert_eq!(new.token, FencingToken(old.token.0 + 1));
+    Watching {
+        holder,
+        lease,
+        standby,
+        waiting,
+        monitor,
+    }
 }
 
 /// The snapshot (`backend_xmin`, as text) of this database's takeover
@@ -1491,19 +1516,11 @@ async fn waiting_watch_xmin(monitor: &Client) -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_takeover_watch_does_not_hold_back_vacuum() {
     let db = TestDatabase::create().await;
-    let holder = node(db.url(), options()).await;
-    let standby = node(db.url(), options()).await;
-    acquire(&holder, &candidate("holder"), MINUTE).await;
-    let info = held_by_other(&standby, &candidate("standby")).await;
-    let waiting = {
-        let standby = standby.clone();
-        tokio::spawn(async move { standby.takeover_hint(&info).await })
-    };
-    let monitor = db.raw_client().await;
-    wait_for_lock_waiters(&monitor, "herald-watch", 1).await;
+    let w = standby_watching(&db).await;
+    let monitor = &w.monitor;
     let deadline = Instant::now() + WAIT_LIMIT;
     let first = loop {
-        if let Some(xmin) = waiting_watch_xmin(&monitor).await {
+        if let Some(xmin) = waiting_watch_xmin(monitor).await {
             break xmin;
         }
         assert!(
@@ -1522,7 +1539,7 @@ async fn the_takeover_watch_does_not_hold_back_vacuum() {
     }
     let deadline = Instant::now() + WAIT_LIMIT;
     loop {
-        if waiting_watch_xmin(&monitor)
+        if waiting_watch_xmin(monitor)
             .await
             .is_some_and(|xmin| xmin != first)
         {
@@ -1535,7 +1552,6 @@ async fn the_takeover_watch_does_not_hold_back_vacuum() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // The holder lives: the hint is still pending.
-    assert!(!waiting.is_finished());
-    waiting.abort();
-    drop(holder);
+    assert!(!w.waiting.is_finished());
+    w.waiting.abort();
 }
