@@ -8,26 +8,27 @@
 //! second liveness session), unlocking each at once, so that it never
 //! keeps the holder from taking a lock back. PostgreSQL grants each the
 //! moment the liveness session holding it ends (PostgreSQL documentation,
-//! "Explicit Locking", "Advisory Locks").
-//!
-//! Each wait lasts at most [`WAIT_BOUND`] (the session's `lock_timeout`)
-//! and is sent again at once when it times out. A statement keeps its
-//! snapshot while it waits for a lock, and the oldest snapshot of any
-//! session bounds what `VACUUM` and page pruning may remove (PostgreSQL
-//! documentation, "Routine Vacuuming"): one wait for the holder's whole
-//! life kept every row version made meanwhile, each channel head the
-//! holder moved and each renewal of the lease row, so the tables bloated
-//! and the holder's writes slowed down (fourfold within a minute at 64
-//! publishers) for as long as a standby watched.
-//! Between two waits the snapshot is gone; and a wait that ends also
-//! tells the server whether its client is still there, so the session of
-//! a standby that was killed does not linger. When both keys are then free at
+//! "Explicit Locking", "Advisory Locks"). When both keys are then free at
 //! one instant (one statement tries both), the watch bumps a counter that
 //! [`super::PostgresStorage`]'s `takeover_hint` waits on; when the holder
 //! has taken one back in between (one of its sessions had ended on its
 //! own), it waits again. A crash ends both sessions at once, so it costs
 //! a few more round trips than one lock, not a wait. The acquire that
 //! follows decides as always, under the lease row lock.
+//!
+//! Each wait lasts at most
+//! [`WATCH_WAIT_BOUND`](super::session::WATCH_WAIT_BOUND) (the session's
+//! `lock_timeout`, 100 ms) and is sent again at once when it times out. A
+//! statement keeps its snapshot while it waits for a lock, and the oldest
+//! snapshot of any session bounds what `VACUUM` and page pruning may
+//! remove (PostgreSQL documentation, "Routine Vacuuming"): one wait for
+//! the holder's whole life kept every row version made meanwhile, each
+//! channel head the holder moved and each renewal of the lease row, so the
+//! tables bloated and the holder's writes slowed down (fourfold within a
+//! minute at 64 publishers) for as long as a standby watched. Between two
+//! waits the snapshot is gone; and a wait that ends also tells the server
+//! whether its client is still there, so the session of a standby that
+//! was killed does not linger.
 //!
 //! A lock granted while the database server has been up for less than the
 //! holder-gone grace (a restart ends every session, the live holder's
@@ -53,11 +54,6 @@ use crate::error::Result;
 
 /// Pause after a failed connection or statement before the next attempt.
 const RETRY: Duration = Duration::from_secs(1);
-
-/// Longest one wait for a lock lasts (`lock_timeout` of the watch's
-/// session) before it is sent again: how long the watch may keep the
-/// oldest snapshot of the database.
-pub(super) const WAIT_BOUND: Duration = Duration::from_millis(100);
 
 /// The holder's session key, when the lease has a live holder.
 const HOLDER_SESSION_SQL: &str = "SELECT holder_session FROM storage_leases \
@@ -217,7 +213,8 @@ async fn holder_session(
 /// Waits for the lock of `key`, then for that of its twin, giving each
 /// back at once; then answers whether both are free at one instant, with
 /// the server's uptime in ms. Each wait is sent again when it reaches
-/// [`WAIT_BOUND`] (SQLSTATE 55P03, `lock_not_available`).
+/// [`WATCH_WAIT_BOUND`](super::session::WATCH_WAIT_BOUND) (SQLSTATE
+/// 55P03, `lock_not_available`).
 async fn wait_for_both(client: &Client, conn: &mut PgConnection, key: i64) -> Result<(bool, i64)> {
     let twin = twin_key(key);
     for k in [key, twin] {
