@@ -32,6 +32,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use futures::StreamExt;
 use herald_core::fault_switches::{self, FaultSwitch};
 use herald_core::ChannelHead;
 use herald_lease::LeaseState;
@@ -51,6 +52,9 @@ pub(crate) const SAFETY_POLL: Duration = Duration::from_secs(1);
 /// The most new messages of one channel the feed reads to send with its
 /// notice; a channel that moved further is announced without them.
 pub(crate) const READ_AHEAD_LIMIT: usize = 256;
+
+/// The most of those reads the feed runs at once.
+const READ_AHEAD_CONCURRENCY: usize = 4;
 
 /// The standby feed task's state.
 pub(crate) struct StandbyFeed {
@@ -274,8 +278,13 @@ impl StandbyFeed {
         match self.storage.changes_since(self.cursor).await {
             Ok(feed) => {
                 self.cursor = feed.cursor;
-                let reads = feed.changed.into_iter().map(|moved| self.notice(moved));
-                for notice in futures::future::join_all(reads).await {
+                // A few reads at once, each notice published as its read
+                // ends: the pool (10 connections) stays free for the
+                // subscribers' own reads and the lease's acquire.
+                let mut notices = futures::stream::iter(feed.changed)
+                    .map(|moved| self.notice(moved))
+                    .buffer_unordered(READ_AHEAD_CONCURRENCY);
+                while let Some(notice) = notices.next().await {
                     self.hub.publish(notice);
                 }
             }

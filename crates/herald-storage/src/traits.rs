@@ -560,6 +560,9 @@ pub trait Storage: LeaseStore {
     /// The channels whose head moved after position `cursor` of the global
     /// commit order (0 = from the beginning), and the new position. A node
     /// that does not write itself polls this to feed live subscriptions.
+    /// A backend may stop early on a long stretch (PostgreSQL: after
+    /// 1 000 000 messages): the answer then covers the commits up to the
+    /// position it returns, and the next call carries on from there.
     ///
     /// # Errors
     /// [`crate::Error::Unavailable`] when the storage cannot be reached.

@@ -1168,6 +1168,10 @@ pub(super) async fn deletion_cursor(client: &Object) -> Result<u64> {
 /// moved further takes several scans.
 const CHANGE_SCAN_ROWS: i64 = 10_000;
 
+/// The most scans of one [`changes_since`] call (1 000 000 messages); the
+/// next call carries on from the cursor it returned.
+const CHANGE_SCANS: usize = 100;
+
 /// The channels with a message whose id is above `cursor`, with their
 /// current head, ordered by name; the new cursor is the largest id seen,
 /// or `cursor` when nothing moved.
@@ -1186,13 +1190,14 @@ const CHANGE_SCAN_ROWS: i64 = 10_000;
 /// cursor's value; PostgreSQL documentation, `PREPARE`,
 /// "plan_cache_mode"), scanned the whole table, so a standby's every
 /// poll cost as much as all the messages stored. A full scan is followed
-/// by another from the largest id it saw, until one reads fewer. Sent as
+/// by another from the largest id it saw, until one reads fewer or
+/// [`CHANGE_SCANS`] have run. Sent as
 /// an unnamed statement (`query_typed`: parsed, planned and run in one
 /// round trip), so that each scan is planned for its own values.
 pub(super) async fn changes_since(client: &Object, cursor: u64) -> Result<ChangeFeed> {
     let mut heads: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
     let mut new_cursor = cursor;
-    loop {
+    for _ in 0..CHANGE_SCANS {
         let rows = client
             .query_typed(
                 "SELECT m.channel, c.head, m.last_id, m.n \

@@ -17,11 +17,6 @@ use crate::error::{Error, Result};
 /// How long [`PostgresStorage::connect`](super::connect::PostgresStorage::connect) waits for another node that is
 /// migrating the same database (the migration connection's `lock_timeout`).
 pub(super) const MIGRATION_LOCK_WAIT: Duration = Duration::from_secs(60);
-
-/// How long one wait of the takeover watch for a lock may last (the
-/// `lock_timeout` of its session) before it is sent again: how long the
-/// watch may keep the oldest snapshot of the database (see `takeover.rs`).
-pub(super) const WATCH_WAIT_BOUND: Duration = Duration::from_millis(100);
 /// Interval between TCP keepalive probes once the connection is idle for
 /// [`PostgresOptions::keepalives_idle`].
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
@@ -229,13 +224,9 @@ pub(super) fn session_config(base: &Config, options: &PostgresOptions, role: Rol
         ],
         // Idle for its whole life: no idle timeout may end it.
         Role::Listener => vec![("idle_session_timeout", "0".to_owned())],
-        // Waits on a lock for as long as the holder lives, in waits of
-        // `WATCH_WAIT_BOUND` each (see `takeover.rs`).
-        Role::Watch => vec![
-            ("idle_session_timeout", "0".to_owned()),
-            ("statement_timeout", "0".to_owned()),
-            ("lock_timeout", setting_ms(WATCH_WAIT_BOUND)),
-        ],
+        // Asks every 100 ms for as long as the holder lives, idle in
+        // between.
+        Role::Watch => vec![("idle_session_timeout", "0".to_owned())],
         // Idle for its whole life, and the server must notice soon when its
         // client's host is gone, because that releases the session lock.
         Role::Liveness => vec![

@@ -1,34 +1,32 @@
-//! The takeover watch: how a standby learns at once that the holder's
-//! process is gone, instead of on its next acquire period.
+//! The takeover watch: how a standby learns, within
+//! [`POLL`] (100 ms), that the holder's process is gone, instead of on its
+//! next acquire period.
 //!
 //! One dedicated connection per storage, opened the first time a standby
 //! waits for a takeover hint, reads the holder's session key from the lease
-//! row and then *waits* for that session's advisory lock with a blocking
-//! `pg_advisory_lock`, then for its twin's (`super::twin_key`: the holder's
-//! second liveness session), unlocking each at once, so that it never
-//! keeps the holder from taking a lock back. PostgreSQL grants each the
-//! moment the liveness session holding it ends (PostgreSQL documentation,
-//! "Explicit Locking", "Advisory Locks"). When both keys are then free at
-//! one instant (one statement tries both), the watch bumps a counter that
-//! [`super::PostgresStorage`]'s `takeover_hint` waits on; when the holder
-//! has taken one back in between (one of its sessions had ended on its
-//! own), it waits again. A crash ends both sessions at once, so it costs
-//! a few more round trips than one lock, not a wait. The acquire that
-//! follows decides as always, under the lease row lock.
+//! row and then asks every [`POLL`] whether that session's advisory lock
+//! and its twin's (`super::twin_key`: the holder's second liveness
+//! session) are both free, with one statement of transaction-level
+//! try-locks that are given back when it ends, so that it never keeps the
+//! holder from taking a lock back. A liveness session's lock is freed the
+//! moment the session ends (PostgreSQL documentation, "Explicit Locking",
+//! "Advisory Locks"). When both are free, the watch bumps a counter that
+//! [`super::PostgresStorage`]'s `takeover_hint` waits on; while only one
+//! is (one of the holder's sessions ended on its own and is coming back),
+//! it asks again. The acquire that follows decides as always, under the
+//! lease row lock.
 //!
-//! Each wait lasts at most
-//! [`WATCH_WAIT_BOUND`](super::session::WATCH_WAIT_BOUND) (the session's
-//! `lock_timeout`, 100 ms) and is sent again at once when it times out. A
-//! statement keeps its snapshot while it waits for a lock, and the oldest
-//! snapshot of any session bounds what `VACUUM` and page pruning may
-//! remove (PostgreSQL documentation, "Routine Vacuuming"): one wait for
-//! the holder's whole life kept every row version made meanwhile, each
-//! channel head the holder moved and each renewal of the lease row, so the
-//! tables bloated and the holder's writes slowed down (fourfold within a
-//! minute at 64 publishers) for as long as a standby watched. Between two
-//! waits the snapshot is gone; and a wait that ends also tells the server
-//! whether its client is still there, so the session of a standby that
-//! was killed does not linger.
+//! It asks rather than waits. A statement keeps its snapshot while it
+//! waits for a lock, and the oldest snapshot of any session bounds what
+//! `VACUUM` and page pruning may remove (PostgreSQL documentation,
+//! "Routine Vacuuming"): a blocking `pg_advisory_lock` for the holder's
+//! whole life, as the watch first did, kept every row version made
+//! meanwhile, each channel head the holder moved and each renewal of the
+//! lease row, so the tables bloated and the holder's writes slowed down
+//! (fourfold within a minute at 64 publishers) for as long as a standby
+//! watched, and after, since a killed standby's waiting session outlived
+//! it. Waits bounded by a `lock_timeout` would end that, but each would
+//! end in an error that the server logs, ten a second per standby.
 //!
 //! A lock granted while the database server has been up for less than the
 //! holder-gone grace (a restart ends every session, the live holder's
@@ -44,8 +42,6 @@
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tokio_postgres::error::SqlState;
-use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Config};
 
 use super::names::{twin_key, HOLDER_GONE_GRACE_MS};
@@ -55,21 +51,14 @@ use crate::error::Result;
 /// Pause after a failed connection or statement before the next attempt.
 const RETRY: Duration = Duration::from_secs(1);
 
+/// How often the watch asks whether the holder's session locks are free:
+/// the most a takeover hint comes after the holder's sessions ended,
+/// besides a round trip.
+pub(super) const POLL: Duration = Duration::from_millis(100);
+
 /// The holder's session key, when the lease has a live holder.
 const HOLDER_SESSION_SQL: &str = "SELECT holder_session FROM storage_leases \
      WHERE name = $1 AND holder IS NOT NULL AND expires_at > clock_timestamp()";
-/// Waits until no other session holds the key.
-const WAIT_SQL: &str = "SELECT pg_advisory_lock($1)";
-/// Gives the key back at once, every hold of it (this session holds no
-/// other session lock): the acquire's probe must find it free, and the
-/// holder may take it back. A wait whose `lock_timeout` fires as the lock
-/// is granted can report the timeout with the lock held (observed: one
-/// `pg_advisory_unlock` per granted wait left the watch holding a gone
-/// holder's key, and the acquire's probe found it held, in about one run
-/// in three of the hint's conformance test); a session-level lock
-/// outlives its statement's error (PostgreSQL documentation, "Advisory
-/// Locks"), so the wait sent again holds the key twice.
-const UNLOCK_SQL: &str = "SELECT pg_advisory_unlock_all()";
 /// Whether both keys are free now (transaction-level try-locks, released
 /// with this statement), and how long the database server has been up, in
 /// ms.
@@ -141,19 +130,18 @@ pub(super) async fn run(
         };
         let waited = tokio::select! {
             _ = stop.changed() => return,
-            // Another holder now: closing the connection cancels the wait.
+            // Another holder now: watch the new one.
             _ = target.changed() => None,
-            waited = wait_for_both(client, conn, key) => Some(waited),
+            waited = wait_until_both_free(client, conn, key) => Some(waited),
         };
-        let (both_free, uptime_ms) = match waited {
+        let uptime_ms = match waited {
             None => {
                 connection = None;
                 continue;
             }
             Some(Ok(answer)) => answer,
             Some(Err(e)) => {
-                tracing::debug!(error = %e, "takeover watch: waiting for the holder's session locks failed");
-                // Closing the connection also gives the keys back.
+                tracing::debug!(error = %e, "takeover watch: asking for the holder's session locks failed");
                 connection = None;
                 if pause(&mut stop, RETRY).await {
                     return;
@@ -161,15 +149,6 @@ pub(super) async fn run(
                 continue;
             }
         };
-        if !both_free {
-            // One of the holder's liveness sessions had ended on its own,
-            // and the holder took its lock back: it lives. Wait again.
-            tracing::debug!(
-                session_key = key,
-                "a liveness session of the holder ended and came back"
-            );
-            continue;
-        }
         if uptime_ms >= HOLDER_GONE_GRACE_MS {
             tracing::info!(
                 session_key = key,
@@ -210,29 +189,20 @@ async fn holder_session(
     Ok(session.and_then(|s| s.parse().ok()))
 }
 
-/// Waits for the lock of `key`, then for that of its twin, giving each
-/// back at once; then answers whether both are free at one instant, with
-/// the server's uptime in ms. Each wait is sent again when it reaches
-/// [`WATCH_WAIT_BOUND`](super::session::WATCH_WAIT_BOUND) (SQLSTATE
-/// 55P03, `lock_not_available`).
-async fn wait_for_both(client: &Client, conn: &mut PgConnection, key: i64) -> Result<(bool, i64)> {
+/// Asks every [`POLL`] until the locks of `key` and its twin are both
+/// free at one instant; then answers the server's uptime in ms.
+async fn wait_until_both_free(client: &Client, conn: &mut PgConnection, key: i64) -> Result<i64> {
     let twin = twin_key(key);
-    for k in [key, twin] {
-        let params: [&(dyn ToSql + Sync); 1] = [&k];
-        loop {
-            match drive(conn, client.execute(WAIT_SQL, &params), |_| {}).await? {
-                Ok(_) => break,
-                Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {}
-                Err(e) => return Err(e.into()),
-            }
+    loop {
+        let row = drive(
+            conn,
+            client.query_one(BOTH_FREE_SQL, &[&key, &twin]),
+            |_| {},
+        )
+        .await??;
+        if row.try_get(0)? {
+            return Ok(row.try_get(1)?);
         }
-        drive(conn, client.execute(UNLOCK_SQL, &[]), |_| {}).await??;
+        super::reconnect::pause(POLL).await;
     }
-    let row = drive(
-        conn,
-        client.query_one(BOTH_FREE_SQL, &[&key, &twin]),
-        |_| {},
-    )
-    .await??;
-    Ok((row.try_get(0)?, row.try_get(1)?))
 }
