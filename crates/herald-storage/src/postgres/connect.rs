@@ -81,7 +81,7 @@ pub(super) struct Inner {
     pub(super) presence_inbox: presence_events::Inbox,
     /// Numbers the join and leave events this storage sends.
     pub(super) presence_seq: AtomicU64,
-    /// Which lease the takeover watch waits on (set by `takeover_hint`).
+    /// Which lease the takeover watch follows (set by `takeover_hint`).
     pub(super) watch_target: watch::Sender<takeover::Target>,
     /// Holder sessions the takeover watch saw end (a counter).
     pub(super) watch_fired: watch::Receiver<u64>,

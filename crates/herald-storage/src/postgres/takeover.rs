@@ -28,14 +28,14 @@
 //! it. Waits bounded by a `lock_timeout` would end that, but each would
 //! end in an error that the server logs, ten a second per standby.
 //!
-//! A lock granted while the database server has been up for less than the
-//! holder-gone grace (a restart ends every session, the live holder's
-//! included) is not reported: the watch waits out the grace and looks
+//! Locks found free while the database server has been up for less than
+//! the holder-gone grace (a restart ends every session, the live holder's
+//! included) are not reported: the watch waits out the grace and looks
 //! again, by which time a live holder has taken its lock back.
 //!
 //! The watch fires once per holder session; when the lease moves to
 //! another holder (a new fencing token), it drops its connection (which
-//! cancels the wait) and watches the new one. Errors close the connection;
+//! ends a question in flight) and watches the new one. Errors close the connection;
 //! the next attempt comes after [`RETRY`], so a database outage cannot
 //! make it spin.
 
