@@ -19,6 +19,8 @@ pub mod fault_switches;
 mod idempotency;
 mod lease;
 mod message;
+mod payload;
+mod stream;
 mod tags;
 mod time;
 
@@ -26,5 +28,11 @@ pub use channel::{ChannelHead, ChannelName, InvalidChannelName, MAX_CHANNEL_NAME
 pub use idempotency::{IdempotencyKey, InvalidIdempotencyKey, MAX_IDEMPOTENCY_KEY_BYTES};
 pub use lease::{Candidate, FencingToken, Lease, LeaseInfo, DEFAULT_LEASE_NAME};
 pub use message::{Appended, Message, NewMessage, Offset};
+pub use payload::Payload;
+pub use stream::{
+    is_json_media, media_type, Producer, StreamAppend, StreamAppended, StreamConfig, StreamCreate,
+    StreamCreated, StreamInfo,
+};
+
 pub use tags::Tags;
 pub use time::format_rfc3339_ms;

@@ -1,10 +1,9 @@
-use std::sync::Arc;
 
 use serde::ser::SerializeStruct;
 use serde::{Serialize, Serializer};
 use serde_json::value::RawValue;
 
-use crate::{format_rfc3339_ms, ChannelName, IdempotencyKey, Tags};
+use crate::{format_rfc3339_ms, ChannelName, IdempotencyKey, Payload, Tags};
 
 /// A message's position in its channel: 1 for the first message, then
 /// contiguous, never reused.
@@ -13,13 +12,15 @@ pub type Offset = u64;
 /// A stored message, as history and subscriptions deliver it.
 ///
 /// Serializes to `{"offset": u64, "data": <JSON>, "published_at": "<RFC 3339>"}`,
-/// plus `"tags": {"<key>": "<value>", ...}` when it has tags.
+/// plus `"tags": {"<key>": "<value>", ...}` when it has tags. A message
+/// whose payload is bytes (a Durable Streams byte stream) has
+/// `"data_base64": "<standard base64>"` instead of `"data"`.
 #[derive(Debug, Clone)]
 pub struct Message {
     /// The message's offset in its channel.
     pub offset: Offset,
-    /// The JSON value the publisher sent, kept as its exact text.
-    pub data: Arc<RawValue>,
+    /// What the publisher sent: a JSON value as its exact text, or bytes.
+    pub data: Payload,
     /// Commit time in milliseconds since the Unix epoch, from the storage's clock.
     pub published_at_ms: i64,
     /// The tags the publisher sent with it (usually none).
@@ -31,7 +32,12 @@ impl Serialize for Message {
         let fields = if self.tags.is_empty() { 3 } else { 4 };
         let mut st = s.serialize_struct("Message", fields)?;
         st.serialize_field("offset", &self.offset)?;
-        st.serialize_field("data", &*self.data)?;
+        match &self.data {
+            Payload::Json(json) => st.serialize_field("data", &**json)?,
+            Payload::Bytes(_) => {
+                st.serialize_field("data_base64", &RawValue::from_string(self.data.to_json_text().into_owned()).map_err(serde::ser::Error::custom)?)?
+            }
+        }
         st.serialize_field("published_at", &format_rfc3339_ms(self.published_at_ms))?;
         if self.tags.is_empty() {
             st.skip_field("tags")?;
@@ -45,7 +51,7 @@ impl Serialize for Message {
 impl PartialEq for Message {
     fn eq(&self, other: &Self) -> bool {
         self.offset == other.offset
-            && self.data.get() == other.data.get()
+            && self.data == other.data
             && self.published_at_ms == other.published_at_ms
             && self.tags == other.tags
     }
@@ -56,8 +62,9 @@ impl PartialEq for Message {
 pub struct NewMessage {
     /// Target channel.
     pub channel: ChannelName,
-    /// The JSON value to store, as its exact text.
-    pub data: Arc<RawValue>,
+    /// What to store: a JSON value as its exact text (Herald's API and
+    /// Centrifugo only send JSON), or bytes.
+    pub data: Payload,
     /// Optional key that makes the publish idempotent per channel.
     pub idempotency_key: Option<IdempotencyKey>,
     /// Tags stored and delivered with the message (usually none).
@@ -80,12 +87,16 @@ pub struct Appended {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
     fn message(tags: &[(&str, &str)]) -> Message {
         Message {
             offset: 7,
-            data: Arc::from(RawValue::from_string(r#"{"a": 1}"#.to_owned()).unwrap()),
+            data: Payload::Json(Arc::from(
+                RawValue::from_string(r#"{"a": 1}"#.to_owned()).unwrap(),
+            )),
             published_at_ms: 0,
             tags: tags
                 .iter()

@@ -479,8 +479,8 @@ pub(crate) fn publish_request(message: &NewMessage) -> (HeaderMap, Bytes) {
         }
     }
     let body = match message.tags.to_json() {
-        None => format!("{{\"data\":{}}}", message.data.get()),
-        Some(tags) => format!("{{\"data\":{},\"tags\":{tags}}}", message.data.get()),
+        None => format!("{{\"data\":{}}}", message.data.to_json_text()),
+        Some(tags) => format!("{{\"data\":{},\"tags\":{tags}}}", message.data.to_json_text()),
     };
     (headers, Bytes::from(body))
 }

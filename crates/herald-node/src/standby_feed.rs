@@ -607,12 +607,12 @@ mod tests {
         storage.signal(committed("a", 3));
         let n = next_notice(&mut feed.rx).await;
         assert_eq!(n.head, 3);
-        let carried: Vec<(u64, &str)> = n
+        let carried: Vec<(u64, String)> = n
             .messages
             .iter()
-            .map(|m| (m.offset, m.data.get()))
+            .map(|m| (m.offset, m.data.to_json_text().into_owned()))
             .collect();
-        assert_eq!(carried, [(2, "2"), (3, "3")]);
+        assert_eq!(carried, [(2, "2".to_owned()), (3, "3".to_owned())]);
         assert_eq!(storage.reads() - reads, 1);
         // Further than the read-ahead limit: announced without messages,
         // and nothing read.

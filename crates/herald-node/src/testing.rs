@@ -234,7 +234,7 @@ impl MemoryStorage {
             .flat_map(|(name, messages)| {
                 messages
                     .iter()
-                    .map(|m| (name.clone(), m.offset, m.data.get().to_owned()))
+                    .map(|m| (name.clone(), m.offset, m.data.to_json_text().into_owned()))
             })
             .collect();
         all.extend(mem.keys.iter().map(|((channel, key), (offset, _, _))| {
@@ -249,7 +249,7 @@ impl MemoryStorage {
         let mut mem = self.mem.lock().unwrap();
         let msg = NewMessage {
             channel: ChannelName::new(channel).unwrap(),
-            data: Arc::from(serde_json::value::RawValue::from_string(data.to_owned()).unwrap()),
+            data: herald_core::Payload::Json(Arc::from(serde_json::value::RawValue::from_string(data.to_owned()).unwrap())),
             idempotency_key: None,
             tags: herald_core::Tags::default(),
         };
@@ -275,7 +275,7 @@ impl MemoryStorage {
         let offset = list.last().map_or(trimmed + 1, |m| m.offset + 1);
         list.push(Message {
             offset,
-            data: Arc::clone(&msg.data),
+            data: msg.data.clone(),
             published_at_ms: at,
             tags: msg.tags.clone(),
         });
@@ -461,7 +461,7 @@ impl Storage for MemoryStorage {
                     head: v.last().map_or(trimmed, |m| m.offset),
                     earliest: v.first().map_or(trimmed + 1, |m| m.offset),
                     messages: v.len() as u64,
-                    bytes: v.iter().map(|m| m.data.get().len() as u64).sum(),
+                    bytes: v.iter().map(|m| m.data.to_json_text().len() as u64).sum(),
                 }
             })
             .collect())
@@ -496,7 +496,7 @@ impl Storage for MemoryStorage {
         let bytes: u64 = list
             .iter()
             .filter(|m| m.offset <= through)
-            .map(|m| m.data.get().len() as u64)
+            .map(|m| m.data.to_json_text().len() as u64)
             .sum();
         list.retain(|m| m.offset > through);
         let messages = (before - list.len()) as u64;

@@ -350,7 +350,7 @@ impl Writer {
             }
             by_channel.entry(&new.channel).or_default().push(Message {
                 offset: outcome.offset,
-                data: Arc::clone(&new.data),
+                data: new.data.clone(),
                 published_at_ms: outcome.published_at_ms,
                 tags: new.tags.clone(),
             });
@@ -381,7 +381,7 @@ mod tests {
     pub(super) fn new_message(channel: &str, data: &str, key: Option<&str>) -> NewMessage {
         NewMessage {
             channel: ChannelName::new(channel).unwrap(),
-            data: Arc::from(RawValue::from_string(data.to_owned()).unwrap()),
+            data: herald_core::Payload::Json(Arc::from(RawValue::from_string(data.to_owned()).unwrap())),
             idempotency_key: key.map(|k| herald_core::IdempotencyKey::new(k).unwrap()),
             tags: herald_core::Tags::default(),
         }
@@ -450,7 +450,7 @@ mod tests {
         assert_eq!(n2.head, 6);
         let offsets: Vec<_> = n2.messages.iter().map(|m| m.offset).collect();
         assert_eq!(offsets, vec![2, 3, 4, 5, 6]);
-        assert_eq!(n2.messages[4].data.get(), "5");
+        assert_eq!(n2.messages[4].data.to_json_text(), "5");
         r.shutdown.cancel();
         r.task.await.unwrap();
     }

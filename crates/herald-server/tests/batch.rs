@@ -69,7 +69,7 @@ async fn a_batch_is_committed_in_order_and_answered_per_entry() {
         .stored("a")
         .await
         .iter()
-        .map(|m| m.data.get().to_owned())
+        .map(|m| m.data.to_json_text().into_owned())
         .collect();
     assert_eq!(stored, ["1", "3", "5"]);
 

@@ -101,7 +101,7 @@ async fn a_publish_to_the_standby_is_committed_once_by_the_holder() {
     }
     let stored = holder.stored("orders").await;
     assert_eq!(stored.len(), 2, "stored once");
-    assert_eq!(stored[1].data.get(), r#"{"b": 1.50, "a": [true, null]}"#);
+    assert_eq!(stored[1].data.to_json_text(), r#"{"b": 1.50, "a": [true, null]}"#);
 
     // A key first used on the holder is a duplicate through the standby too.
     let (status, _, body) = post(&holder, "orders", r#"{"data": 3}"#, Some("k-3")).await;
@@ -267,7 +267,7 @@ async fn a_forward_to_a_frozen_holder_ends_when_the_standby_takes_the_lease_over
         .stored("c")
         .await
         .iter()
-        .map(|m| m.data.get().to_owned())
+        .map(|m| m.data.to_json_text().into_owned())
         .collect();
     assert_eq!(stored, [r#""early""#, r#""new""#]);
     let text = standby.metrics().await;

@@ -126,7 +126,7 @@ async fn idempotency_key_twice_stores_one_message() {
     assert_eq!(reused["error"]["code"], "idempotency_key_reused");
     assert_eq!(node.head("pay").await, 3);
     let stored = node.stored("pay").await;
-    assert_eq!(stored[2].data.get(), "\"first\"");
+    assert_eq!(stored[2].data.to_json_text(), "\"first\"");
     node.stop().await;
 }
 

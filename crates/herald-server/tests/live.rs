@@ -324,7 +324,7 @@ async fn drain_ends_streams_and_never_acknowledges_a_lost_publish() {
                     .iter()
                     .find(|m| m.offset == offset)
                     .unwrap_or_else(|| panic!("acknowledged offset {offset} is not stored"));
-                let data: Value = serde_json::from_str(m.data.get()).unwrap();
+                let data: Value = serde_json::from_str(&m.data.to_json_text()).unwrap();
                 assert_eq!(data, json!({ "k": k }));
                 acknowledged.insert(offset);
             }

@@ -722,7 +722,7 @@ fn message(channel: &ChannelName, seq: u64) -> BenchResult<NewMessage> {
     let data = RawValue::from_string(format!("{{\"seq\":{seq}}}"))?;
     Ok(NewMessage {
         channel: channel.clone(),
-        data: Arc::from(data),
+        data: herald_core::Payload::Json(Arc::from(data)),
         idempotency_key: None,
         tags: herald_core::Tags::default(),
     })

@@ -105,9 +105,9 @@ async fn phase(
             while Instant::now() < end {
                 let message = NewMessage {
                     channel: channel.clone(),
-                    data: RawValue::from_string("\"x\"".to_owned())
+                    data: herald_core::Payload::Json(RawValue::from_string("\"x\"".to_owned())
                         .expect("valid JSON")
-                        .into(),
+                        .into()),
                     idempotency_key: None,
                     tags: herald_core::Tags::default(),
                 };

@@ -42,12 +42,18 @@ use crate::traits::{
 
 mod harness;
 mod retention;
+mod streams;
 
 use harness::{
     acquire, assert_lost, candidate, channel, offsets, wait_expired, EXPIRY_WAIT, HOLDER_GONE_WAIT,
     LONG_TTL, SHORT_TTL,
 };
 pub use harness::{Cluster, Harness};
+pub use streams::{
+    a_closed_stream_refuses_every_append, a_deleted_stream_starts_afresh, an_expired_stream_is_gone,
+    json_publishes_are_refused_by_byte_streams, stream_producers_are_exactly_once_across_a_takeover,
+    stream_writes_are_fenced, streams_store_bytes_exactly,
+};
 pub use retention::{
     concurrent_append_and_trim_keep_offsets_contiguous, delete_keeps_the_head,
     deletions_are_numbered_shared_and_fenced,
@@ -68,6 +74,13 @@ macro_rules! conformance_tests {
     ($harness:expr) => {
         $crate::conformance_tests!(@cases $harness;
             acquire_fresh_gets_token_1_and_others_see_held,
+            streams_store_bytes_exactly,
+            stream_producers_are_exactly_once_across_a_takeover,
+            a_closed_stream_refuses_every_append,
+            json_publishes_are_refused_by_byte_streams,
+            a_deleted_stream_starts_afresh,
+            stream_writes_are_fenced,
+            an_expired_stream_is_gone,
             renew_extends_expiry,
             renew_with_wrong_token_or_holder_is_lost,
             renew_after_expiry_is_lost,
@@ -532,7 +545,7 @@ pub async fn append_offsets_are_contiguous_across_batches(h: &dyn Harness) {
     let got: Vec<_> = page
         .messages
         .iter()
-        .map(|m| (m.offset, m.data.get().to_owned()))
+        .map(|m| (m.offset, m.data.to_json_text().into_owned()))
         .collect();
     let want: Vec<_> = (1..=5).map(|i| (i, i.to_string())).collect();
     assert_eq!(got, want);
@@ -577,7 +590,7 @@ pub async fn append_interleaves_channels_in_one_batch(h: &dyn Harness) {
         let data: Vec<_> = page
             .messages
             .iter()
-            .map(|m| m.data.get().to_owned())
+            .map(|m| m.data.to_json_text().into_owned())
             .collect();
         let want: Vec<_> = (1..=n).map(|i| format!("\"{ch}{i}\"")).collect();
         assert_eq!(data, want, "channel {ch}");
@@ -661,7 +674,7 @@ pub async fn large_mixed_batch_keeps_offsets_and_keys(h: &dyn Harness) {
                 if let Some(k) = key {
                     keys.insert(k, *head);
                 }
-                stored.entry(ch).or_default().push(m.data.get().to_owned());
+                stored.entry(ch).or_default().push(m.data.to_json_text().into_owned());
             }
         }
     }
@@ -674,11 +687,11 @@ pub async fn large_mixed_batch_keeps_offsets_and_keys(h: &dyn Harness) {
         assert_eq!(page.head, heads[ch.as_str()], "{ch}");
         let offsets: Vec<u64> = page.messages.iter().map(|m| m.offset).collect();
         assert_eq!(offsets, (1..=page.head).collect::<Vec<_>>(), "{ch}");
-        let new: Vec<&str> = page
+        let new: Vec<String> = page
             .messages
             .iter()
             .skip(if ch == "mix-0" { 10 } else { 0 })
-            .map(|m| m.data.get())
+            .map(|m| m.data.to_json_text().into_owned())
             .collect();
         let expected: Vec<&str> = stored
             .get(ch.as_str())
@@ -720,7 +733,7 @@ pub async fn idempotency_key_repeated_in_later_batch_is_duplicate(h: &dyn Harnes
 
     let page = node.read(&channel("pay"), 0, 100).await.unwrap();
     assert_eq!(page.head, 3);
-    let data: Vec<_> = page.messages.iter().map(|m| m.data.get()).collect();
+    let data: Vec<_> = page.messages.iter().map(|m| m.data.to_json_text()).collect();
     assert_eq!(data, ["0", "\"original\"", "3"]);
 }
 
@@ -748,7 +761,7 @@ pub async fn idempotency_key_repeated_in_same_batch_is_duplicate(h: &dyn Harness
 
     let page = node.read(&channel("q"), 0, 100).await.unwrap();
     assert_eq!(page.head, 2);
-    let data: Vec<_> = page.messages.iter().map(|m| m.data.get()).collect();
+    let data: Vec<_> = page.messages.iter().map(|m| m.data.to_json_text()).collect();
     assert_eq!(data, ["\"first\"", "\"third\""]);
 }
 
@@ -832,7 +845,7 @@ pub async fn idempotency_key_reused_for_another_message_is_refused(h: &dyn Harne
     let got: Vec<_> = out.iter().map(|a| (a.offset, a.duplicate)).collect();
     assert_eq!(got, [(1, true), (1, false), (2, false)]);
     let page = node.read(&channel("r"), 0, 10).await.unwrap();
-    let data: Vec<_> = page.messages.iter().map(|m| m.data.get()).collect();
+    let data: Vec<_> = page.messages.iter().map(|m| m.data.to_json_text()).collect();
     assert_eq!(data, ["{\"n\":1}", "3"]);
 }
 
@@ -922,11 +935,11 @@ pub async fn read_pages_with_after_and_limit(h: &dyn Harness) {
     let page = node.read(&ch, 0, 3).await.unwrap();
     assert_eq!(page.head, 10);
     assert_eq!(offsets_of(&page), [1, 2, 3]);
-    assert_eq!(page.messages[0].data.get(), "{\"n\":1}");
+    assert_eq!(page.messages[0].data.to_json_text(), "{\"n\":1}");
 
     let page = node.read(&ch, 3, 3).await.unwrap();
     assert_eq!(offsets_of(&page), [4, 5, 6]);
-    assert_eq!(page.messages[2].data.get(), "{\"n\":6}");
+    assert_eq!(page.messages[2].data.to_json_text(), "{\"n\":6}");
 
     let page = node.read(&ch, 8, 100).await.unwrap();
     assert_eq!(offsets_of(&page), [9, 10]);
@@ -1090,7 +1103,7 @@ pub async fn json_data_round_trips_byte_exactly(h: &dyn Harness) {
     let got: Vec<_> = page
         .messages
         .iter()
-        .map(|m| m.data.get().to_owned())
+        .map(|m| m.data.to_json_text().into_owned())
         .collect();
     assert_eq!(got, texts);
 }
@@ -1215,7 +1228,7 @@ pub async fn concurrent_appends_never_duplicate_or_skip(h: &dyn Harness) {
         let stored: BTreeSet<_> = page
             .messages
             .iter()
-            .map(|m| m.data.get().to_owned())
+            .map(|m| m.data.to_json_text().into_owned())
             .collect();
         assert_eq!(
             stored.len() as u64,

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use herald_core::{Candidate, ChannelName, FencingToken, Lease, Tags};
+use herald_core::{Candidate, ChannelName, FencingToken, Lease, Payload, Tags};
 use serde_json::value::RawValue;
 
 use crate::error::{Error, Result};
@@ -80,7 +80,19 @@ pub(crate) fn to_channel(name: String) -> Result<ChannelName> {
 }
 
 /// Stored message data, which must still be JSON text.
-pub(crate) fn to_json(text: String) -> Result<Arc<RawValue>> {
+/// A stored message's payload: its `body` when it has one (bytes), else
+/// its `data` (JSON text). PostgreSQL stores NULL `data` with a body,
+/// SQLite an empty text (migration 11).
+pub(crate) fn to_payload(data: Option<String>, body: Option<Vec<u8>>) -> Result<Payload> {
+    match (body, data) {
+        (Some(body), _) => Ok(Payload::Bytes(Arc::from(body))),
+        (None, Some(data)) => to_json(data).map(Payload::Json),
+        (None, None) => Err(Error::corrupt("stored message has neither data nor body")),
+    }
+}
+
+/// Stored JSON text, parsed again.
+fn to_json(text: String) -> Result<Arc<RawValue>> {
     RawValue::from_string(text)
         .map(Arc::from)
         .map_err(|e| Error::corrupt_because(format!("stored message data is not JSON: {e}"), e))

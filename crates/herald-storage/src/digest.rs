@@ -3,7 +3,7 @@
 //! Idempotency-Key draft, draft-ietf-httpapi-idempotency-key-header,
 //! suggests a fingerprint of the request payload).
 
-use herald_core::NewMessage;
+use herald_core::{NewMessage, Payload};
 use sha2::{Digest, Sha256};
 
 /// A SHA-256 digest (FIPS 180-4), 32 bytes.
@@ -22,7 +22,11 @@ pub fn idempotency_digest(message: &NewMessage) -> IdempotencyDigest {
     let mut hasher = Sha256::new();
     hasher.update(message.channel.as_str().as_bytes());
     hasher.update([0u8]);
-    hasher.update(message.data.get().as_bytes());
+    if let Payload::Bytes(_) = message.data {
+        // Bytes never hash like JSON text of the same bytes.
+        hasher.update([1u8]);
+    }
+    hasher.update(message.data.as_bytes());
     if let Some(tags) = message.tags.to_json() {
         hasher.update([0u8]);
         hasher.update(tags.as_bytes());
@@ -42,7 +46,7 @@ mod tests {
     fn message(channel: &str, data: &str) -> NewMessage {
         NewMessage {
             channel: ChannelName::new(channel).unwrap(),
-            data: Arc::from(RawValue::from_string(data.to_owned()).unwrap()),
+            data: herald_core::Payload::Json(Arc::from(RawValue::from_string(data.to_owned()).unwrap())),
             idempotency_key: None,
             tags: herald_core::Tags::default(),
         }

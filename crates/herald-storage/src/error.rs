@@ -9,6 +9,25 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// [`Error::Corrupt`]: the driver's, the pool's or a task's own error.
 pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
 
+/// Why a channel refuses a message ([`Error::ChannelRefuses`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The channel is a closed stream.
+    Closed,
+    /// The channel is a stream of another kind of payload: bytes for a
+    /// JSON message, or JSON for bytes.
+    ContentType,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Closed => "the stream is closed",
+            Self::ContentType => "the stream holds another content type",
+        })
+    }
+}
+
 /// Everything that can go wrong in storage.
 ///
 /// Each error's message (its `Display`) is complete: it quotes what caused
@@ -44,6 +63,18 @@ pub enum Error {
     IdempotencyKeyReused {
         /// The message's position in the batch passed to `append`, from 0.
         index: usize,
+    },
+    /// Message `index` (from 0) of a fenced write goes to a channel that
+    /// takes no such message: a closed stream, or a stream whose content
+    /// type is not JSON while the message is JSON (or the reverse). The
+    /// whole transaction was rolled back, as for
+    /// [`Error::IdempotencyKeyReused`].
+    #[error("message {index} of the batch goes to a channel that refuses it ({refusal})")]
+    ChannelRefuses {
+        /// The message's position in the batch passed to `append`, from 0.
+        index: usize,
+        /// Why.
+        refusal: Refusal,
     },
     /// The storage could not be reached or did not answer in time (locked
     /// database, timeout, closed connection). The operation may be retried.

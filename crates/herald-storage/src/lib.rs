@@ -37,6 +37,7 @@ mod epoch;
 mod error;
 pub mod postgres;
 pub mod sqlite;
+mod stream_rules;
 mod traits;
 mod trim;
 
@@ -47,7 +48,7 @@ pub mod testing;
 
 pub use cluster::ClusterEvent;
 pub use digest::{idempotency_digest, IdempotencyDigest};
-pub use error::{Cause, Error, PoolerEvidence, Result};
+pub use error::{Cause, Error, PoolerEvidence, Refusal, Result};
 pub use traits::{
     Acquire, ChangeFeed, ChangeSignal, ChannelClients, ClientInfo, Deletion, Deletions, LeaseStore,
     NodeReport, Page, PresenceEntry, PresenceEvent, PresenceEventKind, Storage, TakeoverCount,

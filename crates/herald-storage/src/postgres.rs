@@ -40,6 +40,7 @@ mod reconnect;
 mod renewal;
 mod session;
 mod storage;
+mod streams;
 mod takeover;
 
 pub use connect::{

@@ -28,6 +28,7 @@ mod nodes;
 mod ops;
 mod presence;
 mod session;
+mod streams;
 mod worker;
 
 use std::fmt;
@@ -39,6 +40,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use herald_core::{
     Appended, Candidate, ChannelHead, ChannelName, Lease, LeaseInfo, NewMessage, Offset,
+    StreamAppend, StreamAppended, StreamCreate, StreamCreated, StreamInfo,
 };
 use rusqlite::{Connection, TransactionBehavior};
 
@@ -689,6 +691,32 @@ impl Storage for SqliteStorage {
 
     async fn change_cursor(&self) -> Result<u64> {
         self.inner.readers.call(ops::change_cursor).await
+    }
+
+    async fn stream_info(&self, channel: &ChannelName) -> Result<Option<StreamInfo>> {
+        let channel = channel.clone();
+        self.inner
+            .readers
+            .call(move |conn| streams::stream_info(conn, &channel))
+            .await
+    }
+
+    async fn create_stream(&self, lease: &Lease, create: &StreamCreate) -> Result<StreamCreated> {
+        let lease = lease.clone();
+        let create = create.clone();
+        self.inner
+            .writer
+            .call(move |conn| streams::create_stream(conn, &lease, &create))
+            .await
+    }
+
+    async fn append_stream(&self, lease: &Lease, append: &StreamAppend) -> Result<StreamAppended> {
+        let lease = lease.clone();
+        let append = append.clone();
+        self.inner
+            .writer
+            .call(move |conn| streams::append_stream(conn, &lease, &append))
+            .await
     }
 
     async fn record_deletion(

@@ -3,6 +3,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use herald_core::{
     Appended, Candidate, ChannelHead, ChannelName, Lease, LeaseInfo, Message, NewMessage, Offset,
+    StreamAppend, StreamAppended, StreamCreate, StreamCreated, StreamInfo,
 };
 
 use crate::cluster::ClusterEvent;
@@ -361,6 +362,9 @@ pub trait Storage: LeaseStore {
     /// [`crate::Error::IdempotencyKeyReused`] naming the first message
     /// that reuses a key for another message (nothing was committed; the
     /// caller may append the batch again without it);
+    /// [`crate::Error::ChannelRefuses`] naming the first message whose
+    /// channel is a closed stream or a stream of another kind of payload
+    /// (JSON or bytes), the same way;
     /// [`crate::Error::LeaseLost`] when the fencing check fails;
     /// [`crate::Error::Unavailable`] on timeouts. After `LeaseLost` nothing of
     /// the batch was committed. After `Unavailable` the outcome is unknown
@@ -495,6 +499,46 @@ pub trait Storage: LeaseStore {
         max_rows: usize,
     ) -> Result<Trimmed>;
 
+    /// The live stream `channel` (a channel created by
+    /// [`Storage::create_stream`], not deleted since and not expired on the
+    /// storage's clock), with its head and earliest offset in one snapshot;
+    /// `None` otherwise.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn stream_info(&self, channel: &ChannelName) -> Result<Option<StreamInfo>>;
+
+    /// Makes `create.channel` a stream with `create.config`, closed if
+    /// asked, and appends `create.messages`, in one fenced transaction
+    /// (the fencing check of [`Storage::append`]). A channel that exists
+    /// without being a stream becomes one if its stored messages fit the
+    /// content type (JSON ones for `application/json`, or none stored);
+    /// offsets go on from its head. A live stream, or a channel whose
+    /// stored messages do not fit, is left alone and answered
+    /// [`StreamCreated::Exists`]; an expired stream is answered
+    /// [`StreamCreated::Expired`] (delete it, then create again).
+    ///
+    /// # Errors
+    /// [`crate::Error::LeaseLost`] when the fencing check fails (nothing
+    /// written); [`crate::Error::Unavailable`] on timeouts.
+    async fn create_stream(&self, lease: &Lease, create: &StreamCreate) -> Result<StreamCreated>;
+
+    /// Appends to a stream, closes it, or both, in one fenced transaction
+    /// that reads the stream's row and the producer's state, decides as
+    /// the protocol says (existence, closure, content type, producer epoch
+    /// and sequence, `Stream-Seq`; see [`StreamAppended`]), then appends
+    /// the messages, stores the producer's new state and the `Stream-Seq`,
+    /// closes, and restarts the stream's TTL, so that a producer's retry
+    /// after any failure, on any node, is answered as a duplicate exactly
+    /// when its append committed.
+    ///
+    /// # Errors
+    /// [`crate::Error::LeaseLost`] when the fencing check fails (nothing
+    /// written); [`crate::Error::Unavailable`] on timeouts (the outcome is
+    /// unknown if the connection broke during the commit: a producer's
+    /// retry finds out).
+    async fn append_stream(&self, lease: &Lease, append: &StreamAppend) -> Result<StreamAppended>;
+
     /// Records that `channel` was deleted: its messages up to `head` were
     /// removed (by [`Storage::trim`] with [`TrimLimits::up_to`]), and the
     /// subscriptions that began before now must end. Gives the deletion the
@@ -504,6 +548,10 @@ pub trait Storage: LeaseStore {
     /// from [`Storage::deletions_since`] and [`Page::deletion`]; on
     /// PostgreSQL the same transaction also sends
     /// [`ChangeSignal::Deleted`], delivered only if it commits.
+    ///
+    /// A deleted stream is a stream no more: its content type, closure,
+    /// expiry, `Stream-Seq` and producers are cleared in the same
+    /// transaction.
     ///
     /// A fenced write: it makes the same fencing check as
     /// [`Storage::append`], after its lock waits. A channel that has no

@@ -72,7 +72,7 @@ async fn data_survives_drop_and_reopen() {
         .await
         .unwrap();
     assert_eq!(page.head, 2);
-    assert_eq!(page.messages[0].data.get(), r#"{"v": 1.0e10}"#);
+    assert_eq!(page.messages[0].data.to_json_text(), r#"{"v": 1.0e10}"#);
     let info = storage
         .lease_info(DEFAULT_LEASE_NAME)
         .await
@@ -261,8 +261,9 @@ fn concurrent_opens_all_migrate_fine() {
         let applied = applied_migrations(dir.path());
         // Each migration once (2: the idempotency digest; 3: retention;
         // 4: channel epochs; 5: presence; 6: message tags; 7: channel deletions and node reports;
-        // 8: the nodes' channels; 9: the epoch seed; 10: recorded takeovers).
-        assert_eq!(applied, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+        // 8: the nodes' channels; 9: the epoch seed; 10: recorded takeovers;
+        // 11: streams).
+        assert_eq!(applied, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
     }
 }
 
@@ -479,7 +480,7 @@ async fn a_key_stored_without_a_digest_matches_any_message() {
     assert!(out[0].duplicate);
     assert_eq!(out[0].offset, 1);
     let versions = applied_migrations(dir.path());
-    assert_eq!(versions, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+    assert_eq!(versions, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
 }
 
 /// A new database is in incremental auto-vacuum mode, and a trim returns

@@ -181,7 +181,7 @@ fn entry_message(entry: Entry, max_message_bytes: usize) -> Result<NewMessage> {
         .transpose()?;
     Ok(NewMessage {
         channel,
-        data: Arc::from(entry.data),
+        data: herald_core::Payload::Json(Arc::from(entry.data)),
         idempotency_key,
         tags: entry.tags,
     })
@@ -203,7 +203,7 @@ mod tests {
         .unwrap();
         assert_eq!(messages.len(), 2);
         assert_eq!(messages[0].channel.as_str(), "a");
-        assert_eq!(messages[0].data.get(), r#"{"x": 1}"#);
+        assert_eq!(messages[0].data.to_json_text(), r#"{"x": 1}"#);
         assert!(messages[0].idempotency_key.is_none());
         assert_eq!(messages[1].idempotency_key.as_ref().unwrap().as_str(), "k");
     }

@@ -107,7 +107,7 @@ async fn append(
     shared.auth().take_publishes(&who, 1)?;
     let message = NewMessage {
         channel,
-        data,
+        data: herald_core::Payload::Json(data),
         idempotency_key,
         tags,
     };

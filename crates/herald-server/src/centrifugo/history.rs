@@ -57,7 +57,7 @@ impl Budget {
 /// The bytes a message counts for against a [`Budget`]: its data, its
 /// tags and the fields around them.
 pub(crate) fn cost(m: &Message) -> usize {
-    m.data.get().len() + m.tags.byte_len() + 64
+    m.data.len() + m.tags.byte_len() + 64
 }
 
 /// A history answer: publications, and the stream position.

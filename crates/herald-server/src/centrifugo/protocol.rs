@@ -217,8 +217,10 @@ pub(crate) struct SubRefreshRequest {
 /// `client.proto`).
 #[derive(Debug, Serialize)]
 pub(crate) struct Publication<'a> {
-    /// The published JSON value, byte for byte.
-    pub(crate) data: &'a RawValue,
+    /// The published JSON value, byte for byte; a message whose payload is
+    /// bytes (a Durable Streams byte stream) as a JSON string of their
+    /// base64 (`docs/centrifugo.md`).
+    pub(crate) data: std::borrow::Cow<'a, RawValue>,
     /// Its offset in the channel.
     pub(crate) offset: u64,
     /// Commit time, ms since the Unix epoch.
@@ -231,7 +233,13 @@ pub(crate) struct Publication<'a> {
 impl<'a> From<&'a Message> for Publication<'a> {
     fn from(m: &'a Message) -> Self {
         Self {
-            data: &m.data,
+            data: match &m.data {
+                herald_core::Payload::Json(json) => std::borrow::Cow::Borrowed(&**json),
+                herald_core::Payload::Bytes(_) => std::borrow::Cow::Owned(
+                    RawValue::from_string(m.data.to_json_text().into_owned())
+                        .expect("a base64 JSON string is JSON"),
+                ),
+            },
             offset: m.offset,
             time: m.published_at_ms,
             tags: &m.tags,

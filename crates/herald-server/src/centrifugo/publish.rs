@@ -41,7 +41,7 @@ pub(crate) async fn publish(
     }
     let message = NewMessage {
         channel,
-        data,
+        data: herald_core::Payload::Json(data),
         idempotency_key,
         tags,
     };

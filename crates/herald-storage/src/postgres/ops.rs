@@ -15,6 +15,7 @@ use deadpool_postgres::Object;
 use herald_core::fault_switches::{self, FaultSwitch};
 use herald_core::{
     Appended, Candidate, ChannelHead, ChannelName, Lease, LeaseInfo, Message, NewMessage, Offset,
+    Payload,
 };
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{GenericClient, IsolationLevel};
@@ -23,11 +24,11 @@ use super::names::{
     fenced_write_lock_key, twin_key, CHANGES_CHANNEL, HOLDER_GONE_GRACE_MS, LEASE_CHANNEL,
 };
 use crate::decode::{
-    acquired, log_lost, log_release, lost, sql_position, sql_token, to_channel, to_json, to_tags,
+    acquired, log_lost, log_release, lost, sql_position, sql_token, to_channel, to_payload, to_tags,
     to_token, to_u64,
 };
 use crate::digest::{idempotency_digest, IdempotencyDigest};
-use crate::error::{Error, Result};
+use crate::error::{Error, Refusal, Result};
 use crate::traits::{
     Acquire, ChangeFeed, Deletion, Deletions, Page, TakeoverCount, TakeoverReason,
 };
@@ -36,7 +37,7 @@ use crate::trim::{ChannelStats, TrimLimits, Trimmed};
 
 /// A `timestamptz` as whole milliseconds since the Unix epoch, rounded
 /// down (also before 1970).
-fn to_ms(time: SystemTime) -> i64 {
+pub(super) fn to_ms(time: SystemTime) -> i64 {
     match time.duration_since(UNIX_EPOCH) {
         Ok(after) => i64::try_from(after.as_millis()).unwrap_or(i64::MAX),
         Err(before) => {
@@ -373,7 +374,7 @@ const COMMIT_TIME_SQL: &str = "SELECT clock_timestamp()";
 /// Whether a fenced write takes the lease's advisory lock
 /// ([`WRITE_LOCK_SQL`]) in its prelude.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Serialized {
+pub(super) enum Serialized {
     /// It does: its commit is ordered with every other fenced write of the
     /// lease that takes it (`append` and `record_deletion`: message ids
     /// and deletion numbers follow commit order).
@@ -390,28 +391,28 @@ enum Serialized {
 type LockingRead<'a> = (&'static str, &'a [&'a (dyn ToSql + Sync)]);
 
 /// A fenced write's transaction once its prelude passed.
-struct Fenced<'c> {
+pub(super) struct Fenced<'c> {
     /// The transaction, holding the prelude's locks until it ends.
-    tx: deadpool_postgres::Transaction<'c>,
+    pub(super) tx: deadpool_postgres::Transaction<'c>,
     /// What the decision to commit needs.
-    fence: Fence,
+    pub(super) fence: Fence,
     /// The row of the prelude's [`LockingRead`]; `None` without one, or
     /// when it found no row.
-    locked: Option<tokio_postgres::Row>,
+    pub(super) locked: Option<tokio_postgres::Row>,
 }
 
 /// The fencing check of one fenced write, for its decision to commit.
-struct Fence {
+pub(super) struct Fence {
     /// [`FENCING_CHECK_SQL`], prepared on the write's connection.
     check: tokio_postgres::Statement,
     /// The lease's token as stored.
-    token: i64,
+    pub(super) token: i64,
     /// The test-only fault switch `skip_fencing_check`, read once by the
     /// prelude.
     skip: bool,
     /// The database clock read by the prelude's check (under
     /// `skip_fencing_check`, by [`COMMIT_TIME_SQL`]).
-    now: SystemTime,
+    pub(super) now: SystemTime,
 }
 
 /// The fenced-write prelude, the one every fenced write (`append`, `trim`,
@@ -436,7 +437,7 @@ struct Fence {
 /// [`Error::LeaseLost`] when the check fails (the transaction is rolled
 /// back first, see [`refuse`]); the driver's error of the first statement
 /// that failed otherwise.
-async fn fenced<'c>(
+pub(super) async fn fenced<'c>(
     client: &'c mut Object,
     lease: &Lease,
     serialized: Serialized,
@@ -518,7 +519,7 @@ impl Fence {
     /// The decision to commit: the fencing check again, in `tx` (or,
     /// under the test-only `skip_fencing_check`, the prelude's clock
     /// reading).
-    async fn decide(
+    pub(super) async fn decide(
         &self,
         tx: &deadpool_postgres::Transaction<'_>,
         lease: &Lease,
@@ -541,7 +542,7 @@ impl Fence {
 /// the database clock read by this statement, just before `COMMIT`.
 /// PostgreSQL queues them and delivers them only if the transaction commits
 /// (PostgreSQL documentation, `NOTIFY`).
-const NOTIFY_SQL: &str = "SELECT pg_notify($1, \
+pub(super) const NOTIFY_SQL: &str = "SELECT pg_notify($1, \
          u.first::text || ' ' || u.last::text || ' ' || n.ms::text || ' ' || u.channel) \
      FROM unnest($2::text[], $3::bigint[], $4::bigint[]) AS u(channel, first, last), \
           (SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms) AS n";
@@ -560,11 +561,15 @@ const FIND_KEYS_SQL: &str = "SELECT m.channel, m.idempotency_key, m.\"offset\", 
 /// stored bytes by the batch's bytes (`$4`; creating the channel at that
 /// head, with `created_at` `$3`), in one statement;
 /// returns each channel's new head. This is where the batch may wait on a
-/// channel's row lock. Each channel appears once in the arrays.
-const BUMP_HEADS_SQL: &str = "INSERT INTO channels (name, head, created_at, bytes) \
-     SELECT name, n, $3, b FROM unnest($1::text[], $2::bigint[], $4::bigint[]) AS u(name, n, b) \
+/// channel's row lock. Each channel appears once in the arrays. A closed
+/// stream, or one whose payloads are of the other kind (`$5`: the
+/// batch's are JSON), is not moved and not returned.
+const BUMP_HEADS_SQL: &str = "INSERT INTO channels (name, head, created_at, bytes, json) \
+     SELECT name, n, $3, b, j \
+     FROM unnest($1::text[], $2::bigint[], $4::bigint[], $5::boolean[]) AS u(name, n, b, j) \
      ON CONFLICT (name) DO UPDATE SET head = channels.head + excluded.head, \
          bytes = channels.bytes + excluded.bytes \
+     WHERE NOT channels.closed AND channels.json = excluded.json \
      RETURNING name, head";
 
 /// Inserts every new message of the batch in one statement:
@@ -573,10 +578,10 @@ const BUMP_HEADS_SQL: &str = "INSERT INTO channels (name, head, created_at, byte
 /// order, so that message ids follow the batch's order as they did row by
 /// row.
 const INSERT_MESSAGES_SQL: &str = "INSERT INTO messages \
-     (channel, \"offset\", data, published_at, idempotency_key, token, idempotency_digest, tags) \
-     SELECT channel, \"offset\", data, $5, key, $6, digest, tags \
-     FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $7::bytea[], $8::text[]) \
-       WITH ORDINALITY AS u(channel, \"offset\", data, key, digest, tags, position) \
+     (channel, \"offset\", data, published_at, idempotency_key, token, idempotency_digest, tags, body) \
+     SELECT channel, \"offset\", data, $5, key, $6, digest, tags, body \
+     FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $7::bytea[], $8::text[], $9::bytea[]) \
+       WITH ORDINALITY AS u(channel, \"offset\", data, key, digest, tags, body, position) \
      ORDER BY position";
 
 /// A channel that a fenced write adds new messages to, and the range of
@@ -594,6 +599,10 @@ struct Written<'a> {
     last: i64,
     /// Bytes of data of the batch's new messages in the channel.
     bytes: i64,
+    /// Whether its messages are JSON (else bytes).
+    json: bool,
+    /// Index in the batch of its first new message.
+    index: usize,
 }
 
 /// The fenced write: one READ COMMITTED transaction that runs the
@@ -678,6 +687,7 @@ pub(super) async fn append(
                 continue;
             }
         }
+        let json = matches!(message.data, Payload::Json(_));
         let w = *written_at.entry(channel).or_insert_with(|| {
             written.push(Written {
                 channel,
@@ -685,12 +695,18 @@ pub(super) async fn append(
                 first: 0,
                 last: 0,
                 bytes: 0,
+                json,
+                index,
             });
             written.len() - 1
         });
+        if written[w].json != json {
+            // JSON and bytes to one channel: one of them is refused.
+            return Err(channel_refuses(tx, index, Refusal::ContentType).await);
+        }
         let rank = written[w].count;
         written[w].count += 1;
-        written[w].bytes += i64::try_from(message.data.get().len()).unwrap_or(i64::MAX);
+        written[w].bytes += i64::try_from(message.data.len()).unwrap_or(i64::MAX);
         if let (Some(key), Some(digest)) = (key, digest) {
             batch_keys.insert((channel, key), (w, rank, digest));
         }
@@ -708,14 +724,19 @@ pub(super) async fn append(
         let names: Vec<&str> = written.iter().map(|w| w.channel).collect();
         let counts: Vec<i64> = written.iter().map(|w| w.count).collect();
         let sizes: Vec<i64> = written.iter().map(|w| w.bytes).collect();
+        let kinds: Vec<bool> = written.iter().map(|w| w.json).collect();
         let (heads, decided) = tokio::join!(
             async {
-                tx.query(&bump_heads, &[&names, &counts, &started, &sizes])
+                tx.query(&bump_heads, &[&names, &counts, &started, &sizes, &kinds])
                     .await
             },
             fence.decide(&tx, lease),
         );
-        for row in heads? {
+        let heads = heads?;
+        if heads.len() < written.len() {
+            return Err(refused_channel(tx, &written, &heads).await);
+        }
+        for row in heads {
             let name: &str = row.try_get(0)?;
             let head: i64 = row.try_get(1)?;
             let w = *written_at.get(name).ok_or_else(|| {
@@ -736,7 +757,8 @@ pub(super) async fn append(
     let mut out = Vec::with_capacity(batch.len());
     let mut rows_channel: Vec<&str> = Vec::new();
     let mut rows_offset: Vec<i64> = Vec::new();
-    let mut rows_data: Vec<&str> = Vec::new();
+    let mut rows_data: Vec<Option<&str>> = Vec::new();
+    let mut rows_body: Vec<Option<&[u8]>> = Vec::new();
     let mut rows_key: Vec<Option<&str>> = Vec::new();
     let mut rows_digest: Vec<Option<&[u8]>> = Vec::new();
     let mut rows_tags: Vec<Option<String>> = Vec::new();
@@ -753,7 +775,16 @@ pub(super) async fn append(
                 let offset = written[w].first + rank;
                 rows_channel.push(message.channel.as_str());
                 rows_offset.push(offset);
-                rows_data.push(message.data.get());
+                match &message.data {
+                    Payload::Json(json) => {
+                        rows_data.push(Some(json.get()));
+                        rows_body.push(None);
+                    }
+                    Payload::Bytes(bytes) => {
+                        rows_data.push(None);
+                        rows_body.push(Some(bytes));
+                    }
+                }
                 rows_key.push(message.idempotency_key.as_ref().map(|k| k.as_str()));
                 rows_digest.push(digest.as_ref().map(<[u8; 32]>::as_slice));
                 rows_tags.push(message.tags.to_json());
@@ -781,6 +812,7 @@ pub(super) async fn append(
                     &token,
                     &rows_digest,
                     &rows_tags,
+                    &rows_body,
                 ],
             )
             .await
@@ -810,7 +842,7 @@ pub(super) async fn append(
 type StoredKey<'a> = (i64, SystemTime, Option<&'a [u8]>);
 
 /// What the last fencing check of a fenced write decided.
-enum Decision {
+pub(super) enum Decision {
     /// The lease is this node's and live: commit, with this clock reading
     /// as `published_at`.
     Commit(SystemTime),
@@ -846,7 +878,7 @@ fn fencing_outcome(checked: Option<tokio_postgres::Row>) -> Result<Option<System
 /// [`Error::LeaseLost`], whatever the rollback does: a connection that
 /// broke during it must not turn a lost lease into "unavailable" (the pool
 /// drops closed connections).
-async fn refuse(tx: deadpool_postgres::Transaction<'_>, lease: &Lease) -> Error {
+pub(super) async fn refuse(tx: deadpool_postgres::Transaction<'_>, lease: &Lease) -> Error {
     if let Err(e) = tx.rollback().await {
         tracing::debug!(error = %Error::from(e), "rollback after a failed fencing check");
     }
@@ -865,6 +897,46 @@ async fn key_reused(tx: deadpool_postgres::Transaction<'_>, index: usize) -> Err
     Error::IdempotencyKeyReused { index }
 }
 
+/// Rolls back a fenced write whose message `index` goes to a channel that
+/// refuses it and returns [`Error::ChannelRefuses`], whatever the rollback
+/// does.
+async fn channel_refuses(
+    tx: deadpool_postgres::Transaction<'_>,
+    index: usize,
+    refusal: Refusal,
+) -> Error {
+    if let Err(e) = tx.rollback().await {
+        tracing::debug!(error = %Error::from(e), "rollback after a refused channel");
+    }
+    Error::ChannelRefuses { index, refusal }
+}
+
+/// The [`Error::ChannelRefuses`] of a batch whose head bump left out a
+/// written channel (`heads` lacks it): reads why, then rolls back.
+async fn refused_channel(
+    tx: deadpool_postgres::Transaction<'_>,
+    written: &[Written<'_>],
+    heads: &[tokio_postgres::Row],
+) -> Error {
+    let moved: Vec<&str> = heads.iter().filter_map(|r| r.try_get(0).ok()).collect();
+    let Some(w) = written.iter().find(|w| !moved.contains(&w.channel)) else {
+        return Error::corrupt("a refused channel was not found");
+    };
+    let closed = async {
+        let stmt = tx
+            .prepare_cached("SELECT closed FROM channels WHERE name = $1")
+            .await?;
+        tx.query_one(&stmt, &[&w.channel]).await?.try_get::<_, bool>(0)
+    }
+    .await;
+    let refusal = match closed {
+        Ok(true) => Refusal::Closed,
+        Ok(false) => Refusal::ContentType,
+        Err(e) => return Error::from(e),
+    };
+    channel_refuses(tx, w.index, refusal).await
+}
+
 /// A page of one channel with the channel's head, in one statement (one
 /// snapshot). The outer row always exists, so an empty page still carries
 /// the head.
@@ -876,14 +948,14 @@ pub(super) async fn read(
 ) -> Result<Page> {
     let stmt = client
         .prepare_cached(
-            "SELECT h.head, h.trimmed_through, m.\"offset\", m.data, m.published_at, h.deletion, m.tags \
+            "SELECT h.head, h.trimmed_through, m.\"offset\", m.data, m.published_at, h.deletion, m.tags, m.body \
              FROM (SELECT COALESCE(c.head, 0) AS head, COALESCE(c.trimmed_through, 0) AS trimmed_through, \
                           COALESCE(d.deletion, 0) AS deletion \
                    FROM (SELECT 1) AS one \
                    LEFT JOIN channels AS c ON c.name = $1 \
                    LEFT JOIN channel_deletions AS d ON d.channel = $1) AS h \
              LEFT JOIN LATERAL ( \
-                 SELECT \"offset\", data, published_at, tags FROM messages \
+                 SELECT \"offset\", data, published_at, tags, body FROM messages \
                  WHERE channel = $1 AND \"offset\" > $2 ORDER BY \"offset\" LIMIT $3 \
              ) AS m ON true \
              ORDER BY m.\"offset\"",
@@ -907,7 +979,7 @@ pub(super) async fn read(
         let published_at: SystemTime = row.try_get(4)?;
         messages.push(Message {
             offset: to_u64(offset, "offset")?,
-            data: to_json(row.try_get(3)?)?,
+            data: to_payload(row.try_get(3)?, row.try_get(7)?)?,
             published_at_ms: to_ms(published_at),
             tags: to_tags(row.try_get(6)?)?,
         });
@@ -972,7 +1044,7 @@ const LOCK_CHANNEL_SQL: &str =
 /// The oldest `$4` stored messages of channel `$1` above `$2`: offset,
 /// data size in bytes, and whether older than `$3` ms on the database
 /// clock (false when `$3` is NULL).
-const TRIM_CANDIDATES_SQL: &str = "SELECT \"offset\", octet_length(data)::bigint, \
+const TRIM_CANDIDATES_SQL: &str = "SELECT \"offset\", COALESCE(octet_length(body), octet_length(data))::bigint, \
          COALESCE(published_at <= clock_timestamp() - $3::bigint * interval '1 millisecond', false) \
      FROM messages WHERE channel = $1 AND \"offset\" > $2 ORDER BY \"offset\" LIMIT $4";
 
@@ -1120,6 +1192,17 @@ pub(super) async fn record_deletion(
             .try_get(0)?,
         "deletion",
     )?;
+    // A deleted stream is a stream no more.
+    let (clear, forget) = tokio::join!(
+        tx.prepare_cached(
+            "UPDATE channels SET content_type = NULL, json = true, closed = false, ttl_s = NULL, \
+             expires_at = NULL, touched_at = NULL, stream_seq = NULL, closed_by = NULL, \
+             closed_by_epoch = NULL, closed_by_seq = NULL WHERE name = $1",
+        ),
+        tx.prepare_cached("DELETE FROM stream_producers WHERE channel = $1"),
+    );
+    tx.execute(&clear?, &[&channel.as_str()]).await?;
+    tx.execute(&forget?, &[&channel.as_str()]).await?;
     if !fault_switches::enabled(FaultSwitch::DropNotify) {
         let payload = format!("deleted {number} {head} {channel}");
         let notify = tx.prepare_cached(NOTIFY_DELETION_SQL).await?;

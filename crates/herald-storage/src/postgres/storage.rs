@@ -8,12 +8,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use herald_core::{
     Appended, Candidate, ChannelHead, ChannelName, Lease, LeaseInfo, NewMessage, Offset,
+    StreamAppend, StreamAppended, StreamCreate, StreamCreated, StreamInfo,
 };
 use tokio::sync::broadcast;
 
 use super::connect::PostgresStorage;
 use super::session::setting_ms;
-use super::{cluster, epoch, nodes, ops, presence, presence_events};
+use super::{cluster, epoch, nodes, ops, presence, presence_events, streams};
 use crate::cluster::ClusterEvent;
 use crate::decode::ttl_ms;
 use crate::error::Result;
@@ -189,6 +190,21 @@ impl Storage for PostgresStorage {
     async fn change_cursor(&self) -> Result<u64> {
         let client = self.client().await?;
         ops::change_cursor(&client).await
+    }
+
+    async fn stream_info(&self, channel: &ChannelName) -> Result<Option<StreamInfo>> {
+        let client = self.client().await?;
+        streams::stream_info(&client, channel).await
+    }
+
+    async fn create_stream(&self, lease: &Lease, create: &StreamCreate) -> Result<StreamCreated> {
+        let mut client = self.client().await?;
+        streams::create_stream(&mut client, lease, create).await
+    }
+
+    async fn append_stream(&self, lease: &Lease, append: &StreamAppend) -> Result<StreamAppended> {
+        let mut client = self.client().await?;
+        streams::append_stream(&mut client, lease, append).await
     }
 
     async fn record_deletion(

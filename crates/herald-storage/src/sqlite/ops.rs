@@ -10,16 +10,17 @@ use std::path::Path;
 
 use herald_core::{
     Appended, Candidate, ChannelHead, ChannelName, Lease, LeaseInfo, Message, NewMessage, Offset,
+    Payload,
 };
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::session;
 use crate::decode::{
-    acquired, log_lost, log_release, lost, sql_position, sql_token, to_channel, to_json, to_tags,
+    acquired, log_lost, log_release, lost, sql_position, sql_token, to_channel, to_payload, to_tags,
     to_token, to_u64,
 };
 use crate::digest::idempotency_digest;
-use crate::error::{Error, Result};
+use crate::error::{Error, Refusal, Result};
 use crate::traits::{
     Acquire, ChangeFeed, Deletion, Deletions, Page, TakeoverCount, TakeoverReason,
 };
@@ -307,15 +308,18 @@ pub(super) fn append(
         // Without `RETURNING`: SQLite buffers a `RETURNING` statement's
         // rows in a temporary b-tree it opens (and zeroes a page for) on
         // each run; the head is read back in the same transaction instead.
+        // A closed stream, or a stream of the other kind of payload, takes
+        // no message: the upsert then changes no row.
         let mut bump_head = tx.prepare_cached(
-            "INSERT INTO channels (name, head, created_at_ms, bytes) VALUES (?1, 1, ?2, ?3) \
-             ON CONFLICT (name) DO UPDATE SET head = head + 1, bytes = bytes + excluded.bytes",
+            "INSERT INTO channels (name, head, created_at_ms, bytes, json) VALUES (?1, 1, ?2, ?3, ?4) \
+             ON CONFLICT (name) DO UPDATE SET head = head + 1, bytes = bytes + excluded.bytes \
+             WHERE closed = 0 AND json = excluded.json",
         )?;
         let mut read_head = tx.prepare_cached("SELECT head FROM channels WHERE name = ?1")?;
         let mut insert = tx.prepare_cached(
             "INSERT INTO messages \
-             (channel, \"offset\", data, published_at_ms, idempotency_key, token, idempotency_digest, tags) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+             (channel, \"offset\", data, published_at_ms, idempotency_key, token, idempotency_digest, tags, body) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
         )?;
         for (index, message) in batch.iter().enumerate() {
             let channel = message.channel.as_str();
@@ -350,17 +354,31 @@ pub(super) fn append(
                 }
             }
             let size = data_size(message);
-            bump_head.execute(params![channel, now, size])?;
+            let json = matches!(message.data, Payload::Json(_));
+            if bump_head.execute(params![channel, now, size, json])? == 0 {
+                let closed: bool = tx
+                    .prepare_cached("SELECT closed FROM channels WHERE name = ?1")?
+                    .query_row([channel], |r| r.get(0))?;
+                let refusal = if closed {
+                    Refusal::Closed
+                } else {
+                    Refusal::ContentType
+                };
+                // Dropping the transaction rolls the batch back.
+                return Err(Error::ChannelRefuses { index, refusal });
+            }
             let offset: i64 = read_head.query_row([channel], |r| r.get(0))?;
+            let (data, body) = stored_payload(&message.data);
             insert.execute(params![
                 channel,
                 offset,
-                message.data.get(),
+                data,
                 now,
                 key,
                 token,
                 digest.as_ref().map(<[u8; 32]>::as_slice),
-                message.tags.to_json()
+                message.tags.to_json(),
+                body
             ])?;
             out.push(Appended {
                 channel: message.channel.clone(),
@@ -372,6 +390,15 @@ pub(super) fn append(
     }
     tx.commit()?;
     Ok(out)
+}
+
+/// A payload as SQLite stores it (migration 11): JSON in `data` with no
+/// `body`, bytes in `body` with an empty `data`.
+pub(super) fn stored_payload(payload: &Payload) -> (&str, Option<&[u8]>) {
+    match payload {
+        Payload::Json(json) => (json.get(), None),
+        Payload::Bytes(bytes) => ("", Some(bytes)),
+    }
 }
 
 /// A page of one channel, read in one snapshot with the channel's head.
@@ -396,14 +423,14 @@ pub(super) fn read(
     let mut messages = Vec::new();
     {
         let mut stmt = tx.prepare_cached(
-            "SELECT \"offset\", data, published_at_ms, tags FROM messages \
+            "SELECT \"offset\", data, published_at_ms, tags, body FROM messages \
              WHERE channel = ?1 AND \"offset\" > ?2 ORDER BY \"offset\" LIMIT ?3",
         )?;
         let mut rows = stmt.query(params![channel.as_str(), sql_position(after), limit])?;
         while let Some(row) = rows.next()? {
             messages.push(Message {
                 offset: to_u64(row.get(0)?, "offset")?,
-                data: to_json(row.get(1)?)?,
+                data: to_payload(row.get(1)?, row.get(4)?)?,
                 published_at_ms: row.get(2)?,
                 tags: to_tags(row.get(3)?)?,
             });
@@ -480,7 +507,7 @@ pub(super) fn trim(
     let mut candidates = Vec::new();
     {
         let mut stmt = tx.prepare_cached(concat!(
-            "SELECT \"offset\", length(CAST(data AS BLOB)), published_at_ms <= ",
+            "SELECT \"offset\", COALESCE(length(body), length(CAST(data AS BLOB))), published_at_ms <= ",
             now_ms!(),
             " - ?3 FROM messages WHERE channel = ?1 AND \"offset\" > ?2",
             " ORDER BY \"offset\" LIMIT ?4"
@@ -534,6 +561,36 @@ pub(super) fn trim(
 /// # Errors
 /// [`Error::LeaseLost`] when it is not (logged with `what`); the caller
 /// drops the transaction, which rolls it back.
+/// The fencing check of a stream write (as [`append`]'s): the database's
+/// clock in ms, which is the write's commit time, and the token as stored.
+///
+/// # Errors
+/// [`Error::LeaseLost`] when `lease` is not current (logged with `what`).
+pub(super) fn fenced_now(
+    tx: &rusqlite::Transaction<'_>,
+    lease: &Lease,
+    what: &str,
+) -> Result<(i64, i64)> {
+    let token = sql_token(lease)?;
+    let now: Option<i64> = tx
+        .prepare_cached(concat!(
+            "SELECT ",
+            now_ms!(),
+            " FROM storage_leases WHERE name = ?1 AND holder = ?2 AND token = ?3",
+            " AND expires_at_ms > ",
+            now_ms!()
+        ))?
+        .query_row(params![lease.name, lease.holder, token], |r| r.get(0))
+        .optional()?;
+    match now {
+        Some(now) => Ok((now, token)),
+        None => {
+            log_lost(lease, what);
+            Err(lost(lease))
+        }
+    }
+}
+
 fn check_lease(tx: &rusqlite::Transaction<'_>, lease: &Lease, what: &str) -> Result<()> {
     let token = sql_token(lease)?;
     let live: Option<i64> = tx
@@ -573,6 +630,15 @@ pub(super) fn record_deletion(
             "RETURNING deletion"
         ))?
         .query_row(params![channel.as_str(), sql_position(head)], |r| r.get(0))?;
+    // A deleted stream is a stream no more.
+    tx.prepare_cached(
+        "UPDATE channels SET content_type = NULL, json = 1, closed = 0, ttl_s = NULL, \
+         expires_at_ms = NULL, touched_at_ms = NULL, stream_seq = NULL, closed_by = NULL, \
+         closed_by_epoch = NULL, closed_by_seq = NULL WHERE name = ?1",
+    )?
+    .execute([channel.as_str()])?;
+    tx.prepare_cached("DELETE FROM stream_producers WHERE channel = ?1")?
+        .execute([channel.as_str()])?;
     tx.commit()?;
     to_u64(number, "deletion")
 }
@@ -632,7 +698,7 @@ fn incremental_vacuum(conn: &mut Connection) -> Result<()> {
 
 /// The size of a message's data as stored, in bytes.
 fn data_size(message: &NewMessage) -> i64 {
-    i64::try_from(message.data.get().len()).unwrap_or(i64::MAX)
+    i64::try_from(message.data.len()).unwrap_or(i64::MAX)
 }
 
 /// Every channel with its head, by name in byte order.

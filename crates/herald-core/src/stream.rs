@@ -1,0 +1,178 @@
+//! Durable Streams' view of a channel: a stream is a channel created with a
+//! content type, which may be closed, expire, and have idempotent
+//! producers. The protocol is `PROTOCOL.md` of durable-streams/durable-streams
+//! (`docs/durable-streams.md` says how Herald maps it).
+
+use crate::{ChannelName, Offset, Payload};
+
+/// The media type of a `Content-Type` value as streams compare it: the
+/// part before any `;` parameter, trimmed, in ASCII lowercase
+/// (RFC 9110, section 8.3.1: type and subtype are case-insensitive).
+pub fn media_type(content_type: &str) -> String {
+    content_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase()
+}
+
+/// Whether a stream of `content_type` is in JSON mode (its media type is
+/// `application/json`): appends are JSON values, one message each, and
+/// reads answer a JSON array.
+pub fn is_json_media(content_type: &str) -> bool {
+    media_type(content_type) == "application/json"
+}
+
+/// An idempotent producer's position, as an append presents it
+/// (`Producer-Id`, `Producer-Epoch`, `Producer-Seq`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Producer {
+    /// The producer's id, chosen by the client (not empty).
+    pub id: String,
+    /// Its epoch: a restarted producer writes in a larger one, fencing off
+    /// its older self.
+    pub epoch: u64,
+    /// Its sequence number in the epoch, from 0.
+    pub seq: u64,
+}
+
+/// What a stream is created with, and what a repeated creation must match.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamConfig {
+    /// The `Content-Type` the stream was created with, as sent.
+    pub content_type: String,
+    /// Sliding time to live in seconds (`Stream-TTL`), if any.
+    pub ttl_s: Option<u64>,
+    /// Absolute expiry in ms since the Unix epoch (`Stream-Expires-At`), if
+    /// any.
+    pub expires_at_ms: Option<i64>,
+}
+
+/// A stream as the storage holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamInfo {
+    /// The channel that is the stream.
+    pub channel: ChannelName,
+    /// Its configuration at creation.
+    pub config: StreamConfig,
+    /// Whether it was closed: no append is accepted any more.
+    pub closed: bool,
+    /// The channel's head: the offset of its last message (0 if none ever).
+    pub head: Offset,
+    /// The channel's earliest stored offset (`head + 1` when none is
+    /// stored).
+    pub earliest: Offset,
+    /// When the stream expires, in ms since the Unix epoch, on the
+    /// storage's clock: the sooner of `expires_at_ms` and the last write
+    /// plus `ttl_s`; `None` for never.
+    pub expires_at_ms: Option<i64>,
+}
+
+/// A request to create a stream (`PUT`).
+#[derive(Debug, Clone)]
+pub struct StreamCreate {
+    /// The channel to make a stream.
+    pub channel: ChannelName,
+    /// Its configuration.
+    pub config: StreamConfig,
+    /// Create it closed.
+    pub closed: bool,
+    /// Its initial messages, in order (may be empty).
+    pub messages: Vec<Payload>,
+}
+
+/// The outcome of creating a stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamCreated {
+    /// The stream is new; its initial messages have offsets
+    /// `info.head - messages + 1 ..= info.head`.
+    Created {
+        /// The stream as created.
+        info: StreamInfo,
+        /// Commit time in ms since the Unix epoch, on the storage's clock.
+        published_at_ms: i64,
+    },
+    /// A live stream was there already, or a channel whose stored messages
+    /// are JSON while the request's content type is not; nothing changed.
+    /// The caller compares the configuration with the request's.
+    Exists(StreamInfo),
+    /// An expired stream is there: delete it, then create again.
+    Expired,
+}
+
+/// A request to append to a stream, close it, or both (`POST`).
+#[derive(Debug, Clone)]
+pub struct StreamAppend {
+    /// The stream.
+    pub channel: ChannelName,
+    /// The request's `Content-Type`, compared by [`media_type`] with the
+    /// stream's; `None` for a close without messages, which has none to
+    /// compare.
+    pub content_type: Option<String>,
+    /// The messages to append, in order (empty for a close only).
+    pub messages: Vec<Payload>,
+    /// The idempotent producer, if the request names one.
+    pub producer: Option<Producer>,
+    /// The request's `Stream-Seq`: must be greater, as bytes, than the last
+    /// one the stream accepted.
+    pub stream_seq: Option<String>,
+    /// Close the stream after appending.
+    pub close: bool,
+}
+
+/// The outcome of a [`StreamAppend`]; every outcome but `Appended` and
+/// `Duplicate` changed nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamAppended {
+    /// Committed: the messages have offsets `first..=head` (none when
+    /// `first > head`, a close only).
+    Appended {
+        /// Offset of the first message appended.
+        first: Offset,
+        /// The channel's head after the append.
+        head: Offset,
+        /// Commit time in ms since the Unix epoch, on the storage's clock.
+        published_at_ms: i64,
+        /// Whether the stream is closed now.
+        closed: bool,
+    },
+    /// The producer's sequence number was appended already (or this is the
+    /// retry of the append that closed the stream): nothing added.
+    Duplicate {
+        /// The channel's head.
+        head: Offset,
+        /// The highest sequence number the producer appended in its epoch.
+        last_seq: u64,
+        /// Whether the stream is closed.
+        closed: bool,
+    },
+    /// No live stream has this name.
+    NotFound,
+    /// The stream is closed; `head` is its final offset.
+    Closed {
+        /// The final head.
+        head: Offset,
+    },
+    /// The request's content type is not the stream's.
+    ContentTypeMismatch {
+        /// The stream's content type.
+        content_type: String,
+    },
+    /// The producer's epoch is older than the one the stream knows.
+    StaleEpoch {
+        /// The producer's current epoch.
+        epoch: u64,
+    },
+    /// A new epoch must start at sequence number 0.
+    EpochWithoutSeqZero,
+    /// The sequence number skips ahead.
+    SeqGap {
+        /// The next sequence number the stream expects.
+        expected: u64,
+        /// The one the request carried.
+        received: u64,
+    },
+    /// The `Stream-Seq` is not greater than the last one accepted.
+    StreamSeqConflict,
+}

@@ -1,0 +1,296 @@
+//! Conformance cases of streams (`Storage::stream_info`, `create_stream`,
+//! `append_stream`) and of what streams change for every channel.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use herald_core::{
+    Lease, Payload, Producer, StreamAppend, StreamAppended, StreamConfig, StreamCreate,
+    StreamCreated,
+};
+use serde_json::value::RawValue;
+
+use super::harness::{acquire, assert_lost, channel, wait_expired, LONG_TTL, SHORT_TTL};
+use super::Harness;
+use crate::error::{Error, Refusal};
+use crate::testing::msg;
+use crate::traits::Storage;
+
+fn bytes(b: &[u8]) -> Payload {
+    Payload::Bytes(Arc::from(b))
+}
+
+fn json(text: &str) -> Payload {
+    Payload::Json(Arc::from(RawValue::from_string(text.to_owned()).unwrap()))
+}
+
+fn create(name: &str, content_type: &str, messages: Vec<Payload>) -> StreamCreate {
+    StreamCreate {
+        channel: channel(name),
+        config: StreamConfig {
+            content_type: content_type.to_owned(),
+            ttl_s: None,
+            expires_at_ms: None,
+        },
+        closed: false,
+        messages,
+    }
+}
+
+fn append(name: &str, messages: Vec<Payload>, producer: Option<(u64, u64)>) -> StreamAppend {
+    StreamAppend {
+        channel: channel(name),
+        content_type: Some("text/plain".to_owned()),
+        messages,
+        producer: producer.map(|(epoch, seq)| Producer {
+            id: "producer-1".to_owned(),
+            epoch,
+            seq,
+        }),
+        stream_seq: None,
+        close: false,
+    }
+}
+
+async fn created(node: &Arc<dyn Storage>, lease: &Lease, create: &StreamCreate) -> u64 {
+    match node.create_stream(lease, create).await.unwrap() {
+        StreamCreated::Created { info, .. } => info.head,
+        other => panic!("expected Created, got {other:?}"),
+    }
+}
+
+/// Bytes are stored byte for byte, every value 0 to 255, and read back as
+/// bytes; a stream is created once, and a second creation finds it.
+pub async fn streams_store_bytes_exactly(h: &dyn Harness) {
+    let c = h.cluster(2).await;
+    let node = c.node(0);
+    let (lease, _) = acquire(node, 0, LONG_TTL).await;
+    let all: Vec<u8> = (0..=255).collect();
+    let head = created(node, &lease, &create("s", "application/octet-stream", vec![bytes(&all)])).await;
+    assert_eq!(head, 1);
+    let got = node
+        .append_stream(&lease, &{
+            let mut a = append("s", vec![bytes(b""), bytes(b"\0tail")], None);
+            a.content_type = Some("APPLICATION/octet-stream; x=1".to_owned());
+            a
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(got, StreamAppended::Appended { first: 2, head: 3, closed: false, .. }),
+        "{got:?}"
+    );
+    let page = c.node(1).read(&channel("s"), 0, 10).await.unwrap();
+    let stored: Vec<Payload> = page.messages.into_iter().map(|m| m.data).collect();
+    assert_eq!(stored, [bytes(&all), bytes(b""), bytes(b"\0tail")]);
+    let info = c.node(1).stream_info(&channel("s")).await.unwrap().unwrap();
+    assert_eq!((info.head, info.earliest, info.closed), (3, 1, false));
+    assert_eq!(info.config.content_type, "application/octet-stream");
+    match node
+        .create_stream(&lease, &create("s", "text/plain", vec![bytes(b"x")]))
+        .await
+        .unwrap()
+    {
+        StreamCreated::Exists(info) => assert_eq!(info.head, 3),
+        other => panic!("expected Exists, got {other:?}"),
+    }
+    assert_eq!(node.read(&channel("s"), 0, 10).await.unwrap().head, 3);
+    assert!(node.stream_info(&channel("plain")).await.unwrap().is_none());
+}
+
+/// A producer's sequence is stored with its append: a retry on another
+/// node, after a takeover, is a duplicate exactly when the append
+/// committed; older epochs are fenced off, gaps refused.
+pub async fn stream_producers_are_exactly_once_across_a_takeover(h: &dyn Harness) {
+    let c = h.cluster(2).await;
+    let (first, _) = acquire(c.node(0), 0, SHORT_TTL).await;
+    created(c.node(0), &first, &create("p", "text/plain", Vec::new())).await;
+    for seq in 0..2 {
+        let got = c
+            .node(0)
+            .append_stream(&first, &append("p", vec![bytes(b"m")], Some((0, seq))))
+            .await
+            .unwrap();
+        assert!(matches!(got, StreamAppended::Appended { .. }), "{got:?}");
+    }
+    wait_expired(c.node(1), &first.name).await;
+    let (second, _) = acquire(c.node(1), 1, LONG_TTL).await;
+    assert_lost(
+        c.node(0)
+            .append_stream(&first, &append("p", vec![bytes(b"m")], Some((0, 2))))
+            .await,
+        &first,
+    );
+    let node = c.node(1);
+    assert_eq!(
+        node.append_stream(&second, &append("p", vec![bytes(b"again")], Some((0, 1))))
+            .await
+            .unwrap(),
+        StreamAppended::Duplicate { head: 2, last_seq: 1, closed: false }
+    );
+    assert_eq!(
+        node.append_stream(&second, &append("p", vec![bytes(b"m")], Some((0, 3))))
+            .await
+            .unwrap(),
+        StreamAppended::SeqGap { expected: 2, received: 3 }
+    );
+    let got = node
+        .append_stream(&second, &append("p", vec![bytes(b"m")], Some((1, 0))))
+        .await
+        .unwrap();
+    assert!(matches!(got, StreamAppended::Appended { head: 3, .. }), "{got:?}");
+    assert_eq!(
+        node.append_stream(&second, &append("p", vec![bytes(b"m")], Some((0, 2))))
+            .await
+            .unwrap(),
+        StreamAppended::StaleEpoch { epoch: 1 }
+    );
+    assert_eq!(node.read(&channel("p"), 0, 10).await.unwrap().head, 3);
+}
+
+/// A closed stream takes no message, from a stream append or a plain
+/// publish, and keeps its final head; the append that closed it is a
+/// duplicate when retried.
+pub async fn a_closed_stream_refuses_every_append(h: &dyn Harness) {
+    let c = h.cluster(1).await;
+    let node = c.node(0);
+    let (lease, _) = acquire(node, 0, LONG_TTL).await;
+    created(node, &lease, &create("c", "application/json", vec![json("1")])).await;
+    let mut closing = append("c", vec![json("2")], Some((0, 0)));
+    closing.content_type = Some("application/json".to_owned());
+    closing.close = true;
+    let got = node.append_stream(&lease, &closing).await.unwrap();
+    assert!(matches!(got, StreamAppended::Appended { head: 2, closed: true, .. }), "{got:?}");
+    assert_eq!(
+        node.append_stream(&lease, &closing).await.unwrap(),
+        StreamAppended::Duplicate { head: 2, last_seq: 0, closed: true }
+    );
+    let mut later = append("c", vec![json("3")], None);
+    later.content_type = Some("application/json".to_owned());
+    assert_eq!(
+        node.append_stream(&lease, &later).await.unwrap(),
+        StreamAppended::Closed { head: 2 }
+    );
+    match node.append(&lease, &[msg("other", "1"), msg("c", "3")]).await {
+        Err(Error::ChannelRefuses { index: 1, refusal: Refusal::Closed }) => {}
+        other => panic!("expected ChannelRefuses {{ index: 1, Closed }}, got {other:?}"),
+    }
+    assert_eq!(node.read(&channel("other"), 0, 10).await.unwrap().head, 0);
+    let info = node.stream_info(&channel("c")).await.unwrap().unwrap();
+    assert_eq!((info.head, info.closed), (2, true));
+}
+
+/// A publish of JSON to a stream of another content type is refused;
+/// JSON to a JSON stream and to a plain channel goes through.
+pub async fn json_publishes_are_refused_by_byte_streams(h: &dyn Harness) {
+    let c = h.cluster(1).await;
+    let node = c.node(0);
+    let (lease, _) = acquire(node, 0, LONG_TTL).await;
+    created(node, &lease, &create("b", "text/plain", Vec::new())).await;
+    created(node, &lease, &create("j", "application/json; charset=utf-8", Vec::new())).await;
+    match node.append(&lease, &[msg("b", "1")]).await {
+        Err(Error::ChannelRefuses { index: 0, refusal: Refusal::ContentType }) => {}
+        other => panic!("expected ChannelRefuses {{ index: 0, ContentType }}, got {other:?}"),
+    }
+    let out = node.append(&lease, &[msg("j", "1"), msg("plain", "2")]).await.unwrap();
+    assert_eq!(out.iter().map(|a| a.offset).collect::<Vec<_>>(), [1, 1]);
+    // A plain channel with JSON messages becomes a JSON stream, never a
+    // byte stream.
+    match node
+        .create_stream(&lease, &create("plain", "text/plain", Vec::new()))
+        .await
+        .unwrap()
+    {
+        StreamCreated::Exists(info) => assert_eq!(info.config.content_type, "application/json"),
+        other => panic!("expected Exists, got {other:?}"),
+    }
+    assert_eq!(
+        created(node, &lease, &create("plain", "application/json", vec![json("3")])).await,
+        2
+    );
+}
+
+/// A deleted stream is a stream no more: no content type, no producers;
+/// created again, it goes on from its head with fresh producers.
+pub async fn a_deleted_stream_starts_afresh(h: &dyn Harness) {
+    let c = h.cluster(1).await;
+    let node = c.node(0);
+    let (lease, _) = acquire(node, 0, LONG_TTL).await;
+    created(node, &lease, &create("d", "text/plain", vec![bytes(b"a")])).await;
+    node.append_stream(&lease, &append("d", vec![bytes(b"b")], Some((3, 0))))
+        .await
+        .unwrap();
+    let limits = crate::trim::TrimLimits {
+        up_to: Some(2),
+        ..crate::trim::TrimLimits::default()
+    };
+    node.trim(&lease, &channel("d"), &limits, 100).await.unwrap();
+    node.record_deletion(&lease, &channel("d"), 2).await.unwrap();
+    assert!(node.stream_info(&channel("d")).await.unwrap().is_none());
+    assert_eq!(
+        node.append_stream(&lease, &append("d", vec![bytes(b"c")], None))
+            .await
+            .unwrap(),
+        StreamAppended::NotFound
+    );
+    assert_eq!(created(node, &lease, &create("d", "text/plain", Vec::new())).await, 2);
+    let info = node.stream_info(&channel("d")).await.unwrap().unwrap();
+    assert_eq!((info.earliest, info.head), (3, 2));
+    let got = node
+        .append_stream(&lease, &append("d", vec![bytes(b"c")], Some((0, 0))))
+        .await
+        .unwrap();
+    assert!(matches!(got, StreamAppended::Appended { first: 3, head: 3, .. }), "{got:?}");
+}
+
+/// Stream writes are fenced like appends.
+pub async fn stream_writes_are_fenced(h: &dyn Harness) {
+    let c = h.cluster(2).await;
+    let (first, _) = acquire(c.node(0), 0, SHORT_TTL).await;
+    wait_expired(c.node(0), &first.name).await;
+    let (_second, _) = acquire(c.node(1), 1, LONG_TTL).await;
+    assert_lost(
+        c.node(0).create_stream(&first, &create("f", "text/plain", Vec::new())).await,
+        &first,
+    );
+    assert_lost(
+        c.node(0).append_stream(&first, &append("f", vec![bytes(b"x")], None)).await,
+        &first,
+    );
+    assert!(c.node(1).stream_info(&channel("f")).await.unwrap().is_none());
+}
+
+/// A stream past its expiry is gone for readers and writers, and a
+/// creation is told to delete it first.
+pub async fn an_expired_stream_is_gone(h: &dyn Harness) {
+    let c = h.cluster(1).await;
+    let node = c.node(0);
+    let (lease, _) = acquire(node, 0, LONG_TTL).await;
+    // A minute ago on this host's clock: past on the database's too,
+    // whatever their skew within a minute.
+    let past = SystemTime::now() - Duration::from_secs(60);
+    let past_ms = i64::try_from(past.duration_since(UNIX_EPOCH).unwrap().as_millis()).unwrap();
+    let mut expired = create("e", "text/plain", vec![bytes(b"x")]);
+    expired.config.expires_at_ms = Some(past_ms);
+    created(node, &lease, &expired).await;
+    assert!(node.stream_info(&channel("e")).await.unwrap().is_none());
+    assert_eq!(
+        node.append_stream(&lease, &append("e", vec![bytes(b"y")], None))
+            .await
+            .unwrap(),
+        StreamAppended::NotFound
+    );
+    assert_eq!(
+        node.create_stream(&lease, &create("e", "text/plain", Vec::new()))
+            .await
+            .unwrap(),
+        StreamCreated::Expired
+    );
+    let mut later = create("e2", "text/plain", Vec::new());
+    later.config.expires_at_ms = Some(past_ms + 3_600_000);
+    later.config.ttl_s = Some(3600);
+    created(node, &lease, &later).await;
+    let info = node.stream_info(&channel("e2")).await.unwrap().unwrap();
+    assert_eq!(info.config.ttl_s, Some(3600));
+    assert!(info.expires_at_ms.is_some_and(|at| at <= past_ms + 3_600_000));
+}

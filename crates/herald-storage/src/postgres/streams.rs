@@ -1,0 +1,377 @@
+//! The SQL of streams on PostgreSQL (`Storage::stream_info`,
+//! `create_stream`, `append_stream`): each a fenced write that runs the
+//! one prelude ([`fenced`]), locks the channel's row, decides with
+//! [`crate::stream_rules::decide`], and makes the fencing check again as
+//! the decision to commit, like `append`.
+
+use std::time::SystemTime;
+
+use deadpool_postgres::Object;
+use herald_core::fault_switches::{self, FaultSwitch};
+use herald_core::{
+    is_json_media, ChannelName, Lease, Payload, Producer, StreamAppend, StreamAppended,
+    StreamConfig, StreamCreate, StreamCreated, StreamInfo,
+};
+
+use super::names::CHANGES_CHANNEL;
+use super::ops::{fenced, refuse, to_ms, Decision, Fenced, Serialized, NOTIFY_SQL};
+use crate::decode::{sql_position, to_u64};
+use crate::error::{Error, Result};
+use crate::stream_rules::{decide, Decision as Rule, StreamRow};
+
+/// A channel's row as streams read it.
+struct Row {
+    content_type: Option<String>,
+    closed: bool,
+    closed_by: Option<Producer>,
+    stream_seq: Option<String>,
+    head: i64,
+    trimmed_through: i64,
+    ttl_s: Option<i64>,
+    expires_at_ms: Option<i64>,
+    touched_at_ms: Option<i64>,
+}
+
+/// Columns of [`Row`], in order; times as ms since the Unix epoch.
+const ROW_COLUMNS: &str = "content_type, closed, closed_by, closed_by_epoch, closed_by_seq, \
+     stream_seq, head, trimmed_through, ttl_s, \
+     floor(extract(epoch FROM expires_at) * 1000)::bigint, \
+     floor(extract(epoch FROM touched_at) * 1000)::bigint";
+
+fn to_row(r: &tokio_postgres::Row) -> Result<Row> {
+    let closed_by = match (
+        r.try_get::<_, Option<String>>(2)?,
+        r.try_get::<_, Option<i64>>(3)?,
+        r.try_get::<_, Option<i64>>(4)?,
+    ) {
+        (Some(id), Some(epoch), Some(seq)) => Some(Producer {
+            id,
+            epoch: to_u64(epoch, "producer epoch")?,
+            seq: to_u64(seq, "producer seq")?,
+        }),
+        _ => None,
+    };
+    Ok(Row {
+        content_type: r.try_get(0)?,
+        closed: r.try_get(1)?,
+        closed_by,
+        stream_seq: r.try_get(5)?,
+        head: r.try_get(6)?,
+        trimmed_through: r.try_get(7)?,
+        ttl_s: r.try_get(8)?,
+        expires_at_ms: r.try_get(9)?,
+        touched_at_ms: r.try_get(10)?,
+    })
+}
+
+impl Row {
+    /// When the stream expires (ms since the Unix epoch), if ever.
+    fn expiry_ms(&self) -> Option<i64> {
+        let sliding = match (self.ttl_s, self.touched_at_ms) {
+            (Some(ttl), Some(touched)) => Some(touched.saturating_add(ttl.saturating_mul(1000))),
+            _ => None,
+        };
+        match (sliding, self.expires_at_ms) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn expired(&self, now_ms: i64) -> bool {
+        self.expiry_ms().is_some_and(|at| at <= now_ms)
+    }
+
+    fn info(&self, channel: &ChannelName) -> Result<StreamInfo> {
+        Ok(StreamInfo {
+            channel: channel.clone(),
+            config: StreamConfig {
+                content_type: self
+                    .content_type
+                    .clone()
+                    .unwrap_or_else(|| "application/json".to_owned()),
+                ttl_s: self.ttl_s.map(|t| to_u64(t, "ttl_s")).transpose()?,
+                expires_at_ms: self.expires_at_ms,
+            },
+            closed: self.closed,
+            head: to_u64(self.head, "head")?,
+            earliest: to_u64(self.trimmed_through, "trimmed_through")? + 1,
+            expires_at_ms: self.expiry_ms(),
+        })
+    }
+}
+
+/// `Storage::stream_info`: one statement, one snapshot.
+pub(super) async fn stream_info(client: &Object, channel: &ChannelName) -> Result<Option<StreamInfo>> {
+    let sql = format!(
+        "SELECT {ROW_COLUMNS}, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint \
+         FROM channels WHERE name = $1 AND content_type IS NOT NULL"
+    );
+    let stmt = client.prepare_cached(&sql).await?;
+    let Some(r) = client.query_opt(&stmt, &[&channel.as_str()]).await? else {
+        return Ok(None);
+    };
+    let row = to_row(&r)?;
+    let now: i64 = r.try_get(11)?;
+    if row.expired(now) {
+        return Ok(None);
+    }
+    row.info(channel).map(Some)
+}
+
+/// Reads the channel's row under `FOR UPDATE`, in `tx`.
+async fn lock_row(
+    tx: &deadpool_postgres::Transaction<'_>,
+    channel: &ChannelName,
+) -> Result<Option<Row>> {
+    let sql = format!("SELECT {ROW_COLUMNS} FROM channels WHERE name = $1 FOR UPDATE");
+    let stmt = tx.prepare_cached(&sql).await?;
+    tx.query_opt(&stmt, &[&channel.as_str()])
+        .await?
+        .as_ref()
+        .map(to_row)
+        .transpose()
+}
+
+/// Inserts `payloads` as the messages after `head` of `channel` at time
+/// `now` with `token`, in one statement; returns their size in bytes.
+async fn insert_payloads(
+    tx: &deadpool_postgres::Transaction<'_>,
+    channel: &ChannelName,
+    head: i64,
+    payloads: &[Payload],
+    now: SystemTime,
+    token: i64,
+) -> Result<i64> {
+    if payloads.is_empty() {
+        return Ok(0);
+    }
+    let mut offsets = Vec::with_capacity(payloads.len());
+    let mut data: Vec<Option<&str>> = Vec::with_capacity(payloads.len());
+    let mut body: Vec<Option<&[u8]>> = Vec::with_capacity(payloads.len());
+    let mut bytes = 0i64;
+    for (i, payload) in payloads.iter().enumerate() {
+        offsets.push(head + 1 + i64::try_from(i).unwrap_or(i64::MAX));
+        match payload {
+            Payload::Json(json) => {
+                data.push(Some(json.get()));
+                body.push(None);
+            }
+            Payload::Bytes(b) => {
+                data.push(None);
+                body.push(Some(b));
+            }
+        }
+        bytes = bytes.saturating_add(i64::try_from(payload.len()).unwrap_or(i64::MAX));
+    }
+    let stmt = tx
+        .prepare_cached(
+            "INSERT INTO messages (channel, \"offset\", data, published_at, token, body) \
+             SELECT $1, o, d, $4, $5, b \
+             FROM unnest($2::bigint[], $3::text[], $6::bytea[]) WITH ORDINALITY AS u(o, d, b, position) \
+             ORDER BY position",
+        )
+        .await?;
+    tx.execute(&stmt, &[&channel.as_str(), &offsets, &data, &now, &token, &body])
+        .await?;
+    Ok(bytes)
+}
+
+/// The decision to commit, then the change notice of `first..=last` (if
+/// any message was written), then `COMMIT`; returns the commit time.
+async fn commit(
+    tx: deadpool_postgres::Transaction<'_>,
+    fence: &super::ops::Fence,
+    lease: &Lease,
+    channel: &ChannelName,
+    first: i64,
+    last: i64,
+) -> Result<SystemTime> {
+    let now = match fence.decide(&tx, lease).await? {
+        Decision::Commit(now) => now,
+        Decision::Refuse => return Err(refuse(tx, lease).await),
+    };
+    if first <= last && !fault_switches::enabled(FaultSwitch::DropNotify) {
+        let notify = tx.prepare_cached(NOTIFY_SQL).await?;
+        tx.query(
+            &notify,
+            &[&CHANGES_CHANNEL, &vec![channel.as_str()], &vec![first], &vec![last]],
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(now)
+}
+
+/// `Storage::create_stream`.
+pub(super) async fn create_stream(
+    client: &mut Object,
+    lease: &Lease,
+    create: &StreamCreate,
+) -> Result<StreamCreated> {
+    let Fenced { tx, fence, .. } = fenced(client, lease, Serialized::Yes, None).await?;
+    let channel = &create.channel;
+    let now_ms = to_ms(fence.now);
+    let json = is_json_media(&create.config.content_type);
+    let insert = tx
+        .prepare_cached(
+            "INSERT INTO channels (name, head, created_at, bytes) VALUES ($1, 0, $2, 0) \
+             ON CONFLICT (name) DO NOTHING",
+        )
+        .await?;
+    tx.execute(&insert, &[&channel.as_str(), &fence.now]).await?;
+    let row = lock_row(&tx, channel)
+        .await?
+        .ok_or_else(|| Error::corrupt("a channel row vanished inside a stream's creation"))?;
+    if row.content_type.is_some() && row.expired(now_ms) {
+        return Ok(StreamCreated::Expired);
+    }
+    if row.content_type.is_some() || (row.head > row.trimmed_through && !json) {
+        return Ok(StreamCreated::Exists(row.info(channel)?));
+    }
+    let bytes =
+        insert_payloads(&tx, channel, row.head, &create.messages, fence.now, fence.token).await?;
+    let head = row.head + i64::try_from(create.messages.len()).unwrap_or(i64::MAX);
+    let update = tx
+        .prepare_cached(
+            "UPDATE channels SET head = $2, bytes = bytes + $3, content_type = $4, json = $5, \
+             closed = $6, ttl_s = $7, expires_at = to_timestamp($8::bigint / 1000.0), \
+             touched_at = $9, stream_seq = NULL, closed_by = NULL, closed_by_epoch = NULL, \
+             closed_by_seq = NULL WHERE name = $1",
+        )
+        .await?;
+    tx.execute(
+        &update,
+        &[
+            &channel.as_str(),
+            &head,
+            &bytes,
+            &create.config.content_type,
+            &json,
+            &create.closed,
+            &create.config.ttl_s.map(sql_position),
+            &create.config.expires_at_ms,
+            &fence.now,
+        ],
+    )
+    .await?;
+    let forget = tx
+        .prepare_cached("DELETE FROM stream_producers WHERE channel = $1")
+        .await?;
+    tx.execute(&forget, &[&channel.as_str()]).await?;
+    let info = lock_row(&tx, channel)
+        .await?
+        .ok_or_else(|| Error::corrupt("a stream vanished inside its creation"))?
+        .info(channel)?;
+    let now = commit(tx, &fence, lease, channel, row.head + 1, head).await?;
+    Ok(StreamCreated::Created {
+        info,
+        published_at_ms: to_ms(now),
+    })
+}
+
+/// `Storage::append_stream`.
+pub(super) async fn append_stream(
+    client: &mut Object,
+    lease: &Lease,
+    append: &StreamAppend,
+) -> Result<StreamAppended> {
+    let Fenced { tx, fence, .. } = fenced(client, lease, Serialized::Yes, None).await?;
+    let channel = &append.channel;
+    let row = lock_row(&tx, channel).await?;
+    let state = match &append.producer {
+        Some(p) => {
+            let stmt = tx
+                .prepare_cached(
+                    "SELECT epoch, last_seq FROM stream_producers \
+                     WHERE channel = $1 AND producer = $2 FOR UPDATE",
+                )
+                .await?;
+            match tx.query_opt(&stmt, &[&channel.as_str(), &p.id]).await? {
+                Some(r) => Some((
+                    to_u64(r.try_get(0)?, "producer epoch")?,
+                    to_u64(r.try_get(1)?, "producer seq")?,
+                )),
+                None => None,
+            }
+        }
+        None => None,
+    };
+    let now_ms = to_ms(fence.now);
+    let rules_row = row
+        .as_ref()
+        .map(|r| {
+            Ok::<_, Error>(StreamRow {
+                content_type: r.content_type.clone(),
+                closed: r.closed,
+                closed_by: r.closed_by.clone(),
+                stream_seq: r.stream_seq.clone(),
+                head: to_u64(r.head, "head")?,
+                expired: r.expired(now_ms),
+            })
+        })
+        .transpose()?;
+    if let Rule::Answer(answer) = decide(rules_row.as_ref(), state, append) {
+        if let Err(e) = tx.rollback().await {
+            tracing::debug!(error = %Error::from(e), "rollback after a refused stream append");
+        }
+        return Ok(answer);
+    }
+    let Some(row) = row else {
+        return Err(Error::corrupt("a stream append was allowed without a stream"));
+    };
+    let bytes =
+        insert_payloads(&tx, channel, row.head, &append.messages, fence.now, fence.token).await?;
+    let head = row.head + i64::try_from(append.messages.len()).unwrap_or(i64::MAX);
+    let closed_by = append.producer.as_ref().filter(|_| append.close);
+    let update = tx
+        .prepare_cached(
+            "UPDATE channels SET head = $2, bytes = bytes + $3, touched_at = $4, \
+             closed = closed OR $5, stream_seq = COALESCE($6, stream_seq), \
+             closed_by = COALESCE($7, closed_by), \
+             closed_by_epoch = COALESCE($8, closed_by_epoch), \
+             closed_by_seq = COALESCE($9, closed_by_seq) WHERE name = $1",
+        )
+        .await?;
+    tx.execute(
+        &update,
+        &[
+            &channel.as_str(),
+            &head,
+            &bytes,
+            &fence.now,
+            &append.close,
+            &append.stream_seq,
+            &closed_by.map(|p| p.id.as_str()),
+            &closed_by.map(|p| sql_position(p.epoch)),
+            &closed_by.map(|p| sql_position(p.seq)),
+        ],
+    )
+    .await?;
+    if let Some(p) = &append.producer {
+        let upsert = tx
+            .prepare_cached(
+                "INSERT INTO stream_producers (channel, producer, epoch, last_seq) \
+                 VALUES ($1, $2, $3, $4) ON CONFLICT (channel, producer) \
+                 DO UPDATE SET epoch = excluded.epoch, last_seq = excluded.last_seq",
+            )
+            .await?;
+        tx.execute(
+            &upsert,
+            &[
+                &channel.as_str(),
+                &p.id,
+                &sql_position(p.epoch),
+                &sql_position(p.seq),
+            ],
+        )
+        .await?;
+    }
+    let now = commit(tx, &fence, lease, channel, row.head + 1, head).await?;
+    Ok(StreamAppended::Appended {
+        first: to_u64(row.head, "head")? + 1,
+        head: to_u64(head, "head")?,
+        published_at_ms: to_ms(now),
+        closed: row.closed || append.close,
+    })
+}
+

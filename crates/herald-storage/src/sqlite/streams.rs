@@ -1,0 +1,276 @@
+//! The SQL of streams on SQLite (`Storage::stream_info`, `create_stream`,
+//! `append_stream`): each a `BEGIN IMMEDIATE` transaction, fenced like an
+//! append, deciding with [`crate::stream_rules::decide`].
+
+use herald_core::{
+    is_json_media, ChannelName, Lease, Offset, Payload, Producer, StreamAppend, StreamAppended,
+    StreamConfig, StreamCreate, StreamCreated, StreamInfo,
+};
+use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
+
+use super::ops::{fenced_now, stored_payload};
+use crate::decode::{sql_position, to_u64};
+use crate::error::Result;
+use crate::stream_rules::{decide, Decision, StreamRow};
+
+/// A channel's row as streams read it.
+struct Row {
+    content_type: Option<String>,
+    closed: bool,
+    closed_by: Option<Producer>,
+    stream_seq: Option<String>,
+    head: i64,
+    trimmed_through: i64,
+    ttl_s: Option<i64>,
+    expires_at_ms: Option<i64>,
+    touched_at_ms: Option<i64>,
+}
+
+const ROW_SQL: &str = "SELECT content_type, closed, closed_by, closed_by_epoch, \
+     closed_by_seq, stream_seq, head, trimmed_through, ttl_s, expires_at_ms, touched_at_ms \
+     FROM channels WHERE name = ?1";
+
+fn read_row(conn: &Connection, channel: &ChannelName) -> Result<Option<Row>> {
+    Ok(conn
+        .prepare_cached(ROW_SQL)?
+        .query_row([channel.as_str()], |r| {
+            let closed_by = match (
+                r.get::<_, Option<String>>(2)?,
+                r.get::<_, Option<i64>>(3)?,
+                r.get::<_, Option<i64>>(4)?,
+            ) {
+                (Some(id), Some(epoch), Some(seq)) => Some(Producer {
+                    id,
+                    epoch: epoch.max(0) as u64,
+                    seq: seq.max(0) as u64,
+                }),
+                _ => None,
+            };
+            Ok(Row {
+                content_type: r.get(0)?,
+                closed: r.get(1)?,
+                closed_by,
+                stream_seq: r.get(5)?,
+                head: r.get(6)?,
+                trimmed_through: r.get(7)?,
+                ttl_s: r.get(8)?,
+                expires_at_ms: r.get(9)?,
+                touched_at_ms: r.get(10)?,
+            })
+        })
+        .optional()?)
+}
+
+impl Row {
+    /// When the stream expires (ms since the Unix epoch), if ever.
+    fn expiry_ms(&self) -> Option<i64> {
+        let sliding = match (self.ttl_s, self.touched_at_ms) {
+            (Some(ttl), Some(touched)) => Some(touched.saturating_add(ttl.saturating_mul(1000))),
+            _ => None,
+        };
+        match (sliding, self.expires_at_ms) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn expired(&self, now_ms: i64) -> bool {
+        self.expiry_ms().is_some_and(|at| at <= now_ms)
+    }
+
+    fn info(&self, channel: &ChannelName) -> Result<StreamInfo> {
+        Ok(StreamInfo {
+            channel: channel.clone(),
+            config: StreamConfig {
+                content_type: self
+                    .content_type
+                    .clone()
+                    .unwrap_or_else(|| "application/json".to_owned()),
+                ttl_s: self.ttl_s.map(|t| t.max(0) as u64),
+                expires_at_ms: self.expires_at_ms,
+            },
+            closed: self.closed,
+            head: to_u64(self.head, "head")?,
+            earliest: to_u64(self.trimmed_through, "trimmed_through")? + 1,
+            expires_at_ms: self.expiry_ms(),
+        })
+    }
+}
+
+/// SQLite's clock in ms, read outside a write.
+fn now_ms(conn: &Connection) -> Result<i64> {
+    Ok(conn
+        .prepare_cached("SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER)")?
+        .query_row([], |r| r.get(0))?)
+}
+
+/// `Storage::stream_info`: one read transaction.
+pub(super) fn stream_info(conn: &mut Connection, channel: &ChannelName) -> Result<Option<StreamInfo>> {
+    let tx = conn.transaction()?;
+    let now = now_ms(&tx)?;
+    let info = match read_row(&tx, channel)? {
+        Some(row) if row.content_type.is_some() && !row.expired(now) => Some(row.info(channel)?),
+        _ => None,
+    };
+    tx.commit()?;
+    Ok(info)
+}
+
+/// Inserts `payloads` as the messages after `head` of `channel`, with
+/// commit time `now` and the writer's `token`; returns their size in bytes.
+fn insert_payloads(
+    tx: &Transaction<'_>,
+    channel: &ChannelName,
+    head: i64,
+    payloads: &[Payload],
+    now: i64,
+    token: i64,
+) -> Result<i64> {
+    let mut insert = tx.prepare_cached(
+        "INSERT INTO messages (channel, \"offset\", data, published_at_ms, token, body) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?;
+    let mut bytes = 0i64;
+    for (i, payload) in payloads.iter().enumerate() {
+        let (data, body) = stored_payload(payload);
+        let offset = head + 1 + i64::try_from(i).unwrap_or(i64::MAX);
+        insert.execute(params![channel.as_str(), offset, data, now, token, body])?;
+        bytes = bytes.saturating_add(i64::try_from(payload.len()).unwrap_or(i64::MAX));
+    }
+    Ok(bytes)
+}
+
+/// `Storage::create_stream`.
+pub(super) fn create_stream(
+    conn: &mut Connection,
+    lease: &Lease,
+    create: &StreamCreate,
+) -> Result<StreamCreated> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let (now, token) = fenced_now(&tx, lease, "fenced stream creation refused")?;
+    let channel = &create.channel;
+    let json = is_json_media(&create.config.content_type);
+    let head = match read_row(&tx, channel)? {
+        Some(row) if row.content_type.is_some() && row.expired(now) => {
+            return Ok(StreamCreated::Expired)
+        }
+        Some(row) if row.content_type.is_some() => return Ok(StreamCreated::Exists(row.info(channel)?)),
+        Some(row) if row.head > row.trimmed_through && !json => {
+            return Ok(StreamCreated::Exists(row.info(channel)?))
+        }
+        Some(row) => row.head,
+        None => {
+            tx.prepare_cached(
+                "INSERT INTO channels (name, head, created_at_ms, bytes) VALUES (?1, 0, ?2, 0)",
+            )?
+            .execute(params![channel.as_str(), now])?;
+            0
+        }
+    };
+    let bytes = insert_payloads(&tx, channel, head, &create.messages, now, token)?;
+    let new_head = head + i64::try_from(create.messages.len()).unwrap_or(i64::MAX);
+    tx.prepare_cached(
+        "UPDATE channels SET head = ?2, bytes = bytes + ?3, content_type = ?4, json = ?5, \
+         closed = ?6, ttl_s = ?7, expires_at_ms = ?8, touched_at_ms = ?9, stream_seq = NULL, \
+         closed_by = NULL, closed_by_epoch = NULL, closed_by_seq = NULL WHERE name = ?1",
+    )?
+    .execute(params![
+        channel.as_str(),
+        new_head,
+        bytes,
+        create.config.content_type,
+        json,
+        create.closed,
+        create.config.ttl_s.map(|t| sql_position(t)),
+        create.config.expires_at_ms,
+        now
+    ])?;
+    tx.prepare_cached("DELETE FROM stream_producers WHERE channel = ?1")?
+        .execute([channel.as_str()])?;
+    let row = read_row(&tx, channel)?
+        .ok_or_else(|| crate::error::Error::corrupt("a stream vanished inside its creation"))?;
+    let info = row.info(channel)?;
+    tx.commit()?;
+    Ok(StreamCreated::Created {
+        info,
+        published_at_ms: now,
+    })
+}
+
+/// `Storage::append_stream`.
+pub(super) fn append_stream(
+    conn: &mut Connection,
+    lease: &Lease,
+    append: &StreamAppend,
+) -> Result<StreamAppended> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let (now, token) = fenced_now(&tx, lease, "fenced stream append refused")?;
+    let channel = &append.channel;
+    let row = read_row(&tx, channel)?;
+    let rules_row = row.as_ref().map(|r| StreamRow {
+        content_type: r.content_type.clone(),
+        closed: r.closed,
+        closed_by: r.closed_by.clone(),
+        stream_seq: r.stream_seq.clone(),
+        head: r.head.max(0) as Offset,
+        expired: r.expired(now),
+    });
+    let state = match &append.producer {
+        Some(p) => tx
+            .prepare_cached(
+                "SELECT epoch, last_seq FROM stream_producers WHERE channel = ?1 AND producer = ?2",
+            )?
+            .query_row(params![channel.as_str(), p.id], |r| {
+                Ok((r.get::<_, i64>(0)?.max(0) as u64, r.get::<_, i64>(1)?.max(0) as u64))
+            })
+            .optional()?,
+        None => None,
+    };
+    if let Decision::Answer(answer) = decide(rules_row.as_ref(), state, append) {
+        drop(tx);
+        return Ok(answer);
+    }
+    let Some(row) = row else {
+        return Err(crate::error::Error::corrupt("a stream append was allowed without a stream"));
+    };
+    let bytes = insert_payloads(&tx, channel, row.head, &append.messages, now, token)?;
+    let head = row.head + i64::try_from(append.messages.len()).unwrap_or(i64::MAX);
+    let closed_by = append.producer.as_ref().filter(|_| append.close);
+    tx.prepare_cached(
+        "UPDATE channels SET head = ?2, bytes = bytes + ?3, touched_at_ms = ?4, \
+         closed = closed OR ?5, stream_seq = COALESCE(?6, stream_seq), \
+         closed_by = COALESCE(?7, closed_by), closed_by_epoch = COALESCE(?8, closed_by_epoch), \
+         closed_by_seq = COALESCE(?9, closed_by_seq) WHERE name = ?1",
+    )?
+    .execute(params![
+        channel.as_str(),
+        head,
+        bytes,
+        now,
+        append.close,
+        append.stream_seq,
+        closed_by.map(|p| p.id.as_str()),
+        closed_by.map(|p| sql_position(p.epoch)),
+        closed_by.map(|p| sql_position(p.seq)),
+    ])?;
+    if let Some(p) = &append.producer {
+        tx.prepare_cached(
+            "INSERT INTO stream_producers (channel, producer, epoch, last_seq) \
+             VALUES (?1, ?2, ?3, ?4) ON CONFLICT (channel, producer) \
+             DO UPDATE SET epoch = excluded.epoch, last_seq = excluded.last_seq",
+        )?
+        .execute(params![
+            channel.as_str(),
+            p.id,
+            sql_position(p.epoch),
+            sql_position(p.seq)
+        ])?;
+    }
+    tx.commit()?;
+    Ok(StreamAppended::Appended {
+        first: to_u64(row.head, "head")? + 1,
+        head: to_u64(head, "head")?,
+        published_at_ms: now,
+        closed: row.closed || append.close,
+    })
+}

@@ -1,0 +1,250 @@
+//! The decision of a stream append, the same for both backends: each reads
+//! the stream's row and the producer's state inside its fenced transaction,
+//! asks [`decide`], and writes only what it allows. The order of the checks
+//! is the protocol's (`docs/durable-streams.md`): existence, closure,
+//! content type, producer, `Stream-Seq`.
+
+use herald_core::{media_type, Offset, Producer, StreamAppend, StreamAppended};
+
+/// A stream's row as an append reads it.
+#[derive(Debug, Clone)]
+pub(crate) struct StreamRow {
+    /// `content_type`: `None` for a channel that is not a stream.
+    pub(crate) content_type: Option<String>,
+    /// Whether the stream is closed.
+    pub(crate) closed: bool,
+    /// The producer whose append closed it, if one did.
+    pub(crate) closed_by: Option<Producer>,
+    /// The last `Stream-Seq` accepted.
+    pub(crate) stream_seq: Option<String>,
+    /// The channel's head.
+    pub(crate) head: Offset,
+    /// Whether the stream expired (on the storage's clock).
+    pub(crate) expired: bool,
+}
+
+/// A producer's stored state: its epoch and the last sequence number it
+/// appended in it.
+pub(crate) type ProducerState = (u64, u64);
+
+/// What [`decide`] allows.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Decision {
+    /// Change nothing and answer this.
+    Answer(StreamAppended),
+    /// Append the request's messages (close if it asks), store the
+    /// producer's new state if it has one, and store its `Stream-Seq`.
+    Write,
+}
+
+/// Decides `append` against the stream's `row` (`None`: no such channel)
+/// and its producer's stored `state`.
+pub(crate) fn decide(
+    row: Option<&StreamRow>,
+    state: Option<ProducerState>,
+    append: &StreamAppend,
+) -> Decision {
+    let Some(row) = row.filter(|r| r.content_type.is_some() && !r.expired) else {
+        return Decision::Answer(StreamAppended::NotFound);
+    };
+    let close_only = append.messages.is_empty();
+    if row.closed {
+        if let (Some(producer), Some(by)) = (&append.producer, &row.closed_by) {
+            if producer == by {
+                return Decision::Answer(StreamAppended::Duplicate {
+                    head: row.head,
+                    last_seq: by.seq,
+                    closed: true,
+                });
+            }
+        }
+        if close_only && append.close && append.producer.is_none() {
+            // Closing a closed stream again changes nothing and succeeds.
+            return Decision::Answer(StreamAppended::Appended {
+                first: row.head + 1,
+                head: row.head,
+                published_at_ms: 0,
+                closed: true,
+            });
+        }
+        return Decision::Answer(StreamAppended::Closed { head: row.head });
+    }
+    if let (Some(sent), Some(stored), false) = (&append.content_type, &row.content_type, close_only)
+    {
+        if media_type(sent) != media_type(stored) {
+            return Decision::Answer(StreamAppended::ContentTypeMismatch {
+                content_type: stored.clone(),
+            });
+        }
+    }
+    if let Some(producer) = &append.producer {
+        match state {
+            None if producer.seq != 0 => {
+                return Decision::Answer(StreamAppended::SeqGap {
+                    expected: 0,
+                    received: producer.seq,
+                })
+            }
+            None => {}
+            Some((epoch, _)) if producer.epoch < epoch => {
+                return Decision::Answer(StreamAppended::StaleEpoch { epoch })
+            }
+            Some((epoch, _)) if producer.epoch > epoch => {
+                if producer.seq != 0 {
+                    return Decision::Answer(StreamAppended::EpochWithoutSeqZero);
+                }
+            }
+            Some((_, last)) if producer.seq <= last => {
+                return Decision::Answer(StreamAppended::Duplicate {
+                    head: row.head,
+                    last_seq: last,
+                    closed: false,
+                })
+            }
+            Some((_, last)) if producer.seq != last + 1 => {
+                return Decision::Answer(StreamAppended::SeqGap {
+                    expected: last + 1,
+                    received: producer.seq,
+                })
+            }
+            Some(_) => {}
+        }
+    }
+    if let (Some(sent), Some(last)) = (&append.stream_seq, &row.stream_seq) {
+        if sent.as_bytes() <= last.as_bytes() {
+            return Decision::Answer(StreamAppended::StreamSeqConflict);
+        }
+    }
+    Decision::Write
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use herald_core::{ChannelName, Payload};
+
+    use super::*;
+
+    fn row() -> StreamRow {
+        StreamRow {
+            content_type: Some("text/plain".to_owned()),
+            closed: false,
+            closed_by: None,
+            stream_seq: None,
+            head: 4,
+            expired: false,
+        }
+    }
+
+    fn append(producer: Option<(u64, u64)>) -> StreamAppend {
+        StreamAppend {
+            channel: ChannelName::new("s").unwrap(),
+            content_type: Some("TEXT/plain; charset=utf-8".to_owned()),
+            messages: vec![Payload::Bytes(Arc::from(&b"x"[..]))],
+            producer: producer.map(|(epoch, seq)| Producer {
+                id: "p".to_owned(),
+                epoch,
+                seq,
+            }),
+            stream_seq: None,
+            close: false,
+        }
+    }
+
+    fn answer(d: Decision) -> StreamAppended {
+        match d {
+            Decision::Answer(a) => a,
+            Decision::Write => panic!("expected an answer, got a write"),
+        }
+    }
+
+    #[test]
+    fn a_producer_starts_at_zero_and_goes_on_by_one() {
+        assert_eq!(decide(Some(&row()), None, &append(Some((0, 0)))), Decision::Write);
+        assert_eq!(
+            answer(decide(Some(&row()), None, &append(Some((0, 1))))),
+            StreamAppended::SeqGap { expected: 0, received: 1 }
+        );
+        assert_eq!(decide(Some(&row()), Some((0, 0)), &append(Some((0, 1)))), Decision::Write);
+        assert_eq!(
+            answer(decide(Some(&row()), Some((0, 2)), &append(Some((0, 1))))),
+            StreamAppended::Duplicate { head: 4, last_seq: 2, closed: false }
+        );
+        assert_eq!(
+            answer(decide(Some(&row()), Some((0, 2)), &append(Some((0, 4))))),
+            StreamAppended::SeqGap { expected: 3, received: 4 }
+        );
+    }
+
+    #[test]
+    fn epochs_fence_older_producers_and_restart_at_zero() {
+        assert_eq!(
+            answer(decide(Some(&row()), Some((2, 5)), &append(Some((1, 6))))),
+            StreamAppended::StaleEpoch { epoch: 2 }
+        );
+        assert_eq!(
+            answer(decide(Some(&row()), Some((2, 5)), &append(Some((3, 1))))),
+            StreamAppended::EpochWithoutSeqZero
+        );
+        assert_eq!(decide(Some(&row()), Some((2, 5)), &append(Some((3, 0)))), Decision::Write);
+    }
+
+    #[test]
+    fn closure_comes_before_content_type_and_sequence() {
+        let mut closed = row();
+        closed.closed = true;
+        closed.closed_by = Some(Producer { id: "p".to_owned(), epoch: 0, seq: 3 });
+        let mut other_type = append(Some((0, 3)));
+        other_type.content_type = Some("application/json".to_owned());
+        assert_eq!(
+            answer(decide(Some(&closed), Some((0, 3)), &other_type)),
+            StreamAppended::Duplicate { head: 4, last_seq: 3, closed: true }
+        );
+        assert_eq!(
+            answer(decide(Some(&closed), Some((0, 3)), &append(Some((0, 4))))),
+            StreamAppended::Closed { head: 4 }
+        );
+        let mut close_again = append(None);
+        close_again.messages.clear();
+        close_again.close = true;
+        assert!(matches!(
+            answer(decide(Some(&closed), None, &close_again)),
+            StreamAppended::Appended { closed: true, head: 4, .. }
+        ));
+        let mut json = append(None);
+        json.content_type = Some("application/json".to_owned());
+        assert_eq!(
+            answer(decide(Some(&row()), None, &json)),
+            StreamAppended::ContentTypeMismatch { content_type: "text/plain".to_owned() }
+        );
+    }
+
+    #[test]
+    fn stream_seq_must_grow_as_bytes_and_duplicates_win_over_it() {
+        let mut seen = row();
+        seen.stream_seq = Some("2".to_owned());
+        let mut ten = append(None);
+        ten.stream_seq = Some("10".to_owned());
+        assert_eq!(answer(decide(Some(&seen), None, &ten)), StreamAppended::StreamSeqConflict);
+        ten.stream_seq = Some("3".to_owned());
+        assert_eq!(decide(Some(&seen), None, &ten), Decision::Write);
+        let mut retry = append(Some((0, 1)));
+        retry.stream_seq = Some("2".to_owned());
+        assert!(matches!(
+            answer(decide(Some(&seen), Some((0, 1)), &retry)),
+            StreamAppended::Duplicate { .. }
+        ));
+    }
+
+    #[test]
+    fn a_missing_plain_or_expired_channel_is_not_found() {
+        assert_eq!(answer(decide(None, None, &append(None))), StreamAppended::NotFound);
+        let mut plain = row();
+        plain.content_type = None;
+        assert_eq!(answer(decide(Some(&plain), None, &append(None))), StreamAppended::NotFound);
+        let mut expired = row();
+        expired.expired = true;
+        assert_eq!(answer(decide(Some(&expired), None, &append(None))), StreamAppended::NotFound);
+    }
+}
