@@ -1,4 +1,3 @@
-
 use serde::ser::SerializeStruct;
 use serde::{Serialize, Serializer};
 use serde_json::value::RawValue;
@@ -34,9 +33,11 @@ impl Serialize for Message {
         st.serialize_field("offset", &self.offset)?;
         match &self.data {
             Payload::Json(json) => st.serialize_field("data", &**json)?,
-            Payload::Bytes(_) => {
-                st.serialize_field("data_base64", &RawValue::from_string(self.data.to_json_text().into_owned()).map_err(serde::ser::Error::custom)?)?
-            }
+            Payload::Bytes(_) => st.serialize_field(
+                "data_base64",
+                &RawValue::from_string(self.data.to_json_text().into_owned())
+                    .map_err(serde::ser::Error::custom)?,
+            )?,
         }
         st.serialize_field("published_at", &format_rfc3339_ms(self.published_at_ms))?;
         if self.tags.is_empty() {

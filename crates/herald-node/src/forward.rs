@@ -353,6 +353,12 @@ impl Forwarder {
                 outgoing = outgoing.header(name, value.clone());
             }
         }
+        // Durable Streams' request headers (`Stream-*`, `Producer-*`).
+        for (name, value) in request.headers {
+            if is_stream_header(name) {
+                outgoing = outgoing.header(name.clone(), value.clone());
+            }
+        }
         let answer = match outgoing.send().await {
             Ok(answer) => answer,
             Err(e) => return Err(failed(&method, url, &e)),
@@ -370,6 +376,15 @@ impl Forwarder {
         }
         let content_type = answer.headers().get(CONTENT_TYPE).cloned();
         let retry_after = answer.headers().get(RETRY_AFTER).cloned();
+        let mut stream_headers = HeaderMap::new();
+        for (name, value) in answer.headers() {
+            if is_stream_header(name)
+                || name == http::header::LOCATION
+                || name == http::header::ETAG
+            {
+                stream_headers.append(name.clone(), value.clone());
+            }
+        }
         let body = read_answer(&method, url, answer).await?;
         metrics::forwarded("ok");
         tracing::debug!(
@@ -382,6 +397,7 @@ impl Forwarder {
             status,
             content_type,
             retry_after,
+            stream_headers,
             body,
         })
     }
@@ -396,6 +412,9 @@ pub struct HolderAnswer {
     status: StatusCode,
     content_type: Option<HeaderValue>,
     retry_after: Option<HeaderValue>,
+    /// Durable Streams' answer headers (`Stream-*`, `Producer-*`),
+    /// `Location` and `ETag`.
+    stream_headers: HeaderMap,
     body: Bytes,
 }
 
@@ -432,6 +451,12 @@ impl HolderAnswer {
     /// The answer's `Retry-After`, if it had one.
     pub fn retry_after(&self) -> Option<&HeaderValue> {
         self.retry_after.as_ref()
+    }
+
+    /// The answer's Durable Streams headers (`Stream-*`, `Producer-*`),
+    /// `Location` and `ETag`, as the holder sent them.
+    pub fn stream_headers(&self) -> &HeaderMap {
+        &self.stream_headers
     }
 
     /// The answer's body, at most `MAX_ANSWER_BYTES`.
@@ -480,7 +505,10 @@ pub(crate) fn publish_request(message: &NewMessage) -> (HeaderMap, Bytes) {
     }
     let body = match message.tags.to_json() {
         None => format!("{{\"data\":{}}}", message.data.to_json_text()),
-        Some(tags) => format!("{{\"data\":{},\"tags\":{tags}}}", message.data.to_json_text()),
+        Some(tags) => format!(
+            "{{\"data\":{},\"tags\":{tags}}}",
+            message.data.to_json_text()
+        ),
     };
     (headers, Bytes::from(body))
 }
@@ -492,6 +520,7 @@ fn holder_route(write: &HolderWrite) -> (Method, String) {
         HolderWrite::BatchPublish => (Method::POST, "/v1/messages".to_owned()),
         HolderWrite::DeleteChannel(channel) => (Method::DELETE, format!("/v1/channels/{channel}")),
         HolderWrite::RemoveHistory(_) => (Method::POST, "/api/history_remove".to_owned()),
+        HolderWrite::Stream { method, path, .. } => (method.clone(), path.clone()),
     }
 }
 
@@ -507,6 +536,13 @@ pub(crate) fn after_takeover_error(e: NodeError) -> NodeError {
         | NodeError::NotHolder { .. } => NodeError::NoHolder,
         e => e,
     }
+}
+
+/// Whether `name` is a Durable Streams protocol header (`Stream-*` or
+/// `Producer-*`), which a forward carries both ways.
+fn is_stream_header(name: &HeaderName) -> bool {
+    let name = name.as_str();
+    name.starts_with("stream-") || name.starts_with("producer-")
 }
 
 /// The holder's answer body, up to [`MAX_ANSWER_BYTES`].

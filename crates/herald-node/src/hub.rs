@@ -283,7 +283,9 @@ mod tests {
     fn msg(offset: Offset) -> Message {
         Message {
             offset,
-            data: herald_core::Payload::Json(Arc::from(RawValue::from_string(offset.to_string()).unwrap())),
+            data: herald_core::Payload::Json(Arc::from(
+                RawValue::from_string(offset.to_string()).unwrap(),
+            )),
             published_at_ms: 0,
             tags: herald_core::Tags::default(),
         }

@@ -56,6 +56,7 @@ pub mod publish;
 pub mod retention;
 pub mod role;
 pub mod standby_feed;
+pub mod streams;
 pub mod subscription;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

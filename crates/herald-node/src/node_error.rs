@@ -22,6 +22,15 @@ pub enum NodeError {
          a retry must send the same data, a new message needs a new key"
     )]
     IdempotencyKeyReused,
+    /// The channel is a closed stream (Durable Streams): it takes no more
+    /// messages. Nothing was stored.
+    #[error("the channel is a closed stream and takes no more messages")]
+    ChannelClosed,
+    /// The channel is a stream whose content type is not JSON (Durable
+    /// Streams): Herald's API and Centrifugo publish only JSON. Nothing was
+    /// stored.
+    #[error("the channel is a stream of another content type than JSON")]
+    ContentTypeMismatch,
     /// The resume point is beyond the channel's head as the storage reads
     /// it: the channel never had that offset.
     #[error("the resume point {after} is beyond the channel's head {head}; resume from an offset up to the head")]
@@ -106,6 +115,17 @@ pub enum HolderWrite {
     DeleteChannel(ChannelName),
     /// Centrifugo's server API `history_remove`.
     RemoveHistory(ChannelName),
+    /// A Durable Streams write (`PUT`, `POST` or `DELETE` of a stream):
+    /// forwarded as the same method to the same `path` on the holder.
+    Stream {
+        /// The request's method.
+        method: http::Method,
+        /// The request's path and query, as received (the wing's prefix
+        /// included).
+        path: String,
+        /// The stream's channel.
+        channel: ChannelName,
+    },
 }
 
 impl std::fmt::Display for HolderWrite {
@@ -116,6 +136,9 @@ impl std::fmt::Display for HolderWrite {
             Self::BatchPublish => f.write_str("a batch publish"),
             Self::DeleteChannel(channel) => write!(f, "deleting channel {channel}"),
             Self::RemoveHistory(channel) => write!(f, "removing the history of {channel}"),
+            Self::Stream {
+                method, channel, ..
+            } => write!(f, "{method} of stream {channel}"),
         }
     }
 }

@@ -156,7 +156,8 @@ pub async fn publish_batch(
 }
 
 /// Where a write was made: here, or by the holder.
-enum Routed<T> {
+#[derive(Debug)]
+pub enum Routed<T> {
     /// This node committed it.
     Here(T),
     /// The holder answered it.
@@ -165,7 +166,7 @@ enum Routed<T> {
 
 /// The decision of [`publish`]: `commit` here on the holder; else forward
 /// `write` once; after a takeover, `commit` only when `keyed`.
-async fn route<T, F, Fut>(
+pub(crate) async fn route<T, F, Fut>(
     node: &Publisher<'_>,
     write: HolderWrite,
     keyed: bool,

@@ -79,6 +79,15 @@ pub struct MemoryStorage {
     cluster_events: broadcast::Sender<ClusterEvent>,
 }
 
+/// What the memory storage answers to a stream write: it does not model
+/// streams.
+fn not_modelled() -> herald_storage::Error {
+    herald_storage::Error::Unavailable {
+        message: "the memory storage does not model streams".to_owned(),
+        source: None,
+    }
+}
+
 /// The memory storage's clock at its start, in ms since the Unix epoch:
 /// its messages are stamped 1 ms, 2 ms, … after it.
 pub const CLOCK_START_MS: i64 = 1_795_287_034_000;
@@ -249,7 +258,9 @@ impl MemoryStorage {
         let mut mem = self.mem.lock().unwrap();
         let msg = NewMessage {
             channel: ChannelName::new(channel).unwrap(),
-            data: herald_core::Payload::Json(Arc::from(serde_json::value::RawValue::from_string(data.to_owned()).unwrap())),
+            data: herald_core::Payload::Json(Arc::from(
+                serde_json::value::RawValue::from_string(data.to_owned()).unwrap(),
+            )),
             idempotency_key: None,
             tags: herald_core::Tags::default(),
         };
@@ -645,6 +656,31 @@ impl Storage for MemoryStorage {
 
     async fn change_cursor(&self) -> herald_storage::Result<u64> {
         Ok(self.mem.lock().unwrap().seq)
+    }
+
+    // Streams are not modelled here: the node's stream paths are tested
+    // against the real backends (`herald-server/tests/durable_streams.rs`).
+    async fn stream_info(
+        &self,
+        _channel: &ChannelName,
+    ) -> herald_storage::Result<Option<herald_core::StreamInfo>> {
+        Ok(None)
+    }
+
+    async fn create_stream(
+        &self,
+        _lease: &Lease,
+        _create: &herald_core::StreamCreate,
+    ) -> herald_storage::Result<herald_core::StreamCreated> {
+        Err(not_modelled())
+    }
+
+    async fn append_stream(
+        &self,
+        _lease: &Lease,
+        _append: &herald_core::StreamAppend,
+    ) -> herald_storage::Result<herald_core::StreamAppended> {
+        Err(not_modelled())
     }
 
     async fn record_deletion(

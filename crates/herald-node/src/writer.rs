@@ -97,7 +97,12 @@ pub(super) fn fail_all(replies: Replies, error: impl Fn() -> NodeError) {
 /// `messages` and `replies`, and answers it `idempotency_key_reused` (for a
 /// batch publish, naming its entry). `false` when `index` is outside the
 /// batch.
-fn refuse_key_reuse(messages: &mut Vec<NewMessage>, replies: &mut Replies, index: usize) -> bool {
+fn refuse_request(
+    messages: &mut Vec<NewMessage>,
+    replies: &mut Replies,
+    index: usize,
+    error: impl Fn() -> NodeError,
+) -> bool {
     let mut start = 0;
     for position in 0..replies.len() {
         let count = replies[position].0;
@@ -106,12 +111,12 @@ fn refuse_key_reuse(messages: &mut Vec<NewMessage>, replies: &mut Replies, index
             messages.drain(start..start + count);
             match reply {
                 Reply::One(tx) => {
-                    let _ = tx.send(Err(NodeError::IdempotencyKeyReused));
+                    let _ = tx.send(Err(error()));
                 }
                 Reply::Batch(tx) => {
                     let _ = tx.send(Err(NodeError::InBatchEntry {
                         index: index - start,
-                        error: Box::new(NodeError::IdempotencyKeyReused),
+                        error: Box::new(error()),
                     }));
                 }
             }
@@ -290,11 +295,26 @@ impl Writer {
         }
 
         let mut outcome = self.storage.append(&lease, &messages).await;
-        // A request that reuses an idempotency key for another message
-        // rolled the whole transaction back: answer it, and commit the
-        // others without it (each round removes one request).
-        while let Err(herald_storage::Error::IdempotencyKeyReused { index }) = outcome {
-            if !refuse_key_reuse(&mut messages, &mut replies, index) {
+        // A request that reuses an idempotency key for another message, or
+        // publishes to a closed stream or a stream of bytes, rolled the
+        // whole transaction back: answer it, and commit the others without
+        // it (each round removes one request).
+        loop {
+            let (index, error): (usize, fn() -> NodeError) = match outcome {
+                Err(herald_storage::Error::IdempotencyKeyReused { index }) => {
+                    (index, || NodeError::IdempotencyKeyReused)
+                }
+                Err(herald_storage::Error::ChannelRefuses {
+                    index,
+                    refusal: herald_storage::Refusal::Closed,
+                }) => (index, || NodeError::ChannelClosed),
+                Err(herald_storage::Error::ChannelRefuses {
+                    index,
+                    refusal: herald_storage::Refusal::ContentType,
+                }) => (index, || NodeError::ContentTypeMismatch),
+                _ => break,
+            };
+            if !refuse_request(&mut messages, &mut replies, index, error) {
                 tracing::error!(index, "storage named a message outside the batch");
                 fail_all(replies, || {
                     NodeError::Internal("storage named a message outside the batch".to_owned())
@@ -381,7 +401,9 @@ mod tests {
     pub(super) fn new_message(channel: &str, data: &str, key: Option<&str>) -> NewMessage {
         NewMessage {
             channel: ChannelName::new(channel).unwrap(),
-            data: herald_core::Payload::Json(Arc::from(RawValue::from_string(data.to_owned()).unwrap())),
+            data: herald_core::Payload::Json(Arc::from(
+                RawValue::from_string(data.to_owned()).unwrap(),
+            )),
             idempotency_key: key.map(|k| herald_core::IdempotencyKey::new(k).unwrap()),
             tags: herald_core::Tags::default(),
         }

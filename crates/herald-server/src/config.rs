@@ -115,6 +115,8 @@ pub struct ServerConfig {
     /// The Centrifugo protocols' settings (`/connection/websocket`): ping
     /// period, pong timeout, connect timeout. See `docs/centrifugo.md`.
     pub centrifugo: crate::centrifugo::config::CentrifugoConfig,
+    /// The Durable Streams wing's settings (`docs/durable-streams.md`).
+    pub durable_streams: crate::durable_streams::config::DurableStreamsConfig,
     /// Reloads the node's access control (`[auth]`, `[namespaces]`) or
     /// its `[auth.jwt]` key files while it runs (`herald serve` on
     /// SIGHUP); see [`AuthReload`].
@@ -154,6 +156,7 @@ impl Default for ServerConfig {
             retention: RetentionHandle::default(),
             trim_pacing: TrimPacing::default(),
             centrifugo: crate::centrifugo::config::CentrifugoConfig::default(),
+            durable_streams: crate::durable_streams::config::DurableStreamsConfig::default(),
             auth_reload: AuthReload::default(),
             loopback_hosts_only: false,
         }
@@ -227,6 +230,7 @@ impl ServerConfig {
         }
         self.cors.validate()?;
         self.centrifugo.validate()?;
+        self.durable_streams.validate()?;
         Ok(())
     }
 }

@@ -17,6 +17,11 @@
 //!   `Content-Type` (`application/json` or `application/<x>+json`, any
 //!   parameters), which a page can only send after a CORS preflight.
 //!   Refused: `415 unsupported_media_type`.
+//! - [`cross_origin_write_refusal`]: a Durable Streams write (`PUT`,
+//!   `POST`, `DELETE` under the wing's prefix) takes any `Content-Type`,
+//!   so a page could send one without a preflight; one whose `Origin` the
+//!   CORS allow-list does not allow (as for WebSockets) is refused.
+//!   Refused: `403 origin_not_allowed`.
 //! - [`loopback_host_refusal`]: on a node without access control serving
 //!   loopback only ([`crate::config::ServerConfig::loopback_hosts_only`]), a
 //!   request whose `Host` is not a loopback name (`localhost`,
@@ -56,6 +61,38 @@ pub(crate) fn websocket_origin_refusal(state: &Shared, request: &Request) -> Opt
         "WebSocket upgrade from an origin that is not allowed"
     );
     Some(Error::OriginNotAllowed.into_response())
+}
+
+/// Refuses a stream write carrying an `Origin` that the CORS allow-list
+/// does not allow (see the module's documentation); passes a request
+/// without `Origin` (not a browser's) or from an allowed one.
+///
+/// # Errors
+/// [`Error::OriginNotAllowed`].
+pub(crate) fn cross_origin_write_refusal(
+    state: &Shared,
+    headers: &HeaderMap,
+    uri: &axum::http::Uri,
+) -> Result<(), Error> {
+    let Some(origin) = headers.get(ORIGIN) else {
+        return Ok(());
+    };
+    let authority = match headers.get(HOST) {
+        Some(host) => host.to_str().ok(),
+        None => uri.authority().map(|a| a.as_str()),
+    };
+    let allowed = origin
+        .to_str()
+        .is_ok_and(|origin| origin_allowed(origin, authority, &state.config.cors.allowed_origins));
+    if allowed {
+        return Ok(());
+    }
+    tracing::debug!(
+        origin = ?origin,
+        path = %uri.path(),
+        "cross-origin stream write from an origin that is not allowed"
+    );
+    Err(Error::OriginNotAllowed)
 }
 
 /// The answer that refuses a `POST` without a JSON `Content-Type` (see the

@@ -70,6 +70,61 @@ pub enum Error {
          a retry must send the same data, a new message needs a new key"
     )]
     IdempotencyKeyReused,
+    /// The channel is a closed stream (Durable Streams `Stream-Closed`):
+    /// it takes no more messages. 409 `channel_closed`.
+    #[error("the channel is a closed stream and takes no more messages")]
+    ChannelClosed,
+    /// The channel is a Durable Streams stream whose content type is not
+    /// JSON: Herald's API and Centrifugo publish only JSON.
+    /// 409 `content_type_mismatch`.
+    #[error("the channel is a stream of another content type than JSON; append to it with the Durable Streams API")]
+    ContentTypeMismatch,
+    /// No live Durable Streams stream at this path (never created,
+    /// deleted, or expired). 404 `stream_not_found`.
+    #[error("no stream at this path")]
+    StreamNotFound,
+    /// A Durable Streams request that breaks the protocol's rules (a
+    /// header or query value, an empty append, JSON that does not parse).
+    /// 400 `invalid_stream_request`.
+    #[error("{0}")]
+    InvalidStreamRequest(String),
+    /// A Durable Streams request that conflicts with the stream: another
+    /// configuration on a repeated creation, another content type, a
+    /// `Stream-Seq` not above the last. 409 `stream_conflict`.
+    #[error("{0}")]
+    StreamConflict(String),
+    /// An append to a closed stream. 409 `stream_closed`, with
+    /// `Stream-Closed: true` and `Stream-Next-Offset` (the final offset).
+    #[error("the stream is closed and takes no more appends")]
+    StreamClosed {
+        /// The stream's final offset, as a Durable Streams offset.
+        next_offset: String,
+    },
+    /// An idempotent producer writes in an older epoch than the stream
+    /// knows. 403 `stale_producer_epoch`, with `Producer-Epoch`.
+    #[error("producer epoch is stale; the current epoch is {epoch}")]
+    StaleProducerEpoch {
+        /// The producer's current epoch.
+        epoch: u64,
+    },
+    /// An idempotent producer's sequence number skips ahead.
+    /// 409 `producer_seq_gap`, with `Producer-Expected-Seq` and
+    /// `Producer-Received-Seq`.
+    #[error("producer sequence gap: expected {expected}, received {received}")]
+    ProducerSeqGap {
+        /// The next sequence number the stream expects.
+        expected: u64,
+        /// The one the request carried.
+        received: u64,
+    },
+    /// A part of a protocol Herald does not serve yet. 501
+    /// `not_implemented`.
+    #[error("{0}")]
+    NotImplemented(String),
+    /// A read from an offset that retention or a deletion removed.
+    /// 410 `offset_gone`.
+    #[error("the offset is before the stream's earliest stored data; read from -1")]
+    OffsetGone,
     /// The request body is longer than the limit, in bytes.
     /// 413 `payload_too_large`.
     #[error("request body is larger than {limit} bytes")]
@@ -184,6 +239,15 @@ impl Error {
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::OriginNotAllowed | Self::HostNotAllowed => StatusCode::FORBIDDEN,
             Self::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::ChannelClosed | Self::ContentTypeMismatch => StatusCode::CONFLICT,
+            Self::StreamNotFound => StatusCode::NOT_FOUND,
+            Self::InvalidStreamRequest(_) => StatusCode::BAD_REQUEST,
+            Self::StreamConflict(_) | Self::StreamClosed { .. } | Self::ProducerSeqGap { .. } => {
+                StatusCode::CONFLICT
+            }
+            Self::StaleProducerEpoch { .. } => StatusCode::FORBIDDEN,
+            Self::OffsetGone => StatusCode::GONE,
+            Self::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             Self::OffsetBeyondHead { .. } => StatusCode::CONFLICT,
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::TooManyConnections => StatusCode::TOO_MANY_REQUESTS,
@@ -216,6 +280,16 @@ impl Error {
             Self::OriginNotAllowed => "origin_not_allowed",
             Self::HostNotAllowed => "host_not_allowed",
             Self::IdempotencyKeyReused => "idempotency_key_reused",
+            Self::ChannelClosed => "channel_closed",
+            Self::ContentTypeMismatch => "content_type_mismatch",
+            Self::StreamNotFound => "stream_not_found",
+            Self::InvalidStreamRequest(_) => "invalid_stream_request",
+            Self::StreamConflict(_) => "stream_conflict",
+            Self::StreamClosed { .. } => "stream_closed",
+            Self::StaleProducerEpoch { .. } => "stale_producer_epoch",
+            Self::ProducerSeqGap { .. } => "producer_seq_gap",
+            Self::OffsetGone => "offset_gone",
+            Self::NotImplemented(_) => "not_implemented",
             Self::OffsetBeyondHead { .. } => "offset_beyond_head",
             Self::NotFound => "not_found",
             Self::TooManyConnections => "too_many_connections",
@@ -258,6 +332,29 @@ impl Error {
         }
     }
 
+    /// The Durable Streams headers of a stream refusal (PROTOCOL.md): the
+    /// final offset of a closed stream, the producer's epoch or expected
+    /// sequence number.
+    fn stream_headers(&self, headers: &mut axum::http::HeaderMap) {
+        let mut set = |name: &'static str, value: String| {
+            if let Ok(value) = HeaderValue::from_str(&value) {
+                headers.insert(name, value);
+            }
+        };
+        match self {
+            Self::StreamClosed { next_offset } => {
+                set("stream-closed", "true".to_owned());
+                set("stream-next-offset", next_offset.clone());
+            }
+            Self::StaleProducerEpoch { epoch } => set("producer-epoch", epoch.to_string()),
+            Self::ProducerSeqGap { expected, received } => {
+                set("producer-expected-seq", expected.to_string());
+                set("producer-received-seq", received.to_string());
+            }
+            _ => {}
+        }
+    }
+
     /// `true` for the answers that ask the client to retry later
     /// (`Retry-After: 1`, RFC 9110 §10.2.3): every 503 and 429.
     fn retry_later(&self) -> bool {
@@ -294,6 +391,8 @@ impl From<NodeError> for Error {
     fn from(e: NodeError) -> Self {
         match e {
             NodeError::IdempotencyKeyReused => Self::IdempotencyKeyReused,
+            NodeError::ChannelClosed => Self::ChannelClosed,
+            NodeError::ContentTypeMismatch => Self::ContentTypeMismatch,
             NodeError::OffsetBeyondHead { after, head } => Self::OffsetBeyondHead { after, head },
             NodeError::NotHolder {
                 request,
@@ -332,6 +431,7 @@ impl IntoResponse for Error {
             body["error"]["head"] = json!(head);
         }
         let mut response = (self.status(), Json(body)).into_response();
+        self.stream_headers(response.headers_mut());
         if self.retry_later() {
             response
                 .headers_mut()

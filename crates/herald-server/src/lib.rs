@@ -41,6 +41,7 @@ mod centrifugo;
 mod config;
 mod conn_limit;
 mod cors;
+mod durable_streams;
 mod edge;
 mod error;
 mod extract;
@@ -67,6 +68,7 @@ use tokio_util::sync::CancellationToken;
 pub use centrifugo::CentrifugoConfig;
 pub use config::ServerConfig;
 pub use cors::CorsConfig;
+pub use durable_streams::config::DurableStreamsConfig;
 pub use error::{Error, Result};
 pub use herald_node::node_error::{HolderWrite, NodeError, StartError, StorageFailure};
 pub use herald_node::retention::{

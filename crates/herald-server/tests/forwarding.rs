@@ -101,7 +101,10 @@ async fn a_publish_to_the_standby_is_committed_once_by_the_holder() {
     }
     let stored = holder.stored("orders").await;
     assert_eq!(stored.len(), 2, "stored once");
-    assert_eq!(stored[1].data.to_json_text(), r#"{"b": 1.50, "a": [true, null]}"#);
+    assert_eq!(
+        stored[1].data.to_json_text(),
+        r#"{"b": 1.50, "a": [true, null]}"#
+    );
 
     // A key first used on the holder is a duplicate through the standby too.
     let (status, _, body) = post(&holder, "orders", r#"{"data": 3}"#, Some("k-3")).await;

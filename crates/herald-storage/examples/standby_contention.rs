@@ -105,9 +105,11 @@ async fn phase(
             while Instant::now() < end {
                 let message = NewMessage {
                     channel: channel.clone(),
-                    data: herald_core::Payload::Json(RawValue::from_string("\"x\"".to_owned())
-                        .expect("valid JSON")
-                        .into()),
+                    data: herald_core::Payload::Json(
+                        RawValue::from_string("\"x\"".to_owned())
+                            .expect("valid JSON")
+                            .into(),
+                    ),
                     idempotency_key: None,
                     tags: herald_core::Tags::default(),
                 };

@@ -49,11 +49,6 @@ use harness::{
     LONG_TTL, SHORT_TTL,
 };
 pub use harness::{Cluster, Harness};
-pub use streams::{
-    a_closed_stream_refuses_every_append, a_deleted_stream_starts_afresh, an_expired_stream_is_gone,
-    json_publishes_are_refused_by_byte_streams, stream_producers_are_exactly_once_across_a_takeover,
-    stream_writes_are_fenced, streams_store_bytes_exactly,
-};
 pub use retention::{
     concurrent_append_and_trim_keep_offsets_contiguous, delete_keeps_the_head,
     deletions_are_numbered_shared_and_fenced,
@@ -61,6 +56,12 @@ pub use retention::{
     trim_by_max_age_removes_only_old_messages, trim_by_max_bytes_keeps_what_fits,
     trim_by_max_messages_keeps_the_newest_and_drops_their_keys,
     trim_with_a_lost_lease_removes_nothing,
+};
+pub use streams::{
+    a_closed_stream_refuses_every_append, a_deleted_stream_starts_afresh,
+    an_expired_stream_is_gone, json_publishes_are_refused_by_byte_streams,
+    stream_producers_are_exactly_once_across_a_takeover, stream_writes_are_fenced,
+    streams_store_bytes_exactly,
 };
 
 /// Expands into one `#[tokio::test]` per conformance case, each running the
@@ -674,7 +675,10 @@ pub async fn large_mixed_batch_keeps_offsets_and_keys(h: &dyn Harness) {
                 if let Some(k) = key {
                     keys.insert(k, *head);
                 }
-                stored.entry(ch).or_default().push(m.data.to_json_text().into_owned());
+                stored
+                    .entry(ch)
+                    .or_default()
+                    .push(m.data.to_json_text().into_owned());
             }
         }
     }
@@ -733,7 +737,11 @@ pub async fn idempotency_key_repeated_in_later_batch_is_duplicate(h: &dyn Harnes
 
     let page = node.read(&channel("pay"), 0, 100).await.unwrap();
     assert_eq!(page.head, 3);
-    let data: Vec<_> = page.messages.iter().map(|m| m.data.to_json_text()).collect();
+    let data: Vec<_> = page
+        .messages
+        .iter()
+        .map(|m| m.data.to_json_text())
+        .collect();
     assert_eq!(data, ["0", "\"original\"", "3"]);
 }
 
@@ -761,7 +769,11 @@ pub async fn idempotency_key_repeated_in_same_batch_is_duplicate(h: &dyn Harness
 
     let page = node.read(&channel("q"), 0, 100).await.unwrap();
     assert_eq!(page.head, 2);
-    let data: Vec<_> = page.messages.iter().map(|m| m.data.to_json_text()).collect();
+    let data: Vec<_> = page
+        .messages
+        .iter()
+        .map(|m| m.data.to_json_text())
+        .collect();
     assert_eq!(data, ["\"first\"", "\"third\""]);
 }
 
@@ -845,7 +857,11 @@ pub async fn idempotency_key_reused_for_another_message_is_refused(h: &dyn Harne
     let got: Vec<_> = out.iter().map(|a| (a.offset, a.duplicate)).collect();
     assert_eq!(got, [(1, true), (1, false), (2, false)]);
     let page = node.read(&channel("r"), 0, 10).await.unwrap();
-    let data: Vec<_> = page.messages.iter().map(|m| m.data.to_json_text()).collect();
+    let data: Vec<_> = page
+        .messages
+        .iter()
+        .map(|m| m.data.to_json_text())
+        .collect();
     assert_eq!(data, ["{\"n\":1}", "3"]);
 }
 

@@ -46,7 +46,9 @@ mod tests {
     fn message(channel: &str, data: &str) -> NewMessage {
         NewMessage {
             channel: ChannelName::new(channel).unwrap(),
-            data: herald_core::Payload::Json(Arc::from(RawValue::from_string(data.to_owned()).unwrap())),
+            data: herald_core::Payload::Json(Arc::from(
+                RawValue::from_string(data.to_owned()).unwrap(),
+            )),
             idempotency_key: None,
             tags: herald_core::Tags::default(),
         }

@@ -161,19 +161,35 @@ mod tests {
 
     #[test]
     fn a_producer_starts_at_zero_and_goes_on_by_one() {
-        assert_eq!(decide(Some(&row()), None, &append(Some((0, 0)))), Decision::Write);
+        assert_eq!(
+            decide(Some(&row()), None, &append(Some((0, 0)))),
+            Decision::Write
+        );
         assert_eq!(
             answer(decide(Some(&row()), None, &append(Some((0, 1))))),
-            StreamAppended::SeqGap { expected: 0, received: 1 }
+            StreamAppended::SeqGap {
+                expected: 0,
+                received: 1
+            }
         );
-        assert_eq!(decide(Some(&row()), Some((0, 0)), &append(Some((0, 1)))), Decision::Write);
+        assert_eq!(
+            decide(Some(&row()), Some((0, 0)), &append(Some((0, 1)))),
+            Decision::Write
+        );
         assert_eq!(
             answer(decide(Some(&row()), Some((0, 2)), &append(Some((0, 1))))),
-            StreamAppended::Duplicate { head: 4, last_seq: 2, closed: false }
+            StreamAppended::Duplicate {
+                head: 4,
+                last_seq: 2,
+                closed: false
+            }
         );
         assert_eq!(
             answer(decide(Some(&row()), Some((0, 2)), &append(Some((0, 4))))),
-            StreamAppended::SeqGap { expected: 3, received: 4 }
+            StreamAppended::SeqGap {
+                expected: 3,
+                received: 4
+            }
         );
     }
 
@@ -187,19 +203,30 @@ mod tests {
             answer(decide(Some(&row()), Some((2, 5)), &append(Some((3, 1))))),
             StreamAppended::EpochWithoutSeqZero
         );
-        assert_eq!(decide(Some(&row()), Some((2, 5)), &append(Some((3, 0)))), Decision::Write);
+        assert_eq!(
+            decide(Some(&row()), Some((2, 5)), &append(Some((3, 0)))),
+            Decision::Write
+        );
     }
 
     #[test]
     fn closure_comes_before_content_type_and_sequence() {
         let mut closed = row();
         closed.closed = true;
-        closed.closed_by = Some(Producer { id: "p".to_owned(), epoch: 0, seq: 3 });
+        closed.closed_by = Some(Producer {
+            id: "p".to_owned(),
+            epoch: 0,
+            seq: 3,
+        });
         let mut other_type = append(Some((0, 3)));
         other_type.content_type = Some("application/json".to_owned());
         assert_eq!(
             answer(decide(Some(&closed), Some((0, 3)), &other_type)),
-            StreamAppended::Duplicate { head: 4, last_seq: 3, closed: true }
+            StreamAppended::Duplicate {
+                head: 4,
+                last_seq: 3,
+                closed: true
+            }
         );
         assert_eq!(
             answer(decide(Some(&closed), Some((0, 3)), &append(Some((0, 4))))),
@@ -210,13 +237,19 @@ mod tests {
         close_again.close = true;
         assert!(matches!(
             answer(decide(Some(&closed), None, &close_again)),
-            StreamAppended::Appended { closed: true, head: 4, .. }
+            StreamAppended::Appended {
+                closed: true,
+                head: 4,
+                ..
+            }
         ));
         let mut json = append(None);
         json.content_type = Some("application/json".to_owned());
         assert_eq!(
             answer(decide(Some(&row()), None, &json)),
-            StreamAppended::ContentTypeMismatch { content_type: "text/plain".to_owned() }
+            StreamAppended::ContentTypeMismatch {
+                content_type: "text/plain".to_owned()
+            }
         );
     }
 
@@ -226,7 +259,10 @@ mod tests {
         seen.stream_seq = Some("2".to_owned());
         let mut ten = append(None);
         ten.stream_seq = Some("10".to_owned());
-        assert_eq!(answer(decide(Some(&seen), None, &ten)), StreamAppended::StreamSeqConflict);
+        assert_eq!(
+            answer(decide(Some(&seen), None, &ten)),
+            StreamAppended::StreamSeqConflict
+        );
         ten.stream_seq = Some("3".to_owned());
         assert_eq!(decide(Some(&seen), None, &ten), Decision::Write);
         let mut retry = append(Some((0, 1)));
@@ -239,12 +275,21 @@ mod tests {
 
     #[test]
     fn a_missing_plain_or_expired_channel_is_not_found() {
-        assert_eq!(answer(decide(None, None, &append(None))), StreamAppended::NotFound);
+        assert_eq!(
+            answer(decide(None, None, &append(None))),
+            StreamAppended::NotFound
+        );
         let mut plain = row();
         plain.content_type = None;
-        assert_eq!(answer(decide(Some(&plain), None, &append(None))), StreamAppended::NotFound);
+        assert_eq!(
+            answer(decide(Some(&plain), None, &append(None))),
+            StreamAppended::NotFound
+        );
         let mut expired = row();
         expired.expired = true;
-        assert_eq!(answer(decide(Some(&expired), None, &append(None))), StreamAppended::NotFound);
+        assert_eq!(
+            answer(decide(Some(&expired), None, &append(None))),
+            StreamAppended::NotFound
+        );
     }
 }

@@ -49,7 +49,9 @@ const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
 pub fn msg(channel: &str, data: &str) -> NewMessage {
     NewMessage {
         channel: ChannelName::new(channel).expect("valid test channel name"),
-        data: herald_core::Payload::Json(Arc::from(RawValue::from_string(data.to_owned()).expect("valid test JSON"))),
+        data: herald_core::Payload::Json(Arc::from(
+            RawValue::from_string(data.to_owned()).expect("valid test JSON"),
+        )),
         idempotency_key: None,
         tags: herald_core::Tags::default(),
     }

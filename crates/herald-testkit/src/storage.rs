@@ -240,6 +240,29 @@ impl<H: StorageHooks> Storage for Hooked<H> {
         }
     }
 
+    async fn stream_info(
+        &self,
+        channel: &ChannelName,
+    ) -> herald_storage::Result<Option<herald_core::StreamInfo>> {
+        self.inner.stream_info(channel).await
+    }
+
+    async fn create_stream(
+        &self,
+        lease: &Lease,
+        create: &herald_core::StreamCreate,
+    ) -> herald_storage::Result<herald_core::StreamCreated> {
+        self.inner.create_stream(lease, create).await
+    }
+
+    async fn append_stream(
+        &self,
+        lease: &Lease,
+        append: &herald_core::StreamAppend,
+    ) -> herald_storage::Result<herald_core::StreamAppended> {
+        self.inner.append_stream(lease, append).await
+    }
+
     async fn record_deletion(
         &self,
         lease: &Lease,

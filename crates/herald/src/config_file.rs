@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use crate::toml_syntax::syntax_error;
 
 /// Sections whose keys are `herald serve` flags `--<section>-<key>`.
-pub(crate) const FLAG_SECTIONS: [&str; 3] = ["tls", "cors", "centrifugo"];
+pub(crate) const FLAG_SECTIONS: [&str; 4] = ["tls", "cors", "centrifugo", "durable_streams"];
 
 /// Sections of typed settings that are not flags: access control and
 /// retention policies.
@@ -127,6 +127,26 @@ struct CentrifugoSection {
     anonymous_connect: Option<bool>,
 }
 
+/// `[durable_streams]`: the flags `--durable-streams-*`
+/// (docs/durable-streams.md).
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct DurableStreamsSection {
+    /// Served (`--durable-streams-enabled`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    enabled: Option<bool>,
+    /// Path prefix, e.g. `"/ds"` (`--durable-streams-prefix`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prefix: Option<String>,
+    /// Long-poll wait, e.g. `"30s"` (`--durable-streams-long-poll-timeout`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    long_poll_timeout: Option<String>,
+    /// Largest PUT or POST body in bytes
+    /// (`--durable-streams-max-append-bytes`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_append_bytes: Option<u64>,
+}
+
 /// Reads and parses the config file at `path` for the `herald serve`
 /// command `serve`.
 ///
@@ -176,6 +196,10 @@ pub(crate) fn parse(text: &str, serve: &Command) -> anyhow::Result<ConfigFile> {
     if let Some(value) = table.remove("centrifugo") {
         let section: CentrifugoSection = typed_section("centrifugo", value)?;
         settings.extend(prefixed("centrifugo", &section)?);
+    }
+    if let Some(value) = table.remove("durable_streams") {
+        let section: DurableStreamsSection = typed_section("durable_streams", value)?;
+        settings.extend(prefixed("durable_streams", &section)?);
     }
     settings.extend(table);
     for (key, value) in settings {

@@ -170,7 +170,9 @@ mod tests {
                 .iter()
                 .map(|&offset| Message {
                     offset,
-                    data: herald_core::Payload::Json(Arc::from(RawValue::from_string("1".to_owned()).unwrap())),
+                    data: herald_core::Payload::Json(Arc::from(
+                        RawValue::from_string("1".to_owned()).unwrap(),
+                    )),
                     published_at_ms: 0,
                     tags: herald_core::Tags::default(),
                 })

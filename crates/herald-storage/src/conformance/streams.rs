@@ -66,7 +66,12 @@ pub async fn streams_store_bytes_exactly(h: &dyn Harness) {
     let node = c.node(0);
     let (lease, _) = acquire(node, 0, LONG_TTL).await;
     let all: Vec<u8> = (0..=255).collect();
-    let head = created(node, &lease, &create("s", "application/octet-stream", vec![bytes(&all)])).await;
+    let head = created(
+        node,
+        &lease,
+        &create("s", "application/octet-stream", vec![bytes(&all)]),
+    )
+    .await;
     assert_eq!(head, 1);
     let got = node
         .append_stream(&lease, &{
@@ -77,7 +82,15 @@ pub async fn streams_store_bytes_exactly(h: &dyn Harness) {
         .await
         .unwrap();
     assert!(
-        matches!(got, StreamAppended::Appended { first: 2, head: 3, closed: false, .. }),
+        matches!(
+            got,
+            StreamAppended::Appended {
+                first: 2,
+                head: 3,
+                closed: false,
+                ..
+            }
+        ),
         "{got:?}"
     );
     let page = c.node(1).read(&channel("s"), 0, 10).await.unwrap();
@@ -126,19 +139,29 @@ pub async fn stream_producers_are_exactly_once_across_a_takeover(h: &dyn Harness
         node.append_stream(&second, &append("p", vec![bytes(b"again")], Some((0, 1))))
             .await
             .unwrap(),
-        StreamAppended::Duplicate { head: 2, last_seq: 1, closed: false }
+        StreamAppended::Duplicate {
+            head: 2,
+            last_seq: 1,
+            closed: false
+        }
     );
     assert_eq!(
         node.append_stream(&second, &append("p", vec![bytes(b"m")], Some((0, 3))))
             .await
             .unwrap(),
-        StreamAppended::SeqGap { expected: 2, received: 3 }
+        StreamAppended::SeqGap {
+            expected: 2,
+            received: 3
+        }
     );
     let got = node
         .append_stream(&second, &append("p", vec![bytes(b"m")], Some((1, 0))))
         .await
         .unwrap();
-    assert!(matches!(got, StreamAppended::Appended { head: 3, .. }), "{got:?}");
+    assert!(
+        matches!(got, StreamAppended::Appended { head: 3, .. }),
+        "{got:?}"
+    );
     assert_eq!(
         node.append_stream(&second, &append("p", vec![bytes(b"m")], Some((0, 2))))
             .await
@@ -155,15 +178,34 @@ pub async fn a_closed_stream_refuses_every_append(h: &dyn Harness) {
     let c = h.cluster(1).await;
     let node = c.node(0);
     let (lease, _) = acquire(node, 0, LONG_TTL).await;
-    created(node, &lease, &create("c", "application/json", vec![json("1")])).await;
+    created(
+        node,
+        &lease,
+        &create("c", "application/json", vec![json("1")]),
+    )
+    .await;
     let mut closing = append("c", vec![json("2")], Some((0, 0)));
     closing.content_type = Some("application/json".to_owned());
     closing.close = true;
     let got = node.append_stream(&lease, &closing).await.unwrap();
-    assert!(matches!(got, StreamAppended::Appended { head: 2, closed: true, .. }), "{got:?}");
+    assert!(
+        matches!(
+            got,
+            StreamAppended::Appended {
+                head: 2,
+                closed: true,
+                ..
+            }
+        ),
+        "{got:?}"
+    );
     assert_eq!(
         node.append_stream(&lease, &closing).await.unwrap(),
-        StreamAppended::Duplicate { head: 2, last_seq: 0, closed: true }
+        StreamAppended::Duplicate {
+            head: 2,
+            last_seq: 0,
+            closed: true
+        }
     );
     let mut later = append("c", vec![json("3")], None);
     later.content_type = Some("application/json".to_owned());
@@ -171,8 +213,14 @@ pub async fn a_closed_stream_refuses_every_append(h: &dyn Harness) {
         node.append_stream(&lease, &later).await.unwrap(),
         StreamAppended::Closed { head: 2 }
     );
-    match node.append(&lease, &[msg("other", "1"), msg("c", "3")]).await {
-        Err(Error::ChannelRefuses { index: 1, refusal: Refusal::Closed }) => {}
+    match node
+        .append(&lease, &[msg("other", "1"), msg("c", "3")])
+        .await
+    {
+        Err(Error::ChannelRefuses {
+            index: 1,
+            refusal: Refusal::Closed,
+        }) => {}
         other => panic!("expected ChannelRefuses {{ index: 1, Closed }}, got {other:?}"),
     }
     assert_eq!(node.read(&channel("other"), 0, 10).await.unwrap().head, 0);
@@ -187,12 +235,23 @@ pub async fn json_publishes_are_refused_by_byte_streams(h: &dyn Harness) {
     let node = c.node(0);
     let (lease, _) = acquire(node, 0, LONG_TTL).await;
     created(node, &lease, &create("b", "text/plain", Vec::new())).await;
-    created(node, &lease, &create("j", "application/json; charset=utf-8", Vec::new())).await;
+    created(
+        node,
+        &lease,
+        &create("j", "application/json; charset=utf-8", Vec::new()),
+    )
+    .await;
     match node.append(&lease, &[msg("b", "1")]).await {
-        Err(Error::ChannelRefuses { index: 0, refusal: Refusal::ContentType }) => {}
+        Err(Error::ChannelRefuses {
+            index: 0,
+            refusal: Refusal::ContentType,
+        }) => {}
         other => panic!("expected ChannelRefuses {{ index: 0, ContentType }}, got {other:?}"),
     }
-    let out = node.append(&lease, &[msg("j", "1"), msg("plain", "2")]).await.unwrap();
+    let out = node
+        .append(&lease, &[msg("j", "1"), msg("plain", "2")])
+        .await
+        .unwrap();
     assert_eq!(out.iter().map(|a| a.offset).collect::<Vec<_>>(), [1, 1]);
     // A plain channel with JSON messages becomes a JSON stream, never a
     // byte stream.
@@ -205,7 +264,12 @@ pub async fn json_publishes_are_refused_by_byte_streams(h: &dyn Harness) {
         other => panic!("expected Exists, got {other:?}"),
     }
     assert_eq!(
-        created(node, &lease, &create("plain", "application/json", vec![json("3")])).await,
+        created(
+            node,
+            &lease,
+            &create("plain", "application/json", vec![json("3")])
+        )
+        .await,
         2
     );
 }
@@ -224,8 +288,12 @@ pub async fn a_deleted_stream_starts_afresh(h: &dyn Harness) {
         up_to: Some(2),
         ..crate::trim::TrimLimits::default()
     };
-    node.trim(&lease, &channel("d"), &limits, 100).await.unwrap();
-    node.record_deletion(&lease, &channel("d"), 2).await.unwrap();
+    node.trim(&lease, &channel("d"), &limits, 100)
+        .await
+        .unwrap();
+    node.record_deletion(&lease, &channel("d"), 2)
+        .await
+        .unwrap();
     assert!(node.stream_info(&channel("d")).await.unwrap().is_none());
     assert_eq!(
         node.append_stream(&lease, &append("d", vec![bytes(b"c")], None))
@@ -233,14 +301,27 @@ pub async fn a_deleted_stream_starts_afresh(h: &dyn Harness) {
             .unwrap(),
         StreamAppended::NotFound
     );
-    assert_eq!(created(node, &lease, &create("d", "text/plain", Vec::new())).await, 2);
+    assert_eq!(
+        created(node, &lease, &create("d", "text/plain", Vec::new())).await,
+        2
+    );
     let info = node.stream_info(&channel("d")).await.unwrap().unwrap();
     assert_eq!((info.earliest, info.head), (3, 2));
     let got = node
         .append_stream(&lease, &append("d", vec![bytes(b"c")], Some((0, 0))))
         .await
         .unwrap();
-    assert!(matches!(got, StreamAppended::Appended { first: 3, head: 3, .. }), "{got:?}");
+    assert!(
+        matches!(
+            got,
+            StreamAppended::Appended {
+                first: 3,
+                head: 3,
+                ..
+            }
+        ),
+        "{got:?}"
+    );
 }
 
 /// Stream writes are fenced like appends.
@@ -250,14 +331,23 @@ pub async fn stream_writes_are_fenced(h: &dyn Harness) {
     wait_expired(c.node(0), &first.name).await;
     let (_second, _) = acquire(c.node(1), 1, LONG_TTL).await;
     assert_lost(
-        c.node(0).create_stream(&first, &create("f", "text/plain", Vec::new())).await,
+        c.node(0)
+            .create_stream(&first, &create("f", "text/plain", Vec::new()))
+            .await,
         &first,
     );
     assert_lost(
-        c.node(0).append_stream(&first, &append("f", vec![bytes(b"x")], None)).await,
+        c.node(0)
+            .append_stream(&first, &append("f", vec![bytes(b"x")], None))
+            .await,
         &first,
     );
-    assert!(c.node(1).stream_info(&channel("f")).await.unwrap().is_none());
+    assert!(c
+        .node(1)
+        .stream_info(&channel("f"))
+        .await
+        .unwrap()
+        .is_none());
 }
 
 /// A stream past its expiry is gone for readers and writers, and a
@@ -292,5 +382,7 @@ pub async fn an_expired_stream_is_gone(h: &dyn Harness) {
     created(node, &lease, &later).await;
     let info = node.stream_info(&channel("e2")).await.unwrap().unwrap();
     assert_eq!(info.config.ttl_s, Some(3600));
-    assert!(info.expires_at_ms.is_some_and(|at| at <= past_ms + 3_600_000));
+    assert!(info
+        .expires_at_ms
+        .is_some_and(|at| at <= past_ms + 3_600_000));
 }

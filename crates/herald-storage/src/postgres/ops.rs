@@ -24,8 +24,8 @@ use super::names::{
     fenced_write_lock_key, twin_key, CHANGES_CHANNEL, HOLDER_GONE_GRACE_MS, LEASE_CHANNEL,
 };
 use crate::decode::{
-    acquired, log_lost, log_release, lost, sql_position, sql_token, to_channel, to_payload, to_tags,
-    to_token, to_u64,
+    acquired, log_lost, log_release, lost, sql_position, sql_token, to_channel, to_payload,
+    to_tags, to_token, to_u64,
 };
 use crate::digest::{idempotency_digest, IdempotencyDigest};
 use crate::error::{Error, Refusal, Result};
@@ -926,7 +926,9 @@ async fn refused_channel(
         let stmt = tx
             .prepare_cached("SELECT closed FROM channels WHERE name = $1")
             .await?;
-        tx.query_one(&stmt, &[&w.channel]).await?.try_get::<_, bool>(0)
+        tx.query_one(&stmt, &[&w.channel])
+            .await?
+            .try_get::<_, bool>(0)
     }
     .await;
     let refusal = match closed {

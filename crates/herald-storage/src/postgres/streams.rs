@@ -101,7 +101,10 @@ impl Row {
 }
 
 /// `Storage::stream_info`: one statement, one snapshot.
-pub(super) async fn stream_info(client: &Object, channel: &ChannelName) -> Result<Option<StreamInfo>> {
+pub(super) async fn stream_info(
+    client: &Object,
+    channel: &ChannelName,
+) -> Result<Option<StreamInfo>> {
     let sql = format!(
         "SELECT {ROW_COLUMNS}, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint \
          FROM channels WHERE name = $1 AND content_type IS NOT NULL"
@@ -171,8 +174,11 @@ async fn insert_payloads(
              ORDER BY position",
         )
         .await?;
-    tx.execute(&stmt, &[&channel.as_str(), &offsets, &data, &now, &token, &body])
-        .await?;
+    tx.execute(
+        &stmt,
+        &[&channel.as_str(), &offsets, &data, &now, &token, &body],
+    )
+    .await?;
     Ok(bytes)
 }
 
@@ -194,7 +200,12 @@ async fn commit(
         let notify = tx.prepare_cached(NOTIFY_SQL).await?;
         tx.query(
             &notify,
-            &[&CHANGES_CHANNEL, &vec![channel.as_str()], &vec![first], &vec![last]],
+            &[
+                &CHANGES_CHANNEL,
+                &vec![channel.as_str()],
+                &vec![first],
+                &vec![last],
+            ],
         )
         .await?;
     }
@@ -218,7 +229,8 @@ pub(super) async fn create_stream(
              ON CONFLICT (name) DO NOTHING",
         )
         .await?;
-    tx.execute(&insert, &[&channel.as_str(), &fence.now]).await?;
+    tx.execute(&insert, &[&channel.as_str(), &fence.now])
+        .await?;
     let row = lock_row(&tx, channel)
         .await?
         .ok_or_else(|| Error::corrupt("a channel row vanished inside a stream's creation"))?;
@@ -228,8 +240,15 @@ pub(super) async fn create_stream(
     if row.content_type.is_some() || (row.head > row.trimmed_through && !json) {
         return Ok(StreamCreated::Exists(row.info(channel)?));
     }
-    let bytes =
-        insert_payloads(&tx, channel, row.head, &create.messages, fence.now, fence.token).await?;
+    let bytes = insert_payloads(
+        &tx,
+        channel,
+        row.head,
+        &create.messages,
+        fence.now,
+        fence.token,
+    )
+    .await?;
     let head = row.head + i64::try_from(create.messages.len()).unwrap_or(i64::MAX);
     let update = tx
         .prepare_cached(
@@ -317,10 +336,19 @@ pub(super) async fn append_stream(
         return Ok(answer);
     }
     let Some(row) = row else {
-        return Err(Error::corrupt("a stream append was allowed without a stream"));
+        return Err(Error::corrupt(
+            "a stream append was allowed without a stream",
+        ));
     };
-    let bytes =
-        insert_payloads(&tx, channel, row.head, &append.messages, fence.now, fence.token).await?;
+    let bytes = insert_payloads(
+        &tx,
+        channel,
+        row.head,
+        &append.messages,
+        fence.now,
+        fence.token,
+    )
+    .await?;
     let head = row.head + i64::try_from(append.messages.len()).unwrap_or(i64::MAX);
     let closed_by = append.producer.as_ref().filter(|_| append.close);
     let update = tx
@@ -374,4 +402,3 @@ pub(super) async fn append_stream(
         closed: row.closed || append.close,
     })
 }
-

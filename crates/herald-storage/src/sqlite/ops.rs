@@ -16,8 +16,8 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::session;
 use crate::decode::{
-    acquired, log_lost, log_release, lost, sql_position, sql_token, to_channel, to_payload, to_tags,
-    to_token, to_u64,
+    acquired, log_lost, log_release, lost, sql_position, sql_token, to_channel, to_payload,
+    to_tags, to_token, to_u64,
 };
 use crate::digest::idempotency_digest;
 use crate::error::{Error, Refusal, Result};

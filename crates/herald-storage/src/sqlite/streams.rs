@@ -105,7 +105,10 @@ fn now_ms(conn: &Connection) -> Result<i64> {
 }
 
 /// `Storage::stream_info`: one read transaction.
-pub(super) fn stream_info(conn: &mut Connection, channel: &ChannelName) -> Result<Option<StreamInfo>> {
+pub(super) fn stream_info(
+    conn: &mut Connection,
+    channel: &ChannelName,
+) -> Result<Option<StreamInfo>> {
     let tx = conn.transaction()?;
     let now = now_ms(&tx)?;
     let info = match read_row(&tx, channel)? {
@@ -154,7 +157,9 @@ pub(super) fn create_stream(
         Some(row) if row.content_type.is_some() && row.expired(now) => {
             return Ok(StreamCreated::Expired)
         }
-        Some(row) if row.content_type.is_some() => return Ok(StreamCreated::Exists(row.info(channel)?)),
+        Some(row) if row.content_type.is_some() => {
+            return Ok(StreamCreated::Exists(row.info(channel)?))
+        }
         Some(row) if row.head > row.trimmed_through && !json => {
             return Ok(StreamCreated::Exists(row.info(channel)?))
         }
@@ -221,7 +226,10 @@ pub(super) fn append_stream(
                 "SELECT epoch, last_seq FROM stream_producers WHERE channel = ?1 AND producer = ?2",
             )?
             .query_row(params![channel.as_str(), p.id], |r| {
-                Ok((r.get::<_, i64>(0)?.max(0) as u64, r.get::<_, i64>(1)?.max(0) as u64))
+                Ok((
+                    r.get::<_, i64>(0)?.max(0) as u64,
+                    r.get::<_, i64>(1)?.max(0) as u64,
+                ))
             })
             .optional()?,
         None => None,
@@ -231,7 +239,9 @@ pub(super) fn append_stream(
         return Ok(answer);
     }
     let Some(row) = row else {
-        return Err(crate::error::Error::corrupt("a stream append was allowed without a stream"));
+        return Err(crate::error::Error::corrupt(
+            "a stream append was allowed without a stream",
+        ));
     };
     let bytes = insert_payloads(&tx, channel, row.head, &append.messages, now, token)?;
     let head = row.head + i64::try_from(append.messages.len()).unwrap_or(i64::MAX);

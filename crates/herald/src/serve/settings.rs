@@ -15,7 +15,10 @@ use herald_auth::{Auth, AuthConfig, NamespacesConfig, NoFetch};
 use herald_lease::{
     default_renew_statement_timeout, LeaseConfig, RENEW_ATTEMPT_SLACK, SHORTEST_DERIVED_TTL,
 };
-use herald_server::{CentrifugoConfig, CorsConfig, RetentionHandle, ServerConfig, TlsCertificates};
+use herald_server::{
+    CentrifugoConfig, CorsConfig, DurableStreamsConfig, RetentionHandle, ServerConfig,
+    TlsCertificates,
+};
 use tracing::warn;
 
 use crate::config_file::ConfigFile;
@@ -242,6 +245,25 @@ pub(crate) struct ServeArgs {
     /// is on.
     #[arg(long, env = "HERALD_CENTRIFUGO_ANONYMOUS_CONNECT", value_parser = clap::builder::BoolishValueParser::new())]
     centrifugo_anonymous_connect: bool,
+    /// Durable Streams protocol: serve it (default: on; `false` turns the
+    /// routes off).
+    #[arg(long, env = "HERALD_DURABLE_STREAMS_ENABLED", default_value_t = true, action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
+    durable_streams_enabled: bool,
+    /// Durable Streams protocol: the path prefix of every stream URL.
+    #[arg(long, env = "HERALD_DURABLE_STREAMS_PREFIX", default_value = "/ds")]
+    durable_streams_prefix: String,
+    /// Durable Streams protocol: how long a long-poll read waits for new
+    /// data before it answers 204; also the keep-alive period of SSE reads.
+    #[arg(long, env = "HERALD_DURABLE_STREAMS_LONG_POLL_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    durable_streams_long_poll_timeout: Duration,
+    /// Durable Streams protocol: largest accepted body of a PUT or POST,
+    /// in bytes (one append is one message).
+    #[arg(
+        long,
+        env = "HERALD_DURABLE_STREAMS_MAX_APPEND_BYTES",
+        default_value_t = 16_777_216
+    )]
+    durable_streams_max_append_bytes: usize,
 }
 
 /// A `--listen` value: a host (an IP address or a name to resolve) and a
@@ -577,6 +599,12 @@ pub(crate) fn server_config(
         retention: RetentionHandle::new(args.retention.load(args.config.as_deref())?),
         trim_pacing: args.retention.pacing(),
         centrifugo: centrifugo_config(args),
+        durable_streams: DurableStreamsConfig {
+            enabled: args.durable_streams_enabled,
+            prefix: args.durable_streams_prefix.clone(),
+            long_poll_timeout: args.durable_streams_long_poll_timeout,
+            max_append_bytes: args.durable_streams_max_append_bytes,
+        },
         // Against DNS rebinding: a loopback node without authentication
         // answers loopback host names only.
         loopback_hosts_only: checked.exposure == Exposure::Loopback,

@@ -1,0 +1,389 @@
+//! `GET` of a stream (catch-up from an offset, and long-poll) and `HEAD`.
+//! Every node serves them from the storage; a long-poll waits on this
+//! node's hub for the channel's next notice (the writer's on the holder,
+//! the standby feed's on a standby), at most `long_poll_timeout`.
+
+use axum::body::Body;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::header::{ETAG, IF_NONE_MATCH};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use herald_core::{is_json_media, ChannelName, Message, Offset, Payload, StreamInfo};
+use herald_node::node_error::StorageContext;
+use tokio::time::Instant;
+
+use super::offset::{self, ReadFrom};
+use super::response::{self, set};
+use super::{naming, request, sse, StreamsState};
+use crate::auth_extract::Subscriber;
+use crate::error::{Error, Result};
+
+/// Messages read from the storage per call.
+const PAGE_MESSAGES: usize = 1000;
+/// A catch-up answer stops adding messages once its body is this long, in
+/// bytes (1 MiB); it always holds at least one whole message.
+const CHUNK_BYTES: usize = 1024 * 1024;
+
+/// How a `GET` reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Live {
+    /// Catch-up: what is stored, now.
+    No,
+    /// `live=long-poll`.
+    LongPoll,
+    /// `live=sse`.
+    Sse,
+}
+
+/// The query of a `GET`.
+#[derive(Debug)]
+pub(crate) struct ReadQuery {
+    /// `offset`, if given.
+    pub(crate) from: Option<ReadFrom>,
+    /// `live`.
+    pub(crate) live: Live,
+    /// `cursor`, as the client echoed it.
+    pub(crate) cursor: Option<String>,
+}
+
+fn parse_query(pairs: Vec<(String, String)>) -> Result<ReadQuery> {
+    let one = |name: &str| -> Result<Option<&str>> {
+        let mut values = pairs
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str());
+        let first = values.next();
+        if values.next().is_some() {
+            return Err(Error::InvalidStreamRequest(format!(
+                "{name} is given more than once"
+            )));
+        }
+        Ok(first)
+    };
+    let from = one("offset")?
+        .map(offset::parse)
+        .transpose()
+        .map_err(Error::InvalidStreamRequest)?;
+    let live = match one("live")? {
+        None => Live::No,
+        Some("long-poll") => Live::LongPoll,
+        Some("sse") => Live::Sse,
+        Some(other) => {
+            return Err(Error::InvalidStreamRequest(format!(
+                "live must be long-poll or sse, got {other:?}"
+            )))
+        }
+    };
+    if live != Live::No && from.is_none() {
+        return Err(Error::InvalidStreamRequest(
+            "a live read needs an offset (-1 for the start, now for the tail)".to_owned(),
+        ));
+    }
+    let cursor = one("cursor")?.map(str::to_owned);
+    Ok(ReadQuery { from, live, cursor })
+}
+
+/// The live stream at `path`, after the caller's right to read it.
+async fn stream(
+    state: &StreamsState,
+    who: &herald_auth::Principal,
+    path: &str,
+    live: bool,
+) -> Result<StreamInfo> {
+    let channel = naming::channel_of(path).map_err(Error::InvalidStreamRequest)?;
+    let auth = state.shared.auth();
+    if live {
+        auth.may_subscribe(who, &channel)?;
+    } else {
+        auth.may_read_history(who, &channel)?;
+    }
+    info(state, &channel).await?.ok_or(Error::StreamNotFound)
+}
+
+/// The stream `channel` as the storage holds it now.
+pub(crate) async fn info(
+    state: &StreamsState,
+    channel: &ChannelName,
+) -> Result<Option<StreamInfo>> {
+    Ok(state
+        .shared
+        .node
+        .storage()
+        .stream_info(channel)
+        .await
+        .during("stream_info", Some(channel))?)
+}
+
+/// The Herald offset a read continues after.
+///
+/// # Errors
+/// 410 `offset_gone` for an offset before what is stored.
+pub(crate) fn start(info: &StreamInfo, from: ReadFrom) -> Result<Offset> {
+    match from {
+        ReadFrom::Start => Ok(info.earliest - 1),
+        ReadFrom::Now => Ok(info.head),
+        ReadFrom::After(after) if after < info.earliest - 1 => Err(Error::OffsetGone),
+        ReadFrom::After(after) => Ok(after.min(info.head)),
+    }
+}
+
+/// Stored messages after an offset, up to about [`CHUNK_BYTES`].
+pub(crate) struct Chunk {
+    /// The messages, in offset order.
+    pub(crate) messages: Vec<Message>,
+    /// The offset a next read continues after.
+    pub(crate) next: Offset,
+    /// Whether `next` reached the head the storage read.
+    pub(crate) up_to_date: bool,
+    /// The channel's deletion number, for the `ETag`.
+    pub(crate) deletion: u64,
+}
+
+/// Reads the messages after `after`.
+pub(crate) async fn read_chunk(
+    state: &StreamsState,
+    channel: &ChannelName,
+    after: Offset,
+) -> Result<Chunk> {
+    let storage = state.shared.node.storage();
+    let mut messages = Vec::new();
+    let mut next = after;
+    let mut bytes = 0usize;
+    loop {
+        let page = storage
+            .read(channel, next, PAGE_MESSAGES)
+            .await
+            .during("read", Some(channel))?;
+        if page.earliest > next + 1 {
+            // Removed while reading: the client reads again from its offset.
+            return Err(Error::OffsetGone);
+        }
+        let full = page.messages.len() == PAGE_MESSAGES;
+        for message in page.messages {
+            if bytes >= CHUNK_BYTES {
+                return Ok(Chunk {
+                    messages,
+                    next,
+                    up_to_date: false,
+                    deletion: page.deletion,
+                });
+            }
+            bytes += message.data.len();
+            next = message.offset;
+            messages.push(message);
+        }
+        if !full {
+            return Ok(Chunk {
+                messages,
+                next,
+                up_to_date: next >= page.head,
+                deletion: page.deletion,
+            });
+        }
+    }
+}
+
+/// The body of `messages` for a stream of `content_type`: in JSON mode a
+/// JSON array of them, else their bytes one after the other.
+pub(crate) fn body(content_type: &str, messages: &[Message]) -> Vec<u8> {
+    if is_json_media(content_type) {
+        let mut out =
+            Vec::with_capacity(2 + messages.iter().map(|m| m.data.len() + 1).sum::<usize>());
+        out.push(b'[');
+        for (i, m) in messages.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(m.data.to_json_text().as_bytes());
+        }
+        out.push(b']');
+        return out;
+    }
+    let mut out = Vec::with_capacity(messages.iter().map(|m| m.data.len()).sum());
+    for m in messages {
+        match &m.data {
+            Payload::Bytes(b) => out.extend_from_slice(b),
+            Payload::Json(j) => out.extend_from_slice(j.get().as_bytes()),
+        }
+    }
+    out
+}
+
+/// `GET`: catch-up, long-poll or SSE, by `live`.
+pub(crate) async fn get(
+    State(state): State<StreamsState>,
+    Subscriber(who): Subscriber,
+    Path(path): Path<String>,
+    query: std::result::Result<Query<Vec<(String, String)>>, QueryRejection>,
+    headers: HeaderMap,
+) -> Result<Response> {
+    let Query(pairs) = query.map_err(|e| Error::InvalidStreamRequest(e.body_text()))?;
+    let query = parse_query(pairs)?;
+    let info = stream(&state, &who, &path, query.live != Live::No).await?;
+    let from = query.from.unwrap_or(ReadFrom::Start);
+    match query.live {
+        Live::No => catch_up(&state, &info, from, &headers).await,
+        Live::LongPoll => long_poll(&state, info, from, query.cursor).await,
+        Live::Sse => sse::serve(state, info, from, query.cursor).await,
+    }
+}
+
+/// A catch-up read: what is stored after the offset, now.
+async fn catch_up(
+    state: &StreamsState,
+    info: &StreamInfo,
+    from: ReadFrom,
+    headers: &HeaderMap,
+) -> Result<Response> {
+    let after = start(info, from)?;
+    if from == ReadFrom::Now {
+        let mut answer = Response::new(Body::from(body(&info.config.content_type, &[])));
+        set(
+            answer.headers_mut(),
+            "stream-next-offset",
+            &offset::format(after),
+        );
+        set(answer.headers_mut(), "stream-up-to-date", "true");
+        response::content_type(&mut answer, &info.config.content_type);
+        response::cache(&mut answer, "no-store");
+        if info.closed {
+            response::closed(&mut answer);
+        }
+        return Ok(answer);
+    }
+    let chunk = read_chunk(state, &info.channel, after).await?;
+    let closed = chunk.up_to_date && info.closed && chunk.next >= info.head;
+    let etag = format!(
+        "\"{}-{}-{}{}\"",
+        chunk.deletion,
+        after,
+        chunk.next,
+        if closed { "-c" } else { "" }
+    );
+    let not_modified = headers
+        .get(IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').any(|t| t.trim() == etag));
+    let mut answer = if not_modified {
+        let mut answer = Response::new(Body::empty());
+        *answer.status_mut() = StatusCode::NOT_MODIFIED;
+        answer
+    } else {
+        Response::new(Body::from(body(&info.config.content_type, &chunk.messages)))
+    };
+    set(
+        answer.headers_mut(),
+        "stream-next-offset",
+        &offset::format(chunk.next),
+    );
+    set(answer.headers_mut(), ETAG.as_str(), &etag);
+    response::content_type(&mut answer, &info.config.content_type);
+    if chunk.up_to_date {
+        set(answer.headers_mut(), "stream-up-to-date", "true");
+        // The tail grows: a cache must ask again.
+        response::cache(&mut answer, "no-cache");
+    } else {
+        // A full chunk from an offset never changes.
+        response::cache(
+            &mut answer,
+            "public, max-age=60, stale-while-revalidate=300",
+        );
+    }
+    if closed {
+        response::closed(&mut answer);
+    }
+    Ok(answer)
+}
+
+/// A long-poll read: answers at once with what is stored after the offset,
+/// else waits for the channel's next notice, at most the configured
+/// timeout, then answers `204`. A closed stream at its tail answers `204`
+/// with `Stream-Closed: true` at once.
+async fn long_poll(
+    state: &StreamsState,
+    info: StreamInfo,
+    from: ReadFrom,
+    cursor: Option<String>,
+) -> Result<Response> {
+    let channel = info.channel.clone();
+    // Subscribed before the first read: a message committed after it is
+    // announced, so none is missed between the read and the wait.
+    let mut notices = state.shared.node.hub().subscribe(&channel);
+    let after = start(&info, from)?;
+    let timeout = state.shared.config.durable_streams.long_poll_timeout;
+    let deadline = Instant::now() + timeout;
+    let mut info = info;
+    loop {
+        let chunk = read_chunk(state, &channel, after).await?;
+        let cursor_now = offset::cursor(request::now_ms(), cursor.as_deref());
+        if !chunk.messages.is_empty() {
+            let mut answer =
+                Response::new(Body::from(body(&info.config.content_type, &chunk.messages)));
+            set(
+                answer.headers_mut(),
+                "stream-next-offset",
+                &offset::format(chunk.next),
+            );
+            set(answer.headers_mut(), "stream-cursor", &cursor_now);
+            set(
+                answer.headers_mut(),
+                ETAG.as_str(),
+                &format!("\"{}-{}-{}\"", chunk.deletion, after, chunk.next),
+            );
+            if chunk.up_to_date {
+                set(answer.headers_mut(), "stream-up-to-date", "true");
+            }
+            response::content_type(&mut answer, &info.config.content_type);
+            response::cache(&mut answer, "no-cache");
+            return Ok(answer);
+        }
+        if info.closed && after >= info.head {
+            let mut answer = response::empty(StatusCode::NO_CONTENT, after);
+            set(answer.headers_mut(), "stream-up-to-date", "true");
+            response::closed(&mut answer);
+            return Ok(answer);
+        }
+        let woke = tokio::select! {
+            _ = notices.recv() => true,
+            () = tokio::time::sleep_until(deadline) => false,
+            () = state.shared.shutdown.cancelled() => false,
+        };
+        if !woke {
+            let mut answer = response::empty(StatusCode::NO_CONTENT, after);
+            set(answer.headers_mut(), "stream-up-to-date", "true");
+            set(answer.headers_mut(), "stream-cursor", &cursor_now);
+            return Ok(answer);
+        }
+        info = match self::info(state, &channel).await? {
+            Some(info) => info,
+            None => return Err(Error::StreamNotFound),
+        };
+    }
+}
+
+/// `HEAD`: the stream's metadata, never cached, without touching its TTL.
+pub(crate) async fn head(
+    State(state): State<StreamsState>,
+    Subscriber(who): Subscriber,
+    Path(path): Path<String>,
+) -> Result<Response> {
+    let info = stream(&state, &who, &path, false).await?;
+    let mut answer = response::empty(StatusCode::OK, info.head);
+    response::content_type(&mut answer, &info.config.content_type);
+    response::cache(&mut answer, "no-store");
+    if let Some(ttl) = info.config.ttl_s {
+        set(answer.headers_mut(), "stream-ttl", &ttl.to_string());
+    }
+    if let Some(at) = info.config.expires_at_ms {
+        set(
+            answer.headers_mut(),
+            "stream-expires-at",
+            &herald_core::format_rfc3339_ms(at),
+        );
+    }
+    if info.closed {
+        response::closed(&mut answer);
+    }
+    Ok(answer)
+}

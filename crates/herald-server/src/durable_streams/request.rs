@@ -1,0 +1,298 @@
+//! What a Durable Streams request says in its headers and body, checked:
+//! the protocol's headers (PROTOCOL.md of durable-streams/durable-streams,
+//! "Create", "Append", "Idempotent producers") and the messages of an
+//! append. Every refusal is a 400 `invalid_stream_request` that names the
+//! header, and changes nothing.
+
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use axum::http::header::CONTENT_TYPE;
+use axum::http::HeaderMap;
+use bytes::Bytes;
+use herald_core::{Payload, Producer};
+use serde_json::value::RawValue;
+
+use crate::error::Error;
+
+/// Largest producer epoch and sequence number: 2^53 - 1, the largest
+/// integer every client language (JavaScript's numbers) holds exactly.
+const MAX_PRODUCER_NUMBER: u64 = (1 << 53) - 1;
+
+fn invalid(message: impl Into<String>) -> Error {
+    Error::InvalidStreamRequest(message.into())
+}
+
+/// The value of header `name` as text, if present.
+fn text<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str>, Error> {
+    match headers.get(name) {
+        None => Ok(None),
+        Some(v) => v
+            .to_str()
+            .map(|s| Some(s.trim()))
+            .map_err(|_| invalid(format!("{name} must be visible ASCII"))),
+    }
+}
+
+/// The request's `Content-Type`, if it has a non-empty one.
+pub(crate) fn content_type(headers: &HeaderMap) -> Result<Option<String>, Error> {
+    Ok(text(headers, CONTENT_TYPE.as_str())?
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned))
+}
+
+/// Whether the request asks to close the stream (`Stream-Closed: true`,
+/// in any case; any other value is no).
+pub(crate) fn closes(headers: &HeaderMap) -> bool {
+    headers
+        .get("stream-closed")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+}
+
+/// `Stream-TTL` in seconds: a decimal integer without sign, leading zero
+/// or fraction.
+pub(crate) fn ttl_s(headers: &HeaderMap) -> Result<Option<u64>, Error> {
+    let Some(value) = text(headers, "stream-ttl")? else {
+        return Ok(None);
+    };
+    let canonical = value == "0"
+        || (!value.is_empty()
+            && !value.starts_with('0')
+            && value.bytes().all(|b| b.is_ascii_digit()));
+    match value.parse::<u64>() {
+        Ok(ttl) if canonical => Ok(Some(ttl)),
+        _ => Err(invalid(format!(
+            "Stream-TTL must be a whole number of seconds without sign or leading zero, got {value:?}"
+        ))),
+    }
+}
+
+/// `Stream-Expires-At` as ms since the Unix epoch: an RFC 3339 time with
+/// `Z` or a numeric offset (RFC 3339, section 5.6).
+pub(crate) fn expires_at_ms(headers: &HeaderMap) -> Result<Option<i64>, Error> {
+    let Some(value) = text(headers, "stream-expires-at")? else {
+        return Ok(None);
+    };
+    parse_rfc3339_ms(value).map(Some).ok_or_else(|| {
+        invalid(format!(
+            "Stream-Expires-At must be an RFC 3339 time, got {value:?}"
+        ))
+    })
+}
+
+/// Parses an RFC 3339 date-time into ms since the Unix epoch.
+fn parse_rfc3339_ms(value: &str) -> Option<i64> {
+    let (local, offset_s): (&str, i64) = if let Some(local) = value.strip_suffix(['Z', 'z']) {
+        (local, 0)
+    } else {
+        let split = value.len().checked_sub(6)?;
+        let (local, zone) = value.split_at(split);
+        let sign = match zone.as_bytes()[0] {
+            b'+' => 1,
+            b'-' => -1,
+            _ => return None,
+        };
+        let (h, m) = zone[1..].split_once(':')?;
+        let (h, m): (i64, i64) = (h.parse().ok()?, m.parse().ok()?);
+        if !(0..24).contains(&h) || !(0..60).contains(&m) {
+            return None;
+        }
+        (local, sign * (h * 3600 + m * 60))
+    };
+    if !local.contains('T') && !local.contains('t') {
+        return None;
+    }
+    let time = humantime::parse_rfc3339_weak(local).ok()?;
+    let ms = match time.duration_since(UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_millis()).ok()?,
+        Err(e) => -i64::try_from(e.duration().as_millis()).ok()?,
+    };
+    ms.checked_sub(offset_s * 1000)
+}
+
+/// A producer number header (`Producer-Epoch`, `Producer-Seq`).
+fn producer_number(headers: &HeaderMap, name: &str) -> Result<Option<u64>, Error> {
+    let Some(value) = text(headers, name)? else {
+        return Ok(None);
+    };
+    match value.parse::<u64>() {
+        Ok(n) if value.bytes().all(|b| b.is_ascii_digit()) && n <= MAX_PRODUCER_NUMBER => {
+            Ok(Some(n))
+        }
+        _ => Err(invalid(format!(
+            "{name} must be an integer from 0 to {MAX_PRODUCER_NUMBER}, got {value:?}"
+        ))),
+    }
+}
+
+/// The idempotent producer: `Producer-Id`, `Producer-Epoch` and
+/// `Producer-Seq`, all three or none.
+pub(crate) fn producer(headers: &HeaderMap) -> Result<Option<Producer>, Error> {
+    let id = text(headers, "producer-id")?;
+    let epoch = producer_number(headers, "producer-epoch")?;
+    let seq = producer_number(headers, "producer-seq")?;
+    match (id, epoch, seq) {
+        (None, None, None) => Ok(None),
+        (Some(""), _, _) => Err(invalid("Producer-Id must not be empty")),
+        (Some(id), Some(epoch), Some(seq)) => Ok(Some(Producer {
+            id: id.to_owned(),
+            epoch,
+            seq,
+        })),
+        _ => Err(invalid(
+            "Producer-Id, Producer-Epoch and Producer-Seq go together: send all three or none",
+        )),
+    }
+}
+
+/// `Stream-Seq`: an opaque text compared as bytes.
+pub(crate) fn stream_seq(headers: &HeaderMap) -> Result<Option<String>, Error> {
+    Ok(text(headers, "stream-seq")?.map(str::to_owned))
+}
+
+/// The messages of a body for a stream of `json` mode: in JSON mode, a
+/// top-level array is one message per element (flattened one level; an
+/// empty one is refused unless `empty_array_ok`, for a creation), any other
+/// value one message; otherwise the whole body is one message of bytes
+/// (none when empty).
+///
+/// # Errors
+/// 400 when a JSON body does not parse, or is an empty array where one is
+/// not allowed.
+pub(crate) fn messages(
+    json: bool,
+    body: &Bytes,
+    empty_array_ok: bool,
+) -> Result<Vec<Payload>, Error> {
+    if !json {
+        if body.is_empty() {
+            return Ok(Vec::new());
+        }
+        return Ok(vec![Payload::Bytes(Arc::from(&body[..]))]);
+    }
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Vec::new());
+    }
+    let text = std::str::from_utf8(body).map_err(|_| invalid("a JSON stream takes UTF-8 JSON"))?;
+    crate::extract::check_depth(text).map_err(|e| invalid(e.to_string()))?;
+    let value: &RawValue =
+        serde_json::from_str(text).map_err(|e| invalid(format!("the body is not JSON: {e}")))?;
+    if value.get().starts_with('[') {
+        let items: Vec<Box<RawValue>> = serde_json::from_str(value.get())
+            .map_err(|e| invalid(format!("the body is not JSON: {e}")))?;
+        if items.is_empty() && !empty_array_ok {
+            return Err(invalid("an empty JSON array appends nothing"));
+        }
+        return Ok(items
+            .into_iter()
+            .map(|item| Payload::Json(Arc::from(item)))
+            .collect());
+    }
+    Ok(vec![Payload::Json(Arc::from(value.to_owned()))])
+}
+
+/// Milliseconds since the Unix epoch now, on this node's clock (for the
+/// cursor only; every stored time is the storage's).
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO)
+        .as_millis()
+        .try_into()
+        .unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::HeaderValue;
+
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn ttl_takes_canonical_whole_seconds_only() {
+        assert_eq!(
+            ttl_s(&headers(&[("stream-ttl", "3600")])).unwrap(),
+            Some(3600)
+        );
+        assert_eq!(ttl_s(&headers(&[("stream-ttl", "0")])).unwrap(), Some(0));
+        for bad in ["abc", "-1", "00060", "+60", "60.5", "1e3", ""] {
+            assert!(ttl_s(&headers(&[("stream-ttl", bad)])).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn expiry_times_take_z_and_offsets() {
+        let z = expires_at_ms(&headers(&[(
+            "stream-expires-at",
+            "2026-09-01T12:00:00.123Z",
+        )]));
+        let plus = expires_at_ms(&headers(&[(
+            "stream-expires-at",
+            "2026-09-01T14:00:00.123+02:00",
+        )]));
+        assert_eq!(z.unwrap(), Some(1_788_264_000_123));
+        assert_eq!(plus.unwrap(), Some(1_788_264_000_123));
+        assert!(expires_at_ms(&headers(&[("stream-expires-at", "not-a-timestamp")])).is_err());
+    }
+
+    #[test]
+    fn producers_need_all_three_headers_with_plain_numbers() {
+        let p = producer(&headers(&[
+            ("producer-id", "p"),
+            ("producer-epoch", "1"),
+            ("producer-seq", "0"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!((p.id.as_str(), p.epoch, p.seq), ("p", 1, 0));
+        assert!(producer(&headers(&[("producer-id", "p")])).is_err());
+        assert!(producer(&headers(&[
+            ("producer-id", ""),
+            ("producer-epoch", "0"),
+            ("producer-seq", "0")
+        ]))
+        .is_err());
+        for bad in ["1abc", "0xyz", "1e3", "-1", "9007199254740992"] {
+            let h = headers(&[
+                ("producer-id", "p"),
+                ("producer-epoch", bad),
+                ("producer-seq", "0"),
+            ]);
+            assert!(producer(&h).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn json_bodies_flatten_one_level() {
+        let texts = |body: &str| -> Vec<String> {
+            messages(true, &Bytes::from(body.to_owned()), false)
+                .unwrap()
+                .iter()
+                .map(|p| p.to_json_text().into_owned())
+                .collect()
+        };
+        assert_eq!(texts(r#"{"a":1}"#), [r#"{"a":1}"#]);
+        assert_eq!(texts(r#"[{"a":1},{"b":2}]"#), [r#"{"a":1}"#, r#"{"b":2}"#]);
+        assert_eq!(texts("[[1,2],[3]]"), ["[1,2]", "[3]"]);
+        assert!(messages(true, &Bytes::from_static(b"[]"), false).is_err());
+        assert!(messages(true, &Bytes::from_static(b"[]"), true)
+            .unwrap()
+            .is_empty());
+        assert!(messages(true, &Bytes::from_static(b"{oops"), false).is_err());
+        assert_eq!(
+            messages(false, &Bytes::from_static(b"\0x"), false)
+                .unwrap()
+                .len(),
+            1
+        );
+    }
+}

@@ -1,0 +1,228 @@
+//! `GET ?live=sse`: a stream followed over Server-Sent Events, as the
+//! protocol frames it (PROTOCOL.md, "SSE mode"): each batch of messages is
+//! one `event: data` (a JSON array in JSON mode, the text of a `text/*`
+//! stream, else standard base64 with `Stream-SSE-Data-Encoding: base64`)
+//! followed at once by one `event: control` whose data is
+//! `{"streamNextOffset", "streamCursor", "upToDate"}`; a closed stream's
+//! last control says `"streamClosed": true` (without a cursor) and the
+//! answer ends. The data lines are split at every CR, LF and CRLF, so a
+//! payload can never frame an event of its own (the SSE spec, "Parsing an
+//! event stream").
+//!
+//! A task reads from the storage and writes the events to the answer; it
+//! waits on this node's hub for the channel's next notice, and every
+//! `long_poll_timeout` sends a comment (`:`) and looks at the stream again
+//! (a standby hears of a closure that way). It ends when the client goes,
+//! the stream is deleted or closed, or the node drains.
+
+use std::convert::Infallible;
+
+use axum::body::Body;
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
+use axum::http::HeaderValue;
+use axum::response::Response;
+use base64::Engine as _;
+use bytes::Bytes;
+use herald_core::{media_type, Message, Offset, StreamInfo};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::offset::{self, ReadFrom};
+use super::read::{body, info, read_chunk, start};
+use super::response::set;
+use super::{request, StreamsState};
+use crate::error::Result;
+
+/// Events written ahead of a slow client before the task waits.
+const QUEUED_EVENTS: usize = 8;
+
+/// Whether a stream of `content_type` is sent base64-encoded: neither
+/// `text/*` nor JSON.
+fn is_binary(content_type: &str) -> bool {
+    let media = media_type(content_type);
+    !(media.starts_with("text/") || media == "application/json")
+}
+
+/// Appends `payload` as `data:` lines, split at CR, LF and CRLF.
+fn data_lines(out: &mut String, payload: &str) {
+    let mut rest = payload;
+    loop {
+        match rest.find(['\r', '\n']) {
+            Some(i) => {
+                out.push_str("data:");
+                out.push_str(&rest[..i]);
+                out.push('\n');
+                let skip = if rest[i..].starts_with("\r\n") { 2 } else { 1 };
+                rest = &rest[i + skip..];
+            }
+            None => {
+                out.push_str("data:");
+                out.push_str(rest);
+                out.push('\n');
+                return;
+            }
+        }
+    }
+}
+
+/// One `event: data` for `messages` of a stream of `content_type`.
+fn data_event(content_type: &str, messages: &[Message]) -> String {
+    let payload = body(content_type, messages);
+    let mut out = String::from("event: data\n");
+    if is_binary(content_type) {
+        out.push_str("data:");
+        out.push_str(&base64::engine::general_purpose::STANDARD.encode(&payload));
+        out.push('\n');
+    } else {
+        data_lines(&mut out, &String::from_utf8_lossy(&payload));
+    }
+    out.push('\n');
+    out
+}
+
+/// One `event: control`: the next offset, and the cursor while the stream
+/// is open, or `streamClosed` once it is closed and read to its end.
+fn control_event(next: Offset, up_to_date: bool, closed: bool, cursor: Option<&str>) -> String {
+    let mut fields = vec![format!("\"streamNextOffset\":\"{}\"", offset::format(next))];
+    if closed {
+        fields.push("\"streamClosed\":true".to_owned());
+    } else {
+        fields.push(format!(
+            "\"streamCursor\":\"{}\"",
+            offset::cursor(request::now_ms(), cursor)
+        ));
+    }
+    if up_to_date {
+        fields.push("\"upToDate\":true".to_owned());
+    }
+    format!("event: control\ndata:{{{}}}\n\n", fields.join(","))
+}
+
+/// Answers `200` with the event stream and starts the task that writes it.
+pub(crate) async fn serve(
+    state: StreamsState,
+    info: StreamInfo,
+    from: ReadFrom,
+    cursor: Option<String>,
+) -> Result<Response> {
+    let after = start(&info, from)?;
+    let (tx, rx) = mpsc::channel::<std::result::Result<Bytes, Infallible>>(QUEUED_EVENTS);
+    let binary = is_binary(&info.config.content_type);
+    tokio::spawn(follow(state, info, after, cursor, tx));
+    let mut answer = Response::new(Body::from_stream(ReceiverStream::new(rx)));
+    let headers = answer.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    if binary {
+        set(headers, "stream-sse-data-encoding", "base64");
+    }
+    Ok(answer)
+}
+
+/// Writes the events of the stream after `after` to `tx` until it ends.
+async fn follow(
+    state: StreamsState,
+    mut info: StreamInfo,
+    mut after: Offset,
+    cursor: Option<String>,
+    tx: mpsc::Sender<std::result::Result<Bytes, Infallible>>,
+) {
+    let channel = info.channel.clone();
+    let mut notices = state.shared.node.hub().subscribe(&channel);
+    let keep_alive = state.shared.config.durable_streams.long_poll_timeout;
+    // The offset of the last control sent: an idle stream is announced
+    // once, not at every wake.
+    let mut announced: Option<Offset> = None;
+    loop {
+        let chunk = match read_chunk(&state, &channel, after).await {
+            Ok(chunk) => chunk,
+            Err(e) => {
+                tracing::debug!(channel = %channel, error = %e, "SSE stream read failed; the stream ends");
+                return;
+            }
+        };
+        if !chunk.messages.is_empty() || chunk.up_to_date {
+            if chunk.up_to_date {
+                info = match info_now(&state, &info).await {
+                    Some(info) => info,
+                    None => return,
+                };
+            }
+            let closed = chunk.up_to_date && info.closed && chunk.next >= info.head;
+            let mut events = String::new();
+            if !chunk.messages.is_empty() {
+                events.push_str(&data_event(&info.config.content_type, &chunk.messages));
+            }
+            if !chunk.messages.is_empty() || closed || announced != Some(chunk.next) {
+                events.push_str(&control_event(
+                    chunk.next,
+                    chunk.up_to_date,
+                    closed,
+                    cursor.as_deref(),
+                ));
+                announced = Some(chunk.next);
+            }
+            if !events.is_empty() && tx.send(Ok(Bytes::from(events))).await.is_err() {
+                return;
+            }
+            after = chunk.next;
+            if closed {
+                return;
+            }
+            if !chunk.up_to_date {
+                continue;
+            }
+        }
+        tokio::select! {
+            _ = notices.recv() => {}
+            () = tokio::time::sleep(keep_alive) => {
+                if tx.send(Ok(Bytes::from_static(b":\n\n"))).await.is_err() {
+                    return;
+                }
+            }
+            () = tx.closed() => return,
+            () = state.shared.shutdown.cancelled() => return,
+        }
+    }
+}
+
+/// The stream as the storage holds it now; `None` once it is gone (or
+/// the storage failed, which ends the stream: the client resumes).
+async fn info_now(state: &StreamsState, current: &StreamInfo) -> Option<StreamInfo> {
+    match info(state, &current.channel).await {
+        Ok(info) => info,
+        Err(e) => {
+            tracing::debug!(channel = %current.channel, error = %e, "SSE stream check failed; the stream ends");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payload_lines_never_frame_an_event() {
+        let mut out = String::new();
+        data_lines(&mut out, "a\r\n\r\nevent: control\rdata: {}\nb");
+        assert_eq!(
+            out,
+            "data:a\ndata:\ndata:event: control\ndata:data: {}\ndata:b\n"
+        );
+    }
+
+    #[test]
+    fn controls_carry_a_cursor_until_the_stream_is_closed() {
+        let open = control_event(3, true, false, None);
+        assert!(open.starts_with("event: control\ndata:{\"streamNextOffset\":\"0000000000000000_0000000000000003\",\"streamCursor\":\""));
+        assert!(open.ends_with(",\"upToDate\":true}\n\n"));
+        let closed = control_event(3, true, true, None);
+        assert_eq!(
+            closed,
+            "event: control\ndata:{\"streamNextOffset\":\"0000000000000000_0000000000000003\",\"streamClosed\":true,\"upToDate\":true}\n\n"
+        );
+        assert!(is_binary("application/octet-stream") && is_binary("image/png"));
+        assert!(!is_binary("text/plain; charset=utf-8") && !is_binary("APPLICATION/JSON"));
+    }
+}

@@ -1,0 +1,267 @@
+//! `PUT` (create), `POST` (append, close) and `DELETE` of a stream. Each
+//! checks the caller's right to publish to the stream's channel, then its
+//! headers and body, before anything is written; the write itself is
+//! herald-node's (`streams.rs`): committed here on the holder, or
+//! forwarded once to the holder, whose answer is returned unchanged.
+
+use axum::extract::{Path, State};
+use axum::http::header::{HOST, LOCATION};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use herald_core::{
+    is_json_media, media_type, ChannelName, StreamAppend, StreamAppended, StreamConfig,
+    StreamCreate, StreamCreated, StreamInfo,
+};
+use herald_node::publish::Routed;
+use herald_node::streams::{self, StreamRequest};
+
+use super::response::{self, set};
+use super::{naming, offset, request, StreamsState};
+use crate::auth_extract::Caller;
+use crate::error::{Error, Result};
+
+/// The type of a stream created without one (PROTOCOL.md, "Create").
+const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";
+
+/// The checked channel of a write at `path`, after the caller's right to
+/// publish to it.
+fn channel(
+    state: &StreamsState,
+    who: &herald_auth::Principal,
+    path: &str,
+    headers: &HeaderMap,
+    uri: &Uri,
+) -> Result<ChannelName> {
+    crate::edge::cross_origin_write_refusal(&state.shared, headers, uri)?;
+    let channel = naming::channel_of(path).map_err(Error::InvalidStreamRequest)?;
+    state.shared.auth().may_publish(who, &channel)?;
+    if state.shared.draining() {
+        return Err(Error::Draining);
+    }
+    Ok(channel)
+}
+
+/// What a standby forwards of this request.
+fn forwarded<'a>(
+    method: Method,
+    uri: &Uri,
+    headers: &'a HeaderMap,
+    body: Bytes,
+) -> StreamRequest<'a> {
+    StreamRequest {
+        method,
+        path: uri
+            .path_and_query()
+            .map_or_else(|| uri.path().to_owned(), |p| p.as_str().to_owned()),
+        headers,
+        body,
+    }
+}
+
+/// The answer to a creation that found or made `info`.
+fn created(info: &StreamInfo, status: StatusCode, location: Option<String>) -> Response {
+    let mut answer = response::empty(status, info.head);
+    response::content_type(&mut answer, &info.config.content_type);
+    if info.closed {
+        response::closed(&mut answer);
+    }
+    if let Some(location) = location {
+        set(answer.headers_mut(), LOCATION.as_str(), &location);
+    }
+    answer
+}
+
+/// `PUT`: creates the stream, or answers 200 when it exists with the same
+/// configuration (content type compared by media type, TTL, expiry,
+/// closure), 409 when with another.
+pub(crate) async fn put(
+    State(state): State<StreamsState>,
+    Caller(who): Caller,
+    Path(path): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response> {
+    let channel = channel(&state, &who, &path, &headers, &uri)?;
+    if headers.contains_key("stream-forked-from")
+        || headers.contains_key("stream-fork-offset")
+        || headers.contains_key("stream-fork-sub-offset")
+    {
+        return Err(Error::NotImplemented(
+            "forks (Stream-Forked-From) are not served by Herald yet".to_owned(),
+        ));
+    }
+    let content_type =
+        request::content_type(&headers)?.unwrap_or_else(|| DEFAULT_CONTENT_TYPE.to_owned());
+    let ttl_s = request::ttl_s(&headers)?;
+    let expires_at_ms = request::expires_at_ms(&headers)?;
+    if ttl_s.is_some() && expires_at_ms.is_some() {
+        return Err(Error::InvalidStreamRequest(
+            "Stream-TTL and Stream-Expires-At exclude each other: send one".to_owned(),
+        ));
+    }
+    let messages = request::messages(is_json_media(&content_type), &body, true)?;
+    let create = StreamCreate {
+        channel: channel.clone(),
+        config: StreamConfig {
+            content_type,
+            ttl_s,
+            expires_at_ms,
+        },
+        closed: request::closes(&headers),
+        messages,
+    };
+    let location = headers.get(HOST).and_then(|h| h.to_str().ok()).map(|host| {
+        let scheme = if state.shared.config.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{host}{}", uri.path())
+    });
+    let wanted = create.config.clone();
+    let closes = create.closed;
+    let request = forwarded(Method::PUT, &uri, &headers, body);
+    match streams::create_stream(&state.shared.node, create, request).await? {
+        Routed::Holder(answer) => Ok(response::from_holder(answer)),
+        Routed::Here(StreamCreated::Created { info, .. }) => {
+            Ok(created(&info, StatusCode::CREATED, location))
+        }
+        Routed::Here(StreamCreated::Exists(info)) => {
+            let same = media_type(&info.config.content_type) == media_type(&wanted.content_type)
+                && info.config.ttl_s == wanted.ttl_s
+                && info.config.expires_at_ms == wanted.expires_at_ms
+                && info.closed == closes;
+            if !same {
+                return Err(Error::StreamConflict(
+                    "a stream exists at this path with another configuration (content type, \
+                     TTL, expiry or closure)"
+                        .to_owned(),
+                ));
+            }
+            Ok(created(&info, StatusCode::OK, None))
+        }
+        Routed::Here(StreamCreated::Expired) => Err(Error::Internal(
+            "an expired stream was still there after its deletion".to_owned(),
+        )),
+    }
+}
+
+/// `POST`: appends the body (one message of bytes, or in JSON mode one per
+/// element of a top-level array), closes the stream with
+/// `Stream-Closed: true` (alone with an empty body), idempotently with
+/// producer headers.
+pub(crate) async fn post(
+    State(state): State<StreamsState>,
+    Caller(who): Caller,
+    Path(path): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response> {
+    let channel = channel(&state, &who, &path, &headers, &uri)?;
+    let producer = request::producer(&headers)?;
+    let close = request::closes(&headers);
+    let content_type = request::content_type(&headers)?;
+    let stream_seq = request::stream_seq(&headers)?;
+    let close_only = body.is_empty() && close;
+    if body.is_empty() && !close {
+        return Err(Error::InvalidStreamRequest(
+            "an append needs a body (or Stream-Closed: true to close the stream)".to_owned(),
+        ));
+    }
+    let messages = if close_only {
+        Vec::new()
+    } else {
+        let Some(content_type) = &content_type else {
+            return Err(Error::InvalidStreamRequest(
+                "an append needs a Content-Type".to_owned(),
+            ));
+        };
+        request::messages(is_json_media(content_type), &body, false)?
+    };
+    let append = StreamAppend {
+        channel,
+        content_type: if close_only { None } else { content_type },
+        messages,
+        producer: producer.clone(),
+        stream_seq,
+        close,
+    };
+    let request = forwarded(Method::POST, &uri, &headers, body);
+    let appended = match streams::append_stream(&state.shared.node, append, request).await? {
+        Routed::Holder(answer) => return Ok(response::from_holder(answer)),
+        Routed::Here(appended) => appended,
+    };
+    let producer_headers = |answer: &mut Response, seq: u64| {
+        if let Some(p) = &producer {
+            set(answer.headers_mut(), "producer-epoch", &p.epoch.to_string());
+            set(answer.headers_mut(), "producer-seq", &seq.to_string());
+        }
+    };
+    match appended {
+        StreamAppended::Appended { head, closed, .. } => {
+            let status = if producer.is_some() && !close_only {
+                StatusCode::OK
+            } else {
+                StatusCode::NO_CONTENT
+            };
+            let mut answer = response::empty(status, head);
+            if closed {
+                response::closed(&mut answer);
+            }
+            producer_headers(&mut answer, producer.as_ref().map_or(0, |p| p.seq));
+            Ok(answer)
+        }
+        StreamAppended::Duplicate {
+            head,
+            last_seq,
+            closed,
+        } => {
+            let mut answer = response::empty(StatusCode::NO_CONTENT, head);
+            if closed {
+                response::closed(&mut answer);
+            }
+            producer_headers(&mut answer, last_seq);
+            Ok(answer)
+        }
+        StreamAppended::NotFound => Err(Error::StreamNotFound),
+        StreamAppended::Closed { head } => Err(Error::StreamClosed {
+            next_offset: offset::format(head),
+        }),
+        StreamAppended::ContentTypeMismatch { content_type } => Err(Error::StreamConflict(
+            format!("the stream's content type is {content_type}"),
+        )),
+        StreamAppended::StaleEpoch { epoch } => Err(Error::StaleProducerEpoch { epoch }),
+        StreamAppended::EpochWithoutSeqZero => Err(Error::InvalidStreamRequest(
+            "a new producer epoch starts at Producer-Seq 0".to_owned(),
+        )),
+        StreamAppended::SeqGap { expected, received } => {
+            Err(Error::ProducerSeqGap { expected, received })
+        }
+        StreamAppended::StreamSeqConflict => Err(Error::StreamConflict(
+            "Stream-Seq must be greater, as bytes, than the last one the stream accepted"
+                .to_owned(),
+        )),
+    }
+}
+
+/// `DELETE`: deletes the stream (its messages, producers and properties);
+/// its channel keeps its head, so a stream created again at the path goes
+/// on with later offsets and none of the old data.
+pub(crate) async fn delete(
+    State(state): State<StreamsState>,
+    Caller(who): Caller,
+    Path(path): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Response> {
+    let channel = channel(&state, &who, &path, &headers, &uri)?;
+    let request = forwarded(Method::DELETE, &uri, &headers, Bytes::new());
+    match streams::delete_stream(&state.shared.node, &channel, request).await? {
+        Routed::Holder(answer) => Ok(response::from_holder(answer)),
+        Routed::Here(true) => Ok(StatusCode::NO_CONTENT.into_response()),
+        Routed::Here(false) => Err(Error::StreamNotFound),
+    }
+}
