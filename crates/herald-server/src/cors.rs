@@ -13,7 +13,8 @@
 use std::time::Duration;
 
 use axum::http::header::{
-    HeaderName, AUTHORIZATION, CONTENT_TYPE, LAST_MODIFIED, LOCATION, RETRY_AFTER, WWW_AUTHENTICATE,
+    HeaderName, AUTHORIZATION, CONTENT_TYPE, ETAG, IF_NONE_MATCH, LAST_MODIFIED, LOCATION,
+    RETRY_AFTER, WWW_AUTHENTICATE,
 };
 use axum::http::{HeaderValue, Method};
 use tower_http::cors::{AllowOrigin, CorsLayer};
@@ -21,20 +22,47 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 use herald_node::node_error::StartError;
 
 /// The request headers a page may send: credentials (`Authorization`,
-/// `X-API-Key`), the publish body's type, `Idempotency-Key` and SSE's
-/// `Last-Event-ID`.
-const ALLOWED_HEADERS: [HeaderName; 5] = [
+/// `X-API-Key`), the publish body's type, `Idempotency-Key`, SSE's
+/// `Last-Event-ID`, `If-None-Match`, and the Durable Streams protocol's
+/// request headers (PROTOCOL.md of durable-streams/durable-streams).
+const ALLOWED_HEADERS: [HeaderName; 15] = [
     AUTHORIZATION,
     CONTENT_TYPE,
+    IF_NONE_MATCH,
     HeaderName::from_static("idempotency-key"),
     HeaderName::from_static("last-event-id"),
     HeaderName::from_static("x-api-key"),
+    HeaderName::from_static("stream-seq"),
+    HeaderName::from_static("stream-ttl"),
+    HeaderName::from_static("stream-expires-at"),
+    HeaderName::from_static("stream-closed"),
+    HeaderName::from_static("producer-id"),
+    HeaderName::from_static("producer-epoch"),
+    HeaderName::from_static("producer-seq"),
+    HeaderName::from_static("stream-forked-from"),
+    HeaderName::from_static("stream-fork-offset"),
 ];
 
 /// The response headers a page may read besides the CORS-safelisted
-/// ones: `Retry-After` (on 429 and 503), `Location`, `Last-Modified` and
-/// `WWW-Authenticate` (on 401, RFC 6750 §3).
-const EXPOSED_HEADERS: [HeaderName; 4] = [RETRY_AFTER, LOCATION, LAST_MODIFIED, WWW_AUTHENTICATE];
+/// ones: `Retry-After` (on 429 and 503), `Location`, `Last-Modified`,
+/// `WWW-Authenticate` (on 401, RFC 6750 §3), `ETag`, and the Durable
+/// Streams protocol's answer headers.
+const EXPOSED_HEADERS: [HeaderName; 14] = [
+    RETRY_AFTER,
+    LOCATION,
+    LAST_MODIFIED,
+    WWW_AUTHENTICATE,
+    ETAG,
+    HeaderName::from_static("stream-next-offset"),
+    HeaderName::from_static("stream-cursor"),
+    HeaderName::from_static("stream-up-to-date"),
+    HeaderName::from_static("stream-closed"),
+    HeaderName::from_static("stream-sse-data-encoding"),
+    HeaderName::from_static("producer-epoch"),
+    HeaderName::from_static("producer-seq"),
+    HeaderName::from_static("producer-expected-seq"),
+    HeaderName::from_static("producer-received-seq"),
+];
 
 /// The CORS settings of a node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,7 +117,14 @@ impl CorsConfig {
         };
         CorsLayer::new()
             .allow_origin(origins)
-            .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
+            .allow_methods([
+                Method::GET,
+                Method::HEAD,
+                Method::POST,
+                Method::PUT,
+                Method::DELETE,
+                Method::OPTIONS,
+            ])
             .allow_headers(ALLOWED_HEADERS)
             .expose_headers(EXPOSED_HEADERS)
             .max_age(self.max_age)
