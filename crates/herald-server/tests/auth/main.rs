@@ -12,6 +12,7 @@ mod history_rights;
 mod keys;
 mod limits;
 mod secrets;
+mod streams;
 mod tokens;
 
 use herald_auth::{
