@@ -397,7 +397,7 @@ impl Forwarder {
             status,
             content_type,
             retry_after,
-            stream_headers,
+            stream_headers: Box::new(stream_headers),
             body,
         })
     }
@@ -414,7 +414,7 @@ pub struct HolderAnswer {
     retry_after: Option<HeaderValue>,
     /// Durable Streams' answer headers (`Stream-*`, `Producer-*`),
     /// `Location` and `ETag`.
-    stream_headers: HeaderMap,
+    stream_headers: Box<HeaderMap>,
     body: Bytes,
 }
 

@@ -89,11 +89,10 @@ pub(crate) fn decide(
             Some((epoch, _)) if producer.epoch < epoch => {
                 return Decision::Answer(StreamAppended::StaleEpoch { epoch })
             }
-            Some((epoch, _)) if producer.epoch > epoch => {
-                if producer.seq != 0 {
-                    return Decision::Answer(StreamAppended::EpochWithoutSeqZero);
-                }
+            Some((epoch, _)) if producer.epoch > epoch && producer.seq != 0 => {
+                return Decision::Answer(StreamAppended::EpochWithoutSeqZero);
             }
+            Some((epoch, _)) if producer.epoch > epoch => {}
             Some((_, last)) if producer.seq <= last => {
                 return Decision::Answer(StreamAppended::Duplicate {
                     head: row.head,

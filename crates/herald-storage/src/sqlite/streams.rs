@@ -186,7 +186,7 @@ pub(super) fn create_stream(
         create.config.content_type,
         json,
         create.closed,
-        create.config.ttl_s.map(|t| sql_position(t)),
+        create.config.ttl_s.map(sql_position),
         create.config.expires_at_ms,
         now
     ])?;
