@@ -1,8 +1,9 @@
 //! Herald's crates, bottom to top: `herald-core` (the domain, no I/O),
 //! `herald-storage` (all SQL), `herald-lease` (the lease's timing),
-//! `herald-node` (the core, no route), `herald-server` (HTTP: API v1 and
-//! Centrifugo) and `herald` (the binary); `herald-auth` (access control, no
-//! HTTP) stands beside them on `herald-core`. `ARCHITECTURE.md` is the map.
+//! `herald-node` (the core, no route), `herald-server` (HTTP: API v1,
+//! Centrifugo and Durable Streams) and `herald` (the binary); `herald-auth`
+//! (access control, no HTTP) stands beside them on `herald-core`.
+//! `ARCHITECTURE.md` is the map.
 //!
 //! Herald's domain: what a channel, an offset, a message and a lease are.
 //!

@@ -90,12 +90,17 @@ async fn stream(
     who: &herald_auth::Principal,
     path: &str,
     live: bool,
+    from: Option<ReadFrom>,
 ) -> Result<StreamInfo> {
     let channel = naming::channel_of(path).map_err(Error::InvalidStreamRequest)?;
     let auth = state.shared.auth();
     if live {
         auth.may_subscribe(who, &channel)?;
-    } else {
+    }
+    // What is stored needs the right to read history; a live read from
+    // `now` reads nothing stored before it (the live-only subscribers of
+    // docs/security.md).
+    if !live || from != Some(ReadFrom::Now) {
         auth.may_read_history(who, &channel)?;
     }
     info(state, &channel).await?.ok_or(Error::StreamNotFound)
@@ -220,7 +225,7 @@ pub(crate) async fn get(
 ) -> Result<Response> {
     let Query(pairs) = query.map_err(|e| Error::InvalidStreamRequest(e.body_text()))?;
     let query = parse_query(pairs)?;
-    let info = stream(&state, &who, &path, query.live != Live::No).await?;
+    let info = stream(&state, &who, &path, query.live != Live::No, query.from).await?;
     let from = query.from.unwrap_or(ReadFrom::Start);
     match query.live {
         Live::No => catch_up(&state, &info, from, &headers).await,
@@ -368,7 +373,7 @@ pub(crate) async fn head(
     Subscriber(who): Subscriber,
     Path(path): Path<String>,
 ) -> Result<Response> {
-    let info = stream(&state, &who, &path, false).await?;
+    let info = stream(&state, &who, &path, false, None).await?;
     let mut answer = response::empty(StatusCode::OK, info.head);
     response::content_type(&mut answer, &info.config.content_type);
     response::cache(&mut answer, "no-store");

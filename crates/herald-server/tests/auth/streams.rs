@@ -21,7 +21,10 @@ async fn send(node: &Node, method: &str, path: &str, headers: &[(&str, &str)], b
 async fn streams_follow_channel_rights(backend: Backend) {
     let place = Place::new(backend).await;
     let creds = Creds::new();
-    let node = Node::start(&place, "node-a", Role::Holder, creds.config()).await;
+    let mut config = creds.config();
+    // A long-poll with nothing new answers 204 after this.
+    config.durable_streams.long_poll_timeout = std::time::Duration::from_millis(100);
+    let node = Node::start(&place, "node-a", Role::Holder, config).await;
     let publisher = Creds::bearer(&creds.publisher);
     let reader = Creds::bearer(&creds.reader);
     let text = ("content-type", "text/plain");
@@ -59,6 +62,47 @@ async fn streams_follow_channel_rights(backend: Backend) {
     );
     assert_eq!(
         send(&node, "DELETE", "/ds/news/s", &as_reader, b"").await,
+        403
+    );
+    // A token that may subscribe to room:* but not read its history
+    // (namespace `room`, history off) follows from now only.
+    assert_eq!(
+        send(
+            &node,
+            "PUT",
+            "/ds/room/r",
+            &[("authorization", publisher.as_str()), text],
+            b"old"
+        )
+        .await,
+        201
+    );
+    let token = Creds::bearer(&creds.token_for("u1", serde_json::json!({"channels": ["room:r"]})));
+    let as_token = [("authorization", token.as_str())];
+    assert_eq!(
+        send(
+            &node,
+            "GET",
+            "/ds/room/r?offset=now&live=long-poll",
+            &as_token,
+            b""
+        )
+        .await,
+        204
+    );
+    assert_eq!(
+        send(
+            &node,
+            "GET",
+            "/ds/room/r?offset=-1&live=long-poll",
+            &as_token,
+            b""
+        )
+        .await,
+        403
+    );
+    assert_eq!(
+        send(&node, "GET", "/ds/room/r?offset=-1", &as_token, b"").await,
         403
     );
     // Refused writes changed nothing.
