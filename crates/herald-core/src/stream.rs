@@ -78,8 +78,25 @@ pub struct StreamCreate {
     pub config: StreamConfig,
     /// Create it closed.
     pub closed: bool,
-    /// Its initial messages, in order (may be empty).
+    /// Its initial messages, in order (may be empty); with a fork, after
+    /// what it inherits.
     pub messages: Vec<Payload>,
+    /// Create it as a fork of another stream.
+    pub fork: Option<Fork>,
+}
+
+/// A fork: a new stream that starts with another stream's messages up to
+/// an offset, as its own copy (the same offsets), then goes its own way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fork {
+    /// The stream forked.
+    pub source: ChannelName,
+    /// The source's messages up to this offset are the fork's.
+    pub offset: Offset,
+    /// More of the source than `offset`: in a byte stream, the first
+    /// `sub_offset` bytes of the message after `offset`; in a JSON stream,
+    /// the `sub_offset` messages after it. 0: nothing more.
+    pub sub_offset: u64,
 }
 
 /// The outcome of creating a stream.
@@ -99,6 +116,11 @@ pub enum StreamCreated {
     Exists(StreamInfo),
     /// An expired stream is there: delete it, then create again.
     Expired,
+    /// The fork's source is not a live stream; nothing changed.
+    SourceNotFound,
+    /// The fork's offset or sub-offset is beyond what the source holds, or
+    /// before what it still stores; nothing changed.
+    ForkOutOfRange,
 }
 
 /// A request to append to a stream, close it, or both (`POST`).

@@ -10,7 +10,7 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use herald_core::{
-    is_json_media, media_type, ChannelName, StreamAppend, StreamAppended, StreamConfig,
+    is_json_media, media_type, ChannelName, Fork, StreamAppend, StreamAppended, StreamConfig,
     StreamCreate, StreamCreated, StreamInfo,
 };
 use herald_node::publish::Routed;
@@ -72,6 +72,86 @@ fn created(info: &StreamInfo, status: StatusCode, location: Option<String>) -> R
     answer
 }
 
+/// The fork a `PUT` asks for (`Stream-Forked-From`, `Stream-Fork-Offset`,
+/// `Stream-Fork-Sub-Offset`), with its source as it is now.
+///
+/// # Errors
+/// 400 for a malformed header or a sub-offset without what it needs; 404
+/// when the source is not a live stream.
+async fn fork(state: &StreamsState, headers: &HeaderMap) -> Result<Option<(Fork, StreamInfo)>> {
+    let header = |name: &str| -> Result<Option<&str>> {
+        headers
+            .get(name)
+            .map(|v| {
+                v.to_str().map(str::trim).map_err(|_| {
+                    Error::InvalidStreamRequest(format!("{name} must be visible ASCII"))
+                })
+            })
+            .transpose()
+    };
+    let from = header("stream-forked-from")?;
+    let at = header("stream-fork-offset")?;
+    let sub = header("stream-fork-sub-offset")?;
+    let Some(from) = from else {
+        if at.is_some() || sub.is_some() {
+            return Err(Error::InvalidStreamRequest(
+                "Stream-Fork-Offset and Stream-Fork-Sub-Offset need Stream-Forked-From".to_owned(),
+            ));
+        }
+        return Ok(None);
+    };
+    let sub_offset = match sub {
+        None => 0,
+        Some(text) if text == "0" || (!text.starts_with('0') && !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit())) => {
+            text.parse::<u64>().map_err(|_| Error::InvalidStreamRequest("Stream-Fork-Sub-Offset is too large".to_owned()))?
+        }
+        Some(text) => {
+            return Err(Error::InvalidStreamRequest(format!(
+                "Stream-Fork-Sub-Offset must be a whole number without sign or leading zero, got {text:?}"
+            )))
+        }
+    };
+    let prefix = &state.shared.config.durable_streams.prefix;
+    let path = from
+        .strip_prefix(prefix.as_str())
+        .filter(|rest| rest.starts_with('/'))
+        .unwrap_or(from)
+        .trim_start_matches('/');
+    let source = naming::channel_of(path).map_err(Error::InvalidStreamRequest)?;
+    let info = super::read::info(state, &source)
+        .await?
+        .ok_or(Error::StreamNotFound)?;
+    let offset = match at {
+        None if sub_offset > 0 => {
+            return Err(Error::InvalidStreamRequest(
+                "Stream-Fork-Sub-Offset above 0 needs Stream-Fork-Offset".to_owned(),
+            ))
+        }
+        None => info.head,
+        Some(text) => match offset::parse(text) {
+            Ok(offset::ReadFrom::After(offset)) => offset,
+            _ => {
+                return Err(Error::InvalidStreamRequest(format!(
+                    "Stream-Fork-Offset must be an offset of the source, got {text:?}"
+                )))
+            }
+        },
+    };
+    if offset > info.head {
+        return Err(Error::InvalidStreamRequest(
+            "Stream-Fork-Offset is beyond the source's tail".to_owned(),
+        ));
+    }
+    Ok(Some((
+        Fork {
+            source,
+            offset,
+            sub_offset,
+        },
+        info,
+    )))
+}
+
 /// `PUT`: creates the stream, or answers 200 when it exists with the same
 /// configuration (content type compared by media type, TTL, expiry,
 /// closure), 409 when with another.
@@ -84,23 +164,33 @@ pub(crate) async fn put(
     body: Bytes,
 ) -> Result<Response> {
     let channel = channel(&state, &who, &path, &headers, &uri)?;
-    if headers.contains_key("stream-forked-from")
-        || headers.contains_key("stream-fork-offset")
-        || headers.contains_key("stream-fork-sub-offset")
-    {
-        return Err(Error::NotImplemented(
-            "forks (Stream-Forked-From) are not served by Herald yet".to_owned(),
-        ));
-    }
-    let content_type =
-        request::content_type(&headers)?.unwrap_or_else(|| DEFAULT_CONTENT_TYPE.to_owned());
-    let ttl_s = request::ttl_s(&headers)?;
-    let expires_at_ms = request::expires_at_ms(&headers)?;
+    let fork = fork(&state, &headers).await?;
+    let mut content_type = request::content_type(&headers)?;
+    let mut ttl_s = request::ttl_s(&headers)?;
+    let mut expires_at_ms = request::expires_at_ms(&headers)?;
     if ttl_s.is_some() && expires_at_ms.is_some() {
         return Err(Error::InvalidStreamRequest(
             "Stream-TTL and Stream-Expires-At exclude each other: send one".to_owned(),
         ));
     }
+    if let Some((_, source)) = &fork {
+        // A fork is of its source's type, and lives as long unless told.
+        let inherited = &source.config.content_type;
+        if content_type
+            .as_deref()
+            .is_some_and(|t| media_type(t) != media_type(inherited))
+        {
+            return Err(Error::StreamConflict(format!(
+                "a fork has its source's content type, {inherited}"
+            )));
+        }
+        content_type = Some(inherited.clone());
+        if ttl_s.is_none() && expires_at_ms.is_none() {
+            ttl_s = source.config.ttl_s;
+            expires_at_ms = source.config.expires_at_ms;
+        }
+    }
+    let content_type = content_type.unwrap_or_else(|| DEFAULT_CONTENT_TYPE.to_owned());
     let messages = request::messages(is_json_media(&content_type), &body, true)?;
     let create = StreamCreate {
         channel: channel.clone(),
@@ -111,6 +201,7 @@ pub(crate) async fn put(
         },
         closed: request::closes(&headers),
         messages,
+        fork: fork.map(|(fork, _)| fork),
     };
     let location = headers.get(HOST).and_then(|h| h.to_str().ok()).map(|host| {
         let scheme = if state.shared.config.tls.is_some() {
@@ -142,6 +233,12 @@ pub(crate) async fn put(
             }
             Ok(created(&info, StatusCode::OK, None))
         }
+        Routed::Here(StreamCreated::SourceNotFound) => Err(Error::StreamNotFound),
+        Routed::Here(StreamCreated::ForkOutOfRange) => Err(Error::InvalidStreamRequest(
+            "the fork offset (with its sub-offset) is beyond the source's data, or before \
+             what it still stores"
+                .to_owned(),
+        )),
         Routed::Here(StreamCreated::Expired) => Err(Error::Internal(
             "an expired stream was still there after its deletion".to_owned(),
         )),

@@ -34,6 +34,7 @@ fn create(name: &str, content_type: &str, messages: Vec<Payload>) -> StreamCreat
         },
         closed: false,
         messages,
+        fork: None,
     }
 }
 
@@ -385,4 +386,65 @@ pub async fn an_expired_stream_is_gone(h: &dyn Harness) {
     assert!(info
         .expires_at_ms
         .is_some_and(|at| at <= past_ms + 3_600_000));
+}
+
+/// A fork starts with its source's messages up to its offset (and its
+/// sub-offset's part of the next: a byte prefix, or more JSON messages),
+/// at the same offsets, then goes its own way; a fork of a missing source,
+/// or beyond its head, writes nothing.
+pub async fn a_fork_copies_its_source_up_to_its_offset(h: &dyn Harness) {
+    let c = h.cluster(1).await;
+    let node = c.node(0);
+    let (lease, _) = acquire(node, 0, LONG_TTL).await;
+    created(
+        node,
+        &lease,
+        &create("src", "text/plain", vec![bytes(b"ab"), bytes(b"cdef")]),
+    )
+    .await;
+    let fork = |name: &str, offset, sub_offset| {
+        let mut f = create(name, "text/plain", vec![bytes(b"Z")]);
+        f.fork = Some(herald_core::Fork {
+            source: channel("src"),
+            offset,
+            sub_offset,
+        });
+        f
+    };
+    assert_eq!(created(node, &lease, &fork("f1", 1, 0)).await, 2);
+    assert_eq!(created(node, &lease, &fork("f2", 1, 3)).await, 3);
+    let texts = |page: crate::traits::Page| -> Vec<Payload> {
+        page.messages.into_iter().map(|m| m.data).collect()
+    };
+    assert_eq!(
+        texts(node.read(&channel("f1"), 0, 10).await.unwrap()),
+        [bytes(b"ab"), bytes(b"Z")]
+    );
+    assert_eq!(
+        texts(node.read(&channel("f2"), 0, 10).await.unwrap()),
+        [bytes(b"ab"), bytes(b"cde"), bytes(b"Z")]
+    );
+    // The source goes on unchanged.
+    assert_eq!(node.read(&channel("src"), 0, 10).await.unwrap().head, 2);
+    for (name, refused) in [
+        ("f3", fork("f3", 3, 0)),
+        ("f4", fork("f4", 1, 9)),
+        ("f5", fork("f5", 2, 1)),
+    ] {
+        assert_eq!(
+            node.create_stream(&lease, &refused).await.unwrap(),
+            StreamCreated::ForkOutOfRange,
+            "{name}"
+        );
+        assert!(
+            node.stream_info(&channel(name)).await.unwrap().is_none(),
+            "{name}"
+        );
+    }
+    let mut orphan = fork("f6", 0, 0);
+    orphan.fork.as_mut().unwrap().source = channel("nobody");
+    assert_eq!(
+        node.create_stream(&lease, &orphan).await.unwrap(),
+        StreamCreated::SourceNotFound
+    );
 }

@@ -9,7 +9,7 @@ use std::time::SystemTime;
 use deadpool_postgres::Object;
 use herald_core::fault_switches::{self, FaultSwitch};
 use herald_core::{
-    is_json_media, ChannelName, Lease, Payload, Producer, StreamAppend, StreamAppended,
+    is_json_media, ChannelName, Fork, Lease, Payload, Producer, StreamAppend, StreamAppended,
     StreamConfig, StreamCreate, StreamCreated, StreamInfo,
 };
 
@@ -213,6 +213,89 @@ async fn commit(
     Ok(now)
 }
 
+/// Copies what a fork inherits into `channel` (which has no message):
+/// the source's stored messages up to the fork's offset, at the same
+/// offsets, then its sub-offset's part of what follows. Returns the head
+/// after them, the new `trimmed_through` and the bytes copied; or the
+/// refusal, having copied nothing (the caller's transaction is then
+/// dropped, which rolls it back).
+async fn copy_fork(
+    tx: &deadpool_postgres::Transaction<'_>,
+    channel: &ChannelName,
+    fork: &Fork,
+    now_ms: i64,
+    token: i64,
+    now: SystemTime,
+) -> Result<std::result::Result<(i64, i64, i64), StreamCreated>> {
+    let source = lock_row(tx, &fork.source)
+        .await?
+        .filter(|r| r.content_type.is_some() && !r.expired(now_ms));
+    let Some(source) = source else {
+        return Ok(Err(StreamCreated::SourceNotFound));
+    };
+    let offset = sql_position(fork.offset);
+    let sub = sql_position(fork.sub_offset);
+    let source_json = source.content_type.as_deref().is_some_and(is_json_media);
+    // JSON: `sub` more whole messages; bytes: a prefix of the next one.
+    let through = if source_json {
+        offset.saturating_add(sub)
+    } else {
+        offset
+    };
+    if offset > source.head
+        || offset < source.trimmed_through
+        || through > source.head
+        || (sub > 0 && offset == source.head)
+    {
+        return Ok(Err(StreamCreated::ForkOutOfRange));
+    }
+    let copy = tx
+        .prepare_cached(
+            "INSERT INTO messages (channel, \"offset\", data, published_at, token, tags, body) \
+             SELECT $1, \"offset\", data, published_at, $4, tags, body FROM messages \
+             WHERE channel = $2 AND \"offset\" <= $3 ORDER BY \"offset\"",
+        )
+        .await?;
+    tx.execute(
+        &copy,
+        &[&channel.as_str(), &fork.source.as_str(), &through, &token],
+    )
+    .await?;
+    let size = tx
+        .prepare_cached(
+            "SELECT COALESCE(SUM(COALESCE(octet_length(body), octet_length(data))), 0)::bigint \
+             FROM messages WHERE channel = $1",
+        )
+        .await?;
+    let mut bytes: i64 = tx
+        .query_one(&size, &[&channel.as_str()])
+        .await?
+        .try_get(0)?;
+    let mut head = through;
+    if !source_json && sub > 0 {
+        let next = tx
+            .prepare_cached(
+                "SELECT COALESCE(body, convert_to(data, 'UTF8')) FROM messages \
+                 WHERE channel = $1 AND \"offset\" = $2",
+            )
+            .await?;
+        let Some(row) = tx
+            .query_opt(&next, &[&fork.source.as_str(), &(offset + 1)])
+            .await?
+        else {
+            return Ok(Err(StreamCreated::ForkOutOfRange));
+        };
+        let whole: Vec<u8> = row.try_get(0)?;
+        let Some(prefix) = usize::try_from(sub).ok().and_then(|n| whole.get(..n)) else {
+            return Ok(Err(StreamCreated::ForkOutOfRange));
+        };
+        let prefix = [Payload::Bytes(std::sync::Arc::from(prefix))];
+        bytes += insert_payloads(tx, channel, offset, &prefix, now, token).await?;
+        head = offset + 1;
+    }
+    Ok(Ok((head, source.trimmed_through, bytes)))
+}
+
 /// `Storage::create_stream`.
 pub(super) async fn create_stream(
     client: &mut Object,
@@ -237,25 +320,38 @@ pub(super) async fn create_stream(
     if row.content_type.is_some() && row.expired(now_ms) {
         return Ok(StreamCreated::Expired);
     }
-    if row.content_type.is_some() || (row.head > row.trimmed_through && !json) {
+    // A fork takes the source's offsets: only on a channel that never had
+    // a message.
+    if row.content_type.is_some()
+        || (row.head > row.trimmed_through && !json)
+        || (create.fork.is_some() && row.head > 0)
+    {
         return Ok(StreamCreated::Exists(row.info(channel)?));
     }
-    let bytes = insert_payloads(
-        &tx,
-        channel,
-        row.head,
-        &create.messages,
-        fence.now,
-        fence.token,
-    )
-    .await?;
-    let head = row.head + i64::try_from(create.messages.len()).unwrap_or(i64::MAX);
+    let (start, trimmed_through, inherited) = match &create.fork {
+        None => (row.head, row.trimmed_through, 0),
+        Some(fork) => match copy_fork(&tx, channel, fork, now_ms, fence.token, fence.now).await? {
+            Ok(copied) => copied,
+            Err(refusal) => return Ok(refusal),
+        },
+    };
+    let bytes = inherited
+        + insert_payloads(
+            &tx,
+            channel,
+            start,
+            &create.messages,
+            fence.now,
+            fence.token,
+        )
+        .await?;
+    let head = start + i64::try_from(create.messages.len()).unwrap_or(i64::MAX);
     let update = tx
         .prepare_cached(
             "UPDATE channels SET head = $2, bytes = bytes + $3, content_type = $4, json = $5, \
              closed = $6, ttl_s = $7, expires_at = to_timestamp($8::bigint / 1000.0), \
              touched_at = $9, stream_seq = NULL, closed_by = NULL, closed_by_epoch = NULL, \
-             closed_by_seq = NULL WHERE name = $1",
+             closed_by_seq = NULL, trimmed_through = $10 WHERE name = $1",
         )
         .await?;
     tx.execute(
@@ -270,6 +366,7 @@ pub(super) async fn create_stream(
             &create.config.ttl_s.map(sql_position),
             &create.config.expires_at_ms,
             &fence.now,
+            &trimmed_through,
         ],
     )
     .await?;
@@ -281,7 +378,15 @@ pub(super) async fn create_stream(
         .await?
         .ok_or_else(|| Error::corrupt("a stream vanished inside its creation"))?
         .info(channel)?;
-    let now = commit(tx, &fence, lease, channel, row.head + 1, head).await?;
+    let now = commit(
+        tx,
+        &fence,
+        lease,
+        channel,
+        trimmed_through.max(row.head) + 1,
+        head,
+    )
+    .await?;
     Ok(StreamCreated::Created {
         info,
         published_at_ms: to_ms(now),

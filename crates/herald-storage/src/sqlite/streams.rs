@@ -3,8 +3,8 @@
 //! append, deciding with [`crate::stream_rules::decide`].
 
 use herald_core::{
-    is_json_media, ChannelName, Lease, Offset, Payload, Producer, StreamAppend, StreamAppended,
-    StreamConfig, StreamCreate, StreamCreated, StreamInfo,
+    is_json_media, ChannelName, Fork, Lease, Offset, Payload, Producer, StreamAppend,
+    StreamAppended, StreamConfig, StreamCreate, StreamCreated, StreamInfo,
 };
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 
@@ -143,6 +143,80 @@ fn insert_payloads(
     Ok(bytes)
 }
 
+/// Copies what a fork inherits into `channel` (which has no message):
+/// the source's stored messages up to the fork's offset, at the same
+/// offsets, then its sub-offset's part of what follows. Returns the new
+/// head, the new `trimmed_through` and the bytes copied; `None`, having
+/// copied nothing, when the source is not a live stream or the fork
+/// asks for what it does not hold.
+fn copy_fork(
+    tx: &Transaction<'_>,
+    channel: &ChannelName,
+    fork: &Fork,
+    now: i64,
+    token: i64,
+) -> Result<Option<(i64, i64, i64)>> {
+    let Some(source) =
+        read_row(tx, &fork.source)?.filter(|r| r.content_type.is_some() && !r.expired(now))
+    else {
+        return Ok(None);
+    };
+    let offset = sql_position(fork.offset);
+    let sub = sql_position(fork.sub_offset);
+    if offset > source.head || offset < source.trimmed_through {
+        return Ok(None);
+    }
+    let source_json = source.content_type.as_deref().is_some_and(is_json_media);
+    // JSON: `sub` more whole messages; bytes: a prefix of the next one.
+    let through = if source_json {
+        offset.saturating_add(sub)
+    } else {
+        offset
+    };
+    if through > source.head || (sub > 0 && offset == source.head) {
+        return Ok(None);
+    }
+    tx.prepare_cached(
+        "INSERT INTO messages (channel, \"offset\", data, published_at_ms, token, tags, body) \
+         SELECT ?1, \"offset\", data, published_at_ms, ?4, tags, body FROM messages \
+         WHERE channel = ?2 AND \"offset\" <= ?3",
+    )?
+    .execute(params![
+        channel.as_str(),
+        fork.source.as_str(),
+        through,
+        token
+    ])?;
+    let mut bytes: i64 = tx
+        .prepare_cached(
+            "SELECT COALESCE(SUM(COALESCE(length(body), length(CAST(data AS BLOB)))), 0) \
+             FROM messages WHERE channel = ?1",
+        )?
+        .query_row([channel.as_str()], |r| r.get(0))?;
+    let mut head = through;
+    if !source_json && sub > 0 {
+        let next: Option<(String, Option<Vec<u8>>)> = tx
+            .prepare_cached(
+                "SELECT data, body FROM messages WHERE channel = ?1 AND \"offset\" = ?2",
+            )?
+            .query_row(params![fork.source.as_str(), offset + 1], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()?;
+        let Some((data, body)) = next else {
+            return Ok(None);
+        };
+        let whole = body.unwrap_or_else(|| data.into_bytes());
+        let Some(prefix) = usize::try_from(sub).ok().and_then(|n| whole.get(..n)) else {
+            return Ok(None);
+        };
+        let prefix = [Payload::Bytes(std::sync::Arc::from(prefix))];
+        bytes += insert_payloads(tx, channel, offset, &prefix, now, token)?;
+        head = offset + 1;
+    }
+    Ok(Some((head, source.trimmed_through, bytes)))
+}
+
 /// `Storage::create_stream`.
 pub(super) fn create_stream(
     conn: &mut Connection,
@@ -153,31 +227,53 @@ pub(super) fn create_stream(
     let (now, token) = fenced_now(&tx, lease, "fenced stream creation refused")?;
     let channel = &create.channel;
     let json = is_json_media(&create.config.content_type);
-    let head = match read_row(&tx, channel)? {
+    let (head, trimmed_through) = match read_row(&tx, channel)? {
         Some(row) if row.content_type.is_some() && row.expired(now) => {
             return Ok(StreamCreated::Expired)
         }
         Some(row) if row.content_type.is_some() => {
             return Ok(StreamCreated::Exists(row.info(channel)?))
         }
-        Some(row) if row.head > row.trimmed_through && !json => {
+        // A fork takes the source's offsets: only on a channel that never
+        // had a message.
+        Some(row)
+            if (row.head > row.trimmed_through && !json)
+                || (create.fork.is_some() && row.head > 0) =>
+        {
             return Ok(StreamCreated::Exists(row.info(channel)?))
         }
-        Some(row) => row.head,
+        Some(row) => (row.head, row.trimmed_through),
         None => {
             tx.prepare_cached(
                 "INSERT INTO channels (name, head, created_at_ms, bytes) VALUES (?1, 0, ?2, 0)",
             )?
             .execute(params![channel.as_str(), now])?;
-            0
+            (0, 0)
         }
     };
-    let bytes = insert_payloads(&tx, channel, head, &create.messages, now, token)?;
+    let (head, trimmed_through, inherited) = match &create.fork {
+        None => (head, trimmed_through, 0),
+        Some(fork) => match copy_fork(&tx, channel, fork, now, token)? {
+            Some(copied) => copied,
+            None => {
+                // Nothing was written: the answer names why.
+                let source = read_row(&tx, &fork.source)?;
+                return Ok(match source {
+                    Some(r) if r.content_type.is_some() && !r.expired(now) => {
+                        StreamCreated::ForkOutOfRange
+                    }
+                    _ => StreamCreated::SourceNotFound,
+                });
+            }
+        },
+    };
+    let bytes = inherited + insert_payloads(&tx, channel, head, &create.messages, now, token)?;
     let new_head = head + i64::try_from(create.messages.len()).unwrap_or(i64::MAX);
     tx.prepare_cached(
         "UPDATE channels SET head = ?2, bytes = bytes + ?3, content_type = ?4, json = ?5, \
          closed = ?6, ttl_s = ?7, expires_at_ms = ?8, touched_at_ms = ?9, stream_seq = NULL, \
-         closed_by = NULL, closed_by_epoch = NULL, closed_by_seq = NULL WHERE name = ?1",
+         closed_by = NULL, closed_by_epoch = NULL, closed_by_seq = NULL, \
+         trimmed_through = ?10 WHERE name = ?1",
     )?
     .execute(params![
         channel.as_str(),
@@ -188,7 +284,8 @@ pub(super) fn create_stream(
         create.closed,
         create.config.ttl_s.map(sql_position),
         create.config.expires_at_ms,
-        now
+        now,
+        trimmed_through
     ])?;
     tx.prepare_cached("DELETE FROM stream_producers WHERE channel = ?1")?
         .execute([channel.as_str()])?;
