@@ -67,6 +67,16 @@ pub struct StreamInfo {
     /// storage's clock: the sooner of `expires_at_ms` and the last write
     /// plus `ttl_s`; `None` for never.
     pub expires_at_ms: Option<i64>,
+    /// The stream this one was forked from, if any.
+    pub fork_of: Option<ChannelName>,
+    /// The sub-offset of the fork that created it (0 when none).
+    pub fork_sub_offset: u64,
+    /// Deleted while live forks of it remained: its URL answers "gone"
+    /// until the last of them is deleted.
+    pub soft_deleted: bool,
+    /// Its live forks (not deleted, not expired), as counted by
+    /// `Storage::stream_info`; other answers carry 0.
+    pub live_forks: u64,
 }
 
 /// A request to create a stream (`PUT`).
@@ -118,6 +128,9 @@ pub enum StreamCreated {
     Expired,
     /// The fork's source is not a live stream; nothing changed.
     SourceNotFound,
+    /// The fork's source was deleted while forks of it remained; nothing
+    /// changed.
+    SourceGone,
     /// The fork's offset or sub-offset is beyond what the source holds, or
     /// before what it still stores; nothing changed.
     ForkOutOfRange,
@@ -171,6 +184,8 @@ pub enum StreamAppended {
     },
     /// No live stream has this name.
     NotFound,
+    /// The stream was deleted while forks of it remained.
+    Gone,
     /// The stream is closed; `head` is its final offset.
     Closed {
         /// The final head.

@@ -225,10 +225,24 @@ pub async fn append_stream(
     .await
 }
 
+/// What a deletion did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamDeleted {
+    /// The stream is deleted: at once, or marked deleted (soft) because
+    /// live forks of it remain.
+    Deleted,
+    /// No live stream has this name; nothing changed.
+    NotFound,
+    /// The stream was deleted already while forks of it remained.
+    Gone,
+}
+
 /// Deletes the stream `channel` (its messages, then its record, as
 /// `retention::delete_channel` does any channel): here on the holder, or
-/// forwarded. Answers `false`, changing nothing, when it is not a live
-/// stream.
+/// forwarded. A stream with live forks is only marked deleted
+/// (`Storage::soft_delete_stream`): its URL answers "gone" while they
+/// live. Deleting the last live fork of a stream marked so deletes that
+/// stream too, and so on up the chain of forks.
 ///
 /// # Errors
 /// As [`create_stream`].
@@ -236,7 +250,7 @@ pub async fn delete_stream(
     node: &Node,
     channel: &ChannelName,
     request: StreamRequest<'_>,
-) -> NodeResult<Routed<bool>> {
+) -> NodeResult<Routed<StreamDeleted>> {
     let write = request.write(channel);
     route(
         &node.publisher(),
@@ -245,26 +259,57 @@ pub async fn delete_stream(
         request.headers,
         request.body.clone(),
         || async {
-            writable(node, channel, &request)?;
-            let exists = node
-                .storage()
-                .stream_info(channel)
-                .await
-                .map_err(|e| failed(node, e, "stream_info", channel))?
-                .is_some();
-            if !exists {
-                return Ok(false);
+            let lease = writable(node, channel, &request)?;
+            let Some(info) = stream_info(node, channel).await? else {
+                return Ok(StreamDeleted::NotFound);
+            };
+            if info.soft_deleted {
+                return Ok(StreamDeleted::Gone);
             }
-            retention::delete_channel(
-                node.storage().as_ref(),
-                node.lease().as_ref(),
-                node.hub(),
-                node.config().trim_pacing.batch,
-                channel,
-            )
-            .await?;
-            Ok(true)
+            if info.live_forks > 0 {
+                node.storage()
+                    .soft_delete_stream(&lease, channel)
+                    .await
+                    .map_err(|e| failed(node, e, "soft_delete_stream", channel))?;
+                return Ok(StreamDeleted::Deleted);
+            }
+            delete(node, channel).await?;
+            let mut parent = info.fork_of;
+            while let Some(source) = parent {
+                match stream_info(node, &source).await? {
+                    Some(up) if up.soft_deleted && up.live_forks == 0 => {
+                        delete(node, &source).await?;
+                        parent = up.fork_of;
+                    }
+                    _ => break,
+                }
+            }
+            Ok(StreamDeleted::Deleted)
         },
     )
     .await
+}
+
+/// The stream `channel` as the storage holds it now.
+async fn stream_info(
+    node: &Node,
+    channel: &ChannelName,
+) -> NodeResult<Option<herald_core::StreamInfo>> {
+    node.storage()
+        .stream_info(channel)
+        .await
+        .map_err(|e| failed(node, e, "stream_info", channel))
+}
+
+/// Deletes `channel` here, as every channel is deleted.
+async fn delete(node: &Node, channel: &ChannelName) -> NodeResult<()> {
+    retention::delete_channel(
+        node.storage().as_ref(),
+        node.lease().as_ref(),
+        node.hub(),
+        node.config().trim_pacing.batch,
+        channel,
+    )
+    .await
+    .map(drop)
 }

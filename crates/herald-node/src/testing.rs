@@ -683,6 +683,14 @@ impl Storage for MemoryStorage {
         Err(not_modelled())
     }
 
+    async fn soft_delete_stream(
+        &self,
+        _lease: &Lease,
+        _channel: &ChannelName,
+    ) -> herald_storage::Result<bool> {
+        Err(not_modelled())
+    }
+
     async fn record_deletion(
         &self,
         lease: &Lease,

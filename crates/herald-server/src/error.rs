@@ -83,6 +83,10 @@ pub enum Error {
     /// deleted, or expired). 404 `stream_not_found`.
     #[error("no stream at this path")]
     StreamNotFound,
+    /// The stream was deleted while forks of it remained: its URL is
+    /// gone until the last of them is deleted. 410 `stream_gone`.
+    #[error("the stream was deleted; its forks still live")]
+    StreamGone,
     /// A Durable Streams request that breaks the protocol's rules (a
     /// header or query value, an empty append, JSON that does not parse).
     /// 400 `invalid_stream_request`.
@@ -246,7 +250,7 @@ impl Error {
                 StatusCode::CONFLICT
             }
             Self::StaleProducerEpoch { .. } => StatusCode::FORBIDDEN,
-            Self::OffsetGone => StatusCode::GONE,
+            Self::OffsetGone | Self::StreamGone => StatusCode::GONE,
             Self::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             Self::OffsetBeyondHead { .. } => StatusCode::CONFLICT,
             Self::NotFound => StatusCode::NOT_FOUND,
@@ -289,6 +293,7 @@ impl Error {
             Self::StaleProducerEpoch { .. } => "stale_producer_epoch",
             Self::ProducerSeqGap { .. } => "producer_seq_gap",
             Self::OffsetGone => "offset_gone",
+            Self::StreamGone => "stream_gone",
             Self::NotImplemented(_) => "not_implemented",
             Self::OffsetBeyondHead { .. } => "offset_beyond_head",
             Self::NotFound => "not_found",

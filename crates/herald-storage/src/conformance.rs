@@ -59,8 +59,8 @@ pub use retention::{
 };
 pub use streams::{
     a_closed_stream_refuses_every_append, a_deleted_stream_starts_afresh,
-    a_fork_copies_its_source_up_to_its_offset, an_expired_stream_is_gone,
-    json_publishes_are_refused_by_byte_streams,
+    a_fork_copies_its_source_up_to_its_offset, a_soft_deleted_stream_is_gone_until_deleted,
+    an_expired_stream_is_gone, json_publishes_are_refused_by_byte_streams,
     stream_producers_are_exactly_once_across_a_takeover, stream_writes_are_fenced,
     streams_store_bytes_exactly,
 };
@@ -84,6 +84,7 @@ macro_rules! conformance_tests {
             stream_writes_are_fenced,
             an_expired_stream_is_gone,
             a_fork_copies_its_source_up_to_its_offset,
+            a_soft_deleted_stream_is_gone_until_deleted,
             renew_extends_expiry,
             renew_with_wrong_token_or_holder_is_lost,
             renew_after_expiry_is_lost,

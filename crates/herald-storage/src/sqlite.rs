@@ -719,6 +719,15 @@ impl Storage for SqliteStorage {
             .await
     }
 
+    async fn soft_delete_stream(&self, lease: &Lease, channel: &ChannelName) -> Result<bool> {
+        let lease = lease.clone();
+        let channel = channel.clone();
+        self.inner
+            .writer
+            .call(move |conn| streams::soft_delete_stream(conn, &lease, &channel))
+            .await
+    }
+
     async fn record_deletion(
         &self,
         lease: &Lease,

@@ -4,7 +4,112 @@
 //! is the protocol's (`docs/durable-streams.md`): existence, closure,
 //! content type, producer, `Stream-Seq`.
 
-use herald_core::{media_type, Offset, Producer, StreamAppend, StreamAppended};
+use herald_core::{
+    media_type, ChannelName, Offset, Producer, StreamAppend, StreamAppended, StreamConfig,
+    StreamInfo,
+};
+
+use crate::decode::{to_channel, to_u64};
+use crate::error::Result;
+
+/// A channel's row as both backends read it for streams (times in ms
+/// since the Unix epoch, on the storage's clock).
+#[derive(Debug, Clone)]
+pub(crate) struct StoredStream {
+    pub(crate) content_type: Option<String>,
+    pub(crate) closed: bool,
+    pub(crate) closed_by: Option<Producer>,
+    pub(crate) stream_seq: Option<String>,
+    pub(crate) head: i64,
+    pub(crate) trimmed_through: i64,
+    pub(crate) ttl_s: Option<i64>,
+    pub(crate) expires_at_ms: Option<i64>,
+    pub(crate) touched_at_ms: Option<i64>,
+    pub(crate) fork_of: Option<String>,
+    pub(crate) fork_sub_offset: Option<i64>,
+    pub(crate) soft_deleted: bool,
+}
+
+/// The producer whose append closed a stream, from its three columns.
+pub(crate) fn closed_by(
+    id: Option<String>,
+    epoch: Option<i64>,
+    seq: Option<i64>,
+) -> Result<Option<Producer>> {
+    Ok(match (id, epoch, seq) {
+        (Some(id), Some(epoch), Some(seq)) => Some(Producer {
+            id,
+            epoch: to_u64(epoch, "producer epoch")?,
+            seq: to_u64(seq, "producer seq")?,
+        }),
+        _ => None,
+    })
+}
+
+impl StoredStream {
+    /// Whether the row is a stream (live, expired or soft-deleted).
+    pub(crate) fn is_stream(&self) -> bool {
+        self.content_type.is_some()
+    }
+
+    /// When the stream expires (ms since the Unix epoch), if ever: the
+    /// sooner of its absolute expiry and its last write plus its TTL.
+    pub(crate) fn expiry_ms(&self) -> Option<i64> {
+        let sliding = match (self.ttl_s, self.touched_at_ms) {
+            (Some(ttl), Some(touched)) => Some(touched.saturating_add(ttl.saturating_mul(1000))),
+            _ => None,
+        };
+        match (sliding, self.expires_at_ms) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Whether the stream expired at `now_ms`.
+    pub(crate) fn expired(&self, now_ms: i64) -> bool {
+        self.expiry_ms().is_some_and(|at| at <= now_ms)
+    }
+
+    /// The row as [`StreamInfo`] (`live_forks` 0: the caller counts them).
+    pub(crate) fn info(&self, channel: &ChannelName) -> Result<StreamInfo> {
+        Ok(StreamInfo {
+            channel: channel.clone(),
+            config: StreamConfig {
+                content_type: self
+                    .content_type
+                    .clone()
+                    .unwrap_or_else(|| "application/json".to_owned()),
+                ttl_s: self.ttl_s.map(|t| to_u64(t, "ttl_s")).transpose()?,
+                expires_at_ms: self.expires_at_ms,
+            },
+            closed: self.closed,
+            head: to_u64(self.head, "head")?,
+            earliest: to_u64(self.trimmed_through, "trimmed_through")? + 1,
+            expires_at_ms: self.expiry_ms(),
+            fork_of: self.fork_of.clone().map(to_channel).transpose()?,
+            fork_sub_offset: self
+                .fork_sub_offset
+                .map(|s| to_u64(s, "fork_sub_offset"))
+                .transpose()?
+                .unwrap_or(0),
+            soft_deleted: self.soft_deleted,
+            live_forks: 0,
+        })
+    }
+
+    /// What [`decide`] needs of the row at `now_ms`.
+    pub(crate) fn rules_row(&self, now_ms: i64) -> Result<StreamRow> {
+        Ok(StreamRow {
+            content_type: self.content_type.clone(),
+            closed: self.closed,
+            closed_by: self.closed_by.clone(),
+            stream_seq: self.stream_seq.clone(),
+            head: to_u64(self.head, "head")?,
+            expired: self.expired(now_ms),
+            soft_deleted: self.soft_deleted,
+        })
+    }
+}
 
 /// A stream's row as an append reads it.
 #[derive(Debug, Clone)]
@@ -21,6 +126,8 @@ pub(crate) struct StreamRow {
     pub(crate) head: Offset,
     /// Whether the stream expired (on the storage's clock).
     pub(crate) expired: bool,
+    /// Whether it was deleted while forks of it remained.
+    pub(crate) soft_deleted: bool,
 }
 
 /// A producer's stored state: its epoch and the last sequence number it
@@ -47,6 +154,9 @@ pub(crate) fn decide(
     let Some(row) = row.filter(|r| r.content_type.is_some() && !r.expired) else {
         return Decision::Answer(StreamAppended::NotFound);
     };
+    if row.soft_deleted {
+        return Decision::Answer(StreamAppended::Gone);
+    }
     let close_only = append.messages.is_empty();
     if row.closed {
         if let (Some(producer), Some(by)) = (&append.producer, &row.closed_by) {
@@ -133,6 +243,7 @@ mod tests {
             stream_seq: None,
             head: 4,
             expired: false,
+            soft_deleted: false,
         }
     }
 

@@ -539,6 +539,16 @@ pub trait Storage: LeaseStore {
     /// retry finds out).
     async fn append_stream(&self, lease: &Lease, append: &StreamAppend) -> Result<StreamAppended>;
 
+    /// Marks the stream `channel` deleted while live forks of it remain
+    /// (`StreamInfo::soft_deleted`): its content stays, its URL answers
+    /// "gone", a fork of it is refused. A fenced write; returns whether a
+    /// stream was marked.
+    ///
+    /// # Errors
+    /// [`crate::Error::LeaseLost`] when the fencing check fails;
+    /// [`crate::Error::Unavailable`] on timeouts.
+    async fn soft_delete_stream(&self, lease: &Lease, channel: &ChannelName) -> Result<bool>;
+
     /// Records that `channel` was deleted: its messages up to `head` were
     /// removed (by [`Storage::trim`] with [`TrimLimits::up_to`]), and the
     /// subscriptions that began before now must end. Gives the deletion the

@@ -263,6 +263,14 @@ impl<H: StorageHooks> Storage for Hooked<H> {
         self.inner.append_stream(lease, append).await
     }
 
+    async fn soft_delete_stream(
+        &self,
+        lease: &Lease,
+        channel: &ChannelName,
+    ) -> herald_storage::Result<bool> {
+        self.inner.soft_delete_stream(lease, channel).await
+    }
+
     async fn record_deletion(
         &self,
         lease: &Lease,

@@ -4,10 +4,9 @@
 //! SQLite, and a two-node cluster on PostgreSQL with the suite pointed at
 //! the standby, so that every write is forwarded to the holder.
 //!
-//! A case may fail only if it is one of the documented gaps
+//! A case may fail only if it is one of the documented gap's three
 //! (docs/durable-streams.md, "Where Herald differs"): a TTL restarted by
-//! reads, a fork's sub-offset compared on a repeated creation, and a
-//! deleted source kept for its forks. Every other failure fails the test, naming the
+//! reads. Every other failure fails the test, naming the
 //! case. Each run's counts go to the test's output and to
 //! `<target>/tmp/ds-conformance-<backend>.txt`, which `scripts/test`
 //! prints in its summary.
@@ -25,26 +24,13 @@ use serde_json::Value;
 /// wait for a long-poll's `204` end well inside their own 5 s bound.
 const LONG_POLL: &str = "500ms";
 
-/// The cases of the documented gaps, by group and name.
-const KNOWN_GAPS: [&str; 14] = [
-    // A TTL is restarted by writes only (a read is served by any node).
+/// The cases of the documented gap, by group and name: a stream's TTL is
+/// restarted by writes only (a read is served by any node, and a node
+/// that is not the holder never writes).
+const KNOWN_GAPS: [&str; 3] = [
     "TTL Expiration Behavior > should extend TTL on GET ?offset=now (sliding window)",
     "TTL Expiration Behavior > should extend TTL on read (sliding window)",
     "Fork - TTL and Expiry > should allow fork to outlive source via TTL renewal",
-    // A fork's sub-offset is not kept to compare a repeated creation.
-    "Fork - Creation > should return 409 when re-creating with mismatched sub-offset",
-    "Fork - Creation > should return 409 when re-creating a JSON fork with mismatched sub-offset",
-    // A fork is a copy: deleting its source deletes it at once (404),
-    // where the protocol keeps a soft-deleted source (410) for its forks.
-    "Fork - Deletion and Lifecycle > should soft-delete source while fork exists — fork still reads",
-    "Fork - Deletion and Lifecycle > should block re-creation of soft-deleted source (PUT returns 409)",
-    "Fork - Deletion and Lifecycle > should return 410 for GET on soft-deleted source",
-    "Fork - Deletion and Lifecycle > should return 410 for POST on soft-deleted source",
-    "Fork - Deletion and Lifecycle > should return 410 for DELETE on soft-deleted source",
-    "Fork - Deletion and Lifecycle > should return 409 for fork from soft-deleted source",
-    "Fork - Deletion and Lifecycle > should cascade GC when last fork is deleted",
-    "Fork - Deletion and Lifecycle > should cascade GC through three levels",
-    "Fork - Deletion and Lifecycle > should preserve data when deleting middle of chain",
 ];
 
 /// Whether a case is one of the documented gaps.

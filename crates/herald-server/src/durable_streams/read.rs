@@ -103,7 +103,11 @@ async fn stream(
     if !live || from != Some(ReadFrom::Now) {
         auth.may_read_history(who, &channel)?;
     }
-    info(state, &channel).await?.ok_or(Error::StreamNotFound)
+    let info = info(state, &channel).await?.ok_or(Error::StreamNotFound)?;
+    if info.soft_deleted {
+        return Err(Error::StreamGone);
+    }
+    Ok(info)
 }
 
 /// The stream `channel` as the storage holds it now.

@@ -14,7 +14,7 @@ use herald_core::{
     StreamCreate, StreamCreated, StreamInfo,
 };
 use herald_node::publish::Routed;
-use herald_node::streams::{self, StreamRequest};
+use herald_node::streams::{self, StreamDeleted, StreamRequest};
 
 use super::response::{self, set};
 use super::{naming, offset, request, StreamsState};
@@ -121,6 +121,11 @@ async fn fork(state: &StreamsState, headers: &HeaderMap) -> Result<Option<(Fork,
     let info = super::read::info(state, &source)
         .await?
         .ok_or(Error::StreamNotFound)?;
+    if info.soft_deleted {
+        return Err(Error::StreamConflict(
+            "the source was deleted (its forks still live): it cannot be forked".to_owned(),
+        ));
+    }
     let offset = match at {
         None if sub_offset > 0 => {
             return Err(Error::InvalidStreamRequest(
@@ -212,6 +217,7 @@ pub(crate) async fn put(
         format!("{scheme}://{host}{}", uri.path())
     });
     let wanted = create.config.clone();
+    let wanted_sub_offset = create.fork.as_ref().map(|f| f.sub_offset);
     let closes = create.closed;
     let request = forwarded(Method::PUT, &uri, &headers, body);
     match streams::create_stream(&state.shared.node, create, request).await? {
@@ -219,11 +225,17 @@ pub(crate) async fn put(
         Routed::Here(StreamCreated::Created { info, .. }) => {
             Ok(created(&info, StatusCode::CREATED, location))
         }
+        Routed::Here(StreamCreated::Exists(info)) if info.soft_deleted => Err(Error::StreamConflict(
+            "the stream at this path was deleted while its forks live; it cannot be created again \
+             until they are deleted"
+                .to_owned(),
+        )),
         Routed::Here(StreamCreated::Exists(info)) => {
             let same = media_type(&info.config.content_type) == media_type(&wanted.content_type)
                 && info.config.ttl_s == wanted.ttl_s
                 && info.config.expires_at_ms == wanted.expires_at_ms
-                && info.closed == closes;
+                && info.closed == closes
+                && wanted_sub_offset.is_none_or(|sub| sub == info.fork_sub_offset);
             if !same {
                 return Err(Error::StreamConflict(
                     "a stream exists at this path with another configuration (content type, \
@@ -234,6 +246,9 @@ pub(crate) async fn put(
             Ok(created(&info, StatusCode::OK, None))
         }
         Routed::Here(StreamCreated::SourceNotFound) => Err(Error::StreamNotFound),
+        Routed::Here(StreamCreated::SourceGone) => Err(Error::StreamConflict(
+            "the source was deleted (its forks still live): it cannot be forked".to_owned(),
+        )),
         Routed::Here(StreamCreated::ForkOutOfRange) => Err(Error::InvalidStreamRequest(
             "the fork offset (with its sub-offset) is beyond the source's data, or before \
              what it still stores"
@@ -324,6 +339,7 @@ pub(crate) async fn post(
             Ok(answer)
         }
         StreamAppended::NotFound => Err(Error::StreamNotFound),
+        StreamAppended::Gone => Err(Error::StreamGone),
         StreamAppended::Closed { head } => Err(Error::StreamClosed {
             next_offset: offset::format(head),
         }),
@@ -358,7 +374,8 @@ pub(crate) async fn delete(
     let request = forwarded(Method::DELETE, &uri, &headers, Bytes::new());
     match streams::delete_stream(&state.shared.node, &channel, request).await? {
         Routed::Holder(answer) => Ok(response::from_holder(answer)),
-        Routed::Here(true) => Ok(StatusCode::NO_CONTENT.into_response()),
-        Routed::Here(false) => Err(Error::StreamNotFound),
+        Routed::Here(StreamDeleted::Deleted) => Ok(StatusCode::NO_CONTENT.into_response()),
+        Routed::Here(StreamDeleted::NotFound) => Err(Error::StreamNotFound),
+        Routed::Here(StreamDeleted::Gone) => Err(Error::StreamGone),
     }
 }

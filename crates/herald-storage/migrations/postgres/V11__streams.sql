@@ -24,6 +24,14 @@ ALTER TABLE channels ADD COLUMN closed_by text;
 ALTER TABLE channels ADD COLUMN closed_by_epoch bigint;
 ALTER TABLE channels ADD COLUMN closed_by_seq bigint;
 
+-- A fork: the stream it was forked from (`fork_of`) and the sub-offset it
+-- was created with; `soft_deleted`: deleted while live forks of it
+-- remained, so its URL answers "gone" until the last of them is deleted.
+ALTER TABLE channels ADD COLUMN fork_of text COLLATE "C";
+ALTER TABLE channels ADD COLUMN fork_sub_offset bigint;
+ALTER TABLE channels ADD COLUMN soft_deleted boolean NOT NULL DEFAULT false;
+CREATE INDEX channels_fork_of ON channels (fork_of) WHERE fork_of IS NOT NULL;
+
 -- A message whose payload is bytes keeps them in `body`, byte for byte,
 -- and `data` NULL; a JSON message keeps `body` NULL.
 ALTER TABLE messages ALTER COLUMN data DROP NOT NULL;

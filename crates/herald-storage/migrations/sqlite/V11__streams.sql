@@ -24,6 +24,14 @@ ALTER TABLE channels ADD COLUMN closed_by TEXT;
 ALTER TABLE channels ADD COLUMN closed_by_epoch INTEGER;
 ALTER TABLE channels ADD COLUMN closed_by_seq INTEGER;
 
+-- A fork: the stream it was forked from (`fork_of`) and the sub-offset it
+-- was created with; `soft_deleted`: deleted while live forks of it
+-- remained, so its URL answers "gone" until the last of them is deleted.
+ALTER TABLE channels ADD COLUMN fork_of TEXT;
+ALTER TABLE channels ADD COLUMN fork_sub_offset INTEGER;
+ALTER TABLE channels ADD COLUMN soft_deleted INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX channels_fork_of ON channels (fork_of) WHERE fork_of IS NOT NULL;
+
 -- A message whose payload is bytes keeps them in `body`, byte for byte,
 -- and an empty `data` (SQLite cannot drop a column's NOT NULL without
 -- copying the table); a JSON message keeps `body` NULL.

@@ -448,3 +448,71 @@ pub async fn a_fork_copies_its_source_up_to_its_offset(h: &dyn Harness) {
         StreamCreated::SourceNotFound
     );
 }
+
+/// A stream with live forks can be marked deleted: it is gone for
+/// appends and forks, its content kept; a deletion makes it a plain
+/// channel again.
+pub async fn a_soft_deleted_stream_is_gone_until_deleted(h: &dyn Harness) {
+    let c = h.cluster(1).await;
+    let node = c.node(0);
+    let (lease, _) = acquire(node, 0, LONG_TTL).await;
+    created(node, &lease, &create("s", "text/plain", vec![bytes(b"a")])).await;
+    let mut fork = create("f", "text/plain", Vec::new());
+    fork.fork = Some(herald_core::Fork {
+        source: channel("s"),
+        offset: 1,
+        sub_offset: 0,
+    });
+    created(node, &lease, &fork).await;
+    let info = node.stream_info(&channel("s")).await.unwrap().unwrap();
+    assert_eq!((info.live_forks, info.soft_deleted), (1, false));
+    let f = node.stream_info(&channel("f")).await.unwrap().unwrap();
+    assert_eq!(f.fork_of, Some(channel("s")));
+    assert!(node
+        .soft_delete_stream(&lease, &channel("s"))
+        .await
+        .unwrap());
+    assert!(
+        node.stream_info(&channel("s"))
+            .await
+            .unwrap()
+            .unwrap()
+            .soft_deleted
+    );
+    assert_eq!(
+        node.append_stream(&lease, &append("s", vec![bytes(b"b")], None))
+            .await
+            .unwrap(),
+        StreamAppended::Gone
+    );
+    let mut again = fork.clone();
+    again.channel = channel("g");
+    assert_eq!(
+        node.create_stream(&lease, &again).await.unwrap(),
+        StreamCreated::SourceGone
+    );
+    match node
+        .create_stream(&lease, &create("s", "text/plain", Vec::new()))
+        .await
+        .unwrap()
+    {
+        StreamCreated::Exists(info) => assert!(info.soft_deleted),
+        other => panic!("expected Exists, got {other:?}"),
+    }
+    assert_eq!(
+        node.read(&channel("s"), 0, 10)
+            .await
+            .unwrap()
+            .messages
+            .len(),
+        1
+    );
+    node.record_deletion(&lease, &channel("s"), 1)
+        .await
+        .unwrap();
+    assert!(node.stream_info(&channel("s")).await.unwrap().is_none());
+    assert!(!node
+        .soft_delete_stream(&lease, &channel("s"))
+        .await
+        .unwrap());
+}

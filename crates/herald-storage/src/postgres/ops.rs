@@ -1199,7 +1199,8 @@ pub(super) async fn record_deletion(
         tx.prepare_cached(
             "UPDATE channels SET content_type = NULL, json = true, closed = false, ttl_s = NULL, \
              expires_at = NULL, touched_at = NULL, stream_seq = NULL, closed_by = NULL, \
-             closed_by_epoch = NULL, closed_by_seq = NULL WHERE name = $1",
+             closed_by_epoch = NULL, closed_by_seq = NULL, fork_of = NULL, \
+             fork_sub_offset = NULL, soft_deleted = false WHERE name = $1",
         ),
         tx.prepare_cached("DELETE FROM stream_producers WHERE channel = $1"),
     );

@@ -207,6 +207,11 @@ impl Storage for PostgresStorage {
         streams::append_stream(&mut client, lease, append).await
     }
 
+    async fn soft_delete_stream(&self, lease: &Lease, channel: &ChannelName) -> Result<bool> {
+        let mut client = self.client().await?;
+        streams::soft_delete_stream(&mut client, lease, channel).await
+    }
+
     async fn record_deletion(
         &self,
         lease: &Lease,

@@ -9,104 +9,55 @@ use std::time::SystemTime;
 use deadpool_postgres::Object;
 use herald_core::fault_switches::{self, FaultSwitch};
 use herald_core::{
-    is_json_media, ChannelName, Fork, Lease, Payload, Producer, StreamAppend, StreamAppended,
-    StreamConfig, StreamCreate, StreamCreated, StreamInfo,
+    is_json_media, ChannelName, Fork, Lease, Payload, StreamAppend, StreamAppended, StreamCreate,
+    StreamCreated, StreamInfo,
 };
 
 use super::names::CHANGES_CHANNEL;
 use super::ops::{fenced, refuse, to_ms, Decision, Fenced, Serialized, NOTIFY_SQL};
 use crate::decode::{sql_position, to_u64};
 use crate::error::{Error, Result};
-use crate::stream_rules::{decide, Decision as Rule, StreamRow};
+use crate::stream_rules::{closed_by, decide, Decision as Rule, StoredStream};
 
 /// A channel's row as streams read it.
-struct Row {
-    content_type: Option<String>,
-    closed: bool,
-    closed_by: Option<Producer>,
-    stream_seq: Option<String>,
-    head: i64,
-    trimmed_through: i64,
-    ttl_s: Option<i64>,
-    expires_at_ms: Option<i64>,
-    touched_at_ms: Option<i64>,
-}
+type Row = StoredStream;
 
 /// Columns of [`Row`], in order; times as ms since the Unix epoch.
 const ROW_COLUMNS: &str = "content_type, closed, closed_by, closed_by_epoch, closed_by_seq, \
      stream_seq, head, trimmed_through, ttl_s, \
      floor(extract(epoch FROM expires_at) * 1000)::bigint, \
-     floor(extract(epoch FROM touched_at) * 1000)::bigint";
+     floor(extract(epoch FROM touched_at) * 1000)::bigint, \
+     fork_of, fork_sub_offset, soft_deleted";
 
 fn to_row(r: &tokio_postgres::Row) -> Result<Row> {
-    let closed_by = match (
-        r.try_get::<_, Option<String>>(2)?,
-        r.try_get::<_, Option<i64>>(3)?,
-        r.try_get::<_, Option<i64>>(4)?,
-    ) {
-        (Some(id), Some(epoch), Some(seq)) => Some(Producer {
-            id,
-            epoch: to_u64(epoch, "producer epoch")?,
-            seq: to_u64(seq, "producer seq")?,
-        }),
-        _ => None,
-    };
-    Ok(Row {
+    Ok(StoredStream {
         content_type: r.try_get(0)?,
         closed: r.try_get(1)?,
-        closed_by,
+        closed_by: closed_by(r.try_get(2)?, r.try_get(3)?, r.try_get(4)?)?,
         stream_seq: r.try_get(5)?,
         head: r.try_get(6)?,
         trimmed_through: r.try_get(7)?,
         ttl_s: r.try_get(8)?,
         expires_at_ms: r.try_get(9)?,
         touched_at_ms: r.try_get(10)?,
+        fork_of: r.try_get(11)?,
+        fork_sub_offset: r.try_get(12)?,
+        soft_deleted: r.try_get(13)?,
     })
 }
 
-impl Row {
-    /// When the stream expires (ms since the Unix epoch), if ever.
-    fn expiry_ms(&self) -> Option<i64> {
-        let sliding = match (self.ttl_s, self.touched_at_ms) {
-            (Some(ttl), Some(touched)) => Some(touched.saturating_add(ttl.saturating_mul(1000))),
-            _ => None,
-        };
-        match (sliding, self.expires_at_ms) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
-    }
-
-    fn expired(&self, now_ms: i64) -> bool {
-        self.expiry_ms().is_some_and(|at| at <= now_ms)
-    }
-
-    fn info(&self, channel: &ChannelName) -> Result<StreamInfo> {
-        Ok(StreamInfo {
-            channel: channel.clone(),
-            config: StreamConfig {
-                content_type: self
-                    .content_type
-                    .clone()
-                    .unwrap_or_else(|| "application/json".to_owned()),
-                ttl_s: self.ttl_s.map(|t| to_u64(t, "ttl_s")).transpose()?,
-                expires_at_ms: self.expires_at_ms,
-            },
-            closed: self.closed,
-            head: to_u64(self.head, "head")?,
-            earliest: to_u64(self.trimmed_through, "trimmed_through")? + 1,
-            expires_at_ms: self.expiry_ms(),
-        })
-    }
-}
-
-/// `Storage::stream_info`: one statement, one snapshot.
+/// `Storage::stream_info`: one statement, one snapshot, with the count of
+/// the stream's live forks (not deleted, not expired).
 pub(super) async fn stream_info(
     client: &Object,
     channel: &ChannelName,
 ) -> Result<Option<StreamInfo>> {
     let sql = format!(
-        "SELECT {ROW_COLUMNS}, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint \
+        "SELECT {ROW_COLUMNS}, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, \
+             (SELECT count(*) FROM channels AS f WHERE f.fork_of = $1 \
+                AND f.content_type IS NOT NULL \
+                AND COALESCE(LEAST(f.expires_at, f.touched_at + f.ttl_s * interval '1 second'), \
+                             'infinity') > clock_timestamp()) \
          FROM channels WHERE name = $1 AND content_type IS NOT NULL"
     );
     let stmt = client.prepare_cached(&sql).await?;
@@ -114,11 +65,13 @@ pub(super) async fn stream_info(
         return Ok(None);
     };
     let row = to_row(&r)?;
-    let now: i64 = r.try_get(11)?;
+    let now: i64 = r.try_get(14)?;
     if row.expired(now) {
         return Ok(None);
     }
-    row.info(channel).map(Some)
+    let mut info = row.info(channel)?;
+    info.live_forks = to_u64(r.try_get(15)?, "live forks")?;
+    Ok(Some(info))
 }
 
 /// Reads the channel's row under `FOR UPDATE`, in `tx`.
@@ -229,10 +182,13 @@ async fn copy_fork(
 ) -> Result<std::result::Result<(i64, i64, i64), StreamCreated>> {
     let source = lock_row(tx, &fork.source)
         .await?
-        .filter(|r| r.content_type.is_some() && !r.expired(now_ms));
+        .filter(|r| r.is_stream() && !r.expired(now_ms));
     let Some(source) = source else {
         return Ok(Err(StreamCreated::SourceNotFound));
     };
+    if source.soft_deleted {
+        return Ok(Err(StreamCreated::SourceGone));
+    }
     let offset = sql_position(fork.offset);
     let sub = sql_position(fork.sub_offset);
     let source_json = source.content_type.as_deref().is_some_and(is_json_media);
@@ -351,7 +307,8 @@ pub(super) async fn create_stream(
             "UPDATE channels SET head = $2, bytes = bytes + $3, content_type = $4, json = $5, \
              closed = $6, ttl_s = $7, expires_at = to_timestamp($8::bigint / 1000.0), \
              touched_at = $9, stream_seq = NULL, closed_by = NULL, closed_by_epoch = NULL, \
-             closed_by_seq = NULL, trimmed_through = $10 WHERE name = $1",
+             closed_by_seq = NULL, trimmed_through = $10, fork_of = $11, \
+             fork_sub_offset = $12, soft_deleted = false WHERE name = $1",
         )
         .await?;
     tx.execute(
@@ -367,6 +324,8 @@ pub(super) async fn create_stream(
             &create.config.expires_at_ms,
             &fence.now,
             &trimmed_through,
+            &create.fork.as_ref().map(|f| f.source.as_str()),
+            &create.fork.as_ref().map(|f| sql_position(f.sub_offset)),
         ],
     )
     .await?;
@@ -421,19 +380,7 @@ pub(super) async fn append_stream(
         None => None,
     };
     let now_ms = to_ms(fence.now);
-    let rules_row = row
-        .as_ref()
-        .map(|r| {
-            Ok::<_, Error>(StreamRow {
-                content_type: r.content_type.clone(),
-                closed: r.closed,
-                closed_by: r.closed_by.clone(),
-                stream_seq: r.stream_seq.clone(),
-                head: to_u64(r.head, "head")?,
-                expired: r.expired(now_ms),
-            })
-        })
-        .transpose()?;
+    let rules_row = row.as_ref().map(|r| r.rules_row(now_ms)).transpose()?;
     if let Rule::Answer(answer) = decide(rules_row.as_ref(), state, append) {
         if let Err(e) = tx.rollback().await {
             tracing::debug!(error = %Error::from(e), "rollback after a refused stream append");
@@ -506,4 +453,22 @@ pub(super) async fn append_stream(
         published_at_ms: to_ms(now),
         closed: row.closed || append.close,
     })
+}
+
+/// `Storage::soft_delete_stream`: marks the stream deleted while forks of
+/// it remain, a fenced write.
+pub(super) async fn soft_delete_stream(
+    client: &mut Object,
+    lease: &Lease,
+    channel: &ChannelName,
+) -> Result<bool> {
+    let Fenced { tx, fence, .. } = fenced(client, lease, Serialized::Yes, None).await?;
+    let mark = tx
+        .prepare_cached(
+            "UPDATE channels SET soft_deleted = true WHERE name = $1 AND content_type IS NOT NULL",
+        )
+        .await?;
+    let marked = tx.execute(&mark, &[&channel.as_str()]).await?;
+    commit(tx, &fence, lease, channel, 1, 0).await?;
+    Ok(marked > 0)
 }

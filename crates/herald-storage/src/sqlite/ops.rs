@@ -634,7 +634,8 @@ pub(super) fn record_deletion(
     tx.prepare_cached(
         "UPDATE channels SET content_type = NULL, json = 1, closed = 0, ttl_s = NULL, \
          expires_at_ms = NULL, touched_at_ms = NULL, stream_seq = NULL, closed_by = NULL, \
-         closed_by_epoch = NULL, closed_by_seq = NULL WHERE name = ?1",
+         closed_by_epoch = NULL, closed_by_seq = NULL, fork_of = NULL, fork_sub_offset = NULL, \
+         soft_deleted = 0 WHERE name = ?1",
     )?
     .execute([channel.as_str()])?;
     tx.prepare_cached("DELETE FROM stream_producers WHERE channel = ?1")?

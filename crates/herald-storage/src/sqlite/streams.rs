@@ -3,98 +3,69 @@
 //! append, deciding with [`crate::stream_rules::decide`].
 
 use herald_core::{
-    is_json_media, ChannelName, Fork, Lease, Offset, Payload, Producer, StreamAppend,
-    StreamAppended, StreamConfig, StreamCreate, StreamCreated, StreamInfo,
+    is_json_media, ChannelName, Fork, Lease, Payload, StreamAppend, StreamAppended, StreamCreate,
+    StreamCreated, StreamInfo,
 };
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 
 use super::ops::{fenced_now, stored_payload};
 use crate::decode::{sql_position, to_u64};
 use crate::error::Result;
-use crate::stream_rules::{decide, Decision, StreamRow};
+use crate::stream_rules::{closed_by, decide, Decision, StoredStream};
 
 /// A channel's row as streams read it.
-struct Row {
-    content_type: Option<String>,
-    closed: bool,
-    closed_by: Option<Producer>,
-    stream_seq: Option<String>,
-    head: i64,
-    trimmed_through: i64,
-    ttl_s: Option<i64>,
-    expires_at_ms: Option<i64>,
-    touched_at_ms: Option<i64>,
-}
+type Row = StoredStream;
 
 const ROW_SQL: &str = "SELECT content_type, closed, closed_by, closed_by_epoch, \
-     closed_by_seq, stream_seq, head, trimmed_through, ttl_s, expires_at_ms, touched_at_ms \
-     FROM channels WHERE name = ?1";
+     closed_by_seq, stream_seq, head, trimmed_through, ttl_s, expires_at_ms, touched_at_ms, \
+     fork_of, fork_sub_offset, soft_deleted FROM channels WHERE name = ?1";
 
 fn read_row(conn: &Connection, channel: &ChannelName) -> Result<Option<Row>> {
-    Ok(conn
+    let row = conn
         .prepare_cached(ROW_SQL)?
         .query_row([channel.as_str()], |r| {
-            let closed_by = match (
-                r.get::<_, Option<String>>(2)?,
-                r.get::<_, Option<i64>>(3)?,
-                r.get::<_, Option<i64>>(4)?,
-            ) {
-                (Some(id), Some(epoch), Some(seq)) => Some(Producer {
-                    id,
-                    epoch: epoch.max(0) as u64,
-                    seq: seq.max(0) as u64,
-                }),
-                _ => None,
-            };
-            Ok(Row {
-                content_type: r.get(0)?,
-                closed: r.get(1)?,
-                closed_by,
-                stream_seq: r.get(5)?,
-                head: r.get(6)?,
-                trimmed_through: r.get(7)?,
-                ttl_s: r.get(8)?,
-                expires_at_ms: r.get(9)?,
-                touched_at_ms: r.get(10)?,
-            })
+            Ok((
+                StoredStream {
+                    content_type: r.get(0)?,
+                    closed: r.get(1)?,
+                    closed_by: None,
+                    stream_seq: r.get(5)?,
+                    head: r.get(6)?,
+                    trimmed_through: r.get(7)?,
+                    ttl_s: r.get(8)?,
+                    expires_at_ms: r.get(9)?,
+                    touched_at_ms: r.get(10)?,
+                    fork_of: r.get(11)?,
+                    fork_sub_offset: r.get(12)?,
+                    soft_deleted: r.get(13)?,
+                },
+                (r.get(2)?, r.get(3)?, r.get(4)?),
+            ))
         })
-        .optional()?)
+        .optional()?;
+    row.map(|(mut stream, (id, epoch, seq))| {
+        stream.closed_by = closed_by(id, epoch, seq)?;
+        Ok(stream)
+    })
+    .transpose()
 }
 
-impl Row {
-    /// When the stream expires (ms since the Unix epoch), if ever.
-    fn expiry_ms(&self) -> Option<i64> {
-        let sliding = match (self.ttl_s, self.touched_at_ms) {
-            (Some(ttl), Some(touched)) => Some(touched.saturating_add(ttl.saturating_mul(1000))),
-            _ => None,
-        };
-        match (sliding, self.expires_at_ms) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+/// How many live forks (not deleted, not expired at `now`) `channel` has.
+fn live_forks(conn: &Connection, channel: &ChannelName, now: i64) -> Result<u64> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT name FROM channels WHERE fork_of = ?1 AND content_type IS NOT NULL",
+    )?;
+    let names: Vec<String> = stmt
+        .query_map([channel.as_str()], |r| r.get(0))?
+        .collect::<std::result::Result<_, _>>()?;
+    let mut live = 0;
+    for name in names {
+        let fork = crate::decode::to_channel(name)?;
+        if read_row(conn, &fork)?.is_some_and(|r| !r.expired(now)) {
+            live += 1;
         }
     }
-
-    fn expired(&self, now_ms: i64) -> bool {
-        self.expiry_ms().is_some_and(|at| at <= now_ms)
-    }
-
-    fn info(&self, channel: &ChannelName) -> Result<StreamInfo> {
-        Ok(StreamInfo {
-            channel: channel.clone(),
-            config: StreamConfig {
-                content_type: self
-                    .content_type
-                    .clone()
-                    .unwrap_or_else(|| "application/json".to_owned()),
-                ttl_s: self.ttl_s.map(|t| t.max(0) as u64),
-                expires_at_ms: self.expires_at_ms,
-            },
-            closed: self.closed,
-            head: to_u64(self.head, "head")?,
-            earliest: to_u64(self.trimmed_through, "trimmed_through")? + 1,
-            expires_at_ms: self.expiry_ms(),
-        })
-    }
+    Ok(live)
 }
 
 /// SQLite's clock in ms, read outside a write.
@@ -112,7 +83,11 @@ pub(super) fn stream_info(
     let tx = conn.transaction()?;
     let now = now_ms(&tx)?;
     let info = match read_row(&tx, channel)? {
-        Some(row) if row.content_type.is_some() && !row.expired(now) => Some(row.info(channel)?),
+        Some(row) if row.is_stream() && !row.expired(now) => {
+            let mut info = row.info(channel)?;
+            info.live_forks = live_forks(&tx, channel, now)?;
+            Some(info)
+        }
         _ => None,
     };
     tx.commit()?;
@@ -157,7 +132,7 @@ fn copy_fork(
     token: i64,
 ) -> Result<Option<(i64, i64, i64)>> {
     let Some(source) =
-        read_row(tx, &fork.source)?.filter(|r| r.content_type.is_some() && !r.expired(now))
+        read_row(tx, &fork.source)?.filter(|r| r.is_stream() && !r.expired(now) && !r.soft_deleted)
     else {
         return Ok(None);
     };
@@ -259,9 +234,10 @@ pub(super) fn create_stream(
                 // Nothing was written: the answer names why.
                 let source = read_row(&tx, &fork.source)?;
                 return Ok(match source {
-                    Some(r) if r.content_type.is_some() && !r.expired(now) => {
-                        StreamCreated::ForkOutOfRange
+                    Some(r) if r.is_stream() && !r.expired(now) && r.soft_deleted => {
+                        StreamCreated::SourceGone
                     }
+                    Some(r) if r.is_stream() && !r.expired(now) => StreamCreated::ForkOutOfRange,
                     _ => StreamCreated::SourceNotFound,
                 });
             }
@@ -273,7 +249,8 @@ pub(super) fn create_stream(
         "UPDATE channels SET head = ?2, bytes = bytes + ?3, content_type = ?4, json = ?5, \
          closed = ?6, ttl_s = ?7, expires_at_ms = ?8, touched_at_ms = ?9, stream_seq = NULL, \
          closed_by = NULL, closed_by_epoch = NULL, closed_by_seq = NULL, \
-         trimmed_through = ?10 WHERE name = ?1",
+         trimmed_through = ?10, fork_of = ?11, fork_sub_offset = ?12, soft_deleted = 0 \
+         WHERE name = ?1",
     )?
     .execute(params![
         channel.as_str(),
@@ -285,7 +262,9 @@ pub(super) fn create_stream(
         create.config.ttl_s.map(sql_position),
         create.config.expires_at_ms,
         now,
-        trimmed_through
+        trimmed_through,
+        create.fork.as_ref().map(|f| f.source.as_str()),
+        create.fork.as_ref().map(|f| sql_position(f.sub_offset))
     ])?;
     tx.prepare_cached("DELETE FROM stream_producers WHERE channel = ?1")?
         .execute([channel.as_str()])?;
@@ -309,14 +288,7 @@ pub(super) fn append_stream(
     let (now, token) = fenced_now(&tx, lease, "fenced stream append refused")?;
     let channel = &append.channel;
     let row = read_row(&tx, channel)?;
-    let rules_row = row.as_ref().map(|r| StreamRow {
-        content_type: r.content_type.clone(),
-        closed: r.closed,
-        closed_by: r.closed_by.clone(),
-        stream_seq: r.stream_seq.clone(),
-        head: r.head.max(0) as Offset,
-        expired: r.expired(now),
-    });
+    let rules_row = row.as_ref().map(|r| r.rules_row(now)).transpose()?;
     let state = match &append.producer {
         Some(p) => tx
             .prepare_cached(
@@ -380,4 +352,22 @@ pub(super) fn append_stream(
         published_at_ms: now,
         closed: row.closed || append.close,
     })
+}
+
+/// `Storage::soft_delete_stream`: marks the stream deleted while forks of
+/// it remain, in a fenced `BEGIN IMMEDIATE` transaction.
+pub(super) fn soft_delete_stream(
+    conn: &mut Connection,
+    lease: &Lease,
+    channel: &ChannelName,
+) -> Result<bool> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    fenced_now(&tx, lease, "fenced stream soft deletion refused")?;
+    let marked = tx
+        .prepare_cached(
+            "UPDATE channels SET soft_deleted = 1 WHERE name = ?1 AND content_type IS NOT NULL",
+        )?
+        .execute([channel.as_str()])?;
+    tx.commit()?;
+    Ok(marked > 0)
 }
