@@ -121,10 +121,6 @@ pub enum Error {
         /// The one the request carried.
         received: u64,
     },
-    /// A part of a protocol Herald does not serve yet. 501
-    /// `not_implemented`.
-    #[error("{0}")]
-    NotImplemented(String),
     /// A read from an offset that retention or a deletion removed.
     /// 410 `offset_gone`.
     #[error("the offset is before the stream's earliest stored data; read from -1")]
@@ -251,7 +247,6 @@ impl Error {
             }
             Self::StaleProducerEpoch { .. } => StatusCode::FORBIDDEN,
             Self::OffsetGone | Self::StreamGone => StatusCode::GONE,
-            Self::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             Self::OffsetBeyondHead { .. } => StatusCode::CONFLICT,
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::TooManyConnections => StatusCode::TOO_MANY_REQUESTS,
@@ -294,7 +289,6 @@ impl Error {
             Self::ProducerSeqGap { .. } => "producer_seq_gap",
             Self::OffsetGone => "offset_gone",
             Self::StreamGone => "stream_gone",
-            Self::NotImplemented(_) => "not_implemented",
             Self::OffsetBeyondHead { .. } => "offset_beyond_head",
             Self::NotFound => "not_found",
             Self::TooManyConnections => "too_many_connections",
