@@ -239,9 +239,12 @@ pub enum StreamDeleted {
 
 /// Deletes the stream `channel` (its messages, then its record, as
 /// `retention::delete_channel` does any channel): here on the holder, or
-/// forwarded. A stream with live forks is only marked deleted
-/// (`Storage::soft_delete_stream`): its URL answers "gone" while they
-/// live. Deleting the last live fork of a stream marked so deletes that
+/// forwarded. The stream is first marked deleted
+/// (`Storage::soft_delete_stream`), so that no append is acknowledged
+/// while its messages are removed; a stream with live forks stays only
+/// marked, and its URL answers "gone" while they live (a marked stream
+/// whose forks are gone meanwhile, by expiry or a race, is deleted by the
+/// next `DELETE`). Deleting the last live fork of a stream marked so deletes that
 /// stream too, and so on up the chain of forks.
 ///
 /// # Errors
@@ -263,14 +266,16 @@ pub async fn delete_stream(
             let Some(info) = stream_info(node, channel).await? else {
                 return Ok(StreamDeleted::NotFound);
             };
-            if info.soft_deleted {
+            if info.soft_deleted && info.live_forks > 0 {
                 return Ok(StreamDeleted::Gone);
             }
+            // Marked first: from then on an append is refused (`Gone`), so
+            // none is acknowledged while the messages are being removed.
+            node.storage()
+                .soft_delete_stream(&lease, channel)
+                .await
+                .map_err(|e| failed(node, e, "soft_delete_stream", channel))?;
             if info.live_forks > 0 {
-                node.storage()
-                    .soft_delete_stream(&lease, channel)
-                    .await
-                    .map_err(|e| failed(node, e, "soft_delete_stream", channel))?;
                 return Ok(StreamDeleted::Deleted);
             }
             delete(node, channel).await?;

@@ -25,7 +25,7 @@ use herald_node::node_error::StartError;
 /// `X-API-Key`), the publish body's type, `Idempotency-Key`, SSE's
 /// `Last-Event-ID`, `If-None-Match`, and the Durable Streams protocol's
 /// request headers (PROTOCOL.md of durable-streams/durable-streams).
-const ALLOWED_HEADERS: [HeaderName; 15] = [
+const ALLOWED_HEADERS: [HeaderName; 16] = [
     AUTHORIZATION,
     CONTENT_TYPE,
     IF_NONE_MATCH,
@@ -41,6 +41,7 @@ const ALLOWED_HEADERS: [HeaderName; 15] = [
     HeaderName::from_static("producer-seq"),
     HeaderName::from_static("stream-forked-from"),
     HeaderName::from_static("stream-fork-offset"),
+    HeaderName::from_static("stream-fork-sub-offset"),
 ];
 
 /// The response headers a page may read besides the CORS-safelisted

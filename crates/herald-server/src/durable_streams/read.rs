@@ -19,8 +19,12 @@ use super::{naming, request, sse, StreamsState};
 use crate::auth_extract::Subscriber;
 use crate::error::{Error, Result};
 
-/// Messages read from the storage per call.
+/// Most messages read from the storage per call.
 const PAGE_MESSAGES: usize = 1000;
+/// Messages of a read's first call: a page grows only while the messages
+/// read so far are small, so that a stream of large messages is never read
+/// a thousand at a time.
+const FIRST_PAGE_MESSAGES: usize = 8;
 /// A catch-up answer stops adding messages once its body is this long, in
 /// bytes (1 MiB); it always holds at least one whole message.
 const CHUNK_BYTES: usize = 1024 * 1024;
@@ -96,14 +100,22 @@ async fn stream(
     let auth = state.shared.auth();
     if live {
         auth.may_subscribe(who, &channel)?;
-    }
-    // What is stored needs the right to read history; a live read from
-    // `now` reads nothing stored before it (the live-only subscribers of
-    // docs/security.md).
-    if !live || from != Some(ReadFrom::Now) {
+    } else {
         auth.may_read_history(who, &channel)?;
     }
     let info = info(state, &channel).await?.ok_or(Error::StreamNotFound)?;
+    // A live read of what was stored before it began needs the right to
+    // read history; one from the tail (`now`, or the offset a previous
+    // read ended at) does not (the live-only subscribers of
+    // docs/security.md).
+    let stored = match from {
+        Some(ReadFrom::Now) => false,
+        Some(ReadFrom::After(after)) => after < info.head,
+        _ => true,
+    };
+    if live && stored {
+        auth.may_read_history(who, &channel)?;
+    }
     if info.soft_deleted {
         return Err(Error::StreamGone);
     }
@@ -159,16 +171,17 @@ pub(crate) async fn read_chunk(
     let mut messages = Vec::new();
     let mut next = after;
     let mut bytes = 0usize;
+    let mut limit = FIRST_PAGE_MESSAGES;
     loop {
         let page = storage
-            .read(channel, next, PAGE_MESSAGES)
+            .read(channel, next, limit)
             .await
             .during("read", Some(channel))?;
         if page.earliest > next + 1 {
             // Removed while reading: the client reads again from its offset.
             return Err(Error::OffsetGone);
         }
-        let full = page.messages.len() == PAGE_MESSAGES;
+        let full = page.messages.len() == limit;
         for message in page.messages {
             if bytes >= CHUNK_BYTES {
                 return Ok(Chunk {
@@ -182,6 +195,10 @@ pub(crate) async fn read_chunk(
             next = message.offset;
             messages.push(message);
         }
+        // The next page: as many messages of the average size so far as
+        // fit in what is left of the chunk.
+        let average = (bytes / messages.len().max(1)).max(1);
+        limit = (CHUNK_BYTES.saturating_sub(bytes) / average).clamp(1, PAGE_MESSAGES);
         if !full {
             return Ok(Chunk {
                 messages,
@@ -293,10 +310,15 @@ async fn catch_up(
         // The tail grows: a cache must ask again.
         response::cache(&mut answer, "no-cache");
     } else {
-        // A full chunk from an offset never changes.
+        // A full chunk from an offset never changes; with access control
+        // on, only the client's own cache may keep it.
         response::cache(
             &mut answer,
-            "public, max-age=60, stale-while-revalidate=300",
+            if state.shared.auth().enabled() {
+                "private, max-age=60, stale-while-revalidate=300"
+            } else {
+                "public, max-age=60, stale-while-revalidate=300"
+            },
         );
     }
     if closed {

@@ -15,6 +15,14 @@ use serde_json::value::RawValue;
 
 use crate::error::Error;
 
+/// Most messages one JSON append may hold (the elements of its top-level
+/// array), as Herald's batch publish bounds its entries.
+pub(crate) const MAX_APPEND_MESSAGES: usize = 10_000;
+
+/// Longest `Stream-TTL`, in seconds (100 years): every expiry stays a
+/// valid time on both databases.
+const MAX_TTL_S: u64 = 100 * 365 * 24 * 3600;
+
 /// Largest producer epoch and sequence number: 2^53 - 1, the largest
 /// integer every client language (JavaScript's numbers) holds exactly.
 const MAX_PRODUCER_NUMBER: u64 = (1 << 53) - 1;
@@ -61,9 +69,10 @@ pub(crate) fn ttl_s(headers: &HeaderMap) -> Result<Option<u64>, Error> {
             && !value.starts_with('0')
             && value.bytes().all(|b| b.is_ascii_digit()));
     match value.parse::<u64>() {
-        Ok(ttl) if canonical => Ok(Some(ttl)),
+        Ok(ttl) if canonical && ttl <= MAX_TTL_S => Ok(Some(ttl)),
         _ => Err(invalid(format!(
-            "Stream-TTL must be a whole number of seconds without sign or leading zero, got {value:?}"
+            "Stream-TTL must be a whole number of seconds (at most {MAX_TTL_S}) without sign or \
+             leading zero, got {value:?}"
         ))),
     }
 }
@@ -179,17 +188,53 @@ pub(crate) fn messages(
     let value: &RawValue =
         serde_json::from_str(text).map_err(|e| invalid(format!("the body is not JSON: {e}")))?;
     if value.get().starts_with('[') {
-        let items: Vec<Box<RawValue>> = serde_json::from_str(value.get())
-            .map_err(|e| invalid(format!("the body is not JSON: {e}")))?;
+        let items = bounded_array(value.get())?;
         if items.is_empty() && !empty_array_ok {
             return Err(invalid("an empty JSON array appends nothing"));
         }
+
         return Ok(items
             .into_iter()
             .map(|item| Payload::Json(Arc::from(item)))
             .collect());
     }
     Ok(vec![Payload::Json(Arc::from(value.to_owned()))])
+}
+
+/// The elements of the JSON array `text`, each as its exact text; stops
+/// at the element past [`MAX_APPEND_MESSAGES`], so a body of millions of
+/// tiny elements never becomes millions of values.
+fn bounded_array(text: &str) -> Result<Vec<Box<RawValue>>, Error> {
+    struct Elements;
+    impl<'de> serde::de::Visitor<'de> for Elements {
+        type Value = Vec<Box<RawValue>>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a JSON array")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut items = Vec::new();
+            while let Some(item) = seq.next_element::<Box<RawValue>>()? {
+                if items.len() == MAX_APPEND_MESSAGES {
+                    return Err(serde::de::Error::custom(format!(
+                        "one append holds at most {MAX_APPEND_MESSAGES} messages"
+                    )));
+                }
+                items.push(item);
+            }
+            Ok(items)
+        }
+    }
+    use serde::Deserializer as _;
+    serde_json::Deserializer::from_str(text)
+        .deserialize_seq(Elements)
+        .map_err(|e| {
+            invalid(format!(
+                "the body is not a JSON array of at most {MAX_APPEND_MESSAGES} values: {e}"
+            ))
+        })
 }
 
 /// Milliseconds since the Unix epoch now, on this node's clock (for the
@@ -288,6 +333,13 @@ mod tests {
             .unwrap()
             .is_empty());
         assert!(messages(true, &Bytes::from_static(b"{oops"), false).is_err());
+        let many = format!("[{}0]", "0,".repeat(MAX_APPEND_MESSAGES));
+        assert!(messages(true, &Bytes::from(many), false).is_err());
+        let most = format!("[{}0]", "0,".repeat(MAX_APPEND_MESSAGES - 1));
+        assert_eq!(
+            messages(true, &Bytes::from(most), false).unwrap().len(),
+            MAX_APPEND_MESSAGES
+        );
         assert_eq!(
             messages(false, &Bytes::from_static(b"\0x"), false)
                 .unwrap()

@@ -14,7 +14,8 @@ use super::offset;
 /// needs to read it safely: `X-Content-Type-Options: nosniff` (the body
 /// is never sniffed as another type) and `Cross-Origin-Resource-Policy:
 /// cross-origin` (streams are meant to be read from other origins, under
-/// CORS).
+/// CORS), and `Content-Security-Policy: sandbox` (a stream of `text/html`
+/// never runs as a page of this origin).
 pub(crate) async fn common_headers(mut response: Response) -> Response {
     let headers = response.headers_mut();
     headers.insert(
@@ -24,6 +25,12 @@ pub(crate) async fn common_headers(mut response: Response) -> Response {
     headers.insert(
         HeaderName::from_static("cross-origin-resource-policy"),
         HeaderValue::from_static("cross-origin"),
+    );
+    // A stream's content is served with the content type it was created
+    // with, `text/html` included: never as a page of this origin.
+    headers.insert(
+        HeaderName::from_static("content-security-policy"),
+        HeaderValue::from_static("sandbox"),
     );
     response
 }

@@ -78,7 +78,11 @@ fn created(info: &StreamInfo, status: StatusCode, location: Option<String>) -> R
 /// # Errors
 /// 400 for a malformed header or a sub-offset without what it needs; 404
 /// when the source is not a live stream.
-async fn fork(state: &StreamsState, headers: &HeaderMap) -> Result<Option<(Fork, StreamInfo)>> {
+async fn fork(
+    state: &StreamsState,
+    who: &herald_auth::Principal,
+    headers: &HeaderMap,
+) -> Result<Option<(Fork, StreamInfo)>> {
     let header = |name: &str| -> Result<Option<&str>> {
         headers
             .get(name)
@@ -118,6 +122,8 @@ async fn fork(state: &StreamsState, headers: &HeaderMap) -> Result<Option<(Fork,
         .unwrap_or(from)
         .trim_start_matches('/');
     let source = naming::channel_of(path).map_err(Error::InvalidStreamRequest)?;
+    // A fork reads its source whole: the caller must be allowed to.
+    state.shared.auth().may_read_history(who, &source)?;
     let info = super::read::info(state, &source)
         .await?
         .ok_or(Error::StreamNotFound)?;
@@ -169,7 +175,7 @@ pub(crate) async fn put(
     body: Bytes,
 ) -> Result<Response> {
     let channel = channel(&state, &who, &path, &headers, &uri)?;
-    let fork = fork(&state, &headers).await?;
+    let fork = fork(&state, &who, &headers).await?;
     let mut content_type = request::content_type(&headers)?;
     let mut ttl_s = request::ttl_s(&headers)?;
     let mut expires_at_ms = request::expires_at_ms(&headers)?;
@@ -218,6 +224,7 @@ pub(crate) async fn put(
     });
     let wanted = create.config.clone();
     let wanted_sub_offset = create.fork.as_ref().map(|f| f.sub_offset);
+    let wanted_source = create.fork.as_ref().map(|f| f.source.clone());
     let closes = create.closed;
     let request = forwarded(Method::PUT, &uri, &headers, body);
     match streams::create_stream(&state.shared.node, create, request).await? {
@@ -235,7 +242,8 @@ pub(crate) async fn put(
                 && info.config.ttl_s == wanted.ttl_s
                 && info.config.expires_at_ms == wanted.expires_at_ms
                 && info.closed == closes
-                && wanted_sub_offset.is_none_or(|sub| sub == info.fork_sub_offset);
+                && wanted_sub_offset.is_none_or(|sub| sub == info.fork_sub_offset)
+                && (wanted_source.is_none() || wanted_source == info.fork_of);
             if !same {
                 return Err(Error::StreamConflict(
                     "a stream exists at this path with another configuration (content type, \

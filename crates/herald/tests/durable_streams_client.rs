@@ -1,0 +1,100 @@
+//! The Durable Streams protocol's TypeScript client
+//! (`@durable-streams/client`, from `tests/clients/package-lock.json`)
+//! against a two-node cluster on PostgreSQL through a front that plays the
+//! load balancer: it creates a JSON stream, follows it live (SSE, and
+//! long-poll), and appends through an idempotent producer while the
+//! holder is killed with SIGKILL halfway. Every appended item is read
+//! exactly once, in order, live and in a catch-up read afterwards: no
+//! retry of the producer stored an item twice, none was lost.
+
+use std::process::Stdio;
+
+use herald_testkit::balancer::Balancer;
+use herald_testkit::clients::{node_bin, node_clients};
+use herald_testkit::process::{Server, FAST_LEASE};
+use herald_testkit::{within, TestDatabase, WAIT};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::Command;
+
+/// Items appended: half before the holder is killed, half after.
+const COUNT: u64 = 40;
+
+async fn survives_the_holder_killed(live: &str) {
+    let clients = node_clients(
+        &["@durable-streams/client"],
+        &["durable-streams-client.mjs"],
+    );
+    let db = TestDatabase::create().await;
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let mut nodes = Vec::new();
+    for (id, role) in [("node-a", "holder"), ("node-b", "standby")] {
+        let mut flags = vec!["--database", db.url(), "--node-id", id];
+        flags.extend_from_slice(FAST_LEASE);
+        let node = Server::start_with(&dir.path().join(id), &flags).await;
+        node.api.wait_role(role, WAIT).await;
+        nodes.push(node);
+    }
+    let addrs = nodes
+        .iter()
+        .map(|n| {
+            n.url
+                .trim_start_matches("http://")
+                .parse()
+                .expect("an address")
+        })
+        .collect();
+    let balancer = Balancer::start(addrs).await;
+    let url = format!("http://{}/ds/app/orders-{live}", balancer.addr());
+
+    let mut child = Command::new(node_bin())
+        .arg(clients.join("durable-streams-client.mjs"))
+        .args([url.as_str(), &COUNT.to_string(), live])
+        .current_dir(&clients)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("node runs");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    // Long enough for a takeover and the client's backoff, far below the
+    // test's patience.
+    let patience = WAIT * 6;
+    let mut next = async || -> Value {
+        let line = within("the client's next report", patience, lines.next_line())
+            .await
+            .expect("read the client")
+            .expect("the client reports before it exits");
+        serde_json::from_str(&line).expect("a JSON report")
+    };
+    assert_eq!(next().await["half"], true);
+    nodes[0].sigkill();
+    stdin.write_all(b"go\n").await.expect("tell the client");
+    let produced = next().await;
+    assert_eq!(produced["produced"], COUNT, "{produced}");
+    let want: Vec<u64> = (0..COUNT).collect();
+    let report = next().await;
+    let followed: Vec<u64> = serde_json::from_value(report["followed"].clone()).expect("ns");
+    assert_eq!(followed, want, "the live reader ({live}): {report}");
+    let stored = next().await;
+    let stored: Vec<u64> = serde_json::from_value(stored["stored"].clone()).expect("ns");
+    assert_eq!(stored, want, "the stream after the takeover");
+    assert!(
+        nodes[1]
+            .log_text()
+            .contains("acquired the lease; this node is now holder"),
+        "node-b took the lease over"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_typescript_client_survives_a_killed_holder_over_sse() {
+    survives_the_holder_killed("sse").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_typescript_client_survives_a_killed_holder_over_long_poll() {
+    survives_the_holder_killed("long-poll").await;
+}
