@@ -4,22 +4,28 @@
 //   node durable-streams-client.mjs <stream-url> <count> <live-mode>
 //
 // It creates the JSON stream, follows it from the start in <live-mode>
-// (sse or long-poll), and appends {"n": 0} .. {"n": count-1} through an
-// IdempotentProducer, one batch in flight at a time. Halfway it prints
-// {"half": true} and waits for a line on stdin (the test kills the holder
-// meanwhile), then goes on. It prints {"produced": count} once every
-// append is acknowledged, then {"followed": [...]} with the n of every item
-// the reader received, in order, once it has received count items (or 60 s
-// passed), with how often it resumed after a broken connection, then {"stored": [...]} from a catch-up read, and exits.
-import { createInterface } from 'node:readline'
-import { DurableStream, IdempotentProducer, stream } from '@durable-streams/client'
+// (sse or long-poll), and appends {"n": 0} .. {"n": count-1} as an
+// idempotent producer (Producer-Id, -Epoch, -Seq), one at a time. Halfway
+// it prints {"half": true} and goes on (the test kills the holder then).
+// It prints {"produced": count, "retried": k} once every append is
+// acknowledged (k: requests the client sent again), then
+// {"followed": [...], "resumed": r} with the n of every item the reader
+// received, in order, once it has received count items (or 60 s passed),
+// and how often it resumed after a broken connection, then
+// {"stored": [...]} from a catch-up read, and exits.
+import { BackoffDefaults, DurableStream, stream } from '@durable-streams/client'
 
 const [url, countText, live] = process.argv.slice(2)
 const count = Number(countText)
 const say = (value) => process.stdout.write(JSON.stringify(value) + '\n')
-const lines = createInterface({ input: process.stdin })[Symbol.asyncIterator]()
 
-const handle = await DurableStream.create({ url, contentType: 'application/json' })
+// Appends that failed and were sent again (the client's backoff).
+let retried = 0
+const handle = await DurableStream.create({
+  url,
+  contentType: 'application/json',
+  backoffOptions: { ...BackoffDefaults, onFailedAttempt: () => { retried++ } },
+})
 
 // The reader: follows from the start; when its connection breaks (the
 // node it reads from was killed), it resumes from the last offset it got,
@@ -46,22 +52,19 @@ const follow = (async () => {
     }
   }
 })()
-const errors = []
-const producer = new IdempotentProducer(handle, 'herald-test', {
-  lingerMs: 0,
-  maxInFlight: 1,
-  onError: (e) => errors.push(String(e)),
-})
+// The producer: one append at a time as producer "herald-test", epoch 0,
+// sequence n. The client retries an append that failed (a connection the
+// killed holder broke, a 503 while the cluster takes over) with the same
+// producer headers, so the server can tell a retry from a new append.
 for (let n = 0; n < count; n++) {
-  producer.append(JSON.stringify({ n }))
-  if (n === Math.floor(count / 2)) {
-    await producer.flush()
-    say({ half: true })
-    await lines.next()
-  }
+  await handle.append(JSON.stringify({ n }), {
+    producerId: 'herald-test',
+    producerEpoch: 0,
+    producerSeq: n,
+  })
+  if (n === Math.floor(count / 2)) say({ half: true })
 }
-await producer.flush()
-say({ produced: count, errors })
+say({ produced: count, retried })
 
 await Promise.race([follow, new Promise((resolve) => setTimeout(resolve, 60000))])
 reader.cancel()

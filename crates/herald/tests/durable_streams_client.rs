@@ -14,7 +14,7 @@ use herald_testkit::clients::{node_bin, node_clients};
 use herald_testkit::process::{Server, FAST_LEASE};
 use herald_testkit::{within, TestDatabase, WAIT};
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
 /// Items appended: half before the holder is killed, half after.
@@ -51,13 +51,12 @@ async fn survives_the_holder_killed(live: &str) {
         .arg(clients.join("durable-streams-client.mjs"))
         .args([url.as_str(), &COUNT.to_string(), live])
         .current_dir(&clients)
-        .stdin(Stdio::piped())
+        .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .kill_on_drop(true)
         .spawn()
         .expect("node runs");
-    let mut stdin = child.stdin.take().expect("stdin");
     let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
     // Long enough for a takeover and the client's backoff, far below the
     // test's patience.
@@ -70,10 +69,16 @@ async fn survives_the_holder_killed(live: &str) {
         serde_json::from_str(&line).expect("a JSON report")
     };
     assert_eq!(next().await["half"], true);
+    // While the producer goes on appending: some append is in flight.
     nodes[0].sigkill();
-    stdin.write_all(b"go\n").await.expect("tell the client");
     let produced = next().await;
     assert_eq!(produced["produced"], COUNT, "{produced}");
+    // How many requests the client sent again (an append in flight when
+    // the holder died, or refused while the cluster took over): reported,
+    // not asserted, as it depends on where the kill fell. The storage's
+    // conformance case `stream_producers_are_exactly_once_across_a_takeover`
+    // holds the retry of a committed append to a duplicate.
+    eprintln!("{live}: {produced}");
     let want: Vec<u64> = (0..COUNT).collect();
     let report = next().await;
     let followed: Vec<u64> = serde_json::from_value(report["followed"].clone()).expect("ns");
