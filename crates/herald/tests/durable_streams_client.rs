@@ -1,16 +1,19 @@
-//! The Durable Streams protocol's TypeScript client
-//! (`@durable-streams/client`, from `tests/clients/package-lock.json`)
-//! against a two-node cluster on PostgreSQL through a front that plays the
-//! load balancer: it creates a JSON stream, follows it live (SSE, and
-//! long-poll), and appends through an idempotent producer while the
-//! holder is killed with SIGKILL halfway. Every appended item is read
+//! The Durable Streams protocol's clients, TypeScript
+//! (`@durable-streams/client`, from `tests/clients/package-lock.json`,
+//! through `tests/clients/durable-streams-client.mjs`) and Python (PyPI
+//! `durable-streams`, from `tests/clients/python/requirements.lock`,
+//! through `tests/clients/python/durable_streams_client.py`), against a
+//! two-node cluster on PostgreSQL through a front that plays the load
+//! balancer: each creates a JSON stream, follows it live (SSE, and
+//! long-poll), and appends as an idempotent producer while the holder is
+//! killed with SIGKILL halfway. Every appended item is read
 //! exactly once, in order, live and in a catch-up read afterwards: no
 //! retry of the producer stored an item twice, none was lost.
 
 use std::process::Stdio;
 
 use herald_testkit::balancer::Balancer;
-use herald_testkit::clients::{node_bin, node_clients};
+use herald_testkit::clients::{node_bin, node_clients, python_bin, python_script};
 use herald_testkit::process::{Server, FAST_LEASE};
 use herald_testkit::{within, TestDatabase, WAIT};
 use serde_json::Value;
@@ -20,11 +23,43 @@ use tokio::process::Command;
 /// Items appended: half before the holder is killed, half after.
 const COUNT: u64 = 40;
 
-async fn survives_the_holder_killed(live: &str) {
-    let clients = node_clients(
-        &["@durable-streams/client"],
-        &["durable-streams-client.mjs"],
-    );
+/// A client of the protocol, in the language it is written in.
+#[derive(Clone, Copy, Debug)]
+enum Client {
+    TypeScript,
+    Python,
+}
+
+impl Client {
+    /// The command that runs the client's script with `args`.
+    fn command(self, args: &[&str]) -> Command {
+        match self {
+            Self::TypeScript => {
+                let clients = node_clients(
+                    &["@durable-streams/client"],
+                    &["durable-streams-client.mjs"],
+                );
+                let mut command = Command::new(node_bin());
+                command
+                    .arg(clients.join("durable-streams-client.mjs"))
+                    .args(args)
+                    .current_dir(&clients);
+                command
+            }
+            Self::Python => {
+                let mut command = Command::new(python_bin());
+                command
+                    .arg(python_script("durable_streams_client.py"))
+                    .args(args);
+                command
+            }
+        }
+    }
+}
+
+async fn survives_the_holder_killed(client: Client, live: &str) {
+    // Fail at once, before a server starts, when the client is missing.
+    drop(client.command(&[]));
     let db = TestDatabase::create().await;
     let dir = tempfile::tempdir().expect("a temp dir");
     let mut nodes = Vec::new();
@@ -47,10 +82,8 @@ async fn survives_the_holder_killed(live: &str) {
     let balancer = Balancer::start(addrs).await;
     let url = format!("http://{}/ds/app/orders-{live}", balancer.addr());
 
-    let mut child = Command::new(node_bin())
-        .arg(clients.join("durable-streams-client.mjs"))
-        .args([url.as_str(), &COUNT.to_string(), live])
-        .current_dir(&clients)
+    let mut child = client
+        .command(&[url.as_str(), &COUNT.to_string(), live])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -78,11 +111,14 @@ async fn survives_the_holder_killed(live: &str) {
     // not asserted, as it depends on where the kill fell. The storage's
     // conformance case `stream_producers_are_exactly_once_across_a_takeover`
     // holds the retry of a committed append to a duplicate.
-    eprintln!("{live}: {produced}");
+    eprintln!("{client:?} {live}: {produced}");
     let want: Vec<u64> = (0..COUNT).collect();
     let report = next().await;
     let followed: Vec<u64> = serde_json::from_value(report["followed"].clone()).expect("ns");
-    assert_eq!(followed, want, "the live reader ({live}): {report}");
+    assert_eq!(
+        followed, want,
+        "the live reader ({client:?}, {live}): {report}"
+    );
     let stored = next().await;
     let stored: Vec<u64> = serde_json::from_value(stored["stored"].clone()).expect("ns");
     assert_eq!(stored, want, "the stream after the takeover");
@@ -96,10 +132,20 @@ async fn survives_the_holder_killed(live: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_typescript_client_survives_a_killed_holder_over_sse() {
-    survives_the_holder_killed("sse").await;
+    survives_the_holder_killed(Client::TypeScript, "sse").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_typescript_client_survives_a_killed_holder_over_long_poll() {
-    survives_the_holder_killed("long-poll").await;
+    survives_the_holder_killed(Client::TypeScript, "long-poll").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_client_survives_a_killed_holder_over_sse() {
+    survives_the_holder_killed(Client::Python, "sse").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_client_survives_a_killed_holder_over_long_poll() {
+    survives_the_holder_killed(Client::Python, "long-poll").await;
 }
