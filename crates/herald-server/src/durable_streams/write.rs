@@ -20,6 +20,7 @@ use super::response::{self, set};
 use super::{naming, offset, request, StreamsState};
 use crate::auth_extract::Caller;
 use crate::error::{Error, Result};
+use herald_node::node_error::StorageContext;
 
 /// The type of a stream created without one (PROTOCOL.md, "Create").
 const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";
@@ -163,6 +164,27 @@ async fn fork(
     )))
 }
 
+/// Making a channel that holds messages but is not a stream (written
+/// through Herald's API or Centrifugo) a stream lets a stream's writer
+/// delete or close it later; that needs what deleting a channel needs,
+/// `admin` (docs/security.md).
+async fn convertible(
+    state: &StreamsState,
+    who: &herald_auth::Principal,
+    channel: &ChannelName,
+) -> Result<()> {
+    let storage = state.shared.node.storage();
+    let page = storage
+        .read(channel, herald_core::Offset::MAX, 0)
+        .await
+        .during("read", Some(channel))?;
+    if page.head < page.earliest || super::read::info(state, channel).await?.is_some() {
+        return Ok(());
+    }
+    state.shared.auth().may_admin(who)?;
+    Ok(())
+}
+
 /// `PUT`: creates the stream, or answers 200 when it exists with the same
 /// configuration (content type compared by media type, TTL, expiry,
 /// closure), 409 when with another.
@@ -175,6 +197,7 @@ pub(crate) async fn put(
     body: Bytes,
 ) -> Result<Response> {
     let channel = channel(&state, &who, &path, &headers, &uri)?;
+    convertible(&state, &who, &channel).await?;
     let fork = fork(&state, &who, &headers).await?;
     let mut content_type = request::content_type(&headers)?;
     let mut ttl_s = request::ttl_s(&headers)?;

@@ -105,6 +105,41 @@ async fn streams_follow_channel_rights(backend: Backend) {
         send(&node, "GET", "/ds/room/r?offset=-1", &as_token, b"").await,
         403
     );
+    // A channel written through Herald's API becomes a stream only with
+    // `admin`: its writers could then delete it.
+    let ok = node
+        .publish_with(
+            "news:plain",
+            &[("authorization", publisher.as_str())],
+            serde_json::json!(1),
+        )
+        .await;
+    assert_eq!(ok.0, 201, "{}", ok.2);
+    let json = ("content-type", "application/json");
+    assert_eq!(
+        send(
+            &node,
+            "PUT",
+            "/ds/news/plain",
+            &[("authorization", publisher.as_str()), json],
+            b""
+        )
+        .await,
+        403
+    );
+    // The backend key may publish there and is `admin`.
+    let admin = Creds::bearer(&creds.backend);
+    assert_eq!(
+        send(
+            &node,
+            "PUT",
+            "/ds/news/plain",
+            &[("authorization", admin.as_str()), json],
+            b""
+        )
+        .await,
+        201
+    );
     // Refused writes changed nothing.
     let head = node.head("news:s").await;
     assert_eq!(head, 2);

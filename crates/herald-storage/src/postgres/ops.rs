@@ -563,12 +563,14 @@ const FIND_KEYS_SQL: &str = "SELECT m.channel, m.idempotency_key, m.\"offset\", 
 /// returns each channel's new head. This is where the batch may wait on a
 /// channel's row lock. Each channel appears once in the arrays. A closed
 /// stream, or one whose payloads are of the other kind (`$5`: the
-/// batch's are JSON), is not moved and not returned.
+/// batch's are JSON), is not moved and not returned; a stream with a TTL
+/// has it restarted (`touched_at`), as a stream append does.
 const BUMP_HEADS_SQL: &str = "INSERT INTO channels (name, head, created_at, bytes, json) \
      SELECT name, n, $3, b, j \
      FROM unnest($1::text[], $2::bigint[], $4::bigint[], $5::boolean[]) AS u(name, n, b, j) \
      ON CONFLICT (name) DO UPDATE SET head = channels.head + excluded.head, \
-         bytes = channels.bytes + excluded.bytes \
+         bytes = channels.bytes + excluded.bytes, \
+         touched_at = CASE WHEN channels.ttl_s IS NULL THEN channels.touched_at ELSE $3 END \
      WHERE NOT channels.closed AND channels.json = excluded.json \
      RETURNING name, head";
 

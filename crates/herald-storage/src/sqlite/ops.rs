@@ -309,10 +309,12 @@ pub(super) fn append(
         // rows in a temporary b-tree it opens (and zeroes a page for) on
         // each run; the head is read back in the same transaction instead.
         // A closed stream, or a stream of the other kind of payload, takes
-        // no message: the upsert then changes no row.
+        // no message: the upsert then changes no row. A publish restarts a
+        // stream's TTL, as a stream append does.
         let mut bump_head = tx.prepare_cached(
             "INSERT INTO channels (name, head, created_at_ms, bytes, json) VALUES (?1, 1, ?2, ?3, ?4) \
-             ON CONFLICT (name) DO UPDATE SET head = head + 1, bytes = bytes + excluded.bytes \
+             ON CONFLICT (name) DO UPDATE SET head = head + 1, bytes = bytes + excluded.bytes, \
+                 touched_at_ms = CASE WHEN ttl_s IS NULL THEN touched_at_ms ELSE ?2 END \
              WHERE closed = 0 AND json = excluded.json",
         )?;
         let mut read_head = tx.prepare_cached("SELECT head FROM channels WHERE name = ?1")?;
