@@ -7,13 +7,15 @@
 //!
 //! Routes, under the prefix (`/ds` by default): `PUT` creates a stream,
 //! `POST` appends or closes (`write.rs`), `GET` reads (catch-up and
-//! long-poll in `read.rs`, SSE in `sse.rs`), `HEAD` tells its metadata,
+//! long-poll in `read.rs`, SSE in `sse.rs`, both reading through
+//! `chunk.rs`), `HEAD` tells its metadata,
 //! `DELETE` deletes it. Writes go through herald-node's `streams.rs`
 //! (committed on the holder, forwarded once from a standby); reads are
 //! served by every node from the storage, woken by the node's hub.
 //!
 //! Like the other wings, it knows no SQL and no lease timing.
 
+mod chunk;
 pub(crate) mod config;
 mod naming;
 mod offset;

@@ -9,25 +9,15 @@ use axum::extract::{Path, Query, State};
 use axum::http::header::{ETAG, IF_NONE_MATCH};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use herald_core::{is_json_media, ChannelName, Message, Offset, Payload, StreamInfo};
-use herald_node::node_error::StorageContext;
+use herald_core::StreamInfo;
 use tokio::time::Instant;
 
+use super::chunk::{body, info, read_chunk, start};
 use super::offset::{self, ReadFrom};
 use super::response::{self, set};
 use super::{naming, request, sse, StreamsState};
 use crate::auth_extract::Subscriber;
 use crate::error::{Error, Result};
-
-/// Most messages read from the storage per call.
-const PAGE_MESSAGES: usize = 1000;
-/// Messages of a read's first call: a page grows only while the messages
-/// read so far are small, so that a stream of large messages is never read
-/// a thousand at a time.
-const FIRST_PAGE_MESSAGES: usize = 8;
-/// A catch-up answer stops adding messages once its body is this long, in
-/// bytes (1 MiB); it always holds at least one whole message.
-const CHUNK_BYTES: usize = 1024 * 1024;
 
 /// How a `GET` reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,120 +110,6 @@ async fn stream(
         return Err(Error::StreamGone);
     }
     Ok(info)
-}
-
-/// The stream `channel` as the storage holds it now.
-pub(crate) async fn info(
-    state: &StreamsState,
-    channel: &ChannelName,
-) -> Result<Option<StreamInfo>> {
-    Ok(state
-        .shared
-        .node
-        .storage()
-        .stream_info(channel)
-        .await
-        .during("stream_info", Some(channel))?)
-}
-
-/// The Herald offset a read continues after.
-///
-/// # Errors
-/// 410 `offset_gone` for an offset before what is stored.
-pub(crate) fn start(info: &StreamInfo, from: ReadFrom) -> Result<Offset> {
-    match from {
-        ReadFrom::Start => Ok(info.earliest - 1),
-        ReadFrom::Now => Ok(info.head),
-        ReadFrom::After(after) if after < info.earliest - 1 => Err(Error::OffsetGone),
-        ReadFrom::After(after) => Ok(after.min(info.head)),
-    }
-}
-
-/// Stored messages after an offset, up to about [`CHUNK_BYTES`].
-pub(crate) struct Chunk {
-    /// The messages, in offset order.
-    pub(crate) messages: Vec<Message>,
-    /// The offset a next read continues after.
-    pub(crate) next: Offset,
-    /// Whether `next` reached the head the storage read.
-    pub(crate) up_to_date: bool,
-    /// The channel's deletion number, for the `ETag`.
-    pub(crate) deletion: u64,
-}
-
-/// Reads the messages after `after`.
-pub(crate) async fn read_chunk(
-    state: &StreamsState,
-    channel: &ChannelName,
-    after: Offset,
-) -> Result<Chunk> {
-    let storage = state.shared.node.storage();
-    let mut messages = Vec::new();
-    let mut next = after;
-    let mut bytes = 0usize;
-    let mut limit = FIRST_PAGE_MESSAGES;
-    loop {
-        let page = storage
-            .read(channel, next, limit)
-            .await
-            .during("read", Some(channel))?;
-        if page.earliest > next + 1 {
-            // Removed while reading: the client reads again from its offset.
-            return Err(Error::OffsetGone);
-        }
-        let full = page.messages.len() == limit;
-        for message in page.messages {
-            if bytes >= CHUNK_BYTES {
-                return Ok(Chunk {
-                    messages,
-                    next,
-                    up_to_date: false,
-                    deletion: page.deletion,
-                });
-            }
-            bytes += message.data.len();
-            next = message.offset;
-            messages.push(message);
-        }
-        // The next page: as many messages of the average size so far as
-        // fit in what is left of the chunk.
-        let average = (bytes / messages.len().max(1)).max(1);
-        limit = (CHUNK_BYTES.saturating_sub(bytes) / average).clamp(1, PAGE_MESSAGES);
-        if !full {
-            return Ok(Chunk {
-                messages,
-                next,
-                up_to_date: next >= page.head,
-                deletion: page.deletion,
-            });
-        }
-    }
-}
-
-/// The body of `messages` for a stream of `content_type`: in JSON mode a
-/// JSON array of them, else their bytes one after the other.
-pub(crate) fn body(content_type: &str, messages: &[Message]) -> Vec<u8> {
-    if is_json_media(content_type) {
-        let mut out =
-            Vec::with_capacity(2 + messages.iter().map(|m| m.data.len() + 1).sum::<usize>());
-        out.push(b'[');
-        for (i, m) in messages.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            out.extend_from_slice(m.data.to_json_text().as_bytes());
-        }
-        out.push(b']');
-        return out;
-    }
-    let mut out = Vec::with_capacity(messages.iter().map(|m| m.data.len()).sum());
-    for m in messages {
-        match &m.data {
-            Payload::Bytes(b) => out.extend_from_slice(b),
-            Payload::Json(j) => out.extend_from_slice(j.get().as_bytes()),
-        }
-    }
-    out
 }
 
 /// `GET`: catch-up, long-poll or SSE, by `live`.
@@ -386,7 +262,7 @@ async fn long_poll(
             set(answer.headers_mut(), "stream-cursor", &cursor_now);
             return Ok(answer);
         }
-        info = match self::info(state, &channel).await? {
+        info = match super::chunk::info(state, &channel).await? {
             Some(info) => info,
             None => return Err(Error::StreamNotFound),
         };

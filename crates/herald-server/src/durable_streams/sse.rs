@@ -27,8 +27,8 @@ use herald_core::{media_type, Message, Offset, StreamInfo};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
+use super::chunk::{body, info, read_chunk, start};
 use super::offset::{self, ReadFrom};
-use super::read::{body, info, read_chunk, start};
 use super::response::set;
 use super::{request, StreamsState};
 use crate::error::Result;

@@ -125,7 +125,7 @@ async fn fork(
     let source = naming::channel_of(path).map_err(Error::InvalidStreamRequest)?;
     // A fork reads its source whole: the caller must be allowed to.
     state.shared.auth().may_read_history(who, &source)?;
-    let info = super::read::info(state, &source)
+    let info = super::chunk::info(state, &source)
         .await?
         .ok_or(Error::StreamNotFound)?;
     if info.soft_deleted {
@@ -178,7 +178,7 @@ async fn convertible(
         .read(channel, herald_core::Offset::MAX, 0)
         .await
         .during("read", Some(channel))?;
-    if page.head < page.earliest || super::read::info(state, channel).await?.is_some() {
+    if page.head < page.earliest || super::chunk::info(state, channel).await?.is_some() {
         return Ok(());
     }
     state.shared.auth().may_admin(who)?;

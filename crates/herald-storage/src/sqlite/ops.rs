@@ -280,24 +280,9 @@ pub(super) fn append(
     lease: &Lease,
     batch: &[NewMessage],
 ) -> Result<Vec<Appended>> {
-    let token = sql_token(lease)?;
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     // The fencing check. It also reads the batch's commit time.
-    let now: Option<i64> = tx
-        .prepare_cached(concat!(
-            "SELECT ",
-            now_ms!(),
-            " FROM storage_leases WHERE name = ?1 AND holder = ?2 AND token = ?3",
-            " AND expires_at_ms > ",
-            now_ms!()
-        ))?
-        .query_row(params![lease.name, lease.holder, token], |r| r.get(0))
-        .optional()?;
-    let Some(now) = now else {
-        drop(tx);
-        log_lost(lease, "fenced write refused");
-        return Err(lost(lease));
-    };
+    let (now, token) = fenced_now(&tx, lease, "fenced write refused")?;
 
     let mut out = Vec::with_capacity(batch.len());
     {
