@@ -10,6 +10,7 @@ pub(crate) mod faults;
 pub(crate) mod lease;
 pub(crate) mod node;
 pub(crate) mod schedule;
+pub(crate) mod streams;
 
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
@@ -34,6 +35,11 @@ pub(crate) const CHANNELS: [&str; 3] = ["chaos-a", "chaos-b", "trim:chaos-c"];
 
 /// Number of publishers.
 const PUBLISHERS: usize = 4;
+
+/// The Durable Streams streams of a run, one producer each
+/// (`streams.rs`); their channels are followed by the streams' SSE
+/// followers and by the plain SSE subscribers alike.
+const STREAMS: [&str; 2] = ["ds:chaos-d0", "ds:chaos-d1"];
 
 /// How long subscribers get to reach the final heads.
 const CATCH_UP: Duration = Duration::from_secs(20);
@@ -160,6 +166,44 @@ pub(crate) async fn run(settings: Settings) -> anyhow::Result<Report> {
             stop_followers.clone(),
         ));
     }
+    let stream_channels: Vec<String> = STREAMS.iter().map(|c| (*c).to_owned()).collect();
+    for node in 0..settings.nodes {
+        for channel in &stream_channels {
+            let last = Arc::new(AtomicU64::new(0));
+            followers.push(streams::follower(
+                node,
+                channel.clone(),
+                urls.clone(),
+                recorder.clone(),
+                Arc::clone(&last),
+                stop_followers.clone(),
+            ));
+            followed.push((channel.clone(), last));
+            let last = Arc::new(AtomicU64::new(0));
+            followers.push(clients::subscriber(
+                node,
+                channel.clone(),
+                urls.clone(),
+                recorder.clone(),
+                Arc::clone(&last),
+                stop_followers.clone(),
+            ));
+            followed.push((channel.clone(), last));
+        }
+    }
+    let producers: Vec<_> = stream_channels
+        .iter()
+        .enumerate()
+        .map(|(i, channel)| {
+            streams::producer(
+                i,
+                channel.clone(),
+                urls.clone(),
+                recorder.clone(),
+                stop_publishers.clone(),
+            )
+        })
+        .collect();
     let publishers: Vec<_> = (0..PUBLISHERS)
         .map(|worker| {
             clients::publisher(
@@ -193,12 +237,13 @@ pub(crate) async fn run(settings: Settings) -> anyhow::Result<Report> {
     world.heal().await?;
 
     stop_publishers.cancel();
-    for task in publishers {
+    for task in publishers.into_iter().chain(producers) {
         let _ = task.await;
     }
+    let judged: Vec<String> = channels.iter().chain(&stream_channels).cloned().collect();
     // The heads are final now (nothing is published any more); the
     // subscribers get some time to reach them.
-    let heads = read_final_state(&cluster.url(), epoch_ms, &channels).await?;
+    let heads = read_final_state(&cluster.url(), epoch_ms, &judged).await?;
     let deadline = Instant::now() + CATCH_UP;
     for (channel, last) in &followed {
         let head = heads
@@ -219,7 +264,7 @@ pub(crate) async fn run(settings: Settings) -> anyhow::Result<Report> {
     // holder's trimming goes on while subscribers catch up, and a
     // truncation one of them saw must not be judged against an earliest
     // read before it.
-    let final_state = read_final_state(&cluster.url(), epoch_ms, &channels).await?;
+    let final_state = read_final_state(&cluster.url(), epoch_ms, &judged).await?;
 
     let history = recorder.events();
     let mut report = check(&history, &final_state);

@@ -186,6 +186,10 @@ impl Node {
             .arg(CENTRIFUGO_PING)
             .arg("--centrifugo-pong-timeout")
             .arg("2s")
+            // Durable Streams' SSE keep-alive well inside the streams
+            // followers' silence bound (`streams.rs`).
+            .arg("--durable-streams-long-poll-timeout")
+            .arg("1s")
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
