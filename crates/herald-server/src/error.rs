@@ -122,9 +122,13 @@ pub enum Error {
         received: u64,
     },
     /// A read from an offset that retention or a deletion removed.
-    /// 410 `offset_gone`.
+    /// 410 `offset_gone`, with the stream's `earliest` offset (a Herald
+    /// offset) in the body.
     #[error("the offset is before the stream's earliest stored data; read from -1")]
-    OffsetGone,
+    OffsetGone {
+        /// The stream's earliest stored offset.
+        earliest: herald_core::Offset,
+    },
     /// The request body is longer than the limit, in bytes.
     /// 413 `payload_too_large`.
     #[error("request body is larger than {limit} bytes")]
@@ -246,7 +250,7 @@ impl Error {
                 StatusCode::CONFLICT
             }
             Self::StaleProducerEpoch { .. } => StatusCode::FORBIDDEN,
-            Self::OffsetGone | Self::StreamGone => StatusCode::GONE,
+            Self::OffsetGone { .. } | Self::StreamGone => StatusCode::GONE,
             Self::OffsetBeyondHead { .. } => StatusCode::CONFLICT,
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::TooManyConnections => StatusCode::TOO_MANY_REQUESTS,
@@ -287,7 +291,7 @@ impl Error {
             Self::StreamClosed { .. } => "stream_closed",
             Self::StaleProducerEpoch { .. } => "stale_producer_epoch",
             Self::ProducerSeqGap { .. } => "producer_seq_gap",
-            Self::OffsetGone => "offset_gone",
+            Self::OffsetGone { .. } => "offset_gone",
             Self::StreamGone => "stream_gone",
             Self::OffsetBeyondHead { .. } => "offset_beyond_head",
             Self::NotFound => "not_found",
@@ -428,6 +432,9 @@ impl IntoResponse for Error {
         }
         if let Self::OffsetBeyondHead { head, .. } = &self {
             body["error"]["head"] = json!(head);
+        }
+        if let Self::OffsetGone { earliest } = &self {
+            body["error"]["earliest"] = json!(earliest);
         }
         let mut response = (self.status(), Json(body)).into_response();
         self.stream_headers(response.headers_mut());

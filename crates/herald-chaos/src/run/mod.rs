@@ -37,9 +37,10 @@ pub(crate) const CHANNELS: [&str; 3] = ["chaos-a", "chaos-b", "trim:chaos-c"];
 const PUBLISHERS: usize = 4;
 
 /// The Durable Streams streams of a run, one producer each
-/// (`streams.rs`); their channels are followed by the streams' SSE
-/// followers and by the plain SSE subscribers alike.
-const STREAMS: [&str; 2] = ["ds:chaos-d0", "ds:chaos-d1"];
+/// (`streams.rs`; the second in namespace `trim`, which retention trims);
+/// their channels are followed by the streams' followers (SSE or
+/// long-poll) and by the plain SSE subscribers alike.
+const STREAMS: [&str; 2] = ["ds:chaos-d0", "trim:chaos-d1"];
 
 /// How long subscribers get to reach the final heads.
 const CATCH_UP: Duration = Duration::from_secs(20);
@@ -170,8 +171,15 @@ pub(crate) async fn run(settings: Settings) -> anyhow::Result<Report> {
     for node in 0..settings.nodes {
         for channel in &stream_channels {
             let last = Arc::new(AtomicU64::new(0));
+            // SSE from the even nodes, long-poll from the odd ones.
+            let live = if node % 2 == 0 {
+                streams::Live::Sse
+            } else {
+                streams::Live::LongPoll
+            };
             followers.push(streams::follower(
                 node,
+                live,
                 channel.clone(),
                 urls.clone(),
                 recorder.clone(),

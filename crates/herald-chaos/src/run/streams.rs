@@ -13,10 +13,14 @@
 //!   (`204` with the producer's last sequence) carries the stream's head,
 //!   which is that append's offset: the producer is the stream's only
 //!   writer and waits for each answer.
-//! - A follower reads a stream over SSE from the offset it reached
-//!   ([`Event::Subscribe`]), and records each message of a data event as a
-//!   [`Event::Delivery`] at the offsets after it (one offset per message);
-//!   the control event that follows must name the offset after the last.
+//! - A follower reads a stream over SSE or long-poll from the offset it
+//!   reached ([`Event::Subscribe`]), and records each message of a data
+//!   event (an answer, in long-poll) as a [`Event::Delivery`] at the
+//!   offsets after it (one offset per message); the control event that
+//!   follows (the answer's `Stream-Next-Offset`) must name the offset
+//!   after the last. A `410` for an offset that retention removed is
+//!   recorded as an [`Event::Truncated`] to the `earliest` it names, which
+//!   the checker holds to the channel's final earliest.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -162,11 +166,40 @@ async fn append(
     PublishResult::from_error(status, &code)
 }
 
-/// A follower of `channel`'s stream over SSE, starting on node `home` and
-/// moving to the next node when its node cannot be reached; the offset
-/// it reached is kept in `last`.
+/// How a follower reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Live {
+    /// `live=sse`.
+    Sse,
+    /// `live=long-poll`.
+    LongPoll,
+}
+
+impl Live {
+    fn param(self) -> &'static str {
+        match self {
+            Self::Sse => "sse",
+            Self::LongPoll => "long-poll",
+        }
+    }
+}
+
+/// What a refused read answered: `Some(earliest)` for a `410` that names
+/// the stream's earliest offset.
+async fn gone(resp: reqwest::Response) -> Option<u64> {
+    if resp.status().as_u16() != 410 {
+        return None;
+    }
+    let body: Value = serde_json::from_slice(&resp.bytes().await.ok()?).ok()?;
+    body["error"]["earliest"].as_u64()
+}
+
+/// A follower of `channel`'s stream over SSE or long-poll, starting on
+/// node `home` and moving to the next node when its node cannot be
+/// reached; the offset it reached is kept in `last`.
 pub(crate) fn follower(
     home: usize,
+    live: Live,
     channel: String,
     urls: Urls,
     recorder: Recorder,
@@ -174,7 +207,7 @@ pub(crate) fn follower(
     stop: CancellationToken,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let name = format!("stream-follower-{home}-{channel}");
+        let name = format!("stream-follower-{}-{home}-{channel}", live.param());
         let http = urls
             .client()
             .connect_timeout(SSE_TIMEOUT)
@@ -186,17 +219,27 @@ pub(crate) fn follower(
             let index = node % urls.len();
             let node_id = format!("node-{index}");
             let after = last.load(Ordering::SeqCst);
-            let url = format!(
-                "{}{path}?offset={:016}_{after:016}&live=sse",
-                urls.get(index),
-                0
-            );
+            let url = |after: u64| {
+                format!(
+                    "{}{path}?offset={:016}_{after:016}&live={}",
+                    urls.get(index),
+                    0,
+                    live.param()
+                )
+            };
             let resp = tokio::select! {
                 () = stop.cancelled() => break,
-                r = tokio::time::timeout(SSE_TIMEOUT, http.get(url).send()) => r,
+                r = tokio::time::timeout(SSE_TIMEOUT, http.get(url(after)).send()) => r,
             };
             let resp = match resp {
                 Ok(Ok(resp)) if resp.status().is_success() => resp,
+                Ok(Ok(resp)) if resp.status().as_u16() == 410 => {
+                    if let Some(earliest) = gone(resp).await {
+                        truncated(&recorder, &name, &node_id, &channel, after, earliest);
+                        last.store(earliest.saturating_sub(1), Ordering::SeqCst);
+                    }
+                    continue;
+                }
                 _ => {
                     // Not reachable, or the stream not created yet.
                     node += 1;
@@ -211,6 +254,14 @@ pub(crate) fn follower(
                 after,
                 at_ms: recorder.now_ms(),
             });
+            if live == Live::LongPoll {
+                long_poll(
+                    &http, resp, &url, &recorder, &name, &node_id, &channel, &last, &stop,
+                )
+                .await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
             let mut at = after;
             let mut events = resp.bytes_stream().eventsource();
             loop {
@@ -258,4 +309,109 @@ pub(crate) fn follower(
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     })
+}
+
+/// Records that retention removed the messages after `after` below
+/// `earliest` (the `410`'s body).
+fn truncated(
+    recorder: &Recorder,
+    name: &str,
+    node: &str,
+    channel: &str,
+    after: u64,
+    earliest: u64,
+) {
+    recorder.push(Event::Truncated {
+        subscriber: name.to_owned(),
+        node: node.to_owned(),
+        channel: channel.to_owned(),
+        requested_after: after,
+        earliest,
+        at_ms: recorder.now_ms(),
+    });
+}
+
+/// Records the messages of one long-poll answer at the offsets after
+/// `after`; the answer's `Stream-Next-Offset` must name the last. Returns
+/// the offset reached, or `None` when the answer breaks that rule or does
+/// not parse.
+fn delivered(
+    recorder: &Recorder,
+    name: &str,
+    node: &str,
+    channel: &str,
+    after: u64,
+    next: Option<u64>,
+    body: &[u8],
+) -> Option<u64> {
+    let Ok(Value::Array(items)) = serde_json::from_slice::<Value>(body) else {
+        return None;
+    };
+    let mut at = after;
+    for item in items {
+        at += 1;
+        let id = item["id"]
+            .as_str()
+            .map_or_else(|| item.to_string(), str::to_owned);
+        recorder.push(Event::Delivery {
+            subscriber: name.to_owned(),
+            node: node.to_owned(),
+            channel: channel.to_owned(),
+            offset: at,
+            id,
+            at_ms: recorder.now_ms(),
+        });
+    }
+    (next == Some(at)).then_some(at)
+}
+
+/// Follows with long-polls from the first answer `first` until a request
+/// fails (the caller reconnects and records a new subscription).
+#[allow(clippy::too_many_arguments)]
+async fn long_poll(
+    http: &reqwest::Client,
+    first: reqwest::Response,
+    url: &(dyn Fn(u64) -> String + Sync),
+    recorder: &Recorder,
+    name: &str,
+    node: &str,
+    channel: &str,
+    last: &AtomicU64,
+    stop: &CancellationToken,
+) {
+    let mut resp = first;
+    loop {
+        let after = last.load(Ordering::SeqCst);
+        let next = resp
+            .headers()
+            .get("stream-next-offset")
+            .and_then(|v| v.to_str().ok())
+            .and_then(herald_offset);
+        match resp.status().as_u16() {
+            200 => {
+                let Ok(body) = resp.bytes().await else { return };
+                match delivered(recorder, name, node, channel, after, next, &body) {
+                    Some(at) => last.store(at, Ordering::SeqCst),
+                    None => return,
+                }
+            }
+            204 if next == Some(after) => {}
+            410 => {
+                if let Some(earliest) = gone(resp).await {
+                    truncated(recorder, name, node, channel, after, earliest);
+                    last.store(earliest.saturating_sub(1), Ordering::SeqCst);
+                }
+                return;
+            }
+            _ => return,
+        }
+        let after = last.load(Ordering::SeqCst);
+        resp = tokio::select! {
+            () = stop.cancelled() => return,
+            r = tokio::time::timeout(SSE_TIMEOUT, http.get(url(after)).send()) => match r {
+                Ok(Ok(resp)) => resp,
+                _ => return,
+            },
+        };
+    }
 }

@@ -41,7 +41,9 @@ pub(crate) fn start(info: &StreamInfo, from: ReadFrom) -> Result<Offset> {
     match from {
         ReadFrom::Start => Ok(info.earliest - 1),
         ReadFrom::Now => Ok(info.head),
-        ReadFrom::After(after) if after < info.earliest - 1 => Err(Error::OffsetGone),
+        ReadFrom::After(after) if after < info.earliest - 1 => Err(Error::OffsetGone {
+            earliest: info.earliest,
+        }),
         ReadFrom::After(after) => Ok(after.min(info.head)),
     }
 }
@@ -76,7 +78,9 @@ pub(crate) async fn read_chunk(
             .during("read", Some(channel))?;
         if page.earliest > next + 1 {
             // Removed while reading: the client reads again from its offset.
-            return Err(Error::OffsetGone);
+            return Err(Error::OffsetGone {
+                earliest: page.earliest,
+            });
         }
         let full = page.messages.len() == limit;
         for message in page.messages {
