@@ -288,22 +288,16 @@ pub(crate) fn follower(
                 if event.event != "data" {
                     continue;
                 }
-                let Ok(Value::Array(items)) = serde_json::from_str::<Value>(&event.data) else {
-                    break;
-                };
-                for item in items {
-                    at += 1;
-                    let id = item["id"]
-                        .as_str()
-                        .map_or_else(|| item.to_string(), str::to_owned);
-                    recorder.push(Event::Delivery {
-                        subscriber: name.clone(),
-                        node: node_id.clone(),
-                        channel: channel.clone(),
-                        offset: at,
-                        id,
-                        at_ms: recorder.now_ms(),
-                    });
+                match record_items(
+                    &recorder,
+                    &name,
+                    &node_id,
+                    &channel,
+                    at,
+                    event.data.as_bytes(),
+                ) {
+                    Some(end) => at = end,
+                    None => break,
                 }
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -331,17 +325,15 @@ fn truncated(
     });
 }
 
-/// Records the messages of one long-poll answer at the offsets after
-/// `after`; the answer's `Stream-Next-Offset` must name the last. Returns
-/// the offset reached, or `None` when the answer breaks that rule or does
-/// not parse.
-fn delivered(
+/// Records the messages of `body`, a JSON array (a data event, or a
+/// long-poll answer), at the offsets after `after`; returns the offset of
+/// the last, or `None` when `body` is not an array.
+fn record_items(
     recorder: &Recorder,
     name: &str,
     node: &str,
     channel: &str,
     after: u64,
-    next: Option<u64>,
     body: &[u8],
 ) -> Option<u64> {
     let Ok(Value::Array(items)) = serde_json::from_slice::<Value>(body) else {
@@ -362,7 +354,22 @@ fn delivered(
             at_ms: recorder.now_ms(),
         });
     }
-    (next == Some(at)).then_some(at)
+    Some(at)
+}
+
+/// Records the messages of one long-poll answer ([`record_items`]); its
+/// `Stream-Next-Offset` must name the last. Returns the offset reached,
+/// or `None` when the answer breaks that rule or does not parse.
+fn delivered(
+    recorder: &Recorder,
+    name: &str,
+    node: &str,
+    channel: &str,
+    after: u64,
+    next: Option<u64>,
+    body: &[u8],
+) -> Option<u64> {
+    record_items(recorder, name, node, channel, after, body).filter(|at| next == Some(*at))
 }
 
 /// Follows with long-polls from the first answer `first` until a request
