@@ -324,6 +324,12 @@ pub(crate) async fn post(
         };
         request::messages(is_json_media(content_type), &body, false)?
     };
+    // Appends count against the caller's publish rate, one per message
+    // (a close alone as one), as Herald's own publishes do.
+    state
+        .shared
+        .auth()
+        .take_publishes(&who, messages.len().max(1))?;
     let append = StreamAppend {
         channel,
         content_type: if close_only { None } else { content_type },

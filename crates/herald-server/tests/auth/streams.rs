@@ -140,9 +140,23 @@ async fn streams_follow_channel_rights(backend: Backend) {
         .await,
         201
     );
+    // Appends count against the publish rate: the `limited` key has a
+    // burst of 3.
+    let limited = Creds::bearer(&creds.limited);
+    let as_limited = [("authorization", limited.as_str()), text];
+    for _ in 0..3 {
+        assert_eq!(
+            send(&node, "POST", "/ds/news/s", &as_limited, b"r").await,
+            204
+        );
+    }
+    assert_eq!(
+        send(&node, "POST", "/ds/news/s", &as_limited, b"r").await,
+        429
+    );
     // Refused writes changed nothing.
     let head = node.head("news:s").await;
-    assert_eq!(head, 2);
+    assert_eq!(head, 5);
     assert_eq!(
         send(&node, "DELETE", "/ds/news/s", &as_publisher, b"").await,
         204
