@@ -51,6 +51,18 @@ pub enum Principal {
 }
 
 impl Principal {
+    /// Who this is, for audit logs, never a secret: `key:<name>` (the API
+    /// key's configured name, not the key), `token:<sub>`, `cluster` (a
+    /// request another node forwarded) or `anonymous`.
+    pub fn actor(&self) -> String {
+        match self {
+            Self::Anonymous => "anonymous".to_owned(),
+            Self::Key(key) => format!("key:{}", key.name),
+            Self::Token(grant) => format!("token:{}", grant.subject),
+            Self::Cluster => "cluster".to_owned(),
+        }
+    }
+
     /// The token, for a token principal (its `exp` bounds a subscription).
     pub fn token(&self) -> Option<&TokenGrant> {
         match self {

@@ -58,6 +58,10 @@ pub struct LeaseInfo {
     /// Milliseconds until the lease expires, on the storage's clock; zero or
     /// negative when it has expired.
     pub expires_in_ms: i64,
+    /// Milliseconds since the lease was last renewed (or acquired), on the
+    /// storage's clock: the holder's last successful renewal as the
+    /// database committed it.
+    pub renewed_ms_ago: i64,
 }
 
 impl LeaseInfo {

@@ -267,6 +267,7 @@ mod tests {
             holder_url: holder.map(|h| format!("http://{h}")),
             token: FencingToken(3),
             expires_in_ms,
+            renewed_ms_ago: 0,
         }
     }
 

@@ -139,6 +139,7 @@ impl LeaseStore for Shared {
                 holder_url: Some("http://other".into()),
                 token: FencingToken(row.token),
                 expires_in_ms: (row.expires_at - now).as_millis() as i64,
+                renewed_ms_ago: 0,
             }));
         }
         let reason = if row.holder.is_none() {

@@ -661,6 +661,7 @@ mod tests {
                 holder_url: url.map(str::to_owned),
                 token: FencingToken(3),
                 expires_in_ms,
+                renewed_ms_ago: 0,
             }),
         }
     }

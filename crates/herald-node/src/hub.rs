@@ -16,7 +16,8 @@
 //! 33 KB at the default capacity of 1 024), which subscribers spread over
 //! many channels would pay once per channel.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use herald_core::{ChannelName, Message, Offset};
@@ -106,6 +107,8 @@ pub struct Hub {
     channels: Mutex<HashMap<ChannelName, Arc<Live>>>,
     /// Notices kept per channel before a slow receiver lags.
     capacity: usize,
+    /// Receivers alive, over every channel (read without the map's lock).
+    receivers: AtomicUsize,
 }
 
 impl Hub {
@@ -114,6 +117,7 @@ impl Hub {
         Arc::new(Self {
             channels: Mutex::new(HashMap::new()),
             capacity: capacity.max(1),
+            receivers: AtomicUsize::new(0),
         })
     }
 
@@ -140,6 +144,7 @@ impl Hub {
             ring.receivers += 1;
             ring.end()
         };
+        self.receivers.fetch_add(1, Ordering::Relaxed);
         drop(map);
         HubReceiver {
             live,
@@ -179,6 +184,22 @@ impl Hub {
         let live = map.get(channel)?;
         let head = lock(&live.ring).head;
         head
+    }
+
+    /// Subscribers on this node over every channel (live subscriptions of
+    /// every protocol), read without taking the hub's lock.
+    pub fn subscriber_total(&self) -> usize {
+        self.receivers.load(Ordering::Relaxed)
+    }
+
+    /// Every channel followed on this node, with its number of
+    /// subscribers (live subscriptions of every protocol), by name.
+    pub fn subscriber_counts(&self) -> BTreeMap<ChannelName, usize> {
+        let map = lock(&self.channels);
+        map.iter()
+            .map(|(channel, live)| (channel.clone(), lock(&live.ring).receivers))
+            .filter(|&(_, n)| n > 0)
+            .collect()
     }
 
     /// Number of channels with a live buffer.
@@ -253,6 +274,7 @@ fn take(live: &Live, next: &mut u64) -> Option<Result<Arc<Notice>, RecvError>> {
 
 impl Drop for HubReceiver {
     fn drop(&mut self) {
+        self.hub.receivers.fetch_sub(1, Ordering::Relaxed);
         let mut map = lock(&self.hub.channels);
         let last = {
             let mut ring = lock(&self.live.ring);
@@ -289,6 +311,32 @@ mod tests {
             published_at_ms: 0,
             tags: herald_core::Tags::default(),
         }
+    }
+
+    #[test]
+    fn subscribers_are_counted_per_channel_and_in_total() {
+        let hub = Hub::new(8);
+        let (a, b) = (
+            ChannelName::new("a").unwrap(),
+            ChannelName::new("b").unwrap(),
+        );
+        let a1 = hub.subscribe(&a);
+        let a2 = hub.subscribe(&a);
+        let b1 = hub.subscribe(&b);
+        assert_eq!(hub.subscriber_total(), 3);
+        let counts: Vec<(String, usize)> = hub
+            .subscriber_counts()
+            .into_iter()
+            .map(|(c, n)| (c.as_str().to_owned(), n))
+            .collect();
+        assert_eq!(counts, [("a".to_owned(), 2), ("b".to_owned(), 1)]);
+        drop(a1);
+        drop(b1);
+        assert_eq!(hub.subscriber_total(), 1);
+        assert_eq!(hub.subscriber_counts().len(), 1);
+        drop(a2);
+        assert_eq!(hub.subscriber_total(), 0);
+        assert!(hub.subscriber_counts().is_empty());
     }
 
     #[test]

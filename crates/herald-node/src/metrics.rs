@@ -11,6 +11,8 @@ use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
 
 /// `herald_publishes_total`.
 pub const PUBLISHES: &str = "herald_publishes_total";
+/// `herald_messages_delivered_total`.
+pub const DELIVERED: &str = "herald_messages_delivered_total";
 /// `herald_publish_duration_seconds`.
 pub const PUBLISH_DURATION: &str = "herald_publish_duration_seconds";
 /// `herald_writer_batch_messages`.
@@ -70,6 +72,7 @@ struct PublishHandles {
     duration: Histogram,
     batch: Histogram,
     queue_depth: Gauge,
+    delivered: Counter,
 }
 
 static PUBLISH_HANDLES: OnceLock<PublishHandles> = OnceLock::new();
@@ -86,6 +89,7 @@ pub fn register_publish_handles() {
         duration: histogram!(PUBLISH_DURATION),
         batch: histogram!(BATCH_MESSAGES),
         queue_depth: gauge!(QUEUE_DEPTH),
+        delivered: counter!(DELIVERED),
     });
 }
 
@@ -103,6 +107,15 @@ pub fn publish_finished(result: &'static str, seconds: f64) {
         _ => counter!(PUBLISHES, "result" => result).increment(1),
     }
     handles.duration.record(seconds);
+}
+
+/// Counts one message handed to a live subscription (Herald's SSE and
+/// WebSocket, Centrifugo's), history catch-up included.
+pub(crate) fn delivered() {
+    match PUBLISH_HANDLES.get() {
+        Some(handles) => handles.delivered.increment(1),
+        None => counter!(DELIVERED).increment(1),
+    }
 }
 
 /// Records the size of one committed batch.

@@ -26,6 +26,13 @@ pub trait LeaseView: Send + Sync + 'static {
         None
     }
 
+    /// While holder: time left until the safety deadline (the last
+    /// successful renewal's send time + ttl − safety margin), after which
+    /// the watchdog stops the node.
+    fn time_to_deadline(&self) -> Option<std::time::Duration> {
+        None
+    }
+
     /// `true` while this node may write.
     fn is_holder(&self) -> bool {
         self.writable_lease().is_some()
@@ -47,5 +54,8 @@ impl LeaseView for LeaseHandle {
     }
     fn since_last_renewal(&self) -> Option<std::time::Duration> {
         LeaseHandle::since_last_renewal(self)
+    }
+    fn time_to_deadline(&self) -> Option<std::time::Duration> {
+        LeaseHandle::time_to_deadline(self)
     }
 }

@@ -386,6 +386,9 @@ impl Subscription {
     pub async fn next_item(&mut self) -> NodeResult<Option<Item>> {
         loop {
             if let Some(item) = self.ready.pop_front() {
+                if matches!(item, Item::Message(_)) {
+                    metrics::delivered();
+                }
                 return Ok(Some(item));
             }
             if self.ended {

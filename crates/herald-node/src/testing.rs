@@ -52,6 +52,8 @@ struct Mem {
     nodes: BTreeMap<String, herald_storage::NodeReport>,
     /// Each node's channels of its last report, by node id.
     node_channels: BTreeMap<String, Vec<herald_storage::ChannelClients>>,
+    /// Every acquisition, oldest first (the takeover timeline).
+    history: Vec<herald_storage::LeaseTakeover>,
 }
 
 /// An in-memory storage that follows the `Storage` contract closely enough
@@ -321,6 +323,15 @@ impl LeaseStore for MemoryStorage {
     ) -> herald_storage::Result<Acquire> {
         let mut mem = self.mem.lock().unwrap();
         mem.token += 1;
+        let previous_holder = mem.history.last().map(|t| t.holder.clone());
+        let takeover = herald_storage::LeaseTakeover {
+            token: FencingToken(mem.token),
+            holder: candidate.node_id.clone(),
+            previous_holder,
+            reason: TakeoverReason::Fresh,
+            at_ms: mem.clock_ms,
+        };
+        mem.history.push(takeover);
         Ok(Acquire::Acquired {
             lease: Lease {
                 name: candidate.lease_name.clone(),
@@ -363,6 +374,7 @@ impl LeaseStore for MemoryStorage {
             holder_url: Some("http://node-a".to_owned()),
             token: FencingToken(mem.token),
             expires_in_ms: 30_000,
+            renewed_ms_ago: 0,
         }))
     }
 }
@@ -578,6 +590,51 @@ impl Storage for MemoryStorage {
         Ok(())
     }
 
+    async fn lease_history(
+        &self,
+        _name: &str,
+        limit: usize,
+    ) -> herald_storage::Result<Vec<herald_storage::LeaseTakeover>> {
+        let mem = self.mem.lock().unwrap();
+        Ok(mem.history.iter().rev().take(limit).cloned().collect())
+    }
+
+    async fn channel_page(
+        &self,
+        search: &str,
+        after: Option<&ChannelName>,
+        limit: usize,
+    ) -> herald_storage::Result<Vec<herald_storage::ChannelSummary>> {
+        let mem = self.mem.lock().unwrap();
+        let after = after.map_or("", ChannelName::as_str);
+        Ok(mem
+            .channels
+            .iter()
+            .filter(|(name, _)| name.as_str() > after && name.contains(search))
+            .take(limit.min(herald_storage::MAX_CHANNEL_PAGE))
+            .map(|(name, v)| {
+                let trimmed = mem.trimmed.get(name).copied().unwrap_or(0);
+                let head = v.last().map_or(trimmed, |m| m.offset);
+                herald_storage::ChannelSummary {
+                    name: ChannelName::new(name.clone()).unwrap(),
+                    head,
+                    earliest: v.first().map_or(trimmed + 1, |m| m.offset),
+                    messages: v.len() as u64,
+                    bytes: v.iter().map(|m| m.data.to_json_text().len() as u64).sum(),
+                    last_published_at_ms: v.last().map(|m| m.published_at_ms),
+                    content_type: None,
+                    subscribers: mem
+                        .node_channels
+                        .values()
+                        .flatten()
+                        .filter(|c| c.channel.as_str() == name)
+                        .map(|c| c.subscribers)
+                        .sum(),
+                }
+            })
+            .collect())
+    }
+
     async fn node_reports(&self) -> herald_storage::Result<Vec<herald_storage::NodeReport>> {
         Ok(self.mem.lock().unwrap().nodes.values().cloned().collect())
     }
@@ -587,17 +644,25 @@ impl Storage for MemoryStorage {
         except_node: &str,
     ) -> herald_storage::Result<Vec<herald_storage::ChannelClients>> {
         let mem = self.mem.lock().unwrap();
-        let mut sums: BTreeMap<ChannelName, u64> = BTreeMap::new();
+        let mut sums: BTreeMap<ChannelName, (u64, u64)> = BTreeMap::new();
         for (node, channels) in &mem.node_channels {
             if node != except_node {
                 for c in channels {
-                    *sums.entry(c.channel.clone()).or_insert(0) += c.clients;
+                    let sum = sums.entry(c.channel.clone()).or_insert((0, 0));
+                    sum.0 += c.clients;
+                    sum.1 += c.subscribers;
                 }
             }
         }
         Ok(sums
             .into_iter()
-            .map(|(channel, clients)| herald_storage::ChannelClients { channel, clients })
+            .map(
+                |(channel, (clients, subscribers))| herald_storage::ChannelClients {
+                    channel,
+                    clients,
+                    subscribers,
+                },
+            )
             .collect())
     }
 
@@ -797,6 +862,7 @@ impl FakeLease {
                 holder_url: holder_url.map(str::to_owned),
                 token: FencingToken(7),
                 expires_in_ms: 30_000,
+                renewed_ms_ago: 0,
             }),
         });
     }

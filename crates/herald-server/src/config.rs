@@ -117,6 +117,8 @@ pub struct ServerConfig {
     pub centrifugo: crate::centrifugo::config::CentrifugoConfig,
     /// The Durable Streams wing's settings (`docs/durable-streams.md`).
     pub durable_streams: crate::durable_streams::config::DurableStreamsConfig,
+    /// The web console's settings (`docs/console.md`).
+    pub console: crate::console::config::ConsoleConfig,
     /// Reloads the node's access control (`[auth]`, `[namespaces]`) or
     /// its `[auth.jwt]` key files while it runs (`herald serve` on
     /// SIGHUP); see [`AuthReload`].
@@ -157,6 +159,7 @@ impl Default for ServerConfig {
             trim_pacing: TrimPacing::default(),
             centrifugo: crate::centrifugo::config::CentrifugoConfig::default(),
             durable_streams: crate::durable_streams::config::DurableStreamsConfig::default(),
+            console: crate::console::config::ConsoleConfig::default(),
             auth_reload: AuthReload::default(),
             loopback_hosts_only: false,
         }

@@ -37,10 +37,12 @@
 //! feed.
 
 mod api;
+mod audit;
 mod auth_extract;
 mod centrifugo;
 mod config;
 mod conn_limit;
+mod console;
 mod cors;
 mod durable_streams;
 mod edge;
@@ -68,6 +70,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use centrifugo::CentrifugoConfig;
 pub use config::ServerConfig;
+pub use console::config::ConsoleConfig;
 pub use cors::CorsConfig;
 pub use durable_streams::config::DurableStreamsConfig;
 pub use error::{Error, Result};

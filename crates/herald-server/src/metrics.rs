@@ -39,7 +39,7 @@ use std::sync::OnceLock;
 use herald_auth::metrics::RATE_LIMITED;
 use herald_node::metrics::register_publish_handles;
 use herald_node::metrics::{
-    BATCH_MESSAGES, CATCHUP_READS, CHANNELS_BEYOND_POLICY, FORWARDED_WRITES, LEASE_ROLE,
+    BATCH_MESSAGES, CATCHUP_READS, CHANNELS_BEYOND_POLICY, DELIVERED, FORWARDED_WRITES, LEASE_ROLE,
     LEASE_SINCE_RENEWAL, LEASE_TOKEN, NOTIFY_LAG, PUBLISHES, PUBLISH_DURATION, QUEUE_DEPTH,
     RETENTION_BACKLOG, SUBSCRIBERS, SUBSCRIPTIONS_TRUNCATED, SUBSCRIPTION_READ_RETRIES,
     TAKEOVERS_RECORDED, TRIMMED_BYTES, TRIMMED_MESSAGES, TRIM_DURATION,
@@ -121,6 +121,11 @@ fn describe() {
     describe_counter!(
         PUBLISHES,
         "Publish requests by outcome (created, duplicate or the error code)."
+    );
+    describe_counter!(
+        DELIVERED,
+        "Messages handed to live subscriptions on this node (Herald's SSE and WebSocket, \
+         Centrifugo's), history catch-up included."
     );
     describe_histogram!(
         PUBLISH_DURATION,

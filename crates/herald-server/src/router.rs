@@ -14,6 +14,8 @@ use crate::api::routes as api_routes;
 use crate::api::state::ApiState;
 use crate::centrifugo::context::CentrifugoState;
 use crate::centrifugo::routes as centrifugo_routes;
+use crate::console::routes as console_routes;
+use crate::console::ConsoleState;
 use crate::durable_streams::routes as streams_routes;
 use crate::durable_streams::StreamsState;
 use crate::error::Error;
@@ -27,6 +29,9 @@ pub(crate) fn router(state: AppState) -> Router {
         .merge(api_routes(config).with_state(ApiState::from_ref(&state)))
         // Centrifugo's client protocol and server API (`docs/centrifugo.md`).
         .merge(centrifugo_routes(config).with_state(CentrifugoState::from_ref(&state)))
+        // The admin routes and, when enabled, the web console's pages
+        // (`docs/console.md`).
+        .merge(console_routes(config).with_state(ConsoleState::from_ref(&state)))
         // The Durable Streams protocol under its prefix (`docs/durable-streams.md`).
         .merge(streams_routes(config).with_state(StreamsState::from_ref(&state)))
         // After every route: it applies to the routes already added.

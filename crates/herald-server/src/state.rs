@@ -20,8 +20,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::state::ApiState;
 use crate::centrifugo::context::{Centrifugo, CentrifugoState};
+use crate::centrifugo::node_info::ReportedNode;
 use crate::config::ServerConfig;
 use crate::conn_limit::ConnectionLimits;
+use crate::console::cluster::ViewCache;
+use crate::console::rates::Rates;
+use crate::console::ConsoleState;
 use crate::jwks_fetch::HttpJwksFetch;
 use crate::metrics::install_metrics_recorder;
 use crate::shared::Shared;
@@ -51,6 +55,10 @@ struct Running {
     api: ApiState,
     /// Centrifugo's context.
     centrifugo: Arc<Centrifugo>,
+    /// The node's rates of the last minutes (the console's charts).
+    rates: Arc<Rates>,
+    /// The cluster view the console's event streams share.
+    views: Arc<ViewCache>,
     /// Connections open per client address (`max_connections_per_ip`).
     conn_limits: Arc<ConnectionLimits>,
     /// The server's own tasks (metrics upkeep), awaited by
@@ -106,13 +114,21 @@ impl AppState {
         let span = tracing::info_span!("herald", node_id = %config.node_id);
         // Subscribed to other nodes' cluster events now: every event sent
         // after the start is applied.
-        let centrifugo = Arc::new(Centrifugo::start(
-            &storage,
-            &config.node_id,
-            &shutdown,
-            &span,
-        ));
-        let tasks = vec![tokio::spawn(upkeep(metrics.clone(), shutdown.clone()))];
+        let reported = ReportedNode {
+            node_id: config.node_id.clone(),
+            url: config.advertise_url.clone(),
+            hub: Arc::clone(node.hub()),
+        };
+        let centrifugo = Arc::new(Centrifugo::start(&storage, &reported, &shutdown, &span));
+        let rates = Arc::new(Rates::default());
+        let tasks = vec![
+            tokio::spawn(upkeep(metrics.clone(), shutdown.clone())),
+            tokio::spawn(Arc::clone(&rates).run(
+                metrics.clone(),
+                Arc::clone(node.hub()),
+                shutdown.clone(),
+            )),
+        ];
         tracing::info!(
             node_id = %config.node_id,
             advertise_url = %config.advertise_url,
@@ -135,6 +151,8 @@ impl AppState {
             running: Arc::new(Running {
                 api: ApiState::new(Arc::clone(&shared), metrics),
                 centrifugo,
+                rates,
+                views: Arc::default(),
                 conn_limits,
                 tasks: Mutex::new(tasks),
             }),
@@ -150,6 +168,16 @@ impl AppState {
     /// `true` once the node drains (its `shutdown` token is cancelled).
     pub fn draining(&self) -> bool {
         self.shared.draining()
+    }
+
+    /// The web console's state (`console/`).
+    pub(crate) fn console_state(&self) -> ConsoleState {
+        ConsoleState {
+            shared: Arc::clone(&self.shared),
+            rates: Arc::clone(&self.running.rates),
+            registry: Arc::clone(&self.running.centrifugo.registry),
+            views: Arc::clone(&self.running.views),
+        }
     }
 
     /// Connections open per client address, which the router's layer and

@@ -40,10 +40,12 @@ use crate::traits::{
     PresenceEventKind, TakeoverCount, TakeoverReason,
 };
 
+mod console;
 mod harness;
 mod retention;
 mod streams;
 
+pub use console::{channel_pages_search_resume_and_count, lease_history_is_the_takeover_timeline};
 use harness::{
     acquire, assert_lost, candidate, channel, offsets, wait_expired, EXPIRY_WAIT, HOLDER_GONE_WAIT,
     LONG_TTL, SHORT_TTL,
@@ -130,6 +132,8 @@ macro_rules! conformance_tests {
             presence_events_reach_the_other_nodes_in_order,
             node_reports_are_shared_replaced_and_expire,
             node_channels_are_summed_replaced_and_expire,
+            lease_history_is_the_takeover_timeline,
+            channel_pages_search_resume_and_count,
         );
     };
     (@cases $harness:expr; $($case:ident),* $(,)?) => {
@@ -1493,6 +1497,9 @@ pub async fn node_reports_are_shared_replaced_and_expire(h: &dyn Harness) {
         users: 1,
         subs: 2,
         channels: 3,
+        url: format!("http://{node_id}.example:4000"),
+        subscriptions: clients * 2,
+        reported_ms_ago: 0,
     };
     assert!(c.node(1).node_reports().await.unwrap().is_empty());
     c.node(0)
@@ -1508,7 +1515,7 @@ pub async fn node_reports_are_shared_replaced_and_expire(h: &dyn Harness) {
         .await
         .unwrap();
     assert_eq!(
-        c.node(1).node_reports().await.unwrap(),
+        written_now(c.node(1).node_reports().await.unwrap()),
         vec![report("node-a", 1), report("node-b", 5)]
     );
 
@@ -1523,9 +1530,27 @@ pub async fn node_reports_are_shared_replaced_and_expire(h: &dyn Harness) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(
-        c.node(0).node_reports().await.unwrap(),
+        written_now(c.node(0).node_reports().await.unwrap()),
         vec![report("node-a", 1)]
     );
+}
+
+/// `reports` with their age checked (a report read back within the test
+/// was written less than a minute before) and set to 0, as written.
+fn written_now(reports: Vec<NodeReport>) -> Vec<NodeReport> {
+    reports
+        .into_iter()
+        .map(|mut r| {
+            assert!(
+                r.reported_ms_ago < 60_000,
+                "report of {} aged {} ms",
+                r.node_id,
+                r.reported_ms_ago
+            );
+            r.reported_ms_ago = 0;
+            r
+        })
+        .collect()
 }
 
 /// The channels of node reports (Centrifugo's `channels`): every node
@@ -1542,6 +1567,9 @@ pub async fn node_channels_are_summed_replaced_and_expire(h: &dyn Harness) {
         users: 1,
         subs: 2,
         channels: 2,
+        url: String::new(),
+        subscriptions: 2,
+        reported_ms_ago: 0,
     };
     let counts = |pairs: &[(&str, u64)]| -> Vec<ChannelClients> {
         pairs
@@ -1549,6 +1577,9 @@ pub async fn node_channels_are_summed_replaced_and_expire(h: &dyn Harness) {
             .map(|&(name, clients)| ChannelClients {
                 channel: channel(name),
                 clients,
+                // Every Centrifugo connection, and as many other
+                // subscriptions again.
+                subscribers: clients * 2,
             })
             .collect()
     };

@@ -51,8 +51,8 @@ pub use cluster::ClusterEvent;
 pub use digest::{idempotency_digest, IdempotencyDigest};
 pub use error::{Cause, Error, PoolerEvidence, Refusal, Result};
 pub use traits::{
-    Acquire, ChangeFeed, ChangeSignal, ChannelClients, ClientInfo, Deletion, Deletions, LeaseStore,
-    NodeReport, Page, PresenceEntry, PresenceEvent, PresenceEventKind, Storage, TakeoverCount,
-    TakeoverReason,
+    Acquire, ChangeFeed, ChangeSignal, ChannelClients, ChannelSummary, ClientInfo, Deletion,
+    Deletions, LeaseStore, LeaseTakeover, NodeReport, Page, PresenceEntry, PresenceEvent,
+    PresenceEventKind, Storage, TakeoverCount, TakeoverReason, MAX_CHANNEL_PAGE, MAX_LEASE_HISTORY,
 };
 pub use trim::{ChannelStats, TrimLimits, Trimmed};

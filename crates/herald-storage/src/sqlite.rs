@@ -50,7 +50,8 @@ use crate::cluster::ClusterEvent;
 use crate::decode::ttl_ms;
 use crate::error::{Error, Result};
 use crate::traits::{
-    Acquire, ChangeFeed, ChannelClients, Deletions, LeaseStore, NodeReport, Page, Storage,
+    Acquire, ChangeFeed, ChannelClients, ChannelSummary, Deletions, LeaseStore, LeaseTakeover,
+    NodeReport, Page, Storage,
 };
 use crate::trim::{ChannelStats, TrimLimits, Trimmed};
 
@@ -651,6 +652,28 @@ impl Storage for SqliteStorage {
         self.inner
             .writer
             .call(move |conn| nodes::report(conn, &report, &channels, ttl))
+            .await
+    }
+
+    async fn lease_history(&self, name: &str, limit: usize) -> Result<Vec<LeaseTakeover>> {
+        let name = name.to_owned();
+        self.inner
+            .readers
+            .call(move |conn| ops::lease_history(conn, &name, limit))
+            .await
+    }
+
+    async fn channel_page(
+        &self,
+        search: &str,
+        after: Option<&ChannelName>,
+        limit: usize,
+    ) -> Result<Vec<ChannelSummary>> {
+        let search = search.to_owned();
+        let after = after.cloned();
+        self.inner
+            .readers
+            .call(move |conn| ops::channel_page(conn, &search, after.as_ref(), limit))
             .await
     }
 

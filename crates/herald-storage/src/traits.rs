@@ -2,8 +2,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use herald_core::{
-    Appended, Candidate, ChannelHead, ChannelName, Lease, LeaseInfo, Message, NewMessage, Offset,
-    StreamAppend, StreamAppended, StreamCreate, StreamCreated, StreamInfo,
+    Appended, Candidate, ChannelHead, ChannelName, FencingToken, Lease, LeaseInfo, Message,
+    NewMessage, Offset, StreamAppend, StreamAppended, StreamCreate, StreamCreated, StreamInfo,
 };
 
 use crate::cluster::ClusterEvent;
@@ -322,6 +322,15 @@ pub struct NodeReport {
     pub subs: u64,
     /// Distinct channels subscribed to.
     pub channels: u64,
+    /// Its advertised URL (`--advertise-url`); empty in a report written
+    /// before schema version 12.
+    pub url: String,
+    /// Its live subscriptions over every protocol (Herald's SSE and
+    /// WebSocket, Centrifugo's, Durable Streams' live reads).
+    pub subscriptions: u64,
+    /// How long ago the report was written, in ms on the storage's clock
+    /// (0 when writing one).
+    pub reported_ms_ago: u64,
 }
 
 /// A channel's count of subscribed Centrifugo connections, for the server
@@ -333,7 +342,58 @@ pub struct ChannelClients {
     pub channel: ChannelName,
     /// Connections subscribed to it (Centrifugo's `num_clients`).
     pub clients: u64,
+    /// Live subscriptions to it over every protocol (Herald's SSE and
+    /// WebSocket, Centrifugo's, Durable Streams' live reads).
+    pub subscribers: u64,
 }
+
+/// One acquisition of a lease, as its takeover timeline keeps it
+/// ([`Storage::lease_history`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseTakeover {
+    /// The fencing token the acquisition gave.
+    pub token: FencingToken,
+    /// The node that acquired the lease.
+    pub holder: String,
+    /// The node the lease row named before (`None` after a release or for
+    /// the first acquisition).
+    pub previous_holder: Option<String>,
+    /// Why the lease could be acquired.
+    pub reason: TakeoverReason,
+    /// When, on the storage's clock, in ms since the Unix epoch.
+    pub at_ms: i64,
+}
+
+/// One channel of a page of [`Storage::channel_page`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChannelSummary {
+    /// The channel's name.
+    pub name: ChannelName,
+    /// Its head offset (0 when it has no messages).
+    pub head: Offset,
+    /// Its oldest stored offset (`head + 1` when none is stored).
+    pub earliest: Offset,
+    /// Messages stored.
+    pub messages: u64,
+    /// Bytes of payload stored.
+    pub bytes: u64,
+    /// When its head message was published, in ms since the Unix epoch on
+    /// the storage's clock; `None` when the head message is not stored
+    /// (trimmed, deleted, or no message yet).
+    pub last_published_at_ms: Option<i64>,
+    /// The content type of a Durable Streams stream; `None` for a plain
+    /// channel.
+    pub content_type: Option<String>,
+    /// Live subscriptions to it over every protocol, summed over the
+    /// unexpired node reports ([`Storage::report_node`]).
+    pub subscribers: u64,
+}
+
+/// Most channels one [`Storage::channel_page`] call returns.
+pub const MAX_CHANNEL_PAGE: usize = 500;
+
+/// Most takeovers one [`Storage::lease_history`] call returns.
+pub const MAX_LEASE_HISTORY: usize = 1000;
 
 /// Herald's storage: lease, fenced writes and reads. One implementation per
 /// backend; every implementation passes the `conformance` suite.
@@ -461,6 +521,32 @@ pub trait Storage: LeaseStore {
     /// # Errors
     /// [`crate::Error::Unavailable`] when the storage cannot be reached.
     async fn cluster_channels(&self, except_node: &str) -> Result<Vec<ChannelClients>>;
+
+    /// The latest acquisitions of lease `name`, newest first, at most
+    /// `limit` (capped at [`MAX_LEASE_HISTORY`]). Every successful
+    /// [`LeaseStore::acquire`] records one in its own transaction (schema
+    /// version 12 on), so the timeline survives restarts and is the same
+    /// on every node.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn lease_history(&self, name: &str, limit: usize) -> Result<Vec<LeaseTakeover>>;
+
+    /// Up to `limit` channels (capped at [`MAX_CHANNEL_PAGE`]) whose name
+    /// contains `search` (any, when empty) and sorts after `after` in byte
+    /// order (from the first, when `None`), ordered by name, with their
+    /// sizes, last publish time and subscribers across the cluster; one
+    /// index range per page, so a page costs the same with 100,000
+    /// channels as with ten when the search matches often.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn channel_page(
+        &self,
+        search: &str,
+        after: Option<&ChannelName>,
+        limit: usize,
+    ) -> Result<Vec<ChannelSummary>>;
 
     /// Every channel with its head, ordered by name.
     ///

@@ -3,7 +3,8 @@
 //! `HERALD_TEST_NODE_CLIENTS` once `npm ci` installed its packages; with
 //! Python, the scripts of `tests/clients/python`, run by the Python of a
 //! virtualenv with the packages of its `requirements.lock`, named by
-//! `HERALD_TEST_PYTHON` (`scripts/test` does all of it).
+//! `HERALD_TEST_PYTHON`; and the Chromium that browser tests run headless,
+//! named by `HERALD_TEST_CHROMIUM` (`scripts/test` does all of it).
 
 use std::path::PathBuf;
 
@@ -77,5 +78,26 @@ pub fn python_script(script: &str) -> PathBuf {
         .join("../../tests/clients/python")
         .join(script);
     assert!(path.is_file(), "no Python test client {}", path.display());
+    path
+}
+
+/// The Chromium binary named by `HERALD_TEST_CHROMIUM`, which the browser
+/// tests run headless through `playwright-core`. Panics, saying what to
+/// do, when it is not set or names no file.
+pub fn chromium_bin() -> PathBuf {
+    let Some(path) = std::env::var_os("HERALD_TEST_CHROMIUM") else {
+        panic!(
+            "HERALD_TEST_CHROMIUM is not set. It names the Chromium binary the browser tests \
+             run headless; ./scripts/test installs Debian's `chromium` package when it is \
+             missing and sets it. By hand: `apt-get install chromium`, then \
+             `HERALD_TEST_CHROMIUM=/usr/bin/chromium cargo test ...`"
+        );
+    };
+    let path = PathBuf::from(path);
+    assert!(
+        path.is_file(),
+        "HERALD_TEST_CHROMIUM={} is not a file: it must name the Chromium binary",
+        path.display()
+    );
     path
 }

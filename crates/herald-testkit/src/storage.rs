@@ -212,6 +212,23 @@ impl<H: StorageHooks> Storage for Hooked<H> {
         self.inner.node_reports().await
     }
 
+    async fn lease_history(
+        &self,
+        name: &str,
+        limit: usize,
+    ) -> herald_storage::Result<Vec<herald_storage::LeaseTakeover>> {
+        self.inner.lease_history(name, limit).await
+    }
+
+    async fn channel_page(
+        &self,
+        search: &str,
+        after: Option<&ChannelName>,
+        limit: usize,
+    ) -> herald_storage::Result<Vec<herald_storage::ChannelSummary>> {
+        self.inner.channel_page(search, after, limit).await
+    }
+
     async fn cluster_channels(
         &self,
         except_node: &str,

@@ -30,7 +30,8 @@ use serde::{Deserialize, Serialize};
 use crate::toml_syntax::syntax_error;
 
 /// Sections whose keys are `herald serve` flags `--<section>-<key>`.
-pub(crate) const FLAG_SECTIONS: [&str; 4] = ["tls", "cors", "centrifugo", "durable_streams"];
+pub(crate) const FLAG_SECTIONS: [&str; 5] =
+    ["tls", "cors", "centrifugo", "durable_streams", "console"];
 
 /// Sections of typed settings that are not flags: access control and
 /// retention policies.
@@ -147,6 +148,15 @@ struct DurableStreamsSection {
     max_append_bytes: Option<u64>,
 }
 
+/// `[console]`: the flags `--console-*` (docs/console.md).
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct ConsoleSection {
+    /// Pages served at `/console/` (`--console-enabled`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    enabled: Option<bool>,
+}
+
 /// Reads and parses the config file at `path` for the `herald serve`
 /// command `serve`.
 ///
@@ -200,6 +210,10 @@ pub(crate) fn parse(text: &str, serve: &Command) -> anyhow::Result<ConfigFile> {
     if let Some(value) = table.remove("durable_streams") {
         let section: DurableStreamsSection = typed_section("durable_streams", value)?;
         settings.extend(prefixed("durable_streams", &section)?);
+    }
+    if let Some(value) = table.remove("console") {
+        let section: ConsoleSection = typed_section("console", value)?;
+        settings.extend(prefixed("console", &section)?);
     }
     settings.extend(table);
     for (key, value) in settings {

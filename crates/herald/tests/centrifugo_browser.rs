@@ -15,12 +15,12 @@
 //! and `HERALD_TEST_CHROMIUM` (and `node` in `HERALD_TEST_NODE`, else
 //! `node` on `PATH`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use herald_testkit::clients::{node_bin, node_clients};
+use herald_testkit::clients::{chromium_bin as chromium, node_bin, node_clients};
 use herald_testkit::process::Server;
 use herald_testkit::{within, WAIT};
 use jsonwebtoken::{encode, EncodingKey, Header};
@@ -35,26 +35,6 @@ const CHANNEL: &str = "news:browser";
 /// Bound of each wait on the browser: starting Chromium and loading a page
 /// on a busy machine takes seconds.
 const BROWSER_WAIT: Duration = Duration::from_secs(60);
-
-/// The Chromium binary named by `HERALD_TEST_CHROMIUM`; fails the test
-/// with what to do when it is not set or names no file.
-fn chromium() -> PathBuf {
-    let Some(path) = std::env::var_os("HERALD_TEST_CHROMIUM") else {
-        panic!(
-            "HERALD_TEST_CHROMIUM is not set. It names the Chromium binary the browser check \
-             runs headless; ./scripts/test installs Debian's `chromium` package when it is \
-             missing and sets it. By hand: `apt-get install chromium`, then \
-             `HERALD_TEST_CHROMIUM=/usr/bin/chromium cargo test ...`"
-        );
-    };
-    let path = PathBuf::from(path);
-    assert!(
-        path.is_file(),
-        "HERALD_TEST_CHROMIUM={} is not a file: it must name the Chromium binary",
-        path.display()
-    );
-    path
-}
 
 /// One `node browser.mjs` process (which owns the browser): reports out.
 /// Dropping it kills `node`; Chromium, started by Playwright with

@@ -46,6 +46,7 @@ pub(crate) async fn delete_channel(
     if !matches!(who, Principal::Cluster) {
         state.shared.auth().may_admin(&who)?;
     }
+    crate::audit::admin_action(&who, "delete_channel", Some(channel.as_str()), None);
     if !state.shared.node.lease().is_holder() {
         let write = HolderWrite::DeleteChannel(channel.clone());
         let shared = &state.shared;

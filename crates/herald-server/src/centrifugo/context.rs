@@ -41,12 +41,12 @@ impl Centrifugo {
     /// Makes the registry (which starts the join and leave relay on
     /// `storage`) and starts the task that applies other nodes' cluster
     /// events (subscribed here: every event sent from now on is applied)
-    /// and the task that reports this node's connections as `node_id`
-    /// (Centrifugo's `info`). Every task runs in `span` and stops when
-    /// `shutdown` is cancelled.
+    /// and the task that reports this node (`node`: its connections for
+    /// Centrifugo's `info`, its URL and subscriptions for the console).
+    /// Every task runs in `span` and stops when `shutdown` is cancelled.
     pub(crate) fn start(
         storage: &Arc<dyn Storage>,
-        node_id: &str,
+        node: &node_info::ReportedNode,
         shutdown: &CancellationToken,
         span: &tracing::Span,
     ) -> Self {
@@ -63,7 +63,7 @@ impl Centrifugo {
         let report = node_info::report_task(
             Arc::clone(storage),
             Arc::clone(&registry),
-            node_id.to_owned(),
+            node.clone(),
             shutdown.clone(),
         );
         let tasks = vec![

@@ -44,6 +44,9 @@ pub(crate) async fn history_remove(
     if !forwarded_by_a_node && state.shared.auth().may_admin(who).is_err() {
         return Err(ReplyError::permission_denied());
     }
+    if !forwarded_by_a_node {
+        crate::audit::admin_action(who, "history_remove", Some(channel.as_str()), None);
+    }
     if !state.shared.node.lease().is_holder() {
         let body = serde_json::json!({ "channel": channel.as_str() }).to_string();
         let shared = &state.shared;

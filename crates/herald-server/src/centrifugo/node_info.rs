@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use herald_core::ChannelName;
+use herald_node::hub::Hub;
 use herald_storage::{ChannelClients, NodeReport, Storage};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
@@ -42,17 +43,25 @@ fn wide(count: usize) -> u64 {
 }
 
 /// This node's channels for its report, at most `max`, and how many it
-/// left out: the most subscribed first kept, by name among equals.
+/// left out: `clients` (Centrifugo connections per channel) joined with
+/// `subscribers` (live subscriptions of every protocol per channel, the
+/// hub's); the most subscribed first kept, by name among equals.
 fn reported_channels(
-    subscribers: BTreeMap<ChannelName, usize>,
+    clients: BTreeMap<ChannelName, usize>,
+    mut subscribers: BTreeMap<ChannelName, usize>,
     max: usize,
 ) -> (Vec<ChannelClients>, usize) {
+    for (channel, n) in &clients {
+        let all = subscribers.entry(channel.clone()).or_insert(0);
+        *all = (*all).max(*n);
+    }
     let mut channels: Vec<ChannelClients> = subscribers
         .into_iter()
         .filter(|&(_, n)| n > 0)
         .map(|(channel, n)| ChannelClients {
+            clients: wide(clients.get(&channel).copied().unwrap_or(0)),
+            subscribers: wide(n),
             channel,
-            clients: wide(n),
         })
         .collect();
     let left_out = channels.len().saturating_sub(max);
@@ -60,6 +69,7 @@ fn reported_channels(
         channels.sort_by(|a, b| {
             b.clients
                 .cmp(&a.clients)
+                .then_with(|| b.subscribers.cmp(&a.subscribers))
                 .then_with(|| a.channel.cmp(&b.channel))
         });
         channels.truncate(max);
@@ -67,8 +77,21 @@ fn reported_channels(
     (channels, left_out)
 }
 
-/// This node's report, with its counts of now.
-fn report(registry: &Registry, node_id: &str) -> NodeReport {
+/// What a node's report says of it besides its Centrifugo counts: where
+/// it is reached, and its live subscriptions of every protocol.
+#[derive(Clone)]
+pub(crate) struct ReportedNode {
+    /// The node's id.
+    pub(crate) node_id: String,
+    /// Its advertised URL.
+    pub(crate) url: String,
+    /// Its live buffers, which count its subscriptions.
+    pub(crate) hub: Arc<Hub>,
+}
+
+/// This node's report as `node_id`, reached at `url`, with its counts of
+/// now and its `subscriptions` of every protocol.
+fn report(registry: &Registry, node_id: &str, url: &str, subscriptions: u64) -> NodeReport {
     let counts = registry.counts();
     NodeReport {
         node_id: node_id.to_owned(),
@@ -78,6 +101,9 @@ fn report(registry: &Registry, node_id: &str) -> NodeReport {
         users: wide(counts.users),
         subs: wide(counts.subs),
         channels: wide(counts.channels),
+        url: url.to_owned(),
+        subscriptions,
+        reported_ms_ago: 0,
     }
 }
 
@@ -88,7 +114,7 @@ fn report(registry: &Registry, node_id: &str) -> NodeReport {
 pub(crate) async fn report_task(
     storage: Arc<dyn Storage>,
     registry: Arc<Registry>,
-    node_id: String,
+    node: ReportedNode,
     shutdown: CancellationToken,
 ) {
     let mut ticks = tokio::time::interval(REPORT_INTERVAL);
@@ -100,7 +126,10 @@ pub(crate) async fn report_task(
             () = shutdown.cancelled() => return,
             _ = ticks.tick() => {}
         }
-        let (channels, left_out) = reported_channels(registry.subscribers(), MAX_REPORTED_CHANNELS);
+        let all = node.hub.subscriber_counts();
+        let subscriptions = wide(node.hub.subscriber_total());
+        let (channels, left_out) =
+            reported_channels(registry.subscribers(), all, MAX_REPORTED_CHANNELS);
         crate::metrics::channels_unreported(wide(left_out));
         if left_out > 0 && !capped {
             tracing::warn!(
@@ -112,7 +141,11 @@ pub(crate) async fn report_task(
         }
         capped = left_out > 0;
         match storage
-            .report_node(&report(&registry, &node_id), &channels, REPORT_TTL)
+            .report_node(
+                &report(&registry, &node.node_id, &node.url, subscriptions),
+                &channels,
+                REPORT_TTL,
+            )
             .await
         {
             Ok(()) if failing => {
@@ -144,7 +177,7 @@ pub(crate) async fn info(
         herald_node::node_error::StorageFailure::new("node_reports", None, e).log();
         ReplyError::internal()
     })?;
-    let own = report(registry, node_id);
+    let own = report(registry, node_id, "", 0);
     reports.retain(|r| r.node_id != own.node_id);
     reports.push(own);
     reports.sort_by(|a, b| a.node_id.cmp(&b.node_id));
@@ -209,15 +242,35 @@ mod tests {
             .into_iter()
             .map(|(c, n)| (name(c), n))
             .collect();
-        let (kept, left_out) = reported_channels(subscribers.clone(), 3);
+        let (kept, left_out) = reported_channels(subscribers.clone(), BTreeMap::new(), 3);
         let kept: Vec<(&str, u64)> = kept
             .iter()
             .map(|c| (c.channel.as_str(), c.clients))
             .collect();
         assert_eq!(kept, [("b", 5), ("d", 5), ("c", 2)]);
         assert_eq!(left_out, 1);
-        let (all, left_out) = reported_channels(subscribers, 4);
+        let (all, left_out) = reported_channels(subscribers, BTreeMap::new(), 4);
         assert_eq!(all.len(), 4);
+        assert_eq!(left_out, 0);
+    }
+
+    #[test]
+    fn a_report_joins_centrifugo_connections_with_every_subscription() {
+        let clients: BTreeMap<ChannelName, usize> = [("a", 2), ("b", 1)]
+            .into_iter()
+            .map(|(c, n)| (name(c), n))
+            .collect();
+        let hub: BTreeMap<ChannelName, usize> = [("b", 4), ("c", 3)]
+            .into_iter()
+            .map(|(c, n)| (name(c), n))
+            .collect();
+        let (channels, left_out) = reported_channels(clients, hub, 10);
+        let got: Vec<(&str, u64, u64)> = channels
+            .iter()
+            .map(|c| (c.channel.as_str(), c.clients, c.subscribers))
+            .collect();
+        // A channel only Centrifugo counts keeps its count as subscribers.
+        assert_eq!(got, [("a", 2, 2), ("b", 1, 4), ("c", 0, 3)]);
         assert_eq!(left_out, 0);
     }
 }

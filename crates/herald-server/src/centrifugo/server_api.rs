@@ -551,6 +551,12 @@ async fn unsubscribe(state: &CentrifugoState, who: &Principal, p: UserChannel) -
         return Err(ReplyError::permission_denied());
     }
     let channel = channel(&p.channel)?;
+    crate::audit::admin_action(
+        who,
+        "unsubscribe",
+        Some(channel.as_str()),
+        Some(p.user.as_str()),
+    );
     tell_cluster(
         state,
         ClusterEvent::Unsubscribe {
@@ -589,6 +595,7 @@ async fn disconnect(state: &CentrifugoState, who: &Principal, p: DisconnectParam
         Some(CustomDisconnect { code }) if (3000..3500).contains(&code) => codes::FORCE_RECONNECT,
         _ => codes::FORCE_NO_RECONNECT,
     };
+    crate::audit::admin_action(who, "disconnect", None, Some(p.user.as_str()));
     tell_cluster(
         state,
         ClusterEvent::Disconnect {

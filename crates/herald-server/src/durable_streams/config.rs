@@ -58,6 +58,7 @@ impl DurableStreamsConfig {
             "/v1",
             "/api",
             "/connection",
+            "/console",
             "/healthz",
             "/readyz",
             "/metrics",

@@ -182,6 +182,7 @@ async fn convertible(
         return Ok(());
     }
     state.shared.auth().may_admin(who)?;
+    crate::audit::admin_action(who, "stream_from_channel", Some(channel.as_str()), None);
     Ok(())
 }
 

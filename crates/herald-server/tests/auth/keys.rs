@@ -138,11 +138,28 @@ async fn each_permission_is_allowed_and_refused(backend: Backend) {
     );
 
     // Admin routes: the admin key only.
-    for path in ["/v1/channels", "/metrics"] {
+    for path in [
+        "/v1/channels",
+        "/metrics",
+        "/v1/admin/cluster",
+        "/v1/admin/channels",
+        "/v1/admin/rates",
+    ] {
         assert_eq!(get(&node, path, &as_admin).await.0, 200, "{path}");
         assert_refused(&get(&node, path, &as_reader).await, 403, "forbidden");
         assert_refused(&get(&node, path, &[]).await, 401, "unauthorized");
     }
+    // The console's event stream: refused before it starts.
+    assert_refused(
+        &get(&node, "/v1/admin/cluster/events", &as_reader).await,
+        403,
+        "forbidden",
+    );
+    assert_refused(
+        &get(&node, "/v1/admin/cluster/events", &[]).await,
+        401,
+        "unauthorized",
+    );
     // Deleting a channel is an admin route too; a refusal deletes nothing.
     assert_refused(
         &node

@@ -30,7 +30,8 @@ use crate::decode::{
 use crate::digest::{idempotency_digest, IdempotencyDigest};
 use crate::error::{Error, Refusal, Result};
 use crate::traits::{
-    Acquire, ChangeFeed, Deletion, Deletions, Page, TakeoverCount, TakeoverReason,
+    Acquire, ChangeFeed, ChannelSummary, Deletion, Deletions, LeaseTakeover, Page, TakeoverCount,
+    TakeoverReason, MAX_CHANNEL_PAGE, MAX_LEASE_HISTORY,
 };
 use crate::trim;
 use crate::trim::{ChannelStats, TrimLimits, Trimmed};
@@ -52,7 +53,8 @@ pub(super) fn to_ms(time: SystemTime) -> i64 {
 /// rounded up, so that it is <= 0 exactly when `expires_at <=
 /// clock_timestamp()`, the expiry test of every other statement.
 const LEASE_INFO_SQL: &str = "SELECT name, holder, holder_url, token, \
-     ceil((extract(epoch FROM expires_at) - extract(epoch FROM clock_timestamp())) * 1000)::bigint \
+     ceil((extract(epoch FROM expires_at) - extract(epoch FROM clock_timestamp())) * 1000)::bigint, \
+     floor((extract(epoch FROM clock_timestamp()) - extract(epoch FROM renewed_at)) * 1000)::bigint \
      FROM storage_leases WHERE name = $1";
 
 async fn read_lease_info<C: GenericClient>(client: &C, name: &str) -> Result<Option<LeaseInfo>> {
@@ -65,6 +67,7 @@ async fn read_lease_info<C: GenericClient>(client: &C, name: &str) -> Result<Opt
         holder_url: row.try_get(2)?,
         token: to_token(row.try_get(3)?)?,
         expires_in_ms: row.try_get(4)?,
+        renewed_ms_ago: row.try_get(5)?,
     }))
 }
 
@@ -81,6 +84,50 @@ const RECORD_TAKEOVER_SQL: &str = "INSERT INTO lease_takeovers \
      VALUES ($1, $2, 1, $3, clock_timestamp()) \
      ON CONFLICT (name, reason) DO UPDATE SET takeovers = lease_takeovers.takeovers + 1, \
          last_token = excluded.last_token, last_at = excluded.last_at";
+
+/// Adds acquisition `$2` (token) of lease `$1` by node `$3`, which the row
+/// named `$4` before, for reason `$5`, to the takeover timeline
+/// (`lease_history`), inside the acquire's transaction.
+const RECORD_HISTORY_SQL: &str = "INSERT INTO lease_history \
+         (name, token, holder, previous_holder, reason, acquired_at) \
+     VALUES ($1, $2, $3, $4, $5, clock_timestamp()) \
+     ON CONFLICT (name, token) DO NOTHING";
+
+/// Keeps the timeline of lease `$1` to its last 1000 tokens up to `$2`.
+const PRUNE_HISTORY_SQL: &str =
+    "DELETE FROM lease_history WHERE name = $1 AND token <= $2::bigint - 1000";
+
+/// The latest `$2` acquisitions of lease `$1`, newest first
+/// (`Storage::lease_history`).
+pub(super) async fn lease_history(
+    client: &Object,
+    name: &str,
+    limit: usize,
+) -> Result<Vec<LeaseTakeover>> {
+    let stmt = client
+        .prepare_cached(
+            "SELECT token, holder, previous_holder, reason, acquired_at \
+             FROM lease_history WHERE name = $1 ORDER BY token DESC LIMIT $2",
+        )
+        .await?;
+    let limit = i64::try_from(limit.min(MAX_LEASE_HISTORY)).unwrap_or(0);
+    client
+        .query(&stmt, &[&name, &limit])
+        .await?
+        .into_iter()
+        .map(|row| {
+            let reason: String = row.try_get(3)?;
+            Ok(LeaseTakeover {
+                token: to_token(row.try_get(0)?)?,
+                holder: row.try_get(1)?,
+                previous_holder: row.try_get(2)?,
+                reason: TakeoverReason::from_name(&reason)
+                    .ok_or_else(|| Error::corrupt(format!("unknown takeover reason {reason:?}")))?,
+                at_ms: to_ms(row.try_get(4)?),
+            })
+        })
+        .collect()
+}
 
 /// The recorded acquisitions of lease `name` by reason
 /// (`LeaseStore::takeover_counts`).
@@ -276,11 +323,23 @@ pub(super) async fn acquire(
         (Some(_), false, false) => TakeoverReason::HolderGone,
     };
     let record = tx.prepare_cached(RECORD_TAKEOVER_SQL).await?;
+    let sql_token = row.try_get::<_, i64>(0)?;
+    tx.execute(&record, &[&name, &reason.as_str(), &sql_token])
+        .await?;
+    let history = tx.prepare_cached(RECORD_HISTORY_SQL).await?;
     tx.execute(
-        &record,
-        &[&name, &reason.as_str(), &row.try_get::<_, i64>(0)?],
+        &history,
+        &[
+            &name,
+            &sql_token,
+            &candidate.node_id,
+            &previous,
+            &reason.as_str(),
+        ],
     )
     .await?;
+    let prune = tx.prepare_cached(PRUNE_HISTORY_SQL).await?;
+    tx.execute(&prune, &[&name, &sql_token]).await?;
     tx.commit().await?;
     Ok(acquired(candidate, token, reason, previous.as_deref()))
 }
@@ -1035,6 +1094,51 @@ pub(super) async fn channel_stats(client: &Object) -> Result<Vec<ChannelStats>> 
                 earliest: trimmed_through + 1,
                 messages: head.saturating_sub(trimmed_through),
                 bytes: to_u64(row.try_get(3)?, "bytes")?,
+            })
+        })
+        .collect()
+}
+
+/// A page of channels for `Storage::channel_page`: names after `$1`
+/// containing `$2`, by name in byte order, at most `$3`; with the head
+/// message's publish time (one index lookup each) and the subscribers in
+/// the unexpired node reports.
+const CHANNEL_PAGE_SQL: &str =
+    "SELECT c.name, c.head, c.trimmed_through, c.bytes, c.content_type, \
+         (SELECT m.published_at FROM messages m \
+          WHERE m.channel = c.name AND m.\"offset\" = c.head), \
+         (SELECT COALESCE(SUM(cc.num_subscribers), 0)::bigint FROM cluster_channels cc \
+          JOIN cluster_nodes n ON n.node_id = cc.node_id \
+          WHERE cc.channel = c.name AND n.expires_at > clock_timestamp()) \
+     FROM channels c WHERE c.name > $1 AND strpos(c.name, $2) > 0 \
+     ORDER BY c.name COLLATE \"C\" LIMIT $3";
+
+/// One page of channels (`Storage::channel_page`).
+pub(super) async fn channel_page(
+    client: &Object,
+    search: &str,
+    after: Option<&ChannelName>,
+    limit: usize,
+) -> Result<Vec<ChannelSummary>> {
+    let stmt = client.prepare_cached(CHANNEL_PAGE_SQL).await?;
+    let after = after.map_or("", ChannelName::as_str);
+    let limit = i64::try_from(limit.min(MAX_CHANNEL_PAGE)).unwrap_or(0);
+    client
+        .query(&stmt, &[&after, &search, &limit])
+        .await?
+        .into_iter()
+        .map(|row| {
+            let head = to_u64(row.try_get(1)?, "head")?;
+            let trimmed_through = to_u64(row.try_get(2)?, "trimmed_through")?;
+            Ok(ChannelSummary {
+                name: to_channel(row.try_get(0)?)?,
+                head,
+                earliest: trimmed_through + 1,
+                messages: head.saturating_sub(trimmed_through),
+                bytes: to_u64(row.try_get(3)?, "bytes")?,
+                content_type: row.try_get(4)?,
+                last_published_at_ms: row.try_get::<_, Option<SystemTime>>(5)?.map(to_ms),
+                subscribers: to_u64(row.try_get(6)?, "num_subscribers")?,
             })
         })
         .collect()

@@ -19,8 +19,8 @@ use crate::cluster::ClusterEvent;
 use crate::decode::ttl_ms;
 use crate::error::Result;
 use crate::traits::{
-    Acquire, ChangeFeed, ChangeSignal, ChannelClients, Deletions, LeaseStore, NodeReport, Page,
-    PresenceEntry, PresenceEvent, Storage, TakeoverCount,
+    Acquire, ChangeFeed, ChangeSignal, ChannelClients, ChannelSummary, Deletions, LeaseStore,
+    LeaseTakeover, NodeReport, Page, PresenceEntry, PresenceEvent, Storage, TakeoverCount,
 };
 use crate::trim::{ChannelStats, TrimLimits, Trimmed};
 
@@ -160,6 +160,21 @@ impl Storage for PostgresStorage {
     ) -> Result<()> {
         let mut client = self.client().await?;
         nodes::report(&mut client, report, channels, ttl).await
+    }
+
+    async fn lease_history(&self, name: &str, limit: usize) -> Result<Vec<LeaseTakeover>> {
+        let client = self.client().await?;
+        ops::lease_history(&client, name, limit).await
+    }
+
+    async fn channel_page(
+        &self,
+        search: &str,
+        after: Option<&ChannelName>,
+        limit: usize,
+    ) -> Result<Vec<ChannelSummary>> {
+        let client = self.client().await?;
+        ops::channel_page(&client, search, after, limit).await
     }
 
     async fn node_reports(&self) -> Result<Vec<NodeReport>> {

@@ -37,12 +37,14 @@ pub(super) fn report(
         .execute([now])?;
     tx.prepare_cached(
         "INSERT INTO cluster_nodes (node_id, version, uptime_s, num_clients, num_users, \
-         num_subs, num_channels, expires_at_ms) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8 + ?9) \
+         num_subs, num_channels, expires_at_ms, url, subscriptions, reported_at_ms) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8 + ?9, ?10, ?11, ?8) \
          ON CONFLICT (node_id) DO UPDATE SET version = excluded.version, \
          uptime_s = excluded.uptime_s, num_clients = excluded.num_clients, \
          num_users = excluded.num_users, num_subs = excluded.num_subs, \
-         num_channels = excluded.num_channels, expires_at_ms = excluded.expires_at_ms",
+         num_channels = excluded.num_channels, expires_at_ms = excluded.expires_at_ms, \
+         url = excluded.url, subscriptions = excluded.subscriptions, \
+         reported_at_ms = excluded.reported_at_ms",
     )?
     .execute(params![
         report.node_id,
@@ -53,20 +55,25 @@ pub(super) fn report(
         sql_position(report.subs),
         sql_position(report.channels),
         now,
-        ttl_ms(ttl)
+        ttl_ms(ttl),
+        report.url,
+        sql_position(report.subscriptions)
     ])?;
     tx.prepare_cached("DELETE FROM cluster_channels WHERE node_id = ?1")?
         .execute([&report.node_id])?;
     {
         let mut insert = tx.prepare_cached(
-            "INSERT INTO cluster_channels (node_id, channel, num_clients) VALUES (?1, ?2, ?3) \
-             ON CONFLICT (node_id, channel) DO UPDATE SET num_clients = excluded.num_clients",
+            "INSERT INTO cluster_channels (node_id, channel, num_clients, num_subscribers) \
+             VALUES (?1, ?2, ?3, ?4) \
+             ON CONFLICT (node_id, channel) DO UPDATE SET num_clients = excluded.num_clients, \
+             num_subscribers = excluded.num_subscribers",
         )?;
         for c in channels {
             insert.execute(params![
                 report.node_id,
                 c.channel.as_str(),
-                sql_position(c.clients)
+                sql_position(c.clients),
+                sql_position(c.subscribers)
             ])?;
         }
     }
@@ -77,7 +84,8 @@ pub(super) fn report(
 /// The unexpired reports, by node id.
 pub(super) fn list(conn: &mut Connection) -> Result<Vec<NodeReport>> {
     let mut stmt = conn.prepare_cached(&format!(
-        "SELECT node_id, version, uptime_s, num_clients, num_users, num_subs, num_channels \
+        "SELECT node_id, version, uptime_s, num_clients, num_users, num_subs, num_channels, \
+         url, subscriptions, max(0, {NOW_MS} - reported_at_ms) \
          FROM cluster_nodes WHERE expires_at_ms > {NOW_MS} ORDER BY node_id"
     ))?;
     let mut rows = stmt.query([])?;
@@ -91,6 +99,9 @@ pub(super) fn list(conn: &mut Connection) -> Result<Vec<NodeReport>> {
             users: to_u64(row.get(4)?, "num_users")?,
             subs: to_u64(row.get(5)?, "num_subs")?,
             channels: to_u64(row.get(6)?, "num_channels")?,
+            url: row.get(7)?,
+            subscriptions: to_u64(row.get(8)?, "subscriptions")?,
+            reported_ms_ago: to_u64(row.get(9)?, "reported_at_ms")?,
         });
     }
     Ok(out)
@@ -100,7 +111,7 @@ pub(super) fn list(conn: &mut Connection) -> Result<Vec<NodeReport>> {
 /// with their clients summed, by channel name.
 pub(super) fn channels(conn: &mut Connection, except_node: &str) -> Result<Vec<ChannelClients>> {
     let mut stmt = conn.prepare_cached(&format!(
-        "SELECT c.channel, SUM(c.num_clients) FROM cluster_channels c \
+        "SELECT c.channel, SUM(c.num_clients), SUM(c.num_subscribers) FROM cluster_channels c \
          JOIN cluster_nodes n ON n.node_id = c.node_id \
          WHERE n.expires_at_ms > {NOW_MS} AND c.node_id <> ?1 \
          GROUP BY c.channel ORDER BY c.channel"
@@ -111,6 +122,7 @@ pub(super) fn channels(conn: &mut Connection, except_node: &str) -> Result<Vec<C
         out.push(ChannelClients {
             channel: to_channel(row.get(0)?)?,
             clients: to_u64(row.get(1)?, "num_clients")?,
+            subscribers: to_u64(row.get(2)?, "num_subscribers")?,
         });
     }
     Ok(out)

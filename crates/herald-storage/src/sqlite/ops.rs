@@ -22,7 +22,8 @@ use crate::decode::{
 use crate::digest::idempotency_digest;
 use crate::error::{Error, Refusal, Result};
 use crate::traits::{
-    Acquire, ChangeFeed, Deletion, Deletions, Page, TakeoverCount, TakeoverReason,
+    Acquire, ChangeFeed, ChannelSummary, Deletion, Deletions, LeaseTakeover, Page, TakeoverCount,
+    TakeoverReason, MAX_CHANNEL_PAGE, MAX_LEASE_HISTORY,
 };
 use crate::trim;
 use crate::trim::{ChannelStats, TrimLimits, Trimmed};
@@ -39,7 +40,9 @@ macro_rules! now_ms {
 const LEASE_INFO_SQL: &str = concat!(
     "SELECT name, holder, holder_url, token, expires_at_ms - ",
     now_ms!(),
-    " FROM storage_leases WHERE name = ?1"
+    ", ",
+    now_ms!(),
+    " - renewed_at_ms FROM storage_leases WHERE name = ?1"
 );
 
 fn read_lease_info(conn: &Connection, name: &str) -> Result<Option<LeaseInfo>> {
@@ -52,18 +55,22 @@ fn read_lease_info(conn: &Connection, name: &str) -> Result<Option<LeaseInfo>> {
                 r.get::<_, Option<String>>(2)?,
                 r.get::<_, i64>(3)?,
                 r.get::<_, i64>(4)?,
+                r.get::<_, i64>(5)?,
             ))
         })
         .optional()?;
-    row.map(|(name, holder, holder_url, token, expires_in_ms)| {
-        Ok(LeaseInfo {
-            name,
-            holder,
-            holder_url,
-            token: to_token(token)?,
-            expires_in_ms,
-        })
-    })
+    row.map(
+        |(name, holder, holder_url, token, expires_in_ms, renewed_ms_ago)| {
+            Ok(LeaseInfo {
+                name,
+                holder,
+                holder_url,
+                token: to_token(token)?,
+                expires_in_ms,
+                renewed_ms_ago,
+            })
+        },
+    )
     .transpose()
 }
 
@@ -81,6 +88,44 @@ const RECORD_TAKEOVER_SQL: &str = concat!(
     ") ON CONFLICT (name, reason) DO UPDATE SET takeovers = lease_takeovers.takeovers + 1,",
     " last_token = excluded.last_token, last_at_ms = excluded.last_at_ms"
 );
+
+/// Adds acquisition `?2` (token) of lease `?1` by node `?3`, which the row
+/// named `?4` before, for reason `?5`, to the takeover timeline
+/// (`lease_history`), inside the acquire's transaction.
+const RECORD_HISTORY_SQL: &str = concat!(
+    "INSERT INTO lease_history (name, token, holder, previous_holder, reason, acquired_at_ms)",
+    " VALUES (?1, ?2, ?3, ?4, ?5, ",
+    now_ms!(),
+    ") ON CONFLICT (name, token) DO NOTHING"
+);
+
+/// The latest `limit` acquisitions of lease `name`, newest first
+/// (`Storage::lease_history`).
+pub(super) fn lease_history(
+    conn: &mut Connection,
+    name: &str,
+    limit: usize,
+) -> Result<Vec<LeaseTakeover>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT token, holder, previous_holder, reason, acquired_at_ms FROM lease_history \
+         WHERE name = ?1 ORDER BY token DESC LIMIT ?2",
+    )?;
+    let limit = i64::try_from(limit.min(MAX_LEASE_HISTORY)).unwrap_or(0);
+    let mut rows = stmt.query(params![name, limit])?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        let reason: String = row.get(3)?;
+        out.push(LeaseTakeover {
+            token: to_token(row.get(0)?)?,
+            holder: row.get(1)?,
+            previous_holder: row.get(2)?,
+            reason: TakeoverReason::from_name(&reason)
+                .ok_or_else(|| Error::corrupt(format!("unknown takeover reason {reason:?}")))?,
+            at_ms: row.get(4)?,
+        });
+    }
+    Ok(out)
+}
 
 /// The recorded acquisitions of lease `name` by reason
 /// (`LeaseStore::takeover_counts`).
@@ -222,6 +267,15 @@ pub(super) fn acquire(
         reason.as_str(),
         token
     ])?;
+    tx.prepare_cached(RECORD_HISTORY_SQL)?.execute(params![
+        candidate.lease_name,
+        token,
+        candidate.node_id,
+        previous,
+        reason.as_str()
+    ])?;
+    tx.prepare_cached("DELETE FROM lease_history WHERE name = ?1 AND token <= ?2 - 1000")?
+        .execute(params![candidate.lease_name, token])?;
     tx.commit()?;
     Ok(acquired(
         candidate,
@@ -448,6 +502,47 @@ pub(super) fn channel_stats(conn: &mut Connection) -> Result<Vec<ChannelStats>> 
             earliest: trimmed_through + 1,
             messages: head.saturating_sub(trimmed_through),
             bytes: to_u64(row.get(3)?, "bytes")?,
+        });
+    }
+    Ok(out)
+}
+
+/// One page of channels (`Storage::channel_page`): names after `after`
+/// containing `search`, by name in byte order, with the head message's
+/// publish time and the subscribers in the unexpired node reports.
+pub(super) fn channel_page(
+    conn: &mut Connection,
+    search: &str,
+    after: Option<&ChannelName>,
+    limit: usize,
+) -> Result<Vec<ChannelSummary>> {
+    let mut stmt = conn.prepare_cached(concat!(
+        "SELECT c.name, c.head, c.trimmed_through, c.bytes, c.content_type,",
+        " (SELECT m.published_at_ms FROM messages m WHERE m.channel = c.name AND m.\"offset\" = c.head),",
+        " (SELECT COALESCE(SUM(cc.num_subscribers), 0) FROM cluster_channels cc",
+        "  JOIN cluster_nodes n ON n.node_id = cc.node_id",
+        "  WHERE cc.channel = c.name AND n.expires_at_ms > ",
+        now_ms!(),
+        ")",
+        " FROM channels c WHERE c.name > ?1 AND instr(c.name, ?2) > 0",
+        " ORDER BY c.name LIMIT ?3"
+    ))?;
+    let after = after.map_or("", ChannelName::as_str);
+    let limit = i64::try_from(limit.min(MAX_CHANNEL_PAGE)).unwrap_or(0);
+    let mut rows = stmt.query(params![after, search, limit])?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        let head = to_u64(row.get(1)?, "head")?;
+        let trimmed_through = to_u64(row.get(2)?, "trimmed_through")?;
+        out.push(ChannelSummary {
+            name: to_channel(row.get(0)?)?,
+            head,
+            earliest: trimmed_through + 1,
+            messages: head.saturating_sub(trimmed_through),
+            bytes: to_u64(row.get(3)?, "bytes")?,
+            content_type: row.get(4)?,
+            last_published_at_ms: row.get(5)?,
+            subscribers: to_u64(row.get(6)?, "num_subscribers")?,
         });
     }
     Ok(out)

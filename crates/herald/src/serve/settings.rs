@@ -16,8 +16,8 @@ use herald_lease::{
     default_renew_statement_timeout, LeaseConfig, RENEW_ATTEMPT_SLACK, SHORTEST_DERIVED_TTL,
 };
 use herald_server::{
-    CentrifugoConfig, CorsConfig, DurableStreamsConfig, RetentionHandle, ServerConfig,
-    TlsCertificates,
+    CentrifugoConfig, ConsoleConfig, CorsConfig, DurableStreamsConfig, RetentionHandle,
+    ServerConfig, TlsCertificates,
 };
 use tracing::warn;
 
@@ -264,6 +264,10 @@ pub(crate) struct ServeArgs {
         default_value_t = 16_777_216
     )]
     durable_streams_max_append_bytes: usize,
+    /// Web console: serve its pages at `/console/` (default: off; the
+    /// admin API it uses is served either way). See docs/console.md.
+    #[arg(long, env = "HERALD_CONSOLE_ENABLED", value_parser = clap::builder::BoolishValueParser::new())]
+    console_enabled: bool,
 }
 
 /// A `--listen` value: a host (an IP address or a name to resolve) and a
@@ -604,6 +608,10 @@ pub(crate) fn server_config(
             prefix: args.durable_streams_prefix.clone(),
             long_poll_timeout: args.durable_streams_long_poll_timeout,
             max_append_bytes: args.durable_streams_max_append_bytes,
+        },
+        console: ConsoleConfig {
+            enabled: args.console_enabled,
+            lease_safety_margin: lease_config(args)?.safety_margin,
         },
         // Against DNS rebinding: a loopback node without authentication
         // answers loopback host names only.

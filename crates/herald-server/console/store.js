@@ -1,0 +1,49 @@
+// Shared state fed by the cluster event stream; views subscribe to it.
+
+const listeners = new Set();
+
+export const store = {
+  cluster: null,      // latest ClusterView
+  receivedAt: 0,      // performance.now() when it arrived (for local countdowns)
+  status: "connecting",
+  rates: null,        // {interval_ms, samples} once the rates view loaded them
+
+  // fn(kind) is called with "cluster" or "status"; returns an unsubscribe.
+  subscribe(fn) {
+    listeners.add(fn);
+    return () => listeners.delete(fn);
+  },
+
+  setCluster(view) {
+    this.cluster = view;
+    this.receivedAt = performance.now();
+    // Append the sample to the rate history, once per distinct time.
+    const rate = view && view.rate;
+    if (this.rates && rate) {
+      const samples = this.rates.samples;
+      const last = samples[samples.length - 1];
+      if (!last || rate.at_ms > last.at_ms) {
+        samples.push(rate);
+        if (samples.length > 300) samples.splice(0, samples.length - 300);
+      }
+    }
+    emit("cluster");
+  },
+
+  setStatus(status) {
+    this.status = status;
+    emit("status");
+  },
+
+  reset() {
+    this.cluster = null;
+    this.rates = null;
+    this.status = "connecting";
+  },
+};
+
+function emit(kind) {
+  for (const fn of listeners) {
+    try { fn(kind); } catch (e) { console.error(e); }
+  }
+}
