@@ -321,6 +321,8 @@ const commands = {
       const table = document.querySelector("[data-testid=presence-table]");
       const status = document.querySelector("[data-testid=presence-status]")?.textContent.trim();
       const alert = [...document.querySelectorAll("[role=alert]")].map((e) => e.textContent.trim()).filter(Boolean).join(" ");
+      // "Loading…" is the request still running.
+      if (status && status.endsWith("…")) return false;
       if (table) return { clients: table.querySelectorAll("tbody tr").length, text: status || null };
       if (status) return { clients: null, text: status };
       return alert ? { clients: null, text: alert } : false;
