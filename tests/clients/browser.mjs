@@ -24,7 +24,7 @@
 import http from "node:http";
 import { readFile } from "node:fs/promises";
 import readline from "node:readline";
-import { chromium } from "playwright-core";
+import { launchChromium } from "./chromium.mjs";
 
 const [executablePath, token, channel] = process.argv.slice(2);
 if (!channel) {
@@ -102,26 +102,8 @@ pageUrl.searchParams.set("ws", wsUrl);
 pageUrl.searchParams.set("token", token);
 pageUrl.searchParams.set("channel", channel);
 
-// Playwright gives the browser a fresh, temporary profile directory of its
-// own (it refuses --user-data-dir in `args`) and removes it on close. The
-// flags keep Chromium off the network beyond loopback.
-const browser = await chromium.launch({
-  executablePath,
-  headless: true,
-  chromiumSandbox: false,
-  handleSIGINT: false,
-  handleSIGTERM: false,
-  handleSIGHUP: false,
-  args: [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-  ],
-});
+// A fresh profile, off the network beyond loopback (chromium.mjs).
+const browser = await launchChromium(executablePath);
 
 let closing = false;
 const finish = async (status) => {

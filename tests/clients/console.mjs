@@ -63,7 +63,7 @@
 import { mkdir } from "node:fs/promises";
 import path from "node:path";
 import readline from "node:readline";
-import { chromium } from "playwright-core";
+import { launchChromium } from "./chromium.mjs";
 
 const [executablePath, artefactDir] = process.argv.slice(2);
 if (!artefactDir) {
@@ -78,23 +78,8 @@ const KEY_STORAGE = "herald.console.key";
 const emit = (record) => process.stdout.write(`${JSON.stringify(record)}\n`);
 const note = (text) => process.stderr.write(`console.mjs: ${text}\n`);
 
-const browser = await chromium.launch({
-  executablePath,
-  headless: true,
-  chromiumSandbox: false,
-  handleSIGINT: false,
-  handleSIGTERM: false,
-  handleSIGHUP: false,
-  args: [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-  ],
-});
+// A fresh profile, off the network beyond loopback (chromium.mjs).
+const browser = await launchChromium(executablePath);
 
 // name -> {context, page}
 const pages = new Map();

@@ -170,16 +170,6 @@ impl AppState {
         self.shared.draining()
     }
 
-    /// The web console's state (`console/`).
-    pub(crate) fn console_state(&self) -> ConsoleState {
-        ConsoleState {
-            shared: Arc::clone(&self.shared),
-            rates: Arc::clone(&self.running.rates),
-            registry: Arc::clone(&self.running.centrifugo.registry),
-            views: Arc::clone(&self.running.views),
-        }
-    }
-
     /// Connections open per client address, which the router's layer and
     /// the listener count.
     pub(crate) fn conn_limits(&self) -> &Arc<ConnectionLimits> {
@@ -226,6 +216,17 @@ impl std::fmt::Debug for AppState {
             .field("node_id", &self.shared.config.node_id)
             .field("draining", &self.draining())
             .finish_non_exhaustive()
+    }
+}
+
+impl FromRef<AppState> for ConsoleState {
+    fn from_ref(state: &AppState) -> Self {
+        ConsoleState {
+            shared: Arc::clone(&state.shared),
+            rates: Arc::clone(&state.running.rates),
+            registry: Arc::clone(&state.running.centrifugo.registry),
+            views: Arc::clone(&state.running.views),
+        }
     }
 }
 

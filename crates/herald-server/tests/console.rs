@@ -235,19 +235,7 @@ async fn rates_count_the_nodes_subscribers(backend: Backend) {
     wait_subscribers(0).await;
 }
 
-macro_rules! on_both_backends {
-    ($scenario:ident: $sqlite:ident, $postgres:ident) => {
-        #[tokio::test]
-        async fn $sqlite() {
-            $scenario(Backend::Sqlite).await;
-        }
-
-        #[tokio::test]
-        async fn $postgres() {
-            $scenario(Backend::Postgres).await;
-        }
-    };
-}
+use herald_testkit::on_both_backends;
 
 on_both_backends!(pages_are_served_only_when_enabled: pages_sqlite, pages_postgres);
 on_both_backends!(channels_are_paged_searched_and_checked: channels_sqlite, channels_postgres);

@@ -157,19 +157,7 @@ async fn refusals_change_nothing(backend: Backend) {
     assert_eq!(missing.1["x-content-type-options"], "nosniff");
 }
 
-macro_rules! on_both_backends {
-    ($scenario:ident: $sqlite:ident, $postgres:ident) => {
-        #[tokio::test]
-        async fn $sqlite() {
-            $scenario(Backend::Sqlite).await;
-        }
-
-        #[tokio::test]
-        async fn $postgres() {
-            $scenario(Backend::Postgres).await;
-        }
-    };
-}
+use herald_testkit::on_both_backends;
 
 on_both_backends!(one_log_for_every_protocol: one_log_on_sqlite, one_log_on_postgres);
 on_both_backends!(

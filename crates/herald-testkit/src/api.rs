@@ -117,6 +117,40 @@ impl Api {
         self.post_raw(channel, body, idempotency_key).await
     }
 
+    /// Publishes `{"n": n}` to `channel` with the idempotency key `n-<n>`,
+    /// retried with the same key every [`POLL`] until acknowledged (201,
+    /// or 200 for a retry whose first attempt committed) within `limit`:
+    /// a failover or a restart makes answers fail for a moment. The
+    /// offset must be `n`, so that no retry stored it twice. Returns how
+    /// many attempts failed.
+    ///
+    /// # Panics
+    /// When no attempt is acknowledged within `limit`, or the offset is
+    /// not `n`.
+    pub async fn publish_numbered(&self, channel: &str, n: u64, limit: Duration) -> usize {
+        let key = format!("n-{n}");
+        let deadline = Instant::now() + limit;
+        let mut failed = 0;
+        loop {
+            if let Ok(answer) = self
+                .try_publish(channel, &json!({ "n": n }), Some(&key))
+                .await
+            {
+                if answer.status == StatusCode::CREATED || answer.status == StatusCode::OK {
+                    assert_eq!(answer.body["offset"], n, "{answer:?}");
+                    return failed;
+                }
+            }
+            failed += 1;
+            assert!(
+                Instant::now() < deadline,
+                "publication {n} not acknowledged within {limit:?}"
+            );
+            // Pacing between attempts, not a wait for an event.
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
     /// Publishes `data`, expecting 201; returns the acknowledged offset.
     pub async fn publish(&self, channel: &str, data: &Value) -> u64 {
         let answer = self

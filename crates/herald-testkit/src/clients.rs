@@ -7,6 +7,11 @@
 //! named by `HERALD_TEST_CHROMIUM` (`scripts/test` does all of it).
 
 use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
 /// The Node.js test clients' directory, checked to hold the npm
 /// `packages` (each `node_modules/<package>/package.json`) and the
@@ -100,4 +105,80 @@ pub fn chromium_bin() -> PathBuf {
         path.display()
     );
     path
+}
+
+/// A test client's process, started by [`ClientProcess::spawn`]: commands
+/// go to its stdin, its reports come one per line on its stdout, and what
+/// it writes on stderr is kept for failure messages. Dropping it kills the
+/// process.
+pub struct ClientProcess {
+    /// The process.
+    pub child: Child,
+    /// Its stdin, kept open until [`ClientProcess::close_stdin`] (scripts
+    /// end when it closes).
+    pub stdin: Option<ChildStdin>,
+    /// Its stdout, line by line.
+    pub reports: Lines<BufReader<ChildStdout>>,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl ClientProcess {
+    /// Starts `command` with its three streams piped.
+    ///
+    /// # Panics
+    /// When the process cannot start.
+    pub fn spawn(mut command: Command) -> Self {
+        let program = command.as_std().get_program().to_owned();
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", program.to_string_lossy()));
+        let stdin = child.stdin.take();
+        let reports = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let mut pipe = child.stderr.take().expect("piped stderr");
+        let sink = stderr.clone();
+        tokio::spawn(async move {
+            let mut text = String::new();
+            let _ = pipe.read_to_string(&mut text).await;
+            sink.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push_str(&text);
+        });
+        Self {
+            child,
+            stdin,
+            reports,
+            stderr,
+        }
+    }
+
+    /// Writes `line` and a line feed to its stdin.
+    ///
+    /// # Panics
+    /// When the stdin was closed or the write fails.
+    pub async fn send_line(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("the client's stdin is open");
+        stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .expect("write to the client's stdin");
+        stdin.flush().await.expect("flush the client's stdin");
+    }
+
+    /// Closes its stdin (a script ends when its stdin ends).
+    pub fn close_stdin(&mut self) {
+        drop(self.stdin.take());
+    }
+
+    /// What the process wrote on stderr so far.
+    pub fn stderr_text(&self) -> String {
+        self.stderr
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
 }

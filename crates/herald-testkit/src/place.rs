@@ -103,3 +103,20 @@ impl Place {
         }
     }
 }
+
+/// The two tests of a scenario `async fn(Backend)`: `$sqlite` runs it on
+/// SQLite, `$postgres` on PostgreSQL (each a `#[tokio::test]`).
+#[macro_export]
+macro_rules! on_both_backends {
+    ($scenario:ident: $sqlite:ident, $postgres:ident) => {
+        #[tokio::test]
+        async fn $sqlite() {
+            $scenario($crate::place::Backend::Sqlite).await;
+        }
+
+        #[tokio::test]
+        async fn $postgres() {
+            $scenario($crate::place::Backend::Postgres).await;
+        }
+    };
+}

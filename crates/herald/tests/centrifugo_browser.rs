@@ -16,17 +16,14 @@
 //! `node` on `PATH`).
 
 use std::path::Path;
-use std::process::Stdio;
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use herald_testkit::clients::{chromium_bin as chromium, node_bin, node_clients};
+use herald_testkit::clients::{chromium_bin as chromium, node_bin, node_clients, ClientProcess};
 use herald_testkit::process::Server;
 use herald_testkit::{within, WAIT};
 use jsonwebtoken::{encode, EncodingKey, Header};
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader, Lines};
-use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tokio::process::Command;
 
 /// The channel the page subscribes to (the default namespace rule:
 /// subscribing needs a token that lists it).
@@ -40,12 +37,9 @@ const BROWSER_WAIT: Duration = Duration::from_secs(60);
 /// Dropping it kills `node`; Chromium, started by Playwright with
 /// `--remote-debugging-pipe`, exits by itself when that pipe closes.
 struct Browser {
-    child: Child,
-    /// Takes the WebSocket URL, then is kept open: the script closes the
-    /// browser and exits when it ends.
-    stdin: ChildStdin,
-    reports: Lines<BufReader<ChildStdout>>,
-    stderr: Arc<Mutex<String>>,
+    /// Its stdin takes the WebSocket URL, then is kept open: the script
+    /// closes the browser and exits when it ends.
+    process: ClientProcess,
 }
 
 impl Browser {
@@ -54,58 +48,30 @@ impl Browser {
     /// connects there with `token` and subscribes to `channel`. Temporary
     /// files (the browser's profile) go to `tmp`.
     fn start(tmp: &Path, token: &str, channel: &str) -> Self {
-        let clients = node_clients(&["centrifuge", "playwright-core"], &["browser.mjs"]);
-        let chromium = chromium();
-        let node = node_bin();
-        let mut child = Command::new(&node)
+        let clients = node_clients(
+            &["centrifuge", "playwright-core"],
+            &["browser.mjs", "chromium.mjs"],
+        );
+        let mut command = Command::new(node_bin());
+        command
             .arg(clients.join("browser.mjs"))
-            .arg(&chromium)
+            .arg(chromium())
             .arg(token)
             .arg(channel)
             .current_dir(&clients)
-            .env("TMPDIR", tmp)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e}", node.display()));
-        let stdin = child.stdin.take().expect("piped stdin");
-        let reports = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let mut pipe = child.stderr.take().expect("piped stderr");
-        let sink = stderr.clone();
-        tokio::spawn(async move {
-            let mut text = String::new();
-            let _ = pipe.read_to_string(&mut text).await;
-            sink.lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push_str(&text);
-        });
+            .env("TMPDIR", tmp);
         Self {
-            child,
-            stdin,
-            reports,
-            stderr,
+            process: ClientProcess::spawn(command),
         }
     }
 
     /// Opens the page, whose client connects to `ws_url`.
     async fn open(&mut self, ws_url: &str) {
-        use tokio::io::AsyncWriteExt;
-        self.stdin
-            .write_all(format!("{ws_url}\n").as_bytes())
-            .await
-            .expect("write the WebSocket URL");
-        self.stdin.flush().await.expect("flush");
+        self.process.send_line(ws_url).await;
     }
 
-    /// What the script wrote on stderr so far.
     fn stderr_text(&self) -> String {
-        self.stderr
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.process.stderr_text()
     }
 
     /// The next report, which must be of `kind`; a `failed` report, or
@@ -114,12 +80,12 @@ impl Browser {
         let line = within(
             &format!("the page's {kind} report"),
             BROWSER_WAIT,
-            self.reports.next_line(),
+            self.process.reports.next_line(),
         )
         .await
         .expect("read the script's stdout");
         let Some(line) = line else {
-            let status = within("browser.mjs to exit", WAIT, self.child.wait()).await;
+            let status = within("browser.mjs to exit", WAIT, self.process.child.wait()).await;
             panic!(
                 "browser.mjs ended ({status:?}) before a {kind} report; stderr:\n{}",
                 self.stderr_text()
@@ -156,7 +122,10 @@ fn token(secret: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn centrifuge_js_in_headless_chromium_receives_a_publication() {
     // Fail at once, before a server starts, when the set-up is missing.
-    node_clients(&["centrifuge", "playwright-core"], &["browser.mjs"]);
+    node_clients(
+        &["centrifuge", "playwright-core"],
+        &["browser.mjs", "chromium.mjs"],
+    );
     chromium();
 
     let dir = tempfile::tempdir().unwrap();
@@ -228,9 +197,13 @@ async fn centrifuge_js_in_headless_chromium_receives_a_publication() {
     assert_eq!(publication["data"], data, "{publication}");
 
     // The script closes the browser and its HTTP server, then exits 0.
-    let status = within("browser.mjs to exit", BROWSER_WAIT, browser.child.wait())
-        .await
-        .unwrap();
+    let status = within(
+        "browser.mjs to exit",
+        BROWSER_WAIT,
+        browser.process.child.wait(),
+    )
+    .await
+    .unwrap();
     assert!(
         status.success(),
         "browser.mjs exited with {status}; stderr:\n{}",

@@ -33,41 +33,17 @@ use herald_testkit::auth::{hs256_token, write_auth_config, AuthFile};
 use herald_testkit::balancer::Balancer;
 use herald_testkit::process::{Server, FAST_LEASE};
 use herald_testkit::sdk::{Sdk, SdkClient};
-use herald_testkit::{TestDatabase, POLL, WAIT};
-use reqwest::StatusCode;
+use herald_testkit::{TestDatabase, WAIT};
 use serde_json::{json, Value};
-use tokio::time::Instant;
 
 /// The channel both clients follow (the default namespace rule:
 /// subscribing needs a token that lists it).
 const CHANNEL: &str = "news:failover";
 
-/// Publishes `{"n": n}` through `api` with the idempotency key `n-<n>`,
-/// retrying with the same key until it is acknowledged (a failover makes
-/// answers fail for a moment); expects offset `n`, so that no retry
-/// stored it twice. Returns how many attempts failed.
+/// Publishes `{"n": n}` through `api`, retried until acknowledged at
+/// offset `n` ([`Api::publish_numbered`]); returns the failed attempts.
 async fn publish(api: &Api, n: u64) -> usize {
-    let key = format!("n-{n}");
-    let deadline = Instant::now() + WAIT;
-    let mut failed = 0;
-    loop {
-        if let Ok(answer) = api
-            .try_publish(CHANNEL, &json!({ "n": n }), Some(&key))
-            .await
-        {
-            if answer.status == StatusCode::CREATED || answer.status == StatusCode::OK {
-                assert_eq!(answer.body["offset"], n, "{answer:?}");
-                return failed;
-            }
-        }
-        failed += 1;
-        assert!(
-            Instant::now() < deadline,
-            "publication {n} not acknowledged within {WAIT:?}"
-        );
-        // Pacing between attempts, not a wait for an event.
-        tokio::time::sleep(POLL).await;
-    }
+    api.publish_numbered(CHANNEL, n, WAIT).await
 }
 
 /// The `ws://` URL of the client protocol at `addr` (`http://…` or a bare

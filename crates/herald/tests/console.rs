@@ -34,18 +34,15 @@
 //! packages (`npm ci` in `tests/clients`) and Debian's `chromium`.
 
 use std::path::PathBuf;
-use std::process::Stdio;
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use herald_testkit::api::Api;
-use herald_testkit::clients::{chromium_bin, node_bin, node_clients};
+use herald_testkit::clients::{chromium_bin, node_bin, node_clients, ClientProcess};
 use herald_testkit::process::{Server, FAST_LEASE};
 use herald_testkit::{within, TestDatabase, NODE_WAIT, POLL, WAIT};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
-use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tokio::process::Command;
 use tokio::time::Instant;
 
 /// The channel the pages publish to and tail.
@@ -62,56 +59,29 @@ const SHOWN_WITHIN: Duration = Duration::from_secs(2);
 
 /// One `node console.mjs` process, which owns the browser.
 struct Driver {
-    child: Child,
-    stdin: ChildStdin,
-    out: Lines<BufReader<ChildStdout>>,
-    stderr: Arc<Mutex<String>>,
+    process: ClientProcess,
     /// `page_error` reports so far (uncaught errors, CSP violations).
     page_errors: Vec<Value>,
 }
 
 impl Driver {
     fn start(shots: &std::path::Path, tmp: &std::path::Path) -> Self {
-        let clients = node_clients(&["playwright-core"], &["console.mjs"]);
-        let node = node_bin();
-        let mut child = Command::new(&node)
+        let clients = node_clients(&["playwright-core"], &["console.mjs", "chromium.mjs"]);
+        let mut command = Command::new(node_bin());
+        command
             .arg(clients.join("console.mjs"))
             .arg(chromium_bin())
             .arg(shots)
             .current_dir(&clients)
-            .env("TMPDIR", tmp)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e}", node.display()));
-        let stdin = child.stdin.take().expect("piped stdin");
-        let out = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let mut pipe = child.stderr.take().expect("piped stderr");
-        let sink = stderr.clone();
-        tokio::spawn(async move {
-            let mut text = String::new();
-            let _ = pipe.read_to_string(&mut text).await;
-            sink.lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push_str(&text);
-        });
+            .env("TMPDIR", tmp);
         Self {
-            child,
-            stdin,
-            out,
-            stderr,
+            process: ClientProcess::spawn(command),
             page_errors: Vec::new(),
         }
     }
 
     fn stderr_text(&self) -> String {
-        self.stderr
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.process.stderr_text()
     }
 
     /// Sends `command` and returns its answer, which must say `ok`.
@@ -128,21 +98,17 @@ impl Driver {
 
     /// Sends `command` and returns its answer, whatever it says.
     async fn try_call(&mut self, command: Value) -> Value {
-        self.stdin
-            .write_all(format!("{command}\n").as_bytes())
-            .await
-            .expect("write a command");
-        self.stdin.flush().await.expect("flush");
+        self.process.send_line(&command.to_string()).await;
         loop {
             let line = within(
                 &format!("the answer to {command}"),
                 BROWSER_WAIT,
-                self.out.next_line(),
+                self.process.reports.next_line(),
             )
             .await
             .expect("read the driver's stdout");
             let Some(line) = line else {
-                let status = within("console.mjs to exit", WAIT, self.child.wait()).await;
+                let status = within("console.mjs to exit", WAIT, self.process.child.wait()).await;
                 panic!(
                     "console.mjs ended ({status:?}) before answering {command}; stderr:\n{}",
                     self.stderr_text()
@@ -177,7 +143,7 @@ impl Driver {
 
     async fn quit(mut self) -> Vec<Value> {
         let _ = self.try_call(json!({"cmd": "quit"})).await;
-        let _ = within("console.mjs to exit", WAIT, self.child.wait()).await;
+        let _ = within("console.mjs to exit", WAIT, self.process.child.wait()).await;
         self.page_errors
     }
 }
@@ -219,35 +185,17 @@ async fn cluster(api: &Api) -> Value {
     answer.body
 }
 
-/// Publishes `{"n": n}` through `api` with the idempotency key `n-<n>`,
-/// retried with the same key until acknowledged (a restart or a takeover
-/// makes answers fail for a moment); the offset must be `n`.
+/// Publishes `{"n": n}` through `api`, retried until acknowledged at
+/// offset `n` ([`Api::publish_numbered`]): a restart or a takeover makes
+/// answers fail for a moment.
 async fn publish(api: &Api, n: u64) {
-    let key = format!("n-{n}");
-    let deadline = Instant::now() + NODE_WAIT;
-    loop {
-        if let Ok(answer) = api
-            .try_publish(CHANNEL, &json!({ "n": n }), Some(&key))
-            .await
-        {
-            if answer.status == StatusCode::CREATED || answer.status == StatusCode::OK {
-                assert_eq!(answer.body["offset"], n, "{answer:?}");
-                return;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "publication {n} not acknowledged within {NODE_WAIT:?}"
-        );
-        // Pacing between attempts, not a wait for an event.
-        tokio::time::sleep(POLL).await;
-    }
+    api.publish_numbered(CHANNEL, n, NODE_WAIT).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_follows_a_cluster_through_a_takeover_and_a_restart() {
     // Fail at once, before a server starts, when the set-up is missing.
-    node_clients(&["playwright-core"], &["console.mjs"]);
+    node_clients(&["playwright-core"], &["console.mjs", "chromium.mjs"]);
     chromium_bin();
 
     let db = TestDatabase::create().await;

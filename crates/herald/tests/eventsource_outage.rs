@@ -15,20 +15,17 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::Stdio;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use herald_chaos::proxy::{FaultProxy, Mode};
 use herald_testkit::api::Api;
-use herald_testkit::clients::{node_bin, node_clients};
+use herald_testkit::clients::{node_bin, node_clients, ClientProcess};
 use herald_testkit::database::PrivateCluster;
 use herald_testkit::process::Server;
 use herald_testkit::{within, WAIT};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader, Lines};
-use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tokio::process::Command;
 use tokio::time::Instant;
 
 const CHANNEL: &str = "outage";
@@ -40,10 +37,7 @@ const OUTAGE: Duration = Duration::from_secs(6);
 /// report is checked as it is read.
 struct Follower {
     name: &'static str,
-    child: Child,
-    stdin: Option<ChildStdin>,
-    reports: Lines<BufReader<ChildStdout>>,
-    stderr: Arc<Mutex<String>>,
+    process: ClientProcess,
     /// Offsets received, in arrival order.
     offsets: Vec<u64>,
     /// Connections answered `200` with an event stream.
@@ -55,32 +49,14 @@ struct Follower {
 impl Follower {
     /// Starts a client that follows `url`.
     fn start(clients: &Path, name: &'static str, url: &str) -> Self {
-        let mut child = Command::new(node_bin())
+        let mut command = Command::new(node_bin());
+        command
             .arg(clients.join("follow.mjs"))
             .arg(url)
-            .current_dir(clients)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e}", node_bin().display()));
-        let stdin = child.stdin.take();
-        let reports = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let mut pipe = child.stderr.take().expect("piped stderr");
-        let sink = stderr.clone();
-        tokio::spawn(async move {
-            let mut text = String::new();
-            let _ = pipe.read_to_string(&mut text).await;
-            sink.lock().unwrap().push_str(&text);
-        });
+            .current_dir(clients);
         Self {
             name,
-            child,
-            stdin,
-            reports,
-            stderr,
+            process: ClientProcess::spawn(command),
             offsets: Vec::new(),
             opens: 0,
             errors: Vec::new(),
@@ -93,7 +69,7 @@ impl Follower {
     /// client reconnecting, never closed for good.
     async fn next_report(&mut self) -> Option<Value> {
         let what = format!("{}: the next report", self.name);
-        let line = within(&what, WAIT, self.reports.next_line())
+        let line = within(&what, WAIT, self.process.reports.next_line())
             .await
             .expect("read the client's stdout")?;
         let report: Value = serde_json::from_str(&line)
@@ -137,7 +113,7 @@ impl Follower {
             None => panic!(
                 "{}: the client exited; its stderr:\n{}",
                 self.name,
-                self.stderr.lock().unwrap()
+                self.process.stderr_text()
             ),
         }
     }
@@ -168,16 +144,16 @@ impl Follower {
     /// Ends the client (its stdin closes) and checks what it reported
     /// until it exited, and that it exited with status 0.
     async fn finish(&mut self) {
-        drop(self.stdin.take());
+        self.process.close_stdin();
         while self.next_report().await.is_some() {}
-        let status = within("the client exits", WAIT, self.child.wait())
+        let status = within("the client exits", WAIT, self.process.child.wait())
             .await
             .expect("wait for node");
         assert!(
             status.success(),
             "{}: exited with {status}; its stderr:\n{}",
             self.name,
-            self.stderr.lock().unwrap()
+            self.process.stderr_text()
         );
     }
 }

@@ -7,7 +7,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -23,6 +23,7 @@ use crate::auth_extract::Caller;
 use crate::centrifugo::node_info::REPORT_INTERVAL;
 use crate::error::{Error, Result};
 use herald_node::node_error::StorageContext;
+use herald_node::subscription::wall_clock_ms;
 
 /// How long one view waits for each storage read.
 const READ_TIMEOUT: Duration = Duration::from_secs(1);
@@ -346,10 +347,4 @@ async fn timed<T>(read: impl std::future::Future<Output = T>) -> Result<T> {
         );
         Error::StorageUnavailable
     })
-}
-
-fn wall_clock_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }

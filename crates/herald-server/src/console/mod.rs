@@ -22,7 +22,6 @@ use axum::Router;
 use crate::centrifugo::registry::Registry;
 use crate::config::ServerConfig;
 use crate::shared::Shared;
-use crate::state::AppState;
 use rates::Rates;
 
 /// The console's state: what every wing shares, the node's rates and its
@@ -37,12 +36,6 @@ pub(crate) struct ConsoleState {
     pub(crate) registry: Arc<Registry>,
     /// The cluster view its event streams share.
     pub(crate) views: Arc<cluster::ViewCache>,
-}
-
-impl FromRef<AppState> for ConsoleState {
-    fn from_ref(state: &AppState) -> Self {
-        state.console_state()
-    }
 }
 
 impl FromRef<ConsoleState> for crate::auth_extract::AuthState {

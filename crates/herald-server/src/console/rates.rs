@@ -8,11 +8,12 @@
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::Json;
 use herald_node::hub::Hub;
+use herald_node::subscription::wall_clock_ms;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
@@ -149,12 +150,6 @@ impl Rates {
             last = Some((totals, now));
         }
     }
-}
-
-fn wall_clock_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// The answer of `GET /v1/admin/rates`.
