@@ -41,12 +41,12 @@ export function mount(container) {
     if (!lease) return;
     const elapsed = performance.now() - store.receivedAt;
     const left = lease.expires_in_ms - elapsed;
-    expiry.textContent = left > 0 ? fmt.ms(left) : "expired";
+    expiry.textContent = left > 0 ? fmt.seconds(left) : "expired";
     expiry.classList.toggle("bad", left <= 0);
     renewed.textContent = lease.renewed_ms_ago === null || lease.renewed_ms_ago === undefined
-      ? "–" : `${fmt.ms(lease.renewed_ms_ago + elapsed)} ago`;
+      ? "–" : `${fmt.seconds(lease.renewed_ms_ago + elapsed)} ago`;
     const safety = lease.safety_deadline_in_ms;
-    deadline.textContent = safety === null || safety === undefined ? "–" : `${Math.round(safety - elapsed)} ms`;
+    deadline.textContent = safety === null || safety === undefined ? "–" : fmt.seconds(safety - elapsed);
   }
 
   function render() {

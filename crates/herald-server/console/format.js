@@ -7,6 +7,13 @@ export function ms(value) {
   return `${(value / 1000).toFixed(1)} s`;
 }
 
+// A duration in ms as seconds with one decimal ("27.8 s"): the lease
+// card's one unit, so its figures compare at a glance.
+export function seconds(value) {
+  if (value === null || value === undefined || Number.isNaN(value)) return "–";
+  return `${(value / 1000).toFixed(1)} s`;
+}
+
 export function uptime(seconds) {
   if (seconds === null || seconds === undefined) return "–";
   let s = Math.floor(seconds);

@@ -266,7 +266,7 @@ pub(crate) struct ServeArgs {
     durable_streams_max_append_bytes: usize,
     /// Web console: serve its pages at `/console/` (default: off; the
     /// admin API it uses is served either way). See docs/console.md.
-    #[arg(long, env = "HERALD_CONSOLE_ENABLED", value_parser = clap::builder::BoolishValueParser::new())]
+    #[arg(long, env = "HERALD_CONSOLE_ENABLED", default_value_t = false, action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
     console_enabled: bool,
 }
 
@@ -703,6 +703,20 @@ mod tests {
         assert_eq!(
             config.centrifugo.connect_timeout,
             CentrifugoConfig::default().connect_timeout
+        );
+    }
+
+    #[test]
+    fn console_flags_reach_the_server_config() {
+        let off = config_of(&[]);
+        assert!(!off.console.enabled, "the pages are off by default");
+        let on = config_of(&["--console-enabled", "true", "--lease-safety-margin", "2s"]);
+        assert!(on.console.enabled);
+        assert_eq!(on.console.lease_safety_margin, Duration::from_secs(2));
+        assert!(!config_of(&["--console-enabled", "false"]).console.enabled);
+        assert_eq!(
+            off.console.lease_safety_margin,
+            herald_lease::default_safety_margin(Duration::from_secs(30))
         );
     }
 
