@@ -12,7 +12,7 @@
 //! and the answer is written here ([`write`]).
 //! An event stream is written as a chunked body (RFC 9112
 //! §7.1), each event written as it comes with no buffer kept in between;
-//! any other answer (an error) whole, with `Connection: close`. The
+//! any other answer (an error) whole. Both carry `Connection: close`: the
 //! connection closes when the answer ends. Every other connection, and one
 //! whose first bytes do not hold a complete request head yet, is served by
 //! hyper exactly as before (nothing was read from it).
@@ -261,11 +261,13 @@ fn head(response: &Response<Body>, framing: &Framing) -> Vec<u8> {
     }
     match framing {
         Framing::Chunked => field(b"transfer-encoding", b"chunked"),
-        Framing::Length(len) => {
-            field(b"content-length", len.to_string().as_bytes());
-            field(b"connection", b"close");
-        }
+        Framing::Length(len) => field(b"content-length", len.to_string().as_bytes()),
     }
+    // The connection closes when the answer ends, an event stream's too:
+    // said in the head, so that a client does not keep the connection for
+    // its next request (RFC 9112 §9.6) and send that request into a
+    // connection this node is closing.
+    field(b"connection", b"close");
     out.extend_from_slice(b"\r\n");
     out
 }
@@ -415,7 +417,11 @@ mod tests {
             text.contains("content-type: text/event-stream\r\n"),
             "{text}"
         );
-        assert!(text.contains("transfer-encoding: chunked\r\n"), "{text}");
+        // A stream's connection closes when it ends: the head says so.
+        assert!(
+            text.contains("transfer-encoding: chunked\r\nconnection: close\r\n"),
+            "{text}"
+        );
         assert!(text.contains("\r\ndate: "), "{text}");
         assert!(!text.contains("content-length"), "{text}");
         assert!(text.ends_with("\r\n\r\n"), "{text}");

@@ -304,6 +304,8 @@ async fn an_sse_subscription_comes_as_chunks_and_its_connection_closes_after() {
         opening.contains("transfer-encoding: chunked\r\n"),
         "{opening}"
     );
+    // This connection closes when the stream ends, and says so.
+    assert!(opening.contains("connection: close\r\n"), "{opening}");
     assert!(
         opening.contains("content-type: text/event-stream"),
         "{opening}"
