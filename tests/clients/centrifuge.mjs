@@ -1,7 +1,12 @@
 // Drives centrifuge-js (npm `centrifuge`, Centrifugo's JavaScript SDK) under
 // Node with the `ws` package, for Herald's tests of its Centrifugo protocol.
 //
-//   node centrifuge.mjs <WebSocket URL> <connection token> [--get-token]
+//   node centrifuge.mjs <URL> <connection token> [--get-token]
+//
+// The URL picks the transport: `ws://.../connection/websocket` WebSocket,
+// `http://.../connection/http_stream` HTTP streaming, `http://.../connection/sse`
+// SSE (with the `eventsource` package); the last two send their commands to
+// `/emulation` on the same host.
 //
 // With --get-token the client and its subscriptions made with a token have
 // a getToken: each call answers the next token queued by a "tokens" command
@@ -13,6 +18,10 @@
 //   {"op":"subscribe","channel":"news:a"}
 //   {"op":"subscribe","channel":"chat:a","joinLeave":true}   asks for joins and leaves
 //   {"op":"subscribe","channel":"news:a","token":"..."}     with a subscription token
+//   {"op":"subscribe","channel":"news:a","tagsFilter":{...}} with a tags filter
+//   {"op":"subscribe","channel":"news:a","getState":true}   with a getState, which
+//       answers the positions queued by "states", in turn (each call reported)
+//   {"op":"states","channel":"news:a","states":[{"offset":N,"epoch":"..."}, ...]}
 //   {"op":"tokens","tokens":["...", ...]}                    queues getToken's answers
 //   {"op":"tokens","channel":"news:a","tokens":["...", ...]} a subscription's
 //   {"op":"unsubscribe","channel":"news:a"}
@@ -47,10 +56,12 @@
 //   {"type":"presence_stats","channel":"...","numClients":N,"numUsers":N}
 //   {"type":"failed","op":"...","code":N,"message":"..."}  a command's error
 //   {"type":"get_token","channel":"..."|null}       a getToken call (--get-token)
+//   {"type":"get_state","channel":"..."}            a getState call
 //
 // It exits with status 0 when its stdin ends.
 
 import { Centrifuge } from "centrifuge";
+import { EventSource } from "eventsource";
 import WebSocket from "ws";
 import readline from "node:readline";
 
@@ -76,8 +87,22 @@ const tokenGetter = (channel) => () => {
 };
 const withGetToken = mode === "--get-token";
 
-const client = new Centrifuge(url, {
+// getState's queued positions, by channel.
+const states = new Map();
+const stateGetter = (channel) => () => {
+  report({ type: "get_state", channel });
+  const queue = states.get(channel) ?? [];
+  return queue.length > 0 ? Promise.resolve(queue.shift()) : Promise.reject(new Error("no state queued"));
+};
+
+const { pathname, origin } = new URL(url);
+const emulated = { "/connection/http_stream": "http_stream", "/connection/sse": "sse" }[pathname];
+const endpoint = emulated ? [{ transport: emulated, endpoint: url }] : url;
+
+const client = new Centrifuge(endpoint, {
   websocket: WebSocket,
+  eventsource: EventSource,
+  emulationEndpoint: `${origin}/emulation`,
   token: token || undefined,
   getToken: withGetToken ? tokenGetter("") : undefined,
   // Reconnect soon after a restart, so that the tests do not wait long.
@@ -157,6 +182,12 @@ const run = (command) => {
   switch (command.op) {
     case "subscribe": {
       const options = { joinLeave: command.joinLeave === true };
+      if (command.tagsFilter) {
+        options.tagsFilter = command.tagsFilter;
+      }
+      if (command.getState) {
+        options.getState = stateGetter(command.channel);
+      }
       if (command.token) {
         options.token = command.token;
         if (withGetToken) {
@@ -166,6 +197,9 @@ const run = (command) => {
       subscription(command.channel, options).subscribe();
       break;
     }
+    case "states":
+      states.set(command.channel, [...(states.get(command.channel) ?? []), ...command.states]);
+      break;
     case "tokens": {
       const channel = command.channel ?? "";
       queued.set(channel, [...(queued.get(channel) ?? []), ...command.tokens]);

@@ -302,6 +302,24 @@ impl Forwarder {
         true
     }
 
+    /// Sends `request` to the node at `node_url` (any node, not only the
+    /// holder: Centrifugo's emulation requests go to the node that runs
+    /// their session) and returns its answer unchanged, with the same
+    /// headers, secret and timeouts as [`Forwarder::forward`].
+    ///
+    /// # Errors
+    /// [`NodeError::NoHolder`] when the node cannot be reached or its
+    /// answer breaks off.
+    pub async fn to_node(
+        &self,
+        node_url: &str,
+        request: ForwardRequest<'_>,
+    ) -> NodeResult<HolderAnswer> {
+        let url = format!("{}{}", node_url.trim_end_matches('/'), request.path);
+        self.warn_secret_in_clear(node_url);
+        self.send(&url, request).await
+    }
+
     /// Sends `request` to the holder at `holder_url` and returns its answer
     /// (status, `Content-Type`, `Retry-After` and body) unchanged, or
     /// [`Forwarded::TakenOver`] as soon as `states` (this node's lease

@@ -161,6 +161,11 @@ pub enum Error {
     /// No route matches the path. 404 `not_found`.
     #[error("no such route")]
     NotFound,
+    /// A Centrifugo `/emulation` request for a session that does not run
+    /// on the node it names (ended, never started, or that node is not
+    /// known to this one). 404 `session_not_found`.
+    #[error("no client session of that id runs on the node named")]
+    SessionNotFound,
     /// The route exists but not for this method; the answer keeps axum's
     /// `Allow` header. 405 `method_not_allowed`.
     #[error("method not allowed on this route")]
@@ -252,7 +257,7 @@ impl Error {
             Self::StaleProducerEpoch { .. } => StatusCode::FORBIDDEN,
             Self::OffsetGone { .. } | Self::StreamGone => StatusCode::GONE,
             Self::OffsetBeyondHead { .. } => StatusCode::CONFLICT,
-            Self::NotFound => StatusCode::NOT_FOUND,
+            Self::NotFound | Self::SessionNotFound => StatusCode::NOT_FOUND,
             Self::TooManyConnections => StatusCode::TOO_MANY_REQUESTS,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::NotHolder { .. }
@@ -295,6 +300,7 @@ impl Error {
             Self::StreamGone => "stream_gone",
             Self::OffsetBeyondHead { .. } => "offset_beyond_head",
             Self::NotFound => "not_found",
+            Self::SessionNotFound => "session_not_found",
             Self::TooManyConnections => "too_many_connections",
             Self::MethodNotAllowed => "method_not_allowed",
             Self::NotHolder { .. } => "not_holder",

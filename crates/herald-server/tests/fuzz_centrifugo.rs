@@ -1127,6 +1127,13 @@ fn outcomes(sent: &Sent, connected: bool) -> Outcomes {
             if names.contains(&"connect") {
                 return close(&[3501]);
             }
+            // A subscribe without a channel: 3501, as Centrifugo closes it.
+            let no_channel = methods
+                .iter()
+                .any(|(m, r)| *m == "subscribe" && r["channel"] == json!(""));
+            if no_channel {
+                return close(&[3501]);
+            }
             let mut closes = BTreeSet::new();
             if names.contains(&"send") {
                 closes.insert(3508);

@@ -20,12 +20,13 @@ use super::presence;
 use super::protocol::{
     self, error_reply, publications, reply, ChannelRequest, Command, ConnectRequest,
     HistoryRequest, Publication, PublishRequest, RefreshRequest, SubRefreshRequest,
-    SubscribeRequest,
+    SubscribeRequest, SUBSCRIPTION_FLAG_REJECT_UNRECOVERED,
 };
 use super::recovery::{self, Recovery};
 use super::session::{
     max_commands_per_frame, Session, Stop, Sub, Writer, MAX_DENIALS_LOGGED, REPLY_FRAME_BYTES,
 };
+use super::tags_filter::FilterNode;
 use herald_node::node_error::StorageContext;
 use herald_node::subscription::{Item, Subscription};
 
@@ -82,6 +83,12 @@ struct ConnectResult<'a> {
     ttl: Option<u32>,
     ping: u64,
     pong: bool,
+    /// An emulation transport's session id, for its `/emulation` requests.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    session: Option<&'a str>,
+    /// The node the session runs on, with `session`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    node: Option<&'a str>,
     /// The server-side subscriptions, by channel.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     subs: BTreeMap<&'a str, SubscribeResult<'a>>,
@@ -147,6 +154,30 @@ struct RecoverFrom<'a> {
     epoch: &'a str,
     offset: Offset,
     live_only: Option<std::time::Duration>,
+    /// Answer 112 instead of `recovered: false`
+    /// ([`SUBSCRIPTION_FLAG_REJECT_UNRECOVERED`]).
+    reject_unrecovered: bool,
+}
+
+/// What a `subscribe` asks for that a stream subscription of Herald does
+/// not serve, refused as Centrifugo refuses it where it is not set up:
+/// no channel, a type other than stream, a map's paging fields, an
+/// unknown delta type or a malformed tags filter close the connection
+/// with 3501; a map (types 1–3) or shared poll (4) subscription is
+/// answered 108 "not available". `None`: the request is served.
+fn unserved_subscribe(id: u32, req: &SubscribeRequest) -> Option<Answer> {
+    if req.channel.is_empty() {
+        return Some(Answer::Close(codes::BAD_REQUEST));
+    }
+    match req.kind {
+        0 => {}
+        1..=4 => return Some(Answer::Reply(error_reply(id, &ReplyError::not_available()))),
+        _ => return Some(Answer::Close(codes::BAD_REQUEST)),
+    }
+    let map_fields = req.phase != 0 || !req.cursor.is_empty() || req.limit != 0 || req.asc;
+    let delta_known = matches!(req.delta.as_str(), "" | "fossil");
+    let filter_valid = req.tf.as_ref().is_none_or(|tf| tf.validate().is_ok());
+    (map_fields || !delta_known || !filter_valid).then_some(Answer::Close(codes::BAD_REQUEST))
 }
 
 /// The join and leave part of a new subscription.
@@ -311,7 +342,12 @@ impl Session {
         } else if let Some(ChannelRequest { channel }) = c.unsubscribe {
             answer(id, "unsubscribe", self.unsubscribe_command(&channel).await)
         } else if let Some(req) = c.publish {
-            answer(id, "publish", self.publish(req).await.map(|()| Empty {}))
+            // A map publish or removal (type 1, or a key) is not served.
+            match (req.kind, req.key.is_empty() && !req.removed) {
+                (0, true) => answer(id, "publish", self.publish(req).await.map(|()| Empty {})),
+                (0 | 1, _) => Answer::Reply(error_reply(id, &ReplyError::not_available())),
+                _ => Answer::Close(codes::BAD_REQUEST),
+            }
         } else if let Some(req) = c.history {
             self.history(id, req).await
         } else if let Some(ChannelRequest { channel }) = c.presence {
@@ -469,9 +505,10 @@ impl Session {
                         live_only: self.who.as_ref().and_then(|who| {
                             self.state.shared.auth().live_only_window(who, &channel)
                         }),
+                        reject_unrecovered: false,
                     });
             match self
-                .start_subscription(&channel, recover, None, JoinLeave::default(), budget)
+                .start_subscription(&channel, recover, None, JoinLeave::default(), budget, None)
                 .await
             {
                 Ok(s) => {
@@ -495,6 +532,11 @@ impl Session {
                 ttl: expiry.ttl,
                 ping: config.ping_interval.as_secs(),
                 pong: true,
+                session: self.emulation.as_deref(),
+                node: self
+                    .emulation
+                    .is_some()
+                    .then_some(self.state.config().node_id.as_str()),
                 subs: started
                     .iter()
                     .map(|(c, data, s)| (c.as_str(), s.result(&Expiry::NONE, data.as_deref())))
@@ -504,6 +546,9 @@ impl Session {
     }
 
     async fn subscribe(&mut self, id: u32, req: SubscribeRequest) -> Answer {
+        if let Some(refused) = unserved_subscribe(id, &req) {
+            return refused;
+        }
         let channel = match channel(&req.channel) {
             Ok(channel) => channel,
             Err(e) => return Answer::Reply(error_reply(id, &e)),
@@ -547,10 +592,12 @@ impl Session {
             epoch: &req.epoch,
             offset: req.offset,
             live_only: self.state.shared.auth().live_only_window(&who, &channel),
+            reject_unrecovered: req.flag & SUBSCRIPTION_FLAG_REJECT_UNRECOVERED != 0,
         });
         let budget = Budget::of(self.state.config());
+        let filter = req.tf.map(Arc::new);
         match self
-            .start_subscription(&channel, recover, expires, join_leave, budget)
+            .start_subscription(&channel, recover, expires, join_leave, budget, filter)
             .await
         {
             Ok(started) => Answer::Reply(reply(id, "subscribe", &started.result(&expiry, None))),
@@ -566,10 +613,13 @@ impl Session {
     /// token ends it. Where the channel's namespace has `join_leave`, its
     /// join is announced, and the connection gets the channel's join and
     /// leave pushes (its own join first, after the reply) when it asked for
-    /// them or the namespace forces them. On failure nothing of it is left.
+    /// them or the namespace forces them. With a tags `filter`, only the
+    /// publications it passes are recovered and pushed (the others are
+    /// skipped, their offsets included). On failure nothing of it is left.
     ///
     /// # Errors
-    /// 100 (logged) when the storage fails.
+    /// 100 (logged) when the storage fails; 112 when a recovery that
+    /// asked to reject an unrecovered position fails.
     async fn start_subscription(
         &mut self,
         channel: &ChannelName,
@@ -577,12 +627,19 @@ impl Session {
         expires: Option<Instant>,
         join_leave: JoinLeave,
         budget: Budget,
+        filter: Option<Arc<FilterNode>>,
     ) -> Result<Started, ReplyError> {
         let options = ChannelOptions::of(&self.state, channel);
         presence::join(&self.state, &self.client, &self.user(), channel).await?;
-        let started = self.follow_channel(channel, recover.as_ref(), budget).await;
+        let started = self
+            .follow_channel(channel, recover.as_ref(), budget, filter.as_deref())
+            .await;
         let (started, live) = match started {
-            Ok(started) => started,
+            Ok(Some(started)) => started,
+            Ok(None) => {
+                presence::remove(&self.state, &self.client, channel).await;
+                return Err(ReplyError::unrecoverable_position());
+            }
             Err(e) => {
                 e.log();
                 // The row goes before the answer: a refused subscribe
@@ -593,7 +650,7 @@ impl Session {
         };
         self.generations += 1;
         let generation = self.generations;
-        let task = tokio::spawn(follow(live, generation, self.out.clone()));
+        let task = tokio::spawn(follow(live, generation, self.out.clone(), filter));
         self.subs.insert(
             channel.clone(),
             Sub {
@@ -624,13 +681,16 @@ impl Session {
     }
 
     /// The storage's part of [`Session::start_subscription`]: the epoch,
-    /// the recovery, and the live subscription after its last publication.
+    /// the recovery (only the publications `filter` passes), and the live
+    /// subscription after its last publication; `None` when the recovery
+    /// failed and was asked to be rejected.
     async fn follow_channel(
         &self,
         channel: &ChannelName,
         recover: Option<&RecoverFrom<'_>>,
         budget: Budget,
-    ) -> crate::error::Result<(Started, Subscription)> {
+        filter: Option<&FilterNode>,
+    ) -> crate::error::Result<Option<(Started, Subscription)>> {
         let shared = &self.state.shared;
         let storage = shared.node.storage().as_ref();
         let epoch = storage
@@ -660,13 +720,19 @@ impl Session {
                 }
             }
         };
-        let (missed, position, recovered) = match recovery {
+        let (mut missed, position, recovered) = match recovery {
             Recovery::Recovered {
                 publications,
                 position,
             } => (publications, position, true),
+            Recovery::NotRecovered { .. } if recover.is_some_and(|r| r.reject_unrecovered) => {
+                return Ok(None);
+            }
             Recovery::NotRecovered { position } => (Vec::new(), position, false),
         };
+        if let Some(filter) = filter {
+            missed.retain(|m| filter.matches(&m.tags));
+        }
         let live = Subscription::start(
             Arc::clone(shared.node.storage()),
             shared.node.hub(),
@@ -682,7 +748,7 @@ impl Session {
             recovered,
             was_recovering: recover.is_some(),
         };
-        Ok((started, live))
+        Ok(Some((started, live)))
     }
 
     /// Ends the subscription to `channel` (the server API's
@@ -929,6 +995,12 @@ impl Session {
     /// so that the SDK reconnects and resubscribes with a token it fetches
     /// anew (an error reply would end the subscription for good).
     async fn sub_refresh(&mut self, id: u32, req: SubRefreshRequest) -> Answer {
+        // Track and untrack (keyed subscriptions) are not served.
+        match (req.kind, req.track.is_empty() && req.untrack.is_empty()) {
+            (0, true) => {}
+            (1 | 2, _) => return Answer::Reply(error_reply(id, &ReplyError::not_available())),
+            _ => return Answer::Close(codes::BAD_REQUEST),
+        }
         let channel = match channel(&req.channel) {
             Ok(channel) => channel,
             Err(e) => return Answer::Reply(error_reply(id, &e)),
@@ -962,7 +1034,12 @@ impl Session {
 /// subscriber had not got yet, or the channel was deleted, the session
 /// ends with 3010 "insufficient state": the client reconnects and its
 /// recovery answers `recovered: false`, never a silent gap.
-async fn follow(mut live: Subscription, generation: u64, out: tokio::sync::mpsc::Sender<Out>) {
+async fn follow(
+    mut live: Subscription,
+    generation: u64,
+    out: tokio::sync::mpsc::Sender<Out>,
+    filter: Option<Arc<FilterNode>>,
+) {
     let channel = live.channel().clone();
     loop {
         match live.next_item().await {
@@ -970,6 +1047,8 @@ async fn follow(mut live: Subscription, generation: u64, out: tokio::sync::mpsc:
                 let _ = out.send(Out::End(codes::INSUFFICIENT_STATE)).await;
                 return;
             }
+            Ok(Some(Item::Message(message)))
+                if filter.as_ref().is_some_and(|f| !f.matches(&message.tags)) => {}
             Ok(Some(Item::Message(message))) => {
                 let text = protocol::publication_push(channel.as_str(), &message);
                 let push = Out::Push(Box::new(Push {

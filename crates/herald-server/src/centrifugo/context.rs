@@ -30,6 +30,9 @@ pub(crate) struct Centrifugo {
     /// The client protocol's WebSocket sessions, which outlive their HTTP
     /// request; [`Centrifugo::stopped`] waits for them to close.
     pub(crate) sessions: TaskTracker,
+    /// The sessions of the emulation transports, by session id
+    /// (`emulation.rs`).
+    pub(crate) emulation: Arc<super::emulation::EmulationSessions>,
     /// Cancelled when the node drains.
     shutdown: CancellationToken,
     /// The cluster events' and the node report's tasks, awaited by
@@ -73,6 +76,7 @@ impl Centrifugo {
         Self {
             registry,
             sessions: TaskTracker::new(),
+            emulation: Arc::default(),
             shutdown: shutdown.clone(),
             tasks: Mutex::new(tasks),
         }

@@ -5,11 +5,16 @@
 //!   JSON form (`session.rs` runs a connection, `commands.rs` answers its
 //!   commands, `protocol.rs` is the wire format, `codes.rs` the error and
 //!   disconnect codes);
+//! - `POST /connection/http_stream`, `GET|POST /connection/sse` and
+//!   `POST /emulation`: the same sessions over HTTP streaming and SSE,
+//!   with the client's commands posted to `/emulation` (`emulation.rs`;
+//!   `transport.rs` is what differs between the transports);
 //! - `POST /api/<method>`: the server HTTP API (`server_api.rs`;
 //!   `history_remove.rs` its `history_remove`, forwarded to the holder
 //!   from a standby);
 //! - `recovery.rs`: recovery on subscribe that never lies, with the
 //!   channel's epoch from the storage (`Storage::channel_epoch`);
+//! - `tags_filter.rs`: the tags filter (`tf`) of a subscribe;
 //! - `history.rs`: history with Centrifugo's `limit`, `since`, `reverse`;
 //! - `publish.rs`: a publish into the same channel sequence as Herald's
 //!   own, through the node's publish routine (`herald_node::publish`);
@@ -42,6 +47,7 @@ mod codes;
 mod commands;
 pub(crate) mod config;
 pub(crate) mod context;
+mod emulation;
 #[cfg(test)]
 mod fuzz;
 mod history;
@@ -57,6 +63,8 @@ mod recovery;
 pub(crate) mod registry;
 mod server_api;
 mod session;
+mod tags_filter;
+mod transport;
 
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
@@ -70,8 +78,24 @@ pub use config::CentrifugoConfig;
 /// Centrifugo's routes: the client protocol's WebSocket and the server
 /// API, whose body limit is `config`'s `max_batch_body_bytes`.
 pub(crate) fn routes(config: &ServerConfig) -> Router<CentrifugoState> {
+    let frame_bytes = session::max_frame_bytes(config);
     Router::new()
         .route("/connection/websocket", get(session::upgrade))
+        .route(
+            "/connection/http_stream",
+            post(emulation::http_stream).layer(DefaultBodyLimit::max(frame_bytes)),
+        )
+        .route(
+            "/connection/sse",
+            get(emulation::sse)
+                .post(emulation::sse)
+                .layer(DefaultBodyLimit::max(frame_bytes)),
+        )
+        .route(
+            "/emulation",
+            // The frame arrives as a JSON string: escaping may double it.
+            post(emulation::emulate).layer(DefaultBodyLimit::max(2 * frame_bytes + 1024)),
+        )
         .route(
             "/api/{method}",
             post(server_api::call).layer(DefaultBodyLimit::max(config.max_batch_body_bytes)),

@@ -5,8 +5,14 @@
 //! field of the same name, or `error`. Pushes have no `id`. An empty
 //! object is a ping (server to client) or a pong (client to server).
 //!
-//! Only the fields Herald acts on are read; others are ignored, as
-//! protobuf's JSON mapping does for unknown fields.
+//! Every field of `client.proto`'s requests is known here, and each is
+//! either acted on, refused where Herald does not serve what it asks for
+//! (`commands.rs`: Centrifugo's error or disconnect for it), or ignored
+//! where Centrifugo ignores it too without the part of its setup that
+//! reads it (a connect or subscribe proxy, dictionaries). A request that
+//! holds a field `client.proto` does not have does not decode: the
+//! connection closes with 3501 "bad request", so that a newer SDK's
+//! feature is never taken for something else.
 
 use std::collections::BTreeMap;
 use std::marker::PhantomData;
@@ -14,7 +20,7 @@ use std::marker::PhantomData;
 use herald_core::{Message, Tags};
 use herald_storage::{PresenceEvent, PresenceEventKind};
 use serde::de::value::MapAccessDeserializer;
-use serde::de::{MapAccess, Visitor};
+use serde::de::{IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
 
@@ -90,6 +96,7 @@ where
 /// `connect`: the connection token, the client's name and version, and
 /// the recovery it asks for its server-side subscriptions.
 #[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct ConnectRequest {
     /// The connection JWT (empty: anonymous).
     #[serde(default)]
@@ -106,28 +113,33 @@ pub(crate) struct ConnectRequest {
     /// `recover`, `epoch` and `offset` are read). Channels that are not
     /// server-side subscriptions of this connection are ignored.
     #[serde(default)]
-    pub(crate) subs: BTreeMap<String, ServerSubRecovery>,
+    pub(crate) subs: BTreeMap<String, SubscribeRequest>,
+    /// Data for a connect proxy: ignored, as Centrifugo does without one.
+    #[serde(default, rename = "data")]
+    pub(crate) _data: Option<IgnoredAny>,
+    /// Headers for a connect proxy (headers emulation): ignored, as
+    /// Centrifugo does without a proxy.
+    #[serde(default, rename = "headers")]
+    pub(crate) _headers: Option<IgnoredAny>,
+    /// The client's connect flags: none changes what Herald answers.
+    #[serde(default, rename = "flag")]
+    pub(crate) _flag: Option<IgnoredAny>,
+    /// A compression profile the client asks for: ignored, as Centrifugo
+    /// does without dictionaries configured.
+    #[serde(default, rename = "profile")]
+    pub(crate) _profile: Option<IgnoredAny>,
+    /// The compression dictionary the client holds: ignored, as above.
+    #[serde(default, rename = "dict")]
+    pub(crate) _dict: Option<IgnoredAny>,
 }
 
-/// The recovery a reconnecting client asks for one server-side
-/// subscription.
+/// `subscribe` (also the value of `connect`'s `subs` map, where its
+/// `channel` is the map's key).
 #[derive(Debug, Default, Deserialize)]
-pub(crate) struct ServerSubRecovery {
-    /// Recover the publications after `offset` of `epoch`.
-    #[serde(default)]
-    pub(crate) recover: bool,
-    /// The epoch the client last saw.
-    #[serde(default)]
-    pub(crate) epoch: String,
-    /// The offset of the last publication the client received.
-    #[serde(default)]
-    pub(crate) offset: u64,
-}
-
-/// `subscribe`.
-#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct SubscribeRequest {
-    /// The channel.
+    /// The channel (empty: a protocol error, 3501).
+    #[serde(default)]
     pub(crate) channel: String,
     /// A subscription JWT for this channel (empty: the connection's
     /// credentials decide).
@@ -146,11 +158,59 @@ pub(crate) struct SubscribeRequest {
     /// its namespace has `join_leave`.
     #[serde(default)]
     pub(crate) join_leave: bool,
+    /// Data for a subscribe proxy: ignored, as Centrifugo does without one.
+    #[serde(default, rename = "data")]
+    pub(crate) _data: Option<IgnoredAny>,
+    /// The client asks for a positioned subscription: every Herald
+    /// subscription is.
+    #[serde(default, rename = "positioned")]
+    pub(crate) _positioned: Option<IgnoredAny>,
+    /// The client asks for a recoverable subscription: every Herald
+    /// subscription is.
+    #[serde(default, rename = "recoverable")]
+    pub(crate) _recoverable: Option<IgnoredAny>,
+    /// The delta encoding asked for: `""` none, `"fossil"` not negotiated
+    /// (the result says `delta: false`, as Centrifugo's does where the
+    /// namespace allows no delta), anything else 3501.
+    #[serde(default)]
+    pub(crate) delta: String,
+    /// A filter on the publications' tags (see `tags_filter.rs`).
+    #[serde(default, deserialize_with = "object")]
+    pub(crate) tf: Option<super::tags_filter::FilterNode>,
+    /// Subscription flags: bit 0, channel compaction (ignored: pushes
+    /// always name the channel, as Centrifugo's do where the namespace
+    /// does not allow compaction), and
+    /// [`SUBSCRIPTION_FLAG_REJECT_UNRECOVERED`]; other bits are ignored,
+    /// as Centrifugo does.
+    #[serde(default)]
+    pub(crate) flag: i64,
+    /// The subscription type: 0 stream; 1, 2, 3 map (of keys, clients,
+    /// users) and 4 shared poll are refused (108).
+    #[serde(default, rename = "type")]
+    pub(crate) kind: i32,
+    /// A map subscription's phase: only with a map type.
+    #[serde(default)]
+    pub(crate) phase: i32,
+    /// A map subscription's page cursor: only with a map type.
+    #[serde(default)]
+    pub(crate) cursor: String,
+    /// A map subscription's page size: only with a map type.
+    #[serde(default)]
+    pub(crate) limit: i32,
+    /// A map subscription's order: only with a map type.
+    #[serde(default)]
+    pub(crate) asc: bool,
 }
+
+/// `SubscribeRequest.flag` bit 1: a recovery that fails is answered with
+/// error 112 "unrecoverable position" instead of `recovered: false`, so
+/// that the SDK reloads the state itself (centrifuge-js's `getState`).
+pub(crate) const SUBSCRIPTION_FLAG_REJECT_UNRECOVERED: i64 = 2;
 
 /// A request naming only a channel (`unsubscribe`, `presence`,
 /// `presence_stats`).
 #[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct ChannelRequest {
     /// The channel.
     pub(crate) channel: String,
@@ -158,15 +218,26 @@ pub(crate) struct ChannelRequest {
 
 /// `publish`.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct PublishRequest {
     /// The channel.
     pub(crate) channel: String,
     /// The JSON value to publish, kept as its exact text.
     pub(crate) data: Box<RawValue>,
+    /// 0 a stream publish; 1 a map publish, refused (108).
+    #[serde(default, rename = "type")]
+    pub(crate) kind: i32,
+    /// A map publish's key: refused (108).
+    #[serde(default)]
+    pub(crate) key: String,
+    /// A map publish's removal of its key: refused (108).
+    #[serde(default)]
+    pub(crate) removed: bool,
 }
 
 /// A stream position, `since` of `history`.
 #[derive(Debug, Default, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct StreamPosition {
     /// An offset.
     #[serde(default)]
@@ -178,6 +249,7 @@ pub(crate) struct StreamPosition {
 
 /// `history`.
 #[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct HistoryRequest {
     /// The channel.
     pub(crate) channel: String,
@@ -195,6 +267,7 @@ pub(crate) struct HistoryRequest {
 
 /// `refresh`: a new connection token.
 #[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct RefreshRequest {
     /// The new connection JWT.
     #[serde(default)]
@@ -203,12 +276,23 @@ pub(crate) struct RefreshRequest {
 
 /// `sub_refresh`: a new subscription token.
 #[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct SubRefreshRequest {
     /// The channel.
     pub(crate) channel: String,
     /// The new subscription JWT.
     #[serde(default)]
     pub(crate) token: String,
+    /// 0 a token refresh; 1 track and 2 untrack (keyed subscriptions) are
+    /// refused (108).
+    #[serde(default, rename = "type")]
+    pub(crate) kind: i32,
+    /// Keys to track: only with type 1.
+    #[serde(default)]
+    pub(crate) track: Vec<serde::de::IgnoredAny>,
+    /// Keys to untrack: only with type 2.
+    #[serde(default)]
+    pub(crate) untrack: Vec<String>,
 }
 
 /// A publication as the protocol shows it: `{"data":...,"offset":N}`
@@ -283,6 +367,14 @@ pub(crate) fn unsubscribe_push(channel: &str, code: u32, reason: &str) -> String
     reply_push(&serde_json::json!({
         "channel": channel,
         "unsubscribe": {"code": code, "reason": reason},
+    }))
+}
+
+/// A disconnect push, the end of an emulation transport's stream:
+/// `{"push":{"disconnect":{"code":N,"reason":"..."}}}`.
+pub(crate) fn disconnect_push(code: u16, reason: &str) -> String {
+    reply_push(&serde_json::json!({
+        "disconnect": {"code": code, "reason": reason},
     }))
 }
 

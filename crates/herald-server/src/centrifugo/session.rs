@@ -1,4 +1,7 @@
-//! One connection at `/connection/websocket`: the socket loop. It reads
+//! One client connection, whatever its transport (`transport.rs`): the
+//! WebSocket at `/connection/websocket`, or an HTTP stream or SSE
+//! response whose client sends its commands to `/emulation`
+//! (`emulation.rs`). The session loop reads
 //! frames of newline-separated commands (at most
 //! [`max_commands_per_frame`] a frame, else 3013 "too many requests"),
 //! answers them in order, writing replies as they are ready (several per
@@ -20,24 +23,25 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Extension, State};
+use axum::http::header::SEC_WEBSOCKET_PROTOCOL;
+use axum::http::{HeaderMap, HeaderValue};
 use axum::response::Response;
-use futures::stream::{SplitSink, SplitStream};
-use futures::{SinkExt, StreamExt};
+use futures::StreamExt;
 use herald_auth::Principal;
 use herald_core::ChannelName;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tokio_tungstenite::tungstenite::Message as Frame;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::codes::{self, Disconnect};
 use super::context::CentrifugoState;
 use super::mailbox::{Control, Mailbox, Out, Push};
+use super::transport::{Connection, Incoming, Sink, Source};
 use crate::conn_limit::ClientSlot;
 use crate::error::{Error, Result};
-use crate::websocket::{Socket, Upgrade};
+use crate::websocket::Upgrade;
 
 /// Frames a session's subscriptions may queue before their tasks wait.
 const OUT_CAPACITY: usize = 256;
@@ -125,9 +129,10 @@ pub(crate) enum Stop {
     Close(Disconnect),
 }
 
-/// The socket's writing half, with the deadline every write is held to.
+/// The connection's writing half, with the deadline every write is held
+/// to.
 pub(crate) struct Writer {
-    tx: SplitSink<Socket, Frame>,
+    sink: Sink,
     shutdown: CancellationToken,
     /// The longest one write may wait for the client (`write_timeout`).
     timeout: Duration,
@@ -161,7 +166,7 @@ impl Writer {
                 );
                 Err(Stop::Close(codes::NO_PONG))
             }
-            sent = self.tx.send(Frame::Text(text.into())) => sent.map_err(|_| Stop::Gone),
+            sent = self.sink.send(text) => sent.map_err(|_| Stop::Gone),
         }
     }
 }
@@ -201,6 +206,10 @@ pub(crate) struct Session {
     /// The channels of the server-side subscriptions made at connect (the
     /// token's `subs`), to tell a `refresh` whose token changes them.
     pub(crate) server_subs: BTreeSet<ChannelName>,
+    /// The session id an emulation transport's client names in its
+    /// `/emulation` requests (a secret of this connection, unlike the
+    /// client id, which presence shows); `None` on a WebSocket.
+    pub(crate) emulation: Option<String>,
     /// Counter behind [`Sub::generation`].
     pub(crate) generations: u64,
     /// Where subscription tasks queue their pushes.
@@ -269,24 +278,81 @@ impl Drop for Session {
 /// that came through a trusted proxy keeps its connection slot
 /// (`conn_limit.rs`) for as long as the session runs, not only until the
 /// `101` answer is sent.
+///
+/// A client that lists the JSON subprotocol (`centrifuge-json`) gets it
+/// named. A client that asks for the binary protocol alone (subprotocol
+/// `centrifuge-protobuf`, RFC 6455 §1.9) is not served: the upgrade names
+/// that subprotocol, as the client requires, and the connection is closed
+/// at once with 3501 "bad request", which the SDKs take as final (no
+/// reconnect loop).
 pub(crate) async fn upgrade(
     State(state): State<CentrifugoState>,
     slot: Option<Extension<ClientSlot>>,
+    headers: HeaderMap,
     upgrade: std::result::Result<Upgrade, Error>,
 ) -> Result<Response> {
-    let max = state.config().max_message_bytes + COMMAND_OVERHEAD_BYTES;
+    let max = max_frame_bytes(state.config());
     let upgrade = upgrade?;
+    let listed = subprotocols(&headers);
+    if listed.contains(&PROTOBUF) && !listed.contains(&JSON) {
+        tracing::debug!("a client asked for the protobuf protocol; refused");
+        let mut response = upgrade.on_upgrade(READ_BUFFER_BYTES, max, |socket| async move {
+            let (tx, rx) = socket.split();
+            crate::websocket::close(tx, rx, codes::BAD_REQUEST.code, codes::BAD_REQUEST.reason)
+                .await;
+        });
+        response
+            .headers_mut()
+            .insert(SEC_WEBSOCKET_PROTOCOL, HeaderValue::from_static(PROTOBUF));
+        return Ok(response);
+    }
+    let names_json = listed.contains(&JSON);
     let sessions = state.centrifugo.sessions.clone();
     let span = tracing::debug_span!("centrifugo", node_id = %state.config().node_id);
     let slot = slot.map(|Extension(slot)| slot);
-    Ok(upgrade.on_upgrade(READ_BUFFER_BYTES, max, move |socket| {
+    let mut response = upgrade.on_upgrade(READ_BUFFER_BYTES, max, move |socket| {
         let (tx, rx) = socket.split();
-        sessions.track_future(run(tx, rx, state, slot).instrument(span))
-    }))
+        let connection = Connection {
+            sink: Sink::WebSocket(tx),
+            source: Source::WebSocket(rx),
+            emulation: None,
+        };
+        sessions.track_future(run(connection, state, slot).instrument(span))
+    });
+    if names_json {
+        response
+            .headers_mut()
+            .insert(SEC_WEBSOCKET_PROTOCOL, HeaderValue::from_static(JSON));
+    }
+    Ok(response)
+}
+
+/// The WebSocket subprotocol of Centrifugo's binary (protobuf) protocol.
+const PROTOBUF: &str = "centrifuge-protobuf";
+
+/// The WebSocket subprotocol of the JSON protocol, named in the upgrade
+/// when the client lists it (clients that list none get none).
+const JSON: &str = "centrifuge-json";
+
+/// The subprotocols the upgrade's `Sec-WebSocket-Protocol` lists.
+fn subprotocols(headers: &HeaderMap) -> Vec<&str> {
+    headers
+        .get_all(SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .collect()
+}
+
+/// The most bytes of client commands one frame may hold: the largest
+/// message and room for the command around it.
+pub(crate) fn max_frame_bytes(config: &crate::config::ServerConfig) -> usize {
+    config.max_message_bytes + COMMAND_OVERHEAD_BYTES
 }
 
 /// A random client id in the UUID v4 text form (RFC 9562 §5.4).
-fn client_id() -> String {
+pub(crate) fn client_id() -> String {
     let bits: u128 = rand::random();
     let bits = (bits & !(0xf << 76) | (0x4 << 76)) & !(0x3 << 62) | (0x2 << 62);
     let hex = format!("{bits:032x}");
@@ -302,17 +368,17 @@ fn client_id() -> String {
 
 /// Runs one connection until it closes; a proxied client's connection
 /// slot is held until then (dropped last).
-async fn run(
-    tx: SplitSink<Socket, Frame>,
-    mut rx: SplitStream<Socket>,
-    state: CentrifugoState,
-    _slot: Option<ClientSlot>,
-) {
+pub(crate) async fn run(connection: Connection, state: CentrifugoState, _slot: Option<ClientSlot>) {
+    let Connection {
+        sink,
+        mut source,
+        emulation,
+    } = connection;
     let (out, mut out_rx) = mpsc::channel(OUT_CAPACITY);
     let config = state.config().centrifugo.clone();
     let shutdown = state.shared.shutdown.clone();
     let mut writer = Writer {
-        tx,
+        sink,
         shutdown: shutdown.clone(),
         timeout: config.write_timeout,
     };
@@ -324,6 +390,7 @@ async fn run(
         expires: None,
         subs: HashMap::new(),
         server_subs: BTreeSet::new(),
+        emulation,
         generations: 0,
         out,
         mailbox: Arc::clone(&mailbox),
@@ -361,24 +428,24 @@ async fn run(
                     }
                 }
             },
-            incoming = rx.next() => match incoming {
-                Some(Ok(Frame::Text(text))) => {
-                    let handled = Box::pin(session.handle_frame(text.as_str(), &mut writer)).await;
+            incoming = source.next() => match incoming {
+                Incoming::Text(text) => {
+                    let handled = Box::pin(session.handle_frame(&text, &mut writer)).await;
                     if handled.pong {
                         pong_by = None;
                     }
                     handled.end.map_or(Ok(()), Err)
                 }
-                Some(Ok(Frame::Binary(_))) => Err(Stop::Close(codes::BAD_REQUEST)),
-                Some(Ok(Frame::Close(_))) => {
-                    let _ = tokio::time::timeout(CLOSE_TIMEOUT, writer.tx.close()).await;
+                Incoming::Binary => Err(Stop::Close(codes::BAD_REQUEST)),
+                Incoming::Close => {
+                    writer.sink.close(CLOSE_TIMEOUT).await;
                     Err(Stop::Gone)
                 }
-                Some(Ok(_)) => Ok(()),
+                Incoming::Other => Ok(()),
                 // A frame over the size limit, or a broken connection: a
                 // Close frame is tried (it fails at once on a dead socket).
-                Some(Err(_)) => Err(Stop::Close(codes::BAD_REQUEST)),
-                None => Err(Stop::Gone),
+                Incoming::Broken => Err(Stop::Close(codes::BAD_REQUEST)),
+                Incoming::End => Err(Stop::Gone),
             },
             Some(item) = out_rx.recv() => {
                 let mut lines = Vec::new();
@@ -422,7 +489,7 @@ async fn run(
     session.end_subscriptions();
     if let Some(d) = end {
         tracing::debug!(client = %session.client, code = d.code, reason = d.reason, "closing");
-        crate::websocket::close(writer.tx, rx, d.code, d.reason).await;
+        writer.sink.disconnect(source, d, CLOSE_TIMEOUT).await;
     }
 }
 

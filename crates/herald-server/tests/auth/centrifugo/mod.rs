@@ -20,6 +20,8 @@ mod sdk;
 mod server_api;
 mod server_subs;
 mod tags;
+mod transports;
+mod unserved;
 
 use serde_json::Value;
 

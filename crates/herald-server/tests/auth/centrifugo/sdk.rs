@@ -56,7 +56,29 @@ macro_rules! with_each_sdk_on_both_backends {
 
 /// The `ws://` URL of the client protocol on `addr`.
 fn ws_url(addr: impl std::fmt::Display) -> String {
-    format!("ws://{addr}/connection/websocket")
+    Transport::WebSocket.url(addr)
+}
+
+/// The client protocol's transports, as centrifuge-js picks them from the
+/// URL (`tests/clients/centrifuge.mjs`).
+#[derive(Debug, Clone, Copy)]
+enum Transport {
+    WebSocket,
+    /// HTTP streaming, commands through `/emulation`.
+    HttpStream,
+    /// SSE, commands through `/emulation`.
+    Sse,
+}
+
+impl Transport {
+    /// The endpoint on `addr` (`host:port`).
+    fn url(self, addr: impl std::fmt::Display) -> String {
+        match self {
+            Self::WebSocket => format!("ws://{addr}/connection/websocket"),
+            Self::HttpStream => format!("http://{addr}/connection/http_stream"),
+            Self::Sse => format!("http://{addr}/connection/sse"),
+        }
+    }
 }
 
 /// The whole client-side scenario, with presence on: connect, subscribe,
@@ -64,6 +86,11 @@ fn ws_url(addr: impl std::fmt::Display) -> String {
 /// `room`, 103 in `news`), history, recovery after a disconnect and after
 /// the node restarts on the same address.
 async fn channel_scenario(sdk: Sdk, backend: Backend) {
+    channel_scenario_over(sdk, backend, Transport::WebSocket).await;
+}
+
+/// [`channel_scenario`] over `transport`.
+async fn channel_scenario_over(sdk: Sdk, backend: Backend, transport: Transport) {
     sdk.check();
     let place = Place::new(backend).await;
     let creds = Creds::new();
@@ -83,7 +110,8 @@ async fn channel_scenario(sdk: Sdk, backend: Backend) {
         "ann",
         json!({"channels": ["news:*", "room:*"], "publish": ["room:*"]}),
     );
-    let mut c = SdkClient::start(sdk, "of news:s", &ws_url(addr), &token, "news:s");
+    let what = format!("of news:s over {transport:?}");
+    let mut c = SdkClient::start(sdk, &what, &transport.url(addr), &token, "news:s");
     let me = c.expect("connected", is("connected", "")).await["client"].clone();
 
     c.send(json!({"op": "subscribe", "channel": "news:s"}))
@@ -216,6 +244,157 @@ with_each_sdk_on_both_backends!(channel_scenario:
     centrifuge_python_on_sqlite,
     centrifuge_python_on_postgres);
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_js_over_http_stream_on_sqlite() {
+    channel_scenario_over(Sdk::Js, Backend::Sqlite, Transport::HttpStream).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_js_over_http_stream_on_postgres() {
+    channel_scenario_over(Sdk::Js, Backend::Postgres, Transport::HttpStream).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_js_over_sse_on_sqlite() {
+    channel_scenario_over(Sdk::Js, Backend::Sqlite, Transport::Sse).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_js_over_sse_on_postgres() {
+    channel_scenario_over(Sdk::Js, Backend::Postgres, Transport::Sse).await;
+}
+
+/// Publishes `data` to `channel` through the server API with `key` and
+/// `tags`; returns its offset.
+async fn publish_tagged(node: &Node, key: &str, channel: &str, data: Value, tags: Value) -> u64 {
+    let body = json!({"channel": channel, "data": data, "tags": tags});
+    let (status, _, r) = node
+        .call("POST", "/api/publish", &[("x-api-key", key)], Some(body))
+        .await;
+    assert_eq!(status, 200, "{r}");
+    r["result"]["offset"].as_u64().expect("an offset")
+}
+
+/// centrifuge-js over `transport`: a subscription with a tags filter
+/// (`team eq eng`) gets only the publications it passes, live and in its
+/// recovery after a reconnect; a subscription with `getState` whose first
+/// position has an epoch the channel never had is answered 112 (the SDK
+/// asks `rejectUnrecovered`), so the SDK calls `getState` again and
+/// recovers from the second position, every later publication once.
+async fn filters_and_state(backend: Backend, transport: Transport) {
+    let sdk = Sdk::Js;
+    sdk.check();
+    let place = Place::new(backend).await;
+    let creds = Creds::new();
+    let config = creds.config();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let node = Node::start_on(&place, "node-a", Role::Holder, config, listener).await;
+    let key = creds.backend.as_str();
+    let token = creds.token_for("ann", json!({"channels": ["news:*"]}));
+    let what = format!("with a filter over {transport:?}");
+    let mut c = SdkClient::start(sdk, &what, &transport.url(addr), &token, "news:tf");
+    c.expect("connected", is("connected", "")).await;
+    let filter = json!({"key": "team", "cmp": "eq", "val": "eng"});
+    c.send(json!({"op": "subscribe", "channel": "news:tf", "tagsFilter": filter}))
+        .await;
+    c.expect("subscribed", is("subscribed", "news:tf")).await;
+    let mut eng = Vec::new();
+    for (i, team) in ["ops", "eng", "ops", "eng"].into_iter().enumerate() {
+        let offset = publish_tagged(
+            &node,
+            key,
+            "news:tf",
+            json!({"i": i}),
+            json!({"team": team}),
+        )
+        .await;
+        if team == "eng" {
+            eng.push((offset, json!({"i": i})));
+        }
+    }
+    c.received_up_to(eng.last().unwrap().0).await;
+    c.send(json!({"op": "disconnect"})).await;
+    c.expect("disconnected", is("disconnected", "")).await;
+    for (i, team) in [(4, "eng"), (5, "ops"), (6, "eng")] {
+        let offset = publish_tagged(
+            &node,
+            key,
+            "news:tf",
+            json!({"i": i}),
+            json!({"team": team}),
+        )
+        .await;
+        if team == "eng" {
+            eng.push((offset, json!({"i": i})));
+        }
+    }
+    c.send(json!({"op": "connect"})).await;
+    let again = c.expect("resubscribed", is("subscribed", "news:tf")).await;
+    assert_eq!(again["recovered"], true, "{again}");
+    c.received_up_to(eng.last().unwrap().0).await;
+    assert_eq!(c.received, eng, "only `team eq eng`, each once, in order");
+    assert!(
+        c.received_tags.iter().all(|t| t["team"] == "eng"),
+        "{:?}",
+        c.received_tags
+    );
+    c.stop().await;
+
+    // getState: a stale position (an epoch the channel never had), then
+    // the right one.
+    for i in 1..=3 {
+        publish_tagged(&node, key, "news:gs", json!({"n": i}), json!({})).await;
+    }
+    let (_, _, history) = node
+        .call(
+            "POST",
+            "/api/history",
+            &[("x-api-key", key)],
+            Some(json!({"channel": "news:gs", "limit": 0})),
+        )
+        .await;
+    let epoch = history["result"]["epoch"].as_str().unwrap().to_owned();
+    let what = format!("with getState over {transport:?}");
+    let mut c = SdkClient::start(sdk, &what, &transport.url(addr), &token, "news:gs");
+    c.expect("connected", is("connected", "")).await;
+    c.send(json!({"op": "states", "channel": "news:gs", "states": [
+        {"offset": 2, "epoch": "not-this-epoch"},
+        {"offset": 2, "epoch": epoch},
+    ]}))
+    .await;
+    c.send(json!({"op": "subscribe", "channel": "news:gs", "getState": true}))
+        .await;
+    c.expect("the first getState", is("get_state", "news:gs"))
+        .await;
+    c.expect("the second getState, after 112", is("get_state", "news:gs"))
+        .await;
+    let subscribed = c.expect("subscribed", is("subscribed", "news:gs")).await;
+    assert_eq!(subscribed["recovered"], true, "{subscribed}");
+    assert_eq!(subscribed["epoch"], epoch.as_str(), "{subscribed}");
+    publish_tagged(&node, key, "news:gs", json!({"n": 4}), json!({})).await;
+    c.received_up_to(4).await;
+    let expected: Vec<(u64, Value)> = (3..=4).map(|i| (i, json!({"n": i}))).collect();
+    assert_eq!(c.received, expected, "recovered from offset 2, then live");
+    c.stop().await;
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_js_filters_and_reloads_state_over_websocket_on_sqlite() {
+    filters_and_state(Backend::Sqlite, Transport::WebSocket).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_js_filters_and_reloads_state_over_http_stream_on_postgres() {
+    filters_and_state(Backend::Postgres, Transport::HttpStream).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_js_filters_and_reloads_state_over_sse_on_sqlite() {
+    filters_and_state(Backend::Sqlite, Transport::Sse).await;
+}
+
 /// Publishes `{"n": n}` with the tag `n` to `feed:s` through the server
 /// API with `key`; it gets offset `n`.
 async fn publish_feed(node: &Node, key: &str, n: u64) {
@@ -303,6 +482,11 @@ with_each_sdk_on_both_backends!(server_side_subscription:
 /// connected (no reconnect), and every publication, before and after the
 /// takeover, arrives exactly once, in order.
 async fn holder_failover(sdk: Sdk, backend: Backend) {
+    holder_failover_over(sdk, backend, Transport::WebSocket).await;
+}
+
+/// [`holder_failover`] over `transport`.
+async fn holder_failover_over(sdk: Sdk, backend: Backend, transport: Transport) {
     sdk.check();
     let (_place, creds, holder, standby) = holder_and_standby(backend).await;
     let publisher = Creds::bearer(&creds.publisher);
@@ -310,8 +494,8 @@ async fn holder_failover(sdk: Sdk, backend: Backend) {
     let token = creds.token_for("ann", json!({"channels": ["news:*"]}));
     let mut c = SdkClient::start(
         sdk,
-        "on the standby",
-        &format!("{}/connection/websocket", standby.ws_base),
+        &format!("on the standby over {transport:?}"),
+        &transport.url(standby.ws_base.trim_start_matches("ws://")),
         &token,
         "news:fo",
     );
@@ -357,6 +541,16 @@ with_each_sdk_on_both_backends!(holder_failover:
     centrifuge_js_survives_holder_failover_on_postgres,
     centrifuge_python_survives_holder_failover_on_sqlite,
     centrifuge_python_survives_holder_failover_on_postgres);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_js_survives_holder_failover_over_http_stream_on_postgres() {
+    holder_failover_over(Sdk::Js, Backend::Postgres, Transport::HttpStream).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_js_survives_holder_failover_over_sse_on_postgres() {
+    holder_failover_over(Sdk::Js, Backend::Postgres, Transport::Sse).await;
+}
 
 /// An SDK client subscribed with `joinLeave` in a namespace with
 /// `join_leave` sees its own join, then the join of another client of the

@@ -1,0 +1,384 @@
+//! Centrifugo's bidirectional emulation: the transports where the server's
+//! frames stream in an HTTP response and the client's commands come in as
+//! separate `POST /emulation` requests (Centrifugo's documentation,
+//! "Bidirectional emulation"; centrifuge-js's `http_stream` and `sse`
+//! transports):
+//!
+//! - `POST /connection/http_stream`: the body holds the client's first
+//!   frame (its `connect`); the answer streams the session's frames, each
+//!   JSON object followed by `\n`;
+//! - `GET /connection/sse?cf_connect=<frame>` (or `POST` with the frame as
+//!   the body): the answer is `text/event-stream`, one event per object;
+//! - `POST /emulation` with `{"node": "<node id>", "session": "<session>",
+//!   "data": "<frame>"}`: the frame is run by that session, which answers
+//!   in its stream; `204` once it is queued. The connect reply names the
+//!   `session` (a random secret of the connection, not the public client
+//!   id) and the `node`. A request that reaches another node of the
+//!   cluster than the session's is forwarded once to that node's
+//!   advertised URL (from the node reports).
+//!
+//! The session behind them is the WebSocket's (`session.rs`); only the
+//! framing differs (`transport.rs`). The binary (protobuf) form of these
+//! transports is not served: a body sent as `application/octet-stream`
+//! is answered 415.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Extension, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use serde::Deserialize;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tracing::Instrument;
+
+use super::context::CentrifugoState;
+use super::session::{self, client_id};
+use super::transport::{Connection, Framing, Sink, Source};
+use crate::conn_limit::ClientSlot;
+use crate::error::{Error, Result};
+use herald_node::forward::ForwardRequest;
+
+/// Chunks of a response body queued before the session's writes wait
+/// for the client to read.
+const BODY_QUEUE: usize = 8;
+/// Frames posted to one session and not yet run before `/emulation`
+/// waits (at most the write timeout, then 503).
+const COMMAND_QUEUE: usize = 16;
+
+/// The emulation sessions of this node, by session id.
+#[derive(Debug, Default)]
+pub(crate) struct EmulationSessions {
+    map: Mutex<HashMap<String, mpsc::Sender<String>>>,
+}
+
+impl EmulationSessions {
+    /// Registers a new session whose first frame is `first`.
+    fn register(self: &Arc<Self>, first: String) -> Registration {
+        let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
+        // The queue is new and empty: the first frame fits.
+        let _ = tx.try_send(first);
+        let id = client_id();
+        self.map
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id.clone(), tx);
+        Registration {
+            id,
+            rx,
+            sessions: Arc::clone(self),
+        }
+    }
+
+    /// The queue of session `id`, if it runs on this node.
+    fn get(&self, id: &str) -> Option<mpsc::Sender<String>> {
+        self.map
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(id)
+            .cloned()
+    }
+
+    /// Sessions registered now.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.map
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+}
+
+/// A session's place in [`EmulationSessions`]: the frames posted for it;
+/// dropping it removes the session.
+pub(crate) struct Registration {
+    id: String,
+    rx: mpsc::Receiver<String>,
+    sessions: Arc<EmulationSessions>,
+}
+
+impl Registration {
+    /// The next frame posted for the session.
+    pub(crate) async fn next(&mut self) -> Option<String> {
+        self.rx.recv().await
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.sessions
+            .map
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.id);
+    }
+}
+
+/// Whether a body is the binary protocol (not served).
+fn is_protobuf(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/octet-stream"))
+}
+
+/// A frame of commands from a request body.
+///
+/// # Errors
+/// 415 for the binary protocol; 400 `invalid_body` when it is not UTF-8
+/// or empty.
+fn frame(headers: &HeaderMap, body: &[u8]) -> Result<String> {
+    if is_protobuf(headers) {
+        return Err(Error::UnsupportedMediaType);
+    }
+    let text = std::str::from_utf8(body)
+        .map_err(|_| Error::InvalidBody("the commands must be UTF-8 JSON".to_owned()))?;
+    if text.trim().is_empty() {
+        return Err(Error::InvalidBody(
+            "the body must hold the connect command".to_owned(),
+        ));
+    }
+    Ok(text.to_owned())
+}
+
+/// `POST /connection/http_stream`: starts a session whose frames stream
+/// in the answer, one JSON object per line.
+///
+/// # Errors
+/// See [`frame`]; 503 `draining` while the node drains.
+pub(crate) async fn http_stream(
+    State(state): State<CentrifugoState>,
+    slot: Option<Extension<ClientSlot>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response> {
+    let first = frame(&headers, &body)?;
+    start(state, slot, first, Framing::Lines)
+}
+
+/// `cf_connect` of an SSE request: the client's first frame.
+#[derive(Debug, Deserialize)]
+pub(crate) struct SseQuery {
+    cf_connect: Option<String>,
+}
+
+/// `GET /connection/sse?cf_connect=<frame>` and `POST /connection/sse`
+/// (the frame as the body): starts a session whose frames stream as
+/// server-sent events.
+///
+/// # Errors
+/// 400 `invalid_query` without `cf_connect` on a `GET`; see [`frame`] for
+/// a `POST`; 503 `draining` while the node drains.
+pub(crate) async fn sse(
+    State(state): State<CentrifugoState>,
+    slot: Option<Extension<ClientSlot>>,
+    method: Method,
+    Query(query): Query<SseQuery>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response> {
+    let first = if method == Method::POST {
+        frame(&headers, &body)?
+    } else {
+        query
+            .cf_connect
+            .filter(|c| !c.trim().is_empty())
+            .ok_or_else(|| {
+                Error::InvalidQuery("cf_connect must hold the connect command".to_owned())
+            })?
+    };
+    start(state, slot, first, Framing::Events)
+}
+
+/// Starts the session on its own task (tracked for the drain) and answers
+/// with its stream.
+fn start(
+    state: CentrifugoState,
+    slot: Option<Extension<ClientSlot>>,
+    first: String,
+    framing: Framing,
+) -> Result<Response> {
+    if state.draining() {
+        return Err(Error::Draining);
+    }
+    let (body_tx, body_rx) = mpsc::channel::<Bytes>(BODY_QUEUE);
+    let registration = state.centrifugo.emulation.register(first);
+    let connection = Connection {
+        sink: Sink::Body {
+            tx: body_tx.clone(),
+            framing,
+        },
+        emulation: Some(registration.id.clone()),
+        source: Source::Emulation {
+            commands: registration,
+            body: body_tx,
+        },
+    };
+    let span = tracing::debug_span!("centrifugo", node_id = %state.config().node_id);
+    let sessions = state.centrifugo.sessions.clone();
+    let slot = slot.map(|Extension(slot)| slot);
+    tokio::spawn(sessions.track_future(session::run(connection, state, slot).instrument(span)));
+    let content_type = match framing {
+        Framing::Lines => "application/json",
+        Framing::Events => "text/event-stream; charset=utf-8",
+    };
+    let body = Body::from_stream(ReceiverStream::new(body_rx).map(Ok::<_, Infallible>));
+    Ok((
+        [
+            (header::CONTENT_TYPE, HeaderValue::from_static(content_type)),
+            (
+                header::CACHE_CONTROL,
+                HeaderValue::from_static("private, no-cache, no-store, must-revalidate, max-age=0"),
+            ),
+            (
+                header::HeaderName::from_static("x-accel-buffering"),
+                HeaderValue::from_static("no"),
+            ),
+        ],
+        body,
+    )
+        .into_response())
+}
+
+/// The body of `POST /emulation` (`EmulationRequest` of `client.proto`,
+/// JSON form: `data` is the frame as a JSON string).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EmulationRequest {
+    /// The node the session runs on (the connect reply's `node`).
+    #[serde(default)]
+    node: String,
+    /// The session (the connect reply's `session`).
+    session: String,
+    /// The frame of commands.
+    data: String,
+}
+
+/// `POST /emulation`: hands a frame of commands to its session.
+///
+/// # Errors
+/// 415 for the binary protocol; 400 `invalid_json` for a body that is not
+/// an emulation request; 404 `session_not_found` when no session of that id runs
+/// on the node it names (forwarded there once when that is another node);
+/// 503 `queue_full` when the session does not take the frame within the
+/// write timeout.
+pub(crate) async fn emulate(
+    State(state): State<CentrifugoState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response> {
+    if is_protobuf(&headers) {
+        return Err(Error::UnsupportedMediaType);
+    }
+    let request: EmulationRequest =
+        serde_json::from_slice(&body).map_err(|e| Error::InvalidJson(e.to_string()))?;
+    let own = &state.config().node_id;
+    if !request.node.is_empty() && request.node != *own {
+        return forward(&state, &request.node, &headers, body).await;
+    }
+    let Some(queue) = state.centrifugo.emulation.get(&request.session) else {
+        return Err(Error::SessionNotFound);
+    };
+    let timeout = state.config().centrifugo.write_timeout;
+    match tokio::time::timeout(timeout, queue.send(request.data)).await {
+        Ok(Ok(())) => Ok(StatusCode::NO_CONTENT.into_response()),
+        // The session ended meanwhile.
+        Ok(Err(_)) => Err(Error::SessionNotFound),
+        Err(_) => Err(Error::QueueFull),
+    }
+}
+
+/// Sends an emulation request to `node`, which holds its session, at the
+/// URL it reports; one hop only.
+async fn forward(
+    state: &CentrifugoState,
+    node: &str,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<Response> {
+    if herald_node::forward::was_forwarded(headers) {
+        return Err(Error::SessionNotFound);
+    }
+    let shared = &state.shared;
+    let reports = shared
+        .node
+        .storage()
+        .node_reports()
+        .await
+        .map_err(|e| herald_node::node_error::StorageFailure::new("node_reports", None, e))?;
+    let Some(url) = reports
+        .into_iter()
+        .find(|r| r.node_id == node && !r.url.is_empty())
+        .map(|r| r.url)
+    else {
+        return Err(Error::SessionNotFound);
+    };
+    let request = ForwardRequest {
+        method: Method::POST,
+        path: "/emulation".to_owned(),
+        body,
+        headers,
+    };
+    match shared.node.forwarder().to_node(&url, request).await {
+        Ok(answer) => {
+            let mut response = Response::new(Body::from(answer.body().clone()));
+            *response.status_mut() = answer.status();
+            if let Some(content_type) = answer.content_type() {
+                response
+                    .headers_mut()
+                    .insert(header::CONTENT_TYPE, content_type.clone());
+            }
+            Ok(response)
+        }
+        Err(e) => {
+            tracing::debug!(node = %node, url = %url, error = %e, "emulation request not forwarded");
+            Err(Error::SessionNotFound)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_session_is_registered_until_its_registration_drops() {
+        let sessions = Arc::new(EmulationSessions::default());
+        let mut registration = sessions.register("first".to_owned());
+        let id = registration.id.clone();
+        assert_eq!(registration.next().await.as_deref(), Some("first"));
+        let queue = sessions.get(&id).expect("registered");
+        queue.send("second".to_owned()).await.unwrap();
+        assert_eq!(registration.next().await.as_deref(), Some("second"));
+        assert!(sessions.get("another").is_none());
+        drop(registration);
+        assert!(sessions.get(&id).is_none());
+        assert_eq!(sessions.len(), 0);
+        assert!(queue.send("late".to_owned()).await.is_err());
+    }
+
+    #[test]
+    fn frames_come_from_utf8_json_bodies_only() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(frame(&headers, b"{\"id\":1}").unwrap(), "{\"id\":1}");
+        assert!(matches!(
+            frame(&headers, b"  \n"),
+            Err(Error::InvalidBody(_))
+        ));
+        assert!(matches!(
+            frame(&headers, b"\xff"),
+            Err(Error::InvalidBody(_))
+        ));
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/octet-stream"),
+        );
+        assert!(matches!(
+            frame(&headers, b"\x0a\x02"),
+            Err(Error::UnsupportedMediaType)
+        ));
+    }
+}

@@ -1,0 +1,199 @@
+//! The transports one session (`session.rs`) runs on: how its frames
+//! reach the client and how the client's commands reach it.
+//!
+//! - **WebSocket** (`/connection/websocket`): a text frame each way holds
+//!   newline-separated JSON objects; the session ends with a Close frame
+//!   whose code is the disconnect's (RFC 6455 §7.4.2's private range).
+//! - **HTTP streaming** (`/connection/http_stream`) and **SSE**
+//!   (`/connection/sse`): the server's frames go into the response body,
+//!   the client's commands come in through `/emulation` (`emulation.rs`).
+//!   An HTTP stream writes each JSON object followed by `\n`; SSE writes
+//!   each as one event, `data: <object>\n\n` (the HTML standard's "Server-
+//!   sent events" format). A disconnect is a `{"push":{"disconnect":
+//!   {"code":N,"reason":"..."}}}` push, then the end of the body, as
+//!   Centrifugo ends these transports (a WebSocket carries the code in its
+//!   Close frame instead).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::stream::{SplitSink, SplitStream};
+use futures::{SinkExt, StreamExt};
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::Message as Frame;
+
+use super::codes::Disconnect;
+use super::emulation::Registration;
+use crate::websocket::Socket;
+
+/// One client connection as the session gets it.
+pub(crate) struct Connection {
+    /// Where the session's frames go.
+    pub(crate) sink: Sink,
+    /// Where the client's frames come from.
+    pub(crate) source: Source,
+    /// The session id of an emulation transport (see
+    /// [`super::session::Session::emulation`]).
+    pub(crate) emulation: Option<String>,
+}
+
+/// How a body-streaming transport frames the session's JSON objects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Framing {
+    /// Each object followed by `\n` (`/connection/http_stream`).
+    Lines,
+    /// Each object as one SSE event, `data: <object>\n\n`
+    /// (`/connection/sse`).
+    Events,
+}
+
+impl Framing {
+    /// The body bytes of one session frame: `text` holds JSON objects
+    /// separated by `\n` (none of them holds a raw newline: JSON escapes
+    /// it inside strings, and the session writes its objects compact).
+    pub(crate) fn encode(self, text: &str) -> Bytes {
+        match self {
+            Self::Lines => {
+                let mut body = String::with_capacity(text.len() + 1);
+                body.push_str(text);
+                body.push('\n');
+                Bytes::from(body)
+            }
+            Self::Events => {
+                let mut body = String::with_capacity(text.len() + 16);
+                for line in text.split('\n') {
+                    body.push_str("data: ");
+                    body.push_str(line);
+                    body.push_str("\n\n");
+                }
+                Bytes::from(body)
+            }
+        }
+    }
+}
+
+/// The writing half of a connection.
+pub(crate) enum Sink {
+    /// A WebSocket's.
+    WebSocket(SplitSink<Socket, Frame>),
+    /// A response body's: its chunks go to the body stream through a
+    /// bounded queue, so that a client that stops reading holds up the
+    /// session's writes (and the write timeout ends it).
+    Body {
+        /// The body's queue.
+        tx: mpsc::Sender<Bytes>,
+        /// How frames are written.
+        framing: Framing,
+    },
+}
+
+/// The connection is gone: nothing more can be written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Gone;
+
+impl Sink {
+    /// Writes one session frame (JSON objects separated by `\n`).
+    ///
+    /// # Errors
+    /// [`Gone`] when the client is gone.
+    pub(crate) async fn send(&mut self, text: String) -> Result<(), Gone> {
+        match self {
+            Self::WebSocket(tx) => tx.send(Frame::Text(text.into())).await.map_err(|_| Gone),
+            Self::Body { tx, framing } => tx.send(framing.encode(&text)).await.map_err(|_| Gone),
+        }
+    }
+
+    /// Ends the connection after the client closed its side (a WebSocket
+    /// Close frame answered), waiting at most `timeout`.
+    pub(crate) async fn close(&mut self, timeout: Duration) {
+        if let Self::WebSocket(tx) = self {
+            let _ = tokio::time::timeout(timeout, tx.close()).await;
+        }
+    }
+
+    /// Ends the connection with disconnect `d`: a WebSocket Close frame
+    /// with its code (the client's Close awaited), or the disconnect push
+    /// and the end of the body; each step waits at most `timeout`.
+    pub(crate) async fn disconnect(self, source: Source, d: Disconnect, timeout: Duration) {
+        match (self, source) {
+            (Self::WebSocket(tx), Source::WebSocket(rx)) => {
+                crate::websocket::close(tx, rx, d.code, d.reason).await;
+            }
+            (Self::Body { tx, framing }, _) => {
+                let push = super::protocol::disconnect_push(d.code, d.reason);
+                let _ = tokio::time::timeout(timeout, tx.send(framing.encode(&push))).await;
+            }
+            (Self::WebSocket(_), Source::Emulation { .. }) => {}
+        }
+    }
+}
+
+/// What the client sent next.
+pub(crate) enum Incoming {
+    /// A frame of commands.
+    Text(String),
+    /// A binary WebSocket frame: not the JSON protocol.
+    Binary,
+    /// The client's WebSocket Close frame.
+    Close,
+    /// A WebSocket control frame (ping, pong): nothing to do.
+    Other,
+    /// A frame over the size limit, or a broken WebSocket.
+    Broken,
+    /// The client is gone.
+    End,
+}
+
+/// The reading half of a connection.
+pub(crate) enum Source {
+    /// A WebSocket's.
+    WebSocket(SplitStream<Socket>),
+    /// An emulation transport's: frames of commands posted to
+    /// `/emulation` for this session; the client is gone when the body's
+    /// reader (the HTTP response) is dropped.
+    Emulation {
+        /// The frames posted for the session; the registration removes the
+        /// session from the node's map when the session ends.
+        commands: Registration,
+        /// The response body's queue, watched for its reader's end.
+        body: mpsc::Sender<Bytes>,
+    },
+}
+
+impl Source {
+    /// The client's next frame.
+    pub(crate) async fn next(&mut self) -> Incoming {
+        match self {
+            Self::WebSocket(rx) => match rx.next().await {
+                Some(Ok(Frame::Text(text))) => Incoming::Text(text.as_str().to_owned()),
+                Some(Ok(Frame::Binary(_))) => Incoming::Binary,
+                Some(Ok(Frame::Close(_))) => Incoming::Close,
+                Some(Ok(_)) => Incoming::Other,
+                Some(Err(_)) => Incoming::Broken,
+                None => Incoming::End,
+            },
+            Self::Emulation { commands, body } => tokio::select! {
+                frame = commands.next() => frame.map_or(Incoming::End, Incoming::Text),
+                () = body.closed() => Incoming::End,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_are_written_as_lines_or_events() {
+        let frame = "{\"id\":1,\"connect\":{}}\n{\"push\":{}}";
+        assert_eq!(
+            Framing::Lines.encode(frame),
+            Bytes::from("{\"id\":1,\"connect\":{}}\n{\"push\":{}}\n")
+        );
+        assert_eq!(
+            Framing::Events.encode(frame),
+            Bytes::from("data: {\"id\":1,\"connect\":{}}\n\ndata: {\"push\":{}}\n\n")
+        );
+    }
+}
