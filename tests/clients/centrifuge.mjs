@@ -1,7 +1,11 @@
 // Drives centrifuge-js (npm `centrifuge`, Centrifugo's JavaScript SDK) under
 // Node with the `ws` package, for Herald's tests of its Centrifugo protocol.
 //
-//   node centrifuge.mjs <URL> <connection token> [--get-token]
+//   node centrifuge.mjs <URL> <connection token> [--get-token] [--protobuf]
+//
+// With --protobuf the SDK's protobuf build speaks the binary protocol (its
+// data are bytes: JSON text, encoded and decoded here, so that reports are
+// the same in both forms).
 //
 // The URL picks the transport: `ws://.../connection/websocket` WebSocket,
 // `http://.../connection/http_stream` HTTP streaming, `http://.../connection/sse`
@@ -60,12 +64,18 @@
 //
 // It exits with status 0 when its stdin ends.
 
-import { Centrifuge } from "centrifuge";
 import { EventSource } from "eventsource";
 import WebSocket from "ws";
 import readline from "node:readline";
 
-const [url, token, mode] = process.argv.slice(2);
+const [url, token, ...modes] = process.argv.slice(2);
+const protobuf = modes.includes("--protobuf");
+const { Centrifuge } = protobuf ? await import("centrifuge/build/protobuf") : await import("centrifuge");
+// The application's JSON values as the SDK carries them in this form.
+const encode = protobuf ? (value) => new TextEncoder().encode(JSON.stringify(value)) : (value) => value;
+const decode = protobuf
+  ? (bytes) => (bytes && bytes.length > 0 ? JSON.parse(new TextDecoder().decode(bytes)) : null)
+  : (value) => value;
 if (!url) {
   process.stderr.write("usage: node centrifuge.mjs <WebSocket URL> <token>\n");
   process.exit(2);
@@ -85,7 +95,9 @@ const tokenGetter = (channel) => () => {
   }
   return Promise.resolve(answered.get(channel) ?? "");
 };
-const withGetToken = mode === "--get-token";
+const withGetToken = modes.includes("--get-token");
+// A publication's tags, `null` for none (the protobuf build gives `{}`).
+const tagsOf = (ctx) => (ctx.tags && Object.keys(ctx.tags).length > 0 ? ctx.tags : null);
 
 // getState's queued positions, by channel.
 const states = new Map();
@@ -123,7 +135,7 @@ client.on("subscribed", (ctx) =>
     recovered: ctx.recovered,
     offset: ctx.streamPosition ? Number(ctx.streamPosition.offset) : null,
     epoch: ctx.streamPosition ? ctx.streamPosition.epoch : null,
-    data: ctx.data ?? null,
+    data: decode(ctx.data) ?? null,
   }),
 );
 client.on("publication", (ctx) =>
@@ -131,8 +143,8 @@ client.on("publication", (ctx) =>
     type: "server_publication",
     channel: ctx.channel,
     offset: Number(ctx.offset),
-    data: ctx.data,
-    tags: ctx.tags ?? null,
+    data: decode(ctx.data),
+    tags: tagsOf(ctx),
   }),
 );
 client.on("unsubscribed", (ctx) => report({ type: "server_unsubscribed", channel: ctx.channel }));
@@ -140,8 +152,8 @@ client.on("unsubscribed", (ctx) => report({ type: "server_unsubscribed", channel
 const clientInfo = (info) => ({
   client: info.client,
   user: info.user,
-  connInfo: info.connInfo ?? null,
-  chanInfo: info.chanInfo ?? null,
+  connInfo: decode(info.connInfo) ?? null,
+  chanInfo: decode(info.chanInfo) ?? null,
 });
 
 const joinLeaveReport = (type, channel) => (ctx) => report({ type, channel, ...clientInfo(ctx.info) });
@@ -168,7 +180,7 @@ const subscription = (channel, options = {}) => {
   sub.on("join", joinLeaveReport("join", channel));
   sub.on("leave", joinLeaveReport("leave", channel));
   sub.on("publication", (ctx) =>
-    report({ type: "publication", channel, offset: Number(ctx.offset), data: ctx.data, tags: ctx.tags ?? null }),
+    report({ type: "publication", channel, offset: Number(ctx.offset), data: decode(ctx.data), tags: tagsOf(ctx) }),
   );
   sub.on("error", (ctx) =>
     report({ type: "failed", op: "subscription", channel, code: ctx.error.code, message: ctx.error.message }),
@@ -210,7 +222,7 @@ const run = (command) => {
       break;
     case "publish":
       subscription(command.channel)
-        .publish(command.data)
+        .publish(encode(command.data))
         .then(() => report({ type: "published", channel: command.channel }), failed("publish"));
       break;
     case "history":

@@ -109,6 +109,17 @@ impl SdkClient {
         Self::spawn(sdk, what, url, token, channel, &["--get-token"])
     }
 
+    /// As [`SdkClient::start`], with the SDK speaking Centrifugo's binary
+    /// protocol (centrifuge-js's protobuf build, over WebSocket or HTTP
+    /// streaming by `url`; centrifuge-python's `use_protobuf`, over
+    /// WebSocket).
+    ///
+    /// # Panics
+    /// As [`SdkClient::start`].
+    pub fn start_protobuf(sdk: Sdk, what: &str, url: &str, token: &str, channel: &str) -> Self {
+        Self::spawn(sdk, what, url, token, channel, &["--protobuf"])
+    }
+
     fn spawn(sdk: Sdk, what: &str, url: &str, token: &str, channel: &str, extra: &[&str]) -> Self {
         let mut child = sdk
             .command()

@@ -3,7 +3,10 @@ client SDK) for Herald's tests, as tests/clients/centrifuge.mjs drives
 centrifuge-js: the same commands in, the same reports out, so that one test
 runs either SDK.
 
-    python centrifuge_follow.py <WebSocket URL> <connection token>
+    python centrifuge_follow.py <WebSocket URL> <connection token> [--protobuf]
+
+With --protobuf the SDK speaks the binary protocol; its data are bytes (JSON
+text, encoded and decoded here, so that reports are the same in both forms).
 
 It connects at once and reads commands on stdin, one JSON object per line:
 
@@ -60,8 +63,28 @@ def report(record):
     sys.stdout.flush()
 
 
+PROTOBUF = "--protobuf" in sys.argv[3:]
+
+
+def decode(data):
+    """An application value as the SDK hands it over in this form."""
+    if PROTOBUF and isinstance(data, (bytes, bytearray)):
+        return json.loads(data) if data else None
+    return data
+
+
+def encode(value):
+    """An application value as the SDK takes it in this form."""
+    return json.dumps(value).encode() if PROTOBUF else value
+
+
 def client_info(info):
-    return {"client": info.client, "user": info.user, "connInfo": info.conn_info, "chanInfo": info.chan_info}
+    return {
+        "client": info.client,
+        "user": info.user,
+        "connInfo": decode(info.conn_info),
+        "chanInfo": decode(info.chan_info),
+    }
 
 
 def position(ctx):
@@ -76,7 +99,7 @@ def position(ctx):
 
 
 def publication(kind, channel, pub):
-    return {"type": kind, "channel": channel, "offset": pub.offset, "data": pub.data, "tags": pub.tags or None}
+    return {"type": kind, "channel": channel, "offset": pub.offset, "data": decode(pub.data), "tags": pub.tags or None}
 
 
 def failure(op, error):
@@ -102,7 +125,7 @@ class ClientEvents(ClientEventHandler):
 
     # Server-side subscriptions are reported by the client object itself.
     async def on_subscribed(self, ctx):
-        report({"type": "server_subscribed", "channel": ctx.channel, **position(ctx), "data": ctx.data})
+        report({"type": "server_subscribed", "channel": ctx.channel, **position(ctx), "data": decode(ctx.data)})
 
     async def on_publication(self, ctx):
         report(publication("server_publication", ctx.channel, ctx.pub))
@@ -174,7 +197,7 @@ class Runner:
         elif op == "publish":
             self.answer(
                 op,
-                self.subscription(channel).publish(command["data"]),
+                self.subscription(channel).publish(encode(command["data"])),
                 lambda _: {"type": "published", "channel": channel},
             )
         elif op == "history":
@@ -223,7 +246,14 @@ class Runner:
 async def main():
     url, token = sys.argv[1:3]
     # Reconnect soon after a loss, so that the tests do not wait long.
-    client = Client(url, events=ClientEvents(), token=token, min_reconnect_delay=0.1, max_reconnect_delay=1.0)
+    client = Client(
+        url,
+        events=ClientEvents(),
+        token=token,
+        min_reconnect_delay=0.1,
+        max_reconnect_delay=1.0,
+        use_protobuf=PROTOBUF,
+    )
     runner = Runner(client)
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()

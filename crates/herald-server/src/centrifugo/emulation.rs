@@ -18,9 +18,11 @@
 //!   advertised URL (from the node reports).
 //!
 //! The session behind them is the WebSocket's (`session.rs`); only the
-//! framing differs (`transport.rs`). The binary (protobuf) form of these
-//! transports is not served: a body sent as `application/octet-stream`
-//! is answered 415.
+//! framing differs (`transport.rs`). The binary form (`protobuf.rs`) is
+//! chosen by `Content-Type: application/octet-stream`: an HTTP stream
+//! whose request body is delimited `Command`s streams delimited `Reply`s,
+//! and an `/emulation` body is then an `EmulationRequest` whose `data`
+//! holds delimited `Command`s. SSE is text: JSON only.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -125,14 +127,21 @@ fn is_protobuf(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.as_bytes().starts_with(b"application/octet-stream"))
 }
 
-/// A frame of commands from a request body.
+/// A frame of commands from a request body, in the JSON form (a binary
+/// body is read with `protobuf.rs`).
 ///
 /// # Errors
-/// 415 for the binary protocol; 400 `invalid_body` when it is not UTF-8
-/// or empty.
+/// 400 `invalid_body` when it is empty, not UTF-8 JSON text or, in the
+/// binary form, not delimited `Command`s.
 fn frame(headers: &HeaderMap, body: &[u8]) -> Result<String> {
     if is_protobuf(headers) {
-        return Err(Error::UnsupportedMediaType);
+        if body.is_empty() {
+            return Err(Error::InvalidBody(
+                "the body must hold the connect command".to_owned(),
+            ));
+        }
+        return super::protobuf::commands_to_json(body)
+            .map_err(|e| Error::InvalidBody(e.to_string()));
     }
     let text = std::str::from_utf8(body)
         .map_err(|_| Error::InvalidBody("the commands must be UTF-8 JSON".to_owned()))?;
@@ -156,7 +165,12 @@ pub(crate) async fn http_stream(
     body: Bytes,
 ) -> Result<Response> {
     let first = frame(&headers, &body)?;
-    start(state, slot, first, Framing::Lines)
+    let framing = if is_protobuf(&headers) {
+        Framing::Protobuf
+    } else {
+        Framing::Lines
+    };
+    start(state, slot, first, framing)
 }
 
 /// `cf_connect` of an SSE request: the client's first frame.
@@ -171,7 +185,8 @@ pub(crate) struct SseQuery {
 ///
 /// # Errors
 /// 400 `invalid_query` without `cf_connect` on a `GET`; see [`frame`] for
-/// a `POST`; 503 `draining` while the node drains.
+/// a `POST`, and 415 for one in the binary form (SSE is text); 503
+/// `draining` while the node drains.
 pub(crate) async fn sse(
     State(state): State<CentrifugoState>,
     slot: Option<Extension<ClientSlot>>,
@@ -181,6 +196,9 @@ pub(crate) async fn sse(
     body: Bytes,
 ) -> Result<Response> {
     let first = if method == Method::POST {
+        if is_protobuf(&headers) {
+            return Err(Error::UnsupportedMediaType);
+        }
         frame(&headers, &body)?
     } else {
         query
@@ -222,6 +240,7 @@ fn start(
     let slot = slot.map(|Extension(slot)| slot);
     tokio::spawn(sessions.track_future(session::run(connection, state, slot).instrument(span)));
     let content_type = match framing {
+        Framing::Protobuf => "application/octet-stream",
         Framing::Lines => "application/json",
         Framing::Events => "text/event-stream; charset=utf-8",
     };
@@ -260,8 +279,9 @@ struct EmulationRequest {
 /// `POST /emulation`: hands a frame of commands to its session.
 ///
 /// # Errors
-/// 415 for the binary protocol; 400 `invalid_json` for a body that is not
-/// an emulation request; 404 `session_not_found` when no session of that id runs
+/// 400 `invalid_json` for a body that is not an emulation request (in the
+/// binary form: `invalid_body`, also when its `data` is not delimited
+/// `Command`s); 404 `session_not_found` when no session of that id runs
 /// on the node it names (forwarded there once when that is another node);
 /// 503 `queue_full` when the session does not take the frame within the
 /// write timeout.
@@ -270,11 +290,25 @@ pub(crate) async fn emulate(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response> {
-    if is_protobuf(&headers) {
-        return Err(Error::UnsupportedMediaType);
-    }
-    let request: EmulationRequest =
-        serde_json::from_slice(&body).map_err(|e| Error::InvalidJson(e.to_string()))?;
+    let request = if is_protobuf(&headers) {
+        use prost::Message as _;
+        let binary = super::protobuf::EmulationRequest::decode(body.as_ref())
+            .map_err(|e| Error::InvalidBody(e.to_string()))?;
+        let data = if binary.node.is_empty() || binary.node == state.config().node_id {
+            super::protobuf::commands_to_json(&binary.data)
+                .map_err(|e| Error::InvalidBody(e.to_string()))?
+        } else {
+            // Read where the session runs.
+            String::new()
+        };
+        EmulationRequest {
+            node: binary.node,
+            session: binary.session,
+            data,
+        }
+    } else {
+        serde_json::from_slice(&body).map_err(|e| Error::InvalidJson(e.to_string()))?
+    };
     let own = &state.config().node_id;
     if !request.node.is_empty() && request.node != *own {
         return forward(&state, &request.node, &headers, body).await;
@@ -376,9 +410,14 @@ mod tests {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/octet-stream"),
         );
-        assert!(matches!(
-            frame(&headers, b"\x0a\x02"),
-            Err(Error::UnsupportedMediaType)
-        ));
+        assert!(
+            matches!(frame(&headers, b"\x0a\x02"), Err(Error::InvalidBody(_))),
+            "a delimited command cut short"
+        );
+        // id 1, an empty connect: `{"id":1,"connect":{}}`.
+        assert_eq!(
+            frame(&headers, &[0x04, 0x08, 0x01, 0x22, 0x00]).unwrap(),
+            r#"{"id":1,"connect":{}}"#
+        );
     }
 }

@@ -57,6 +57,7 @@ pub(crate) mod mailbox;
 pub(crate) mod node_info;
 mod presence;
 mod presence_session;
+mod protobuf;
 mod protocol;
 mod publish;
 mod recovery;

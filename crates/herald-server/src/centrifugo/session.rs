@@ -38,7 +38,7 @@ use tracing::Instrument;
 use super::codes::{self, Disconnect};
 use super::context::CentrifugoState;
 use super::mailbox::{Control, Mailbox, Out, Push};
-use super::transport::{Connection, Incoming, Sink, Source};
+use super::transport::{Connection, Encoding, Incoming, Sink, Source};
 use crate::conn_limit::ClientSlot;
 use crate::error::{Error, Result};
 use crate::websocket::Upgrade;
@@ -279,12 +279,11 @@ impl Drop for Session {
 /// (`conn_limit.rs`) for as long as the session runs, not only until the
 /// `101` answer is sent.
 ///
-/// A client that lists the JSON subprotocol (`centrifuge-json`) gets it
-/// named. A client that asks for the binary protocol alone (subprotocol
-/// `centrifuge-protobuf`, RFC 6455 §1.9) is not served: the upgrade names
-/// that subprotocol, as the client requires, and the connection is closed
-/// at once with 3501 "bad request", which the SDKs take as final (no
-/// reconnect loop).
+/// The encoding is chosen by the subprotocols the client lists
+/// (`Sec-WebSocket-Protocol`, RFC 6455 §1.9): `centrifuge-protobuf`
+/// without `centrifuge-json` is the binary protocol (`protobuf.rs`), named
+/// in the answer; otherwise JSON, with `centrifuge-json` named when the
+/// client listed it.
 pub(crate) async fn upgrade(
     State(state): State<CentrifugoState>,
     slot: Option<Extension<ClientSlot>>,
@@ -294,35 +293,27 @@ pub(crate) async fn upgrade(
     let max = max_frame_bytes(state.config());
     let upgrade = upgrade?;
     let listed = subprotocols(&headers);
-    if listed.contains(&PROTOBUF) && !listed.contains(&JSON) {
-        tracing::debug!("a client asked for the protobuf protocol; refused");
-        let mut response = upgrade.on_upgrade(READ_BUFFER_BYTES, max, |socket| async move {
-            let (tx, rx) = socket.split();
-            crate::websocket::close(tx, rx, codes::BAD_REQUEST.code, codes::BAD_REQUEST.reason)
-                .await;
-        });
-        response
-            .headers_mut()
-            .insert(SEC_WEBSOCKET_PROTOCOL, HeaderValue::from_static(PROTOBUF));
-        return Ok(response);
-    }
-    let names_json = listed.contains(&JSON);
+    let (encoding, named) = if listed.contains(&PROTOBUF) && !listed.contains(&JSON) {
+        (Encoding::Protobuf, Some(PROTOBUF))
+    } else {
+        (Encoding::Json, listed.contains(&JSON).then_some(JSON))
+    };
     let sessions = state.centrifugo.sessions.clone();
     let span = tracing::debug_span!("centrifugo", node_id = %state.config().node_id);
     let slot = slot.map(|Extension(slot)| slot);
     let mut response = upgrade.on_upgrade(READ_BUFFER_BYTES, max, move |socket| {
         let (tx, rx) = socket.split();
         let connection = Connection {
-            sink: Sink::WebSocket(tx),
-            source: Source::WebSocket(rx),
+            sink: Sink::WebSocket(tx, encoding),
+            source: Source::WebSocket(rx, encoding),
             emulation: None,
         };
         sessions.track_future(run(connection, state, slot).instrument(span))
     });
-    if names_json {
+    if let Some(named) = named {
         response
             .headers_mut()
-            .insert(SEC_WEBSOCKET_PROTOCOL, HeaderValue::from_static(JSON));
+            .insert(SEC_WEBSOCKET_PROTOCOL, HeaderValue::from_static(named));
     }
     Ok(response)
 }
@@ -436,7 +427,7 @@ pub(crate) async fn run(connection: Connection, state: CentrifugoState, _slot: O
                     }
                     handled.end.map_or(Ok(()), Err)
                 }
-                Incoming::Binary => Err(Stop::Close(codes::BAD_REQUEST)),
+                Incoming::NotTheProtocol => Err(Stop::Close(codes::BAD_REQUEST)),
                 Incoming::Close => {
                     writer.sink.close(CLOSE_TIMEOUT).await;
                     Err(Stop::Gone)

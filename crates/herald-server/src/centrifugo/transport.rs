@@ -2,12 +2,16 @@
 //! reach the client and how the client's commands reach it.
 //!
 //! - **WebSocket** (`/connection/websocket`): a text frame each way holds
-//!   newline-separated JSON objects; the session ends with a Close frame
-//!   whose code is the disconnect's (RFC 6455 §7.4.2's private range).
+//!   newline-separated JSON objects, or, with the subprotocol
+//!   `centrifuge-protobuf`, a binary frame holds delimited protobuf
+//!   messages (`protobuf.rs`); the session ends with a Close frame whose
+//!   code is the disconnect's (RFC 6455 §7.4.2's private range).
 //! - **HTTP streaming** (`/connection/http_stream`) and **SSE**
 //!   (`/connection/sse`): the server's frames go into the response body,
 //!   the client's commands come in through `/emulation` (`emulation.rs`).
-//!   An HTTP stream writes each JSON object followed by `\n`; SSE writes
+//!   An HTTP stream writes each JSON object followed by `\n` (or, when
+//!   its request was `application/octet-stream`, delimited protobuf
+//!   replies); SSE writes
 //!   each as one event, `data: <object>\n\n` (the HTML standard's "Server-
 //!   sent events" format). A disconnect is a `{"push":{"disconnect":
 //!   {"code":N,"reason":"..."}}}` push, then the end of the body, as
@@ -37,6 +41,15 @@ pub(crate) struct Connection {
     pub(crate) emulation: Option<String>,
 }
 
+/// The form of the protocol a connection speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Encoding {
+    /// JSON (text frames).
+    Json,
+    /// Protobuf (binary frames, `protobuf.rs`).
+    Protobuf,
+}
+
 /// How a body-streaming transport frames the session's JSON objects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Framing {
@@ -45,6 +58,9 @@ pub(crate) enum Framing {
     /// Each object as one SSE event, `data: <object>\n\n`
     /// (`/connection/sse`).
     Events,
+    /// Delimited protobuf replies (`/connection/http_stream` in the
+    /// binary form).
+    Protobuf,
 }
 
 impl Framing {
@@ -68,14 +84,15 @@ impl Framing {
                 }
                 Bytes::from(body)
             }
+            Self::Protobuf => Bytes::from(super::protobuf::replies_to_protobuf(text)),
         }
     }
 }
 
 /// The writing half of a connection.
 pub(crate) enum Sink {
-    /// A WebSocket's.
-    WebSocket(SplitSink<Socket, Frame>),
+    /// A WebSocket's, in its encoding.
+    WebSocket(SplitSink<Socket, Frame>, Encoding),
     /// A response body's: its chunks go to the body stream through a
     /// bounded queue, so that a client that stops reading holds up the
     /// session's writes (and the write timeout ends it).
@@ -98,7 +115,13 @@ impl Sink {
     /// [`Gone`] when the client is gone.
     pub(crate) async fn send(&mut self, text: String) -> Result<(), Gone> {
         match self {
-            Self::WebSocket(tx) => tx.send(Frame::Text(text.into())).await.map_err(|_| Gone),
+            Self::WebSocket(tx, Encoding::Json) => {
+                tx.send(Frame::Text(text.into())).await.map_err(|_| Gone)
+            }
+            Self::WebSocket(tx, Encoding::Protobuf) => {
+                let bytes = super::protobuf::replies_to_protobuf(&text);
+                tx.send(Frame::Binary(bytes.into())).await.map_err(|_| Gone)
+            }
             Self::Body { tx, framing } => tx.send(framing.encode(&text)).await.map_err(|_| Gone),
         }
     }
@@ -106,7 +129,7 @@ impl Sink {
     /// Ends the connection after the client closed its side (a WebSocket
     /// Close frame answered), waiting at most `timeout`.
     pub(crate) async fn close(&mut self, timeout: Duration) {
-        if let Self::WebSocket(tx) = self {
+        if let Self::WebSocket(tx, _) = self {
             let _ = tokio::time::timeout(timeout, tx.close()).await;
         }
     }
@@ -116,24 +139,24 @@ impl Sink {
     /// and the end of the body; each step waits at most `timeout`.
     pub(crate) async fn disconnect(self, source: Source, d: Disconnect, timeout: Duration) {
         match (self, source) {
-            (Self::WebSocket(tx), Source::WebSocket(rx)) => {
+            (Self::WebSocket(tx, _), Source::WebSocket(rx, _)) => {
                 crate::websocket::close(tx, rx, d.code, d.reason).await;
             }
             (Self::Body { tx, framing }, _) => {
                 let push = super::protocol::disconnect_push(d.code, d.reason);
                 let _ = tokio::time::timeout(timeout, tx.send(framing.encode(&push))).await;
             }
-            (Self::WebSocket(_), Source::Emulation { .. }) => {}
+            (Self::WebSocket(..), Source::Emulation { .. }) => {}
         }
     }
 }
 
 /// What the client sent next.
 pub(crate) enum Incoming {
-    /// A frame of commands.
+    /// A frame of commands, in the JSON form.
     Text(String),
-    /// A binary WebSocket frame: not the JSON protocol.
-    Binary,
+    /// A frame that is not the protocol (of the connection's encoding).
+    NotTheProtocol,
     /// The client's WebSocket Close frame.
     Close,
     /// A WebSocket control frame (ping, pong): nothing to do.
@@ -146,8 +169,9 @@ pub(crate) enum Incoming {
 
 /// The reading half of a connection.
 pub(crate) enum Source {
-    /// A WebSocket's.
-    WebSocket(SplitStream<Socket>),
+    /// A WebSocket's, in its encoding (protobuf frames are read into the
+    /// JSON form).
+    WebSocket(SplitStream<Socket>, Encoding),
     /// An emulation transport's: frames of commands posted to
     /// `/emulation` for this session; the client is gone when the body's
     /// reader (the HTTP response) is dropped.
@@ -164,13 +188,21 @@ impl Source {
     /// The client's next frame.
     pub(crate) async fn next(&mut self) -> Incoming {
         match self {
-            Self::WebSocket(rx) => match rx.next().await {
-                Some(Ok(Frame::Text(text))) => Incoming::Text(text.as_str().to_owned()),
-                Some(Ok(Frame::Binary(_))) => Incoming::Binary,
-                Some(Ok(Frame::Close(_))) => Incoming::Close,
-                Some(Ok(_)) => Incoming::Other,
-                Some(Err(_)) => Incoming::Broken,
-                None => Incoming::End,
+            Self::WebSocket(rx, encoding) => match (rx.next().await, *encoding) {
+                (Some(Ok(Frame::Text(text))), Encoding::Json) => {
+                    Incoming::Text(text.as_str().to_owned())
+                }
+                (Some(Ok(Frame::Binary(bytes))), Encoding::Protobuf) => {
+                    match super::protobuf::commands_to_json(&bytes) {
+                        Ok(text) => Incoming::Text(text),
+                        Err(_) => Incoming::NotTheProtocol,
+                    }
+                }
+                (Some(Ok(Frame::Text(_) | Frame::Binary(_))), _) => Incoming::NotTheProtocol,
+                (Some(Ok(Frame::Close(_))), _) => Incoming::Close,
+                (Some(Ok(_)), _) => Incoming::Other,
+                (Some(Err(_)), _) => Incoming::Broken,
+                (None, _) => Incoming::End,
             },
             Self::Emulation { commands, body } => tokio::select! {
                 frame = commands.next() => frame.map_or(Incoming::End, Incoming::Text),

@@ -60,10 +60,14 @@ fn ws_url(addr: impl std::fmt::Display) -> String {
 }
 
 /// The client protocol's transports, as centrifuge-js picks them from the
-/// URL (`tests/clients/centrifuge.mjs`).
+/// URL (`tests/clients/centrifuge.mjs`), and its encoding.
 #[derive(Debug, Clone, Copy)]
 enum Transport {
     WebSocket,
+    /// WebSocket, protobuf (the SDK's protobuf build).
+    WebSocketProtobuf,
+    /// HTTP streaming, protobuf, commands through `/emulation`.
+    HttpStreamProtobuf,
     /// HTTP streaming, commands through `/emulation`.
     HttpStream,
     /// SSE, commands through `/emulation`.
@@ -74,9 +78,31 @@ impl Transport {
     /// The endpoint on `addr` (`host:port`).
     fn url(self, addr: impl std::fmt::Display) -> String {
         match self {
-            Self::WebSocket => format!("ws://{addr}/connection/websocket"),
-            Self::HttpStream => format!("http://{addr}/connection/http_stream"),
+            Self::WebSocket | Self::WebSocketProtobuf => {
+                format!("ws://{addr}/connection/websocket")
+            }
+            Self::HttpStream | Self::HttpStreamProtobuf => {
+                format!("http://{addr}/connection/http_stream")
+            }
             Self::Sse => format!("http://{addr}/connection/sse"),
+        }
+    }
+
+    /// Starts `sdk`'s client over this transport (see [`SdkClient::start`]).
+    fn start(
+        self,
+        sdk: Sdk,
+        what: &str,
+        addr: impl std::fmt::Display,
+        token: &str,
+        channel: &str,
+    ) -> SdkClient {
+        let what = format!("{what} over {self:?}");
+        match self {
+            Self::WebSocketProtobuf | Self::HttpStreamProtobuf => {
+                SdkClient::start_protobuf(sdk, &what, &self.url(addr), token, channel)
+            }
+            _ => SdkClient::start(sdk, &what, &self.url(addr), token, channel),
         }
     }
 }
@@ -110,8 +136,7 @@ async fn channel_scenario_over(sdk: Sdk, backend: Backend, transport: Transport)
         "ann",
         json!({"channels": ["news:*", "room:*"], "publish": ["room:*"]}),
     );
-    let what = format!("of news:s over {transport:?}");
-    let mut c = SdkClient::start(sdk, &what, &transport.url(addr), &token, "news:s");
+    let mut c = transport.start(sdk, "of news:s", addr, &token, "news:s");
     let me = c.expect("connected", is("connected", "")).await["client"].clone();
 
     c.send(json!({"op": "subscribe", "channel": "news:s"}))
@@ -255,6 +280,36 @@ async fn centrifuge_js_over_http_stream_on_postgres() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_js_protobuf_over_websocket_on_sqlite() {
+    channel_scenario_over(Sdk::Js, Backend::Sqlite, Transport::WebSocketProtobuf).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_js_protobuf_over_websocket_on_postgres() {
+    channel_scenario_over(Sdk::Js, Backend::Postgres, Transport::WebSocketProtobuf).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_python_protobuf_on_sqlite() {
+    channel_scenario_over(Sdk::Python, Backend::Sqlite, Transport::WebSocketProtobuf).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_python_protobuf_on_postgres() {
+    channel_scenario_over(Sdk::Python, Backend::Postgres, Transport::WebSocketProtobuf).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_js_protobuf_over_http_stream_on_sqlite() {
+    channel_scenario_over(Sdk::Js, Backend::Sqlite, Transport::HttpStreamProtobuf).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_js_protobuf_over_http_stream_on_postgres() {
+    channel_scenario_over(Sdk::Js, Backend::Postgres, Transport::HttpStreamProtobuf).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn centrifuge_js_over_sse_on_sqlite() {
     channel_scenario_over(Sdk::Js, Backend::Sqlite, Transport::Sse).await;
 }
@@ -292,8 +347,7 @@ async fn filters_and_state(backend: Backend, transport: Transport) {
     let node = Node::start_on(&place, "node-a", Role::Holder, config, listener).await;
     let key = creds.backend.as_str();
     let token = creds.token_for("ann", json!({"channels": ["news:*"]}));
-    let what = format!("with a filter over {transport:?}");
-    let mut c = SdkClient::start(sdk, &what, &transport.url(addr), &token, "news:tf");
+    let mut c = transport.start(sdk, "with a filter", addr, &token, "news:tf");
     c.expect("connected", is("connected", "")).await;
     let filter = json!({"key": "team", "cmp": "eq", "val": "eng"});
     c.send(json!({"op": "subscribe", "channel": "news:tf", "tagsFilter": filter}))
@@ -355,8 +409,7 @@ async fn filters_and_state(backend: Backend, transport: Transport) {
         )
         .await;
     let epoch = history["result"]["epoch"].as_str().unwrap().to_owned();
-    let what = format!("with getState over {transport:?}");
-    let mut c = SdkClient::start(sdk, &what, &transport.url(addr), &token, "news:gs");
+    let mut c = transport.start(sdk, "with getState", addr, &token, "news:gs");
     c.expect("connected", is("connected", "")).await;
     c.send(json!({"op": "states", "channel": "news:gs", "states": [
         {"offset": 2, "epoch": "not-this-epoch"},
@@ -393,6 +446,11 @@ async fn centrifuge_js_filters_and_reloads_state_over_http_stream_on_postgres() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn centrifuge_js_filters_and_reloads_state_over_sse_on_sqlite() {
     filters_and_state(Backend::Sqlite, Transport::Sse).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_js_protobuf_filters_and_reloads_state_over_websocket_on_postgres() {
+    filters_and_state(Backend::Postgres, Transport::WebSocketProtobuf).await;
 }
 
 /// Publishes `{"n": n}` with the tag `n` to `feed:s` through the server
@@ -492,10 +550,10 @@ async fn holder_failover_over(sdk: Sdk, backend: Backend, transport: Transport) 
     let publisher = Creds::bearer(&creds.publisher);
     let key = [("authorization", publisher.as_str())];
     let token = creds.token_for("ann", json!({"channels": ["news:*"]}));
-    let mut c = SdkClient::start(
+    let mut c = transport.start(
         sdk,
-        &format!("on the standby over {transport:?}"),
-        &transport.url(standby.ws_base.trim_start_matches("ws://")),
+        "on the standby",
+        standby.ws_base.trim_start_matches("ws://"),
         &token,
         "news:fo",
     );
@@ -545,6 +603,21 @@ with_each_sdk_on_both_backends!(holder_failover:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn centrifuge_js_survives_holder_failover_over_http_stream_on_postgres() {
     holder_failover_over(Sdk::Js, Backend::Postgres, Transport::HttpStream).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_js_protobuf_survives_holder_failover_over_websocket_on_postgres() {
+    holder_failover_over(Sdk::Js, Backend::Postgres, Transport::WebSocketProtobuf).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_js_protobuf_survives_holder_failover_over_http_stream_on_postgres() {
+    holder_failover_over(Sdk::Js, Backend::Postgres, Transport::HttpStreamProtobuf).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_python_protobuf_survives_holder_failover_on_postgres() {
+    holder_failover_over(Sdk::Python, Backend::Postgres, Transport::WebSocketProtobuf).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,8 +2,9 @@
 //! commands posted to `/emulation` (raw HTTP): the connect reply names the
 //! session and the node; replies and pushes stream as lines or SSE events;
 //! a frame that is not the protocol ends the stream with a disconnect
-//! push (3501), a drain with 3001; a session that does not run is 404, the
-//! binary protocol 415, an SSE request without `cf_connect` 400; and an
+//! push (3501), a drain with 3001; a session that does not run is 404, a
+//! body that is not the protocol 400 (the binary form on SSE 415), an SSE
+//! request without `cf_connect` 400; and an
 //! emulation request that reaches another node than the session's is
 //! forwarded there.
 
@@ -177,11 +178,11 @@ async fn a_session_runs_over(sse: bool) {
     let response = client
         .post(format!("{}/emulation", node.base))
         .header("content-type", "application/octet-stream")
-        .body(vec![10u8, 1, 2])
+        .body(vec![0x0au8, 0x05, 0x01])
         .send()
         .await
         .unwrap();
-    assert_eq!(response.status(), 415);
+    assert_eq!(response.status(), 400, "not an EmulationRequest");
     let response = client
         .post(format!("{}/emulation", node.base))
         .header("content-type", "application/json")
@@ -238,7 +239,16 @@ async fn bad_starts_are_refused() {
         .post(format!("{}/connection/http_stream", node.base))
         .header("content-type", "application/octet-stream")
         .body(vec![0x0a, 0x02]);
-    assert_eq!(status(post.send().await.unwrap()), 415, "protobuf");
+    assert_eq!(
+        status(post.send().await.unwrap()),
+        400,
+        "a cut protobuf command"
+    );
+    let post = client
+        .post(format!("{}/connection/sse", node.base))
+        .header("content-type", "application/octet-stream")
+        .body(vec![0x04, 0x08, 0x01, 0x22, 0x00]);
+    assert_eq!(status(post.send().await.unwrap()), 415, "SSE is text");
     let post = client.post(format!("{}/connection/http_stream", node.base));
     assert_eq!(status(post.send().await.unwrap()), 400, "an empty body");
     let get = client.get(format!("{}/connection/http_stream", node.base));

@@ -259,13 +259,14 @@ async fn reject_unrecovered_answers_112_and_leaves_nothing() {
     assert_eq!(offsets(&r["subscribe"]["publications"]), vec![2, 3], "{r}");
 }
 
-/// A WebSocket client that asks for the binary protocol alone gets it
-/// named in the upgrade, as it requires, then a close with 3501 "bad
-/// request", which the SDKs take as final; one that also lists
-/// `centrifuge-json` gets that named and is served JSON.
+/// A WebSocket client that asks for the binary protocol (subprotocol
+/// `centrifuge-protobuf`) gets it named in the upgrade and is answered in
+/// binary frames of delimited replies; a text frame there is not the
+/// protocol (3501). One that also lists `centrifuge-json` gets that named
+/// and is served JSON.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_protobuf_subprotocol_is_refused_with_3501() {
-    use futures::StreamExt;
+async fn the_subprotocol_chooses_the_encoding() {
+    use futures::{SinkExt, StreamExt};
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
     use tokio_tungstenite::tungstenite::Message as Frame;
 
@@ -281,6 +282,21 @@ async fn the_protobuf_subprotocol_is_refused_with_3501() {
         response.headers()["sec-websocket-protocol"],
         "centrifuge-protobuf"
     );
+    // A delimited Command: id 1 (field 1), an empty connect (field 4).
+    let connect = vec![0x04, 0x08, 0x01, 0x22, 0x00];
+    socket.send(Frame::Binary(connect.into())).await.unwrap();
+    let reply = match socket.next().await {
+        Some(Ok(Frame::Binary(bytes))) => bytes,
+        other => panic!("no binary reply: {other:?}"),
+    };
+    // Its length, then id 1, then the connect result (field 5, length
+    // delimited).
+    assert_eq!(usize::from(reply[0]), reply.len() - 1, "{reply:?}");
+    assert_eq!(&reply[1..4], &[0x08, 0x01, 0x2a], "{reply:?}");
+    socket
+        .send(Frame::Text(r#"{"id":2,"ping":{}}"#.into()))
+        .await
+        .unwrap();
     let closed = loop {
         match socket.next().await {
             Some(Ok(Frame::Close(frame))) => break frame.map(|f| u16::from(f.code)),
@@ -288,16 +304,24 @@ async fn the_protobuf_subprotocol_is_refused_with_3501() {
             other => panic!("no close frame: {other:?}"),
         }
     };
-    assert_eq!(closed, Some(3501));
+    assert_eq!(closed, Some(3501), "a text frame on the binary protocol");
     // Listing JSON too: JSON is named and served.
     let mut request = url.as_str().into_client_request().unwrap();
     request.headers_mut().insert(
         "sec-websocket-protocol",
         "centrifuge-protobuf, centrifuge-json".parse().unwrap(),
     );
-    let (_, response) = tokio_tungstenite::connect_async(request).await.unwrap();
+    let (mut socket, response) = tokio_tungstenite::connect_async(request).await.unwrap();
     assert_eq!(
         response.headers()["sec-websocket-protocol"],
         "centrifuge-json"
     );
+    socket
+        .send(Frame::Text(r#"{"id":1,"connect":{}}"#.into()))
+        .await
+        .unwrap();
+    match socket.next().await {
+        Some(Ok(Frame::Text(text))) => assert!(text.contains("\"connect\""), "{text}"),
+        other => panic!("no JSON reply: {other:?}"),
+    }
 }
