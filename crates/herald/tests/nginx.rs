@@ -9,7 +9,9 @@
 //! the standby too, which forwards it), history, an SSE subscription, a
 //! WebSocket of `/v1/channels/{channel}/ws` and of Centrifugo's
 //! `/connection/websocket`, both with a browser's `Origin`, and
-//! centrifuge-js (`tests/clients/centrifuge.mjs`). Then more event streams
+//! centrifuge-js (`tests/clients/centrifuge.mjs`), over WebSocket and over
+//! HTTP streaming (whose `/emulation` requests nginx spreads over both
+//! nodes). Then more event streams
 //! than `--max-connections-per-ip` allows one address, from as many client
 //! addresses: none is refused, since each counts against its own address
 //! (`X-Forwarded-For`); and from one client address: the limit holds, and
@@ -397,6 +399,18 @@ async fn the_documented_nginx_front_serves_every_route_of_a_two_node_cluster() {
     let mut sdk = SdkClient::start(Sdk::Js, "through nginx", &centrifugo_url, &token, CHANNEL);
     let subscribed = sdk.follow().await;
     assert_eq!(subscribed["channel"], CHANNEL, "{subscribed}");
+    // Over HTTP streaming: its commands reach either node through nginx
+    // (`/emulation`), forwarded to the one that runs the session.
+    let http_stream_url = format!("http://{}/connection/http_stream", nginx.addr);
+    let mut streamed = SdkClient::start(
+        Sdk::Js,
+        "over HTTP streaming through nginx",
+        &http_stream_url,
+        &token,
+        CHANNEL,
+    );
+    let subscribed = streamed.follow().await;
+    assert_eq!(subscribed["channel"], CHANNEL, "{subscribed}");
 
     // Every publishing route, each request to whichever node nginx picks
     // (a standby forwards it to the holder).
@@ -466,6 +480,14 @@ async fn the_documented_nginx_front_serves_every_route_of_a_two_node_cluster() {
     let offsets: Vec<u64> = sdk.received.iter().map(|(o, _)| *o).collect();
     assert_eq!(offsets, (1..=offset).collect::<Vec<_>>());
     sdk.stop().await;
+    streamed.received_up_to(offset).await;
+    let offsets: Vec<u64> = streamed.received.iter().map(|(o, _)| *o).collect();
+    assert_eq!(
+        offsets,
+        (1..=offset).collect::<Vec<_>>(),
+        "over HTTP streaming"
+    );
+    streamed.stop().await;
 
     // More event streams than one address may open, from as many client
     // addresses: each counts against its own, none is refused.
