@@ -31,8 +31,8 @@ pub(crate) struct Centrifugo {
     /// request; [`Centrifugo::stopped`] waits for them to close.
     pub(crate) sessions: TaskTracker,
     /// The sessions of the emulation transports, by session id
-    /// (`emulation.rs`).
-    pub(crate) emulation: Arc<super::emulation::EmulationSessions>,
+    /// (`emulation_sessions.rs`).
+    pub(crate) emulation: Arc<super::emulation_sessions::EmulationSessions>,
     /// Cancelled when the node drains.
     shutdown: CancellationToken,
     /// The cluster events' and the node report's tasks, awaited by

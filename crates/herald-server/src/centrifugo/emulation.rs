@@ -24,9 +24,7 @@
 //! and an `/emulation` body is then an `EmulationRequest` whose `data`
 //! holds delimited `Command`s. SSE is text: JSON only.
 
-use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex, PoisonError};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Extension, Query, State};
@@ -48,77 +46,6 @@ use herald_node::forward::ForwardRequest;
 /// Chunks of a response body queued before the session's writes wait
 /// for the client to read.
 const BODY_QUEUE: usize = 8;
-/// Frames posted to one session and not yet run before `/emulation`
-/// waits (at most the write timeout, then 503).
-const COMMAND_QUEUE: usize = 16;
-
-/// The emulation sessions of this node, by session id.
-#[derive(Debug, Default)]
-pub(crate) struct EmulationSessions {
-    map: Mutex<HashMap<String, mpsc::Sender<String>>>,
-}
-
-impl EmulationSessions {
-    /// Registers a new session whose first frame is `first`.
-    fn register(self: &Arc<Self>, first: String) -> Registration {
-        let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
-        // The queue is new and empty: the first frame fits.
-        let _ = tx.try_send(first);
-        let id = client_id();
-        self.map
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(id.clone(), tx);
-        Registration {
-            id,
-            rx,
-            sessions: Arc::clone(self),
-        }
-    }
-
-    /// The queue of session `id`, if it runs on this node.
-    fn get(&self, id: &str) -> Option<mpsc::Sender<String>> {
-        self.map
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(id)
-            .cloned()
-    }
-
-    /// Sessions registered now.
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        self.map
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
-    }
-}
-
-/// A session's place in [`EmulationSessions`]: the frames posted for it;
-/// dropping it removes the session.
-pub(crate) struct Registration {
-    id: String,
-    rx: mpsc::Receiver<String>,
-    sessions: Arc<EmulationSessions>,
-}
-
-impl Registration {
-    /// The next frame posted for the session.
-    pub(crate) async fn next(&mut self) -> Option<String> {
-        self.rx.recv().await
-    }
-}
-
-impl Drop for Registration {
-    fn drop(&mut self) {
-        self.sessions
-            .map
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&self.id);
-    }
-}
 
 /// Whether a body is the binary protocol (not served).
 fn is_protobuf(headers: &HeaderMap) -> bool {
@@ -223,7 +150,7 @@ fn start(
         return Err(Error::Draining);
     }
     let (body_tx, body_rx) = mpsc::channel::<Bytes>(BODY_QUEUE);
-    let registration = state.centrifugo.emulation.register(first);
+    let registration = state.centrifugo.emulation.register(client_id(), first);
     let connection = Connection {
         sink: Sink::Body {
             tx: body_tx.clone(),
@@ -377,22 +304,6 @@ async fn forward(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[tokio::test]
-    async fn a_session_is_registered_until_its_registration_drops() {
-        let sessions = Arc::new(EmulationSessions::default());
-        let mut registration = sessions.register("first".to_owned());
-        let id = registration.id.clone();
-        assert_eq!(registration.next().await.as_deref(), Some("first"));
-        let queue = sessions.get(&id).expect("registered");
-        queue.send("second".to_owned()).await.unwrap();
-        assert_eq!(registration.next().await.as_deref(), Some("second"));
-        assert!(sessions.get("another").is_none());
-        drop(registration);
-        assert!(sessions.get(&id).is_none());
-        assert_eq!(sessions.len(), 0);
-        assert!(queue.send("late".to_owned()).await.is_err());
-    }
 
     #[test]
     fn frames_come_from_utf8_json_bodies_only() {

@@ -8,7 +8,9 @@
 //! - `POST /connection/http_stream`, `GET|POST /connection/sse` and
 //!   `POST /emulation`: the same sessions over HTTP streaming and SSE,
 //!   with the client's commands posted to `/emulation` (`emulation.rs`;
-//!   `transport.rs` is what differs between the transports);
+//!   `emulation_sessions.rs` the sessions it hands frames to;
+//!   `transport.rs` is what differs between the transports; `protobuf.rs`
+//!   the binary form of the protocol, transcoded to JSON at the edge);
 //! - `POST /api/<method>`: the server HTTP API (`server_api.rs`;
 //!   `history_remove.rs` its `history_remove`, forwarded to the holder
 //!   from a standby);
@@ -48,6 +50,7 @@ mod commands;
 pub(crate) mod config;
 pub(crate) mod context;
 mod emulation;
+mod emulation_sessions;
 #[cfg(test)]
 mod fuzz;
 mod history;

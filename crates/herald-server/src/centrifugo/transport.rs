@@ -27,7 +27,7 @@ use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message as Frame;
 
 use super::codes::Disconnect;
-use super::emulation::Registration;
+use super::emulation_sessions::Registration;
 use crate::websocket::Socket;
 
 /// One client connection as the session gets it.

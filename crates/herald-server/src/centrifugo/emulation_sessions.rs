@@ -1,0 +1,103 @@
+//! The emulation transports' sessions on this node, by session id: the
+//! queue through which `/emulation` hands each its frames of commands
+//! (`emulation.rs`), and the registration a session holds while it runs
+//! (`transport.rs`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::mpsc;
+
+/// Frames posted to one session and not yet run before `/emulation`
+/// waits (at most the write timeout, then 503).
+const COMMAND_QUEUE: usize = 16;
+
+/// The emulation sessions of this node, by session id.
+#[derive(Debug, Default)]
+pub(crate) struct EmulationSessions {
+    map: Mutex<HashMap<String, mpsc::Sender<String>>>,
+}
+
+impl EmulationSessions {
+    /// Registers session `id` (a random secret), whose first frame is
+    /// `first`.
+    pub(crate) fn register(self: &Arc<Self>, id: String, first: String) -> Registration {
+        let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
+        // The queue is new and empty: the first frame fits.
+        let _ = tx.try_send(first);
+        self.map
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id.clone(), tx);
+        Registration {
+            id,
+            rx,
+            sessions: Arc::clone(self),
+        }
+    }
+
+    /// The queue of session `id`, if it runs on this node.
+    pub(crate) fn get(&self, id: &str) -> Option<mpsc::Sender<String>> {
+        self.map
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(id)
+            .cloned()
+    }
+
+    /// Sessions registered now.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.map
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+}
+
+/// A session's place in [`EmulationSessions`]: the frames posted for it;
+/// dropping it removes the session.
+pub(crate) struct Registration {
+    /// The session id.
+    pub(crate) id: String,
+    rx: mpsc::Receiver<String>,
+    sessions: Arc<EmulationSessions>,
+}
+
+impl Registration {
+    /// The next frame posted for the session.
+    pub(crate) async fn next(&mut self) -> Option<String> {
+        self.rx.recv().await
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.sessions
+            .map
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_session_is_registered_until_its_registration_drops() {
+        let sessions = Arc::new(EmulationSessions::default());
+        let mut registration = sessions.register("s-1".to_owned(), "first".to_owned());
+        let id = registration.id.clone();
+        assert_eq!(registration.next().await.as_deref(), Some("first"));
+        let queue = sessions.get(&id).expect("registered");
+        queue.send("second".to_owned()).await.unwrap();
+        assert_eq!(registration.next().await.as_deref(), Some("second"));
+        assert!(sessions.get("another").is_none());
+        drop(registration);
+        assert!(sessions.get(&id).is_none());
+        assert_eq!(sessions.len(), 0);
+        assert!(queue.send("late".to_owned()).await.is_err());
+    }
+}
