@@ -23,6 +23,8 @@
 //   {"op":"subscribe","channel":"chat:a","joinLeave":true}   asks for joins and leaves
 //   {"op":"subscribe","channel":"news:a","token":"..."}     with a subscription token
 //   {"op":"subscribe","channel":"news:a","tagsFilter":{...}} with a tags filter
+//   {"op":"subscribe","channel":"news:a","delta":"fossil"}  asks for Fossil deltas
+//   {"op":"delta_stats","channel":"news:a"}                 the SDK's deltaStats()
 //   {"op":"subscribe","channel":"news:a","getState":true}   with a getState, which
 //       answers the positions queued by "states", in turn (each call reported)
 //   {"op":"states","channel":"news:a","states":[{"offset":N,"epoch":"..."}, ...]}
@@ -61,6 +63,7 @@
 //   {"type":"failed","op":"...","code":N,"message":"..."}  a command's error
 //   {"type":"get_token","channel":"..."|null}       a getToken call (--get-token)
 //   {"type":"get_state","channel":"..."}            a getState call
+//   {"type":"delta_stats","channel":"...","full":N,"deltas":N}
 //
 // It exits with status 0 when its stdin ends.
 
@@ -197,6 +200,9 @@ const run = (command) => {
       if (command.tagsFilter) {
         options.tagsFilter = command.tagsFilter;
       }
+      if (command.delta) {
+        options.delta = command.delta;
+      }
       if (command.getState) {
         options.getState = stateGetter(command.channel);
       }
@@ -207,6 +213,11 @@ const run = (command) => {
         }
       }
       subscription(command.channel, options).subscribe();
+      break;
+    }
+    case "delta_stats": {
+      const stats = subscription(command.channel).deltaStats();
+      report({ type: "delta_stats", channel: command.channel, full: stats.numFullPayloads, deltas: stats.numDeltaPayloads });
       break;
     }
     case "states":

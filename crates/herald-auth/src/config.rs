@@ -310,6 +310,13 @@ pub struct NamespaceRule {
     /// whether or not its subscribe asked for them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub force_push_join_leave: Option<bool>,
+    /// Whether a Centrifugo subscriber that asks for `delta: "fossil"`
+    /// gets its publications after the first as Fossil deltas of the
+    /// previous one (Centrifugo's `allowed_delta_types = ["fossil"]`);
+    /// absent or `false`: the subscribe result says no delta, and every
+    /// publication comes whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fossil_delta: Option<bool>,
 }
 
 fn yes() -> bool {
@@ -325,6 +332,7 @@ impl Default for NamespaceRule {
             presence: None,
             join_leave: None,
             force_push_join_leave: None,
+            fossil_delta: None,
         }
     }
 }

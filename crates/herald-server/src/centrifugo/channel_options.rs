@@ -1,6 +1,7 @@
 //! Centrifugo's channel options that Herald keeps per namespace
 //! (Centrifugo's documentation, "Channels", "Channel options"):
-//! `presence`, `join_leave` and `force_push_join_leave`, from the
+//! `presence`, `join_leave`, `force_push_join_leave` and `fossil_delta`
+//! (Centrifugo's `allowed_delta_types = ["fossil"]`), from the
 //! channel's namespace rule (`[namespaces.<name>]`, or
 //! `[auth.default_namespace]`), each defaulting to the `[centrifugo]`
 //! setting of the same name when the rule does not say.
@@ -21,6 +22,9 @@ pub(crate) struct ChannelOptions {
     pub(crate) join_leave: bool,
     /// Joins and leaves go to every subscriber, asked or not.
     pub(crate) force_push_join_leave: bool,
+    /// A subscriber that asks for `delta: "fossil"` gets deltas (the
+    /// namespace's `fossil_delta`; off when it does not say).
+    pub(crate) fossil_delta: bool,
 }
 
 impl ChannelOptions {
@@ -41,6 +45,7 @@ impl ChannelOptions {
             force_push_join_leave: rule
                 .force_push_join_leave
                 .unwrap_or(defaults.force_push_join_leave),
+            fossil_delta: rule.fossil_delta.unwrap_or(false),
         }
     }
 
@@ -69,12 +74,14 @@ mod tests {
             ChannelOptions {
                 presence: true,
                 join_leave: false,
-                force_push_join_leave: false
+                force_push_join_leave: false,
+                fossil_delta: false,
             }
         );
         let chat = NamespaceRule {
             presence: Some(false),
             join_leave: Some(true),
+            fossil_delta: Some(true),
             ..NamespaceRule::default()
         };
         let options = ChannelOptions::resolve(&chat, &defaults);
@@ -83,7 +90,8 @@ mod tests {
             ChannelOptions {
                 presence: false,
                 join_leave: true,
-                force_push_join_leave: false
+                force_push_join_leave: false,
+                fossil_delta: true,
             }
         );
         assert!(options.pushes_join_leave(true));

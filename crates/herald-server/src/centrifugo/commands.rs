@@ -14,9 +14,11 @@ use tokio::time::Instant;
 
 use super::channel_options::ChannelOptions;
 use super::codes::{self, Disconnect, ReplyError};
+use super::fossil_delta::FossilDelta;
 use super::history::{cost, history, Budget, HistoryQuery};
 use super::mailbox::{Out, Push};
 use super::presence;
+use super::protocol::DataForm;
 use super::protocol::{
     self, error_reply, publications, reply, ChannelRequest, Command, ConnectRequest,
     HistoryRequest, Publication, PublishRequest, RefreshRequest, SubRefreshRequest,
@@ -110,6 +112,9 @@ struct SubscribeResult<'a> {
     recovered: bool,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     was_recovering: bool,
+    /// Publications come as Fossil deltas (`fossil_delta.rs`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    delta: bool,
     /// The `data` of a server-side subscription's `subs` entry.
     #[serde(skip_serializing_if = "Option::is_none")]
     data: Option<&'a RawValue>,
@@ -127,6 +132,11 @@ struct Started {
     recovered: bool,
     /// A recovery was asked for.
     was_recovering: bool,
+    /// How the publications' `data` is written (a delta subscription's
+    /// whole form).
+    form: DataForm<'static>,
+    /// Delta is on for the subscription.
+    delta: bool,
 }
 
 impl Started {
@@ -139,12 +149,25 @@ impl Started {
             positioned: true,
             epoch: &self.epoch,
             offset: self.position,
-            publications: publications(&self.missed),
+            publications: self
+                .missed
+                .iter()
+                .map(|m| Publication::with_form(m, self.form))
+                .collect(),
             recovered: self.recovered,
             was_recovering: self.was_recovering,
+            delta: self.delta,
             data,
         }
     }
+}
+
+/// How a subscription hands its publications out: only those its tags
+/// `filter` passes; as Fossil deltas when `delta` is on.
+#[derive(Debug, Default)]
+struct Follow {
+    filter: Option<Arc<FilterNode>>,
+    delta: Option<FossilDelta>,
 }
 
 /// Where a client asks to recover from: the epoch and offset it saw, and
@@ -508,7 +531,14 @@ impl Session {
                         reject_unrecovered: false,
                     });
             match self
-                .start_subscription(&channel, recover, None, JoinLeave::default(), budget, None)
+                .start_subscription(
+                    &channel,
+                    recover,
+                    None,
+                    JoinLeave::default(),
+                    budget,
+                    Follow::default(),
+                )
                 .await
             {
                 Ok(s) => {
@@ -596,8 +626,12 @@ impl Session {
         });
         let budget = Budget::of(self.state.config());
         let filter = req.tf.map(Arc::new);
+        let delta = (req.delta == "fossil"
+            && ChannelOptions::of(&self.state, &channel).fossil_delta)
+            .then(|| FossilDelta::new(self.encoding));
+        let follow = Follow { filter, delta };
         match self
-            .start_subscription(&channel, recover, expires, join_leave, budget, filter)
+            .start_subscription(&channel, recover, expires, join_leave, budget, follow)
             .await
         {
             Ok(started) => Answer::Reply(reply(id, "subscribe", &started.result(&expiry, None))),
@@ -627,14 +661,15 @@ impl Session {
         expires: Option<Instant>,
         join_leave: JoinLeave,
         budget: Budget,
-        filter: Option<Arc<FilterNode>>,
+        how: Follow,
     ) -> Result<Started, ReplyError> {
+        let Follow { filter, delta } = how;
         let options = ChannelOptions::of(&self.state, channel);
         presence::join(&self.state, &self.client, &self.user(), channel).await?;
         let started = self
             .follow_channel(channel, recover.as_ref(), budget, filter.as_deref())
             .await;
-        let (started, live) = match started {
+        let (mut started, live) = match started {
             Ok(Some(started)) => started,
             Ok(None) => {
                 presence::remove(&self.state, &self.client, channel).await;
@@ -650,7 +685,16 @@ impl Session {
         };
         self.generations += 1;
         let generation = self.generations;
-        let task = tokio::spawn(follow(live, generation, self.out.clone(), filter));
+        if let Some(delta) = &delta {
+            started.form = delta.whole();
+            started.delta = true;
+        }
+        let task = tokio::spawn(follow(
+            live,
+            generation,
+            self.out.clone(),
+            Follow { filter, delta },
+        ));
         self.subs.insert(
             channel.clone(),
             Sub {
@@ -747,6 +791,8 @@ impl Session {
             missed,
             recovered,
             was_recovering: recover.is_some(),
+            form: DataForm::Plain,
+            delta: false,
         };
         Ok(Some((started, live)))
     }
@@ -1038,8 +1084,9 @@ async fn follow(
     mut live: Subscription,
     generation: u64,
     out: tokio::sync::mpsc::Sender<Out>,
-    filter: Option<Arc<FilterNode>>,
+    how: Follow,
 ) {
+    let Follow { filter, mut delta } = how;
     let channel = live.channel().clone();
     loop {
         match live.next_item().await {
@@ -1050,7 +1097,10 @@ async fn follow(
             Ok(Some(Item::Message(message)))
                 if filter.as_ref().is_some_and(|f| !f.matches(&message.tags)) => {}
             Ok(Some(Item::Message(message))) => {
-                let text = protocol::publication_push(channel.as_str(), &message);
+                let text = match delta.as_mut() {
+                    Some(delta) => delta.push(channel.as_str(), &message),
+                    None => protocol::publication_push(channel.as_str(), &message),
+                };
                 let push = Out::Push(Box::new(Push {
                     channel: channel.clone(),
                     generation,

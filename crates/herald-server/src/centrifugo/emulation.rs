@@ -38,7 +38,7 @@ use tracing::Instrument;
 
 use super::context::CentrifugoState;
 use super::session::{self, client_id};
-use super::transport::{Connection, Framing, Sink, Source};
+use super::transport::{Connection, Encoding, Framing, Sink, Source};
 use crate::conn_limit::ClientSlot;
 use crate::error::{Error, Result};
 use herald_node::forward::ForwardRequest;
@@ -157,6 +157,11 @@ fn start(
             framing,
         },
         emulation: Some(registration.id.clone()),
+        encoding: if framing == Framing::Protobuf {
+            Encoding::Protobuf
+        } else {
+            Encoding::Json
+        },
         source: Source::Emulation {
             commands: registration,
             body: body_tx,

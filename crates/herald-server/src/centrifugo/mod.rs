@@ -17,6 +17,7 @@
 //! - `recovery.rs`: recovery on subscribe that never lies, with the
 //!   channel's epoch from the storage (`Storage::channel_epoch`);
 //! - `tags_filter.rs`: the tags filter (`tf`) of a subscribe;
+//! - `fossil_delta.rs`: Fossil delta of a subscription's publications;
 //! - `history.rs`: history with Centrifugo's `limit`, `since`, `reverse`;
 //! - `publish.rs`: a publish into the same channel sequence as Herald's
 //!   own, through the node's publish routine (`herald_node::publish`);
@@ -51,6 +52,7 @@ pub(crate) mod config;
 pub(crate) mod context;
 mod emulation;
 mod emulation_sessions;
+mod fossil_delta;
 #[cfg(test)]
 mod fuzz;
 mod history;

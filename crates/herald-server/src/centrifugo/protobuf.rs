@@ -417,12 +417,12 @@ pub(crate) struct ClientInfo {
     pub(crate) chan_info: Vec<u8>,
 }
 
-/// `Publication`.
+/// `Publication`: `data` is the value's JSON text, or, with `delta`, the
+/// delta itself (the JSON form carries it as a JSON string).
 #[derive(Clone, PartialEq, prost::Message, Deserialize)]
-#[serde(default)]
+#[serde(from = "PublicationJson")]
 pub(crate) struct Publication {
     #[prost(bytes = "vec", tag = "4")]
-    #[serde(deserialize_with = "json_bytes")]
     pub(crate) data: Vec<u8>,
     #[prost(message, optional, tag = "5")]
     pub(crate) info: Option<ClientInfo>,
@@ -430,8 +430,43 @@ pub(crate) struct Publication {
     pub(crate) offset: u64,
     #[prost(btree_map = "string, string", tag = "7")]
     pub(crate) tags: BTreeMap<String, String>,
+    #[prost(bool, tag = "8")]
+    pub(crate) delta: bool,
     #[prost(int64, tag = "9")]
     pub(crate) time: i64,
+}
+
+/// A publication as the JSON form writes it.
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct PublicationJson {
+    data: Option<Box<RawValue>>,
+    info: Option<ClientInfo>,
+    offset: u64,
+    tags: BTreeMap<String, String>,
+    delta: bool,
+    time: i64,
+}
+
+impl From<PublicationJson> for Publication {
+    fn from(p: PublicationJson) -> Self {
+        let raw = p.data.as_deref().map_or("", RawValue::get);
+        let data = if p.delta {
+            // The delta's text, unquoted.
+            serde_json::from_str::<String>(raw)
+                .map_or_else(|_| raw.as_bytes().to_vec(), String::into_bytes)
+        } else {
+            raw.as_bytes().to_vec()
+        };
+        Self {
+            data,
+            info: p.info,
+            offset: p.offset,
+            tags: p.tags,
+            delta: p.delta,
+            time: p.time,
+        }
+    }
 }
 
 /// `Join` and `Leave`.
@@ -511,6 +546,8 @@ pub(crate) struct SubscribeResult {
     pub(crate) data: Vec<u8>,
     #[prost(bool, tag = "12")]
     pub(crate) was_recovering: bool,
+    #[prost(bool, tag = "13")]
+    pub(crate) delta: bool,
 }
 
 /// `PresenceResult`.
@@ -718,6 +755,7 @@ mod tests {
             r#"{"push":{"channel":"news","pub":{"data":[1, 2],"offset":6,"time":10}}}"#,
             r#"{"push":{"channel":"chat","join":{"info":{"user":"u","client":"c","conn_info":{"name":"Ann"}}}}}"#,
             r#"{"push":{"disconnect":{"code":3501,"reason":"bad request"}}}"#,
+            r#"{"push":{"channel":"d","pub":{"data":"3\n1:x","offset":7,"delta":true}}}"#,
             "{}",
         ]
         .join("\n");
@@ -726,7 +764,7 @@ mod tests {
         while !bytes.is_empty() {
             replies.push(Reply::decode_length_delimited(&mut bytes).unwrap());
         }
-        assert_eq!(replies.len(), 7);
+        assert_eq!(replies.len(), 8);
         let connect = replies[0].connect.as_ref().unwrap();
         assert_eq!((connect.ttl, connect.ping, connect.pong), (60, 25, true));
         assert_eq!(
@@ -754,7 +792,16 @@ mod tests {
             .as_ref()
             .unwrap();
         assert_eq!(disconnect.code, 3501);
-        assert_eq!(replies[6], Reply::default(), "a ping is an empty reply");
+        let delta = replies[6]
+            .push
+            .as_ref()
+            .unwrap()
+            .publication
+            .as_ref()
+            .unwrap();
+        assert!(delta.delta);
+        assert_eq!(delta.data, b"3\n1:x", "the delta's own bytes");
+        assert_eq!(replies[7], Reply::default(), "a ping is an empty reply");
         assert_eq!(replies_to_protobuf("{}"), vec![0], "its delimited form");
     }
 }

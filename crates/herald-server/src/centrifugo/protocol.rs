@@ -312,6 +312,44 @@ pub(crate) struct Publication<'a> {
     /// The tags published with it.
     #[serde(skip_serializing_if = "Tags::is_empty")]
     pub(crate) tags: &'a Tags,
+    /// `data` is a Fossil delta of the subscriber's previous publication
+    /// (`fossil_delta.rs`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) delta: bool,
+}
+
+/// How a publication's `data` is written.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum DataForm<'d> {
+    /// The value itself.
+    Plain,
+    /// The value's JSON text as a JSON string: a JSON subscriber with
+    /// delta on gets every whole publication so (centrifuge-js parses it).
+    Wrapped,
+    /// A Fossil delta, as a JSON string, with `delta: true`.
+    Delta(&'d str),
+}
+
+impl<'a> Publication<'a> {
+    /// `m` with its `data` written in `form`.
+    pub(crate) fn with_form(m: &'a Message, form: DataForm<'_>) -> Self {
+        let as_string = |text: &str| {
+            let quoted = serde_json::to_string(text).expect("a string serializes");
+            std::borrow::Cow::Owned(RawValue::from_string(quoted).expect("a JSON string is JSON"))
+        };
+        match form {
+            DataForm::Plain => Self::from(m),
+            DataForm::Wrapped => Self {
+                data: as_string(&m.data.to_json_text()),
+                ..Self::from(m)
+            },
+            DataForm::Delta(delta) => Self {
+                data: as_string(delta),
+                delta: true,
+                ..Self::from(m)
+            },
+        }
+    }
 }
 
 impl<'a> From<&'a Message> for Publication<'a> {
@@ -327,6 +365,7 @@ impl<'a> From<&'a Message> for Publication<'a> {
             offset: m.offset,
             time: m.published_at_ms,
             tags: &m.tags,
+            delta: false,
         }
     }
 }
@@ -349,6 +388,15 @@ pub(crate) fn error_reply(id: u32, error: &ReplyError) -> String {
 
 /// A publication push: `{"push":{"channel":"...","pub":{...}}}`.
 pub(crate) fn publication_push(channel: &str, message: &Message) -> String {
+    publication_push_with(channel, message, DataForm::Plain)
+}
+
+/// [`publication_push`] with its `data` in `form`.
+pub(crate) fn publication_push_with(
+    channel: &str,
+    message: &Message,
+    form: DataForm<'_>,
+) -> String {
     #[derive(Serialize)]
     struct Push<'a> {
         channel: &'a str,
@@ -357,7 +405,7 @@ pub(crate) fn publication_push(channel: &str, message: &Message) -> String {
     }
     let push = Push {
         channel,
-        publication: Publication::from(message),
+        publication: Publication::with_form(message, form),
     };
     reply_push(&push)
 }

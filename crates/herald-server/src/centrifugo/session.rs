@@ -210,6 +210,8 @@ pub(crate) struct Session {
     /// `/emulation` requests (a secret of this connection, unlike the
     /// client id, which presence shows); `None` on a WebSocket.
     pub(crate) emulation: Option<String>,
+    /// The form of the protocol the connection speaks.
+    pub(crate) encoding: Encoding,
     /// Counter behind [`Sub::generation`].
     pub(crate) generations: u64,
     /// Where subscription tasks queue their pushes.
@@ -306,6 +308,7 @@ pub(crate) async fn upgrade(
         let connection = Connection {
             sink: Sink::WebSocket(tx, encoding),
             source: Source::WebSocket(rx, encoding),
+            encoding,
             emulation: None,
         };
         sessions.track_future(run(connection, state, slot).instrument(span))
@@ -364,6 +367,7 @@ pub(crate) async fn run(connection: Connection, state: CentrifugoState, _slot: O
         sink,
         mut source,
         emulation,
+        encoding,
     } = connection;
     let (out, mut out_rx) = mpsc::channel(OUT_CAPACITY);
     let config = state.config().centrifugo.clone();
@@ -382,6 +386,7 @@ pub(crate) async fn run(connection: Connection, state: CentrifugoState, _slot: O
         subs: HashMap::new(),
         server_subs: BTreeSet::new(),
         emulation,
+        encoding,
         generations: 0,
         out,
         mailbox: Arc::clone(&mailbox),

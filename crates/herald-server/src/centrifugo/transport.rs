@@ -36,6 +36,8 @@ pub(crate) struct Connection {
     pub(crate) sink: Sink,
     /// Where the client's frames come from.
     pub(crate) source: Source,
+    /// The form of the protocol it speaks.
+    pub(crate) encoding: Encoding,
     /// The session id of an emulation transport (see
     /// [`super::session::Session::emulation`]).
     pub(crate) emulation: Option<String>,

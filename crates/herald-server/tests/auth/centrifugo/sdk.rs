@@ -433,6 +433,81 @@ async fn filters_and_state(backend: Backend, transport: Transport) {
     node.stop().await;
 }
 
+/// centrifuge-js over `transport`, subscribed with `delta: "fossil"` in a
+/// namespace with `fossil_delta`: every publication arrives whole to the
+/// application, once, in order, also those recovered after a reconnect,
+/// and the SDK counts the live ones after the first as deltas.
+async fn fossil_delta(backend: Backend, transport: Transport) {
+    let sdk = Sdk::Js;
+    sdk.check();
+    let place = Place::new(backend).await;
+    let creds = Creds::new();
+    let mut config = creds.config();
+    config.namespaces.insert(
+        "delta".to_owned(),
+        NamespaceRule {
+            fossil_delta: Some(true),
+            ..NamespaceRule::default()
+        },
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let node = Node::start_on(&place, "node-a", Role::Holder, config, listener).await;
+    let key = creds.backend.as_str();
+    let token = creds.token_for("ann", json!({"channels": ["delta:*"]}));
+    let mut c = transport.start(sdk, "with delta", addr, &token, "delta:d");
+    c.expect("connected", is("connected", "")).await;
+    c.send(json!({"op": "subscribe", "channel": "delta:d", "delta": "fossil"}))
+        .await;
+    c.expect("subscribed", is("subscribed", "delta:d")).await;
+    let pad = "x".repeat(400);
+    let data = |i: u64| json!({"i": i, "pad": pad, "note": "é ✓"});
+    for i in 1..=4 {
+        publish_tagged(&node, key, "delta:d", data(i), json!({})).await;
+    }
+    c.received_up_to(4).await;
+    c.send(json!({"op": "delta_stats", "channel": "delta:d"}))
+        .await;
+    let stats = c.expect("delta stats", is("delta_stats", "delta:d")).await;
+    assert_eq!(
+        (&stats["full"], &stats["deltas"]),
+        (&json!(1), &json!(3)),
+        "{stats}"
+    );
+    c.send(json!({"op": "disconnect"})).await;
+    c.expect("disconnected", is("disconnected", "")).await;
+    for i in 5..=6 {
+        publish_tagged(&node, key, "delta:d", data(i), json!({})).await;
+    }
+    c.send(json!({"op": "connect"})).await;
+    let again = c.expect("resubscribed", is("subscribed", "delta:d")).await;
+    assert_eq!(again["recovered"], true, "{again}");
+    publish_tagged(&node, key, "delta:d", data(7), json!({})).await;
+    c.received_up_to(7).await;
+    let expected: Vec<(u64, Value)> = (1..=7).map(|i| (i, data(i))).collect();
+    assert_eq!(
+        c.received, expected,
+        "every publication whole, once, in order"
+    );
+    c.stop().await;
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_js_decodes_fossil_deltas_over_websocket_on_sqlite() {
+    fossil_delta(Backend::Sqlite, Transport::WebSocket).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_js_decodes_fossil_deltas_over_sse_on_postgres() {
+    fossil_delta(Backend::Postgres, Transport::Sse).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn centrifuge_js_protobuf_decodes_fossil_deltas_over_websocket_on_postgres() {
+    fossil_delta(Backend::Postgres, Transport::WebSocketProtobuf).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn centrifuge_js_filters_and_reloads_state_over_websocket_on_sqlite() {
     filters_and_state(Backend::Sqlite, Transport::WebSocket).await;
