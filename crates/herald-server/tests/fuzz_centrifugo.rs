@@ -1063,6 +1063,31 @@ struct Outcomes {
     closes: BTreeSet<u16>,
 }
 
+/// Whether a command holds more than one request that is not `null`, or
+/// one beside a field that is not a request (an unknown method).
+fn ambiguous(methods: &[(&'static str, Value)]) -> bool {
+    const REQUESTS: [&str; 12] = [
+        "connect",
+        "subscribe",
+        "unsubscribe",
+        "publish",
+        "presence",
+        "presence_stats",
+        "history",
+        "ping",
+        "send",
+        "rpc",
+        "refresh",
+        "sub_refresh",
+    ];
+    let requests = methods
+        .iter()
+        .filter(|(m, v)| REQUESTS.contains(m) && !v.is_null())
+        .count();
+    let unknown = methods.iter().any(|(m, _)| !REQUESTS.contains(m));
+    requests > 1 || (requests == 1 && unknown)
+}
+
 fn outcomes(sent: &Sent, connected: bool) -> Outcomes {
     let close = |codes: &[u16]| Outcomes {
         reply: false,
@@ -1097,6 +1122,9 @@ fn outcomes(sent: &Sent, connected: bool) -> Outcomes {
             nothing: true,
             closes: BTreeSet::from([3005, 3006, 3500, 3501, 3508]),
         },
+        // More than one request, or one with a field the protocol lacks
+        // (an unknown method beside it): not the protocol.
+        Typing::Good if sent.id.is_some() && ambiguous(methods) => close(&[3501]),
         Typing::Good if !connected => {
             // Before `connect` only a `connect` with an id is taken.
             if sent.id.is_none() || !names.contains(&"connect") {

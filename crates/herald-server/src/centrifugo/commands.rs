@@ -117,7 +117,7 @@ struct SubscribeResult<'a> {
     delta: bool,
     /// The `data` of a server-side subscription's `subs` entry.
     #[serde(skip_serializing_if = "Option::is_none")]
-    data: Option<&'a RawValue>,
+    data: Option<std::borrow::Cow<'a, RawValue>>,
 }
 
 /// A subscription as it started: what its subscribe result reports.
@@ -142,6 +142,7 @@ struct Started {
 impl Started {
     /// The subscribe result, with `expiry` and `data`.
     fn result<'a>(&'a self, expiry: &Expiry, data: Option<&'a RawValue>) -> SubscribeResult<'a> {
+        let data = data.map(protocol::one_line);
         SubscribeResult {
             expires: expiry.expires,
             ttl: expiry.ttl,
@@ -283,6 +284,11 @@ impl Session {
                 .starts_with('{')
                 .then(|| serde_json::from_str::<Command>(line).ok())
                 .flatten();
+            // One request, and no field the protocol lacks, in a command
+            // that runs (a pong runs nothing).
+            let command = command.filter(|c| {
+                c.id == 0 || !protocol::Shape::of(line).is_some_and(protocol::Shape::ambiguous)
+            });
             let Some(command) = command else {
                 handled.end = Some(
                     self.flush(writer, &mut batch)

@@ -26,12 +26,15 @@
 
 use std::convert::Infallible;
 
+use std::collections::BTreeMap;
+
 use axum::body::{Body, Bytes};
-use axum::extract::{Extension, Query, State};
-use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::extract::{Extension, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::Instrument;
@@ -41,17 +44,40 @@ use super::session::{self, client_id};
 use super::transport::{Connection, Encoding, Framing, Sink, Source};
 use crate::conn_limit::ClientSlot;
 use crate::error::{Error, Result};
+use crate::extract::{read_limited, FromQuery, QueryParams, ValidQuery};
 use herald_node::forward::ForwardRequest;
 
 /// Chunks of a response body queued before the session's writes wait
 /// for the client to read.
 const BODY_QUEUE: usize = 8;
 
-/// Whether a body is the binary protocol (not served).
+/// Whether a body is the binary protocol.
 fn is_protobuf(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/octet-stream"))
+}
+
+/// The checks a web page's request must pass before anything runs
+/// (`edge.rs`): an `Origin` the CORS allow-list allows (or none: not a
+/// browser), and a body of `application/json` (or `application/<x>+json`)
+/// or, where `binary`, `application/octet-stream`, types a page can send
+/// only after a CORS preflight.
+///
+/// # Errors
+/// 403 `origin_not_allowed`; 415 `unsupported_media_type`.
+fn from_a_page_allowed(
+    state: &CentrifugoState,
+    headers: &HeaderMap,
+    uri: &Uri,
+    binary: bool,
+) -> Result<()> {
+    crate::edge::cross_origin_write_refusal(&state.shared, headers, uri)?;
+    if crate::edge::is_json(headers) || (binary && is_protobuf(headers)) {
+        Ok(())
+    } else {
+        Err(Error::UnsupportedMediaType)
+    }
 }
 
 /// A frame of commands from a request body, in the JSON form (a binary
@@ -81,16 +107,22 @@ fn frame(headers: &HeaderMap, body: &[u8]) -> Result<String> {
 }
 
 /// `POST /connection/http_stream`: starts a session whose frames stream
-/// in the answer, one JSON object per line.
+/// in the answer, one JSON object per line (delimited protobuf replies
+/// for an `application/octet-stream` request).
 ///
 /// # Errors
-/// See [`frame`]; 503 `draining` while the node drains.
+/// See [`from_a_page_allowed`] and [`frame`]; 413 `payload_too_large`
+/// for a body over the frame limit; 503 `draining` while the node drains.
 pub(crate) async fn http_stream(
     State(state): State<CentrifugoState>,
     slot: Option<Extension<ClientSlot>>,
+    uri: Uri,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Result<Response> {
+    from_a_page_allowed(&state, &headers, &uri, true)?;
+    let limit = session::max_frame_bytes(state.config());
+    let body = read_limited(&headers, body, limit).await?;
     let first = frame(&headers, &body)?;
     let framing = if is_protobuf(&headers) {
         Framing::Protobuf
@@ -101,33 +133,56 @@ pub(crate) async fn http_stream(
 }
 
 /// `cf_connect` of an SSE request: the client's first frame.
-#[derive(Debug, Deserialize)]
+#[derive(Debug)]
 pub(crate) struct SseQuery {
     cf_connect: Option<String>,
 }
 
+impl FromQuery for SseQuery {
+    fn from_query(params: &QueryParams) -> Result<Self> {
+        Ok(Self {
+            cf_connect: params.get("cf_connect")?.map(str::to_owned),
+        })
+    }
+}
+
+/// Whether `frame` is one `connect` command and nothing else.
+fn only_connect(frame: &str) -> bool {
+    let line = frame.trim();
+    !line.contains('\n')
+        && serde_json::from_str::<BTreeMap<String, &RawValue>>(line)
+            .is_ok_and(|fields| fields.contains_key("connect"))
+        && super::protocol::Shape::of(line).is_some_and(|s| s.requests == 1 && !s.unknown)
+}
+
 /// `GET /connection/sse?cf_connect=<frame>` and `POST /connection/sse`
 /// (the frame as the body): starts a session whose frames stream as
-/// server-sent events.
+/// server-sent events. The first frame is one `connect` and nothing else:
+/// a `GET` is a request any page can make without a preflight (an image,
+/// a link), so it may start a session but not run anything else.
 ///
 /// # Errors
-/// 400 `invalid_query` without `cf_connect` on a `GET`; see [`frame`] for
-/// a `POST`, and 415 for one in the binary form (SSE is text); 503
-/// `draining` while the node drains.
+/// 400 `invalid_query` without `cf_connect` (or with two) on a `GET`, or
+/// when the frame is not one `connect`; for a `POST`, see
+/// [`from_a_page_allowed`] (JSON only: SSE is text) and [`frame`], and 413
+/// `payload_too_large`; 403 `origin_not_allowed` from a page whose origin
+/// is not allowed; 503 `draining` while the node drains.
 pub(crate) async fn sse(
     State(state): State<CentrifugoState>,
     slot: Option<Extension<ClientSlot>>,
     method: Method,
-    Query(query): Query<SseQuery>,
+    uri: Uri,
+    ValidQuery(query): ValidQuery<SseQuery>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Result<Response> {
     let first = if method == Method::POST {
-        if is_protobuf(&headers) {
-            return Err(Error::UnsupportedMediaType);
-        }
+        from_a_page_allowed(&state, &headers, &uri, false)?;
+        let limit = session::max_frame_bytes(state.config());
+        let body = read_limited(&headers, body, limit).await?;
         frame(&headers, &body)?
     } else {
+        crate::edge::cross_origin_write_refusal(&state.shared, &headers, &uri)?;
         query
             .cf_connect
             .filter(|c| !c.trim().is_empty())
@@ -135,6 +190,11 @@ pub(crate) async fn sse(
                 Error::InvalidQuery("cf_connect must hold the connect command".to_owned())
             })?
     };
+    if !only_connect(&first) {
+        return Err(Error::InvalidQuery(
+            "the first frame of an SSE session must be one connect command".to_owned(),
+        ));
+    }
     start(state, slot, first, Framing::Events)
 }
 
@@ -211,7 +271,8 @@ struct EmulationRequest {
 /// `POST /emulation`: hands a frame of commands to its session.
 ///
 /// # Errors
-/// 400 `invalid_json` for a body that is not an emulation request (in the
+/// See [`from_a_page_allowed`]; 413 `payload_too_large` for a frame over
+/// the frame limit; 400 `invalid_json` for a body that is not an emulation request (in the
 /// binary form: `invalid_body`, also when its `data` is not delimited
 /// `Command`s); 404 `session_not_found` when no session of that id runs
 /// on the node it names (forwarded there once when that is another node);
@@ -219,9 +280,14 @@ struct EmulationRequest {
 /// write timeout.
 pub(crate) async fn emulate(
     State(state): State<CentrifugoState>,
+    uri: Uri,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Result<Response> {
+    from_a_page_allowed(&state, &headers, &uri, true)?;
+    let limit = session::max_frame_bytes(state.config());
+    // The frame arrives as a JSON string: escaping may double it.
+    let body = read_limited(&headers, body, 2 * limit + 1024).await?;
     let request = if is_protobuf(&headers) {
         use prost::Message as _;
         let binary = super::protobuf::EmulationRequest::decode(body.as_ref())
@@ -244,6 +310,9 @@ pub(crate) async fn emulate(
     let own = &state.config().node_id;
     if !request.node.is_empty() && request.node != *own {
         return forward(&state, &request.node, &headers, body).await;
+    }
+    if request.data.len() > limit {
+        return Err(Error::PayloadTooLarge { limit });
     }
     let Some(queue) = state.centrifugo.emulation.get(&request.session) else {
         return Err(Error::SessionNotFound);
@@ -269,17 +338,23 @@ async fn forward(
         return Err(Error::SessionNotFound);
     }
     let shared = &state.shared;
-    let reports = shared
-        .node
-        .storage()
-        .node_reports()
-        .await
-        .map_err(|e| herald_node::node_error::StorageFailure::new("node_reports", None, e))?;
-    let Some(url) = reports
-        .into_iter()
-        .find(|r| r.node_id == node && !r.url.is_empty())
-        .map(|r| r.url)
-    else {
+    let sessions = &state.centrifugo.emulation;
+    let urls = match sessions.node_urls() {
+        Some(urls) => urls,
+        None => {
+            let reports = shared.node.storage().node_reports().await.map_err(|e| {
+                herald_node::node_error::StorageFailure::new("node_reports", None, e)
+            })?;
+            sessions.keep_node_urls(
+                reports
+                    .into_iter()
+                    .filter(|r| !r.url.is_empty())
+                    .map(|r| (r.node_id, r.url))
+                    .collect(),
+            )
+        }
+    };
+    let Some(url) = urls.get(node).cloned() else {
         return Err(Error::SessionNotFound);
     };
     let request = ForwardRequest {

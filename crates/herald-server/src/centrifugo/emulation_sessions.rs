@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
@@ -16,7 +17,18 @@ const COMMAND_QUEUE: usize = 16;
 #[derive(Debug, Default)]
 pub(crate) struct EmulationSessions {
     map: Mutex<HashMap<String, mpsc::Sender<String>>>,
+    /// The other nodes' advertised URLs by node id, from the node reports,
+    /// and when they were read: a request for another node reads the
+    /// reports at most once per [`NODE_URLS_FRESH`], so that requests
+    /// anyone may send cannot make the node query its database at will.
+    node_urls: Mutex<Option<(Instant, NodeUrls)>>,
 }
+
+/// Node id → advertised URL.
+pub(crate) type NodeUrls = Arc<HashMap<String, String>>;
+
+/// How long the node URLs read from the reports are used.
+const NODE_URLS_FRESH: Duration = Duration::from_secs(1);
 
 impl EmulationSessions {
     /// Registers session `id` (a random secret), whose first frame is
@@ -43,6 +55,30 @@ impl EmulationSessions {
             .unwrap_or_else(PoisonError::into_inner)
             .get(id)
             .cloned()
+    }
+
+    /// The node URLs read less than [`NODE_URLS_FRESH`] ago, if any.
+    pub(crate) fn node_urls(&self) -> Option<NodeUrls> {
+        let urls = self
+            .node_urls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        urls.as_ref()
+            .filter(|(at, _)| at.elapsed() < NODE_URLS_FRESH)
+            .map(|(_, urls)| Arc::clone(urls))
+    }
+
+    /// Keeps `urls`, read now; returns them.
+    pub(crate) fn keep_node_urls(
+        &self,
+        urls: HashMap<String, String>,
+    ) -> Arc<HashMap<String, String>> {
+        let urls = Arc::new(urls);
+        *self
+            .node_urls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some((Instant::now(), Arc::clone(&urls)));
+        urls
     }
 
     /// Sessions registered now.

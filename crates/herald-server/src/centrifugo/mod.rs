@@ -84,24 +84,12 @@ pub use config::CentrifugoConfig;
 /// Centrifugo's routes: the client protocol's WebSocket and the server
 /// API, whose body limit is `config`'s `max_batch_body_bytes`.
 pub(crate) fn routes(config: &ServerConfig) -> Router<CentrifugoState> {
-    let frame_bytes = session::max_frame_bytes(config);
     Router::new()
         .route("/connection/websocket", get(session::upgrade))
-        .route(
-            "/connection/http_stream",
-            post(emulation::http_stream).layer(DefaultBodyLimit::max(frame_bytes)),
-        )
-        .route(
-            "/connection/sse",
-            get(emulation::sse)
-                .post(emulation::sse)
-                .layer(DefaultBodyLimit::max(frame_bytes)),
-        )
-        .route(
-            "/emulation",
-            // The frame arrives as a JSON string: escaping may double it.
-            post(emulation::emulate).layer(DefaultBodyLimit::max(2 * frame_bytes + 1024)),
-        )
+        // Their bodies are read within the frame limit by the handlers.
+        .route("/connection/http_stream", post(emulation::http_stream))
+        .route("/connection/sse", get(emulation::sse).post(emulation::sse))
+        .route("/emulation", post(emulation::emulate))
         .route(
             "/api/{method}",
             post(server_api::call).layer(DefaultBodyLimit::max(config.max_batch_body_bytes)),

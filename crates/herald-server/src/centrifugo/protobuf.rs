@@ -636,19 +636,23 @@ pub(crate) fn commands_to_json(mut frame: &[u8]) -> Result<String, NotTheProtoco
 
 /// The delimited `Reply`s of the session's JSON frame `text` (objects
 /// separated by `\n`; `{}` a ping).
-pub(crate) fn replies_to_protobuf(text: &str) -> Vec<u8> {
+///
+/// # Errors
+/// [`NotTheProtocol`] for a line that is not a reply (a bug: the session
+/// writes only what `Reply` reads; logged): the connection is closed
+/// rather than sent something else.
+pub(crate) fn replies_to_protobuf(text: &str) -> Result<Vec<u8>, NotTheProtocol> {
     use prost::Message as _;
     let mut out = Vec::with_capacity(text.len());
     for line in text.split('\n') {
-        let reply = serde_json::from_str::<Reply>(line).unwrap_or_else(|e| {
-            // The session writes only what `Reply` reads; a miss is a bug.
-            tracing::error!(error = %e, "a reply has no protobuf form");
-            Reply::default()
-        });
+        let reply = serde_json::from_str::<Reply>(line).map_err(|e| {
+            tracing::error!(error = %e, "a reply has no protobuf form; closing");
+            NotTheProtocol(e.to_string())
+        })?;
         // Writing into a Vec cannot fail.
         let _ = reply.encode_length_delimited(&mut out);
     }
-    out
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -759,7 +763,7 @@ mod tests {
             "{}",
         ]
         .join("\n");
-        let mut bytes: &[u8] = &replies_to_protobuf(&text);
+        let mut bytes: &[u8] = &replies_to_protobuf(&text).unwrap();
         let mut replies = Vec::new();
         while !bytes.is_empty() {
             replies.push(Reply::decode_length_delimited(&mut bytes).unwrap());
@@ -802,6 +806,14 @@ mod tests {
         assert!(delta.delta);
         assert_eq!(delta.data, b"3\n1:x", "the delta's own bytes");
         assert_eq!(replies[7], Reply::default(), "a ping is an empty reply");
-        assert_eq!(replies_to_protobuf("{}"), vec![0], "its delimited form");
+        assert_eq!(
+            replies_to_protobuf("{}").unwrap(),
+            vec![0],
+            "its delimited form"
+        );
+        assert!(
+            replies_to_protobuf("{\"id\":1,\"connect\":").is_err(),
+            "cut"
+        );
     }
 }

@@ -56,6 +56,60 @@ pub(crate) struct Command {
     pub(crate) sub_refresh: Option<SubRefreshRequest>,
 }
 
+/// The request fields of a command (`Command` of `client.proto`, besides
+/// `id`).
+const METHODS: [&str; 12] = [
+    "connect",
+    "subscribe",
+    "unsubscribe",
+    "publish",
+    "presence",
+    "presence_stats",
+    "history",
+    "ping",
+    "send",
+    "rpc",
+    "refresh",
+    "sub_refresh",
+];
+
+/// What a command line holds besides its `id`: how many request fields
+/// that are not `null`, and whether any field a command does not have.
+/// A command that runs holds exactly one request and nothing unknown (a
+/// line with none is an unknown method, answered 104).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Shape {
+    /// Request fields that are not `null`.
+    pub(crate) requests: usize,
+    /// Fields that are neither `id` nor a request.
+    pub(crate) unknown: bool,
+}
+
+impl Shape {
+    /// The shape of `line`, a JSON object (`None` when it is not one).
+    pub(crate) fn of(line: &str) -> Option<Self> {
+        let fields: BTreeMap<String, &RawValue> = serde_json::from_str(line).ok()?;
+        let mut shape = Self {
+            requests: 0,
+            unknown: false,
+        };
+        for (name, value) in &fields {
+            if METHODS.contains(&name.as_str()) {
+                shape.requests += usize::from(value.get() != "null");
+            } else if name != "id" {
+                shape.unknown = true;
+            }
+        }
+        Some(shape)
+    }
+
+    /// Whether the command asks for more than one thing, or for one
+    /// thing with fields the protocol does not have: not the protocol.
+    pub(crate) fn ambiguous(self) -> bool {
+        self.requests > 1 || (self.requests == 1 && self.unknown)
+    }
+}
+
 /// An optional request from `null` or a JSON object, and nothing else:
 /// serde's derived structs also take an array of their fields' values
 /// (`"since": [5, "e"]`), which is not the protocol; Centrifugo's decoder
@@ -356,7 +410,7 @@ impl<'a> From<&'a Message> for Publication<'a> {
     fn from(m: &'a Message) -> Self {
         Self {
             data: match &m.data {
-                herald_core::Payload::Json(json) => std::borrow::Cow::Borrowed(&**json),
+                herald_core::Payload::Json(json) => one_line(json),
                 herald_core::Payload::Bytes(_) => std::borrow::Cow::Owned(
                     RawValue::from_string(m.data.to_json_text().into_owned())
                         .expect("a base64 JSON string is JSON"),
@@ -367,6 +421,21 @@ impl<'a> From<&'a Message> for Publication<'a> {
             tags: &m.tags,
             delta: false,
         }
+    }
+}
+
+/// `raw` on one line: a raw line break in JSON text can only be
+/// whitespace between tokens (inside a string JSON escapes it), so it
+/// becomes a space. Stored values keep the bytes they were published
+/// with, and a pretty-printed one must not split the JSON lines of a
+/// frame, an SSE event or a protobuf transcoding.
+pub(crate) fn one_line(raw: &RawValue) -> std::borrow::Cow<'_, RawValue> {
+    let text = raw.get();
+    if text.contains(['\n', '\r']) {
+        let flat = text.replace(['\n', '\r'], " ");
+        std::borrow::Cow::Owned(RawValue::from_string(flat).expect("whitespace changed only"))
+    } else {
+        std::borrow::Cow::Borrowed(raw)
     }
 }
 
@@ -436,9 +505,9 @@ pub(crate) fn join_leave_push(event: &PresenceEvent) -> String {
         user: &'a str,
         client: &'a str,
         #[serde(skip_serializing_if = "Option::is_none")]
-        conn_info: Option<&'a RawValue>,
+        conn_info: Option<Box<RawValue>>,
         #[serde(skip_serializing_if = "Option::is_none")]
-        chan_info: Option<&'a RawValue>,
+        chan_info: Option<Box<RawValue>>,
     }
     #[derive(Serialize)]
     struct Body<'a> {
@@ -452,8 +521,9 @@ pub(crate) fn join_leave_push(event: &PresenceEvent) -> String {
         #[serde(skip_serializing_if = "Option::is_none")]
         leave: Option<Body<'a>>,
     }
-    fn raw(text: Option<&str>) -> Option<&RawValue> {
-        text.and_then(|t| serde_json::from_str(t).ok())
+    fn raw(text: Option<&str>) -> Option<Box<RawValue>> {
+        text.and_then(|t| serde_json::from_str::<&RawValue>(t).ok())
+            .map(|r| one_line(r).into_owned())
     }
     let body = Body {
         info: Info {

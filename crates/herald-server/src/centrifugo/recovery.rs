@@ -45,7 +45,10 @@ pub(crate) enum Recovery {
 
 /// Decides a recovery from `page`, the storage's answer to a read after
 /// `offset` with a limit of [`MAX_RECOVERED`] + 1:
-/// - the client's `epoch` is not the channel's → not recovered;
+/// - the client's `epoch` is not the channel's → not recovered, except
+///   an empty epoch with offset 0 (a client that saw nothing, whatever
+///   the history: centrifuge-js's `getState` and `since` start so), which
+///   recovers the whole channel;
 /// - `offset` is beyond the head (the client saw offsets this history
 ///   never had) → not recovered;
 /// - the first message held is not `offset + 1` (removed by retention) →
@@ -64,7 +67,9 @@ pub(crate) fn decide(
     let not_recovered = Recovery::NotRecovered {
         position: page.head,
     };
-    if epoch != channel_epoch || offset > page.head || page.messages.len() > MAX_RECOVERED {
+    let from_nothing = epoch.is_empty() && offset == 0;
+    let same_history = epoch == channel_epoch || from_nothing;
+    if !same_history || offset > page.head || page.messages.len() > MAX_RECOVERED {
         return not_recovered;
     }
     if let (Some(live), Some(oldest)) = (live_only, page.messages.first()) {
@@ -207,6 +212,20 @@ mod tests {
     fn another_epoch_is_not_recovered() {
         let r = decide("e1", "e0", 2, page(5, &[3, 4, 5]), None);
         assert_eq!(r, Recovery::NotRecovered { position: 5 });
+    }
+
+    #[test]
+    fn an_empty_epoch_recovers_only_from_nothing() {
+        let r = decide("e1", "", 0, page(3, &[1, 2, 3]), None);
+        assert_eq!(offsets(&r), Some((vec![1, 2, 3], 3)), "offset 0: all of it");
+        let r = decide("e1", "", 2, page(3, &[3]), None);
+        assert_eq!(
+            r,
+            Recovery::NotRecovered { position: 3 },
+            "an offset of another history"
+        );
+        let r = decide("e1", "", 0, page(5, &[3, 4, 5]), None);
+        assert_eq!(r, Recovery::NotRecovered { position: 5 }, "1 and 2 removed");
     }
 
     #[test]

@@ -68,14 +68,16 @@ pub(crate) enum Framing {
 impl Framing {
     /// The body bytes of one session frame: `text` holds JSON objects
     /// separated by `\n` (none of them holds a raw newline: JSON escapes
-    /// it inside strings, and the session writes its objects compact).
-    pub(crate) fn encode(self, text: &str) -> Bytes {
+    /// it inside strings, the session writes its objects compact and
+    /// stored values on one line, `protocol::one_line`); `None` when it
+    /// has no protobuf form (see `protobuf::replies_to_protobuf`).
+    pub(crate) fn encode(self, text: &str) -> Option<Bytes> {
         match self {
             Self::Lines => {
                 let mut body = String::with_capacity(text.len() + 1);
                 body.push_str(text);
                 body.push('\n');
-                Bytes::from(body)
+                Some(Bytes::from(body))
             }
             Self::Events => {
                 let mut body = String::with_capacity(text.len() + 16);
@@ -84,9 +86,11 @@ impl Framing {
                     body.push_str(line);
                     body.push_str("\n\n");
                 }
-                Bytes::from(body)
+                Some(Bytes::from(body))
             }
-            Self::Protobuf => Bytes::from(super::protobuf::replies_to_protobuf(text)),
+            Self::Protobuf => super::protobuf::replies_to_protobuf(text)
+                .ok()
+                .map(Bytes::from),
         }
     }
 }
@@ -121,10 +125,13 @@ impl Sink {
                 tx.send(Frame::Text(text.into())).await.map_err(|_| Gone)
             }
             Self::WebSocket(tx, Encoding::Protobuf) => {
-                let bytes = super::protobuf::replies_to_protobuf(&text);
+                let bytes = super::protobuf::replies_to_protobuf(&text).map_err(|_| Gone)?;
                 tx.send(Frame::Binary(bytes.into())).await.map_err(|_| Gone)
             }
-            Self::Body { tx, framing } => tx.send(framing.encode(&text)).await.map_err(|_| Gone),
+            Self::Body { tx, framing } => {
+                let bytes = framing.encode(&text).ok_or(Gone)?;
+                tx.send(bytes).await.map_err(|_| Gone)
+            }
         }
     }
 
@@ -146,7 +153,9 @@ impl Sink {
             }
             (Self::Body { tx, framing }, _) => {
                 let push = super::protocol::disconnect_push(d.code, d.reason);
-                let _ = tokio::time::timeout(timeout, tx.send(framing.encode(&push))).await;
+                if let Some(bytes) = framing.encode(&push) {
+                    let _ = tokio::time::timeout(timeout, tx.send(bytes)).await;
+                }
             }
             (Self::WebSocket(..), Source::Emulation { .. }) => {}
         }
@@ -223,10 +232,10 @@ mod tests {
         let frame = "{\"id\":1,\"connect\":{}}\n{\"push\":{}}";
         assert_eq!(
             Framing::Lines.encode(frame),
-            Bytes::from("{\"id\":1,\"connect\":{}}\n{\"push\":{}}\n")
+            Some(Bytes::from("{\"id\":1,\"connect\":{}}\n{\"push\":{}}\n"))
         );
         assert_eq!(
-            Framing::Events.encode(frame),
+            Framing::Events.encode(frame).unwrap(),
             Bytes::from("data: {\"id\":1,\"connect\":{}}\n\ndata: {\"push\":{}}\n\n")
         );
     }

@@ -232,27 +232,130 @@ async fn bad_starts_are_refused() {
     let place = Place::new(Backend::Sqlite).await;
     let node = Node::start(&place, "node-a", Role::Holder, ServerConfig::default()).await;
     let client = reqwest::Client::new();
-    let status = |r: reqwest::Response| r.status().as_u16();
+    // Each refusal is a JSON error with its code.
+    let refused = |r: reqwest::Response| async move {
+        let status = r.status().as_u16();
+        let body: Value = r.json().await.unwrap_or(Value::Null);
+        (status, body["error"]["code"].as_str().map(str::to_owned))
+    };
+    let code = |status: u16, code: &str| (status, Some(code.to_owned()));
+    let sse = |query: &[(&str, String)]| {
+        reqwest::Url::parse_with_params(&format!("{}/connection/sse", node.base), query).unwrap()
+    };
     let get = client.get(format!("{}/connection/sse", node.base));
-    assert_eq!(status(get.send().await.unwrap()), 400, "no cf_connect");
+    assert_eq!(
+        refused(get.send().await.unwrap()).await,
+        code(400, "invalid_query"),
+        "no cf_connect"
+    );
+    let connect = json!({"id": 1, "connect": {}}).to_string();
+    let twice = sse(&[
+        ("cf_connect", connect.clone()),
+        ("cf_connect", connect.clone()),
+    ]);
+    assert_eq!(
+        refused(client.get(twice).send().await.unwrap()).await,
+        code(400, "invalid_query")
+    );
+    // A GET any page can make (an image) may connect, and run nothing
+    // else: a publish beside the connect is refused, and stores nothing.
+    let publish = json!({"id": 2, "publish": {"channel": "csrf", "data": {}}}).to_string();
+    let sneaky = sse(&[("cf_connect", format!("{connect}\n{publish}"))]);
+    assert_eq!(
+        refused(client.get(sneaky).send().await.unwrap()).await,
+        code(400, "invalid_query")
+    );
+    // A page of a foreign origin is refused, as for a WebSocket.
+    let foreign = client
+        .get(sse(&[("cf_connect", connect.clone())]))
+        .header("origin", "https://evil.example");
+    assert_eq!(
+        refused(foreign.send().await.unwrap()).await,
+        code(403, "origin_not_allowed")
+    );
+    // POSTs take only what a page sends after a CORS preflight.
+    for (path, body) in [
+        ("/connection/http_stream", format!("{connect}\n{publish}")),
+        ("/connection/sse", connect.clone()),
+        (
+            "/emulation",
+            json!({"session": "s", "data": "{}"}).to_string(),
+        ),
+    ] {
+        let plain = client
+            .post(format!("{}{path}", node.base))
+            .header("content-type", "text/plain")
+            .body(body.clone());
+        assert_eq!(
+            refused(plain.send().await.unwrap()).await,
+            code(415, "unsupported_media_type"),
+            "{path}"
+        );
+        let foreign = client
+            .post(format!("{}{path}", node.base))
+            .header("content-type", "application/json")
+            .header("origin", "https://evil.example")
+            .body(body);
+        assert_eq!(
+            refused(foreign.send().await.unwrap()).await,
+            code(403, "origin_not_allowed"),
+            "{path}"
+        );
+    }
+    let (status, _, history) = node
+        .call(
+            "POST",
+            "/api/history",
+            &[],
+            Some(json!({"channel": "csrf", "limit": -1})),
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        history["result"]["offset"], 0,
+        "nothing was published: {history}"
+    );
+    // Bodies over the frame limit: 413 in JSON.
+    let huge = "x".repeat(2 << 20);
+    for path in ["/connection/http_stream", "/emulation"] {
+        let post = client
+            .post(format!("{}{path}", node.base))
+            .header("content-type", "application/json")
+            .body(huge.clone());
+        assert_eq!(
+            refused(post.send().await.unwrap()).await,
+            code(413, "payload_too_large"),
+            "{path}"
+        );
+    }
     let post = client
         .post(format!("{}/connection/http_stream", node.base))
         .header("content-type", "application/octet-stream")
         .body(vec![0x0a, 0x02]);
     assert_eq!(
-        status(post.send().await.unwrap()),
-        400,
+        refused(post.send().await.unwrap()).await,
+        code(400, "invalid_body"),
         "a cut protobuf command"
     );
     let post = client
         .post(format!("{}/connection/sse", node.base))
         .header("content-type", "application/octet-stream")
         .body(vec![0x04, 0x08, 0x01, 0x22, 0x00]);
-    assert_eq!(status(post.send().await.unwrap()), 415, "SSE is text");
-    let post = client.post(format!("{}/connection/http_stream", node.base));
-    assert_eq!(status(post.send().await.unwrap()), 400, "an empty body");
+    assert_eq!(
+        refused(post.send().await.unwrap()).await,
+        code(415, "unsupported_media_type"),
+        "SSE is text"
+    );
+    let post = client
+        .post(format!("{}/connection/http_stream", node.base))
+        .header("content-type", "application/json");
+    assert_eq!(
+        refused(post.send().await.unwrap()).await,
+        code(400, "invalid_body"),
+        "an empty body"
+    );
     let get = client.get(format!("{}/connection/http_stream", node.base));
-    assert_eq!(status(get.send().await.unwrap()), 405);
+    assert_eq!(get.send().await.unwrap().status(), 405);
     // A first frame that is not a connect closes at once.
     let mut stream = Stream::http_stream(
         &client,
@@ -263,6 +366,49 @@ async fn bad_starts_are_refused() {
     let closed = stream.next().await.unwrap();
     assert_eq!(closed["push"]["disconnect"]["code"], 3501, "{closed}");
     assert_eq!(stream.next().await, None);
+}
+
+/// A value published pretty-printed (raw line breaks between its tokens)
+/// reaches an SSE and an HTTP-streaming subscriber as one event, one line:
+/// the same value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pretty_printed_data_keeps_to_one_line() {
+    let place = Place::new(Backend::Sqlite).await;
+    let node = Node::start(&place, "node-a", Role::Holder, ServerConfig::default()).await;
+    let client = reqwest::Client::new();
+    let connect = json!({"id": 1, "connect": {}});
+    let mut streams = vec![
+        Stream::sse(&client, &node.base, connect.clone()).await,
+        Stream::http_stream(&client, &node.base, connect).await,
+    ];
+    for stream in &mut streams {
+        let session = stream.next().await.unwrap()["connect"]["session"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let frame = json!({"id": 2, "subscribe": {"channel": "pretty"}}).to_string();
+        let (status, _) = emulate(&client, &node.base, "", &session, &frame).await;
+        assert_eq!(status, 204);
+        assert_eq!(stream.next().await.unwrap()["id"], 2);
+    }
+    let body =
+        "{\"channel\": \"pretty\", \"data\": {\n  \"a\": [\r\n    1,\n    \"x\\ny\"\n  ]\n}}";
+    let response = client
+        .post(format!("{}/api/publish", node.base))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    for stream in &mut streams {
+        let push = stream.next().await.unwrap();
+        assert_eq!(
+            push["push"]["pub"]["data"],
+            json!({"a": [1, "x\ny"]}),
+            "{push}"
+        );
+    }
 }
 
 /// On PostgreSQL the session's stream is on the standby; its commands are

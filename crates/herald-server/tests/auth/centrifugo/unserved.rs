@@ -67,6 +67,13 @@ async fn unserved_requests_are_answered_108() {
         let r = c.command(method, params.clone()).await;
         assert_eq!(r["error"]["code"], 108, "{method} {params}: {r}");
     }
+    // An unknown method alone is 104, as before; with a `null` request
+    // beside it, too.
+    let r = c.command("teleport", json!({})).await;
+    assert_eq!(r["error"]["code"], 104, "{r}");
+    c.send_text(r#"{"id":77,"subscribe":null,"teleport":{}}"#)
+        .await;
+    assert_eq!(c.reply(77).await["error"]["code"], 104);
     // None of them subscribed or published anything.
     let r = c
         .command("history", json!({"channel": "m", "limit": -1}))
@@ -91,6 +98,10 @@ async fn fields_that_change_the_meaning_close_with_3501() {
         json!({"id": 1, "presence": {"channel": "a", "map": true}}),
         json!({"id": 1, "unsubscribe": {"channel": "a", "key": "k"}}),
         json!({"id": 1, "refresh": {"token": "t", "x": 1}}),
+        // A field beside the request, and two requests in one command.
+        json!({"id": 1, "publish": {"channel": "a", "data": {}}, "tags": {"x": "y"}}),
+        json!({"id": 1, "subscribe": {"channel": "a"}, "history": {"channel": "a"}}),
+        json!({"id": 1, "publish": {"channel": "a", "data": {}}, "teleport": {}}),
         // A map's paging on a stream subscription.
         json!({"id": 1, "subscribe": {"channel": "a", "phase": 1}}),
         json!({"id": 1, "subscribe": {"channel": "a", "cursor": "c"}}),
