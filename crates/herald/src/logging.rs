@@ -2,6 +2,7 @@
 
 use std::collections::HashSet;
 use std::fmt;
+use std::sync::OnceLock;
 
 use tracing::{Event, Subscriber};
 use tracing_subscriber::fmt::format::{Format, Json, JsonFields, Writer};
@@ -35,6 +36,24 @@ pub(crate) fn init(format: LogFormat) {
     };
 }
 
+/// This node's id, once `herald serve` knows it: from then on every JSON
+/// record carries it as `node_id` (docs/operations.md, "Log lines").
+static NODE_ID: OnceLock<String> = OnceLock::new();
+
+/// Makes `node_id` a field of every JSON record written from now on (a
+/// record's own `node_id`, or a span's, still wins). Only the first call
+/// counts: a process is one node.
+pub(crate) fn set_node_id(node_id: &str) {
+    let _ = NODE_ID.set(node_id.to_owned());
+}
+
+/// The node id as the fields of an outermost span: `{"node_id": ...}`.
+fn node_fields() -> Option<String> {
+    NODE_ID
+        .get()
+        .map(|id| serde_json::json!({ "node_id": id }).to_string())
+}
+
 /// The JSON record format: one object per line with `timestamp`, `level`,
 /// the event's fields (`message` among them), `target`, the fields of the
 /// spans the event was made in, and `spans` (those spans, root first, each
@@ -52,8 +71,10 @@ fn json_records() -> SpanFieldsOnTop<Format<Json>> {
 /// made in also appear at the top level of its record, as its own fields
 /// do: a field that a task attaches once through a span (`node_id`) stays
 /// where log queries look for it. An event's own field wins over a span's
-/// of the same name, and an inner span's over an outer one's. A record made
-/// outside any span is written exactly as the wrapped format writes it.
+/// of the same name, and an inner span's over an outer one's. The node's
+/// id ([`set_node_id`]) is added as if by an outermost span. A record made
+/// outside any span before the node id is known is written exactly as the
+/// wrapped format writes it.
 struct SpanFieldsOnTop<F>(F);
 
 impl<S, F> FormatEvent<S, JsonFields> for SpanFieldsOnTop<F>
@@ -69,11 +90,11 @@ where
     ) -> fmt::Result {
         let mut record = String::new();
         self.0.format_event(ctx, Writer::new(&mut record), event)?;
-        let Some(scope) = ctx.event_scope() else {
-            return writer.write_str(&record);
-        };
-        // Innermost span first.
-        let spans: Vec<String> = scope
+        // Innermost span first; the node's id counts as the outermost.
+        let mut spans: Vec<String> = ctx
+            .event_scope()
+            .into_iter()
+            .flatten()
             .map(|span| {
                 span.extensions()
                     .get::<FormattedFields<JsonFields>>()
@@ -81,6 +102,10 @@ where
                     .unwrap_or_default()
             })
             .collect();
+        spans.extend(node_fields());
+        if spans.is_empty() {
+            return writer.write_str(&record);
+        }
         match with_fields_on_top(&record, &spans) {
             Some(lifted) => writer.write_str(&lifted),
             None => writer.write_str(&record),

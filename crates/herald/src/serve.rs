@@ -153,6 +153,15 @@ async fn start_and_run(
     args: ServeArgs,
     file: anyhow::Result<ConfigFile>,
 ) -> anyhow::Result<ExitStatus> {
+    // Known before anything else is logged: from then on every JSON record
+    // carries it. A new id is written to the data dir only once the
+    // storage is open (a node that cannot start creates nothing).
+    let proposed_id = args
+        .node_id
+        .clone()
+        .or_else(|| kept_node_id(&args.data_dir))
+        .unwrap_or_else(new_node_id);
+    crate::logging::set_node_id(&proposed_id);
     let file = file?;
     check_fault_switches()?;
     // Check the settings before touching the network or the database.
@@ -175,7 +184,7 @@ async fn start_and_run(
     let (storage, backend) = open_storage(&args, &checked.lease_config).await?;
     let node_id = match &args.node_id {
         Some(id) => id.clone(),
-        None => stable_node_id(&args.data_dir)?,
+        None => stable_node_id(&args.data_dir, &proposed_id)?,
     };
     let tls = checked.tls.clone();
     let server_config = server_config(&args, node_id, addr, &checked)?;
@@ -547,9 +556,24 @@ async fn open_storage(
     }
 }
 
-/// The node id kept in `<data_dir>/node-id`, created on first use. Errors
-/// name the absolute path and the operation, once.
-fn stable_node_id(data_dir: &Path) -> anyhow::Result<String> {
+/// The node id already kept in `<data_dir>/node-id`, if there is one;
+/// creates nothing (a node that cannot bind its port must not create its
+/// data directory).
+fn kept_node_id(data_dir: &Path) -> Option<String> {
+    let id = std::fs::read_to_string(data_dir.join("node-id")).ok()?;
+    let id = id.trim();
+    (!id.is_empty()).then(|| id.to_owned())
+}
+
+/// A fresh node id: `node-` and 16 random hex digits.
+fn new_node_id() -> String {
+    format!("node-{:016x}", rand::random::<u64>())
+}
+
+/// The node id kept in `<data_dir>/node-id`, created on first use with
+/// `proposed` as its value. Errors name the absolute path and the
+/// operation, once.
+fn stable_node_id(data_dir: &Path, proposed: &str) -> anyhow::Result<String> {
     let data_dir = &std::path::absolute(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
     herald_storage::sqlite::create_private_dir(data_dir).map_err(|e| {
         anyhow::anyhow!(
@@ -564,7 +588,7 @@ fn stable_node_id(data_dir: &Path) -> anyhow::Result<String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => anyhow::bail!("cannot read the node id from {}: {e}", path.display()),
     }
-    let id = format!("node-{:016x}", rand::random::<u64>());
+    let id = proposed.to_owned();
     let tmp = data_dir.join("node-id.tmp");
     std::fs::write(&tmp, format!("{id}\n"))
         .map_err(|e| anyhow::anyhow!("cannot write the node id to {}: {e}", tmp.display()))?;
@@ -666,8 +690,8 @@ mod tests {
     #[test]
     fn node_id_is_stable_across_restarts() {
         let dir = tempfile::tempdir().unwrap();
-        let first = stable_node_id(dir.path()).unwrap();
-        let second = stable_node_id(dir.path()).unwrap();
+        let first = stable_node_id(dir.path(), "node-a").unwrap();
+        let second = stable_node_id(dir.path(), "node-b").unwrap();
         assert_eq!(first, second);
         assert!(first.starts_with("node-"));
     }

@@ -289,3 +289,36 @@ async fn a_transaction_pooler_is_refused_naming_the_fix() {
         .get(0);
     assert!(!migrated, "the schema was created through the pooler");
 }
+
+/// With `--log-format json`, every record of a node's life carries its
+/// `node_id` (docs/operations.md, "Log lines"): on the first start, when
+/// the id is made, and on a restart, when it is read back, from the first
+/// record to the drain's last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_json_record_carries_the_node_id() {
+    let dir = tempfile::tempdir().unwrap();
+    for start in ["first", "restart"] {
+        let mut server = Server::start_holder(dir.path()).await;
+        server
+            .api
+            .publish("logged", &serde_json::json!({"start": start}))
+            .await;
+        server.sigterm();
+        server.wait_exit(WAIT).await;
+        server
+            .wait_log_record("the drain's last record", WAIT, |r| {
+                r["message"] == "drained"
+            })
+            .await;
+        let node_id = std::fs::read_to_string(dir.path().join("node-id")).unwrap();
+        let records = server.log_records();
+        assert!(records.len() > 5, "{start}: {records:?}");
+        for record in &records {
+            assert_eq!(
+                record["node_id"].as_str(),
+                Some(node_id.trim()),
+                "{start}: {record}"
+            );
+        }
+    }
+}
