@@ -676,11 +676,14 @@ fn error_message(code: u64) -> Option<&'static str> {
     })
 }
 
-/// Checks `{"error": {"code", "message"}}`.
+/// Checks `{"error": {"code", "message"}}`: Centrifugo's message for the
+/// code, which Herald may follow with `: ` and a detail.
 fn check_error(error: &Value) -> Result<u64, String> {
     let code = error["code"].as_u64().ok_or(format!("no code: {error}"))?;
     let message = error_message(code).ok_or(format!("unknown code {code}"))?;
-    if error["message"] != message {
+    let sent = error["message"].as_str().unwrap_or_default();
+    let detail = sent.strip_prefix(message);
+    if !detail.is_some_and(|rest| rest.is_empty() || rest.starts_with(": ")) {
         return Err(format!("code {code} with another message: {error}"));
     }
     Ok(code)

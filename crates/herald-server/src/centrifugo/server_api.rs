@@ -83,7 +83,7 @@ pub(crate) async fn call(
     }
     let (parts, body) = request.into_parts();
     let Some(who) = principal(&state, &parts.headers, &parts.uri).await else {
-        return failure(StatusCode::UNAUTHORIZED, &ReplyError::unauthorized());
+        return failure(StatusCode::UNAUTHORIZED, &unauthorized(&parts.headers));
     };
     // A JSON body only: a web page can send another type to any host
     // without a CORS preflight (`edge.rs`).
@@ -120,6 +120,28 @@ pub(crate) async fn call(
     match run(&state, &who, &parts.headers, &method, &params, budget).await {
         Ok(outcome) => answer(&outcome),
         Err(Undecodable) => bad_request(),
+    }
+}
+
+/// Centrifugo's 101 for a call without a usable key, its message naming
+/// where the server API looks for one, and saying so when the caller sent
+/// another `Authorization` scheme (a client token's `Bearer` is the usual
+/// mistake).
+fn unauthorized(headers: &HeaderMap) -> ReplyError {
+    let scheme = headers
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_whitespace().next())
+        .filter(|scheme| !scheme.eq_ignore_ascii_case("apikey"));
+    let wrong = scheme.map_or(String::new(), |scheme| {
+        format!(" (Authorization: {scheme} is not taken here)")
+    });
+    ReplyError {
+        message: format!(
+            "unauthorized: the server API takes an API key in X-API-Key, \
+             Authorization: apikey <KEY> or ?api_key={wrong}"
+        ),
+        ..ReplyError::unauthorized()
     }
 }
 
@@ -733,7 +755,24 @@ mod tests {
             .unwrap();
         assert_eq!(
             serde_json::from_slice::<Value>(&body).unwrap(),
-            json!({"error": {"code": 101, "message": "unauthorized"}})
+            json!({"error": {"code": 101, "message": "unauthorized: the server API takes an API \
+                key in X-API-Key, Authorization: apikey <KEY> or ?api_key="}})
+        );
+        // A client token's scheme is named as not taken here.
+        let request = Request::post("/api/publish")
+            .header("content-type", "application/json")
+            .header("authorization", "Bearer eyJhbGciOi")
+            .body(Body::from("{}"))
+            .unwrap();
+        let (status, body) = send(&state, request).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        assert_eq!(body["error"]["code"], 101, "{body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("Authorization: Bearer is not taken here")
+                    && m.contains("X-API-Key")),
+            "{body}"
         );
         // A body over the limit without a key is a 401 too, not a 413.
         let big = json!({"channel": "a", "data": "x".repeat(8000)}).to_string();
