@@ -47,18 +47,19 @@ pub const RETENTION_BACKLOG: &str = "herald_retention_backlog_messages";
 pub const CHANNELS_BEYOND_POLICY: &str = "herald_retention_channels_beyond_policy";
 /// `herald_subscriptions_truncated_total`.
 pub const SUBSCRIPTIONS_TRUNCATED: &str = "herald_subscriptions_truncated_total";
-/// `herald_lease_takeovers_recorded`.
-pub const TAKEOVERS_RECORDED: &str = "herald_lease_takeovers_recorded";
+/// `herald_lease_takeovers_recorded_total`.
+pub const TAKEOVERS_RECORDED: &str = "herald_lease_takeovers_recorded_total";
 
-/// Sets `herald_lease_takeovers_recorded` from the database's record
-/// (`LeaseStore::takeover_counts`); reasons without a record read 0.
+/// Sets the counter `herald_lease_takeovers_recorded_total` from the
+/// database's record (`LeaseStore::takeover_counts`), which only grows;
+/// reasons without a record read 0.
 pub fn takeovers_recorded(counts: &[herald_storage::TakeoverCount]) {
     for reason in herald_storage::TakeoverReason::ALL {
         let takeovers = counts
             .iter()
             .find(|c| c.reason == reason)
             .map_or(0, |c| c.takeovers);
-        gauge!(TAKEOVERS_RECORDED, "reason" => reason.as_str()).set(takeovers as f64);
+        counter!(TAKEOVERS_RECORDED, "reason" => reason.as_str()).absolute(takeovers);
     }
 }
 

@@ -78,7 +78,7 @@ pub use herald_node::node_error::{HolderWrite, NodeError, StartError, StorageFai
 pub use herald_node::retention::{
     duration_text, RetentionConfig, RetentionHandle, RetentionPolicy, TrimPacing,
 };
-pub use metrics::install_metrics_recorder;
+pub use metrics::{install_metrics_recorder, record_build_info};
 pub use state::AppState;
 pub use tls::TlsCertificates;
 

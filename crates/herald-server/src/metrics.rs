@@ -26,7 +26,8 @@
 //! | `herald_retention_channels_beyond_policy` | gauge | | on the holder, at the start of the last sweep: channels with more messages or bytes than their policy allows |
 //! | `herald_subscriptions_truncated_total` | counter | | `truncated` events sent: a subscriber resumed (or fell) below the channel's earliest offset |
 //! | `herald_centrifugo_channels_unreported` | gauge | | subscribed channels this node left out of its last node report (beyond its cap; other nodes' `channels` miss them) |
-//! | `herald_lease_takeovers_recorded` | gauge | `reason` (`fresh`, `released`, `expired`, `holder_gone`, `reclaimed`) | acquisitions of the writer lease recorded in the database, by every node over the database's life (read at scrape time) |
+//! | `herald_lease_takeovers_recorded_total` | counter | `reason` (`fresh`, `released`, `expired`, `holder_gone`, `reclaimed`) | acquisitions of the writer lease recorded in the database, by every node over the database's life (read at scrape time) |
+//! | `herald_build_info` | gauge | `version`, `commit` | 1, labelled with the running binary's version and the commit it was built from (`unknown` when built outside a git checkout without `HERALD_COMMIT`) |
 //!
 //! Every family above, and the lease supervisor's (`herald_lease_*`), is
 //! registered when the recorder is installed (counters and gauges at 0,
@@ -93,6 +94,19 @@ pub fn install_metrics_recorder() -> PrometheusHandle {
             handle
         })
         .clone()
+}
+
+/// `herald_build_info`.
+const BUILD_INFO: &str = "herald_build_info";
+
+/// Sets `herald_build_info{version, commit}` to 1: which binary this node
+/// runs, for dashboards that compare nodes during a rolling upgrade.
+pub fn record_build_info(version: &str, commit: &str) {
+    describe_gauge!(
+        BUILD_INFO,
+        "1, labelled with the version of the running binary and the commit it was built from."
+    );
+    gauge!(BUILD_INFO, "version" => version.to_owned(), "commit" => commit.to_owned()).set(1.0);
 }
 
 /// Updates the process gauges (`process_resident_memory_bytes`,
@@ -224,7 +238,7 @@ fn describe() {
         "Subscribed channels this node left out of its last node report (beyond the cap)."
     );
     // Emitted by the lease supervisor (herald-lease).
-    describe_gauge!(
+    describe_counter!(
         TAKEOVERS_RECORDED,
         Unit::Count,
         "Acquisitions of the writer lease recorded in the database by reason, by every node over the database's life."
@@ -296,7 +310,7 @@ fn register_at_zero() {
         gauge!(SUBSCRIBERS, "transport" => transport).set(0.0);
     }
     for reason in herald_storage::TakeoverReason::ALL {
-        gauge!(TAKEOVERS_RECORDED, "reason" => reason.as_str()).set(0.0);
+        counter!(TAKEOVERS_RECORDED, "reason" => reason.as_str()).absolute(0);
     }
     for name in [
         QUEUE_DEPTH,

@@ -35,7 +35,7 @@ use serve::settings::{serve_command, ServeCommand};
 
 /// Herald: durable real-time channels over HTTP, SSE and WebSocket.
 #[derive(Debug, Parser)]
-#[command(name = "herald", version, about)]
+#[command(name = "herald", version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("HERALD_COMMIT"), ")"), about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -181,6 +181,7 @@ async fn start_and_run(
     let listener = bind(&args.listen).await?;
     let addr = listener.local_addr()?;
     herald_server::install_metrics_recorder();
+    herald_server::record_build_info(env!("CARGO_PKG_VERSION"), env!("HERALD_COMMIT"));
     let (storage, backend) = open_storage(&args, &checked.lease_config).await?;
     let node_id = match &args.node_id {
         Some(id) => id.clone(),

@@ -59,6 +59,23 @@ async fn every_documented_family_is_on_the_first_scrape() {
         .filter(|family| !has_family(&text, family))
         .collect();
     assert!(missing.is_empty(), "missing {missing:?} in:\n{text}");
+    // The takeovers the database recorded are a counter (`increase()`
+    // applies), and the build is named.
+    assert!(
+        text.lines()
+            .any(|l| l == "# TYPE herald_lease_takeovers_recorded_total counter"),
+        "{text}"
+    );
+    let build = text
+        .lines()
+        .find(|l| l.starts_with("herald_build_info{"))
+        .unwrap_or_else(|| panic!("no herald_build_info in:\n{text}"));
+    assert!(build.ends_with("} 1"), "{build}");
+    assert!(
+        build.contains(&format!("version=\"{}\"", env!("CARGO_PKG_VERSION"))),
+        "{build}"
+    );
+    assert!(build.contains("commit=\""), "{build}");
     for line in [
         "herald_lease_watchdog_stops_total 0",
         "herald_lease_renewals_total{result=\"timeout\"} 0",
@@ -87,9 +104,9 @@ async fn the_recorded_takeovers_survive_a_restart() {
     let second = Server::start_holder(dir.path()).await;
     let text = scrape(&second).await;
     for line in [
-        "herald_lease_takeovers_recorded{reason=\"fresh\"} 1",
-        "herald_lease_takeovers_recorded{reason=\"released\"} 1",
-        "herald_lease_takeovers_recorded{reason=\"expired\"} 0",
+        "herald_lease_takeovers_recorded_total{reason=\"fresh\"} 1",
+        "herald_lease_takeovers_recorded_total{reason=\"released\"} 1",
+        "herald_lease_takeovers_recorded_total{reason=\"expired\"} 0",
         // This process acquired once, for its own reason only.
         "herald_lease_acquisitions_total{reason=\"fresh\"} 0",
         "herald_lease_acquisitions_total{reason=\"released\"} 1",
