@@ -43,6 +43,8 @@ async fn sse_resumes_from_last_event_id_or_after_then_goes_live() {
         assert_eq!(m["data"], json!({ "i": offset }));
         assert!(m["published_at"].is_string());
     }
+    // The stream named its reconnection time before its first event.
+    assert_eq!(by_header.retry_ms, Some(1000));
     assert_eq!(
         within("history", NODE_WAIT, by_query.next_message())
             .await

@@ -63,6 +63,8 @@ pub struct SseClient {
     block: Vec<String>,
     /// Set once the body ended; every later read returns it.
     end: Option<SseEnd>,
+    /// The last reconnection time the stream announced (`retry:`, ms).
+    pub retry_ms: Option<u64>,
 }
 
 impl SseClient {
@@ -105,6 +107,7 @@ impl SseClient {
             pending: Vec::new(),
             block: Vec::new(),
             end: None,
+            retry_ms: None,
         }
     }
 
@@ -114,7 +117,13 @@ impl SseClient {
             while let Some(line) = self.next_line() {
                 if !line.is_empty() {
                     self.block.push(line);
-                } else if let Some(item) = Self::parse_block(&std::mem::take(&mut self.block)) {
+                    continue;
+                }
+                let block = std::mem::take(&mut self.block);
+                if let Some(retry) = block.iter().rev().find_map(|l| l.strip_prefix("retry:")) {
+                    self.retry_ms = retry.trim().parse().ok().or(self.retry_ms);
+                }
+                if let Some(item) = Self::parse_block(&block) {
                     return Ok(item);
                 }
             }
@@ -197,7 +206,9 @@ impl SseClient {
         Some(String::from_utf8(line).expect("an event stream is UTF-8"))
     }
 
-    /// The item of one block's lines; `None` for a block without lines.
+    /// The item of one block's lines; `None` for a block without lines,
+    /// and for one whose only field is `retry` (no event is dispatched for
+    /// it: WHATWG HTML, "Server-sent events", "Processing model").
     fn parse_block(lines: &[String]) -> Option<SseItem> {
         let mut event = SseEvent {
             id: None,
@@ -212,8 +223,11 @@ impl SseClient {
                 comments.push(comment);
                 continue;
             }
-            fields += 1;
             let (field, value) = line.split_once(':').unwrap_or((line, ""));
+            if field == "retry" {
+                continue;
+            }
+            fields += 1;
             let value = value.strip_prefix(' ').unwrap_or(value);
             match field {
                 "id" => event.id = Some(value.to_owned()),
