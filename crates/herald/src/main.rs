@@ -25,6 +25,7 @@ mod serve;
 mod status;
 mod tail;
 mod tls_reload;
+mod token;
 mod toml_syntax;
 
 use std::process::ExitCode;
@@ -65,6 +66,10 @@ enum Command {
     /// API keys: `herald keys generate` prints a new one.
     #[command(subcommand)]
     Keys(keys::KeysCommand),
+    /// Client tokens: `herald token create` makes one with the config's
+    /// HS256 secret, `herald token check` says whether one is accepted.
+    #[command(subcommand)]
+    Token(token::TokenCommand),
 }
 
 #[tokio::main]
@@ -80,6 +85,7 @@ async fn main() -> ExitCode {
         Command::Status(args) => status::run_status(args).await,
         Command::Bench(command) => bench::run(command).await,
         Command::Keys(command) => keys::run(command),
+        Command::Token(command) => token::run(command).await,
     };
     match result {
         Ok(code) => code,
