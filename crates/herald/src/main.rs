@@ -15,6 +15,7 @@ mod config_file;
 mod duration;
 mod exposure;
 mod fanout;
+mod fd_limit;
 mod file_modes;
 mod history;
 mod keys;
