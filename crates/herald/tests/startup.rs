@@ -370,6 +370,23 @@ async fn a_low_soft_open_file_limit_is_raised_to_the_hard_limit_and_logged() {
         server.log_text()
     );
 
+    // The process metric says the same.
+    let metrics = within(
+        "/metrics",
+        WAIT,
+        reqwest::get(format!("{}/metrics", server.url)),
+    )
+    .await
+    .unwrap()
+    .text()
+    .await
+    .unwrap();
+    let max_fds = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("process_max_fds "))
+        .unwrap_or_else(|| panic!("no process_max_fds in:\n{metrics}"));
+    assert_eq!(max_fds.parse::<f64>().unwrap(), soft.unwrap() as f64);
+
     // More connections open at once than the limit it was started with:
     // each is accepted and answered, and stays open (kept alive) while the
     // next ones are made.
