@@ -7,8 +7,11 @@
 #   docker build -t herald .            (or podman build)
 #   docker run -p 7700:7700 -v herald-data:/var/lib/herald herald
 #
-# The base images are arguments, for a mirror or a pinned digest.
-ARG BUILD_IMAGE=docker.io/library/rust:1.89-slim-bookworm
+# The base images are arguments, for a mirror or a pinned digest. The
+# build image's Debian release must be the runtime image's (the binary
+# needs a glibc as old as the one it was linked against or newer), and its
+# Rust at least the newest rust-version of Cargo.lock's crates (1.92).
+ARG BUILD_IMAGE=docker.io/library/rust:1.92-slim-bookworm
 ARG RUNTIME_IMAGE=gcr.io/distroless/cc-debian12:nonroot
 
 FROM ${BUILD_IMAGE} AS build
