@@ -4,8 +4,12 @@
 # directory a volume. docs/operations.md ("Deploying", container) explains
 # the settings, and what of this file is tested and how.
 #
-#   docker build -t herald .            (or podman build)
-#   docker run -p 7700:7700 -v herald-data:/var/lib/herald herald
+#   docker build -t herald .    (podman build --format docker -t herald .:
+#                                the OCI format drops HEALTHCHECK)
+#   docker run -p 7700:7700 -v herald-data:/var/lib/herald \
+#       -v "$PWD/herald.toml:/etc/herald/herald.toml:ro" \
+#       -e HERALD_CONFIG=/etc/herald/herald.toml herald
+#   (listening off loopback, a node refuses to start without [auth])
 #
 # The base images are arguments, for a mirror or a pinned digest. The
 # build image's Debian release must be the runtime image's (the binary
