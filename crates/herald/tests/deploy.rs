@@ -4,7 +4,9 @@
 //! `herald serve` have, the compose file's nginx is the documented server
 //! block of docs/operations.md, and every probe path answers 200 on a
 //! running node. `herald ready`, the image's health check, is run against
-//! a holder, a standby and no node at all.
+//! a holder, a standby and no node at all. The compose example config,
+//! completed as its comments say, starts both nodes on PostgreSQL
+//! (`HERALD_TEST_DATABASE_URL`).
 //!
 //! The YAML files are read with Python's PyYAML (`python3 -c 'import yaml'`;
 //! Debian: python3-yaml), which the test command's machine has; without it
@@ -472,4 +474,75 @@ async fn herald_ready_exits_0_only_when_the_node_answers_readyz_with_200() {
     let (ok, out, err) = ready(&["--server", &format!("http://{closed}")]).await;
     assert!(!ok, "{out}");
     assert!(err.contains("/readyz"), "{err}");
+}
+
+/// deploy/compose/herald.toml.example, completed as its comments say (a
+/// cluster secret and a generated API key appended, mode 0644), is a
+/// config `herald config check` accepts and on which the two nodes of
+/// compose.yaml start on one PostgreSQL database: it configures the
+/// `[auth]` their `trusted_proxy` requires, and a publish with the key
+/// through the standby is forwarded to the holder and stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_compose_config_completed_as_its_comments_say_starts_both_nodes() {
+    let db = herald_testkit::TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config =
+        std::fs::read_to_string(repo().join("deploy/compose/herald.toml.example")).unwrap();
+    // printf 'cluster_secret = "%s"\n' "$(openssl rand -hex 32)" >> herald.toml
+    config.push_str(&format!("cluster_secret = \"{}\"\n", "5e".repeat(32)));
+    let generated = herald()
+        .args([
+            "keys",
+            "generate",
+            "--name",
+            "backend",
+            "--permissions",
+            "publish,read",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .await
+        .unwrap();
+    assert!(generated.status.success());
+    config.push_str(&String::from_utf8(generated.stdout).unwrap());
+    let shown = String::from_utf8(generated.stderr).unwrap();
+    let key = shown
+        .lines()
+        .skip_while(|l| !l.starts_with("API key"))
+        .nth(1)
+        .expect("the key, on the line after `API key ...:`")
+        .trim()
+        .to_owned();
+    let path = dir.path().join("herald.toml");
+    std::fs::write(&path, &config).unwrap();
+    let path = path.to_str().unwrap();
+
+    let check = herald()
+        .args(["config", "check", path])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+
+    let url = db.url().to_string();
+    let mut nodes = Vec::new();
+    for id in ["herald-a", "herald-b"] {
+        let data = dir.path().join(id);
+        let flags = ["--config", path, "--database", &url, "--node-id", id];
+        nodes.push(Server::start_with(&data, &flags).await);
+    }
+    nodes[0].api.wait_role("holder", WAIT).await;
+    nodes[1].api.wait_role("standby", WAIT).await;
+    let through_standby = herald_testkit::api::Api::with_api_key(&nodes[1].url, &key);
+    let offset = through_standby
+        .publish("news", &serde_json::json!({"hello": "world"}))
+        .await;
+    assert_eq!(offset, 1);
 }
