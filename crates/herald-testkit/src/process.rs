@@ -68,7 +68,22 @@ pub fn herald_bin() -> PathBuf {
 /// A `herald` command with no `HERALD_*` settings inherited, logging at
 /// `info`, no stdin, killed when dropped.
 pub fn herald() -> Command {
-    let mut cmd = Command::new(herald_bin());
+    herald_under(&[])
+}
+
+/// Like [`herald`], started through `wrapper` (a program and its first
+/// arguments, the `herald` binary's path and arguments following), e.g.
+/// `["sh", "-c", "ulimit -Sn 200 && exec \"$@\"", "sh"]`; with an empty
+/// `wrapper`, [`herald`] itself.
+pub fn herald_under(wrapper: &[&str]) -> Command {
+    let mut cmd = match wrapper.split_first() {
+        None => Command::new(herald_bin()),
+        Some((program, args)) => {
+            let mut cmd = Command::new(program);
+            cmd.args(args).arg(herald_bin());
+            cmd
+        }
+    };
     for (key, _) in std::env::vars_os() {
         if key.to_string_lossy().starts_with("HERALD_") {
             cmd.env_remove(key);
@@ -116,6 +131,13 @@ impl Server {
         Self::launch(data_dir, "127.0.0.1:0", extra, envs, None).await
     }
 
+    /// Like [`Server::start_with`], started through `wrapper` (see
+    /// [`herald_under`]); a wrapper that `exec`s keeps the process id, so
+    /// [`Server::pid`] is the server's.
+    pub async fn start_under(data_dir: &Path, wrapper: &[&str], extra: &[&str]) -> Self {
+        Self::launch_under(wrapper, data_dir, "127.0.0.1:0", extra, &[], None).await
+    }
+
     /// Like [`Server::start_with`], serving HTTPS with `cert` (issued by
     /// `ca`, which the server's [`Api`] trusts); [`Server::url`] is
     /// `https://`.
@@ -145,7 +167,19 @@ impl Server {
         envs: &[(&str, &str)],
         ca: Option<&TestCa>,
     ) -> Self {
-        let mut child = herald()
+        Self::launch_under(&[], data_dir, listen, extra, envs, ca).await
+    }
+
+    /// [`Server::launch`] through `wrapper` (see [`herald_under`]).
+    async fn launch_under(
+        wrapper: &[&str],
+        data_dir: &Path,
+        listen: &str,
+        extra: &[&str],
+        envs: &[(&str, &str)],
+        ca: Option<&TestCa>,
+    ) -> Self {
+        let mut child = herald_under(wrapper)
             .envs(envs.iter().copied())
             .arg("serve")
             .arg("--listen")
@@ -218,6 +252,11 @@ impl Server {
         let server = Self::start(data_dir).await;
         server.api.wait_role("holder", WAIT).await;
         server
+    }
+
+    /// The process id of the server (of its wrapper's last `exec`).
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("the server is still running")
     }
 
     /// Sends SIGTERM (drain).

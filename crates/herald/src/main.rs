@@ -15,6 +15,7 @@ mod config_file;
 mod duration;
 mod exposure;
 mod fanout;
+mod fd_limit;
 mod file_modes;
 mod history;
 mod keys;
@@ -57,6 +58,9 @@ enum Command {
     Channels(status::InfoArgs),
     /// Print the node's status.
     Status(status::InfoArgs),
+    /// Ask a node whether it is ready (`GET /readyz`); exit status 0 when
+    /// it answers 200, 1 otherwise: a container's health check.
+    Ready(status::ReadyArgs),
     /// Load generators.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -83,6 +87,7 @@ async fn main() -> ExitCode {
         Command::Tail(args) => tail::run(args).await,
         Command::Channels(args) => status::run_channels(args).await,
         Command::Status(args) => status::run_status(args).await,
+        Command::Ready(args) => status::run_ready(args).await,
         Command::Bench(command) => bench::run(command).await,
         Command::Keys(command) => keys::run(command),
         Command::Token(command) => token::run(command).await,

@@ -3,7 +3,10 @@
 //! status (see [`ExitStatus`]). Its flags and the settings built from them
 //! are [`settings`].
 //!
-//! At start it validates `HERALD_FAULT_SWITCHES` (the test-only fault
+//! At start it raises its soft limit on open files to the hard limit and
+//! logs the limit in force (`crate::fd_limit`).
+//!
+//! It also validates `HERALD_FAULT_SWITCHES` (the test-only fault
 //! switches of `herald_core::fault_switches`, compiled in only with the
 //! cargo feature `fault-switches`): an unknown name, or any name in a build
 //! without the feature, fails the start-up (status 1).
@@ -166,6 +169,8 @@ async fn start_and_run(
     check_fault_switches()?;
     // Check the settings before touching the network or the database.
     let checked = check(&args, &file)?;
+    // Before the listener: every client connection holds a descriptor.
+    crate::fd_limit::log(&crate::fd_limit::raise(), args.nofile_wanted());
     let secret_files = [
         ("the config file", args.config.as_deref()),
         ("the TLS key", args.tls_key.as_deref()),

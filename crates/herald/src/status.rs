@@ -1,4 +1,5 @@
-//! `herald status` and `herald channels`: what a node says about itself.
+//! `herald status`, `herald channels` and `herald ready`: what a node says
+//! about itself.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -27,6 +28,63 @@ pub(crate) async fn run_status(args: InfoArgs) -> anyhow::Result<ExitCode> {
     writeln!(out, "{}", serde_json::to_string_pretty(&status)?)?;
     out.flush()?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Flags of `herald ready`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ReadyArgs {
+    #[command(flatten)]
+    server: ServerArg,
+    /// Ask whether this node holds the writer lease (`/readyz?role=holder`)
+    /// instead of whether it serves.
+    #[arg(long)]
+    holder: bool,
+}
+
+/// How long `herald ready` waits for the answer, connecting included.
+const READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Runs `herald ready`: `GET /readyz` (with `--holder`,
+/// `/readyz?role=holder`; docs/operations.md) and prints the answer's body.
+/// It is the health check of a container image that has no HTTP client of
+/// its own.
+///
+/// Exit status 0 when the node answered 200, 1 on any other answer.
+///
+/// # Errors
+/// No answer within 5 s (connection refused, timeout, TLS failure): exit
+/// status 1 with the reason on stderr.
+pub(crate) async fn run_ready(args: ReadyArgs) -> anyhow::Result<ExitCode> {
+    let http = client::request_client(&args.server, READY_TIMEOUT)?;
+    let path = if args.holder {
+        "readyz?role=holder"
+    } else {
+        "readyz"
+    };
+    let url = format!(
+        "{}/{path}",
+        args.server.server.as_str().trim_end_matches('/')
+    );
+    let resp = http
+        .get(&url)
+        .send()
+        .await
+        .map_err(|e| anyhow::anyhow!("GET {url}: {e}"))?;
+    let ready = resp.status() == reqwest::StatusCode::OK;
+    let status = resp.status();
+    let body = resp.text().await.unwrap_or_default();
+    let mut out = std::io::stdout().lock();
+    if body.is_empty() {
+        writeln!(out, "{status}")?;
+    } else {
+        writeln!(out, "{}", body.trim_end())?;
+    }
+    out.flush()?;
+    Ok(if ready {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 /// The answer of `GET /v1/channels`.

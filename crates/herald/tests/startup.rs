@@ -322,3 +322,169 @@ async fn every_json_record_carries_the_node_id() {
         }
     }
 }
+
+/// Starts `herald serve` through a shell that first runs `ulimit` with
+/// each of `limits` in turn (e.g. `-Sn 200`), as a service manager starts
+/// it with its own limits; `exec` keeps the process id, so `/proc/<pid>` is
+/// the server's.
+async fn start_with_ulimit(data_dir: &Path, limits: &[&str], extra: &[&str]) -> Server {
+    let mut script = String::new();
+    for limit in limits {
+        script.push_str(&format!("ulimit {limit} && "));
+    }
+    script.push_str("exec \"$@\"");
+    Server::start_under(data_dir, &["sh", "-c", &script, "sh"], extra).await
+}
+
+/// The soft and hard `Max open files` of a process, from
+/// `/proc/<pid>/limits` (proc_pid_limits(5)); `None` for `unlimited`.
+fn open_file_limits(pid: u32) -> (Option<u64>, Option<u64>) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap_or_else(|| panic!("no Max open files in:\n{limits}"));
+    let mut values = line["Max open files".len()..]
+        .split_whitespace()
+        .map(|v| v.parse::<u64>().ok());
+    (values.next().flatten(), values.next().flatten())
+}
+
+/// A node started with a low soft limit on open files (a shell's `ulimit
+/// -Sn`; systemd starts services with 1024) raises it to the hard limit,
+/// logs the limit in force, and then holds more connections at once than
+/// the limit it was started with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_low_soft_open_file_limit_is_raised_to_the_hard_limit_and_logged() {
+    const STARTED_WITH: u64 = 200;
+    const CONNECTIONS: usize = 300;
+    let hard = rustix::process::getrlimit(rustix::process::Resource::Nofile).maximum;
+    if hard.is_some_and(|hard| hard < 1024) {
+        println!("the hard open file limit is {hard:?}: too low to show the raise; not checked");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_with_ulimit(
+        dir.path(),
+        &[&format!("-Sn {STARTED_WITH}")],
+        // Idle kept-alive connections stay open for the whole test.
+        &[
+            "--max-connections-per-ip",
+            "1000",
+            "--header-read-timeout",
+            "300s",
+        ],
+    )
+    .await;
+
+    let (soft, hard_in_force) = open_file_limits(server.pid());
+    assert_eq!(hard_in_force, hard, "the hard limit is inherited unchanged");
+    match hard {
+        Some(hard) => assert_eq!(soft, Some(hard), "the soft limit was not raised"),
+        None => assert!(soft.is_some_and(|soft| soft > STARTED_WITH), "{soft:?}"),
+    }
+    let record = server
+        .wait_log_record("the open file limit", WAIT, |r| {
+            r["message"] == "open file limit"
+        })
+        .await;
+    assert_eq!(record["level"], "INFO", "{record}");
+    assert_eq!(
+        record["nofile_at_start"],
+        STARTED_WITH.to_string(),
+        "{record}"
+    );
+    assert_eq!(record["nofile_soft"], soft.unwrap().to_string(), "{record}");
+    assert!(
+        !server.log_records().iter().any(|r| r["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("limit is low"))),
+        "{}",
+        server.log_text()
+    );
+
+    // The process metric says the same.
+    let metrics = within(
+        "/metrics",
+        WAIT,
+        reqwest::get(format!("{}/metrics", server.url)),
+    )
+    .await
+    .unwrap()
+    .text()
+    .await
+    .unwrap();
+    let max_fds = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("process_max_fds "))
+        .unwrap_or_else(|| panic!("no process_max_fds in:\n{metrics}"));
+    assert_eq!(max_fds.parse::<f64>().unwrap(), soft.unwrap() as f64);
+
+    // More connections open at once than the limit it was started with:
+    // each is accepted and answered, and stays open (kept alive) while the
+    // next ones are made.
+    let addr = &server.url["http://".len()..];
+    let mut open = Vec::with_capacity(CONNECTIONS);
+    for n in 0..CONNECTIONS {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let head = within(
+            &format!("the answer on connection {n}"),
+            WAIT,
+            healthz_on(&mut stream, addr),
+        )
+        .await;
+        assert!(head.starts_with("HTTP/1.1 200"), "connection {n}: {head}");
+        open.push(stream);
+    }
+    assert_eq!(server.api.get("/healthz").await.status, 200);
+}
+
+/// Sends `GET /healthz` on `stream` (kept alive) and returns the answer's
+/// head.
+async fn healthz_on(stream: &mut tokio::net::TcpStream, host: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    stream
+        .write_all(format!("GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = stream.read(&mut buf).await.unwrap();
+        assert!(
+            n > 0,
+            "closed before an answer: {}",
+            String::from_utf8_lossy(&got)
+        );
+        got.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// When the hard limit itself is low, the raise cannot help: the node says
+/// so at WARN, with the limit it wants for its settings and how many
+/// clients the limit leaves room for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_low_hard_open_file_limit_is_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_with_ulimit(dir.path(), &["-Sn 200", "-Hn 300"], &[]).await;
+    assert_eq!(open_file_limits(server.pid()), (Some(300), Some(300)));
+    let warning = server
+        .wait_log_record("the low limit warning", WAIT, |r| {
+            r["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("the open file limit is low"))
+        })
+        .await;
+    assert_eq!(warning["level"], "WARN", "{warning}");
+    assert_eq!(warning["nofile_soft"], "300", "{warning}");
+    assert_eq!(warning["nofile_wanted"], 4096, "{warning}");
+    assert_eq!(warning["clients_at_most"], 300 - 64, "{warning}");
+    assert!(
+        warning["message"]
+            .as_str()
+            .unwrap()
+            .contains("LimitNOFILE="),
+        "{warning}"
+    );
+}

@@ -270,6 +270,21 @@ pub(crate) struct ServeArgs {
     console_enabled: bool,
 }
 
+impl ServeArgs {
+    /// The open file limit these settings want, in descriptors
+    /// ([`crate::fd_limit::wanted`]): one client address's
+    /// `--max-connections-per-ip`, and with PostgreSQL the pool and the
+    /// renewal's connection.
+    pub(crate) fn nofile_wanted(&self) -> u64 {
+        let database = if self.database_url.is_some() {
+            self.pool_size.saturating_add(1)
+        } else {
+            0
+        };
+        crate::fd_limit::wanted(self.max_connections_per_ip, database)
+    }
+}
+
 /// A `--listen` value: a host (an IP address or a name to resolve) and a
 /// port.
 #[derive(Debug, Clone, PartialEq, Eq)]
