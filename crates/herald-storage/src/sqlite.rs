@@ -23,6 +23,7 @@
 //! transaction in progress to finish, bounded by
 //! [`SqliteOptions::renew_statement_timeout`].
 
+pub mod backup;
 mod epoch;
 mod nodes;
 mod ops;

@@ -8,6 +8,7 @@
 //! The `herald` binary: the server and its command-line clients.
 
 mod auth_reload;
+mod backup;
 mod bench;
 mod client;
 mod config_check;
@@ -70,6 +71,12 @@ enum Command {
     /// API keys: `herald keys generate` prints a new one.
     #[command(subcommand)]
     Keys(keys::KeysCommand),
+    /// Write a consistent copy of the embedded database (SQLite) while
+    /// nodes serve.
+    Backup(backup::BackupArgs),
+    /// Put a `herald backup` file in place of the embedded database while
+    /// no node runs on the data directory.
+    Restore(backup::RestoreArgs),
     /// Client tokens: `herald token create` makes one with the config's
     /// HS256 secret, `herald token check` says whether one is accepted.
     #[command(subcommand)]
@@ -91,6 +98,8 @@ async fn main() -> ExitCode {
         Command::Bench(command) => bench::run(command).await,
         Command::Keys(command) => keys::run(command),
         Command::Token(command) => token::run(command).await,
+        Command::Backup(args) => backup::run_backup(args),
+        Command::Restore(args) => backup::run_restore(args),
     };
     match result {
         Ok(code) => code,
