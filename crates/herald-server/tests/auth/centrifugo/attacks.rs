@@ -469,9 +469,8 @@ impl herald_testkit::storage::StorageHooks for PresenceReads {
 /// and rate (20 per second): past them it gets 111, and the storage is
 /// read once per answered command, never for a refused one; `sub_refresh`
 /// draws on the same bucket.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn presence_in_a_loop_is_rate_limited_per_connection() {
-    let place = Place::new(Backend::Sqlite).await;
+async fn presence_in_a_loop(backend: Backend) {
+    let place = Place::new(backend).await;
     let creds = Creds::new();
     let config = creds.config();
     let config = ServerConfig {
@@ -555,6 +554,16 @@ async fn presence_in_a_loop_is_rate_limited_per_connection() {
         }
     }
     assert!(limited > 0, "no sub_refresh of 200 was limited");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn presence_in_a_loop_is_rate_limited_per_connection_on_sqlite() {
+    presence_in_a_loop(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn presence_in_a_loop_is_rate_limited_per_connection_on_postgres() {
+    presence_in_a_loop(Backend::Postgres).await;
 }
 
 /// A `refresh` whose token no longer grants a channel the connection
