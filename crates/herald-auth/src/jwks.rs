@@ -8,15 +8,20 @@
 //! HTTP; the server's is bounded in time and size and follows no
 //! redirect). Fetches are rate-limited here: at most one per refetch
 //! interval, whatever the tokens ask, so a flood of tokens with made-up
-//! `kid`s costs the JWKS server one request per interval. While one fetch
-//! runs, the others wait for it and use its keys. A failed fetch keeps the
-//! keys in hand.
+//! `kid`s costs the JWKS server one request per interval. One fetch runs
+//! at a time, in the background: a token check never waits for it while
+//! keys are in hand (the cached set serves meanwhile, however slow the
+//! identity provider); only the first fetch (no keys yet) and a token
+//! whose `kid` is unknown wait for the fetch in flight. A failed fetch
+//! keeps the keys in hand. A symmetric key (`oct`) from a URL is skipped:
+//! the document is public.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
-use jsonwebtoken::jwk::{AlgorithmParameters, JwkSet};
+use jsonwebtoken::jwk::{AlgorithmParameters, Jwk, JwkSet, KeyAlgorithm};
 use jsonwebtoken::{Algorithm, DecodingKey};
+use tokio::sync::watch;
 use tracing::{info, warn};
 use url::Url;
 
@@ -62,16 +67,55 @@ pub(crate) const DEFAULT_CACHE_TTL_S: u64 = 3600;
 /// Default shortest time between two fetches, seconds.
 pub(crate) const DEFAULT_REFETCH_INTERVAL_S: u64 = 10;
 
-/// The keys of the JWKS document `bytes`; `what` names its source in
-/// errors.
+/// The keys of the JWKS document `bytes` (a file the operator gives);
+/// `what` names its source in errors.
 ///
 /// # Errors
 /// Not a JWKS document, or a key that is not an RS256, ES256 or HS256 key.
 pub(crate) fn keys_of(bytes: &[u8], what: &str) -> Result<Vec<Key>, String> {
     let set: JwkSet =
         serde_json::from_slice(bytes).map_err(|e| format!("{what}: not a JWKS document: {e}"))?;
+    keys_of_set(&set.keys, what)
+}
+
+/// Whether `jwk` is a symmetric key: of type `oct` (RFC 7518 §6.4), or
+/// named for an HMAC algorithm (`HS256`, `HS384`, `HS512`).
+fn is_symmetric(jwk: &Jwk) -> bool {
+    matches!(jwk.algorithm, AlgorithmParameters::OctetKey(_))
+        || jwk.common.key_algorithm.is_some_and(|alg| {
+            matches!(
+                alg,
+                KeyAlgorithm::HS256 | KeyAlgorithm::HS384 | KeyAlgorithm::HS512
+            )
+        })
+}
+
+/// The public keys of the JWKS document `bytes` fetched from `url`. A
+/// JWKS URL serves its document to anyone who asks (it is public by
+/// nature), so a symmetric key there (`oct`, or an HMAC `alg`) would let
+/// anyone sign tokens: such keys are skipped and logged (WARN), never
+/// used.
+///
+/// # Errors
+/// As [`keys_of`], for the keys that are not skipped.
+pub(crate) fn public_keys_of(bytes: &[u8], what: &str, url: &Url) -> Result<Vec<Key>, String> {
+    let set: JwkSet =
+        serde_json::from_slice(bytes).map_err(|e| format!("{what}: not a JWKS document: {e}"))?;
+    let (symmetric, public): (Vec<Jwk>, Vec<Jwk>) = set.keys.into_iter().partition(is_symmetric);
+    for jwk in &symmetric {
+        warn!(
+            jwks_url = %url,
+            kid = ?jwk.common.key_id,
+            "a symmetric (oct or HMAC) key in a JWKS served at a URL is skipped: anyone who fetches the set could sign tokens with it"
+        );
+    }
+    keys_of_set(&public, what)
+}
+
+/// The keys of `set`; `what` names its source in errors.
+fn keys_of_set(set: &[Jwk], what: &str) -> Result<Vec<Key>, String> {
     let mut keys = Vec::new();
-    for jwk in &set.keys {
+    for jwk in set {
         let algorithm = match (&jwk.common.key_algorithm, &jwk.algorithm) {
             (Some(alg), _) => alg.to_string().parse::<Algorithm>().ok(),
             (None, AlgorithmParameters::RSA(_)) => Some(Algorithm::RS256),
@@ -127,27 +171,46 @@ pub(crate) fn check_url(text: &str) -> Result<Url, String> {
 
 /// A JWKS served at a URL, with the keys of its last good fetch.
 pub(crate) struct RemoteJwks {
-    url: Url,
-    /// Fetches the set (the caller's HTTP client).
-    fetch: Arc<dyn JwksFetch>,
+    /// What the fetch task shares with the verifier.
+    shared: Arc<Fetched>,
     /// How long a fetched set is used before it is fetched again, ms.
     cache_ttl_ms: u64,
     /// Shortest time between two fetch attempts, ms.
     refetch_interval_ms: u64,
+}
+
+/// The fetched keys and the one fetch in flight, shared with the task
+/// that fetches.
+struct Fetched {
+    url: Url,
+    /// Fetches the set (the caller's HTTP client).
+    fetch: Arc<dyn JwksFetch>,
     /// The keys of the last good fetch (none before the first).
     keys: RwLock<Arc<Vec<Key>>>,
     /// When the last good fetch ended, ms since the epoch on the
     /// verifier's clock; 0: never (or marked stale by a reload).
     fetched_at_ms: AtomicU64,
-    /// When the last fetch attempt started (`None`: never). Held across a
-    /// fetch, so that concurrent callers wait for it instead of fetching.
-    last_attempt_ms: tokio::sync::Mutex<Option<u64>>,
+    /// When the last attempt started and whether one runs; held for a
+    /// moment only, never across a fetch.
+    attempts: Mutex<Attempts>,
+    /// The number of fetches that ended (well or not), sent as each ends,
+    /// so that a caller that needs the outcome awaits the one in flight.
+    ended: watch::Sender<u64>,
+}
+
+/// The fetch attempts' state.
+#[derive(Default)]
+struct Attempts {
+    /// When the last attempt started, ms on the verifier's clock.
+    last_ms: Option<u64>,
+    /// A fetch runs now.
+    in_flight: bool,
 }
 
 impl std::fmt::Debug for RemoteJwks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RemoteJwks")
-            .field("url", &self.url.as_str())
+            .field("url", &self.shared.url.as_str())
             .finish_non_exhaustive()
     }
 }
@@ -163,86 +226,168 @@ impl RemoteJwks {
         fetch: Arc<dyn JwksFetch>,
     ) -> Self {
         Self {
-            url,
-            fetch,
+            shared: Arc::new(Fetched {
+                url,
+                fetch,
+                keys: RwLock::new(Arc::new(Vec::new())),
+                fetched_at_ms: AtomicU64::new(0),
+                attempts: Mutex::new(Attempts::default()),
+                ended: watch::Sender::new(0),
+            }),
             cache_ttl_ms: cache_ttl_s.saturating_mul(1000),
             refetch_interval_ms: refetch_interval_s.saturating_mul(1000),
-            keys: RwLock::new(Arc::new(Vec::new())),
-            fetched_at_ms: AtomicU64::new(0),
-            last_attempt_ms: tokio::sync::Mutex::new(None),
         }
     }
 
     /// The keys of the last good fetch.
     pub(crate) fn keys(&self) -> Arc<Vec<Key>> {
-        Arc::clone(&self.keys.read().unwrap_or_else(|e| e.into_inner()))
+        self.shared.keys()
     }
 
     /// Makes the next [`RemoteJwks::refresh_if_stale`] fetch (within the
     /// rate limit): on reload.
     pub(crate) fn mark_stale(&self) {
-        self.fetched_at_ms.store(0, Ordering::Relaxed);
+        self.shared.fetched_at_ms.store(0, Ordering::Relaxed);
     }
 
-    /// Fetches the set if it was never fetched or its cache time has
-    /// passed, within the rate limit.
+    /// Starts a fetch in the background if the set was never fetched or
+    /// its cache time has passed, within the rate limit. Returns at once
+    /// while keys are in hand (they serve meanwhile); with none yet, once
+    /// the fetch in flight ended.
     pub(crate) async fn refresh_if_stale(&self, clock: &WallClock) {
         if self.is_fresh(clock.unix_ms()) {
             return;
         }
-        self.fetch_limited(clock, true).await;
+        if let Some(ended) = self.start(clock, true) {
+            if self.keys().is_empty() {
+                wait(ended).await;
+            }
+        }
     }
 
-    /// Fetches the set again for a token whose `kid` it does not hold,
-    /// within the rate limit; `true` when new keys were fetched.
+    /// For a token whose `kid` the set does not hold: starts a fetch
+    /// within the rate limit, or joins the one in flight, and returns
+    /// once it ended; `true` then (the keys may have changed), `false`
+    /// when no fetch ran.
     pub(crate) async fn refetch(&self, clock: &WallClock) -> bool {
-        self.fetch_limited(clock, false).await
+        match self.start(clock, false) {
+            Some(ended) => {
+                wait(ended).await;
+                true
+            }
+            None => false,
+        }
     }
 
     fn is_fresh(&self, now_ms: u64) -> bool {
-        let at = self.fetched_at_ms.load(Ordering::Relaxed);
+        let at = self.shared.fetched_at_ms.load(Ordering::Relaxed);
         at != 0 && now_ms.saturating_sub(at) < self.cache_ttl_ms
     }
 
-    /// One fetch, unless one started less than the refetch interval ago
-    /// (or, with `only_if_stale`, the set became fresh while this caller
-    /// waited for another's fetch).
-    async fn fetch_limited(&self, clock: &WallClock, only_if_stale: bool) -> bool {
-        let mut last_attempt = self.last_attempt_ms.lock().await;
+    /// The end of the fetch in flight, or of one started now in the
+    /// background, unless one started less than the refetch interval ago
+    /// (or, with `only_if_stale`, the set is fresh): `None` then. One
+    /// fetch at a time.
+    fn start(&self, clock: &WallClock, only_if_stale: bool) -> Option<watch::Receiver<u64>> {
+        let mut attempts = self.shared.attempts();
+        // Subscribed under the lock: the fetch in flight sends its end
+        // under it too, so that end is seen.
+        let ended = self.shared.ended.subscribe();
+        if attempts.in_flight {
+            return Some(ended);
+        }
         let now = clock.unix_ms();
         if only_if_stale && self.is_fresh(now) {
-            return false;
+            return None;
         }
         // A clock that went back counts as the interval having passed.
-        if last_attempt.is_some_and(|last| now >= last && now - last < self.refetch_interval_ms) {
-            return false;
+        if attempts
+            .last_ms
+            .is_some_and(|last| now >= last && now - last < self.refetch_interval_ms)
+        {
+            return None;
         }
-        *last_attempt = Some(now);
-        match self.fetch().await {
+        attempts.last_ms = Some(now);
+        attempts.in_flight = true;
+        drop(attempts);
+        let shared = Arc::clone(&self.shared);
+        let clock = clock.clone();
+        tokio::spawn(async move {
+            // Ends the attempt even if the fetch panics.
+            let _end = AttemptEnd(&shared);
+            shared.fetch_now(&clock).await;
+        });
+        Some(ended)
+    }
+}
+
+/// Waits for the next fetch's end on `ended`.
+async fn wait(mut ended: watch::Receiver<u64>) {
+    // The sender lives as long as the verifier that waits.
+    let _ = ended.changed().await;
+}
+
+/// Ends the attempt in flight when dropped: another may start, and its
+/// waiters are woken.
+struct AttemptEnd<'a>(&'a Fetched);
+
+impl Drop for AttemptEnd<'_> {
+    fn drop(&mut self) {
+        let mut attempts = self.0.attempts();
+        attempts.in_flight = false;
+        self.0.ended.send_modify(|n| *n += 1);
+    }
+}
+
+impl Fetched {
+    fn keys(&self) -> Arc<Vec<Key>> {
+        Arc::clone(&self.keys.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn attempts(&self) -> std::sync::MutexGuard<'_, Attempts> {
+        self.attempts.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// One fetch: its keys put in force, or the failure logged (the keys
+    /// in hand stay).
+    async fn fetch_now(&self, clock: &WallClock) {
+        let fetched = match self.fetch.fetch(&self.url).await {
+            Ok(body) => public_keys_of(&body, "the JWKS", &self.url),
+            Err(e) => Err(e),
+        };
+        match fetched {
             Ok(keys) => {
                 info!(jwks_url = %self.url, keys = keys.len(), "JWKS fetched");
                 *self.keys.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(keys);
                 self.fetched_at_ms
                     .store(clock.unix_ms().max(1), Ordering::Relaxed);
-                true
             }
             Err(e) => {
                 warn!(jwks_url = %self.url, error = %e, "JWKS fetch failed; the keys in hand stay in use");
-                false
             }
         }
-    }
-
-    /// Fetches the set and reads its keys.
-    async fn fetch(&self) -> Result<Vec<Key>, String> {
-        let body = self.fetch.fetch(&self.url).await?;
-        keys_of(&body, "the JWKS")
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A symmetric key is taken from a JWKS file (the operator's) but
+    /// skipped in a set fetched from a URL (public).
+    #[test]
+    fn symmetric_keys_are_skipped_from_a_url_only() {
+        let set = serde_json::json!({"keys": [
+            {"kty": "oct", "kid": "s", "alg": "HS256",
+             "k": "YS1zZWNyZXQtb2YtYXQtbGVhc3QtMzItYnl0ZXMtaW4tYS1zZXQ"},
+        ]})
+        .to_string();
+        let url = Url::parse("https://auth.example/jwks.json").unwrap();
+        assert_eq!(keys_of(set.as_bytes(), "file").unwrap().len(), 1);
+        assert!(public_keys_of(set.as_bytes(), "url", &url)
+            .unwrap()
+            .is_empty());
+    }
 
     #[test]
     fn a_jwks_url_is_https_or_loopback_http_without_credentials() {

@@ -349,9 +349,11 @@ impl JwtVerifier {
         Arc::clone(&self.files.read().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// Verifies `token` and returns what it allows. With a JWKS URL, the
-    /// set is fetched first if it is stale, and again (within the rate
-    /// limit) when the token's `kid` is not in it.
+    /// Verifies `token` and returns what it allows. With a JWKS URL, a
+    /// stale set is fetched again in the background while the keys in
+    /// hand verify (the first fetch, with no keys yet, is awaited), and a
+    /// token whose `kid` is not in the set awaits a fetch (within the
+    /// rate limit, or the one in flight).
     ///
     /// # Errors
     /// [`AuthError::TokenExpired`] for a well-signed token whose `exp` is

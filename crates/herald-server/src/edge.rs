@@ -28,6 +28,12 @@
 //!   `*.localhost`, `127.0.0.0/8`, `::1`) came through a name that
 //!   resolved to loopback for the page's sake (DNS rebinding). Refused:
 //!   `403 host_not_allowed`.
+//! - [`duplicate_host_refusal`]: a request with more than one `Host`
+//!   field (RFC 9112 §3.2 has a server answer it 400): the checks above,
+//!   and a proxy in front, might each read a different one. Refused:
+//!   `400 invalid_host`, on every route, the SSE route served outside
+//!   hyper (`sse_connection.rs`) included, as its requests go through
+//!   the same router.
 
 use axum::extract::Request;
 use axum::http::header::{CONTENT_TYPE, HOST, ORIGIN, UPGRADE};
@@ -118,6 +124,19 @@ pub(crate) fn loopback_host_refusal(state: &Shared, request: &Request) -> Option
         "request for a host name that is not loopback on a loopback node"
     );
     Some(Error::HostNotAllowed.into_response())
+}
+
+/// The answer that refuses a request with more than one `Host` header
+/// field (see the module's documentation); `None` for one or none.
+pub(crate) fn duplicate_host_refusal(request: &Request) -> Option<Response> {
+    let mut hosts = request.headers().get_all(HOST).iter();
+    hosts.next()?;
+    hosts.next()?;
+    tracing::debug!(
+        path = %request.uri().path(),
+        "request with more than one Host header field"
+    );
+    Some(Error::InvalidHost.into_response())
 }
 
 /// Whether `request` opens a WebSocket: an HTTP/1.1 upgrade to `websocket`

@@ -158,6 +158,12 @@ pub enum Error {
     /// rebinding). 403 `host_not_allowed`.
     #[error("this node serves loopback host names only (localhost, 127.0.0.1, [::1]); configure access control to serve other names")]
     HostNotAllowed,
+    /// A request with more than one `Host` header field: RFC 9112 §3.2
+    /// has a server answer it 400, as the fields could name different
+    /// hosts to this node and to a proxy or check before it.
+    /// 400 `invalid_host`.
+    #[error("the request has more than one Host header field (RFC 9112 §3.2)")]
+    InvalidHost,
     /// No route matches the path. 404 `not_found`.
     #[error("no such route")]
     NotFound,
@@ -243,7 +249,8 @@ impl Error {
             | Self::InvalidBody(_)
             | Self::InvalidQuery(_)
             | Self::InvalidLastEventId
-            | Self::InvalidUpgrade(_) => StatusCode::BAD_REQUEST,
+            | Self::InvalidUpgrade(_)
+            | Self::InvalidHost => StatusCode::BAD_REQUEST,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::OriginNotAllowed | Self::HostNotAllowed => StatusCode::FORBIDDEN,
@@ -287,6 +294,7 @@ impl Error {
             Self::UnsupportedMediaType => "unsupported_media_type",
             Self::OriginNotAllowed => "origin_not_allowed",
             Self::HostNotAllowed => "host_not_allowed",
+            Self::InvalidHost => "invalid_host",
             Self::IdempotencyKeyReused => "idempotency_key_reused",
             Self::ChannelClosed => "channel_closed",
             Self::ContentTypeMismatch => "content_type_mismatch",

@@ -82,7 +82,6 @@ mod tests {
     //! A JWKS URL end to end: herald-auth's verifier fetching through
     //! [`HttpJwksFetch`] from a JWKS server on loopback.
 
-    use std::sync::atomic::Ordering;
     use std::sync::Arc;
     use std::time::Duration;
 
@@ -115,35 +114,42 @@ mod tests {
         }
     }
 
-    /// A JWKS server on loopback that counts its requests.
+    /// A JWKS server on loopback that counts its requests (as they
+    /// arrive) and holds its answers while the test says so.
     struct JwksServer {
         url: String,
         set: Arc<std::sync::Mutex<serde_json::Value>>,
-        fetches: Arc<std::sync::atomic::AtomicUsize>,
-        _runtime: tokio::runtime::Runtime,
+        fetches: Arc<tokio::sync::watch::Sender<usize>>,
+        /// `true`: requests are held, unanswered, until it turns `false`.
+        hold: Arc<tokio::sync::watch::Sender<bool>>,
+        runtime: tokio::runtime::Runtime,
     }
 
     impl JwksServer {
         fn start(set: serde_json::Value) -> Self {
-            use std::sync::atomic::AtomicUsize;
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(1)
                 .enable_all()
                 .build()
                 .unwrap();
             let set = Arc::new(std::sync::Mutex::new(set));
-            let fetches = Arc::new(AtomicUsize::new(0));
+            let fetches = Arc::new(tokio::sync::watch::Sender::new(0));
+            let hold = Arc::new(tokio::sync::watch::Sender::new(false));
             let listener = runtime
                 .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
                 .unwrap();
             let url = format!("http://{}/jwks.json", listener.local_addr().unwrap());
-            let (served, counted) = (Arc::clone(&set), Arc::clone(&fetches));
+            let (served, counted, held) =
+                (Arc::clone(&set), Arc::clone(&fetches), Arc::clone(&hold));
             let app = axum::Router::new().route(
                 "/jwks.json",
                 axum::routing::get(move || {
-                    let (served, counted) = (Arc::clone(&served), Arc::clone(&counted));
+                    let (served, counted, held) =
+                        (Arc::clone(&served), Arc::clone(&counted), Arc::clone(&held));
                     async move {
-                        counted.fetch_add(1, Ordering::SeqCst);
+                        let mut released = held.subscribe();
+                        counted.send_modify(|n| *n += 1);
+                        let _ = released.wait_for(|held| !*held).await;
                         let body = served.lock().unwrap().to_string();
                         ([("content-type", "application/json")], body)
                     }
@@ -154,12 +160,45 @@ mod tests {
                 url,
                 set,
                 fetches,
-                _runtime: runtime,
+                hold,
+                runtime,
             }
         }
 
         fn fetches(&self) -> usize {
-            self.fetches.load(Ordering::SeqCst)
+            *self.fetches.borrow()
+        }
+
+        /// Waits until `n` requests have arrived.
+        fn wait_fetches(&self, n: usize) {
+            let mut arrived = self.fetches.subscribe();
+            self.runtime.block_on(async {
+                tokio::time::timeout(Duration::from_secs(20), arrived.wait_for(|&c| c >= n))
+                    .await
+                    .expect("the JWKS requests to arrive")
+                    .unwrap();
+            });
+        }
+
+        /// Holds the answers (`true`) or lets them go.
+        fn hold(&self, on: bool) {
+            self.hold.send_replace(on);
+        }
+    }
+
+    /// The HTTP fetcher, counting the fetches that ended.
+    #[derive(Debug)]
+    struct Recording {
+        inner: HttpJwksFetch,
+        ended: tokio::sync::watch::Sender<usize>,
+    }
+
+    #[async_trait::async_trait]
+    impl JwksFetch for Recording {
+        async fn fetch(&self, url: &reqwest::Url) -> Result<Vec<u8>, String> {
+            let outcome = self.inner.fetch(url).await;
+            self.ended.send_modify(|n| *n += 1);
+            outcome
         }
     }
 
@@ -219,10 +258,102 @@ mod tests {
         // Known keys still verify meanwhile, without fetching.
         assert!(verify(&v, &a.token("a", exp)).is_ok());
         assert_eq!(server.fetches(), 5);
-        // After the cache time (default 1 h) the set is fetched again.
+        // After the cache time (default 1 h) the set is fetched again, in
+        // the background: the token verifies with the keys in hand.
         clock.advance(Duration::from_secs(3600));
         assert!(verify(&v, &a.token("a", exp + 3600)).is_ok());
+        server.wait_fetches(6);
         assert_eq!(server.fetches(), 6);
+    }
+
+    /// A JWKS server that holds its answer (the identity provider slow or
+    /// down) does not hold up token checks: once the cached set is stale,
+    /// tokens with a known `kid` still verify, every one while the server
+    /// still holds the one fetch in flight (the test holds it, so the
+    /// checks cannot have waited for it), and no other fetch starts.
+    #[test]
+    fn a_stalled_jwks_fetch_does_not_hold_up_token_checks() {
+        let a = EcKey::new();
+        let server = JwksServer::start(json!({"keys": [a.jwk("a")]}));
+        let fetch = Arc::new(Recording {
+            inner: HttpJwksFetch::new().unwrap(),
+            ended: tokio::sync::watch::Sender::new(0),
+        });
+        let clock = WallClock::manual(now() * 1000);
+        let v = JwtVerifier::with_clock(
+            &JwtConfig {
+                jwks_url: Some(server.url.clone()),
+                ..JwtConfig::default()
+            },
+            clock.clone(),
+            Arc::clone(&fetch) as Arc<dyn JwksFetch>,
+        )
+        .unwrap();
+        let exp = now() + 3 * 3600;
+        assert!(verify(&v, &a.token("a", exp)).is_ok());
+        assert_eq!(*fetch.ended.borrow(), 1);
+
+        // The set's cache time passes while the server holds its answers.
+        server.hold(true);
+        clock.advance(Duration::from_secs(3600));
+        assert!(verify(&v, &a.token("a", exp)).is_ok());
+        server.wait_fetches(2);
+        for _ in 0..100 {
+            assert!(verify(&v, &a.token("a", exp)).is_ok());
+        }
+        assert_eq!(
+            *fetch.ended.borrow(),
+            1,
+            "every check answered while the refetch was held"
+        );
+        assert_eq!(server.fetches(), 2, "one fetch in flight at a time");
+
+        // Let go, the fetch ends and the set is fresh again.
+        server.hold(false);
+        let mut ended = fetch.ended.subscribe();
+        server.runtime.block_on(async {
+            tokio::time::timeout(Duration::from_secs(20), ended.wait_for(|&n| n >= 2))
+                .await
+                .expect("the held fetch to end")
+                .unwrap();
+        });
+        assert!(verify(&v, &a.token("a", exp)).is_ok());
+        assert_eq!(server.fetches(), 2);
+    }
+
+    /// A JWKS served at a URL is public: a symmetric key in it (`oct`,
+    /// HS256) is skipped, so an HS256 token signed with it is refused,
+    /// while the set's public keys verify.
+    #[test]
+    fn a_symmetric_key_from_a_jwks_url_is_refused() {
+        use base64::Engine;
+        let a = EcKey::new();
+        let secret = b"a-secret-of-at-least-32-bytes-in-a-public-set";
+        let k = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(secret);
+        let oct = json!({"kty": "oct", "kid": "s", "alg": "HS256", "k": k});
+        let server = JwksServer::start(json!({"keys": [oct, a.jwk("a")]}));
+        let v = JwtVerifier::new(
+            &JwtConfig {
+                jwks_url: Some(server.url.clone()),
+                ..JwtConfig::default()
+            },
+            http(),
+        )
+        .unwrap();
+        let exp = now() + 600;
+        let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
+        header.kid = Some("s".to_owned());
+        let forged = jsonwebtoken::encode(
+            &header,
+            &json!({"sub": "mallory", "exp": exp}),
+            &jsonwebtoken::EncodingKey::from_secret(secret),
+        )
+        .unwrap();
+        assert_eq!(verify(&v, &forged).unwrap_err().code_of(), "unauthorized");
+        assert!(
+            verify(&v, &a.token("a", exp)).is_ok(),
+            "the public key serves"
+        );
     }
 
     /// A JWKS server that answers with more than the size cap, or with a

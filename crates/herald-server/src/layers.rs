@@ -17,7 +17,9 @@ use tracing::instrument::Instrumented;
 use tracing::Instrument;
 
 use crate::conn_limit::{hold_slot, Admission, ConnectionLimits};
-use crate::edge::{json_refusal, loopback_host_refusal, websocket_origin_refusal};
+use crate::edge::{
+    duplicate_host_refusal, json_refusal, loopback_host_refusal, websocket_origin_refusal,
+};
 use crate::error::Error;
 use crate::shared::Shared;
 
@@ -155,14 +157,15 @@ where
     }
 }
 
-/// Refuses a request for a host name that is not loopback on a loopback
-/// node without access control (`edge.rs`).
+/// Refuses a request with more than one `Host` field (400
+/// `invalid_host`), then, on a loopback node without access control, one
+/// for a host name that is not loopback (`edge.rs`).
 #[derive(Clone)]
 pub(crate) struct LoopbackHost(pub(crate) Arc<Shared>);
 
 impl Check for LoopbackHost {
     fn refusal(&self, request: &Request) -> Option<Response> {
-        loopback_host_refusal(&self.0, request)
+        duplicate_host_refusal(request).or_else(|| loopback_host_refusal(&self.0, request))
     }
 }
 

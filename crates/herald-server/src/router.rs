@@ -41,9 +41,9 @@ pub(crate) fn router(state: AppState) -> Router {
     // each route's endpoint (`Router::layer`), which would clone every
     // layer of the stack, each in its own box, on every request.
     let shared = ServiceBuilder::new()
-        // Outermost: on a loopback node without access control, a
-        // request for another host name is refused before anything else
-        // (`edge.rs`).
+        // Outermost: a request with two `Host` fields and, on a loopback
+        // node without access control, a request for another host name
+        // are refused before anything else (`edge.rs`).
         .layer(CheckLayer(LoopbackHost(Arc::clone(&state.shared))))
         // A preflight (`OPTIONS`) is answered here, on every route, and
         // every answer gets the CORS headers (`cors.rs`).

@@ -331,3 +331,44 @@ async fn an_sse_subscription_comes_as_chunks_and_its_connection_closes_after() {
     assert!(answer.contains("connection: close\r\n"), "{answer}");
     assert!(answer.contains("\"code\":"), "{answer}");
 }
+
+/// A request with two `Host` fields is answered `400 invalid_host`
+/// (RFC 9112 §3.2), on a route hyper serves and on the SSE route served
+/// outside it (`sse_connection.rs`), over raw sockets; with one `Host`
+/// the same requests are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_host_fields_are_refused_on_both_paths() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = node(dir.path()).await;
+    let (status, body) = node.publish("hosts", serde_json::json!("first")).await;
+    assert_eq!(status, 201, "{body}");
+    let host = node.url("").trim_start_matches("http://").to_owned();
+    let targets = [
+        ("/healthz", "connection: close\r\n"),
+        (
+            "/v1/channels/hosts/events?after=0",
+            "accept: text/event-stream\r\n",
+        ),
+    ];
+    for (target, extra) in targets {
+        let mut stream = connect(&node).await;
+        let head =
+            format!("GET {target} HTTP/1.1\r\nHost: {host}\r\nHost: other.example\r\n{extra}\r\n");
+        stream.write_all(head.as_bytes()).await.unwrap();
+        let opening = read_until(&mut stream, "\r\n\r\n").await;
+        assert!(
+            opening.starts_with("HTTP/1.1 400 Bad Request\r\n"),
+            "{target}: {opening}"
+        );
+        let rest = read_until_closed(&mut stream, NODE_WAIT).await;
+        let answer = format!("{opening}{}", String::from_utf8_lossy(&rest));
+        assert!(answer.contains("\"code\":\"invalid_host\""), "{answer}");
+
+        // One `Host`: served.
+        let mut stream = connect(&node).await;
+        let head = format!("GET {target} HTTP/1.1\r\nHost: {host}\r\n{extra}\r\n");
+        stream.write_all(head.as_bytes()).await.unwrap();
+        let opening = read_until(&mut stream, "\r\n\r\n").await;
+        assert!(opening.starts_with("HTTP/1.1 200 OK\r\n"), "{opening}");
+    }
+}

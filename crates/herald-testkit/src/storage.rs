@@ -1,5 +1,6 @@
 //! A storage that passes every call on to another one, with hooks that may
-//! delay or fail reads, appends, channel epochs and presence removals,
+//! delay or fail reads, appends, channel epochs, presence reads and
+//! presence removals,
 //! fail reads of deletions or withhold change signals ([`Hooked`], [`StorageHooks`]),
 //! and the hooks the tests use: reads that return late ([`SlowReads`]),
 //! appends held until a gate opens ([`AppendGate`]) and a read outage
@@ -64,6 +65,13 @@ pub trait StorageHooks: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Runs before `presence` (the rows of `channel`) is passed on; may
+    /// wait. An `Err` is returned instead, and the call is not passed on.
+    async fn before_presence(&self, channel: &ChannelName) -> herald_storage::Result<()> {
+        let _ = channel;
+        Ok(())
+    }
+
     /// Runs before `presence_remove` of `client`'s row of `channel` is
     /// passed on; may wait. An `Err` is returned instead, and the call is
     /// not passed on.
@@ -78,7 +86,8 @@ pub trait StorageHooks: Send + Sync + 'static {
 }
 
 /// A [`Storage`] that passes every call on to `inner`, running the hooks
-/// `H` around reads, appends, channel epochs and presence removals.
+/// `H` around reads, appends, channel epochs, presence reads and presence
+/// removals.
 pub struct Hooked<H> {
     inner: Arc<dyn Storage>,
     hooks: Arc<H>,
@@ -196,6 +205,7 @@ impl<H: StorageHooks> Storage for Hooked<H> {
         &self,
         channel: &ChannelName,
     ) -> herald_storage::Result<Vec<herald_storage::PresenceEntry>> {
+        self.hooks.before_presence(channel).await?;
         self.inner.presence(channel).await
     }
 

@@ -362,7 +362,16 @@ impl Session {
             // Centrifugo: any command before `connect` is a protocol error.
             return Answer::Close(codes::BAD_REQUEST);
         }
-        let reads = c.subscribe.is_some() || c.history.is_some();
+        // Each of these reads the storage (a presence query on every
+        // `presence`) or verifies a token: they share the connection's
+        // bucket (`session.rs`), so that one connection cannot turn its
+        // frames into a flood of storage reads.
+        let reads = c.subscribe.is_some()
+            || c.history.is_some()
+            || c.presence.is_some()
+            || c.presence_stats.is_some()
+            || c.refresh.is_some()
+            || c.sub_refresh.is_some();
         if reads && !self.reads.take() {
             return Answer::Reply(error_reply(id, &ReplyError::too_many_requests()));
         }

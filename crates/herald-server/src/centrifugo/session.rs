@@ -62,8 +62,11 @@ const COMMAND_OVERHEAD_BYTES: usize = 16 * 1024;
 /// The least number of commands one client frame may hold (see
 /// [`max_commands_per_frame`]).
 pub(crate) const MIN_COMMANDS_PER_FRAME: usize = 256;
-/// `subscribe` and `history` commands a connection may run per second
-/// once its burst is spent; beyond, they answer 111 "too many requests".
+/// `subscribe`, `history`, `presence`, `presence_stats`, `refresh` and
+/// `sub_refresh` commands (each a storage read or a token check) a
+/// connection may run per second once its burst is spent; beyond, they
+/// answer 111 "too many requests" (a temporary error: the SDK retries)
+/// and touch neither the storage nor the token verifier.
 pub(crate) const READS_PER_S: f64 = 20.0;
 
 /// The most commands one client frame may hold: 256, or one more than
@@ -75,7 +78,7 @@ pub(crate) fn max_commands_per_frame(channel_limit: usize) -> usize {
     MIN_COMMANDS_PER_FRAME.max(channel_limit.saturating_add(1))
 }
 
-/// The burst of `subscribe` and `history` commands a connection may run
+/// The burst of the commands [`READS_PER_S`] limits a connection may run
 /// at once: twice `channel_limit`, at least [`MIN_COMMANDS_PER_FRAME`]
 /// (so that a reconnecting SDK's resubscribes all pass), then
 /// [`READS_PER_S`].
@@ -218,7 +221,9 @@ pub(crate) struct Session {
     pub(crate) out: mpsc::Sender<Out>,
     /// The registry's way in, handed to it at connect.
     pub(crate) mailbox: Arc<Mailbox>,
-    /// `subscribe` and `history` commands allowed now.
+    /// Commands that read the storage or check a token (`subscribe`,
+    /// `history`, `presence`, `presence_stats`, `refresh`,
+    /// `sub_refresh`) allowed now ([`READS_PER_S`]).
     pub(crate) reads: Bucket,
     /// Refusals (103) logged at INFO so far; past
     /// [`MAX_DENIALS_LOGGED`] a connection's refusals go to DEBUG, so

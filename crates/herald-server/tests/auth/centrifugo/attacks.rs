@@ -5,7 +5,8 @@
 //! beyond the cap; below it, the replies are written as they are ready
 //! and the node's resident memory stays bounded), a client that stops
 //! reading (closed once a write waits longer than `write_timeout`), a
-//! burst of `subscribe` and `history` commands (111), a `refresh` with a
+//! burst of `subscribe` and `history` commands (111), `presence` in a
+//! loop (111, and no storage read for a refused one), a `refresh` with a
 //! narrower token (what it no longer grants ends), and a `refresh` or
 //! `sub_refresh` with an expired token (3005, 3006, so that the SDK gets a
 //! new token and reconnects).
@@ -445,6 +446,124 @@ async fn subscribe_and_history_are_rate_limited_per_connection() {
     if r["error"]["code"] == 111 {
         assert_eq!(r["error"]["temporary"], true, "{r}");
     }
+}
+
+/// Counts the storage's presence reads.
+#[derive(Default)]
+struct PresenceReads(AtomicUsize);
+
+#[async_trait::async_trait]
+impl herald_testkit::storage::StorageHooks for PresenceReads {
+    async fn before_presence(
+        &self,
+        _channel: &herald_core::ChannelName,
+    ) -> herald_storage::Result<()> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// One anonymous connection sending `presence` and `presence_stats` in a
+/// loop (each a presence read of the storage, a query on PostgreSQL) is
+/// held to the connection's burst (256 at the default `channel_limit`)
+/// and rate (20 per second): past them it gets 111, and the storage is
+/// read once per answered command, never for a refused one; `sub_refresh`
+/// draws on the same bucket.
+async fn presence_in_a_loop(backend: Backend) {
+    let place = Place::new(backend).await;
+    let creds = Creds::new();
+    let config = creds.config();
+    let config = ServerConfig {
+        centrifugo: CentrifugoConfig {
+            presence: true,
+            anonymous_connect: true,
+            ..config.centrifugo.clone()
+        },
+        ..config
+    };
+    let reads = Arc::new(PresenceReads::default());
+    let hooks = Arc::clone(&reads);
+    let node = Node::start_with(&place, "node-a", Role::Holder, config, move |s| {
+        herald_testkit::storage::Hooked::wrap(s, hooks)
+    })
+    .await;
+    let (mut c, _) = Client::connect(&node, "").await;
+    let started = std::time::Instant::now();
+    let mut next_id = 10u32;
+    let (mut passed, mut limited) = (0usize, 0usize);
+    for _ in 0..3 {
+        let lines: Vec<String> = (0..200)
+            .map(|i| {
+                next_id += 1;
+                let method = if i % 2 == 0 {
+                    "presence"
+                } else {
+                    "presence_stats"
+                };
+                json!({"id": next_id, method: {"channel": "open:p"}}).to_string()
+            })
+            .collect();
+        c.send_text(&lines.join("\n")).await;
+        let mut seen = 0;
+        while seen < 200 {
+            let frame = c.frame().await.expect("replies");
+            for reply in frame.iter().filter(|r| r.get("id").is_some()) {
+                seen += 1;
+                match reply["error"]["code"].as_u64() {
+                    Some(111) => {
+                        assert_eq!(reply["error"]["temporary"], true, "{reply}");
+                        limited += 1;
+                    }
+                    Some(code) => panic!("{code}: {reply}"),
+                    None => passed += 1,
+                }
+            }
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let allowed = 256.0 + 20.0 * (elapsed + 1.0);
+    assert!(limited > 0, "none of 600 was limited in {elapsed:.1} s");
+    assert!(
+        passed as f64 <= allowed,
+        "{passed} passed in {elapsed:.1} s"
+    );
+    assert_eq!(
+        reads.0.load(Ordering::SeqCst),
+        passed,
+        "one presence read per answered command, none for a refused one"
+    );
+    // `sub_refresh` (a token check) shares the bucket: past it, 111
+    // before the token is looked at (103 here: no such subscription).
+    let lines: Vec<String> = (0..200)
+        .map(|_| {
+            next_id += 1;
+            json!({"id": next_id, "sub_refresh": {"channel": "open:p", "token": "x"}}).to_string()
+        })
+        .collect();
+    c.send_text(&lines.join("\n")).await;
+    let (mut seen, mut limited) = (0, 0);
+    while seen < 200 {
+        let frame = c.frame().await.expect("replies");
+        for reply in frame.iter().filter(|r| r.get("id").is_some()) {
+            seen += 1;
+            match reply["error"]["code"].as_u64() {
+                Some(111) => limited += 1,
+                Some(103) => {}
+                _ => panic!("{reply}"),
+            }
+        }
+    }
+    assert!(limited > 0, "no sub_refresh of 200 was limited");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn presence_in_a_loop_is_rate_limited_per_connection_on_sqlite() {
+    presence_in_a_loop(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn presence_in_a_loop_is_rate_limited_per_connection_on_postgres() {
+    presence_in_a_loop(Backend::Postgres).await;
 }
 
 /// A `refresh` whose token no longer grants a channel the connection
