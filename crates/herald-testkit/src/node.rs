@@ -80,7 +80,29 @@ impl Node {
         config: ServerConfig,
         wrap: impl FnOnce(Arc<dyn Storage>) -> Arc<dyn Storage>,
     ) -> Self {
-        Self::launch(at.into(), node_id, role, config, wrap, None, None).await
+        Self::launch(
+            at.into(),
+            node_id,
+            role,
+            config,
+            wrap,
+            None,
+            None,
+            LeaseConfig::default(),
+        )
+        .await
+    }
+
+    /// [`Node::start`] with the lease timing `lease` instead of the
+    /// defaults (a short ttl, for a test that watches the renewals).
+    pub async fn start_with_lease(
+        at: impl Into<StorageAt<'_>>,
+        node_id: &str,
+        role: Role,
+        config: ServerConfig,
+        lease: LeaseConfig,
+    ) -> Self {
+        Self::launch(at.into(), node_id, role, config, |s| s, None, None, lease).await
     }
 
     /// [`Node::start`] on `listener`: a node restarted after
@@ -101,6 +123,7 @@ impl Node {
             |s| s,
             None,
             Some(listener),
+            LeaseConfig::default(),
         )
         .await
     }
@@ -122,10 +145,12 @@ impl Node {
             |s| s,
             Some(advertise_url),
             None,
+            LeaseConfig::default(),
         )
         .await
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn launch(
         at: StorageAt<'_>,
         node_id: &str,
@@ -134,6 +159,7 @@ impl Node {
         wrap: impl FnOnce(Arc<dyn Storage>) -> Arc<dyn Storage>,
         advertise_url: Option<&str>,
         listener: Option<tokio::net::TcpListener>,
+        lease_config: LeaseConfig,
     ) -> Self {
         let storage = at.open().await;
         let listener = match listener {
@@ -152,7 +178,7 @@ impl Node {
         let (lease, supervisor) = Supervisor::start(
             storage.clone() as Arc<dyn LeaseStore>,
             candidate,
-            LeaseConfig::default(),
+            lease_config,
             Arc::new(BootClock),
             lease_shutdown.clone(),
         );

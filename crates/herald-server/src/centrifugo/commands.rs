@@ -643,7 +643,7 @@ impl Session {
         let filter = req.tf.map(Arc::new);
         let delta = (req.delta == "fossil"
             && ChannelOptions::of(&self.state, &channel).fossil_delta)
-            .then(|| FossilDelta::new(self.encoding));
+            .then(|| FossilDelta::new(self.encoding, &self.state.centrifugo.deltas, &channel));
         let follow = Follow { filter, delta };
         match self
             .start_subscription(&channel, recover, expires, join_leave, budget, follow)
@@ -1113,7 +1113,7 @@ async fn follow(
                 if filter.as_ref().is_some_and(|f| !f.matches(&message.tags)) => {}
             Ok(Some(Item::Message(message))) => {
                 let text = match delta.as_mut() {
-                    Some(delta) => delta.push(channel.as_str(), &message),
+                    Some(delta) => delta.push(&message).await,
                     None => protocol::publication_push(channel.as_str(), &message),
                 };
                 let push = Out::Push(Box::new(Push {

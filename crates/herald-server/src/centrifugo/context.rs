@@ -33,6 +33,9 @@ pub(crate) struct Centrifugo {
     /// The sessions of the emulation transports, by session id
     /// (`emulation_sessions.rs`).
     pub(crate) emulation: Arc<super::emulation_sessions::EmulationSessions>,
+    /// The Fossil deltas of this node's delta subscriptions
+    /// (`delta_cache.rs`).
+    pub(crate) deltas: Arc<super::delta_cache::DeltaCache>,
     /// Cancelled when the node drains.
     shutdown: CancellationToken,
     /// The cluster events' and the node report's tasks, awaited by
@@ -77,6 +80,7 @@ impl Centrifugo {
             registry,
             sessions: TaskTracker::new(),
             emulation: Arc::default(),
+            deltas: Arc::default(),
             shutdown: shutdown.clone(),
             tasks: Mutex::new(tasks),
         }

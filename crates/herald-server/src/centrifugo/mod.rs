@@ -18,6 +18,8 @@
 //!   channel's epoch from the storage (`Storage::channel_epoch`);
 //! - `tags_filter.rs`: the tags filter (`tf`) of a subscribe;
 //! - `fossil_delta.rs`: Fossil delta of a subscription's publications;
+//!   `delta_cache.rs` the node's deltas, one per publication per channel,
+//!   within a CPU budget;
 //! - `history.rs`: history with Centrifugo's `limit`, `since`, `reverse`;
 //! - `publish.rs`: a publish into the same channel sequence as Herald's
 //!   own, through the node's publish routine (`herald_node::publish`);
@@ -50,6 +52,7 @@ mod codes;
 mod commands;
 pub(crate) mod config;
 pub(crate) mod context;
+mod delta_cache;
 mod emulation;
 mod emulation_sessions;
 mod fossil_delta;

@@ -10,6 +10,7 @@ mod cent;
 mod channel_limit;
 pub(crate) mod client;
 mod cluster;
+mod delta;
 mod exp_boundary;
 mod history_remove;
 mod join_leave;

@@ -433,10 +433,25 @@ async fn filters_and_state(backend: Backend, transport: Transport) {
     node.stop().await;
 }
 
+/// Asks the SDK for its counts of whole payloads and deltas on `delta:d`
+/// and checks them.
+async fn delta_stats_are(c: &mut SdkClient, full: u64, deltas: u64) {
+    c.send(json!({"op": "delta_stats", "channel": "delta:d"}))
+        .await;
+    let stats = c.expect("delta stats", is("delta_stats", "delta:d")).await;
+    assert_eq!(
+        (&stats["full"], &stats["deltas"]),
+        (&json!(full), &json!(deltas)),
+        "{stats}"
+    );
+}
+
 /// centrifuge-js over `transport`, subscribed with `delta: "fossil"` in a
 /// namespace with `fossil_delta`: every publication arrives whole to the
 /// application, once, in order, also those recovered after a reconnect,
-/// and the SDK counts the live ones after the first as deltas.
+/// and the SDK counts the live ones after the first as deltas, but for
+/// one over the node's delta bound (16 KiB) and the one after it, which
+/// come whole and which the SDK takes as its next base.
 async fn fossil_delta(backend: Backend, transport: Transport) {
     let sdk = Sdk::Js;
     sdk.check();
@@ -461,30 +476,33 @@ async fn fossil_delta(backend: Backend, transport: Transport) {
         .await;
     c.expect("subscribed", is("subscribed", "delta:d")).await;
     let pad = "x".repeat(400);
-    let data = |i: u64| json!({"i": i, "pad": pad, "note": "é ✓"});
+    // Publication 5 is over the delta bound.
+    let large = "y".repeat(20 * 1024);
+    let data = |i: u64| {
+        let pad = if i == 5 { &large } else { &pad };
+        json!({"i": i, "pad": pad, "note": "é ✓"})
+    };
     for i in 1..=4 {
         publish_tagged(&node, key, "delta:d", data(i), json!({})).await;
     }
     c.received_up_to(4).await;
-    c.send(json!({"op": "delta_stats", "channel": "delta:d"}))
-        .await;
-    let stats = c.expect("delta stats", is("delta_stats", "delta:d")).await;
-    assert_eq!(
-        (&stats["full"], &stats["deltas"]),
-        (&json!(1), &json!(3)),
-        "{stats}"
-    );
+    delta_stats_are(&mut c, 1, 3).await;
+    for i in 5..=7 {
+        publish_tagged(&node, key, "delta:d", data(i), json!({})).await;
+    }
+    c.received_up_to(7).await;
+    delta_stats_are(&mut c, 3, 4).await;
     c.send(json!({"op": "disconnect"})).await;
     c.expect("disconnected", is("disconnected", "")).await;
-    for i in 5..=6 {
+    for i in 8..=9 {
         publish_tagged(&node, key, "delta:d", data(i), json!({})).await;
     }
     c.send(json!({"op": "connect"})).await;
     let again = c.expect("resubscribed", is("subscribed", "delta:d")).await;
     assert_eq!(again["recovered"], true, "{again}");
-    publish_tagged(&node, key, "delta:d", data(7), json!({})).await;
-    c.received_up_to(7).await;
-    let expected: Vec<(u64, Value)> = (1..=7).map(|i| (i, data(i))).collect();
+    publish_tagged(&node, key, "delta:d", data(10), json!({})).await;
+    c.received_up_to(10).await;
+    let expected: Vec<(u64, Value)> = (1..=10).map(|i| (i, data(i))).collect();
     assert_eq!(
         c.received, expected,
         "every publication whole, once, in order"
