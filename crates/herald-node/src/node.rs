@@ -138,6 +138,7 @@ impl Node {
             lease: Arc::clone(&lease),
             retention: config.retention.clone(),
             pacing: config.trim_pacing,
+            hub: Arc::clone(&hub),
         };
         let tasks = vec![
             tokio::spawn(writer_task.instrument(span.clone())),

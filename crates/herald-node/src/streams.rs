@@ -242,7 +242,8 @@ pub enum StreamDeleted {
 /// forwarded. The stream is first marked deleted
 /// (`Storage::soft_delete_stream`), so that no append is acknowledged
 /// while its messages are removed; a stream with live forks stays only
-/// marked, and its URL answers "gone" while they live (a marked stream
+/// marked, and its URL answers "gone" while they live (its live readers
+/// on this node are woken, and end; a marked stream
 /// whose forks are gone meanwhile, by expiry or a race, is deleted by the
 /// next `DELETE`). Deleting the last live fork of a stream marked so deletes that
 /// stream too, and so on up the chain of forks.
@@ -276,6 +277,10 @@ pub async fn delete_stream(
                 .await
                 .map_err(|e| failed(node, e, "soft_delete_stream", channel))?;
             if info.live_forks > 0 {
+                // Wakes this node's live readers: they look at the stream
+                // again and end, as at a deletion (a standby's readers see
+                // it at their next periodic look).
+                tell_hub(node, channel, info.head + 1, info.head, &[], 0);
                 return Ok(StreamDeleted::Deleted);
             }
             delete(node, channel).await?;

@@ -732,6 +732,10 @@ impl Storage for MemoryStorage {
         Ok(None)
     }
 
+    async fn expired_streams(&self, _limit: usize) -> herald_storage::Result<Vec<ChannelName>> {
+        Ok(Vec::new())
+    }
+
     async fn create_stream(
         &self,
         _lease: &Lease,

@@ -6,6 +6,8 @@
 use herald_server::ServerConfig;
 use herald_testkit::node::{Node, Role};
 use herald_testkit::place::{Backend, Place};
+use herald_testkit::sse::SseClient;
+use herald_testkit::{within, NODE_WAIT};
 use reqwest::header::HeaderMap;
 use serde_json::{json, Value};
 
@@ -157,7 +159,63 @@ async fn refusals_change_nothing(backend: Backend) {
     assert_eq!(missing.1["x-content-type-options"], "nosniff");
 }
 
+/// An SSE reader of a stream that is deleted while a fork of it lives
+/// (soft-deleted: its URL answers `410`) ends as at a deletion, without
+/// waiting for the periodic look at the stream.
+async fn soft_deletion_ends_sse_readers(backend: Backend) {
+    let place = Place::new(backend).await;
+    let mut config = ServerConfig::default();
+    // Far beyond the test's wait: only the deletion can end the reader.
+    config.durable_streams.long_poll_timeout = std::time::Duration::from_secs(60);
+    let node = Node::start(&place, "node-a", Role::Holder, config).await;
+    assert_eq!(send(&node, "PUT", "/ds/app/src", &TEXT, b"a").await.0, 201);
+    let fork = send(
+        &node,
+        "PUT",
+        "/ds/app/fork",
+        &[
+            ("content-type", "text/plain"),
+            ("stream-forked-from", "app/src"),
+        ],
+        b"",
+    )
+    .await;
+    assert_eq!(fork.0, 201, "{}", fork.2);
+    let url = node.url("/ds/app/src?offset=-1&live=sse");
+    let mut sse = SseClient::open(&node.client, &url, &[]).await.unwrap();
+    assert_eq!(sse.status, 200);
+    // Read up to date: the data, then its control.
+    within("the stream's data", NODE_WAIT, async {
+        loop {
+            let event = sse.next_event().await.expect("an event");
+            if event.event.as_deref() == Some("control") && event.data.contains("upToDate") {
+                break;
+            }
+        }
+    })
+    .await;
+    assert_eq!(send(&node, "DELETE", "/ds/app/src", &[], b"").await.0, 204);
+    assert_eq!(send(&node, "GET", "/ds/app/src", &[], b"").await.0, 410);
+    let rest = within("the end of the stream", NODE_WAIT, async {
+        let mut rest = Vec::new();
+        while let Some(event) = sse.next_event().await {
+            rest.push(event);
+        }
+        rest
+    })
+    .await;
+    assert!(
+        rest.iter().all(|e| e.event.as_deref() != Some("data")),
+        "{rest:?}"
+    );
+}
+
 use herald_testkit::on_both_backends;
+
+on_both_backends!(
+    soft_deletion_ends_sse_readers: soft_deletion_ends_sse_on_sqlite,
+    soft_deletion_ends_sse_on_postgres
+);
 
 on_both_backends!(one_log_for_every_protocol: one_log_on_sqlite, one_log_on_postgres);
 on_both_backends!(

@@ -62,7 +62,8 @@ pub use retention::{
 pub use streams::{
     a_closed_stream_refuses_every_append, a_deleted_stream_starts_afresh,
     a_fork_copies_its_source_up_to_its_offset, a_soft_deleted_stream_is_gone_until_deleted,
-    an_expired_stream_is_gone, json_publishes_are_refused_by_byte_streams,
+    an_expired_stream_is_gone, an_expired_stream_reads_as_deleted_until_swept,
+    json_publishes_are_refused_by_byte_streams,
     stream_producers_are_exactly_once_across_a_takeover, stream_writes_are_fenced,
     streams_store_bytes_exactly,
 };
@@ -85,6 +86,7 @@ macro_rules! conformance_tests {
             a_deleted_stream_starts_afresh,
             stream_writes_are_fenced,
             an_expired_stream_is_gone,
+            an_expired_stream_reads_as_deleted_until_swept,
             a_fork_copies_its_source_up_to_its_offset,
             a_soft_deleted_stream_is_gone_until_deleted,
             renew_extends_expiry,

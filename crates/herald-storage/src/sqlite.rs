@@ -595,6 +595,13 @@ impl Storage for SqliteStorage {
         self.inner.readers.call(ops::channel_stats).await
     }
 
+    async fn expired_streams(&self, limit: usize) -> Result<Vec<ChannelName>> {
+        self.inner
+            .readers
+            .call(move |conn| streams::expired_streams(conn, limit))
+            .await
+    }
+
     async fn trim(
         &self,
         lease: &Lease,

@@ -46,6 +46,48 @@ pub(crate) fn closed_by(
     })
 }
 
+/// When a stream with these columns expires (ms since the Unix epoch),
+/// if ever: the sooner of its absolute expiry and its last write plus its
+/// TTL (`ttl_s`, seconds).
+fn expiry_ms(
+    ttl_s: Option<i64>,
+    touched_at_ms: Option<i64>,
+    expires_at_ms: Option<i64>,
+) -> Option<i64> {
+    let sliding = match (ttl_s, touched_at_ms) {
+        (Some(ttl), Some(touched)) => Some(touched.saturating_add(ttl.saturating_mul(1000))),
+        _ => None,
+    };
+    match (sliding, expires_at_ms) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The columns of a channel's row that tell whether it is an expired
+/// stream, as a read of its messages looks at them (times in ms since the
+/// Unix epoch, on the storage's clock).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct StreamExpiry {
+    /// Whether the channel is a stream (`content_type` set).
+    pub(crate) is_stream: bool,
+    /// `ttl_s`.
+    pub(crate) ttl_s: Option<i64>,
+    /// `touched_at_ms`.
+    pub(crate) touched_at_ms: Option<i64>,
+    /// `expires_at_ms`.
+    pub(crate) expires_at_ms: Option<i64>,
+}
+
+impl StreamExpiry {
+    /// Whether the channel is a stream that expired at `now_ms`.
+    pub(crate) fn expired(&self, now_ms: i64) -> bool {
+        self.is_stream
+            && expiry_ms(self.ttl_s, self.touched_at_ms, self.expires_at_ms)
+                .is_some_and(|at| at <= now_ms)
+    }
+}
+
 impl StoredStream {
     /// Whether the row is a stream (live, expired or soft-deleted).
     pub(crate) fn is_stream(&self) -> bool {
@@ -55,14 +97,7 @@ impl StoredStream {
     /// When the stream expires (ms since the Unix epoch), if ever: the
     /// sooner of its absolute expiry and its last write plus its TTL.
     pub(crate) fn expiry_ms(&self) -> Option<i64> {
-        let sliding = match (self.ttl_s, self.touched_at_ms) {
-            (Some(ttl), Some(touched)) => Some(touched.saturating_add(ttl.saturating_mul(1000))),
-            _ => None,
-        };
-        match (sliding, self.expires_at_ms) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        expiry_ms(self.ttl_s, self.touched_at_ms, self.expires_at_ms)
     }
 
     /// Whether the stream expired at `now_ms`.

@@ -435,7 +435,9 @@ pub trait Storage: LeaseStore {
 
     /// Up to `limit` messages of `channel` with offset > `after`, in offset
     /// order, with the channel's head. An unknown channel has head 0 and no
-    /// messages.
+    /// messages. An expired stream (see [`Storage::stream_info`]) reads as
+    /// a deleted channel does, before the sweep deletes it
+    /// ([`Storage::expired_streams`]): no message, earliest `head + 1`.
     ///
     /// # Errors
     /// [`crate::Error::Unavailable`] when the storage cannot be reached.
@@ -593,6 +595,16 @@ pub trait Storage: LeaseStore {
     /// # Errors
     /// [`crate::Error::Unavailable`] when the storage cannot be reached.
     async fn stream_info(&self, channel: &ChannelName) -> Result<Option<StreamInfo>>;
+
+    /// Up to `limit` streams that have expired on the storage's clock
+    /// (`Stream-TTL` or `Stream-Expires-At` passed) and are not deleted
+    /// yet, soft-deleted ones too, by name in byte order: what the
+    /// holder's sweep deletes (`herald_node::retention`). Until then an
+    /// expired stream already reads as deleted ([`Storage::read`]).
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn expired_streams(&self, limit: usize) -> Result<Vec<ChannelName>>;
 
     /// Makes `create.channel` a stream with `create.config`, closed if
     /// asked, and appends `create.messages`, in one fenced transaction

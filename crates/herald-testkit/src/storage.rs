@@ -169,6 +169,10 @@ impl<H: StorageHooks> Storage for Hooked<H> {
         self.inner.channel_stats().await
     }
 
+    async fn expired_streams(&self, limit: usize) -> herald_storage::Result<Vec<ChannelName>> {
+        self.inner.expired_streams(limit).await
+    }
+
     async fn trim(
         &self,
         lease: &Lease,

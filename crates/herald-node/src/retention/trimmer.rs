@@ -13,6 +13,14 @@
 //! from the [`RetentionHandle`], so a reload takes effect at the next
 //! sweep. A trim that finds the lease lost stops the sweep and reports
 //! the loss, as the writer does.
+//!
+//! Before each sweep, whatever the policies, the task deletes the streams
+//! that have expired (`Stream-TTL` or `Stream-Expires-At` passed;
+//! [`Storage::expired_streams`], at most [`EXPIRED_STREAMS_PER_SWEEP`] a
+//! time) as any channel is deleted ([`super::delete_channel`]): their
+//! messages are removed, the deletion recorded, and their live
+//! subscriptions end with a `deleted` event. Until then an expired stream
+//! already reads as deleted (`Storage::read`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,8 +30,12 @@ use herald_storage::{ChannelStats, Storage, TrimLimits, Trimmed};
 use tokio_util::sync::CancellationToken;
 
 use super::policy::{RetentionConfig, RetentionHandle, RetentionPolicy};
+use crate::hub::Hub;
 use crate::metrics;
 use crate::role::LeaseView;
+
+/// Most expired streams one sweep deletes; the next sweep goes on.
+pub(crate) const EXPIRED_STREAMS_PER_SWEEP: usize = 100;
 
 /// How the trimming task paces itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +70,9 @@ pub(crate) struct Trimmer {
     pub(crate) retention: RetentionHandle,
     /// How much one trim transaction removes and how often sweeps run.
     pub(crate) pacing: TrimPacing,
+    /// The node's hub: an expired stream's deletion ends its live
+    /// subscriptions here.
+    pub(crate) hub: Arc<Hub>,
 }
 
 /// Whether a sweep trims `channel` under `policy`: it holds more messages
@@ -86,6 +101,10 @@ impl Trimmer {
             let Some(lease) = self.lease.writable_lease() else {
                 continue;
             };
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = self.delete_expired_streams() => {}
+            }
             let config = self.retention.current();
             if config.is_unbounded() {
                 continue;
@@ -93,6 +112,42 @@ impl Trimmer {
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 () = self.sweep(&lease, &config) => {}
+            }
+        }
+    }
+
+    /// Deletes the streams that have expired, at most
+    /// [`EXPIRED_STREAMS_PER_SWEEP`]; stops at the first failure (the
+    /// next sweep tries again).
+    async fn delete_expired_streams(&self) {
+        let expired = match self
+            .storage
+            .expired_streams(EXPIRED_STREAMS_PER_SWEEP)
+            .await
+        {
+            Ok(expired) => expired,
+            Err(e) => {
+                tracing::warn!(error = %e, "retention: listing the expired streams failed; next sweep tries again");
+                return;
+            }
+        };
+        for channel in &expired {
+            let deleted = super::delete_channel(
+                &*self.storage,
+                &*self.lease,
+                &self.hub,
+                self.pacing.batch,
+                channel,
+            )
+            .await;
+            match deleted {
+                Ok(head) => {
+                    tracing::info!(channel = %channel, head, "retention: an expired stream was deleted");
+                }
+                Err(e) => {
+                    tracing::warn!(channel = %channel, error = %e, "retention: deleting an expired stream failed; next sweep tries again");
+                    return;
+                }
             }
         }
     }

@@ -1,7 +1,10 @@
 //! `GET` of a stream (catch-up from an offset, and long-poll) and `HEAD`.
 //! Every node serves them from the storage; a long-poll waits on this
 //! node's hub for the channel's next notice (the writer's on the holder,
-//! the standby feed's on a standby), at most `long_poll_timeout`.
+//! the standby feed's on a standby), at most `long_poll_timeout`, and
+//! never past the expiry of the reader's token: a long-poll whose token
+//! expires before it can answer data answers `401 token_expired` (the
+//! client asks again with a fresh token from the same offset).
 
 use axum::body::Body;
 use axum::extract::rejection::QueryRejection;
@@ -124,10 +127,12 @@ pub(crate) async fn get(
     let query = parse_query(pairs)?;
     let info = stream(&state, &who, &path, query.live != Live::No, query.from).await?;
     let from = query.from.unwrap_or(ReadFrom::Start);
+    // When the reader's token expires: a live read ends then.
+    let expires = who.token().map(|token| Instant::now() + token.time_left());
     match query.live {
         Live::No => catch_up(&state, &info, from, &headers).await,
-        Live::LongPoll => long_poll(&state, info, from, query.cursor).await,
-        Live::Sse => sse::serve(state, info, from, query.cursor).await,
+        Live::LongPoll => long_poll(&state, info, from, query.cursor, expires).await,
+        Live::Sse => sse::serve(state, info, from, query.cursor, expires).await,
     }
 }
 
@@ -207,11 +212,16 @@ async fn catch_up(
 /// else waits for the channel's next notice, at most the configured
 /// timeout, then answers `204`. A closed stream at its tail answers `204`
 /// with `Stream-Closed: true` at once.
+///
+/// # Errors
+/// 401 `token_expired` once `expires` (the reader's token) has passed: the
+/// wait ends then, and no data is answered after it.
 async fn long_poll(
     state: &StreamsState,
     info: StreamInfo,
     from: ReadFrom,
     cursor: Option<String>,
+    expires: Option<Instant>,
 ) -> Result<Response> {
     let channel = info.channel.clone();
     // Subscribed before the first read: a message committed after it is
@@ -220,9 +230,13 @@ async fn long_poll(
     let after = start(&info, from)?;
     let timeout = state.shared.config.durable_streams.long_poll_timeout;
     let deadline = Instant::now() + timeout;
+    let token_expired = || expires.is_some_and(|at| Instant::now() >= at);
     let mut info = info;
     loop {
         let chunk = read_chunk(state, &channel, after).await?;
+        if token_expired() {
+            return Err(Error::Auth(herald_auth::AuthError::TokenExpired));
+        }
         let cursor_now = offset::cursor(request::now_ms(), cursor.as_deref());
         if !chunk.messages.is_empty() {
             let mut answer =
@@ -251,11 +265,16 @@ async fn long_poll(
             response::closed(&mut answer);
             return Ok(answer);
         }
+        // The wait ends at the token's expiry if that comes first.
+        let wait_until = expires.map_or(deadline, |at| at.min(deadline));
         let woke = tokio::select! {
             _ = notices.recv() => true,
-            () = tokio::time::sleep_until(deadline) => false,
+            () = tokio::time::sleep_until(wait_until) => false,
             () = state.shared.shutdown.cancelled() => false,
         };
+        if token_expired() {
+            return Err(Error::Auth(herald_auth::AuthError::TokenExpired));
+        }
         if !woke {
             let mut answer = response::empty(StatusCode::NO_CONTENT, after);
             set(answer.headers_mut(), "stream-up-to-date", "true");
@@ -263,6 +282,9 @@ async fn long_poll(
             return Ok(answer);
         }
         info = match super::chunk::info(state, &channel).await? {
+            // Deleted while forks of it live, during the wait: as a new
+            // read of it is answered.
+            Some(info) if info.soft_deleted => return Err(Error::StreamGone),
             Some(info) => info,
             None => return Err(Error::StreamNotFound),
         };

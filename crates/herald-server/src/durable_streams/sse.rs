@@ -12,8 +12,17 @@
 //! A task reads from the storage and writes the events to the answer; it
 //! waits on this node's hub for the channel's next notice, and every
 //! `long_poll_timeout` sends a comment (`:`) and looks at the stream again
-//! (a standby hears of a closure that way). It ends when the client goes,
-//! the stream is deleted or closed, or the node drains.
+//! (a standby hears of a closure or a deletion that way). It ends when
+//! the client goes, the stream is deleted (at once, or soft-deleted while
+//! forks of it live: both end the same way, without a last event) or
+//! closed, or the node drains.
+//!
+//! A reader that came with a token is followed only until the token's
+//! `exp`, as Herald's own SSE does (`api/sse.rs`): the wait has a branch
+//! for it and every send is checked against it first, so nothing is sent
+//! after the expiry; the last event is then `event: token_expired` with
+//! the data `{"code":"token_expired"}`, and the answer ends. The client
+//! reads on with a fresh token from the last `streamNextOffset` it got.
 
 use std::convert::Infallible;
 
@@ -25,6 +34,7 @@ use base64::Engine as _;
 use bytes::Bytes;
 use herald_core::{media_type, Message, Offset, StreamInfo};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::chunk::{body, info, read_chunk, start};
@@ -35,6 +45,10 @@ use crate::error::Result;
 
 /// Events written ahead of a slow client before the task waits.
 const QUEUED_EVENTS: usize = 8;
+
+/// The last event of a reader whose token expired (as Herald's own SSE
+/// ends, `api/sse.rs`).
+const TOKEN_EXPIRED_EVENT: &str = "event: token_expired\ndata:{\"code\":\"token_expired\"}\n\n";
 
 /// Whether a stream of `content_type` is sent base64-encoded: neither
 /// `text/*` nor JSON.
@@ -98,17 +112,19 @@ fn control_event(next: Offset, up_to_date: bool, closed: bool, cursor: Option<&s
     format!("event: control\ndata:{{{}}}\n\n", fields.join(","))
 }
 
-/// Answers `200` with the event stream and starts the task that writes it.
+/// Answers `200` with the event stream and starts the task that writes it;
+/// `expires` is when the reader's token expires (`None`: never).
 pub(crate) async fn serve(
     state: StreamsState,
     info: StreamInfo,
     from: ReadFrom,
     cursor: Option<String>,
+    expires: Option<Instant>,
 ) -> Result<Response> {
     let after = start(&info, from)?;
     let (tx, rx) = mpsc::channel::<std::result::Result<Bytes, Infallible>>(QUEUED_EVENTS);
     let binary = is_binary(&info.config.content_type);
-    tokio::spawn(follow(state, info, after, cursor, tx));
+    tokio::spawn(follow(state, info, after, cursor, expires, tx));
     let mut answer = Response::new(Body::from_stream(ReceiverStream::new(rx)));
     let headers = answer.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
@@ -119,14 +135,37 @@ pub(crate) async fn serve(
     Ok(answer)
 }
 
-/// Writes the events of the stream after `after` to `tx` until it ends.
+/// Whether `expires` has passed.
+fn expired(expires: Option<Instant>) -> bool {
+    expires.is_some_and(|at| Instant::now() >= at)
+}
+
+/// Waits until `expires`; forever when it is `None`.
+async fn until(expires: Option<Instant>) {
+    match expires {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Writes the events of the stream after `after` to `tx` until it ends,
+/// or until `expires` (the reader's token), when the last event is
+/// [`TOKEN_EXPIRED_EVENT`].
 async fn follow(
     state: StreamsState,
     mut info: StreamInfo,
     mut after: Offset,
     cursor: Option<String>,
+    expires: Option<Instant>,
     tx: mpsc::Sender<std::result::Result<Bytes, Infallible>>,
 ) {
+    // Sent instead of anything else once the token expired.
+    let token_expired = |tx: mpsc::Sender<std::result::Result<Bytes, Infallible>>| async move {
+        tracing::debug!("Durable Streams SSE ends: the token expired");
+        let _ = tx
+            .send(Ok(Bytes::from_static(TOKEN_EXPIRED_EVENT.as_bytes())))
+            .await;
+    };
     let channel = info.channel.clone();
     let mut notices = state.shared.node.hub().subscribe(&channel);
     let keep_alive = state.shared.config.durable_streams.long_poll_timeout;
@@ -162,6 +201,9 @@ async fn follow(
                 ));
                 announced = Some(chunk.next);
             }
+            if expired(expires) {
+                return token_expired(tx).await;
+            }
             if !events.is_empty() && tx.send(Ok(Bytes::from(events))).await.is_err() {
                 return;
             }
@@ -174,6 +216,9 @@ async fn follow(
             }
         }
         tokio::select! {
+            // Expiry first: a busy stream does not keep the reader on.
+            biased;
+            () = until(expires) => return token_expired(tx).await,
             _ = notices.recv() => {}
             () = tokio::time::sleep(keep_alive) => {
                 if tx.send(Ok(Bytes::from_static(b":\n\n"))).await.is_err() {
@@ -186,11 +231,12 @@ async fn follow(
     }
 }
 
-/// The stream as the storage holds it now; `None` once it is gone (or
+/// The stream as the storage holds it now; `None` once it is gone:
+/// deleted, soft-deleted (deleted while forks of it live), expired (or
 /// the storage failed, which ends the stream: the client resumes).
 async fn info_now(state: &StreamsState, current: &StreamInfo) -> Option<StreamInfo> {
     match info(state, &current.channel).await {
-        Ok(info) => info,
+        Ok(info) => info.filter(|info| !info.soft_deleted),
         Err(e) => {
             tracing::debug!(channel = %current.channel, error = %e, "SSE stream check failed; the stream ends");
             None

@@ -388,6 +388,64 @@ pub async fn an_expired_stream_is_gone(h: &dyn Harness) {
         .is_some_and(|at| at <= past_ms + 3_600_000));
 }
 
+/// An expired stream reads as a deleted channel does (no message,
+/// earliest `head + 1`, the head kept) on every read, and is listed for
+/// the sweep, which lists no live stream and no plain channel.
+pub async fn an_expired_stream_reads_as_deleted_until_swept(h: &dyn Harness) {
+    let c = h.cluster(1).await;
+    let node = c.node(0);
+    let (lease, _) = acquire(node, 0, LONG_TTL).await;
+    let now_ms = |shift: Duration, past: bool| {
+        let at = if past {
+            SystemTime::now() - shift
+        } else {
+            SystemTime::now() + shift
+        };
+        i64::try_from(at.duration_since(UNIX_EPOCH).unwrap().as_millis()).unwrap()
+    };
+    // A minute either side on this host's clock: past or future on the
+    // database's too, whatever their skew within a minute.
+    let mut expired = create("x:old", "text/plain", vec![bytes(b"a"), bytes(b"b")]);
+    expired.config.expires_at_ms = Some(now_ms(Duration::from_secs(60), true));
+    created(node, &lease, &expired).await;
+    let mut live = create("x:live", "text/plain", vec![bytes(b"c")]);
+    live.config.expires_at_ms = Some(now_ms(Duration::from_secs(3600), false));
+    live.config.ttl_s = Some(3600);
+    created(node, &lease, &live).await;
+    node.append(&lease, &[msg("x:plain", "1")]).await.unwrap();
+
+    for after in [0, 1, 2] {
+        let page = node.read(&channel("x:old"), after, 10).await.unwrap();
+        assert!(page.messages.is_empty(), "from {after}: {page:?}");
+        assert_eq!((page.head, page.earliest), (2, 3), "from {after}");
+    }
+    let page = node.read(&channel("x:live"), 0, 10).await.unwrap();
+    assert_eq!(page.messages.len(), 1);
+    let page = node.read(&channel("x:plain"), 0, 10).await.unwrap();
+    assert_eq!(page.messages.len(), 1);
+    assert_eq!(
+        node.expired_streams(10).await.unwrap(),
+        vec![channel("x:old")]
+    );
+    assert!(node.expired_streams(0).await.unwrap().is_empty());
+    // Deleted, it is listed no more.
+    node.trim(
+        &lease,
+        &channel("x:old"),
+        &crate::TrimLimits {
+            up_to: Some(2),
+            ..crate::TrimLimits::default()
+        },
+        100,
+    )
+    .await
+    .unwrap();
+    node.record_deletion(&lease, &channel("x:old"), 2)
+        .await
+        .unwrap();
+    assert!(node.expired_streams(10).await.unwrap().is_empty());
+}
+
 /// A fork starts with its source's messages up to its offset (and its
 /// sub-offset's part of the next: a byte prefix, or more JSON messages),
 /// at the same offsets, then goes its own way; a fork of a missing source,

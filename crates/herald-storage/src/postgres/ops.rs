@@ -1002,7 +1002,9 @@ async fn refused_channel(
 
 /// A page of one channel with the channel's head, in one statement (one
 /// snapshot). The outer row always exists, so an empty page still carries
-/// the head.
+/// the head. An expired stream reads as deleted: no message, earliest
+/// `head + 1` (its expiry as `Storage::stream_info` judges it, on the
+/// database's clock).
 pub(super) async fn read(
     client: &Object,
     channel: &ChannelName,
@@ -1012,14 +1014,21 @@ pub(super) async fn read(
     let stmt = client
         .prepare_cached(
             "SELECT h.head, h.trimmed_through, m.\"offset\", m.data, m.published_at, h.deletion, m.tags, m.body \
-             FROM (SELECT COALESCE(c.head, 0) AS head, COALESCE(c.trimmed_through, 0) AS trimmed_through, \
+             FROM (SELECT COALESCE(c.head, 0) AS head, \
+                          CASE WHEN c.expired THEN c.head \
+                               ELSE COALESCE(c.trimmed_through, 0) END AS trimmed_through, \
+                          COALESCE(c.expired, false) AS expired, \
                           COALESCE(d.deletion, 0) AS deletion \
                    FROM (SELECT 1) AS one \
-                   LEFT JOIN channels AS c ON c.name = $1 \
+                   LEFT JOIN (SELECT head, trimmed_through, \
+                                     content_type IS NOT NULL \
+                                     AND COALESCE(LEAST(expires_at, touched_at + ttl_s * interval '1 second'), \
+                                                  'infinity') <= clock_timestamp() AS expired \
+                              FROM channels WHERE name = $1) AS c ON true \
                    LEFT JOIN channel_deletions AS d ON d.channel = $1) AS h \
              LEFT JOIN LATERAL ( \
                  SELECT \"offset\", data, published_at, tags, body FROM messages \
-                 WHERE channel = $1 AND \"offset\" > $2 ORDER BY \"offset\" LIMIT $3 \
+                 WHERE channel = $1 AND \"offset\" > $2 AND NOT h.expired ORDER BY \"offset\" LIMIT $3 \
              ) AS m ON true \
              ORDER BY m.\"offset\"",
         )

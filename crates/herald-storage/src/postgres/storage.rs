@@ -121,6 +121,11 @@ impl Storage for PostgresStorage {
         ops::channel_stats(&client).await
     }
 
+    async fn expired_streams(&self, limit: usize) -> Result<Vec<ChannelName>> {
+        let client = self.client().await?;
+        streams::expired_streams(&client, limit).await
+    }
+
     async fn trim(
         &self,
         lease: &Lease,

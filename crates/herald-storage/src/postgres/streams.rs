@@ -472,3 +472,22 @@ pub(super) async fn soft_delete_stream(
     commit(tx, &fence, lease, channel, 1, 0).await?;
     Ok(marked > 0)
 }
+
+/// `Storage::expired_streams`: the streams whose expiry passed on the
+/// database's clock, by name in byte order, at most `limit`.
+pub(super) async fn expired_streams(client: &Object, limit: usize) -> Result<Vec<ChannelName>> {
+    let stmt = client
+        .prepare_cached(
+            "SELECT name FROM channels WHERE content_type IS NOT NULL \
+             AND LEAST(expires_at, touched_at + ttl_s * interval '1 second') <= clock_timestamp() \
+             ORDER BY name COLLATE \"C\" LIMIT $1",
+        )
+        .await?;
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    client
+        .query(&stmt, &[&limit])
+        .await?
+        .into_iter()
+        .map(|row| crate::decode::to_channel(row.try_get(0)?))
+        .collect()
+}

@@ -21,6 +21,7 @@ use crate::decode::{
 };
 use crate::digest::idempotency_digest;
 use crate::error::{Error, Refusal, Result};
+use crate::stream_rules::StreamExpiry;
 use crate::traits::{
     Acquire, ChangeFeed, ChannelSummary, Deletion, Deletions, LeaseTakeover, Page, TakeoverCount,
     TakeoverReason, MAX_CHANNEL_PAGE, MAX_LEASE_HISTORY,
@@ -443,6 +444,7 @@ pub(super) fn stored_payload(payload: &Payload) -> (&str, Option<&[u8]>) {
 }
 
 /// A page of one channel, read in one snapshot with the channel's head.
+/// An expired stream reads as deleted: no message, earliest `head + 1`.
 pub(super) fn read(
     conn: &mut Connection,
     channel: &ChannelName,
@@ -450,11 +452,25 @@ pub(super) fn read(
     limit: usize,
 ) -> Result<Page> {
     let tx = conn.transaction()?;
-    let (head, trimmed_through): (i64, i64) = tx
-        .prepare_cached("SELECT head, trimmed_through FROM channels WHERE name = ?1")?
-        .query_row([channel.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))
+    let (head, trimmed_through, expired): (i64, i64, bool) = tx
+        .prepare_cached(
+            "SELECT head, trimmed_through, content_type IS NOT NULL, ttl_s, touched_at_ms, \
+             expires_at_ms, CAST(unixepoch('subsec') * 1000 AS INTEGER) \
+             FROM channels WHERE name = ?1",
+        )?
+        .query_row([channel.as_str()], |r| {
+            let expiry = StreamExpiry {
+                is_stream: r.get(2)?,
+                ttl_s: r.get(3)?,
+                touched_at_ms: r.get(4)?,
+                expires_at_ms: r.get(5)?,
+            };
+            Ok((r.get(0)?, r.get(1)?, expiry.expired(r.get(6)?)))
+        })
         .optional()?
-        .unwrap_or((0, 0));
+        .unwrap_or((0, 0, false));
+    // An expired stream's messages are withheld, as if it were deleted.
+    let trimmed_through = if expired { head } else { trimmed_through };
     let deletion: i64 = tx
         .prepare_cached("SELECT deletion FROM channel_deletions WHERE channel = ?1")?
         .query_row([channel.as_str()], |r| r.get(0))
@@ -467,7 +483,8 @@ pub(super) fn read(
             "SELECT \"offset\", data, published_at_ms, tags, body FROM messages \
              WHERE channel = ?1 AND \"offset\" > ?2 ORDER BY \"offset\" LIMIT ?3",
         )?;
-        let mut rows = stmt.query(params![channel.as_str(), sql_position(after), limit])?;
+        let after = if expired { head } else { sql_position(after) };
+        let mut rows = stmt.query(params![channel.as_str(), after, limit])?;
         while let Some(row) = rows.next()? {
             messages.push(Message {
                 offset: to_u64(row.get(0)?, "offset")?,

@@ -371,3 +371,27 @@ pub(super) fn soft_delete_stream(
     tx.commit()?;
     Ok(marked > 0)
 }
+
+/// `Storage::expired_streams`: the streams whose expiry passed on
+/// SQLite's clock, by name in byte order, at most `limit`.
+pub(super) fn expired_streams(conn: &mut Connection, limit: usize) -> Result<Vec<ChannelName>> {
+    let now = now_ms(conn)?;
+    let mut stmt = conn.prepare_cached(
+        "SELECT name FROM channels WHERE content_type IS NOT NULL \
+         AND (ttl_s IS NOT NULL OR expires_at_ms IS NOT NULL) ORDER BY name",
+    )?;
+    let names: Vec<String> = stmt
+        .query_map([], |r| r.get(0))?
+        .collect::<std::result::Result<_, _>>()?;
+    let mut expired = Vec::new();
+    for name in names {
+        if expired.len() >= limit {
+            break;
+        }
+        let channel = crate::decode::to_channel(name)?;
+        if read_row(conn, &channel)?.is_some_and(|r| r.expired(now)) {
+            expired.push(channel);
+        }
+    }
+    Ok(expired)
+}
