@@ -26,6 +26,7 @@
 //! | `herald_retention_channels_beyond_policy` | gauge | | on the holder, at the start of the last sweep: channels with more messages or bytes than their policy allows |
 //! | `herald_subscriptions_truncated_total` | counter | | `truncated` events sent: a subscriber resumed (or fell) below the channel's earliest offset |
 //! | `herald_centrifugo_channels_unreported` | gauge | | subscribed channels this node left out of its last node report (beyond its cap; other nodes' `channels` miss them) |
+//! | `herald_stream_appends_waiting` | gauge | | Durable Streams appends waiting, on the node that writes, for their idempotent producer's earlier appends (an append ahead of its turn waits up to `durable_streams.producer_gap_wait`) |
 //! | `herald_lease_takeovers_recorded` | gauge | `reason` (`fresh`, `released`, `expired`, `holder_gone`, `reclaimed`) | acquisitions of the writer lease recorded in the database, by every node over the database's life (read at scrape time) |
 //!
 //! Every family above, and the lease supervisor's (`herald_lease_*`), is
@@ -36,6 +37,7 @@
 
 use std::sync::OnceLock;
 
+use crate::durable_streams::producer_wait::APPENDS_WAITING;
 use herald_auth::metrics::RATE_LIMITED;
 use herald_node::metrics::register_publish_handles;
 use herald_node::metrics::{
@@ -118,6 +120,10 @@ fn builder() -> PrometheusBuilder {
 }
 
 fn describe() {
+    describe_gauge!(
+        APPENDS_WAITING,
+        "Durable Streams appends waiting for their idempotent producer's earlier appends."
+    );
     describe_counter!(
         PUBLISHES,
         "Publish requests by outcome (created, duplicate or the error code)."
@@ -305,6 +311,7 @@ fn register_at_zero() {
         RETENTION_BACKLOG,
         CHANNELS_BEYOND_POLICY,
         CHANNELS_UNREPORTED,
+        APPENDS_WAITING,
     ] {
         gauge!(name).set(0.0);
     }
