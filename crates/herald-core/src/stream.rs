@@ -154,6 +154,34 @@ pub struct StreamAppend {
     pub stream_seq: Option<String>,
     /// Close the stream after appending.
     pub close: bool,
+    /// The bounds on the stream's producer state this append is held to.
+    pub producer_limits: ProducerLimits,
+}
+
+/// The bounds on a stream's stored producer state (one row per
+/// `Producer-Id`, PROTOCOL.md of durable-streams/durable-streams,
+/// "Idempotent producers"), so that neither many producers nor idle ones
+/// keep storage without end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProducerLimits {
+    /// Most producers one stream keeps state for; an append of one more
+    /// (a new `Producer-Id`, while this many are not idle) is refused
+    /// ([`StreamAppended::TooManyProducers`]).
+    pub max_per_stream: u64,
+    /// How long, in ms, a producer's state outlives its last append: once
+    /// idle longer, it is forgotten (the producer is new again: its next
+    /// append must carry `Producer-Seq` 0) and its row is removed.
+    pub idle_ms: u64,
+}
+
+impl Default for ProducerLimits {
+    /// 1000 producers per stream, each forgotten after 7 days idle.
+    fn default() -> Self {
+        Self {
+            max_per_stream: 1000,
+            idle_ms: 7 * 24 * 3600 * 1000,
+        }
+    }
 }
 
 /// The outcome of a [`StreamAppend`]; every outcome but `Appended` and
@@ -212,4 +240,13 @@ pub enum StreamAppended {
     },
     /// The `Stream-Seq` is not greater than the last one accepted.
     StreamSeqConflict,
+    /// The append has no message and does not close the stream: nothing
+    /// to do, and no producer sequence number is used up.
+    Empty,
+    /// The producer is new to the stream, which keeps state for as many
+    /// producers as [`ProducerLimits::max_per_stream`] already.
+    TooManyProducers {
+        /// The limit.
+        limit: u64,
+    },
 }

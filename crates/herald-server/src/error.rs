@@ -121,6 +121,19 @@ pub enum Error {
         /// The one the request carried.
         received: u64,
     },
+    /// An append of an idempotent producer new to a stream that keeps
+    /// state for as many producers as `durable_streams.max_producers_per_stream`
+    /// already (none of them idle longer than
+    /// `durable_streams.producer_idle_timeout`). 409 `too_many_producers`;
+    /// nothing is stored.
+    #[error(
+        "the stream keeps state for {limit} producers already; a new Producer-Id is admitted \
+         once one of them is idle long enough to be forgotten"
+    )]
+    TooManyProducers {
+        /// The limit, `durable_streams.max_producers_per_stream`.
+        limit: u64,
+    },
     /// A read from an offset that retention or a deletion removed.
     /// 410 `offset_gone`, with the stream's `earliest` offset (a Herald
     /// offset) in the body.
@@ -258,9 +271,10 @@ impl Error {
             Self::ChannelClosed | Self::ContentTypeMismatch => StatusCode::CONFLICT,
             Self::StreamNotFound => StatusCode::NOT_FOUND,
             Self::InvalidStreamRequest(_) => StatusCode::BAD_REQUEST,
-            Self::StreamConflict(_) | Self::StreamClosed { .. } | Self::ProducerSeqGap { .. } => {
-                StatusCode::CONFLICT
-            }
+            Self::StreamConflict(_)
+            | Self::StreamClosed { .. }
+            | Self::ProducerSeqGap { .. }
+            | Self::TooManyProducers { .. } => StatusCode::CONFLICT,
             Self::StaleProducerEpoch { .. } => StatusCode::FORBIDDEN,
             Self::OffsetGone { .. } | Self::StreamGone => StatusCode::GONE,
             Self::OffsetBeyondHead { .. } => StatusCode::CONFLICT,
@@ -304,6 +318,7 @@ impl Error {
             Self::StreamClosed { .. } => "stream_closed",
             Self::StaleProducerEpoch { .. } => "stale_producer_epoch",
             Self::ProducerSeqGap { .. } => "producer_seq_gap",
+            Self::TooManyProducers { .. } => "too_many_producers",
             Self::OffsetGone { .. } => "offset_gone",
             Self::StreamGone => "stream_gone",
             Self::OffsetBeyondHead { .. } => "offset_beyond_head",

@@ -28,6 +28,7 @@
 //! | `herald_centrifugo_channels_unreported` | gauge | | subscribed channels this node left out of its last node report (beyond its cap; other nodes' `channels` miss them) |
 //! | `herald_lease_takeovers_recorded_total` | counter | `reason` (`fresh`, `released`, `expired`, `holder_gone`, `reclaimed`) | acquisitions of the writer lease recorded in the database, by every node over the database's life (read at scrape time) |
 //! | `herald_build_info` | gauge | `version`, `commit` | 1, labelled with the running binary's version and the commit it was built from (`unknown` when built outside a git checkout without `HERALD_COMMIT`) |
+//! | `herald_stream_appends_waiting` | gauge | | Durable Streams appends waiting, on the node that writes, for their idempotent producer's earlier appends (an append ahead of its turn waits up to `durable_streams.producer_gap_wait`) |
 //!
 //! Every family above, and the lease supervisor's (`herald_lease_*`), is
 //! registered when the recorder is installed (counters and gauges at 0,
@@ -37,6 +38,7 @@
 
 use std::sync::OnceLock;
 
+use crate::durable_streams::producer_wait::APPENDS_WAITING;
 use herald_auth::metrics::RATE_LIMITED;
 use herald_node::metrics::register_publish_handles;
 use herald_node::metrics::{
@@ -132,6 +134,10 @@ fn builder() -> PrometheusBuilder {
 }
 
 fn describe() {
+    describe_gauge!(
+        APPENDS_WAITING,
+        "Durable Streams appends waiting for their idempotent producer's earlier appends."
+    );
     describe_counter!(
         PUBLISHES,
         "Publish requests by outcome (created, duplicate or the error code)."
@@ -319,6 +325,7 @@ fn register_at_zero() {
         RETENTION_BACKLOG,
         CHANNELS_BEYOND_POLICY,
         CHANNELS_UNREPORTED,
+        APPENDS_WAITING,
     ] {
         gauge!(name).set(0.0);
     }

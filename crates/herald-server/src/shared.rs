@@ -25,6 +25,8 @@ pub(crate) struct Shared {
     pub(crate) auth_slot: Arc<AuthSlot>,
     /// Cancelled when the node drains.
     pub(crate) shutdown: CancellationToken,
+    /// The Durable Streams appends waiting for their producer's turn.
+    pub(crate) stream_producer_waits: Arc<crate::durable_streams::producer_wait::ProducerWaits>,
 }
 
 impl Shared {

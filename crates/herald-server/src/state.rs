@@ -146,6 +146,7 @@ impl AppState {
             config,
             auth_slot: auth,
             shutdown,
+            stream_producer_waits: Arc::default(),
         });
         Ok(Self {
             running: Arc::new(Running {

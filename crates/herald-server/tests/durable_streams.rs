@@ -212,6 +212,144 @@ async fn soft_deletion_ends_sse_readers(backend: Backend) {
 
 use herald_testkit::on_both_backends;
 
+/// The producer headers of `id`, epoch 0, sequence `seq`, with `Content-Type:
+/// application/json`.
+fn producer<'a>(id: &'a str, seq: &'a str) -> [(&'a str, &'a str); 4] {
+    [
+        ("content-type", "application/json"),
+        ("producer-id", id),
+        ("producer-epoch", "0"),
+        ("producer-seq", seq),
+    ]
+}
+
+/// A JSON append of nothing but whitespace is refused, with producer
+/// headers too, and uses up no sequence number: the real append with that
+/// number is stored, not taken for a duplicate.
+async fn a_blank_append_uses_up_no_sequence_number(backend: Backend) {
+    let place = Place::new(backend).await;
+    let node = Node::start(&place, "node-a", Role::Holder, ServerConfig::default()).await;
+    assert_eq!(send(&node, "PUT", "/ds/app/blank", &JSON, b"").await.0, 201);
+    let blank = send(
+        &node,
+        "POST",
+        "/ds/app/blank",
+        &producer("p", "0"),
+        b" \n\t ",
+    )
+    .await;
+    assert_eq!(blank.0, 400, "{}", blank.2);
+    assert!(blank.2.contains("invalid_stream_request"), "{}", blank.2);
+    let real = send(
+        &node,
+        "POST",
+        "/ds/app/blank",
+        &producer("p", "0"),
+        br#"{"n":0}"#,
+    )
+    .await;
+    assert_eq!(real.0, 200, "{}", real.2);
+    let read = send(&node, "GET", "/ds/app/blank?offset=-1", &[], b"").await;
+    let items: Value = serde_json::from_str(&read.2).unwrap();
+    assert_eq!(items, json!([{"n": 0}]));
+}
+
+/// A stream keeps state for a bounded number of producers, each of a
+/// bounded `Producer-Id`, and a bounded `Stream-Seq`: past them an append
+/// is refused and stores nothing.
+async fn producer_state_is_bounded(backend: Backend) {
+    let place = Place::new(backend).await;
+    let mut config = ServerConfig::default();
+    config.durable_streams.max_producers_per_stream = 2;
+    let node = Node::start(&place, "node-a", Role::Holder, config).await;
+    assert_eq!(send(&node, "PUT", "/ds/app/many", &JSON, b"").await.0, 201);
+    let long_id = "p".repeat(257);
+    let refused = send(
+        &node,
+        "POST",
+        "/ds/app/many",
+        &producer(&long_id, "0"),
+        b"1",
+    )
+    .await;
+    assert_eq!(refused.0, 400, "{}", refused.2);
+    let long_seq = "9".repeat(257);
+    let refused = send(
+        &node,
+        "POST",
+        "/ds/app/many",
+        &[
+            ("content-type", "application/json"),
+            ("stream-seq", &long_seq),
+        ],
+        b"1",
+    )
+    .await;
+    assert_eq!(refused.0, 400, "{}", refused.2);
+    for id in ["a", "b"] {
+        let answer = send(&node, "POST", "/ds/app/many", &producer(id, "0"), b"1").await;
+        assert_eq!(answer.0, 200, "{id}: {}", answer.2);
+    }
+    let third = send(&node, "POST", "/ds/app/many", &producer("c", "0"), b"1").await;
+    assert_eq!(third.0, 409, "{}", third.2);
+    assert!(third.2.contains("too_many_producers"), "{}", third.2);
+    // The producers it knows go on.
+    let known = send(&node, "POST", "/ds/app/many", &producer("a", "1"), b"2").await;
+    assert_eq!(known.0, 200, "{}", known.2);
+    let read = send(&node, "GET", "/ds/app/many?offset=-1", &[], b"").await;
+    let items: Value = serde_json::from_str(&read.2).unwrap();
+    assert_eq!(items, json!([1, 1, 2]));
+}
+
+/// How many appends wait for their producer's turn in this process (the
+/// gauge `herald_stream_appends_waiting`).
+async fn appends_waiting(node: &Node) -> f64 {
+    node.metrics()
+        .await
+        .lines()
+        .find_map(|line| line.strip_prefix("herald_stream_appends_waiting "))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// A pipelining producer's appends that reach the holder out of order,
+/// through a standby on PostgreSQL: sequence number 2 arrives before 1 and
+/// waits for it; both are stored in order, and neither is answered 409.
+#[tokio::test]
+async fn pipelined_appends_are_stored_in_order_through_a_postgres_standby() {
+    let place = Place::new(Backend::Postgres).await;
+    let mut config = ServerConfig::default();
+    // The longest allowed, far above what the test needs.
+    config.durable_streams.producer_gap_wait = std::time::Duration::from_secs(4);
+    let holder = Node::start(&place, "node-a", Role::Holder, config).await;
+    let standby = Node::start(&place, "node-b", Role::Standby, ServerConfig::default()).await;
+    let standby = std::sync::Arc::new(standby);
+    assert_eq!(
+        send(&standby, "PUT", "/ds/app/piped", &JSON, b"").await.0,
+        201
+    );
+    let first = send(&standby, "POST", "/ds/app/piped", &producer("p", "0"), b"0").await;
+    assert_eq!(first.0, 200, "{}", first.2);
+    let ahead = tokio::spawn({
+        let standby = std::sync::Arc::clone(&standby);
+        async move { send(&standby, "POST", "/ds/app/piped", &producer("p", "2"), b"2").await }
+    });
+    // Sequence number 1 is sent once 2 waits on the holder (or 2 was
+    // answered, which the assertion below shows).
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    while appends_waiting(&holder).await < 1.0 && !ahead.is_finished() {
+        assert!(tokio::time::Instant::now() < deadline, "no append waits");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let turn = send(&standby, "POST", "/ds/app/piped", &producer("p", "1"), b"1").await;
+    let ahead = ahead.await.unwrap();
+    assert_eq!(ahead.0, 200, "seq 2: {}", ahead.2);
+    assert_eq!(turn.0, 200, "seq 1: {}", turn.2);
+    let read = send(&standby, "GET", "/ds/app/piped?offset=-1", &[], b"").await;
+    let items: Value = serde_json::from_str(&read.2).unwrap();
+    assert_eq!(items, json!([0, 1, 2]));
+}
+
 on_both_backends!(
     soft_deletion_ends_sse_readers: soft_deletion_ends_sse_on_sqlite,
     soft_deletion_ends_sse_on_postgres
@@ -223,3 +361,11 @@ on_both_backends!(
     closure_binds_publishes_on_postgres
 );
 on_both_backends!(refusals_change_nothing: refusals_on_sqlite, refusals_on_postgres);
+on_both_backends!(
+    a_blank_append_uses_up_no_sequence_number: blank_append_on_sqlite,
+    blank_append_on_postgres
+);
+on_both_backends!(
+    producer_state_is_bounded: producers_bounded_on_sqlite,
+    producers_bounded_on_postgres
+);

@@ -64,6 +64,7 @@ pub use streams::{
     a_fork_copies_its_source_up_to_its_offset, a_soft_deleted_stream_is_gone_until_deleted,
     an_expired_stream_is_gone, an_expired_stream_reads_as_deleted_until_swept,
     json_publishes_are_refused_by_byte_streams,
+    stream_producers_are_bounded_and_forgotten_when_idle,
     stream_producers_are_exactly_once_across_a_takeover, stream_writes_are_fenced,
     streams_store_bytes_exactly,
 };
@@ -81,6 +82,7 @@ macro_rules! conformance_tests {
             acquire_fresh_gets_token_1_and_others_see_held,
             streams_store_bytes_exactly,
             stream_producers_are_exactly_once_across_a_takeover,
+            stream_producers_are_bounded_and_forgotten_when_idle,
             a_closed_stream_refuses_every_append,
             json_publishes_are_refused_by_byte_streams,
             a_deleted_stream_starts_afresh,

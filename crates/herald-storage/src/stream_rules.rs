@@ -5,8 +5,8 @@
 //! content type, producer, `Stream-Seq`.
 
 use herald_core::{
-    media_type, ChannelName, Offset, Producer, StreamAppend, StreamAppended, StreamConfig,
-    StreamInfo,
+    media_type, ChannelName, Offset, Producer, ProducerLimits, StreamAppend, StreamAppended,
+    StreamConfig, StreamInfo,
 };
 
 use crate::decode::{to_channel, to_u64};
@@ -169,6 +169,42 @@ pub(crate) struct StreamRow {
 /// appended in it.
 pub(crate) type ProducerState = (u64, u64);
 
+/// The state of a producer whose row says `(epoch, last_seq)` and that it
+/// last appended at `last_append_ms`, as [`decide`] takes it at `now_ms`
+/// (all ms since the Unix epoch, on the storage's clock): `None` once the
+/// producer is idle longer than `limits.idle_ms`, which makes it new again.
+pub(crate) fn live_state(
+    stored: Option<(u64, u64, i64)>,
+    now_ms: i64,
+    limits: &ProducerLimits,
+) -> Option<ProducerState> {
+    stored
+        .filter(|&(_, _, last)| !idle(last, now_ms, limits))
+        .map(|(epoch, seq, _)| (epoch, seq))
+}
+
+/// Whether a producer that last appended at `last_append_ms` is idle at
+/// `now_ms` (ms since the Unix epoch) under `limits`.
+fn idle(last_append_ms: i64, now_ms: i64, limits: &ProducerLimits) -> bool {
+    let idle_ms = i64::try_from(limits.idle_ms).unwrap_or(i64::MAX);
+    now_ms.saturating_sub(last_append_ms) > idle_ms
+}
+
+/// The time (ms since the Unix epoch) such that a producer whose last
+/// append is before it is idle at `now_ms`: its row may be removed.
+pub(crate) fn idle_before_ms(now_ms: i64, limits: &ProducerLimits) -> i64 {
+    now_ms.saturating_sub(i64::try_from(limits.idle_ms).unwrap_or(i64::MAX))
+}
+
+/// What an append that admits a producer new to the stream is answered
+/// when the stream keeps state for `live` producers that are not idle:
+/// `None` when there is room for one more.
+pub(crate) fn admit_new_producer(live: u64, limits: &ProducerLimits) -> Option<StreamAppended> {
+    (live >= limits.max_per_stream).then_some(StreamAppended::TooManyProducers {
+        limit: limits.max_per_stream,
+    })
+}
+
 /// What [`decide`] allows.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Decision {
@@ -191,6 +227,10 @@ pub(crate) fn decide(
     };
     if row.soft_deleted {
         return Decision::Answer(StreamAppended::Gone);
+    }
+    if append.messages.is_empty() && !append.close {
+        // Nothing to write: above all, no producer sequence number used up.
+        return Decision::Answer(StreamAppended::Empty);
     }
     let close_only = append.messages.is_empty();
     if row.closed {
@@ -294,6 +334,7 @@ mod tests {
             }),
             stream_seq: None,
             close: false,
+            producer_limits: ProducerLimits::default(),
         }
     }
 
@@ -416,6 +457,34 @@ mod tests {
             answer(decide(Some(&seen), Some((0, 1)), &retry)),
             StreamAppended::Duplicate { .. }
         ));
+    }
+
+    #[test]
+    fn an_empty_append_uses_up_no_sequence_number() {
+        let mut empty = append(Some((0, 1)));
+        empty.messages.clear();
+        assert_eq!(
+            answer(decide(Some(&row()), Some((0, 0)), &empty)),
+            StreamAppended::Empty
+        );
+        empty.close = true;
+        assert_eq!(decide(Some(&row()), Some((0, 0)), &empty), Decision::Write);
+    }
+
+    #[test]
+    fn idle_producers_are_forgotten_and_new_ones_are_bounded() {
+        let limits = ProducerLimits {
+            max_per_stream: 2,
+            idle_ms: 1000,
+        };
+        assert_eq!(live_state(Some((1, 5, 0)), 1000, &limits), Some((1, 5)));
+        assert_eq!(live_state(Some((1, 5, 0)), 1001, &limits), None);
+        assert_eq!(idle_before_ms(1001, &limits), 1);
+        assert_eq!(admit_new_producer(1, &limits), None);
+        assert_eq!(
+            admit_new_producer(2, &limits),
+            Some(StreamAppended::TooManyProducers { limit: 2 })
+        );
     }
 
     #[test]

@@ -263,8 +263,8 @@ fn concurrent_opens_all_migrate_fine() {
         // 4: channel epochs; 5: presence; 6: message tags; 7: channel deletions and node reports;
         // 8: the nodes' channels; 9: the epoch seed; 10: recorded takeovers;
         // 11: streams; 12: the takeover timeline and the console's node
-        // report columns).
-        assert_eq!(applied, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
+        // report columns; 13: stream producers' last append).
+        assert_eq!(applied, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]);
     }
 }
 
@@ -481,7 +481,7 @@ async fn a_key_stored_without_a_digest_matches_any_message() {
     assert!(out[0].duplicate);
     assert_eq!(out[0].offset, 1);
     let versions = applied_migrations(dir.path());
-    assert_eq!(versions, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
+    assert_eq!(versions, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]);
 }
 
 /// A new database is in incremental auto-vacuum mode, and a trim returns

@@ -146,6 +146,18 @@ struct DurableStreamsSection {
     /// (`--durable-streams-max-append-bytes`).
     #[serde(skip_serializing_if = "Option::is_none")]
     max_append_bytes: Option<u64>,
+    /// Most producers one stream keeps state for
+    /// (`--durable-streams-max-producers-per-stream`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_producers_per_stream: Option<u64>,
+    /// How long an idle producer's state is kept, e.g. `"7d"`
+    /// (`--durable-streams-producer-idle-timeout`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    producer_idle_timeout: Option<String>,
+    /// How long an append ahead of its producer's turn waits, e.g.
+    /// `"300ms"` (`--durable-streams-producer-gap-wait`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    producer_gap_wait: Option<String>,
 }
 
 /// `[console]`: the flags `--console-*` (docs/console.md).

@@ -20,6 +20,22 @@ pub struct DurableStreamsConfig {
     /// Largest accepted body of a `PUT` or `POST`, in bytes (default
     /// 16 MiB): one append is one message of at most this size.
     pub max_append_bytes: usize,
+    /// Most idempotent producers (`Producer-Id`s) one stream keeps state
+    /// for (default 1000): an append of one more is refused with 409
+    /// `too_many_producers` while the others are not idle.
+    pub max_producers_per_stream: u64,
+    /// How long a producer's state outlives its last append (default
+    /// 7 days): then it is forgotten, and its next append must start
+    /// again at `Producer-Seq` 0 (a later number is answered 409
+    /// `producer_seq_gap`, expected 0).
+    pub producer_idle_timeout: Duration,
+    /// How long an append whose producer sequence number is ahead of the
+    /// next one expected waits for the appends before it, on the node
+    /// that writes (default 300 ms), before it is answered 409
+    /// `producer_seq_gap`: a client that pipelines appends may have them
+    /// arrive out of order. Woken by each commit of the same producer;
+    /// 0 answers a gap at once; at most 4 s.
+    pub producer_gap_wait: Duration,
 }
 
 impl Default for DurableStreamsConfig {
@@ -29,6 +45,9 @@ impl Default for DurableStreamsConfig {
             prefix: "/ds".to_owned(),
             long_poll_timeout: Duration::from_secs(30),
             max_append_bytes: 16 * 1024 * 1024,
+            max_producers_per_stream: 1000,
+            producer_idle_timeout: Duration::from_secs(7 * 24 * 3600),
+            producer_gap_wait: Duration::from_millis(300),
         }
     }
 }
@@ -77,6 +96,34 @@ impl DurableStreamsConfig {
                     .to_owned(),
             ));
         }
+        if self.max_producers_per_stream == 0 || self.producer_idle_timeout.is_zero() {
+            return Err(StartError::Config(
+                "durable_streams.max_producers_per_stream and producer_idle_timeout must be \
+                 above zero"
+                    .to_owned(),
+            ));
+        }
+        if self.producer_gap_wait > MAX_PRODUCER_GAP_WAIT {
+            return Err(StartError::Config(format!(
+                "durable_streams.producer_gap_wait must be at most {}s: a request waits that \
+                 long at most, and a standby forwarding it waits for the answer",
+                MAX_PRODUCER_GAP_WAIT.as_secs()
+            )));
+        }
         Ok(())
     }
+
+    /// The bounds on a stream's producer state that every append is held
+    /// to.
+    pub(crate) fn producer_limits(&self) -> herald_core::ProducerLimits {
+        herald_core::ProducerLimits {
+            max_per_stream: self.max_producers_per_stream,
+            idle_ms: u64::try_from(self.producer_idle_timeout.as_millis()).unwrap_or(u64::MAX),
+        }
+    }
 }
+
+/// Longest `producer_gap_wait`: below the 5 s a standby waits for the
+/// holder's answer to a forwarded write (`ServerConfig::forward_timeout`),
+/// so that a forwarded append that waits is answered, not timed out.
+const MAX_PRODUCER_GAP_WAIT: Duration = Duration::from_secs(4);

@@ -19,6 +19,7 @@ mod chunk;
 pub(crate) mod config;
 mod naming;
 mod offset;
+pub(crate) mod producer_wait;
 mod read;
 mod request;
 mod response;

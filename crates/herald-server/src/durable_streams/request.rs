@@ -27,6 +27,13 @@ const MAX_TTL_S: u64 = 100 * 365 * 24 * 3600;
 /// integer every client language (JavaScript's numbers) holds exactly.
 const MAX_PRODUCER_NUMBER: u64 = (1 << 53) - 1;
 
+/// Longest `Producer-Id`, in bytes: a stream stores it once per producer
+/// (docs/durable-streams.md, "Idempotent producers").
+pub(crate) const MAX_PRODUCER_ID_BYTES: usize = 256;
+
+/// Longest `Stream-Seq`, in bytes: the stream stores the last one.
+pub(crate) const MAX_STREAM_SEQ_BYTES: usize = 256;
+
 fn invalid(message: impl Into<String>) -> Error {
     Error::InvalidStreamRequest(message.into())
 }
@@ -135,8 +142,9 @@ fn producer_number(headers: &HeaderMap, name: &str) -> Result<Option<u64>, Error
     }
 }
 
-/// The idempotent producer: `Producer-Id`, `Producer-Epoch` and
-/// `Producer-Seq`, all three or none.
+/// The idempotent producer: `Producer-Id` (1 to
+/// [`MAX_PRODUCER_ID_BYTES`] bytes), `Producer-Epoch` and `Producer-Seq`,
+/// all three or none.
 pub(crate) fn producer(headers: &HeaderMap) -> Result<Option<Producer>, Error> {
     let id = text(headers, "producer-id")?;
     let epoch = producer_number(headers, "producer-epoch")?;
@@ -144,6 +152,10 @@ pub(crate) fn producer(headers: &HeaderMap) -> Result<Option<Producer>, Error> {
     match (id, epoch, seq) {
         (None, None, None) => Ok(None),
         (Some(""), _, _) => Err(invalid("Producer-Id must not be empty")),
+        (Some(id), _, _) if id.len() > MAX_PRODUCER_ID_BYTES => Err(invalid(format!(
+            "Producer-Id must be at most {MAX_PRODUCER_ID_BYTES} bytes, got {}",
+            id.len()
+        ))),
         (Some(id), Some(epoch), Some(seq)) => Ok(Some(Producer {
             id: id.to_owned(),
             epoch,
@@ -155,20 +167,28 @@ pub(crate) fn producer(headers: &HeaderMap) -> Result<Option<Producer>, Error> {
     }
 }
 
-/// `Stream-Seq`: an opaque text compared as bytes.
+/// `Stream-Seq`: an opaque text compared as bytes, of at most
+/// [`MAX_STREAM_SEQ_BYTES`].
 pub(crate) fn stream_seq(headers: &HeaderMap) -> Result<Option<String>, Error> {
-    Ok(text(headers, "stream-seq")?.map(str::to_owned))
+    match text(headers, "stream-seq")? {
+        Some(seq) if seq.len() > MAX_STREAM_SEQ_BYTES => Err(invalid(format!(
+            "Stream-Seq must be at most {MAX_STREAM_SEQ_BYTES} bytes, got {}",
+            seq.len()
+        ))),
+        seq => Ok(seq.map(str::to_owned)),
+    }
 }
 
 /// The messages of a body for a stream of `json` mode: in JSON mode, a
 /// top-level array is one message per element (flattened one level; an
 /// empty one is refused unless `empty_array_ok`, for a creation), any other
 /// value one message; otherwise the whole body is one message of bytes
-/// (none when empty).
+/// (none when empty). A JSON body of whitespace only is no message: a
+/// creation's, or refused (as an empty array) for an append.
 ///
 /// # Errors
-/// 400 when a JSON body does not parse, or is an empty array where one is
-/// not allowed.
+/// 400 when a JSON body does not parse, or is empty (whitespace only, or
+/// an empty array) where that is not allowed.
 pub(crate) fn messages(
     json: bool,
     body: &Bytes,
@@ -181,6 +201,11 @@ pub(crate) fn messages(
         return Ok(vec![Payload::Bytes(Arc::from(&body[..]))]);
     }
     if body.iter().all(u8::is_ascii_whitespace) {
+        if !empty_array_ok {
+            return Err(invalid(
+                "a JSON append needs a JSON value: the body is only whitespace",
+            ));
+        }
         return Ok(Vec::new());
     }
     let text = std::str::from_utf8(body).map_err(|_| invalid("a JSON stream takes UTF-8 JSON"))?;
@@ -306,6 +331,22 @@ mod tests {
             ("producer-seq", "0")
         ]))
         .is_err());
+        let long = "p".repeat(MAX_PRODUCER_ID_BYTES + 1);
+        assert!(producer(&headers(&[
+            ("producer-id", long.as_str()),
+            ("producer-epoch", "0"),
+            ("producer-seq", "0")
+        ]))
+        .is_err());
+        assert!(producer(&headers(&[
+            ("producer-id", &long[1..]),
+            ("producer-epoch", "0"),
+            ("producer-seq", "0")
+        ]))
+        .is_ok());
+        let seq = "9".repeat(MAX_STREAM_SEQ_BYTES + 1);
+        assert!(stream_seq(&headers(&[("stream-seq", seq.as_str())])).is_err());
+        assert!(stream_seq(&headers(&[("stream-seq", &seq[1..])])).is_ok());
         for bad in ["1abc", "0xyz", "1e3", "-1", "9007199254740992"] {
             let h = headers(&[
                 ("producer-id", "p"),
@@ -333,6 +374,10 @@ mod tests {
             .unwrap()
             .is_empty());
         assert!(messages(true, &Bytes::from_static(b"{oops"), false).is_err());
+        assert!(messages(true, &Bytes::from_static(b" \n\t "), false).is_err());
+        assert!(messages(true, &Bytes::from_static(b" \n"), true)
+            .unwrap()
+            .is_empty());
         let many = format!("[{}0]", "0,".repeat(MAX_APPEND_MESSAGES));
         assert!(messages(true, &Bytes::from(many), false).is_err());
         let most = format!("[{}0]", "0,".repeat(MAX_APPEND_MESSAGES - 1));

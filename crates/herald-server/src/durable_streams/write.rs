@@ -17,7 +17,7 @@ use herald_node::publish::Routed;
 use herald_node::streams::{self, StreamDeleted, StreamRequest};
 
 use super::response::{self, set};
-use super::{naming, offset, request, StreamsState};
+use super::{naming, offset, producer_wait, request, StreamsState};
 use crate::auth_extract::Caller;
 use crate::error::{Error, Result};
 use herald_node::node_error::StorageContext;
@@ -331,19 +331,55 @@ pub(crate) async fn post(
         .shared
         .auth()
         .take_publishes(&who, messages.len().max(1))?;
+    let settings = &state.shared.config.durable_streams;
     let append = StreamAppend {
-        channel,
+        channel: channel.clone(),
         content_type: if close_only { None } else { content_type },
         messages,
         producer: producer.clone(),
         stream_seq,
         close,
+        producer_limits: settings.producer_limits(),
     };
-    let request = forwarded(Method::POST, &uri, &headers, body);
-    let appended = match streams::append_stream(&state.shared.node, append, request).await? {
-        Routed::Holder(answer) => return Ok(response::from_holder(answer)),
-        Routed::Here(appended) => appended,
+    // An append ahead of its producer's turn waits, bounded, for the
+    // appends before it (`producer_wait.rs`), woken by their commits.
+    let deadline = tokio::time::Instant::now() + settings.producer_gap_wait;
+    let mut waiting = None;
+    let appended = loop {
+        let signal = waiting.as_ref().map(producer_wait::Waiting::signal);
+        let woken = signal.as_ref().map(|s| s.notified());
+        let request = forwarded(Method::POST, &uri, &headers, body.clone());
+        let appended =
+            match streams::append_stream(&state.shared.node, append.clone(), request).await? {
+                Routed::Holder(answer) => return Ok(response::from_holder(answer)),
+                Routed::Here(appended) => appended,
+            };
+        let (StreamAppended::SeqGap { expected, received }, Some(p)) = (&appended, &producer)
+        else {
+            break appended;
+        };
+        if received <= expected || settings.producer_gap_wait.is_zero() {
+            break appended;
+        }
+        let Some(woken) = woken else {
+            // Registered, then tried again: a commit in between is seen.
+            waiting = state.shared.stream_producer_waits.wait(&channel, &p.id);
+            if waiting.is_none() {
+                break appended;
+            }
+            continue;
+        };
+        if tokio::time::timeout_at(deadline, woken).await.is_err() {
+            break appended;
+        }
     };
+    drop(waiting);
+    if let (StreamAppended::Appended { .. }, Some(p)) = (&appended, &producer) {
+        state
+            .shared
+            .stream_producer_waits
+            .committed(&channel, &p.id);
+    }
     let producer_headers = |answer: &mut Response, seq: u64| {
         if let Some(p) = &producer {
             set(answer.headers_mut(), "producer-epoch", &p.epoch.to_string());
@@ -395,6 +431,10 @@ pub(crate) async fn post(
             "Stream-Seq must be greater, as bytes, than the last one the stream accepted"
                 .to_owned(),
         )),
+        StreamAppended::Empty => Err(Error::InvalidStreamRequest(
+            "an append needs at least one message (or Stream-Closed: true)".to_owned(),
+        )),
+        StreamAppended::TooManyProducers { limit } => Err(Error::TooManyProducers { limit }),
     }
 }
 

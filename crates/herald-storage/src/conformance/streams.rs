@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use herald_core::{
-    Lease, Payload, Producer, StreamAppend, StreamAppended, StreamConfig, StreamCreate,
-    StreamCreated,
+    Lease, Payload, Producer, ProducerLimits, StreamAppend, StreamAppended, StreamConfig,
+    StreamCreate, StreamCreated,
 };
 use serde_json::value::RawValue;
 
@@ -50,6 +50,7 @@ fn append(name: &str, messages: Vec<Payload>, producer: Option<(u64, u64)>) -> S
         }),
         stream_seq: None,
         close: false,
+        producer_limits: ProducerLimits::default(),
     }
 }
 
@@ -170,6 +171,85 @@ pub async fn stream_producers_are_exactly_once_across_a_takeover(h: &dyn Harness
         StreamAppended::StaleEpoch { epoch: 1 }
     );
     assert_eq!(node.read(&channel("p"), 0, 10).await.unwrap().head, 3);
+}
+
+/// A stream keeps state for at most `max_per_stream` producers: one more
+/// is refused and stores nothing, until the others are idle longer than
+/// `idle_ms`, when they are forgotten (a forgotten producer is new again:
+/// its next sequence number must be 0). An append with no message and no
+/// close is refused without using up the producer's sequence number.
+pub async fn stream_producers_are_bounded_and_forgotten_when_idle(h: &dyn Harness) {
+    let c = h.cluster(1).await;
+    let node = c.node(0);
+    let (lease, _) = acquire(node, 0, LONG_TTL).await;
+    created(node, &lease, &create("bounded", "text/plain", Vec::new())).await;
+    let by = |id: &str, seq: u64, idle_ms: u64| {
+        let mut a = append("bounded", vec![bytes(b"m")], Some((0, seq)));
+        if let Some(p) = a.producer.as_mut() {
+            p.id = id.to_owned();
+        }
+        a.producer_limits = ProducerLimits {
+            max_per_stream: 2,
+            idle_ms,
+        };
+        a
+    };
+    const HOUR_MS: u64 = 3_600_000;
+    let mut empty = by("a", 0, HOUR_MS);
+    empty.messages.clear();
+    assert_eq!(
+        node.append_stream(&lease, &empty).await.unwrap(),
+        StreamAppended::Empty
+    );
+    for (id, head) in [("a", 1), ("b", 2)] {
+        let got = node
+            .append_stream(&lease, &by(id, 0, HOUR_MS))
+            .await
+            .unwrap();
+        assert!(
+            matches!(got, StreamAppended::Appended { head: h, .. } if h == head),
+            "{id}: {got:?}"
+        );
+    }
+    assert_eq!(
+        node.append_stream(&lease, &by("c", 0, HOUR_MS))
+            .await
+            .unwrap(),
+        StreamAppended::TooManyProducers { limit: 2 }
+    );
+    let known = node
+        .append_stream(&lease, &by("a", 1, HOUR_MS))
+        .await
+        .unwrap();
+    assert!(
+        matches!(known, StreamAppended::Appended { head: 3, .. }),
+        "{known:?}"
+    );
+    assert_eq!(node.read(&channel("bounded"), 0, 10).await.unwrap().head, 3);
+    // Idle for longer than 1 ms: "a" and "b" are forgotten, "c" admitted.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let admitted = node.append_stream(&lease, &by("c", 0, 1)).await.unwrap();
+    assert!(
+        matches!(admitted, StreamAppended::Appended { head: 4, .. }),
+        "{admitted:?}"
+    );
+    assert_eq!(
+        node.append_stream(&lease, &by("a", 2, HOUR_MS))
+            .await
+            .unwrap(),
+        StreamAppended::SeqGap {
+            expected: 0,
+            received: 2
+        }
+    );
+    let again = node
+        .append_stream(&lease, &by("a", 0, HOUR_MS))
+        .await
+        .unwrap();
+    assert!(
+        matches!(again, StreamAppended::Appended { head: 5, .. }),
+        "{again:?}"
+    );
 }
 
 /// A closed stream takes no message, from a stream append or a plain

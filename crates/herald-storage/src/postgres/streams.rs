@@ -4,7 +4,7 @@
 //! [`crate::stream_rules::decide`], and makes the fencing check again as
 //! the decision to commit, like `append`.
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use deadpool_postgres::Object;
 use herald_core::fault_switches::{self, FaultSwitch};
@@ -17,7 +17,10 @@ use super::names::CHANGES_CHANNEL;
 use super::ops::{fenced, refuse, to_ms, Decision, Fenced, Serialized, NOTIFY_SQL};
 use crate::decode::{sql_position, to_u64};
 use crate::error::{Error, Result};
-use crate::stream_rules::{closed_by, decide, Decision as Rule, StoredStream};
+use crate::stream_rules::{
+    admit_new_producer, closed_by, decide, idle_before_ms, live_state, Decision as Rule,
+    StoredStream,
+};
 
 /// A channel's row as streams read it.
 type Row = StoredStream;
@@ -361,11 +364,11 @@ pub(super) async fn append_stream(
     let Fenced { tx, fence, .. } = fenced(client, lease, Serialized::Yes, None).await?;
     let channel = &append.channel;
     let row = lock_row(&tx, channel).await?;
-    let state = match &append.producer {
+    let stored = match &append.producer {
         Some(p) => {
             let stmt = tx
                 .prepare_cached(
-                    "SELECT epoch, last_seq FROM stream_producers \
+                    "SELECT epoch, last_seq, last_append_at FROM stream_producers \
                      WHERE channel = $1 AND producer = $2 FOR UPDATE",
                 )
                 .await?;
@@ -373,6 +376,7 @@ pub(super) async fn append_stream(
                 Some(r) => Some((
                     to_u64(r.try_get(0)?, "producer epoch")?,
                     to_u64(r.try_get(1)?, "producer seq")?,
+                    to_ms(r.try_get::<_, SystemTime>(2)?),
                 )),
                 None => None,
             }
@@ -380,8 +384,36 @@ pub(super) async fn append_stream(
         None => None,
     };
     let now_ms = to_ms(fence.now);
+    let limits = &append.producer_limits;
+    let state = live_state(stored, now_ms, limits);
     let rules_row = row.as_ref().map(|r| r.rules_row(now_ms)).transpose()?;
-    if let Rule::Answer(answer) = decide(rules_row.as_ref(), state, append) {
+    let mut refusal = match decide(rules_row.as_ref(), state, append) {
+        Rule::Answer(answer) => Some(answer),
+        Rule::Write => None,
+    };
+    if refusal.is_none() && append.producer.is_some() && state.is_none() {
+        // A producer new to the stream (or idle so long it was forgotten):
+        // the idle ones' rows go, and the rest must leave it room. The
+        // channel's row is locked, so no other append counts meanwhile.
+        let idle_before = UNIX_EPOCH
+            + Duration::from_millis(idle_before_ms(now_ms, limits).max(0).unsigned_abs());
+        let forget = tx
+            .prepare_cached(
+                "DELETE FROM stream_producers WHERE channel = $1 AND last_append_at < $2",
+            )
+            .await?;
+        tx.execute(&forget, &[&channel.as_str(), &idle_before])
+            .await?;
+        let count = tx
+            .prepare_cached("SELECT count(*) FROM stream_producers WHERE channel = $1")
+            .await?;
+        let live: i64 = tx
+            .query_one(&count, &[&channel.as_str()])
+            .await?
+            .try_get(0)?;
+        refusal = admit_new_producer(live.max(0).unsigned_abs(), limits);
+    }
+    if let Some(answer) = refusal {
         if let Err(e) = tx.rollback().await {
             tracing::debug!(error = %Error::from(e), "rollback after a refused stream append");
         }
@@ -430,9 +462,10 @@ pub(super) async fn append_stream(
     if let Some(p) = &append.producer {
         let upsert = tx
             .prepare_cached(
-                "INSERT INTO stream_producers (channel, producer, epoch, last_seq) \
-                 VALUES ($1, $2, $3, $4) ON CONFLICT (channel, producer) \
-                 DO UPDATE SET epoch = excluded.epoch, last_seq = excluded.last_seq",
+                "INSERT INTO stream_producers (channel, producer, epoch, last_seq, last_append_at) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (channel, producer) \
+                 DO UPDATE SET epoch = excluded.epoch, last_seq = excluded.last_seq, \
+                 last_append_at = excluded.last_append_at",
             )
             .await?;
         tx.execute(
@@ -442,6 +475,7 @@ pub(super) async fn append_stream(
                 &p.id,
                 &sql_position(p.epoch),
                 &sql_position(p.seq),
+                &fence.now,
             ],
         )
         .await?;

@@ -11,7 +11,9 @@ use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBe
 use super::ops::{fenced_now, stored_payload};
 use crate::decode::{sql_position, to_u64};
 use crate::error::Result;
-use crate::stream_rules::{closed_by, decide, Decision, StoredStream};
+use crate::stream_rules::{
+    admit_new_producer, closed_by, decide, idle_before_ms, live_state, Decision, StoredStream,
+};
 
 /// A channel's row as streams read it.
 type Row = StoredStream;
@@ -289,23 +291,42 @@ pub(super) fn append_stream(
     let channel = &append.channel;
     let row = read_row(&tx, channel)?;
     let rules_row = row.as_ref().map(|r| r.rules_row(now)).transpose()?;
-    let state = match &append.producer {
+    let limits = &append.producer_limits;
+    let stored = match &append.producer {
         Some(p) => tx
             .prepare_cached(
-                "SELECT epoch, last_seq FROM stream_producers WHERE channel = ?1 AND producer = ?2",
+                "SELECT epoch, last_seq, last_append_at_ms FROM stream_producers \
+                 WHERE channel = ?1 AND producer = ?2",
             )?
             .query_row(params![channel.as_str(), p.id], |r| {
                 Ok((
                     r.get::<_, i64>(0)?.max(0) as u64,
                     r.get::<_, i64>(1)?.max(0) as u64,
+                    r.get::<_, i64>(2)?,
                 ))
             })
             .optional()?,
         None => None,
     };
+    let state = live_state(stored, now, limits);
     if let Decision::Answer(answer) = decide(rules_row.as_ref(), state, append) {
         drop(tx);
         return Ok(answer);
+    }
+    if append.producer.is_some() && state.is_none() {
+        // A producer new to the stream (or idle so long it was forgotten):
+        // the idle ones' rows go, and the rest must leave it room.
+        tx.prepare_cached(
+            "DELETE FROM stream_producers WHERE channel = ?1 AND last_append_at_ms < ?2",
+        )?
+        .execute(params![channel.as_str(), idle_before_ms(now, limits)])?;
+        let live: i64 = tx
+            .prepare_cached("SELECT count(*) FROM stream_producers WHERE channel = ?1")?
+            .query_row([channel.as_str()], |r| r.get(0))?;
+        if let Some(answer) = admit_new_producer(live.max(0) as u64, limits) {
+            drop(tx);
+            return Ok(answer);
+        }
     }
     let Some(row) = row else {
         return Err(crate::error::Error::corrupt(
@@ -334,15 +355,17 @@ pub(super) fn append_stream(
     ])?;
     if let Some(p) = &append.producer {
         tx.prepare_cached(
-            "INSERT INTO stream_producers (channel, producer, epoch, last_seq) \
-             VALUES (?1, ?2, ?3, ?4) ON CONFLICT (channel, producer) \
-             DO UPDATE SET epoch = excluded.epoch, last_seq = excluded.last_seq",
+            "INSERT INTO stream_producers (channel, producer, epoch, last_seq, last_append_at_ms) \
+             VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (channel, producer) \
+             DO UPDATE SET epoch = excluded.epoch, last_seq = excluded.last_seq, \
+             last_append_at_ms = excluded.last_append_at_ms",
         )?
         .execute(params![
             channel.as_str(),
             p.id,
             sql_position(p.epoch),
-            sql_position(p.seq)
+            sql_position(p.seq),
+            now
         ])?;
     }
     tx.commit()?;

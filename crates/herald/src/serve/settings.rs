@@ -264,6 +264,25 @@ pub(crate) struct ServeArgs {
         default_value_t = 16_777_216
     )]
     durable_streams_max_append_bytes: usize,
+    /// Durable Streams protocol: most idempotent producers (Producer-Id)
+    /// one stream keeps state for; an append of one more is refused with
+    /// 409 too_many_producers.
+    #[arg(
+        long,
+        env = "HERALD_DURABLE_STREAMS_MAX_PRODUCERS_PER_STREAM",
+        default_value_t = 1000
+    )]
+    durable_streams_max_producers_per_stream: u64,
+    /// Durable Streams protocol: how long a producer's state outlives its
+    /// last append; then it is forgotten and must start again at
+    /// Producer-Seq 0.
+    #[arg(long, env = "HERALD_DURABLE_STREAMS_PRODUCER_IDLE_TIMEOUT", default_value = "7d", value_parser = parse_duration)]
+    durable_streams_producer_idle_timeout: Duration,
+    /// Durable Streams protocol: how long an append ahead of its
+    /// producer's turn waits for the appends before it before it is
+    /// answered 409 producer_seq_gap (0: at once; at most 4s).
+    #[arg(long, env = "HERALD_DURABLE_STREAMS_PRODUCER_GAP_WAIT", default_value = "300ms", value_parser = parse_duration)]
+    durable_streams_producer_gap_wait: Duration,
     /// Web console: serve its pages at `/console/` (default: off; the
     /// admin API it uses is served either way). See docs/console.md.
     #[arg(long, env = "HERALD_CONSOLE_ENABLED", default_value_t = false, action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
@@ -623,6 +642,9 @@ pub(crate) fn server_config(
             prefix: args.durable_streams_prefix.clone(),
             long_poll_timeout: args.durable_streams_long_poll_timeout,
             max_append_bytes: args.durable_streams_max_append_bytes,
+            max_producers_per_stream: args.durable_streams_max_producers_per_stream,
+            producer_idle_timeout: args.durable_streams_producer_idle_timeout,
+            producer_gap_wait: args.durable_streams_producer_gap_wait,
         },
         console: ConsoleConfig {
             enabled: args.console_enabled,
