@@ -97,6 +97,11 @@ pub enum Error {
     /// `Stream-Seq` not above the last. 409 `stream_conflict`.
     #[error("{0}")]
     StreamConflict(String),
+    /// A fork that would copy more of its source than
+    /// `durable_streams.max_fork_messages` or `max_fork_bytes` allow; the
+    /// message names the limit. 413 `fork_too_large`.
+    #[error("{0}")]
+    ForkTooLarge(String),
     /// An append to a closed stream. 409 `stream_closed`, with
     /// `Stream-Closed: true` and `Stream-Next-Offset` (the final offset).
     #[error("the stream is closed and takes no more appends")]
@@ -244,7 +249,7 @@ impl Error {
             | Self::InvalidQuery(_)
             | Self::InvalidLastEventId
             | Self::InvalidUpgrade(_) => StatusCode::BAD_REQUEST,
-            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::PayloadTooLarge { .. } | Self::ForkTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::OriginNotAllowed | Self::HostNotAllowed => StatusCode::FORBIDDEN,
             Self::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
@@ -293,6 +298,7 @@ impl Error {
             Self::StreamNotFound => "stream_not_found",
             Self::InvalidStreamRequest(_) => "invalid_stream_request",
             Self::StreamConflict(_) => "stream_conflict",
+            Self::ForkTooLarge(_) => "fork_too_large",
             Self::StreamClosed { .. } => "stream_closed",
             Self::StaleProducerEpoch { .. } => "stale_producer_epoch",
             Self::ProducerSeqGap { .. } => "producer_seq_gap",

@@ -146,6 +146,17 @@ struct DurableStreamsSection {
     /// (`--durable-streams-max-append-bytes`).
     #[serde(skip_serializing_if = "Option::is_none")]
     max_append_bytes: Option<u64>,
+    /// Most messages one fork may copy
+    /// (`--durable-streams-max-fork-messages`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_fork_messages: Option<u64>,
+    /// Most bytes one fork may copy (`--durable-streams-max-fork-bytes`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_fork_bytes: Option<u64>,
+    /// Most live forks of one stream
+    /// (`--durable-streams-max-forks-per-source`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_forks_per_source: Option<u64>,
 }
 
 /// `[console]`: the flags `--console-*` (docs/console.md).

@@ -20,6 +20,17 @@ pub struct DurableStreamsConfig {
     /// Largest accepted body of a `PUT` or `POST`, in bytes (default
     /// 16 MiB): one append is one message of at most this size.
     pub max_append_bytes: usize,
+    /// Most messages one fork may copy from its source (default 10 000,
+    /// what one creating `PUT` may write): a fork copies inside one
+    /// fenced transaction, which holds the writer meanwhile. A larger fork
+    /// is refused with 413 `fork_too_large`.
+    pub max_fork_messages: u64,
+    /// Most bytes of message payloads one fork may copy (default 16 MiB,
+    /// what one creating `PUT` may write); 413 `fork_too_large` above.
+    pub max_fork_bytes: u64,
+    /// Most live forks (not deleted, not expired) one stream may have
+    /// (default 100); one more is refused with 409 `stream_conflict`.
+    pub max_forks_per_source: u64,
 }
 
 impl Default for DurableStreamsConfig {
@@ -29,6 +40,9 @@ impl Default for DurableStreamsConfig {
             prefix: "/ds".to_owned(),
             long_poll_timeout: Duration::from_secs(30),
             max_append_bytes: 16 * 1024 * 1024,
+            max_fork_messages: 10_000,
+            max_fork_bytes: 16 * 1024 * 1024,
+            max_forks_per_source: 100,
         }
     }
 }
