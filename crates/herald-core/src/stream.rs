@@ -71,8 +71,9 @@ pub struct StreamInfo {
     pub fork_of: Option<ChannelName>,
     /// The sub-offset of the fork that created it (0 when none).
     pub fork_sub_offset: u64,
-    /// Deleted while live forks of it remained: its URL answers "gone"
-    /// until the last of them is deleted.
+    /// Being deleted (marked before its messages are removed; or, by an
+    /// older version, deleted while live forks of it remained): its URL
+    /// answers "gone" until its deletion ends.
     pub soft_deleted: bool,
     /// Its live forks (not deleted, not expired), as counted by
     /// `Storage::stream_info`; other answers carry 0.

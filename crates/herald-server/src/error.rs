@@ -83,9 +83,10 @@ pub enum Error {
     /// deleted, or expired). 404 `stream_not_found`.
     #[error("no stream at this path")]
     StreamNotFound,
-    /// The stream was deleted while forks of it remained: its URL is
-    /// gone until the last of them is deleted. 410 `stream_gone`.
-    #[error("the stream was deleted; its forks still live")]
+    /// The stream is being deleted (or was deleted, by an older version,
+    /// while forks of it remained): its URL is gone until its deletion
+    /// ends. 410 `stream_gone`.
+    #[error("the stream is being deleted")]
     StreamGone,
     /// A Durable Streams request that breaks the protocol's rules (a
     /// header or query value, an empty append, JSON that does not parse).

@@ -1,6 +1,8 @@
 //! `PUT` (create), `POST` (append, close) and `DELETE` of a stream. Each
-//! checks the caller's right to publish to the stream's channel, then its
-//! headers and body, before anything is written; the write itself is
+//! checks the caller's right to publish to the stream's channel (a
+//! creation, closure or deletion also the right to manage streams there,
+//! `Auth::may_manage_stream`), its publish rate, then its headers and
+//! body, before anything is written; the write itself is
 //! herald-node's (`streams.rs`): committed here on the holder, or
 //! forwarded once to the holder, whose answer is returned unchanged.
 
@@ -134,7 +136,7 @@ async fn fork(
         .ok_or(Error::StreamNotFound)?;
     if info.soft_deleted {
         return Err(Error::StreamConflict(
-            "the source was deleted (its forks still live): it cannot be forked".to_owned(),
+            "the source is being deleted: it cannot be forked".to_owned(),
         ));
     }
     let offset = match at {
@@ -328,7 +330,7 @@ pub(crate) async fn put(
         }
         Routed::Here(StreamCreated::SourceNotFound) => Err(Error::StreamNotFound),
         Routed::Here(StreamCreated::SourceGone) => Err(Error::StreamConflict(
-            "the source was deleted (its forks still live): it cannot be forked".to_owned(),
+            "the source is being deleted: it cannot be forked".to_owned(),
         )),
         Routed::Here(StreamCreated::ForkOutOfRange) => Err(Error::InvalidStreamRequest(
             "the fork offset (with its sub-offset) is beyond the source's data, or before \
