@@ -447,6 +447,37 @@ impl Auth {
         }
     }
 
+    /// May `who` create, close or delete the Durable Streams stream
+    /// `channel` (its right to publish there is checked apart, by
+    /// [`Auth::may_publish`])? An API key with `admin` may; anyone else
+    /// only where the channel's namespace has `streams = true`. A forwarded
+    /// write ([`Principal::Cluster`]) was checked by the node that
+    /// forwarded it, with the client's own credentials.
+    ///
+    /// # Errors
+    /// As [`Auth::may_publish`]; the message names the namespace rule.
+    pub fn may_manage_stream(
+        &self,
+        who: &Principal,
+        channel: &ChannelName,
+    ) -> Result<(), AuthError> {
+        if !self.enabled || self.namespaces.rule(channel).streams == Some(true) {
+            return Ok(());
+        }
+        match who {
+            Principal::Cluster => Ok(()),
+            Principal::Key(key) if key.can(Permission::Admin) => Ok(()),
+            Principal::Anonymous => Err(AuthError::MissingCredentials(format!(
+                "creating, closing or deleting the stream {channel} needs an API key with \
+                 admin (its namespace's streams = false)"
+            ))),
+            _ => Err(AuthError::Forbidden(format!(
+                "creating, closing or deleting the stream {channel} needs an API key with \
+                 admin, or its namespace's streams = true"
+            ))),
+        }
+    }
+
     /// May `who` read `/metrics`? Anyone, unless `protect_metrics`.
     ///
     /// # Errors

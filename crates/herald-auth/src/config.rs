@@ -317,6 +317,14 @@ pub struct NamespaceRule {
     /// publication comes whole.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fossil_delta: Option<bool>,
+    /// Whether those who may publish to the namespace's channels may also
+    /// create, close and delete Durable Streams streams there (`true`);
+    /// absent or `false`, that takes an API key with `admin` as well
+    /// (docs/durable-streams.md, "Rights"). A stream's closure or deletion
+    /// takes its channel from every other writer, so it is a right of its
+    /// own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub streams: Option<bool>,
 }
 
 fn yes() -> bool {
@@ -333,6 +341,7 @@ impl Default for NamespaceRule {
             join_leave: None,
             force_push_join_leave: None,
             fossil_delta: None,
+            streams: None,
         }
     }
 }

@@ -31,8 +31,8 @@ pub use lease::{Candidate, FencingToken, Lease, LeaseInfo, DEFAULT_LEASE_NAME};
 pub use message::{Appended, Message, NewMessage, Offset};
 pub use payload::Payload;
 pub use stream::{
-    is_json_media, media_type, Fork, Producer, ProducerLimits, StreamAppend, StreamAppended,
-    StreamConfig, StreamCreate, StreamCreated, StreamInfo,
+    is_json_media, media_type, Fork, ForkLimits, Producer, ProducerLimits, StreamAppend,
+    StreamAppended, StreamConfig, StreamCreate, StreamCreated, StreamInfo,
 };
 
 pub use tags::Tags;

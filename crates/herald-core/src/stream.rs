@@ -71,8 +71,9 @@ pub struct StreamInfo {
     pub fork_of: Option<ChannelName>,
     /// The sub-offset of the fork that created it (0 when none).
     pub fork_sub_offset: u64,
-    /// Deleted while live forks of it remained: its URL answers "gone"
-    /// until the last of them is deleted.
+    /// Being deleted (marked before its messages are removed; or, by an
+    /// older version, deleted while live forks of it remained): its URL
+    /// answers "gone" until its deletion ends.
     pub soft_deleted: bool,
     /// Its live forks (not deleted, not expired), as counted by
     /// `Storage::stream_info`; other answers carry 0.
@@ -93,6 +94,13 @@ pub struct StreamCreate {
     pub messages: Vec<Payload>,
     /// Create it as a fork of another stream.
     pub fork: Option<Fork>,
+    /// Whether the caller may make a channel that already holds messages
+    /// (written through Herald's API or Centrifugo) a stream: deleting or
+    /// closing the stream later takes the channel from its other writers,
+    /// so this needs `admin`. The storage checks the channel inside its
+    /// fenced creation: without this, a channel holding messages is
+    /// answered [`StreamCreated::ChannelHasMessages`] and nothing changes.
+    pub may_convert: bool,
 }
 
 /// A fork: a new stream that starts with another stream's messages up to
@@ -107,6 +115,21 @@ pub struct Fork {
     /// `sub_offset` bytes of the message after `offset`; in a JSON stream,
     /// the `sub_offset` messages after it. 0: nothing more.
     pub sub_offset: u64,
+    /// What one fork may copy and how many forks its source may have.
+    pub limits: ForkLimits,
+}
+
+/// The bounds of a fork, checked by the storage inside the fenced
+/// creation before anything is copied (a fork copies its source's
+/// messages in one transaction, which holds the writer meanwhile).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForkLimits {
+    /// Most messages one fork may copy from its source.
+    pub max_messages: u64,
+    /// Most bytes (of message payloads) one fork may copy.
+    pub max_bytes: u64,
+    /// Most live forks (not deleted, not expired) one source may have.
+    pub max_forks: u64,
 }
 
 /// The outcome of creating a stream.
@@ -134,6 +157,23 @@ pub enum StreamCreated {
     /// The fork's offset or sub-offset is beyond what the source holds, or
     /// before what it still stores; nothing changed.
     ForkOutOfRange,
+    /// The fork would copy more than [`ForkLimits::max_messages`]
+    /// messages or [`ForkLimits::max_bytes`] bytes; nothing changed.
+    ForkTooLarge {
+        /// Messages it would copy (counted up to one past the limit).
+        messages: u64,
+        /// Bytes it would copy (counted over those messages).
+        bytes: u64,
+    },
+    /// The source has [`ForkLimits::max_forks`] live forks already;
+    /// nothing changed.
+    TooManyForks {
+        /// Its live forks.
+        forks: u64,
+    },
+    /// The channel holds messages but is not a stream, and the request
+    /// may not convert it ([`StreamCreate::may_convert`]); nothing changed.
+    ChannelHasMessages,
 }
 
 /// A request to append to a stream, close it, or both (`POST`).

@@ -48,6 +48,12 @@ use crate::role::LeaseView;
 pub const FORWARDED_BY: HeaderName = HeaderName::from_static("herald-forwarded-by");
 /// The header that carries the cluster secret on a forwarded request.
 pub const CLUSTER_SECRET: HeaderName = HeaderName::from_static("herald-cluster-secret");
+/// The header a standby adds to a Durable Streams creation it forwards
+/// when its client may make a channel that holds messages a stream
+/// (value `1`): the holder believes it only of a request that carries the
+/// cluster secret.
+pub const FORWARDED_MAY_CONVERT: HeaderName =
+    HeaderName::from_static("herald-forwarded-may-convert");
 
 /// Longest the connection to the holder may take to open.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -366,7 +372,11 @@ impl Forwarder {
         if let Some(secret) = &self.cluster_secret {
             outgoing = outgoing.header(CLUSTER_SECRET, secret.clone());
         }
-        for name in [CONTENT_TYPE, HeaderName::from_static("idempotency-key")] {
+        for name in [
+            CONTENT_TYPE,
+            HeaderName::from_static("idempotency-key"),
+            FORWARDED_MAY_CONVERT,
+        ] {
             if let Some(value) = request.headers.get(&name) {
                 outgoing = outgoing.header(name, value.clone());
             }

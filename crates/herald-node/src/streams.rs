@@ -228,25 +228,21 @@ pub async fn append_stream(
 /// What a deletion did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StreamDeleted {
-    /// The stream is deleted: at once, or marked deleted (soft) because
-    /// live forks of it remain.
+    /// The stream is deleted, with its messages.
     Deleted,
     /// No live stream has this name; nothing changed.
     NotFound,
-    /// The stream was deleted already while forks of it remained.
-    Gone,
 }
 
 /// Deletes the stream `channel` (its messages, then its record, as
 /// `retention::delete_channel` does any channel): here on the holder, or
 /// forwarded. The stream is first marked deleted
 /// (`Storage::soft_delete_stream`), so that no append is acknowledged
-/// while its messages are removed; a stream with live forks stays only
-/// marked, and its URL answers "gone" while they live (its live readers
-/// on this node are woken, and end; a marked stream
-/// whose forks are gone meanwhile, by expiry or a race, is deleted by the
-/// next `DELETE`). Deleting the last live fork of a stream marked so deletes that
-/// stream too, and so on up the chain of forks.
+/// while its messages are removed. Its forks hold their own copies of what
+/// they inherited: they live on, forks of it no more, and the name can be
+/// created again at once. A source marked deleted (as deletions did while
+/// forks of it lived) whose forks are all gone is deleted too, up the
+/// chain of forks.
 ///
 /// # Errors
 /// As [`create_stream`].
@@ -267,22 +263,12 @@ pub async fn delete_stream(
             let Some(info) = stream_info(node, channel).await? else {
                 return Ok(StreamDeleted::NotFound);
             };
-            if info.soft_deleted && info.live_forks > 0 {
-                return Ok(StreamDeleted::Gone);
-            }
             // Marked first: from then on an append is refused (`Gone`), so
             // none is acknowledged while the messages are being removed.
             node.storage()
                 .soft_delete_stream(&lease, channel)
                 .await
                 .map_err(|e| failed(node, e, "soft_delete_stream", channel))?;
-            if info.live_forks > 0 {
-                // Wakes this node's live readers: they look at the stream
-                // again and end, as at a deletion (a standby's readers see
-                // it at their next periodic look).
-                tell_hub(node, channel, info.head + 1, info.head, &[], 0);
-                return Ok(StreamDeleted::Deleted);
-            }
             delete(node, channel).await?;
             let mut parent = info.fork_of;
             while let Some(source) = parent {

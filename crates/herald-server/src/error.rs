@@ -83,9 +83,10 @@ pub enum Error {
     /// deleted, or expired). 404 `stream_not_found`.
     #[error("no stream at this path")]
     StreamNotFound,
-    /// The stream was deleted while forks of it remained: its URL is
-    /// gone until the last of them is deleted. 410 `stream_gone`.
-    #[error("the stream was deleted; its forks still live")]
+    /// The stream is being deleted (or was deleted, by an older version,
+    /// while forks of it remained): its URL is gone until its deletion
+    /// ends. 410 `stream_gone`.
+    #[error("the stream is being deleted")]
     StreamGone,
     /// A Durable Streams request that breaks the protocol's rules (a
     /// header or query value, an empty append, JSON that does not parse).
@@ -97,6 +98,11 @@ pub enum Error {
     /// `Stream-Seq` not above the last. 409 `stream_conflict`.
     #[error("{0}")]
     StreamConflict(String),
+    /// A fork that would copy more of its source than
+    /// `durable_streams.max_fork_messages` or `max_fork_bytes` allow; the
+    /// message names the limit. 413 `fork_too_large`.
+    #[error("{0}")]
+    ForkTooLarge(String),
     /// An append to a closed stream. 409 `stream_closed`, with
     /// `Stream-Closed: true` and `Stream-Next-Offset` (the final offset).
     #[error("the stream is closed and takes no more appends")]
@@ -264,7 +270,7 @@ impl Error {
             | Self::InvalidLastEventId
             | Self::InvalidUpgrade(_)
             | Self::InvalidHost => StatusCode::BAD_REQUEST,
-            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::PayloadTooLarge { .. } | Self::ForkTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::OriginNotAllowed | Self::HostNotAllowed => StatusCode::FORBIDDEN,
             Self::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
@@ -315,6 +321,7 @@ impl Error {
             Self::StreamNotFound => "stream_not_found",
             Self::InvalidStreamRequest(_) => "invalid_stream_request",
             Self::StreamConflict(_) => "stream_conflict",
+            Self::ForkTooLarge(_) => "fork_too_large",
             Self::StreamClosed { .. } => "stream_closed",
             Self::StaleProducerEpoch { .. } => "stale_producer_epoch",
             Self::ProducerSeqGap { .. } => "producer_seq_gap",

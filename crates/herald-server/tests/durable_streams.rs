@@ -160,8 +160,8 @@ async fn refusals_change_nothing(backend: Backend) {
 }
 
 /// An SSE reader of a stream that is deleted while a fork of it lives
-/// (soft-deleted: its URL answers `410`) ends as at a deletion, without
-/// waiting for the periodic look at the stream.
+/// ends at the deletion, without waiting for the periodic look at the
+/// stream: the fork keeps its own copy, and the source is gone (`404`).
 async fn soft_deletion_ends_sse_readers(backend: Backend) {
     let place = Place::new(backend).await;
     let mut config = ServerConfig::default();
@@ -195,7 +195,7 @@ async fn soft_deletion_ends_sse_readers(backend: Backend) {
     })
     .await;
     assert_eq!(send(&node, "DELETE", "/ds/app/src", &[], b"").await.0, 204);
-    assert_eq!(send(&node, "GET", "/ds/app/src", &[], b"").await.0, 410);
+    assert_eq!(send(&node, "GET", "/ds/app/src", &[], b"").await.0, 404);
     let rest = within("the end of the stream", NODE_WAIT, async {
         let mut rest = Vec::new();
         while let Some(event) = sse.next_event().await {

@@ -60,9 +60,10 @@ pub use retention::{
     trim_with_a_lost_lease_removes_nothing,
 };
 pub use streams::{
-    a_closed_stream_refuses_every_append, a_deleted_stream_starts_afresh,
-    a_fork_copies_its_source_up_to_its_offset, a_soft_deleted_stream_is_gone_until_deleted,
-    an_expired_stream_is_gone, an_expired_stream_reads_as_deleted_until_swept,
+    a_channel_with_messages_is_converted_only_when_allowed, a_closed_stream_refuses_every_append,
+    a_deleted_stream_starts_afresh, a_fork_copies_its_source_up_to_its_offset,
+    a_soft_deleted_stream_is_gone_until_deleted, an_expired_stream_is_gone,
+    an_expired_stream_reads_as_deleted_until_swept, fork_limits_are_checked_before_copying,
     json_publishes_are_refused_by_byte_streams,
     stream_producers_are_bounded_and_forgotten_when_idle,
     stream_producers_are_exactly_once_across_a_takeover, stream_writes_are_fenced,
@@ -91,6 +92,8 @@ macro_rules! conformance_tests {
             an_expired_stream_reads_as_deleted_until_swept,
             a_fork_copies_its_source_up_to_its_offset,
             a_soft_deleted_stream_is_gone_until_deleted,
+            a_channel_with_messages_is_converted_only_when_allowed,
+            fork_limits_are_checked_before_copying,
             renew_extends_expiry,
             renew_with_wrong_token_or_holder_is_lost,
             renew_after_expiry_is_lost,

@@ -610,11 +610,17 @@ pub trait Storage: LeaseStore {
     /// asked, and appends `create.messages`, in one fenced transaction
     /// (the fencing check of [`Storage::append`]). A channel that exists
     /// without being a stream becomes one if its stored messages fit the
-    /// content type (JSON ones for `application/json`, or none stored);
-    /// offsets go on from its head. A live stream, or a channel whose
-    /// stored messages do not fit, is left alone and answered
-    /// [`StreamCreated::Exists`]; an expired stream is answered
-    /// [`StreamCreated::Expired`] (delete it, then create again).
+    /// content type (JSON ones for `application/json`, or none stored)
+    /// and, when it stores any, `create.may_convert` allows it (otherwise
+    /// [`StreamCreated::ChannelHasMessages`], decided inside the
+    /// transaction); offsets go on from its head. A live stream, or a
+    /// channel whose stored messages do not fit, is left alone and
+    /// answered [`StreamCreated::Exists`]; an expired stream is answered
+    /// [`StreamCreated::Expired`] (delete it, then create again). A fork
+    /// that breaks its [`herald_core::ForkLimits`] is answered
+    /// [`StreamCreated::TooManyForks`] or [`StreamCreated::ForkTooLarge`]
+    /// before anything is copied. Every answer but `Created` wrote
+    /// nothing.
     ///
     /// # Errors
     /// [`crate::Error::LeaseLost`] when the fencing check fails (nothing
@@ -637,9 +643,10 @@ pub trait Storage: LeaseStore {
     /// retry finds out).
     async fn append_stream(&self, lease: &Lease, append: &StreamAppend) -> Result<StreamAppended>;
 
-    /// Marks the stream `channel` deleted while live forks of it remain
-    /// (`StreamInfo::soft_deleted`): its content stays, its URL answers
-    /// "gone", a fork of it is refused. A fenced write; returns whether a
+    /// Marks the stream `channel` as being deleted
+    /// (`StreamInfo::soft_deleted`): an append is refused ("gone"), and so
+    /// is a fork of it, while its messages are removed before
+    /// [`Storage::record_deletion`]. A fenced write; returns whether a
     /// stream was marked.
     ///
     /// # Errors

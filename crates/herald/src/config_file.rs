@@ -158,6 +158,17 @@ struct DurableStreamsSection {
     /// `"300ms"` (`--durable-streams-producer-gap-wait`).
     #[serde(skip_serializing_if = "Option::is_none")]
     producer_gap_wait: Option<String>,
+    /// Most messages one fork may copy
+    /// (`--durable-streams-max-fork-messages`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_fork_messages: Option<u64>,
+    /// Most bytes one fork may copy (`--durable-streams-max-fork-bytes`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_fork_bytes: Option<u64>,
+    /// Most live forks of one stream
+    /// (`--durable-streams-max-forks-per-source`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_forks_per_source: Option<u64>,
 }
 
 /// `[console]`: the flags `--console-*` (docs/console.md).

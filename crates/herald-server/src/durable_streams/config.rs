@@ -36,6 +36,17 @@ pub struct DurableStreamsConfig {
     /// arrive out of order. Woken by each commit of the same producer;
     /// 0 answers a gap at once; at most 4 s.
     pub producer_gap_wait: Duration,
+    /// Most messages one fork may copy from its source (default 10 000,
+    /// what one creating `PUT` may write): a fork copies inside one
+    /// fenced transaction, which holds the writer meanwhile. A larger fork
+    /// is refused with 413 `fork_too_large`.
+    pub max_fork_messages: u64,
+    /// Most bytes of message payloads one fork may copy (default 16 MiB,
+    /// what one creating `PUT` may write); 413 `fork_too_large` above.
+    pub max_fork_bytes: u64,
+    /// Most live forks (not deleted, not expired) one stream may have
+    /// (default 100); one more is refused with 409 `stream_conflict`.
+    pub max_forks_per_source: u64,
 }
 
 impl Default for DurableStreamsConfig {
@@ -48,6 +59,9 @@ impl Default for DurableStreamsConfig {
             max_producers_per_stream: 1000,
             producer_idle_timeout: Duration::from_secs(7 * 24 * 3600),
             producer_gap_wait: Duration::from_millis(300),
+            max_fork_messages: 10_000,
+            max_fork_bytes: 16 * 1024 * 1024,
+            max_forks_per_source: 100,
         }
     }
 }

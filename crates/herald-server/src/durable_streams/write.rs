@@ -1,6 +1,8 @@
 //! `PUT` (create), `POST` (append, close) and `DELETE` of a stream. Each
-//! checks the caller's right to publish to the stream's channel, then its
-//! headers and body, before anything is written; the write itself is
+//! checks the caller's right to publish to the stream's channel (a
+//! creation, closure or deletion also the right to manage streams there,
+//! `Auth::may_manage_stream`), its publish rate, then its headers and
+//! body, before anything is written; the write itself is
 //! herald-node's (`streams.rs`): committed here on the holder, or
 //! forwarded once to the holder, whose answer is returned unchanged.
 
@@ -10,9 +12,10 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use herald_core::{
-    is_json_media, media_type, ChannelName, Fork, StreamAppend, StreamAppended, StreamConfig,
-    StreamCreate, StreamCreated, StreamInfo,
+    is_json_media, media_type, ChannelName, Fork, ForkLimits, StreamAppend, StreamAppended,
+    StreamConfig, StreamCreate, StreamCreated, StreamInfo,
 };
+use herald_node::forward::FORWARDED_MAY_CONVERT;
 use herald_node::publish::Routed;
 use herald_node::streams::{self, StreamDeleted, StreamRequest};
 
@@ -20,7 +23,6 @@ use super::response::{self, set};
 use super::{naming, offset, producer_wait, request, StreamsState};
 use crate::auth_extract::Caller;
 use crate::error::{Error, Result};
-use herald_node::node_error::StorageContext;
 
 /// The type of a stream created without one (PROTOCOL.md, "Create").
 const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";
@@ -123,14 +125,18 @@ async fn fork(
         .unwrap_or(from)
         .trim_start_matches('/');
     let source = naming::channel_of(path).map_err(Error::InvalidStreamRequest)?;
-    // A fork reads its source whole: the caller must be allowed to.
-    state.shared.auth().may_read_history(who, &source)?;
+    // A fork reads its source whole: the caller must be allowed to (a
+    // forwarded fork was checked so, with the client's credentials, by the
+    // node that forwarded it).
+    if !matches!(who, herald_auth::Principal::Cluster) {
+        state.shared.auth().may_read_history(who, &source)?;
+    }
     let info = super::chunk::info(state, &source)
         .await?
         .ok_or(Error::StreamNotFound)?;
     if info.soft_deleted {
         return Err(Error::StreamConflict(
-            "the source was deleted (its forks still live): it cannot be forked".to_owned(),
+            "the source is being deleted: it cannot be forked".to_owned(),
         ));
     }
     let offset = match at {
@@ -154,36 +160,48 @@ async fn fork(
             "Stream-Fork-Offset is beyond the source's tail".to_owned(),
         ));
     }
+    let ds = &state.shared.config.durable_streams;
     Ok(Some((
         Fork {
             source,
             offset,
             sub_offset,
+            limits: ForkLimits {
+                max_messages: ds.max_fork_messages,
+                max_bytes: ds.max_fork_bytes,
+                max_forks: ds.max_forks_per_source,
+            },
         },
         info,
     )))
 }
 
-/// Making a channel that holds messages but is not a stream (written
-/// through Herald's API or Centrifugo) a stream lets a stream's writer
-/// delete or close it later; that needs what deleting a channel needs,
-/// `admin` (docs/security.md).
-async fn convertible(
-    state: &StreamsState,
-    who: &herald_auth::Principal,
-    channel: &ChannelName,
-) -> Result<()> {
-    let storage = state.shared.node.storage();
-    let page = storage
-        .read(channel, herald_core::Offset::MAX, 0)
-        .await
-        .during("read", Some(channel))?;
-    if page.head < page.earliest || super::chunk::info(state, channel).await?.is_some() {
-        return Ok(());
+/// How many messages a fork of `source` at `fork` copies at most, as the
+/// publish rate counts them: the stored ones up to its offset, and the
+/// sub-offset's part of what follows (whole messages in JSON, one partial
+/// message in bytes).
+fn fork_copies(fork: &Fork, source: &StreamInfo) -> usize {
+    let stored = (fork.offset + 1).saturating_sub(source.earliest);
+    let more = match (fork.sub_offset, is_json_media(&source.config.content_type)) {
+        (0, _) => 0,
+        (sub, true) => sub,
+        (_, false) => 1,
+    };
+    usize::try_from(stored.saturating_add(more)).unwrap_or(usize::MAX)
+}
+
+/// Whether `who` may make a channel that holds messages a stream (see
+/// [`StreamCreate::may_convert`]): deleting or closing it later takes it
+/// from its other writers, so that needs what deleting a channel needs,
+/// `admin` (docs/security.md). The storage checks it inside the fenced
+/// creation, against the channel as it is then.
+fn may_convert(state: &StreamsState, who: &herald_auth::Principal, headers: &HeaderMap) -> bool {
+    match who {
+        herald_auth::Principal::Cluster => headers
+            .get(FORWARDED_MAY_CONVERT)
+            .is_some_and(|v| v.as_bytes() == b"1"),
+        _ => state.shared.auth().may_admin(who).is_ok(),
     }
-    state.shared.auth().may_admin(who)?;
-    crate::audit::admin_action(who, "stream_from_channel", Some(channel.as_str()), None);
-    Ok(())
 }
 
 /// `PUT`: creates the stream, or answers 200 when it exists with the same
@@ -198,7 +216,7 @@ pub(crate) async fn put(
     body: Bytes,
 ) -> Result<Response> {
     let channel = channel(&state, &who, &path, &headers, &uri)?;
-    convertible(&state, &who, &channel).await?;
+    state.shared.auth().may_manage_stream(&who, &channel)?;
     let fork = fork(&state, &who, &headers).await?;
     let mut content_type = request::content_type(&headers)?;
     let mut ttl_s = request::ttl_s(&headers)?;
@@ -227,6 +245,17 @@ pub(crate) async fn put(
     }
     let content_type = content_type.unwrap_or_else(|| DEFAULT_CONTENT_TYPE.to_owned());
     let messages = request::messages(is_json_media(&content_type), &body, true)?;
+    // A creation counts against the caller's publish rate as appends do:
+    // one per message it writes, its fork's copies included (at least
+    // one).
+    let copies = fork
+        .as_ref()
+        .map_or(0, |(f, source)| fork_copies(f, source));
+    state
+        .shared
+        .auth()
+        .take_publishes(&who, messages.len().saturating_add(copies).max(1))?;
+    let may_convert = may_convert(&state, &who, &headers);
     let create = StreamCreate {
         channel: channel.clone(),
         config: StreamConfig {
@@ -237,6 +266,7 @@ pub(crate) async fn put(
         closed: request::closes(&headers),
         messages,
         fork: fork.map(|(fork, _)| fork),
+        may_convert,
     };
     let location = headers.get(HOST).and_then(|h| h.to_str().ok()).map(|host| {
         let scheme = if state.shared.config.tls.is_some() {
@@ -250,17 +280,38 @@ pub(crate) async fn put(
     let wanted_sub_offset = create.fork.as_ref().map(|f| f.sub_offset);
     let wanted_source = create.fork.as_ref().map(|f| f.source.clone());
     let closes = create.closed;
-    let request = forwarded(Method::PUT, &uri, &headers, body);
+    let written = create.messages.len() as herald_core::Offset;
+    let forking = create.fork.is_some();
+    // What the holder is told of this node's decision, if it forwards.
+    let mut carried = headers.clone();
+    carried.remove(FORWARDED_MAY_CONVERT);
+    if may_convert {
+        carried.insert(
+            FORWARDED_MAY_CONVERT,
+            axum::http::HeaderValue::from_static("1"),
+        );
+    }
+    let request = forwarded(Method::PUT, &uri, &carried, body);
     match streams::create_stream(&state.shared.node, create, request).await? {
         Routed::Holder(answer) => Ok(response::from_holder(answer)),
         Routed::Here(StreamCreated::Created { info, .. }) => {
+            if !forking && info.earliest + written <= info.head {
+                // The channel held messages before: it was converted.
+                crate::audit::admin_action(
+                    &who,
+                    "stream_from_channel",
+                    Some(channel.as_str()),
+                    None,
+                );
+            }
             Ok(created(&info, StatusCode::CREATED, location))
         }
-        Routed::Here(StreamCreated::Exists(info)) if info.soft_deleted => Err(Error::StreamConflict(
-            "the stream at this path was deleted while its forks live; it cannot be created again \
-             until they are deleted"
-                .to_owned(),
-        )),
+        Routed::Here(StreamCreated::Exists(info)) if info.soft_deleted => {
+            Err(Error::StreamConflict(
+                "the stream at this path is being deleted; create it again once its deletion ends"
+                    .to_owned(),
+            ))
+        }
         Routed::Here(StreamCreated::Exists(info)) => {
             let same = media_type(&info.config.content_type) == media_type(&wanted.content_type)
                 && info.config.ttl_s == wanted.ttl_s
@@ -279,13 +330,35 @@ pub(crate) async fn put(
         }
         Routed::Here(StreamCreated::SourceNotFound) => Err(Error::StreamNotFound),
         Routed::Here(StreamCreated::SourceGone) => Err(Error::StreamConflict(
-            "the source was deleted (its forks still live): it cannot be forked".to_owned(),
+            "the source is being deleted: it cannot be forked".to_owned(),
         )),
         Routed::Here(StreamCreated::ForkOutOfRange) => Err(Error::InvalidStreamRequest(
             "the fork offset (with its sub-offset) is beyond the source's data, or before \
              what it still stores"
                 .to_owned(),
         )),
+        Routed::Here(StreamCreated::ForkTooLarge { messages, bytes }) => {
+            let ds = &state.shared.config.durable_streams;
+            Err(Error::ForkTooLarge(format!(
+                "the fork would copy {messages} messages of {bytes} bytes from its source; \
+                 a fork copies at most durable_streams.max_fork_messages = {} messages and \
+                 durable_streams.max_fork_bytes = {} bytes",
+                ds.max_fork_messages, ds.max_fork_bytes
+            )))
+        }
+        Routed::Here(StreamCreated::TooManyForks { forks }) => Err(Error::StreamConflict(format!(
+            "the source has {forks} live forks: durable_streams.max_forks_per_source = {} \
+             allows no more",
+            state.shared.config.durable_streams.max_forks_per_source
+        ))),
+        Routed::Here(StreamCreated::ChannelHasMessages) => {
+            Err(Error::Auth(herald_auth::AuthError::Forbidden(
+                "this channel holds messages written through Herald's API or Centrifugo: \
+                 making it a stream (which its writers could then close or delete) needs an \
+                 API key with admin"
+                    .to_owned(),
+            )))
+        }
         Routed::Here(StreamCreated::Expired) => Err(Error::Internal(
             "an expired stream was still there after its deletion".to_owned(),
         )),
@@ -307,6 +380,10 @@ pub(crate) async fn post(
     let channel = channel(&state, &who, &path, &headers, &uri)?;
     let producer = request::producer(&headers)?;
     let close = request::closes(&headers);
+    if close {
+        // Closing a stream ends every writer's appends: a right of its own.
+        state.shared.auth().may_manage_stream(&who, &channel)?;
+    }
     let content_type = request::content_type(&headers)?;
     let stream_seq = request::stream_seq(&headers)?;
     let close_only = body.is_empty() && close;
@@ -449,11 +526,11 @@ pub(crate) async fn delete(
     headers: HeaderMap,
 ) -> Result<Response> {
     let channel = channel(&state, &who, &path, &headers, &uri)?;
+    state.shared.auth().may_manage_stream(&who, &channel)?;
     let request = forwarded(Method::DELETE, &uri, &headers, Bytes::new());
     match streams::delete_stream(&state.shared.node, &channel, request).await? {
         Routed::Holder(answer) => Ok(response::from_holder(answer)),
         Routed::Here(StreamDeleted::Deleted) => Ok(StatusCode::NO_CONTENT.into_response()),
         Routed::Here(StreamDeleted::NotFound) => Err(Error::StreamNotFound),
-        Routed::Here(StreamDeleted::Gone) => Err(Error::StreamGone),
     }
 }

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use herald_core::{
-    Lease, Payload, Producer, ProducerLimits, StreamAppend, StreamAppended, StreamConfig,
-    StreamCreate, StreamCreated,
+    ForkLimits, Lease, Payload, Producer, ProducerLimits, StreamAppend, StreamAppended,
+    StreamConfig, StreamCreate, StreamCreated,
 };
 use serde_json::value::RawValue;
 
@@ -35,8 +35,16 @@ fn create(name: &str, content_type: &str, messages: Vec<Payload>) -> StreamCreat
         closed: false,
         messages,
         fork: None,
+        may_convert: true,
     }
 }
+
+/// Fork limits no case here reaches.
+const UNLIMITED: ForkLimits = ForkLimits {
+    max_messages: u64::MAX / 2,
+    max_bytes: u64::MAX / 2,
+    max_forks: u64::MAX / 2,
+};
 
 fn append(name: &str, messages: Vec<Payload>, producer: Option<(u64, u64)>) -> StreamAppend {
     StreamAppend {
@@ -546,6 +554,7 @@ pub async fn a_fork_copies_its_source_up_to_its_offset(h: &dyn Harness) {
             source: channel("src"),
             offset,
             sub_offset,
+            limits: UNLIMITED,
         });
         f
     };
@@ -600,6 +609,7 @@ pub async fn a_soft_deleted_stream_is_gone_until_deleted(h: &dyn Harness) {
         source: channel("s"),
         offset: 1,
         sub_offset: 0,
+        limits: UNLIMITED,
     });
     created(node, &lease, &fork).await;
     let info = node.stream_info(&channel("s")).await.unwrap().unwrap();
@@ -649,8 +659,106 @@ pub async fn a_soft_deleted_stream_is_gone_until_deleted(h: &dyn Harness) {
         .await
         .unwrap();
     assert!(node.stream_info(&channel("s")).await.unwrap().is_none());
+    // Its fork keeps its copy and is a fork of it no more.
+    let f = node.stream_info(&channel("f")).await.unwrap().unwrap();
+    assert_eq!(f.fork_of, None);
     assert!(!node
         .soft_delete_stream(&lease, &channel("s"))
         .await
         .unwrap());
+}
+
+/// A channel that holds messages becomes a stream only when the creation
+/// may convert it, decided inside the fenced creation; refused, nothing
+/// changes.
+pub async fn a_channel_with_messages_is_converted_only_when_allowed(h: &dyn Harness) {
+    let c = h.cluster(1).await;
+    let node = c.node(0);
+    let (lease, _) = acquire(node, 0, LONG_TTL).await;
+    node.append(&lease, &[msg("plain", "1")]).await.unwrap();
+    let mut convert = create("plain", "application/json", Vec::new());
+    convert.may_convert = false;
+    assert_eq!(
+        node.create_stream(&lease, &convert).await.unwrap(),
+        StreamCreated::ChannelHasMessages
+    );
+    assert!(node.stream_info(&channel("plain")).await.unwrap().is_none());
+    // A channel without messages needs no such right.
+    let mut empty = create("empty", "application/json", Vec::new());
+    empty.may_convert = false;
+    created(node, &lease, &empty).await;
+    convert.may_convert = true;
+    assert_eq!(created(node, &lease, &convert).await, 1);
+}
+
+/// A fork is refused, copying nothing, when it would copy more messages
+/// or bytes than its limits allow, or when its source has as many live
+/// forks as allowed; live forks are counted whatever their number.
+pub async fn fork_limits_are_checked_before_copying(h: &dyn Harness) {
+    let c = h.cluster(1).await;
+    let node = c.node(0);
+    let (lease, _) = acquire(node, 0, LONG_TTL).await;
+    created(
+        node,
+        &lease,
+        &create(
+            "src",
+            "text/plain",
+            vec![bytes(b"ab"), bytes(b"cd"), bytes(b"ef")],
+        ),
+    )
+    .await;
+    let fork = |name: &str, offset, limits| {
+        let mut f = create(name, "text/plain", Vec::new());
+        f.fork = Some(herald_core::Fork {
+            source: channel("src"),
+            offset,
+            sub_offset: 0,
+            limits,
+        });
+        f
+    };
+    let few = ForkLimits {
+        max_messages: 2,
+        ..UNLIMITED
+    };
+    assert_eq!(
+        node.create_stream(&lease, &fork("f1", 3, few))
+            .await
+            .unwrap(),
+        StreamCreated::ForkTooLarge {
+            messages: 3,
+            bytes: 6
+        }
+    );
+    assert!(node.stream_info(&channel("f1")).await.unwrap().is_none());
+    let small = ForkLimits {
+        max_bytes: 3,
+        ..UNLIMITED
+    };
+    assert_eq!(
+        node.create_stream(&lease, &fork("f1", 2, small))
+            .await
+            .unwrap(),
+        StreamCreated::ForkTooLarge {
+            messages: 2,
+            bytes: 4
+        }
+    );
+    // Within the limits, up to the offset asked.
+    assert_eq!(created(node, &lease, &fork("f1", 2, few)).await, 2);
+    let one = ForkLimits {
+        max_forks: 2,
+        ..UNLIMITED
+    };
+    assert_eq!(created(node, &lease, &fork("f2", 0, one)).await, 0);
+    assert_eq!(
+        node.create_stream(&lease, &fork("f3", 0, one))
+            .await
+            .unwrap(),
+        StreamCreated::TooManyForks { forks: 2 }
+    );
+    assert!(node.stream_info(&channel("f3")).await.unwrap().is_none());
+    let info = node.stream_info(&channel("src")).await.unwrap().unwrap();
+    assert_eq!(info.live_forks, 2);
 }

@@ -1321,6 +1321,12 @@ pub(super) async fn record_deletion(
     );
     tx.execute(&clear?, &[&channel.as_str()]).await?;
     tx.execute(&forget?, &[&channel.as_str()]).await?;
+    // Its forks hold their own copies: they are forks of it no more (a
+    // stream created again at its name starts without forks).
+    let orphan = tx
+        .prepare_cached("UPDATE channels SET fork_of = NULL WHERE fork_of = $1")
+        .await?;
+    tx.execute(&orphan, &[&channel.as_str()]).await?;
     if !fault_switches::enabled(FaultSwitch::DropNotify) {
         let payload = format!("deleted {number} {head} {channel}");
         let notify = tx.prepare_cached(NOTIFY_DELETION_SQL).await?;

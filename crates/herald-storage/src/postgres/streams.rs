@@ -208,6 +208,11 @@ async fn copy_fork(
     {
         return Ok(Err(StreamCreated::ForkOutOfRange));
     }
+    // The source's row is locked: concurrent forks of it are counted one
+    // after the other.
+    if let Some(refusal) = fork_limits(tx, fork, through).await? {
+        return Ok(Err(refusal));
+    }
     let copy = tx
         .prepare_cached(
             "INSERT INTO messages (channel, \"offset\", data, published_at, token, tags, body) \
@@ -255,6 +260,49 @@ async fn copy_fork(
     Ok(Ok((head, source.trimmed_through, bytes)))
 }
 
+/// The refusal of a fork of `fork.source` through offset `through` that
+/// breaks its limits, read before anything is copied: the source's live
+/// forks, then the messages and bytes it would copy (counted over at most
+/// one message more than the limit, so the check costs no more than the
+/// largest allowed fork).
+async fn fork_limits(
+    tx: &deadpool_postgres::Transaction<'_>,
+    fork: &Fork,
+    through: i64,
+) -> Result<Option<StreamCreated>> {
+    let stmt = tx
+        .prepare_cached(
+            "SELECT (SELECT count(*) FROM channels AS f WHERE f.fork_of = $1 \
+                AND f.content_type IS NOT NULL \
+                AND COALESCE(LEAST(f.expires_at, f.touched_at + f.ttl_s * interval '1 second'), \
+                             'infinity') > clock_timestamp()), \
+             count(*), COALESCE(SUM(n), 0)::bigint FROM (SELECT \
+                COALESCE(octet_length(body), octet_length(data)) AS n FROM messages \
+                WHERE channel = $1 AND \"offset\" <= $2 ORDER BY \"offset\" LIMIT $3) AS m",
+        )
+        .await?;
+    let r = tx
+        .query_one(
+            &stmt,
+            &[
+                &fork.source.as_str(),
+                &through,
+                &sql_position(fork.limits.max_messages.saturating_add(1)),
+            ],
+        )
+        .await?;
+    let forks = to_u64(r.try_get(0)?, "live forks")?;
+    if forks >= fork.limits.max_forks {
+        return Ok(Some(StreamCreated::TooManyForks { forks }));
+    }
+    let messages = to_u64(r.try_get(1)?, "messages")?;
+    let bytes = to_u64(r.try_get(2)?, "bytes")?;
+    if messages > fork.limits.max_messages || bytes > fork.limits.max_bytes {
+        return Ok(Some(StreamCreated::ForkTooLarge { messages, bytes }));
+    }
+    Ok(None)
+}
+
 /// `Storage::create_stream`.
 pub(super) async fn create_stream(
     client: &mut Object,
@@ -286,6 +334,11 @@ pub(super) async fn create_stream(
         || (create.fork.is_some() && row.head > 0)
     {
         return Ok(StreamCreated::Exists(row.info(channel)?));
+    }
+    // Checked here, with the row locked: a channel that gained messages
+    // since the caller looked is not converted.
+    if row.head > row.trimmed_through && !create.may_convert {
+        return Ok(StreamCreated::ChannelHasMessages);
     }
     let (start, trimmed_through, inherited) = match &create.fork {
         None => (row.head, row.trimmed_through, 0),

@@ -739,6 +739,10 @@ pub(super) fn record_deletion(
     .execute([channel.as_str()])?;
     tx.prepare_cached("DELETE FROM stream_producers WHERE channel = ?1")?
         .execute([channel.as_str()])?;
+    // Its forks hold their own copies: they are forks of it no more (a
+    // stream created again at its name starts without forks).
+    tx.prepare_cached("UPDATE channels SET fork_of = NULL WHERE fork_of = ?1")?
+        .execute([channel.as_str()])?;
     tx.commit()?;
     to_u64(number, "deletion")
 }

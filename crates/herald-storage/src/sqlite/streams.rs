@@ -52,22 +52,18 @@ fn read_row(conn: &Connection, channel: &ChannelName) -> Result<Option<Row>> {
     .transpose()
 }
 
-/// How many live forks (not deleted, not expired at `now`) `channel` has.
+/// How many live forks (not deleted, not expired at `now`) `channel` has:
+/// one counting statement over the `fork_of` index, the expiry rule of
+/// [`StoredStream::expired`] in SQL.
 fn live_forks(conn: &Connection, channel: &ChannelName, now: i64) -> Result<u64> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT name FROM channels WHERE fork_of = ?1 AND content_type IS NOT NULL",
-    )?;
-    let names: Vec<String> = stmt
-        .query_map([channel.as_str()], |r| r.get(0))?
-        .collect::<std::result::Result<_, _>>()?;
-    let mut live = 0;
-    for name in names {
-        let fork = crate::decode::to_channel(name)?;
-        if read_row(conn, &fork)?.is_some_and(|r| !r.expired(now)) {
-            live += 1;
-        }
-    }
-    Ok(live)
+    let live: i64 = conn
+        .prepare_cached(
+            "SELECT count(*) FROM channels WHERE fork_of = ?1 AND content_type IS NOT NULL \
+             AND (expires_at_ms IS NULL OR expires_at_ms > ?2) \
+             AND (ttl_s IS NULL OR touched_at_ms IS NULL OR touched_at_ms + ttl_s * 1000 > ?2)",
+        )?
+        .query_row(params![channel.as_str(), now], |r| r.get(0))?;
+    to_u64(live, "live forks")
 }
 
 /// SQLite's clock in ms, read outside a write.
@@ -120,28 +116,40 @@ fn insert_payloads(
     Ok(bytes)
 }
 
+/// What [`copy_fork`] did.
+enum ForkCopy {
+    /// Copied: the new head, the new `trimmed_through`, the bytes copied.
+    Copied(i64, i64, i64),
+    /// Nothing: the source is not a live stream, or the fork asks for what
+    /// it does not hold.
+    Unavailable,
+    /// Nothing: the fork breaks its limits.
+    Refused(StreamCreated),
+}
+
 /// Copies what a fork inherits into `channel` (which has no message):
 /// the source's stored messages up to the fork's offset, at the same
 /// offsets, then its sub-offset's part of what follows. Returns the new
 /// head, the new `trimmed_through` and the bytes copied; `None`, having
 /// copied nothing, when the source is not a live stream or the fork
-/// asks for what it does not hold.
+/// asks for what it does not hold; the refusal when it breaks its
+/// [`herald_core::ForkLimits`].
 fn copy_fork(
     tx: &Transaction<'_>,
     channel: &ChannelName,
     fork: &Fork,
     now: i64,
     token: i64,
-) -> Result<Option<(i64, i64, i64)>> {
+) -> Result<ForkCopy> {
     let Some(source) =
         read_row(tx, &fork.source)?.filter(|r| r.is_stream() && !r.expired(now) && !r.soft_deleted)
     else {
-        return Ok(None);
+        return Ok(ForkCopy::Unavailable);
     };
     let offset = sql_position(fork.offset);
     let sub = sql_position(fork.sub_offset);
     if offset > source.head || offset < source.trimmed_through {
-        return Ok(None);
+        return Ok(ForkCopy::Unavailable);
     }
     let source_json = source.content_type.as_deref().is_some_and(is_json_media);
     // JSON: `sub` more whole messages; bytes: a prefix of the next one.
@@ -151,7 +159,10 @@ fn copy_fork(
         offset
     };
     if through > source.head || (sub > 0 && offset == source.head) {
-        return Ok(None);
+        return Ok(ForkCopy::Unavailable);
+    }
+    if let Some(refusal) = fork_limits(tx, fork, through, now)? {
+        return Ok(ForkCopy::Refused(refusal));
     }
     tx.prepare_cached(
         "INSERT INTO messages (channel, \"offset\", data, published_at_ms, token, tags, body) \
@@ -181,17 +192,53 @@ fn copy_fork(
             })
             .optional()?;
         let Some((data, body)) = next else {
-            return Ok(None);
+            return Ok(ForkCopy::Unavailable);
         };
         let whole = body.unwrap_or_else(|| data.into_bytes());
         let Some(prefix) = usize::try_from(sub).ok().and_then(|n| whole.get(..n)) else {
-            return Ok(None);
+            return Ok(ForkCopy::Unavailable);
         };
         let prefix = [Payload::Bytes(std::sync::Arc::from(prefix))];
         bytes += insert_payloads(tx, channel, offset, &prefix, now, token)?;
         head = offset + 1;
     }
-    Ok(Some((head, source.trimmed_through, bytes)))
+    Ok(ForkCopy::Copied(head, source.trimmed_through, bytes))
+}
+
+/// The refusal of a fork of `fork.source` through offset `through` that
+/// breaks its limits, read before anything is copied: the source's live
+/// forks, then the messages and bytes it would copy (counted over at most
+/// one message more than the limit, so the check costs no more than the
+/// largest allowed fork).
+fn fork_limits(
+    tx: &Transaction<'_>,
+    fork: &Fork,
+    through: i64,
+    now: i64,
+) -> Result<Option<StreamCreated>> {
+    let forks = live_forks(tx, &fork.source, now)?;
+    if forks >= fork.limits.max_forks {
+        return Ok(Some(StreamCreated::TooManyForks { forks }));
+    }
+    let (messages, bytes): (i64, i64) = tx
+        .prepare_cached(
+            "SELECT count(*), COALESCE(SUM(n), 0) FROM (SELECT \
+             COALESCE(length(body), length(CAST(data AS BLOB))) AS n FROM messages \
+             WHERE channel = ?1 AND \"offset\" <= ?2 ORDER BY \"offset\" LIMIT ?3)",
+        )?
+        .query_row(
+            params![
+                fork.source.as_str(),
+                through,
+                sql_position(fork.limits.max_messages.saturating_add(1))
+            ],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+    let (messages, bytes) = (to_u64(messages, "messages")?, to_u64(bytes, "bytes")?);
+    if messages > fork.limits.max_messages || bytes > fork.limits.max_bytes {
+        return Ok(Some(StreamCreated::ForkTooLarge { messages, bytes }));
+    }
+    Ok(None)
 }
 
 /// `Storage::create_stream`.
@@ -219,6 +266,11 @@ pub(super) fn create_stream(
         {
             return Ok(StreamCreated::Exists(row.info(channel)?))
         }
+        // Checked here, under the write lock: a channel that gained
+        // messages since the caller looked is not converted.
+        Some(row) if row.head > row.trimmed_through && !create.may_convert => {
+            return Ok(StreamCreated::ChannelHasMessages)
+        }
         Some(row) => (row.head, row.trimmed_through),
         None => {
             tx.prepare_cached(
@@ -231,8 +283,9 @@ pub(super) fn create_stream(
     let (head, trimmed_through, inherited) = match &create.fork {
         None => (head, trimmed_through, 0),
         Some(fork) => match copy_fork(&tx, channel, fork, now, token)? {
-            Some(copied) => copied,
-            None => {
+            ForkCopy::Copied(head, trimmed_through, bytes) => (head, trimmed_through, bytes),
+            ForkCopy::Refused(refusal) => return Ok(refusal),
+            ForkCopy::Unavailable => {
                 // Nothing was written: the answer names why.
                 let source = read_row(&tx, &fork.source)?;
                 return Ok(match source {

@@ -283,6 +283,29 @@ pub(crate) struct ServeArgs {
     /// answered 409 producer_seq_gap (0: at once; at most 4s).
     #[arg(long, env = "HERALD_DURABLE_STREAMS_PRODUCER_GAP_WAIT", default_value = "300ms", value_parser = parse_duration)]
     durable_streams_producer_gap_wait: Duration,
+    /// Durable Streams protocol: most messages one fork may copy from its
+    /// source (a larger fork is refused with 413).
+    #[arg(
+        long,
+        env = "HERALD_DURABLE_STREAMS_MAX_FORK_MESSAGES",
+        default_value_t = 10_000
+    )]
+    durable_streams_max_fork_messages: u64,
+    /// Durable Streams protocol: most bytes of messages one fork may copy
+    /// from its source (a larger fork is refused with 413).
+    #[arg(
+        long,
+        env = "HERALD_DURABLE_STREAMS_MAX_FORK_BYTES",
+        default_value_t = 16_777_216
+    )]
+    durable_streams_max_fork_bytes: u64,
+    /// Durable Streams protocol: most live forks one stream may have.
+    #[arg(
+        long,
+        env = "HERALD_DURABLE_STREAMS_MAX_FORKS_PER_SOURCE",
+        default_value_t = 100
+    )]
+    durable_streams_max_forks_per_source: u64,
     /// Web console: serve its pages at `/console/` (default: off; the
     /// admin API it uses is served either way). See docs/console.md.
     #[arg(long, env = "HERALD_CONSOLE_ENABLED", default_value_t = false, action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
@@ -645,6 +668,9 @@ pub(crate) fn server_config(
             max_producers_per_stream: args.durable_streams_max_producers_per_stream,
             producer_idle_timeout: args.durable_streams_producer_idle_timeout,
             producer_gap_wait: args.durable_streams_producer_gap_wait,
+            max_fork_messages: args.durable_streams_max_fork_messages,
+            max_fork_bytes: args.durable_streams_max_fork_bytes,
+            max_forks_per_source: args.durable_streams_max_forks_per_source,
         },
         console: ConsoleConfig {
             enabled: args.console_enabled,
