@@ -300,15 +300,12 @@ async fn expired_streams_read_as_deleted(backend: Backend) {
     // No sweep during the test: what is checked is the read.
     config.trim_pacing.interval = std::time::Duration::from_secs(3600);
     let node = Node::start(&place, "node-a", Role::Holder, config).await;
-    let publisher = Creds::bearer(&creds.publisher);
+    // Streams in `open:` are an admin's to create and delete.
+    let owner = Creds::bearer(&creds.backend);
     let text = ("content-type", "text/plain");
-    let write = [("authorization", publisher.as_str()), text];
+    let write = [("authorization", owner.as_str()), text];
     // `Stream-TTL: 0`: expired as soon as created.
-    let expiring = [
-        ("authorization", publisher.as_str()),
-        text,
-        ("stream-ttl", "0"),
-    ];
+    let expiring = [("authorization", owner.as_str()), text, ("stream-ttl", "0")];
     assert_eq!(
         send(&node, "PUT", "/ds/open/gone", &expiring, b"secret").await,
         201
@@ -351,14 +348,15 @@ async fn expired_streams_are_swept(backend: Backend) {
     let mut config = creds.config();
     config.trim_pacing.interval = std::time::Duration::from_millis(100);
     let node = Node::start(&place, "node-a", Role::Holder, config).await;
-    let publisher = Creds::bearer(&creds.publisher);
+    // Streams in `open:` are an admin's to create and delete.
+    let owner = Creds::bearer(&creds.backend);
     // Subscribed before the stream exists: it sees it live, then its end.
     let url = node.url("/v1/channels/open:swept/events");
     let mut sse = SseClient::open(&node.client, &url, &[]).await.unwrap();
     assert_eq!(sse.status, 200);
     // The smallest TTL that lets the stream be live first: 1 s.
     let expiring = [
-        ("authorization", publisher.as_str()),
+        ("authorization", owner.as_str()),
         ("content-type", "text/plain"),
         ("stream-ttl", "1"),
     ];
