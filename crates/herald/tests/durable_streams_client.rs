@@ -149,3 +149,56 @@ async fn the_python_client_survives_a_killed_holder_over_sse() {
 async fn the_python_client_survives_a_killed_holder_over_long_poll() {
     survives_the_holder_killed(Client::Python, "long-poll").await;
 }
+
+/// The first client of docs/durable-streams.md ("A first client") is the
+/// file the test runs, word for word, and it does what the docs say
+/// against a fresh node: two appends as JSON text, read back in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_first_client_runs_as_written() {
+    let clients = node_clients(
+        &["@durable-streams/client"],
+        &["durable-streams-quickstart.mjs"],
+    );
+    let script = clients.join("durable-streams-quickstart.mjs");
+    let docs =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/durable-streams.md");
+    let docs = std::fs::read_to_string(docs).expect("read docs/durable-streams.md");
+    let block = docs
+        .split("<!-- ds-quickstart:start -->\n```js\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```\n<!-- ds-quickstart:end -->").next())
+        .expect("docs/durable-streams.md has the ds-quickstart block");
+    assert_eq!(
+        block,
+        std::fs::read_to_string(&script).expect("read the script"),
+        "the docs' first client and tests/clients/durable-streams-quickstart.mjs differ"
+    );
+
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let server = Server::start(dir.path()).await;
+    let url = format!("{}/ds/shop/orders", server.url);
+    let run = || async {
+        let out = within(
+            "the first client",
+            WAIT,
+            Command::new(node_bin())
+                .arg(&script)
+                .env("STREAM_URL", &url)
+                .current_dir(&clients)
+                .output(),
+        )
+        .await
+        .expect("node runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("UTF-8")
+    };
+    let tea = r#"{"item":"tea","qty":2}"#;
+    let cake = r#"{"item":"cake","qty":1}"#;
+    assert_eq!(run().await, format!("{tea}\n{cake}\n"));
+    // Run again: the stream is opened, not created, and grows.
+    assert_eq!(run().await, format!("{tea}\n{cake}\n{tea}\n{cake}\n"));
+}
