@@ -722,7 +722,9 @@ async fn the_console_follows_a_cluster_through_a_takeover_and_a_restart() {
     assert_eq!(released["to"], other, "{handed}");
     // The drained node stopped reporting: silent (its sessions ended by a
     // release, not found gone), coloured apart from the new holder and
-    // from node a, gone, with when it was last seen.
+    // from node a, gone, with when it was last seen. (A page on node c,
+    // restarted after node a's report expired, does not list node a: a
+    // node lists the silent and gone nodes whose reports it read.)
     let quiet = driver
         .call(
             json!({"cmd": "wait_cluster", "page": page, "node": holder, "role": "silent",
@@ -736,15 +738,19 @@ async fn the_console_follows_a_cluster_through_a_takeover_and_a_restart() {
             .is_some_and(|t| t.contains(" UTC (") && t.ends_with(" ago)")),
         "{quiet}"
     );
-    let colours = [
-        &drained_row["role_color"],
+    let silent_colour = &drained_row["role_color"];
+    assert_ne!(
+        silent_colour,
         &node_row(&quiet, other)["role_color"],
-        &node_row(&quiet, "node-a")["role_color"],
-    ];
-    assert!(
-        colours[0] != colours[1] && colours[0] != colours[2] && colours[1] != colours[2],
-        "silent, holder and gone in one colour: {quiet}"
+        "silent and holder in one colour: {quiet}"
     );
+    if page == "A" {
+        assert_ne!(
+            silent_colour,
+            &node_row(&quiet, "node-a")["role_color"],
+            "silent and gone in one colour: {quiet}"
+        );
+    }
     driver
         .call(json!({"cmd": "screenshot", "page": page, "name": "handover"}))
         .await;
