@@ -24,11 +24,21 @@
 //       the "Admin API key" field has focus, at most 10 presses, type the
 //       key, Enter) -> {"signed_in":bool,"alert":"text"|null}
 //   {"cmd":"cluster","page":"A"}
-//       -> {"holder","token","nodes":[{"node_id","role"}],
-//           "takeovers":[{"token","from","to","reason"}],"status"}
+//       -> {"holder","token","nodes":[{"node_id","role","last_seen",
+//           "reported_ms_ago","role_color"}],
+//           "takeovers":[{"token","from","to","reason"}],"status",
+//           "stale","cards":[{"title","stale","as_of"}],
+//           "expiry":{"text","expires_in_ms"}}
 //   {"cmd":"wait_holder","page":"A","not":"n1"}
 //       until a holder other than "not" is shown with a takeover row to it
-//       -> {"holder","token","takeover":{...},"elapsed_ms"}
+//       -> {"holder","token","takeover":{...},"elapsed_ms",
+//           "nodes_then":[{"node_id","role"}] (the node rows in the same
+//           rendering as the first takeover row to the new holder)}
+//   {"cmd":"wait_cluster","page":"A","node":"n1","role":"gone",
+//    "min_age_ms":N,"stale":bool,"reason":"released"}
+//       until the cluster view shows all that is asked: the node's row
+//       with that role (and a report at least min_age_ms old), the cards
+//       stale or not, a takeover row with that reason -> as "cluster"
 //   {"cmd":"goto","page":"A","view":"cluster"|"channels"|"rates"|"channel",
 //    "channel":"x","search":"y"}
 //       -> {"view"} once rendered; channels also {"rows":[names]}
@@ -130,14 +140,31 @@ async function showChannel(page, channel, left) {
 const readCluster = (page) => page.evaluate(() => {
   const text = (sel) => document.querySelector(sel)?.textContent.trim() || null;
   const token = text("[data-testid=token]");
+  const expiry = document.querySelector("[data-view=cluster] [role=timer]");
   return {
     holder: text("[data-testid=holder]"),
     token: token === null ? null : Number(token),
     nodes: [...document.querySelectorAll("tr[data-testid=node]")]
-      .map((r) => ({ node_id: r.dataset.nodeId, role: r.dataset.role })),
+      .map((r) => ({
+        node_id: r.dataset.nodeId,
+        role: r.dataset.role,
+        last_seen: r.querySelector("[data-testid=last-seen]")?.textContent.trim() ?? null,
+        reported_ms_ago: Number(r.dataset.reportedMsAgo),
+        role_color: getComputedStyle(r.querySelector("td.role") ?? r).color,
+      })),
     takeovers: [...document.querySelectorAll("tr[data-testid=takeover]")]
       .map((r) => ({ token: Number(r.dataset.token), from: r.dataset.from || null, to: r.dataset.to || null, reason: r.dataset.reason })),
     status: text("[data-testid=stream-status]"),
+    stale: [...document.querySelectorAll("[data-feed=cluster]")].some((c) => c.classList.contains("stale")),
+    cards: [...document.querySelectorAll("[data-feed=cluster]")].map((c) => {
+      const note = c.querySelector("[data-testid=as-of]");
+      return {
+        title: c.querySelector("h2, figcaption")?.textContent.trim() ?? null,
+        stale: c.classList.contains("stale"),
+        as_of: note && !note.hidden ? note.textContent.trim() : null,
+      };
+    }),
+    expiry: expiry ? { text: expiry.textContent.trim(), expires_in_ms: Number(expiry.dataset.expiresInMs) } : null,
   };
 });
 
@@ -192,11 +219,15 @@ const commands = {
     const page = pageNamed(cmd.page);
     await showView(page, "cluster", null, left);
     const not = cmd.not ?? null;
-    await page.waitForFunction((unwanted) => {
+    // Polled on every animation frame: the node rows are read in the same
+    // rendering as the first takeover row to the new holder.
+    const first = await page.waitForFunction((unwanted) => {
       const holder = document.querySelector("[data-testid=holder]")?.textContent.trim();
       if (!holder || holder === unwanted) return false;
-      return [...document.querySelectorAll("tr[data-testid=takeover]")].some((r) => r.dataset.to === holder);
-    }, not, { timeout: left(), polling: 50 }).catch(async (error) => {
+      if (![...document.querySelectorAll("tr[data-testid=takeover]")].some((r) => r.dataset.to === holder)) return false;
+      return [...document.querySelectorAll("tr[data-testid=node]")]
+        .map((r) => ({ node_id: r.dataset.nodeId, role: r.dataset.role }));
+    }, not, { timeout: left(), polling: "raf" }).catch(async (error) => {
       const now = await readCluster(page).catch(() => null);
       const failure = new Error(`no holder other than ${JSON.stringify(not)} with a takeover to it (holder ${JSON.stringify(now?.holder ?? null)}, stream ${now?.status ?? "?"}): ${error.message.split("\n")[0]}`);
       failure.extra = now;
@@ -206,7 +237,39 @@ const commands = {
     const view = await readCluster(page);
     // Takeovers are newest first: the first one to the holder.
     const takeover = view.takeovers.find((t) => t.to === view.holder);
-    return { holder: view.holder, token: view.token, takeover, elapsed_ms: elapsed };
+    const nodesThen = await first.jsonValue();
+    return { holder: view.holder, token: view.token, takeover, elapsed_ms: elapsed, nodes_then: nodesThen };
+  },
+
+  async wait_cluster(cmd, left) {
+    const page = pageNamed(cmd.page);
+    await showView(page, "cluster", null, left);
+    const want = {
+      node: cmd.node ?? null,
+      role: cmd.role ?? null,
+      minAge: Number(cmd.min_age_ms ?? 0),
+      stale: typeof cmd.stale === "boolean" ? cmd.stale : null,
+      reason: cmd.reason ?? null,
+    };
+    await page.waitForFunction((w) => {
+      if (w.node !== null) {
+        const row = [...document.querySelectorAll("tr[data-testid=node]")].find((r) => r.dataset.nodeId === w.node);
+        if (!row || (w.role !== null && row.dataset.role !== w.role)) return false;
+        if (Number(row.dataset.reportedMsAgo) < w.minAge) return false;
+      }
+      if (w.stale !== null) {
+        const cards = [...document.querySelectorAll("[data-feed=cluster]")];
+        if (!cards.length || !cards.every((c) => c.classList.contains("stale") === w.stale)) return false;
+      }
+      if (w.reason !== null && ![...document.querySelectorAll("tr[data-testid=takeover]")].some((r) => r.dataset.reason === w.reason)) return false;
+      return true;
+    }, want, { timeout: left(), polling: 50 }).catch(async (error) => {
+      const now = await readCluster(page).catch(() => null);
+      const failure = new Error(`the cluster view did not show ${JSON.stringify(want)}: ${error.message.split("\n")[0]}`);
+      failure.extra = now;
+      throw failure;
+    });
+    return readCluster(page);
   },
 
   async goto(cmd, left) {

@@ -5,6 +5,7 @@ import { getJson, getKey, setKey, clearKey } from "./api.js";
 import { followSse } from "./sse.js";
 import { store } from "./store.js";
 import { setError, clearErrors } from "./alerts.js";
+import { showFreshness } from "./feed.js";
 import * as cluster from "./cluster.js";
 import * as channels from "./channels.js";
 import * as channel from "./channel.js";
@@ -30,6 +31,7 @@ function renderHeader() {
 }
 
 store.subscribe(renderHeader);
+store.subscribe(() => showFreshness($("view")));
 
 // ---- cluster stream: drives the header, the cluster view and the rates
 
@@ -100,6 +102,7 @@ function route() {
     else a.removeAttribute("aria-current");
   }
   unmount = views[r.name].mount(container, r);
+  showFreshness(container);
   // Move focus to the new view's heading, for keyboard and screen reader users.
   const heading = container.querySelector("h1");
   if (heading && document.activeElement !== $("key")) {

@@ -4,6 +4,7 @@
 import { h, replace, table } from "./dom.js";
 import { store } from "./store.js";
 import * as fmt from "./format.js";
+import { fedCard } from "./feed.js";
 
 export function mount(container) {
   const section = h("section", { class: "view", "data-view": "cluster", "data-ready": "false", "aria-labelledby": "cluster-title" });
@@ -15,7 +16,7 @@ export function mount(container) {
   const deadline = h("span");
   const exactness = h("span", { class: "muted" });
   const leaseBody = h("div");
-  const nodes = table("Nodes", ["Node", "Role", "URL", "Uptime", "Connections", "Subscriptions", "Version", "Draining", "Reported"], { class: "data" });
+  const nodes = table("Nodes", ["Node", "Role", "URL", "Uptime", "Connections", "Subscriptions", "Version", "Draining", "Last seen"], { class: "data" });
   const takeovers = table("Takeovers, newest first", ["Token", "From", "To", "Cause", "Time"], { class: "data" });
 
   const leaseList = h("dl", { class: "facts" },
@@ -29,17 +30,20 @@ export function mount(container) {
 
   section.append(
     h("h1", { id: "cluster-title" }, "Cluster"),
-    h("section", { class: "card", "aria-labelledby": "lease-title" }, h("h2", { id: "lease-title" }, "Lease"), leaseBody),
-    h("section", { class: "card", "aria-labelledby": "nodes-title" }, h("h2", { id: "nodes-title" }, "Nodes"), h("div", { class: "scroll" }, nodes.table)),
-    h("section", { class: "card", "aria-labelledby": "takeovers-title" }, h("h2", { id: "takeovers-title" }, "Takeovers"), h("div", { class: "scroll" }, takeovers.table)),
+    fedCard(h("section", { class: "card", "aria-labelledby": "lease-title" }, h("h2", { id: "lease-title" }, "Lease"), leaseBody)),
+    fedCard(h("section", { class: "card", "aria-labelledby": "nodes-title" }, h("h2", { id: "nodes-title" }, "Nodes"), h("div", { class: "scroll" }, nodes.table))),
+    fedCard(h("section", { class: "card", "aria-labelledby": "takeovers-title" }, h("h2", { id: "takeovers-title" }, "Takeovers"), h("div", { class: "scroll" }, takeovers.table))),
   );
   container.append(section);
 
-  // The countdowns tick locally between events, from the last event's values.
+  // The countdowns tick locally between events, from the last event's
+  // values; while the stream reconnects they stand still at them (the
+  // cards say "as of" when).
   function tick() {
     const lease = store.cluster && store.cluster.lease;
     if (!lease) return;
-    const elapsed = performance.now() - store.receivedAt;
+    const elapsed = store.stale ? 0 : performance.now() - store.receivedAt;
+    expiry.dataset.expiresInMs = String(lease.expires_in_ms);
     const left = lease.expires_in_ms - elapsed;
     expiry.textContent = left > 0 ? fmt.seconds(left) : "expired";
     expiry.classList.toggle("bad", left <= 0);
@@ -77,10 +81,11 @@ export function mount(container) {
 
     replace(nodes.tbody, (view.nodes || []).map((n) => h("tr", {
       "data-testid": "node", "data-node-id": n.node_id, "data-role": n.role,
-      class: n.role === "holder" ? "current" : null,
+      "data-reported-ms-ago": n.reported_ms_ago,
+      class: `role-${n.role}${n.role === "holder" ? " current" : ""}`,
     },
       h("th", { scope: "row" }, n.node_id, n.node_id === view.observed_by ? h("span", { class: "muted" }, " (this node)") : null),
-      h("td", null, n.role),
+      h("td", { class: "role" }, n.role),
       h("td", { class: "mono" }, n.url ?? "–"),
       h("td", null, fmt.uptime(n.uptime_s)),
       h("td", { class: "num" }, n.connections ?? "–"),
@@ -88,7 +93,7 @@ export function mount(container) {
       h("td", null, n.version ?? "–"),
       // Known only for the node serving the page.
       h("td", null, n.draining === null || n.draining === undefined ? "–" : n.draining ? "yes" : "no"),
-      h("td", null, n.reported_ms_ago === undefined || n.reported_ms_ago === null ? "–" : `${fmt.ms(n.reported_ms_ago)} ago`),
+      h("td", { "data-testid": "last-seen" }, lastSeen(n)),
     )));
     if (!view.nodes || !view.nodes.length) replace(nodes.tbody, h("tr", null, h("td", { colspan: "9", class: "muted" }, "No nodes reported.")));
 
@@ -107,7 +112,16 @@ export function mount(container) {
   }
 
   render();
-  const off = store.subscribe((kind) => { if (kind === "cluster") render(); });
+  const off = store.subscribe((kind) => { if (kind === "cluster") render(); else tick(); });
   const timer = setInterval(tick, 200);
   return () => { off(); clearInterval(timer); };
+}
+
+// A node's last report: its age, and for a node that stopped reporting
+// (silent or gone) the time of day it was last seen.
+function lastSeen(n) {
+  if (n.reported_ms_ago === undefined || n.reported_ms_ago === null) return "–";
+  const ago = `${fmt.ms(n.reported_ms_ago)} ago`;
+  if (n.role !== "silent" && n.role !== "gone") return ago;
+  return h("time", { datetime: n.last_seen }, `${fmt.clock(Date.parse(n.last_seen))} (${ago})`);
 }

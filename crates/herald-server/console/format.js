@@ -42,6 +42,13 @@ export function time(iso) {
   return String(iso).replace("T", " ").replace(/Z$/, " UTC");
 }
 
+// ms since the Unix epoch -> "14:00:03 UTC" (a time of day, in UTC as
+// every time the console shows).
+export function clock(msSinceEpoch) {
+  if (msSinceEpoch === null || msSinceEpoch === undefined || Number.isNaN(msSinceEpoch)) return "–";
+  return `${new Date(msSinceEpoch).toISOString().slice(11, 19)} UTC`;
+}
+
 export function rate(value, digits = 1) {
   if (value === null || value === undefined) return "–";
   return Number(value).toFixed(digits);

@@ -6,6 +6,7 @@ import { getJson } from "./api.js";
 import { store } from "./store.js";
 import { setError } from "./alerts.js";
 import { lineChart } from "./chart.js";
+import { fedCard } from "./feed.js";
 
 const SERIES = [
   { key: "publishes_per_s", title: "Publishes per second", unit: "/s" },
@@ -17,6 +18,7 @@ const SERIES = [
 export function mount(container) {
   const section = h("section", { class: "view", "data-view": "rates", "data-ready": "false", "aria-labelledby": "rates-title" });
   const charts = SERIES.map((s) => lineChart(s));
+  for (const c of charts) fedCard(c.el);
   const info = h("p", { class: "muted" });
   section.append(h("h1", { id: "rates-title" }, "Rates"), info, h("div", { class: "charts" }, charts.map((c) => c.el)));
   container.append(section);

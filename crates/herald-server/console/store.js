@@ -6,6 +6,9 @@ export const store = {
   cluster: null,      // latest ClusterView
   receivedAt: 0,      // performance.now() when it arrived (for local countdowns)
   status: "connecting",
+  // Whether `cluster` is older than the stream: from the moment it
+  // reconnects until its first view after that.
+  stale: false,
   rates: null,        // {interval_ms, samples} once the rates view loaded them
 
   // fn(kind) is called with "cluster" or "status"; returns an unsubscribe.
@@ -17,6 +20,7 @@ export const store = {
   setCluster(view) {
     this.cluster = view;
     this.receivedAt = performance.now();
+    this.stale = this.status === "reconnecting";
     // Append the sample to the rate history, once per distinct time.
     const rate = view && view.rate;
     if (this.rates && rate) {
@@ -32,6 +36,8 @@ export const store = {
 
   setStatus(status) {
     this.status = status;
+    // A live stream makes the view fresh only with its first view.
+    if (status === "reconnecting") this.stale = true;
     emit("status");
   },
 
@@ -39,6 +45,7 @@ export const store = {
     this.cluster = null;
     this.rates = null;
     this.status = "connecting";
+    this.stale = false;
   },
 };
 

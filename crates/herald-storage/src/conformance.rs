@@ -1507,6 +1507,7 @@ pub async fn node_reports_are_shared_replaced_and_expire(h: &dyn Harness) {
         url: format!("http://{node_id}.example:4000"),
         subscriptions: clients * 2,
         reported_ms_ago: 0,
+        reported_at_ms: 0,
     };
     assert!(c.node(1).node_reports().await.unwrap().is_empty());
     c.node(0)
@@ -1543,7 +1544,8 @@ pub async fn node_reports_are_shared_replaced_and_expire(h: &dyn Harness) {
 }
 
 /// `reports` with their age checked (a report read back within the test
-/// was written less than a minute before) and set to 0, as written.
+/// was written less than a minute before, at a time on the storage's
+/// clock) and set to 0, as written.
 fn written_now(reports: Vec<NodeReport>) -> Vec<NodeReport> {
     reports
         .into_iter()
@@ -1554,7 +1556,9 @@ fn written_now(reports: Vec<NodeReport>) -> Vec<NodeReport> {
                 r.node_id,
                 r.reported_ms_ago
             );
+            assert!(r.reported_at_ms > 0, "{r:?}");
             r.reported_ms_ago = 0;
+            r.reported_at_ms = 0;
             r
         })
         .collect()
@@ -1577,6 +1581,7 @@ pub async fn node_channels_are_summed_replaced_and_expire(h: &dyn Harness) {
         url: String::new(),
         subscriptions: 2,
         reported_ms_ago: 0,
+        reported_at_ms: 0,
     };
     let counts = |pairs: &[(&str, u64)]| -> Vec<ChannelClients> {
         pairs

@@ -126,8 +126,9 @@ pub(crate) fn acquired(
         holder_url: candidate.advertise_url.clone(),
         token,
     };
-    // `previous_holder` only when the row named one: a released (or new)
-    // lease has none, and an empty field would read as a node named "".
+    // `previous_holder` only when there was one (after a release, the
+    // node that released): a new lease has none, and an empty field would
+    // read as a node named "".
     tracing::info!(
         lease = %lease.name,
         token = token.0,

@@ -331,6 +331,10 @@ pub struct NodeReport {
     /// How long ago the report was written, in ms on the storage's clock
     /// (0 when writing one).
     pub reported_ms_ago: u64,
+    /// When the report was written, in ms since the Unix epoch on the
+    /// storage's clock, the clock of [`LeaseTakeover::at_ms`] (ignored
+    /// when writing one: the storage stamps it).
+    pub reported_at_ms: i64,
 }
 
 /// A channel's count of subscribed Centrifugo connections, for the server
@@ -355,8 +359,10 @@ pub struct LeaseTakeover {
     pub token: FencingToken,
     /// The node that acquired the lease.
     pub holder: String,
-    /// The node the lease row named before (`None` after a release or for
-    /// the first acquisition).
+    /// The node the lease row named before; after a release
+    /// ([`TakeoverReason::Released`]), the node that released it (`None`
+    /// for a release recorded before schema version 14). `None` for the
+    /// first acquisition.
     pub previous_holder: Option<String>,
     /// Why the lease could be acquired.
     pub reason: TakeoverReason,

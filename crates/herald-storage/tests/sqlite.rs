@@ -481,7 +481,7 @@ async fn a_key_stored_without_a_digest_matches_any_message() {
     assert!(out[0].duplicate);
     assert_eq!(out[0].offset, 1);
     let versions = applied_migrations(dir.path());
-    assert_eq!(versions, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]);
+    assert_eq!(versions, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]);
 }
 
 /// A new database is in incremental auto-vacuum mode, and a trim returns

@@ -13,11 +13,16 @@
 //!    appears in the live tail of another page, on another node;
 //! 3. the holder is killed with SIGKILL: the page on the standby shows the
 //!    new holder and the takeover in its timeline within two seconds of
-//!    the kill;
+//!    the kill, and the killed node `gone` in the same rendering;
 //! 4. the node that serves the live tail is killed with SIGKILL and
 //!    started again on its address while messages are published: the tail
-//!    shows every message exactly once, in order; the nodes' rates show
-//!    the publishes, the deliveries and the tail's subscription;
+//!    shows every message exactly once, in order; a cluster page served
+//!    by that node greys out every card with "as of HH:MM:SS" and stops
+//!    its countdown while it reconnects, and comes back after; another
+//!    page shows the killed node `silent`, coloured, with when it was last
+//!    seen, and the node killed in 3. still listed `gone` after its report
+//!    expired; the nodes' rates show the publishes, the deliveries and the
+//!    tail's subscription;
 //! 5. a page without an admin credential is refused: sign-in with an
 //!    unknown key, and a deletion without a credential (401) or with a key
 //!    without `admin` (403), which leave the channel as it was; with the
@@ -26,7 +31,11 @@
 //!    messages, a deletion succeeds, and both are in the audit log with
 //!    the key's name;
 //! 6. the main views pass the driver's accessibility checks (labels,
-//!    headings, keyboard reach of the main actions), and no page ever had
+//!    headings, keyboard reach of the main actions);
+//! 7. the holder is stopped with SIGTERM (a planned handover): the page on
+//!    the other node shows the `released` takeover from the node that
+//!    released, then that node `silent`, coloured apart from the holder
+//!    and the gone node, with when it was last seen; and no page ever had
 //!    an uncaught error or a Content Security Policy violation.
 //!
 //! Screenshots of each view are kept in `<target>/tmp/console-screenshots`
@@ -183,6 +192,38 @@ async fn cluster(api: &Api) -> Value {
     let answer = api.get("/v1/admin/cluster").await;
     assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
     answer.body
+}
+
+/// Report TTL of a node (`REPORT_TTL` of the server's node reports): a
+/// node silent for longer has no report row left in the storage.
+const REPORT_TTL: Duration = Duration::from_secs(10);
+
+/// The node row `node_id` of a `cluster` answer.
+fn node_row<'a>(shown: &'a Value, node_id: &str) -> &'a Value {
+    shown["nodes"]
+        .as_array()
+        .and_then(|nodes| nodes.iter().find(|n| n["node_id"] == node_id))
+        .unwrap_or_else(|| panic!("no row of {node_id}: {shown}"))
+}
+
+/// Whether `text` is "as of HH:MM:SS UTC".
+fn is_as_of(text: &Value) -> bool {
+    text.as_str().is_some_and(|t| {
+        let Some(clock) = t
+            .strip_prefix("as of ")
+            .and_then(|t| t.strip_suffix(" UTC"))
+        else {
+            return false;
+        };
+        clock.len() == 8
+            && clock.chars().enumerate().all(|(i, ch)| {
+                if i == 2 || i == 5 {
+                    ch == ':'
+                } else {
+                    ch.is_ascii_digit()
+                }
+            })
+    })
 }
 
 /// Publishes `{"n": n}` through `api`, retried until acknowledged at
@@ -372,6 +413,21 @@ async fn the_console_follows_a_cluster_through_a_takeover_and_a_restart() {
         ["holder_gone", "expired"].contains(&shown["takeover"]["reason"].as_str().unwrap_or("")),
         "{shown}"
     );
+    // The database saw the holder's sessions end: in the very rendering
+    // that shows that takeover, the killed node is gone.
+    if shown["takeover"]["reason"] == "holder_gone" {
+        let then = shown["nodes_then"].as_array().expect("nodes_then");
+        let a_then = then
+            .iter()
+            .find(|n| n["node_id"] == "node-a")
+            .unwrap_or_else(|| panic!("node-a not listed: {shown}"));
+        assert_eq!(a_then["role"], "gone", "{shown}");
+    } else {
+        println!(
+            "the takeover was {}, not holder_gone",
+            shown["takeover"]["reason"]
+        );
+    }
     driver
         .call(json!({"cmd": "screenshot", "page": "A", "name": "takeover"}))
         .await;
@@ -382,15 +438,85 @@ async fn the_console_follows_a_cluster_through_a_takeover_and_a_restart() {
     for n in 2..=4 {
         publish(&b_api, n).await;
     }
+    // Page D shows the cluster as node c serves it.
+    let opened = driver
+        .call(
+            json!({"cmd": "open", "page": "D", "url": format!("{}/console/", c.url), "key": admin}),
+        )
+        .await;
+    assert_eq!(opened["signed_in"], true, "{opened}");
+    let fresh = driver
+        .call(json!({"cmd": "wait_cluster", "page": "D", "stale": false}))
+        .await;
+    assert_eq!(fresh["cards"].as_array().map(Vec::len), Some(3), "{fresh}");
     let c_addr = c.url.trim_start_matches("http://").to_owned();
     c.sigkill();
     let (status, _) = c.wait_exit(NODE_WAIT).await;
     assert!(!status.success(), "node c was killed: {status}");
+    // While its node is down, page D greys out every card and says as of
+    // when; the lease countdown stands at the last view's figure.
+    let stale = driver
+        .call(json!({"cmd": "wait_cluster", "page": "D", "stale": true,
+                     "timeout_ms": BROWSER_WAIT.as_millis() as u64}))
+        .await;
+    assert_ne!(stale["status"], "live", "{stale}");
+    let cards = stale["cards"].as_array().expect("cards");
+    assert_eq!(cards.len(), 3, "{stale}");
+    for card in cards {
+        assert_eq!(card["stale"], true, "{stale}");
+        assert!(is_as_of(&card["as_of"]), "{stale}");
+    }
+    let expires_in_ms = stale["expiry"]["expires_in_ms"]
+        .as_f64()
+        .expect("expires_in_ms");
+    let standing = if expires_in_ms > 0.0 {
+        format!("{:.1} s", expires_in_ms / 1000.0)
+    } else {
+        "expired".to_owned()
+    };
+    assert_eq!(stale["expiry"]["text"], standing.as_str(), "{stale}");
+    driver
+        .call(json!({"cmd": "screenshot", "page": "D", "name": "reconnecting"}))
+        .await;
     for n in 5..=7 {
         publish(&b_api, n).await;
     }
+    // Page A, on b, shows c silent (no report for two report intervals),
+    // or gone when c held the lease (its takeover found it gone), coloured,
+    // with when it was last seen.
+    let c_role = if new_holder == "node-c" {
+        "gone"
+    } else {
+        "silent"
+    };
+    let silent = driver
+        .call(
+            json!({"cmd": "wait_cluster", "page": "A", "node": "node-c", "role": c_role,
+                     "timeout_ms": BROWSER_WAIT.as_millis() as u64}),
+        )
+        .await;
+    let c_row = node_row(&silent, "node-c");
+    let b_row = node_row(&silent, "node-b");
+    assert!(
+        c_row["last_seen"]
+            .as_str()
+            .is_some_and(|t| t.contains(" UTC (") && t.ends_with(" ago)")),
+        "{silent}"
+    );
+    assert_ne!(c_row["role_color"], b_row["role_color"], "{silent}");
     let c_before = c;
     let c = start("node-c", c_addr).await;
+    let back = driver
+        .call(json!({"cmd": "wait_cluster", "page": "D", "stale": false,
+                     "timeout_ms": BROWSER_WAIT.as_millis() as u64}))
+        .await;
+    assert_eq!(back["status"], "live", "{back}");
+    assert!(
+        back["cards"]
+            .as_array()
+            .is_some_and(|cards| cards.iter().all(|c| c["as_of"].is_null())),
+        "{back}"
+    );
     for n in 8..=10 {
         publish(&b_api, n).await;
     }
@@ -403,6 +529,27 @@ async fn the_console_follows_a_cluster_through_a_takeover_and_a_restart() {
     assert_eq!(tail["status"], "live", "{tail}");
     driver
         .call(json!({"cmd": "screenshot", "page": "B", "name": "live-tail"}))
+        .await;
+    // Node a, killed in 3., is still listed, gone, once its report has
+    // expired from the storage.
+    let kept = driver
+        .call(
+            json!({"cmd": "wait_cluster", "page": "A", "node": "node-a", "role": "gone",
+                     "min_age_ms": (REPORT_TTL + Duration::from_secs(2)).as_millis() as u64,
+                     "timeout_ms": BROWSER_WAIT.as_millis() as u64}),
+        )
+        .await;
+    let a_row = node_row(&kept, "node-a");
+    assert!(
+        a_row["last_seen"]
+            .as_str()
+            .is_some_and(|t| t.contains(" UTC (") && t.ends_with(" ago)")),
+        "{kept}"
+    );
+    let b_row = node_row(&kept, "node-b");
+    assert_ne!(a_row["role_color"], b_row["role_color"], "{kept}");
+    driver
+        .call(json!({"cmd": "screenshot", "page": "A", "name": "gone"}))
         .await;
     // Each process's own rates: b forwarded or made the publishes, the
     // restarted c delivered the tail's messages to its subscription.
@@ -544,6 +691,70 @@ async fn the_console_follows_a_cluster_through_a_takeover_and_a_restart() {
     driver
         .call(json!({"cmd": "screenshot", "page": "A", "name": "rates"}))
         .await;
+
+    // 7. A planned handover: the holder drains (SIGTERM) and releases the
+    // lease; the page on the other node shows the takeover from it.
+    let now = cluster(&b_api).await;
+    let holder = now["lease"]["holder"]
+        .as_str()
+        .expect("a holder")
+        .to_owned();
+    let (draining, page, other) = match holder.as_str() {
+        "node-b" => (&b, "D", "node-c"),
+        "node-c" => (&c, "A", "node-b"),
+        _ => panic!("an unexpected holder: {now}"),
+    };
+    driver
+        .call(json!({"cmd": "goto", "page": page, "view": "cluster"}))
+        .await;
+    draining.sigterm();
+    let handed = driver
+        .call(
+            json!({"cmd": "wait_cluster", "page": page, "reason": "released",
+                     "timeout_ms": BROWSER_WAIT.as_millis() as u64}),
+        )
+        .await;
+    let released = handed["takeovers"]
+        .as_array()
+        .and_then(|t| t.iter().find(|t| t["reason"] == "released"))
+        .unwrap_or_else(|| panic!("no released takeover: {handed}"));
+    assert_eq!(released["from"], holder.as_str(), "{handed}");
+    assert_eq!(released["to"], other, "{handed}");
+    // The drained node stopped reporting: silent (its sessions ended by a
+    // release, not found gone), coloured apart from the new holder and
+    // from node a, gone, with when it was last seen. (A page on node c,
+    // restarted after node a's report expired, does not list node a: a
+    // node lists the silent and gone nodes whose reports it read.)
+    let quiet = driver
+        .call(
+            json!({"cmd": "wait_cluster", "page": page, "node": holder, "role": "silent",
+                     "timeout_ms": BROWSER_WAIT.as_millis() as u64}),
+        )
+        .await;
+    let drained_row = node_row(&quiet, &holder);
+    assert!(
+        drained_row["last_seen"]
+            .as_str()
+            .is_some_and(|t| t.contains(" UTC (") && t.ends_with(" ago)")),
+        "{quiet}"
+    );
+    let silent_colour = &drained_row["role_color"];
+    assert_ne!(
+        silent_colour,
+        &node_row(&quiet, other)["role_color"],
+        "silent and holder in one colour: {quiet}"
+    );
+    if page == "A" {
+        assert_ne!(
+            silent_colour,
+            &node_row(&quiet, "node-a")["role_color"],
+            "silent and gone in one colour: {quiet}"
+        );
+    }
+    driver
+        .call(json!({"cmd": "screenshot", "page": page, "name": "handover"}))
+        .await;
+
     let page_errors = driver.quit().await;
     assert!(page_errors.is_empty(), "page errors: {page_errors:?}");
     for server in [&a, &b, &c_before, &c] {

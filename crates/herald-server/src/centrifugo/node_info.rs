@@ -104,6 +104,7 @@ fn report(registry: &Registry, node_id: &str, url: &str, subscriptions: u64) -> 
         url: url.to_owned(),
         subscriptions,
         reported_ms_ago: 0,
+        reported_at_ms: 0,
     }
 }
 

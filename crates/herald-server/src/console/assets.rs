@@ -59,6 +59,7 @@ const ASSETS: &[Asset] = &[
     asset!("chart.js", "text/javascript; charset=utf-8"),
     asset!("cluster.js", "text/javascript; charset=utf-8"),
     asset!("dom.js", "text/javascript; charset=utf-8"),
+    asset!("feed.js", "text/javascript; charset=utf-8"),
     asset!("format.js", "text/javascript; charset=utf-8"),
     asset!("messages.js", "text/javascript; charset=utf-8"),
     asset!("rates.js", "text/javascript; charset=utf-8"),

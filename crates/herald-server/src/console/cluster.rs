@@ -1,12 +1,13 @@
 //! `GET /v1/admin/cluster`: the cluster as this node sees it (the writer
-//! lease, every node that reported itself, the takeover timeline, this
-//! node's latest rates), and `GET /v1/admin/cluster/events`, the same as
+//! lease, every node that reported itself and those that fell silent or
+//! are gone, the takeover timeline, this node's latest rates), and `GET /v1/admin/cluster/events`, the same as
 //! Server-Sent Events (WHATWG HTML, "Server-sent events"): one `cluster`
 //! event every second and at once when this node's lease state changes,
 //! until the node drains. Both need `admin`.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::State;
@@ -14,7 +15,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::Json;
 use futures::Stream;
 use herald_core::{format_rfc3339_ms, LeaseInfo, DEFAULT_LEASE_NAME};
-use herald_storage::{LeaseTakeover, NodeReport};
+use herald_storage::{LeaseTakeover, NodeReport, TakeoverReason};
 use serde::Serialize;
 
 use super::rates::Sample;
@@ -35,6 +36,11 @@ const TAKEOVERS_SHOWN: usize = 50;
 /// in ms, is shown `silent`.
 const SILENT_AFTER_MS: u64 = 2 * REPORT_INTERVAL.as_millis() as u64;
 
+/// How long a node stays listed after its last report, silent or gone: an
+/// hour, in ms. This node remembers it (its report row expires after
+/// 10 s): a node that started later lists only what it saw itself.
+const LISTED_FOR_MS: u64 = 3_600_000;
+
 /// How often the event stream sends a view.
 const PERIOD: Duration = Duration::from_secs(1);
 
@@ -47,8 +53,8 @@ pub(crate) struct ClusterView {
     at_ms: i64,
     /// The writer lease; `null` before its first acquisition.
     lease: Option<LeaseView>,
-    /// Every node with an unexpired report, by node id; this node as of
-    /// now.
+    /// Every node with an unexpired report, and every node this node saw
+    /// report in the last hour, by node id; this node as of now.
     nodes: Vec<NodeView>,
     /// The latest takeovers, newest first (at most 50).
     takeovers: Vec<TakeoverView>,
@@ -90,9 +96,10 @@ struct NodeView {
     node_id: String,
     url: String,
     /// `holder` when the lease row names it and has not expired; else
+    /// `gone` when a `holder_gone` takeover found its database sessions
+    /// ended (its process is gone) and it has not reported since; else
     /// `silent` when its last report is older than two report intervals
-    /// (6 s: it stopped or cannot reach the database; its report expires
-    /// after 10 s), else `standby`.
+    /// (6 s: it stopped or cannot reach the database); else `standby`.
     role: &'static str,
     /// Only known for the node that answered (a draining node stops
     /// reporting).
@@ -105,6 +112,10 @@ struct NodeView {
     subscriptions: u64,
     /// Age of its report, in ms (0 for the node that answered).
     reported_ms_ago: u64,
+    /// When it was last seen: its last report, RFC 3339, ms, UTC, on the
+    /// database's clock (now on this node's clock for the node that
+    /// answered).
+    last_seen: String,
 }
 
 /// One takeover in a [`ClusterView`].
@@ -196,13 +207,16 @@ pub(crate) async fn events(
 
 /// The node's latest cluster view as JSON text, shared by its event
 /// streams: one read of the storage serves every stream that asks within
-/// [`VIEW_MAX_AGE`] of it.
+/// [`VIEW_MAX_AGE`] of it. Also the node reports this node has seen, so
+/// that a node whose report expired stays listed ([`LISTED_FOR_MS`]).
 #[derive(Default)]
 pub(crate) struct ViewCache {
     /// When the view was read, and its JSON text. An async mutex: a
     /// stream that finds the view stale reads it while the others wait
     /// for that read instead of making their own.
     latest: tokio::sync::Mutex<Option<(tokio::time::Instant, Arc<str>)>>,
+    /// The last report read of each other node, and when it was read.
+    seen: Mutex<BTreeMap<String, (NodeReport, tokio::time::Instant)>>,
 }
 
 /// How old a shared view may be: under the streams' period, so each
@@ -228,6 +242,58 @@ impl ViewCache {
         *latest = Some((tokio::time::Instant::now(), Arc::clone(&json)));
         Ok(json)
     }
+
+    /// `reports` (the unexpired ones, read now) remembered, followed by
+    /// the remembered reports of the other nodes that expired less than
+    /// [`LISTED_FOR_MS`] ago, aged by the time since they were read.
+    /// `own` (this node) is neither remembered nor returned.
+    fn remember(&self, reports: Vec<NodeReport>, own: &str) -> Vec<NodeReport> {
+        let now = tokio::time::Instant::now();
+        let mut seen = self
+            .seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for report in &reports {
+            if report.node_id != own {
+                seen.insert(report.node_id.clone(), (report.clone(), now));
+            }
+        }
+        let mut out: Vec<NodeReport> = reports.into_iter().filter(|r| r.node_id != own).collect();
+        seen.retain(|node_id, (report, read_at)| {
+            if out.iter().any(|r| &r.node_id == node_id) {
+                return true;
+            }
+            let since_read =
+                u64::try_from(now.duration_since(*read_at).as_millis()).unwrap_or(u64::MAX);
+            let age = report.reported_ms_ago.saturating_add(since_read);
+            if age > LISTED_FOR_MS {
+                return false;
+            }
+            out.push(NodeReport {
+                reported_ms_ago: age,
+                ..report.clone()
+            });
+            true
+        });
+        out
+    }
+}
+
+/// The nodes that a `holder_gone` takeover of `history` found gone, each
+/// with the time of its latest such takeover (ms since the Unix epoch on
+/// the database's clock): the database saw every session of its storage
+/// end, so its process is gone, until it reports again.
+fn gone_since(history: &[LeaseTakeover]) -> BTreeMap<&str, i64> {
+    let mut gone = BTreeMap::new();
+    // Newest first: the first takeover seen of a node is its latest.
+    for t in history {
+        if t.reason == TakeoverReason::HolderGone {
+            if let Some(node) = t.previous_holder.as_deref() {
+                gone.entry(node).or_insert(t.at_ms);
+            }
+        }
+    }
+    gone
 }
 
 /// Reads the view: the lease row, the node reports and the takeover
@@ -258,6 +324,7 @@ async fn view(state: &ConsoleState) -> Result<ClusterView> {
         .filter(|r| r.is_held())
         .and_then(|r| r.holder.clone());
     let config = &shared.config;
+    let own_at_ms = wall_clock_ms();
     let own = NodeReport {
         node_id: config.node_id.clone(),
         version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -269,33 +336,46 @@ async fn view(state: &ConsoleState) -> Result<ClusterView> {
         url: config.advertise_url.clone(),
         subscriptions: shared.node.hub().subscriber_total() as u64,
         reported_ms_ago: 0,
+        reported_at_ms: own_at_ms,
     };
-    let mut nodes: Vec<NodeView> = reports
+    let gone = gone_since(&history);
+    let mut nodes: Vec<NodeView> = state
+        .views
+        .remember(reports, &config.node_id)
         .into_iter()
-        .filter(|r| r.node_id != config.node_id)
         .chain(std::iter::once(own))
-        .map(|r| NodeView {
-            role: if holder.as_deref() == Some(r.node_id.as_str()) {
-                "holder"
-            } else if r.reported_ms_ago > SILENT_AFTER_MS {
-                "silent"
-            } else {
-                "standby"
-            },
-            draining: (r.node_id == config.node_id).then(|| shared.draining()),
-            node_id: r.node_id,
-            url: r.url,
-            version: r.version,
-            uptime_s: r.uptime_s,
-            connections: r.clients,
-            subscriptions: r.subscriptions,
-            reported_ms_ago: r.reported_ms_ago,
+        .map(|r| {
+            let is_own = r.node_id == config.node_id;
+            NodeView {
+                role: if holder.as_deref() == Some(r.node_id.as_str()) {
+                    "holder"
+                } else if !is_own
+                    && gone
+                        .get(r.node_id.as_str())
+                        .is_some_and(|at| r.reported_at_ms < *at)
+                {
+                    "gone"
+                } else if r.reported_ms_ago > SILENT_AFTER_MS {
+                    "silent"
+                } else {
+                    "standby"
+                },
+                draining: is_own.then(|| shared.draining()),
+                last_seen: format_rfc3339_ms(r.reported_at_ms),
+                node_id: r.node_id,
+                url: r.url,
+                version: r.version,
+                uptime_s: r.uptime_s,
+                connections: r.clients,
+                subscriptions: r.subscriptions,
+                reported_ms_ago: r.reported_ms_ago,
+            }
         })
         .collect();
     nodes.sort_by(|a, b| a.node_id.cmp(&b.node_id));
     Ok(ClusterView {
         observed_by: config.node_id.clone(),
-        at_ms: wall_clock_ms(),
+        at_ms: own_at_ms,
         lease: row.map(|row| lease_view(state, row)),
         nodes,
         takeovers: history.into_iter().map(TakeoverView::from).collect(),

@@ -13,7 +13,7 @@ use crate::traits::{ChannelClients, NodeReport, TakeoverReason};
 
 /// Every acquisition is added to the lease's timeline in its own
 /// transaction, with the node that acquired, the node the row named
-/// before and the reason; every storage reads the same timeline, newest
+/// before (after a release: the node that released) and the reason; every storage reads the same timeline, newest
 /// first, in token order, and a limit keeps the newest.
 pub async fn lease_history_is_the_takeover_timeline(h: &dyn Harness) {
     let c = h.cluster(2).await;
@@ -48,7 +48,12 @@ pub async fn lease_history_is_the_takeover_timeline(h: &dyn Harness) {
     assert_eq!(
         seen,
         vec![
-            (third.token, "node-0", None, TakeoverReason::Released),
+            (
+                third.token,
+                "node-0",
+                Some("node-1"),
+                TakeoverReason::Released
+            ),
             (
                 second.token,
                 "node-1",
@@ -116,6 +121,7 @@ pub async fn channel_pages_search_resume_and_count(h: &dyn Harness) {
         url: String::new(),
         subscriptions: 3,
         reported_ms_ago: 0,
+        reported_at_ms: 0,
     };
     let subscribed = |n: u64| {
         vec![ChannelClients {

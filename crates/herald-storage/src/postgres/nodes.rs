@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use deadpool_postgres::Object;
 
+use super::ops::to_ms;
 use crate::decode::{sql_position, to_channel, to_u64, ttl_ms};
 use crate::error::Result;
 use crate::traits::{ChannelClients, NodeReport};
@@ -97,7 +98,8 @@ pub(super) async fn list(client: &Object) -> Result<Vec<NodeReport>> {
         .prepare_cached(
             "SELECT node_id, version, uptime_s, num_clients, num_users, num_subs, num_channels, \
                  url, subscriptions, \
-                 GREATEST(0, (extract(epoch FROM clock_timestamp() - reported_at) * 1000))::bigint \
+                 GREATEST(0, (extract(epoch FROM clock_timestamp() - reported_at) * 1000))::bigint, \
+                 reported_at \
              FROM cluster_nodes WHERE expires_at > clock_timestamp() \
              ORDER BY node_id COLLATE \"C\"",
         )
@@ -118,6 +120,7 @@ pub(super) async fn list(client: &Object) -> Result<Vec<NodeReport>> {
                 url: row.try_get(7)?,
                 subscriptions: to_u64(row.try_get(8)?, "subscriptions")?,
                 reported_ms_ago: to_u64(row.try_get(9)?, "reported_at")?,
+                reported_at_ms: to_ms(row.try_get(10)?),
             })
         })
         .collect()

@@ -182,17 +182,21 @@ const HOLDER_GONE_SQL: &str = "SELECT pg_try_advisory_xact_lock($1) \
 /// when released, expired at this statement's clock reading, or when
 /// `$5` (the holder's session is gone, probed in this transaction after
 /// the row lock). Records `$6`, this storage's session key, as
-/// `holder_session`. Returns the new token, the previous holder (NULL when
-/// released) and whether the previous lease had expired.
+/// `holder_session`, and clears `released_by`. Returns the new token, the
+/// previous holder (NULL when released), whether the previous lease had
+/// expired, and the node that released it (NULL unless released, schema
+/// version 14).
 const TAKE_OVER_SQL: &str = "UPDATE storage_leases AS l \
      SET holder = $2, holder_url = $3, holder_session = $6, token = l.token + 1, \
-         acquired_at = c.now, renewed_at = c.now, \
+         acquired_at = c.now, renewed_at = c.now, released_by = NULL, \
          expires_at = c.now + $4::bigint * interval '1 millisecond' \
      FROM (SELECT clock_timestamp() AS now) AS c, \
-          (SELECT holder AS previous_holder, expires_at AS previous_expires_at \
+          (SELECT holder AS previous_holder, expires_at AS previous_expires_at, \
+                  released_by AS previous_released_by \
            FROM storage_leases WHERE name = $1) AS p \
      WHERE l.name = $1 AND (l.holder IS NULL OR l.expires_at <= c.now OR $5::boolean) \
-     RETURNING l.token, p.previous_holder, p.previous_expires_at <= c.now";
+     RETURNING l.token, p.previous_holder, p.previous_expires_at <= c.now, \
+         p.previous_released_by";
 
 /// Starts a READ COMMITTED transaction on `client`: the level every
 /// fenced write, trim and acquisition runs at (their lock waits re-read the
@@ -315,12 +319,20 @@ pub(super) async fn acquire(
     let token = to_token(row.try_get(0)?)?;
     let previous: Option<String> = row.try_get(1)?;
     let expired: bool = row.try_get(2)?;
+    let released_by: Option<String> = row.try_get(3)?;
     let reason = match (&previous, fresh, expired) {
         (_, true, _) => TakeoverReason::Fresh,
         (Some(_), false, false) if reclaimed => TakeoverReason::Reclaimed,
         (None, false, _) => TakeoverReason::Released,
         (Some(_), false, true) => TakeoverReason::Expired,
         (Some(_), false, false) => TakeoverReason::HolderGone,
+    };
+    // After a release the row names no holder: the node that released it
+    // is the previous one.
+    let previous = if reason == TakeoverReason::Released {
+        released_by
+    } else {
+        previous
     };
     let record = tx.prepare_cached(RECORD_TAKEOVER_SQL).await?;
     let sql_token = row.try_get::<_, i64>(0)?;
@@ -382,7 +394,9 @@ async fn held_at_a_glance(
     read_lease_info(client, name).await
 }
 
-/// Clears the holder if `lease` is current; the token stays. One
+/// Clears the holder if `lease` is current, recording it as
+/// `released_by` (schema version 14) for the next acquisition's takeover
+/// record; the token stays. One
 /// autocommitted statement: its `UPDATE` locks the row `FOR NO KEY UPDATE`,
 /// so it does not wait for fenced writes; a write in flight either finishes
 /// before a later acquire (which waits for it) or, if it starts after the
@@ -396,8 +410,8 @@ pub(super) async fn release(client: &Object, lease: &Lease) -> Result<()> {
     let stmt = client
         .prepare_cached(
             "WITH released AS ( \
-                 UPDATE storage_leases SET holder = NULL, holder_url = NULL, holder_session = NULL, \
-                 expires_at = clock_timestamp() \
+                 UPDATE storage_leases SET released_by = holder, holder = NULL, holder_url = NULL, \
+                 holder_session = NULL, expires_at = clock_timestamp() \
                  WHERE name = $1 AND holder = $2 AND token = $3 RETURNING name) \
              SELECT pg_notify($4, name) FROM released",
         )

@@ -85,7 +85,7 @@ pub(super) fn report(
 pub(super) fn list(conn: &mut Connection) -> Result<Vec<NodeReport>> {
     let mut stmt = conn.prepare_cached(&format!(
         "SELECT node_id, version, uptime_s, num_clients, num_users, num_subs, num_channels, \
-         url, subscriptions, max(0, {NOW_MS} - reported_at_ms) \
+         url, subscriptions, max(0, {NOW_MS} - reported_at_ms), reported_at_ms \
          FROM cluster_nodes WHERE expires_at_ms > {NOW_MS} ORDER BY node_id"
     ))?;
     let mut rows = stmt.query([])?;
@@ -102,6 +102,7 @@ pub(super) fn list(conn: &mut Connection) -> Result<Vec<NodeReport>> {
             url: row.get(7)?,
             subscriptions: to_u64(row.get(8)?, "subscriptions")?,
             reported_ms_ago: to_u64(row.get(9)?, "reported_at_ms")?,
+            reported_at_ms: row.get(10)?,
         });
     }
     Ok(out)

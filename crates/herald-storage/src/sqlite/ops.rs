@@ -164,6 +164,16 @@ fn current_lease(conn: &Connection, name: &str) -> Result<CurrentLease> {
         .optional()?)
 }
 
+/// The node that released lease `name` last (schema version 14), while no
+/// node has acquired it since.
+fn released_by(conn: &Connection, name: &str) -> Result<Option<String>> {
+    Ok(conn
+        .prepare_cached("SELECT released_by FROM storage_leases WHERE name = ?1")?
+        .query_row([name], |r| r.get::<_, Option<String>>(0))
+        .optional()?
+        .flatten())
+}
+
 /// Whether a takeover looks possible on `current`: the row is missing,
 /// released, expired, this storage's own, or its holder's session is gone.
 fn takeover_possible(current: &CurrentLease, sessions_dir: &Path, own_session: &str) -> bool {
@@ -216,7 +226,12 @@ pub(super) fn acquire(
     let current = current_lease(&tx, &candidate.lease_name)?;
     let (reason, previous) = match current {
         None => (TakeoverReason::Fresh, None),
-        Some((None, _, _)) => (TakeoverReason::Released, None),
+        // The row names no holder: the node that released it is the
+        // previous one.
+        Some((None, _, _)) => (
+            TakeoverReason::Released,
+            released_by(&tx, &candidate.lease_name)?,
+        ),
         Some((Some(holder), _, true)) => (TakeoverReason::Expired, Some(holder)),
         // A live lease of this very storage: an earlier acquire of ours
         // that committed after its caller gave up waiting. Nobody holds its
@@ -250,7 +265,8 @@ pub(super) fn acquire(
             ") ON CONFLICT (name) DO UPDATE SET holder = excluded.holder,",
             " holder_url = excluded.holder_url, holder_session = excluded.holder_session,",
             " token = storage_leases.token + 1, expires_at_ms = excluded.expires_at_ms,",
-            " acquired_at_ms = excluded.acquired_at_ms, renewed_at_ms = excluded.renewed_at_ms",
+            " acquired_at_ms = excluded.acquired_at_ms, renewed_at_ms = excluded.renewed_at_ms,",
+            " released_by = NULL",
             " RETURNING token"
         ))?
         .query_row(
@@ -311,14 +327,17 @@ pub(super) fn renew(conn: &mut Connection, lease: &Lease, ttl_ms: i64) -> Result
     Ok(())
 }
 
-/// Clears the holder if `lease` is current; the token stays.
+/// Clears the holder if `lease` is current, recording it as
+/// `released_by` (schema version 14) for the next acquisition's takeover
+/// record; the token stays.
 pub(super) fn release(conn: &mut Connection, lease: &Lease) -> Result<()> {
     let Ok(token) = sql_token(lease) else {
         return Ok(());
     };
     let updated = conn
         .prepare_cached(concat!(
-            "UPDATE storage_leases SET holder = NULL, holder_url = NULL, holder_session = NULL,",
+            "UPDATE storage_leases SET released_by = holder, holder = NULL, holder_url = NULL,",
+            " holder_session = NULL,",
             " expires_at_ms = ",
             now_ms!(),
             " WHERE name = ?1 AND holder = ?2 AND token = ?3"
