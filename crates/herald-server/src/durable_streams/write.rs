@@ -16,6 +16,7 @@ use herald_core::{
 use herald_node::publish::Routed;
 use herald_node::streams::{self, StreamDeleted, StreamRequest};
 
+use super::body::AppendBody;
 use super::response::{self, set};
 use super::{naming, offset, request, StreamsState};
 use crate::auth_extract::Caller;
@@ -195,7 +196,7 @@ pub(crate) async fn put(
     Path(path): Path<String>,
     uri: Uri,
     headers: HeaderMap,
-    body: Bytes,
+    AppendBody(body): AppendBody,
 ) -> Result<Response> {
     let channel = channel(&state, &who, &path, &headers, &uri)?;
     convertible(&state, &who, &channel).await?;
@@ -226,7 +227,12 @@ pub(crate) async fn put(
         }
     }
     let content_type = content_type.unwrap_or_else(|| DEFAULT_CONTENT_TYPE.to_owned());
-    let messages = request::messages(is_json_media(&content_type), &body, true)?;
+    let messages = request::messages(
+        is_json_media(&content_type),
+        &body,
+        true,
+        request::AppendLimits::of(&state.shared.config),
+    )?;
     let create = StreamCreate {
         channel: channel.clone(),
         config: StreamConfig {
@@ -302,7 +308,7 @@ pub(crate) async fn post(
     Path(path): Path<String>,
     uri: Uri,
     headers: HeaderMap,
-    body: Bytes,
+    AppendBody(body): AppendBody,
 ) -> Result<Response> {
     let channel = channel(&state, &who, &path, &headers, &uri)?;
     let producer = request::producer(&headers)?;
@@ -323,7 +329,12 @@ pub(crate) async fn post(
                 "an append needs a Content-Type".to_owned(),
             ));
         };
-        request::messages(is_json_media(content_type), &body, false)?
+        request::messages(
+            is_json_media(content_type),
+            &body,
+            false,
+            request::AppendLimits::of(&state.shared.config),
+        )?
     };
     // Appends count against the caller's publish rate, one per message
     // (a close alone as one), as Herald's own publishes do.
