@@ -196,7 +196,8 @@ pub fn wall_clock_ms() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
-/// Messages read from the storage per request.
+/// Messages read from the storage per request, unless the subscription
+/// was started with fewer ([`Subscription::start_paged`]).
 pub(crate) const PAGE_LIMIT: usize = 1000;
 
 /// Pause after the first transient failure of a subscription's read,
@@ -285,6 +286,9 @@ pub struct Subscription {
     /// not read history: that read decides where it starts (see the
     /// module docs).
     live_only: Option<LiveOnly>,
+    /// Most messages per storage read: a page, which `ready` holds until
+    /// it is handed out, so this bounds what the subscription holds.
+    page_limit: usize,
     /// Counts this subscription in `herald_subscribers` while it lives.
     _gauge: SubscriberGauge,
 }
@@ -329,6 +333,25 @@ impl Subscription {
         start: StartAt,
         transport: &'static str,
     ) -> NodeResult<Self> {
+        Self::start_paged(storage, hub, channel, start, transport, PAGE_LIMIT).await
+    }
+
+    /// As [`Subscription::start_at`], reading at most `page_limit`
+    /// messages (at least one) per storage read: the caller's bound on
+    /// the bytes one catch-up page brings into memory (its byte budget
+    /// over the largest message a channel stores).
+    ///
+    /// # Errors
+    /// As [`Subscription::start`].
+    pub async fn start_paged(
+        storage: Arc<dyn Storage>,
+        hub: &Arc<Hub>,
+        channel: ChannelName,
+        start: StartAt,
+        transport: &'static str,
+        page_limit: usize,
+    ) -> NodeResult<Self> {
+        let page_limit = page_limit.clamp(1, PAGE_LIMIT);
         let (after, live_only) = match start {
             StartAt::After(after) => (after, None),
             StartAt::LiveOnly(live) => (live.resume.unwrap_or(0), Some(live)),
@@ -346,12 +369,13 @@ impl Subscription {
             retry: None,
             resume_checked: false,
             deletion_at_start: 0,
+            page_limit,
             _gauge: SubscriberGauge::new(transport),
         };
         if sub
             .try_read_page()
             .await?
-            .is_some_and(|len| len < PAGE_LIMIT)
+            .is_some_and(|len| len < page_limit)
         {
             sub.phase = Phase::Live;
         }
@@ -398,7 +422,7 @@ impl Subscription {
             // the next phase; `self.phase` changes only once it completed.
             self.phase = match self.phase.clone() {
                 Phase::History => {
-                    if self.read_page().await? < PAGE_LIMIT {
+                    if self.read_page().await? < self.page_limit {
                         Phase::Live
                     } else {
                         Phase::History
@@ -406,7 +430,7 @@ impl Subscription {
                 }
                 Phase::Lagged => {
                     metrics::catchup_read();
-                    if self.read_page().await? < PAGE_LIMIT {
+                    if self.read_page().await? < self.page_limit {
                         Phase::Live
                     } else {
                         Phase::Lagged
@@ -446,7 +470,7 @@ impl Subscription {
             Some(target) => {
                 metrics::catchup_read();
                 let read = self.read_page().await?;
-                if self.last < target && read < PAGE_LIMIT {
+                if self.last < target && read < self.page_limit {
                     // The storage does not have what the notice promises;
                     // never skip ahead of it.
                     tracing::warn!(
@@ -504,7 +528,7 @@ impl Subscription {
         let (after, limit) = if head_only {
             (Offset::MAX, 1)
         } else {
-            (self.last, PAGE_LIMIT)
+            (self.last, self.page_limit)
         };
         match self.storage.read(&self.channel, after, limit).await {
             Ok(page) => {
@@ -765,6 +789,45 @@ mod tests {
         assert!(tokio::time::timeout(Duration::from_millis(50), sub.next())
             .await
             .is_err());
+    }
+
+    /// A subscription started with a page limit (the server's read
+    /// budget over its largest message) never reads more messages at
+    /// once, in its history, after a lag or to fill a gap, and still
+    /// hands every message out once, in order.
+    #[tokio::test]
+    async fn catch_up_pages_hold_at_most_the_page_limit() {
+        let storage = MemoryStorage::new();
+        for i in 0..50 {
+            storage.append_as_other_node("a", &i.to_string());
+        }
+        let hub = Hub::new(2);
+        let a = ChannelName::new("a").unwrap();
+        let mut sub = Subscription::start_paged(
+            storage.clone(),
+            &hub,
+            a.clone(),
+            StartAt::After(0),
+            "sse",
+            4,
+        )
+        .await
+        .unwrap();
+        assert_eq!(collect(&mut sub, 50).await, (1..=50).collect::<Vec<_>>());
+        // More notices than the hub keeps: the subscriber lags and reads
+        // the storage, still 4 at a time.
+        for i in 51..=80 {
+            storage.append_as_other_node("a", &i.to_string());
+            hub.publish(notice("a", i, i..=i));
+        }
+        assert_eq!(collect(&mut sub, 30).await, (51..=80).collect::<Vec<_>>());
+        // A bare head (a standby's notice) far ahead: a gap read in pages.
+        for i in 81..=100 {
+            storage.append_as_other_node("a", &i.to_string());
+        }
+        hub.publish(bare("a", 100));
+        assert_eq!(collect(&mut sub, 20).await, (81..=100).collect::<Vec<_>>());
+        assert_eq!(storage.largest_read(), 4, "a read of more than the page");
     }
 
     #[tokio::test]

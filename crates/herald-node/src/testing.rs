@@ -71,6 +71,8 @@ pub struct MemoryStorage {
     reads: AtomicUsize,
     /// When each call of `read` came, on tokio's clock.
     read_times: Mutex<Vec<tokio::time::Instant>>,
+    /// The most messages one call of `read` returned.
+    largest_read: AtomicUsize,
     /// Commit signals, when the test turned them on.
     signals: Mutex<Option<broadcast::Sender<ChangeSignal>>>,
     /// Calls of `changes_since` so far, so tests can await a poll.
@@ -111,6 +113,7 @@ impl MemoryStorage {
             corrupt_reads: AtomicBool::new(false),
             reads: AtomicUsize::new(0),
             read_times: Mutex::new(Vec::new()),
+            largest_read: AtomicUsize::new(0),
             signals: Mutex::new(None),
             polls: tokio::sync::watch::channel(0).0,
             sent_events: Mutex::new(Vec::new()),
@@ -204,6 +207,11 @@ impl MemoryStorage {
     /// Reads fail with `Corrupt`, an error that is not transient.
     pub fn corrupt_reads(&self, on: bool) {
         self.corrupt_reads.store(on, Ordering::SeqCst);
+    }
+
+    /// The most messages one call of `read` returned so far.
+    pub fn largest_read(&self) -> usize {
+        self.largest_read.load(Ordering::SeqCst)
     }
 
     /// Calls of `read` so far, failed ones included.
@@ -455,7 +463,7 @@ impl Storage for MemoryStorage {
         let list = mem.channels.get(channel.as_str());
         let trimmed = mem.trimmed.get(channel.as_str()).copied().unwrap_or(0);
         let head = list.and_then(|v| v.last()).map_or(trimmed, |m| m.offset);
-        let messages = list
+        let messages: Vec<Message> = list
             .map(|v| {
                 v.iter()
                     .filter(|m| m.offset > after)
@@ -464,6 +472,8 @@ impl Storage for MemoryStorage {
                     .collect()
             })
             .unwrap_or_default();
+        self.largest_read
+            .fetch_max(messages.len(), Ordering::SeqCst);
         Ok(Page {
             head,
             earliest: trimmed + 1,

@@ -22,7 +22,10 @@ pub struct ServerConfig {
     /// server itself only logs it.
     pub advertise_url: String,
     /// Largest accepted publish request body, in bytes (default 65 536).
-    /// A larger body is answered with 413 `payload_too_large`.
+    /// A larger body is answered with 413 `payload_too_large`. Every
+    /// stored message is held to it, whatever protocol writes it: a
+    /// Durable Streams JSON message over it is refused the same way, a
+    /// byte stream's append is stored in pieces of at most it.
     pub max_message_bytes: usize,
     /// Largest accepted batch publish request body (`POST /v1/messages`),
     /// in bytes (default 4 MiB); each entry's `data` is also held to
@@ -44,6 +47,24 @@ pub struct ServerConfig {
     /// live subscribers, when the storage does not signal commits (default
     /// 100 ms). With commit signals it asks at each signal and every second.
     pub standby_poll_interval: Duration,
+    /// Most message bytes one read of the storage may bring into memory,
+    /// in bytes (default 8 MiB): a history page (`GET
+    /// /v1/channels/{channel}/messages`, Centrifugo's `history`), a
+    /// subscription's catch-up page (SSE, WebSocket, Centrifugo), a
+    /// Durable Streams read. Such a read asks the storage for at most
+    /// `read_budget_bytes / max_message_bytes` messages (at least one),
+    /// so with every stored message held to `max_message_bytes` it holds
+    /// at most this much; a page cut by it says where to continue (see
+    /// `docs/api.md`, "History").
+    pub read_budget_bytes: usize,
+    /// Most bytes of pushes queued for one Centrifugo connection and not
+    /// yet written to it, in bytes (default 8 MiB). A subscription whose
+    /// next push would take the queue past it ends, and the connection is
+    /// closed with 3008 "slow" (Centrifugo's code for a slow consumer); the
+    /// client reconnects and recovers from its offset. A push is queued
+    /// into an empty queue whatever its size, so every subscriber
+    /// progresses.
+    pub subscriber_queue_bytes: usize,
     /// Notices buffered per channel for live subscribers (default 1 024). A
     /// subscriber that falls further behind reads the missed messages from
     /// the storage instead, so this bounds the memory a slow client costs.
@@ -143,6 +164,8 @@ impl Default for ServerConfig {
             max_batch: 512,
             heartbeat: Duration::from_secs(15),
             standby_poll_interval: Duration::from_millis(100),
+            read_budget_bytes: 8 * 1024 * 1024,
+            subscriber_queue_bytes: 8 * 1024 * 1024,
             subscriber_buffer: 1024,
             header_read_timeout: Duration::from_secs(10),
             forward_timeout: Duration::from_secs(5),
@@ -188,6 +211,13 @@ impl ServerConfig {
         }
     }
 
+    /// Messages per storage read of a history or catch-up page: as many
+    /// messages of `max_message_bytes` as fit in `read_budget_bytes`, at
+    /// least one.
+    pub fn read_page_messages(&self) -> usize {
+        (self.read_budget_bytes / self.max_message_bytes.max(1)).max(1)
+    }
+
     /// Checks that every size and period is usable.
     ///
     /// # Errors
@@ -199,6 +229,8 @@ impl ServerConfig {
             ("queue_capacity", self.queue_capacity),
             ("max_batch", self.max_batch),
             ("subscriber_buffer", self.subscriber_buffer),
+            ("read_budget_bytes", self.read_budget_bytes),
+            ("subscriber_queue_bytes", self.subscriber_queue_bytes),
             ("max_connections_per_ip", self.max_connections_per_ip),
             ("ws_max_message_bytes", self.ws_max_message_bytes),
             (
@@ -255,6 +287,9 @@ mod tests {
         assert_eq!(c.max_connections_per_ip, 256);
         assert!(c.trusted_proxies.is_empty());
         assert_eq!(c.ws_max_message_bytes, 65_536);
+        assert_eq!(c.read_budget_bytes, 8 << 20);
+        assert_eq!(c.subscriber_queue_bytes, 8 << 20);
+        assert_eq!(c.read_page_messages(), 128);
         c.validate().unwrap();
     }
 

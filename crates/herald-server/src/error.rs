@@ -155,6 +155,13 @@ pub enum Error {
         /// The limit, in bytes (`ServerConfig::max_message_bytes`).
         limit: usize,
     },
+    /// A Durable Streams append (or the body of a creation) holds a
+    /// message larger than `max_message_bytes`, or messages that weigh
+    /// more than `durable_streams.max_append_bytes` together (see
+    /// `durable_streams/request.rs`); the text says which. Nothing was
+    /// stored. 413 `payload_too_large`.
+    #[error("{0}")]
+    AppendTooLarge(String),
     /// The client's address has `max_connections_per_ip` connections open
     /// already (counted per TCP connection, or per request through a
     /// trusted proxy). 429 `too_many_connections` (RFC 6585 §4),
@@ -270,7 +277,9 @@ impl Error {
             | Self::InvalidLastEventId
             | Self::InvalidUpgrade(_)
             | Self::InvalidHost => StatusCode::BAD_REQUEST,
-            Self::PayloadTooLarge { .. } | Self::ForkTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::PayloadTooLarge { .. } | Self::ForkTooLarge(_) | Self::AppendTooLarge(_) => {
+                StatusCode::PAYLOAD_TOO_LARGE
+            }
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::OriginNotAllowed | Self::HostNotAllowed => StatusCode::FORBIDDEN,
             Self::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
@@ -310,7 +319,7 @@ impl Error {
             Self::InvalidQuery(_) => "invalid_query",
             Self::InvalidLastEventId => "invalid_last_event_id",
             Self::InvalidUpgrade(_) => "invalid_upgrade",
-            Self::PayloadTooLarge { .. } => "payload_too_large",
+            Self::PayloadTooLarge { .. } | Self::AppendTooLarge(_) => "payload_too_large",
             Self::UnsupportedMediaType => "unsupported_media_type",
             Self::OriginNotAllowed => "origin_not_allowed",
             Self::HostNotAllowed => "host_not_allowed",

@@ -210,6 +210,157 @@ async fn soft_deletion_ends_sse_readers(backend: Backend) {
     );
 }
 
+/// The next offset a stream's `HEAD` shows, or its status when it has
+/// none.
+async fn next_offset(node: &Node, path: &str) -> Result<String, u16> {
+    let (status, headers, _) = send(node, "HEAD", path, &[], b"").await;
+    match headers.get("stream-next-offset") {
+        Some(v) if status == 200 => Ok(v.to_str().unwrap().to_owned()),
+        _ => Err(status),
+    }
+}
+
+/// Every stored message is held to `max_message_bytes`, whatever wrote
+/// it: a Durable Streams JSON element or value, in an append or a
+/// creation's body, Herald's publish and batch are refused with 413
+/// `payload_too_large` one byte over it, and nothing is stored; at the
+/// limit they are taken. A byte stream's append over it is stored as
+/// consecutive messages of at most the limit, which read back as the
+/// same bytes.
+async fn messages_over_the_limit_are_refused_on_every_write_path(backend: Backend) {
+    const LIMIT: usize = 1024;
+    let place = Place::new(backend).await;
+    let config = ServerConfig {
+        max_message_bytes: LIMIT,
+        ..ServerConfig::default()
+    };
+    let node = Node::start(&place, "node-a", Role::Holder, config).await;
+    let bytes = [("content-type", "application/octet-stream")];
+    assert_eq!(send(&node, "PUT", "/ds/app/j", &JSON, b"[]").await.0, 201);
+    assert_eq!(send(&node, "PUT", "/ds/app/b", &bytes, b"").await.0, 201);
+    // A JSON string of `len` bytes, quotes included.
+    let string = |len: usize| format!("\"{}\"", "x".repeat(len - 2));
+    let over = string(LIMIT + 1);
+    type Headers<'a> = &'a [(&'a str, &'a str)];
+    let refusals: [(&str, &str, Headers, Vec<u8>); 3] = [
+        (
+            "POST",
+            "/ds/app/j",
+            &JSON,
+            format!("[1,{over}]").into_bytes(),
+        ),
+        ("POST", "/ds/app/j", &JSON, over.clone().into_bytes()),
+        ("PUT", "/ds/app/j2", &JSON, format!("[{over}]").into_bytes()),
+    ];
+    for (method, path, headers, body) in refusals {
+        let (status, _, text) = send(&node, method, path, headers, &body).await;
+        assert_eq!(status, 413, "{method} {path}: {text}");
+        let error: Value = serde_json::from_str(&text).expect("a JSON error");
+        assert_eq!(error["error"]["code"], "payload_too_large", "{text}");
+    }
+    let empty = "0000000000000000_0000000000000000";
+    assert_eq!(next_offset(&node, "/ds/app/j").await.as_deref(), Ok(empty));
+    assert_eq!(next_offset(&node, "/ds/app/j2").await, Err(404));
+    // Herald's API holds its publishes to the same limit.
+    let data: Value = serde_json::from_str(&over).unwrap();
+    assert_eq!(node.publish("app:j", data.clone()).await.0, 413);
+    let batch = json!({"messages": [{"channel": "app:j", "data": data}]});
+    let (status, _, text) = send(
+        &node,
+        "POST",
+        "/v1/messages",
+        &JSON,
+        batch.to_string().as_bytes(),
+    )
+    .await;
+    assert_eq!(status, 413, "{text}");
+    assert_eq!(next_offset(&node, "/ds/app/j").await.as_deref(), Ok(empty));
+    // At the limit: taken.
+    let most = string(LIMIT);
+    let taken = send(
+        &node,
+        "POST",
+        "/ds/app/j",
+        &JSON,
+        format!("[{most}]").as_bytes(),
+    )
+    .await;
+    assert_eq!(taken.0, 204, "{}", taken.2);
+    let taken = send(&node, "POST", "/ds/app/b", &bytes, &[b'y'; LIMIT]).await;
+    assert_eq!(taken.0, 204, "{}", taken.2);
+    // Bytes over it: two messages, the same bytes.
+    let body: Vec<u8> = (0..LIMIT + 1).map(|i| (i % 251) as u8).collect();
+    let taken = send(&node, "POST", "/ds/app/b", &bytes, &body).await;
+    assert_eq!(taken.0, 204, "{}", taken.2);
+    assert_eq!(
+        next_offset(&node, "/ds/app/b").await.as_deref(),
+        Ok("0000000000000000_0000000000000003")
+    );
+    let (_, history) = node.get("/v1/channels/app:b/messages").await;
+    let sizes: Vec<usize> = history["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["data_base64"].as_str().unwrap().len() / 4 * 3)
+        .collect();
+    assert!(sizes.iter().all(|&n| n <= LIMIT + 2), "{sizes:?}");
+    let read = node
+        .client
+        .get(node.url("/ds/app/b?offset=0000000000000000_0000000000000001"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(read.bytes().await.unwrap().to_vec(), body);
+    let created = send(&node, "PUT", "/ds/app/b2", &bytes, &body).await;
+    assert_eq!(created.0, 201, "{}", created.2);
+    assert_eq!(
+        next_offset(&node, "/ds/app/b2").await.as_deref(),
+        Ok("0000000000000000_0000000000000002")
+    );
+}
+
+/// A history page of large messages holds at most `read_budget_bytes` of
+/// them (here 4 of 4 KiB, whatever `limit` asks), never none, and paging
+/// on from its last offset until the head reads every message once, in
+/// order.
+async fn history_pages_stay_within_the_read_budget(backend: Backend) {
+    const MESSAGE: usize = 4096;
+    const BUDGET: usize = 4 * MESSAGE;
+    let place = Place::new(backend).await;
+    let config = ServerConfig {
+        max_message_bytes: MESSAGE,
+        read_budget_bytes: BUDGET,
+        ..ServerConfig::default()
+    };
+    let node = Node::start(&place, "node-a", Role::Holder, config).await;
+    let big = "z".repeat(MESSAGE - 64);
+    for n in 0..10 {
+        let (status, body) = node.publish("app:big", json!({"n": n, "big": big})).await;
+        assert_eq!(status, 201, "{body}");
+    }
+    let mut after = 0;
+    let mut seen = Vec::new();
+    loop {
+        let (status, page) = node
+            .get(&format!(
+                "/v1/channels/app:big/messages?after={after}&limit=24"
+            ))
+            .await;
+        assert_eq!(status, 200, "{page}");
+        let messages = page["messages"].as_array().unwrap();
+        let bytes: usize = messages.iter().map(|m| m["data"].to_string().len()).sum();
+        assert!(bytes <= BUDGET, "a page of {bytes} bytes, budget {BUDGET}");
+        assert!(messages.len() <= 4, "{} messages", messages.len());
+        let Some(last) = messages.last() else {
+            assert_eq!(after, page["head"], "an empty page before the head");
+            break;
+        };
+        after = last["offset"].as_u64().unwrap();
+        seen.extend(messages.iter().map(|m| m["data"]["n"].as_u64().unwrap()));
+    }
+    assert_eq!(seen, (0..10).collect::<Vec<_>>());
+}
+
 use herald_testkit::on_both_backends;
 
 /// The producer headers of `id`, epoch 0, sequence `seq`, with `Content-Type:
@@ -368,4 +519,12 @@ on_both_backends!(
 on_both_backends!(
     producer_state_is_bounded: producers_bounded_on_sqlite,
     producers_bounded_on_postgres
+);
+on_both_backends!(
+    messages_over_the_limit_are_refused_on_every_write_path: oversized_refused_on_sqlite,
+    oversized_refused_on_postgres
+);
+on_both_backends!(
+    history_pages_stay_within_the_read_budget: history_budget_on_sqlite,
+    history_budget_on_postgres
 );

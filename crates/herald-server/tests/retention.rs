@@ -174,7 +174,12 @@ async fn a_subscriber_overtaken_by_trimming_gets_truncated_not_a_gap() {
         dir.path(),
         "node-a",
         Role::Holder,
-        ServerConfig::default(),
+        // Catch-up pages of 1000 messages: a read budget of 1000 of the
+        // largest.
+        ServerConfig {
+            read_budget_bytes: 1000 * ServerConfig::default().max_message_bytes,
+            ..ServerConfig::default()
+        },
         {
             let hooks = Arc::clone(&hooks);
             move |s: Arc<dyn Storage>| Hooked::wrap(s, hooks)

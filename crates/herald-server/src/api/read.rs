@@ -48,8 +48,13 @@ pub(crate) struct History {
 }
 
 /// Up to `limit` messages after `after`, in offset order, with the head
-/// and earliest offset; `409 offset_beyond_head` when `after` is beyond
-/// the head. An `after` below `earliest − 1` is answered from `earliest`
+/// and earliest offset: fewer when their bytes could pass
+/// `read_budget_bytes` (each storage read asks for at most as many
+/// messages of `max_message_bytes` as fit in what is left of the budget,
+/// and the page ends before a message that would pass it, at least one
+/// message); the reader continues after the last offset while it is
+/// below `head`. `409 offset_beyond_head` when `after` is
+/// beyond the head. An `after` below `earliest − 1` is answered from `earliest`
 /// with `truncated: true`. Needs the right to read the channel's history
 /// (`auth`).
 pub(crate) async fn history(
@@ -60,12 +65,16 @@ pub(crate) async fn history(
 ) -> Result<Json<History>> {
     state.shared.auth().may_read_history(&who, &channel)?;
     let after = query.after.unwrap_or(0);
+    let config = state.config();
     let limit = query.limit.unwrap_or(DEFAULT_LIMIT);
-    let page = state
-        .shared
-        .node
-        .storage()
-        .read(&channel, after, limit)
+    let storage = state.shared.node.storage();
+    // Each read asks for no more messages of `max_message_bytes` than fit
+    // in what is left of the budget, so the page never holds more.
+    let fits = |bytes: usize| {
+        config.read_budget_bytes.saturating_sub(bytes) / config.max_message_bytes.max(1)
+    };
+    let mut page = storage
+        .read(&channel, after, limit.min(fits(0).max(1)))
         .await
         .during("read", Some(&channel))?;
     // The head comes from the same storage read as the page: never a
@@ -76,6 +85,30 @@ pub(crate) async fn history(
             head: page.head,
         });
     }
+    let mut bytes: usize = page.messages.iter().map(|m| m.data.len()).sum();
+    let mut full = page.messages.len() == limit.min(fits(0).max(1));
+    // More while the last read was full, `limit` is not reached and
+    // another message of the largest size fits in the budget.
+    while full && page.messages.len() < limit && fits(bytes) > 0 {
+        let Some(last) = page.messages.last().map(|m| m.offset) else {
+            break;
+        };
+        let ask = (limit - page.messages.len()).min(fits(bytes));
+        let more = storage
+            .read(&channel, last, ask)
+            .await
+            .during("read", Some(&channel))?;
+        if more.earliest > last + 1 {
+            // Trimmed meanwhile: the reader goes on from `last` and is
+            // told then.
+            break;
+        }
+        full = more.messages.len() == ask;
+        bytes += more.messages.iter().map(|m| m.data.len()).sum::<usize>();
+        page.head = more.head;
+        page.messages.extend(more.messages);
+    }
+    within_budget(&mut page.messages, config.read_budget_bytes);
     Ok(Json(History {
         channel,
         head: page.head,
@@ -83,6 +116,22 @@ pub(crate) async fn history(
         truncated: after.saturating_add(1) < page.earliest,
         messages: page.messages,
     }))
+}
+
+/// Cuts `messages` before the first one that takes their bytes past
+/// `budget`, keeping at least one, so that a page read before the
+/// messages were held to `max_message_bytes` still answers within the
+/// budget.
+pub(crate) fn within_budget(messages: &mut Vec<Message>, budget: usize) {
+    let mut bytes = 0usize;
+    let keep = messages
+        .iter()
+        .position(|m| {
+            bytes = bytes.saturating_add(m.data.len());
+            bytes > budget
+        })
+        .map_or(messages.len(), |at| at.max(1));
+    messages.truncate(keep);
 }
 
 /// One channel of `GET /v1/channels`.

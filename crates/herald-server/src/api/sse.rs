@@ -89,12 +89,13 @@ pub(crate) async fn events(
     let expiry = who
         .token()
         .map(|token| Box::pin(tokio::time::sleep(token.time_left())));
-    let sub = Subscription::start_at(
+    let sub = Subscription::start_paged(
         shared.node.storage().clone(),
         shared.node.hub(),
         channel,
         start,
         "sse",
+        shared.config.read_page_messages(),
     )
     .await?;
     let stream = futures::stream::unfold(Some((sub, expiry)), |open| async move {

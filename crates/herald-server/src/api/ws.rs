@@ -142,12 +142,13 @@ pub(crate) async fn upgrade(
     }
     let expires = expiry(&who);
     let start = StartAt::new(resume, shared.auth().live_only_window(&who, &channel));
-    let sub = Subscription::start_at(
+    let sub = Subscription::start_paged(
         shared.node.storage().clone(),
         shared.node.hub(),
         channel,
         start,
         "ws",
+        shared.config.read_page_messages(),
     )
     .await?;
     let shutdown = shared.shutdown.clone();
@@ -229,12 +230,13 @@ async fn authenticate_then_serve(
     };
     let shared = &state.shared;
     let start = StartAt::new(resume, auth.live_only_window(&who, &channel));
-    let sub = match Subscription::start_at(
+    let sub = match Subscription::start_paged(
         shared.node.storage().clone(),
         shared.node.hub(),
         channel,
         start,
         "ws",
+        shared.config.read_page_messages(),
     )
     .await
     {

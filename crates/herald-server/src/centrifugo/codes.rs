@@ -91,6 +91,7 @@ disconnects! {
     SERVER_ERROR = 3004, "internal server error";
     EXPIRED = 3005, "connection expired";
     SUB_EXPIRED = 3006, "subscription expired";
+    SLOW = 3008, "slow";
     INSUFFICIENT_STATE = 3010, "insufficient state";
     FORCE_RECONNECT = 3011, "force reconnect";
     NO_PONG = 3012, "no pong";

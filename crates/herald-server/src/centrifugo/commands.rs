@@ -16,7 +16,7 @@ use super::channel_options::ChannelOptions;
 use super::codes::{self, Disconnect, ReplyError};
 use super::fossil_delta::FossilDelta;
 use super::history::{cost, history, Budget, HistoryQuery};
-use super::mailbox::{Out, Push};
+use super::mailbox::{Out, Push, QueueBudget};
 use super::presence;
 use super::protocol::DataForm;
 use super::protocol::{
@@ -30,7 +30,7 @@ use super::session::{
 };
 use super::tags_filter::FilterNode;
 use herald_node::node_error::StorageContext;
-use herald_node::subscription::{Item, Subscription};
+use herald_node::subscription::{Item, StartAt, Subscription};
 
 /// The version the connect reply names: Herald's.
 const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -709,6 +709,7 @@ impl Session {
             generation,
             self.out.clone(),
             Follow { filter, delta },
+            Arc::clone(&self.queue),
         ));
         self.subs.insert(
             channel.clone(),
@@ -792,12 +793,13 @@ impl Session {
         if let Some(filter) = filter {
             missed.retain(|m| filter.matches(&m.tags));
         }
-        let live = Subscription::start(
+        let live = Subscription::start_paged(
             Arc::clone(shared.node.storage()),
             shared.node.hub(),
             channel.clone(),
-            position,
+            StartAt::After(position),
             "centrifugo",
+            shared.config.read_page_messages(),
         )
         .await?;
         let started = Started {
@@ -1089,9 +1091,11 @@ impl Session {
 }
 
 /// Follows one subscription: queues a push per publication, in offset
-/// order, until the session drops it (the task is aborted) or the
-/// storage fails with an error that is not transient (3004, the client
-/// reconnects and recovers). When retention trimmed messages this
+/// order, until the session drops it (the task is aborted), the storage
+/// fails with an error that is not transient (3004, the client
+/// reconnects and recovers), or `queue` refuses a push that would take
+/// it past its byte budget (the session closes with 3008 "slow", the
+/// client reconnects and recovers). When retention trimmed messages this
 /// subscriber had not got yet, or the channel was deleted, the session
 /// ends with 3010 "insufficient state": the client reconnects and its
 /// recovery answers `recovered: false`, never a silent gap.
@@ -1100,6 +1104,7 @@ async fn follow(
     generation: u64,
     out: tokio::sync::mpsc::Sender<Out>,
     how: Follow,
+    queue: Arc<QueueBudget>,
 ) {
     let Follow { filter, mut delta } = how;
     let channel = live.channel().clone();
@@ -1116,10 +1121,16 @@ async fn follow(
                     Some(delta) => delta.push(&message).await,
                     None => protocol::publication_push(channel.as_str(), &message),
                 };
+                let queued_bytes = text.len();
+                if !queue.admit(queued_bytes) {
+                    tracing::debug!(channel = %channel, "the connection's queue is over its byte budget: a slow consumer");
+                    return;
+                }
                 let push = Out::Push(Box::new(Push {
                     channel: channel.clone(),
                     generation,
                     text,
+                    queued_bytes,
                 }));
                 if out.send(push).await.is_err() {
                     return;

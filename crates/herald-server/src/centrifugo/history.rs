@@ -24,10 +24,6 @@ use super::protocol::StreamPosition;
 /// Most publications one history answer holds.
 pub(crate) const MAX_HISTORY_LIMIT: usize = 1000;
 
-/// Bytes of publications one answer (a `history` reply, a subscribe's or
-/// connect's recovery) may hold: 8 MiB.
-pub(crate) const REPLY_BUDGET_BYTES: usize = 8 * 1024 * 1024;
-
 /// What one answer may hold, and how many messages one storage read asks
 /// for so that it holds no more.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,9 +44,11 @@ impl Budget {
         }
     }
 
-    /// The budget of one answer on this node: [`REPLY_BUDGET_BYTES`].
+    /// The budget of one answer (a `history` reply, a subscribe's or
+    /// connect's recovery) on this node: `read_budget_bytes` (8 MiB by
+    /// default).
     pub(crate) fn of(config: &crate::config::ServerConfig) -> Self {
-        Self::new(REPLY_BUDGET_BYTES, config.max_message_bytes)
+        Self::new(config.read_budget_bytes, config.max_message_bytes)
     }
 }
 

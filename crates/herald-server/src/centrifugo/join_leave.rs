@@ -70,6 +70,7 @@ impl Listeners {
                 channel: event.channel.clone(),
                 generation: listener.generation,
                 text: text.clone(),
+                queued_bytes: 0,
             }));
             if listener.out.try_send(push).is_err() {
                 tracing::debug!(

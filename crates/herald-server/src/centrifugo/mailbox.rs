@@ -5,10 +5,12 @@
 //! registry and the relay, so that they do not import each other.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use herald_core::ChannelName;
 use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 
 use super::codes::Disconnect;
 
@@ -33,6 +35,71 @@ pub(crate) struct Push {
     pub(crate) generation: u64,
     /// The push, one JSON line.
     pub(crate) text: String,
+    /// The bytes it counts for in the session's [`QueueBudget`]: its
+    /// text's length for a publication, 0 for a push not counted (a join
+    /// or leave, which a full queue drops instead).
+    pub(crate) queued_bytes: usize,
+}
+
+/// The bytes of publication pushes a session's queue holds, against its
+/// budget (`subscriber_queue_bytes`), shared by the session and its
+/// subscription tasks. A push that would take the queue past the budget
+/// is not queued: the queue is marked overflowed, its subscription task
+/// ends, and the session closes with 3008 "slow" (also while a write
+/// waits on the client), so a client that stops reading holds at most
+/// the budget in its queue.
+#[derive(Debug)]
+pub(crate) struct QueueBudget {
+    queued: AtomicUsize,
+    budget: usize,
+    overflowed: CancellationToken,
+}
+
+impl QueueBudget {
+    /// An empty queue of `budget` bytes.
+    pub(crate) fn new(budget: usize) -> Self {
+        Self {
+            queued: AtomicUsize::new(0),
+            budget,
+            overflowed: CancellationToken::new(),
+        }
+    }
+
+    /// Counts a push of `len` bytes into the queue; `false`, counting
+    /// nothing and marking the queue overflowed, when the queue holds
+    /// something and `len` more would take it past the budget (a push
+    /// into an empty queue is always taken, so every subscriber
+    /// progresses), or when it overflowed already.
+    pub(crate) fn admit(&self, len: usize) -> bool {
+        let admitted = !self.overflowed.is_cancelled()
+            && self
+                .queued
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |queued| {
+                    (queued == 0 || queued.saturating_add(len) <= self.budget)
+                        .then_some(queued.saturating_add(len))
+                })
+                .is_ok();
+        if !admitted {
+            self.overflowed.cancel();
+        }
+        admitted
+    }
+
+    /// Uncounts a push of `len` bytes taken out of the queue.
+    pub(crate) fn release(&self, len: usize) {
+        self.queued.fetch_sub(len, Ordering::AcqRel);
+    }
+
+    /// Completes once a push was refused: the session closes with 3008.
+    pub(crate) async fn overflowed(&self) {
+        self.overflowed.cancelled().await;
+    }
+
+    /// Bytes queued now.
+    #[cfg(test)]
+    pub(crate) fn queued(&self) -> usize {
+        self.queued.load(Ordering::Acquire)
+    }
 }
 
 /// What the server API asks a session to do.
@@ -106,5 +173,25 @@ impl Mailbox {
             return Some(Control::Disconnect(d));
         }
         pending.unsubscribe.pop_first().map(Control::Unsubscribe)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_queue_budget_refuses_what_would_pass_it_and_stays_overflowed() {
+        let queue = QueueBudget::new(100);
+        // Into an empty queue, whatever the size: a reader progresses.
+        assert!(queue.admit(150));
+        queue.release(150);
+        assert!(queue.admit(60));
+        assert!(queue.admit(40));
+        assert_eq!(queue.queued(), 100);
+        assert!(!queue.admit(1), "one byte past the budget");
+        assert_eq!(queue.queued(), 100, "a refused push is not counted");
+        queue.release(100);
+        assert!(!queue.admit(1), "an overflowed queue takes nothing more");
     }
 }

@@ -37,13 +37,14 @@ use tracing::Instrument;
 
 use super::codes::{self, Disconnect};
 use super::context::CentrifugoState;
-use super::mailbox::{Control, Mailbox, Out, Push};
+use super::mailbox::{Control, Mailbox, Out, Push, QueueBudget};
 use super::transport::{Connection, Encoding, Incoming, Sink, Source};
 use crate::conn_limit::ClientSlot;
 use crate::error::{Error, Result};
 use crate::websocket::Upgrade;
 
-/// Frames a session's subscriptions may queue before their tasks wait.
+/// Frames a session's subscriptions may queue before their tasks wait
+/// (and at most `subscriber_queue_bytes` of them, [`QueueBudget`]).
 const OUT_CAPACITY: usize = 256;
 /// Most queued pushes written in one frame.
 const PUSHES_PER_FRAME: usize = 64;
@@ -139,13 +140,17 @@ pub(crate) struct Writer {
     shutdown: CancellationToken,
     /// The longest one write may wait for the client (`write_timeout`).
     timeout: Duration,
+    /// The session's push queue: once it overflowed, a waiting write ends
+    /// with 3008.
+    queue: Arc<QueueBudget>,
 }
 
 impl Writer {
     /// Writes one text frame, unless `deadline` (a token's expiry and its
-    /// code) has passed or passes meanwhile, the node drains (3001), or
-    /// the write takes longer than the write timeout (3012): a client
-    /// that stops reading cannot hold the session past any of them.
+    /// code) has passed or passes meanwhile, the node drains (3001), the
+    /// push queue overflows its byte budget (3008), or the write takes
+    /// longer than the write timeout (3012): a client that stops reading
+    /// cannot hold the session past any of them.
     pub(crate) async fn send(
         &mut self,
         text: String,
@@ -159,6 +164,7 @@ impl Writer {
         tokio::select! {
             biased;
             () = self.shutdown.cancelled() => Err(Stop::Close(codes::SHUTDOWN)),
+            () = self.queue.overflowed() => Err(Stop::Close(codes::SLOW)),
             () = tokio::time::sleep_until(at), if on_deadline.is_some() => {
                 Err(Stop::Close(on_deadline.unwrap_or(codes::EXPIRED)))
             }
@@ -219,6 +225,9 @@ pub(crate) struct Session {
     pub(crate) generations: u64,
     /// Where subscription tasks queue their pushes.
     pub(crate) out: mpsc::Sender<Out>,
+    /// The bytes of the pushes queued in `out`, against
+    /// `subscriber_queue_bytes`.
+    pub(crate) queue: Arc<QueueBudget>,
     /// The registry's way in, handed to it at connect.
     pub(crate) mailbox: Arc<Mailbox>,
     /// Commands that read the storage or check a token (`subscribe`,
@@ -377,10 +386,12 @@ pub(crate) async fn run(connection: Connection, state: CentrifugoState, _slot: O
     let (out, mut out_rx) = mpsc::channel(OUT_CAPACITY);
     let config = state.config().centrifugo.clone();
     let shutdown = state.shared.shutdown.clone();
+    let queue = Arc::new(QueueBudget::new(state.config().subscriber_queue_bytes));
     let mut writer = Writer {
         sink,
         shutdown: shutdown.clone(),
         timeout: config.write_timeout,
+        queue: Arc::clone(&queue),
     };
     let mailbox = Arc::new(Mailbox::default());
     let mut session = Session {
@@ -394,6 +405,7 @@ pub(crate) async fn run(connection: Connection, state: CentrifugoState, _slot: O
         encoding,
         generations: 0,
         out,
+        queue: Arc::clone(&queue),
         mailbox: Arc::clone(&mailbox),
         reads: Bucket::new(reads_burst(config.channel_limit), READS_PER_S),
         denials_logged: std::sync::atomic::AtomicU32::new(0),
@@ -412,6 +424,9 @@ pub(crate) async fn run(connection: Connection, state: CentrifugoState, _slot: O
         let step = tokio::select! {
             biased;
             () = shutdown.cancelled() => Err(Stop::Close(codes::SHUTDOWN)),
+            // A subscriber whose queue passed its byte budget: a slow
+            // consumer, which reconnects and recovers from its offset.
+            () = queue.overflowed() => Err(Stop::Close(codes::SLOW)),
             () = tokio::time::sleep_until(deadline), if on_deadline.is_some() => {
                 Err(Stop::Close(on_deadline.unwrap_or(codes::EXPIRED)))
             }
@@ -455,7 +470,8 @@ pub(crate) async fn run(connection: Connection, state: CentrifugoState, _slot: O
                 while let Some(item) = next.take() {
                     match item {
                         Out::Push(push) => {
-                            let Push { channel, generation, text } = *push;
+                            let Push { channel, generation, text, queued_bytes } = *push;
+                            queue.release(queued_bytes);
                             if session.subs.get(&channel).is_some_and(|s| s.generation == generation) {
                                 lines.push(text);
                             }

@@ -9,7 +9,8 @@ use super::offset::ReadFrom;
 use super::StreamsState;
 use crate::error::{Error, Result};
 
-/// Most messages read from the storage per call.
+/// Most messages read from the storage per call (fewer when
+/// `ServerConfig::read_page_messages` is smaller).
 const PAGE_MESSAGES: usize = 1000;
 /// Messages of a read's first call: a page grows only while the messages
 /// read so far are small, so that a stream of large messages is never read
@@ -70,7 +71,10 @@ pub(crate) async fn read_chunk(
     let mut messages = Vec::new();
     let mut next = after;
     let mut bytes = 0usize;
-    let mut limit = FIRST_PAGE_MESSAGES;
+    // Never more messages per read than fit in the read budget: a page
+    // of messages of `max_message_bytes` holds at most that much.
+    let most = PAGE_MESSAGES.min(state.shared.config.read_page_messages());
+    let mut limit = FIRST_PAGE_MESSAGES.min(most);
     loop {
         let page = storage
             .read(channel, next, limit)
@@ -99,7 +103,7 @@ pub(crate) async fn read_chunk(
         // The next page: as many messages of the average size so far as
         // fit in what is left of the chunk.
         let average = (bytes / messages.len().max(1)).max(1);
-        limit = (CHUNK_BYTES.saturating_sub(bytes) / average).clamp(1, PAGE_MESSAGES);
+        limit = (CHUNK_BYTES.saturating_sub(bytes) / average).clamp(1, most);
         if !full {
             return Ok(Chunk {
                 messages,

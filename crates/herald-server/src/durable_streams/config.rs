@@ -18,7 +18,9 @@ pub struct DurableStreamsConfig {
     /// keep-alive comment and checks the stream again.
     pub long_poll_timeout: Duration,
     /// Largest accepted body of a `PUT` or `POST`, in bytes (default
-    /// 16 MiB): one append is one message of at most this size.
+    /// 16 MiB), and most its messages weigh together (each its length
+    /// plus 32 bytes); each message is at most
+    /// `ServerConfig::max_message_bytes` (see `request.rs`).
     pub max_append_bytes: usize,
     /// Most idempotent producers (`Producer-Id`s) one stream keeps state
     /// for (default 1000): an append of one more is refused with 409

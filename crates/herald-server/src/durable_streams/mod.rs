@@ -15,6 +15,7 @@
 //!
 //! Like the other wings, it knows no SQL and no lease timing.
 
+mod body;
 mod chunk;
 pub(crate) mod config;
 mod naming;

@@ -15,9 +15,60 @@ use serde_json::value::RawValue;
 
 use crate::error::Error;
 
-/// Most messages one JSON append may hold (the elements of its top-level
-/// array), as Herald's batch publish bounds its entries.
-pub(crate) const MAX_APPEND_MESSAGES: usize = 10_000;
+/// What one message of an append weighs beyond its bytes, in bytes: about
+/// what the node holds for it besides its text while the append is parsed,
+/// queued and written (its place in the list, the reference to its text,
+/// the allocation's own header). An append's messages weigh at most
+/// `durable_streams.max_append_bytes` together, so a body of millions of
+/// tiny elements is refused instead of becoming millions of values.
+pub(crate) const MESSAGE_OVERHEAD_BYTES: usize = 32;
+
+/// The size limits of an append's messages, in bytes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AppendLimits {
+    /// Largest message: `max_message_bytes`, the limit of every stored
+    /// message whatever protocol wrote it.
+    pub(crate) message_bytes: usize,
+    /// Most bytes the messages of one append weigh together, each its
+    /// length plus [`MESSAGE_OVERHEAD_BYTES`]:
+    /// `durable_streams.max_append_bytes`.
+    pub(crate) append_bytes: usize,
+}
+
+impl AppendLimits {
+    /// The limits of `config`.
+    pub(crate) fn of(config: &crate::config::ServerConfig) -> Self {
+        Self {
+            message_bytes: config.max_message_bytes,
+            append_bytes: config.durable_streams.max_append_bytes,
+        }
+    }
+
+    /// 413 when one message of `len` bytes is over the limit.
+    fn check_message(self, len: usize) -> Result<(), Error> {
+        if len > self.message_bytes {
+            return Err(Error::AppendTooLarge(format!(
+                "a message of {len} bytes is larger than the limit of {} bytes \
+                 (max_message_bytes); nothing was appended",
+                self.message_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    /// 413 when messages weighing `weight` bytes are over the limit.
+    fn check_weight(self, weight: usize) -> Result<(), Error> {
+        if weight > self.append_bytes {
+            return Err(Error::AppendTooLarge(format!(
+                "the append's messages weigh more than {} bytes (their lengths plus \
+                 {MESSAGE_OVERHEAD_BYTES} bytes each, durable_streams.max_append_bytes); send \
+                 fewer per request; nothing was appended",
+                self.append_bytes
+            )));
+        }
+        Ok(())
+    }
+}
 
 /// Longest `Stream-TTL`, in seconds (100 years): every expiry stays a
 /// valid time on both databases.
@@ -182,23 +233,33 @@ pub(crate) fn stream_seq(headers: &HeaderMap) -> Result<Option<String>, Error> {
 /// The messages of a body for a stream of `json` mode: in JSON mode, a
 /// top-level array is one message per element (flattened one level; an
 /// empty one is refused unless `empty_array_ok`, for a creation), any other
-/// value one message; otherwise the whole body is one message of bytes
-/// (none when empty). A JSON body of whitespace only is no message: a
+/// value one message; otherwise the body's bytes, as consecutive messages
+/// of at most `limits.message_bytes` each (none when empty: a reader of
+/// the stream gets the same bytes, one after the other). Every message is
+/// held to `limits`. A JSON body of whitespace only is no message: a
 /// creation's, or refused (as an empty array) for an append.
 ///
 /// # Errors
 /// 400 when a JSON body does not parse, or is empty (whitespace only, or
-/// an empty array) where that is not allowed.
+/// an empty array) where that is not allowed; 413
+/// [`Error::AppendTooLarge`] when a JSON message (an element or a lone
+/// value) is larger than `limits.message_bytes`, or the messages weigh
+/// more than `limits.append_bytes` together.
 pub(crate) fn messages(
     json: bool,
     body: &Bytes,
     empty_array_ok: bool,
+    limits: AppendLimits,
 ) -> Result<Vec<Payload>, Error> {
     if !json {
         if body.is_empty() {
             return Ok(Vec::new());
         }
-        return Ok(vec![Payload::Bytes(Arc::from(&body[..]))]);
+        let pieces = body.chunks(limits.message_bytes.max(1));
+        limits.check_weight(body.len() + pieces.len() * MESSAGE_OVERHEAD_BYTES)?;
+        return Ok(pieces
+            .map(|piece| Payload::Bytes(Arc::from(piece)))
+            .collect());
     }
     if body.iter().all(u8::is_ascii_whitespace) {
         if !empty_array_ok {
@@ -213,7 +274,7 @@ pub(crate) fn messages(
     let value: &RawValue =
         serde_json::from_str(text).map_err(|e| invalid(format!("the body is not JSON: {e}")))?;
     if value.get().starts_with('[') {
-        let items = bounded_array(value.get())?;
+        let items = bounded_array(value.get(), limits)?;
         if items.is_empty() && !empty_array_ok {
             return Err(invalid("an empty JSON array appends nothing"));
         }
@@ -223,15 +284,20 @@ pub(crate) fn messages(
             .map(|item| Payload::Json(Arc::from(item)))
             .collect());
     }
+    limits.check_message(value.get().len())?;
     Ok(vec![Payload::Json(Arc::from(value.to_owned()))])
 }
 
-/// The elements of the JSON array `text`, each as its exact text; stops
-/// at the element past [`MAX_APPEND_MESSAGES`], so a body of millions of
-/// tiny elements never becomes millions of values.
-fn bounded_array(text: &str) -> Result<Vec<Box<RawValue>>, Error> {
-    struct Elements;
-    impl<'de> serde::de::Visitor<'de> for Elements {
+/// The elements of the JSON array `text`, each as its exact text, each
+/// held to `limits`; stops at the first element over them, so a body of
+/// millions of tiny elements never becomes millions of values.
+fn bounded_array(text: &str, limits: AppendLimits) -> Result<Vec<Box<RawValue>>, Error> {
+    struct Elements<'a> {
+        limits: AppendLimits,
+        /// The 413 that stopped the walk, if one did.
+        refused: &'a mut Option<Error>,
+    }
+    impl<'de> serde::de::Visitor<'de> for Elements<'_> {
         type Value = Vec<Box<RawValue>>;
         fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             f.write_str("a JSON array")
@@ -241,11 +307,17 @@ fn bounded_array(text: &str) -> Result<Vec<Box<RawValue>>, Error> {
             mut seq: A,
         ) -> Result<Self::Value, A::Error> {
             let mut items = Vec::new();
+            let mut weight = 0usize;
             while let Some(item) = seq.next_element::<Box<RawValue>>()? {
-                if items.len() == MAX_APPEND_MESSAGES {
-                    return Err(serde::de::Error::custom(format!(
-                        "one append holds at most {MAX_APPEND_MESSAGES} messages"
-                    )));
+                let len = item.get().len();
+                weight = weight.saturating_add(len + MESSAGE_OVERHEAD_BYTES);
+                if let Err(e) = self
+                    .limits
+                    .check_message(len)
+                    .and_then(|()| self.limits.check_weight(weight))
+                {
+                    *self.refused = Some(e);
+                    return Err(serde::de::Error::custom("over the size limits"));
                 }
                 items.push(item);
             }
@@ -253,13 +325,15 @@ fn bounded_array(text: &str) -> Result<Vec<Box<RawValue>>, Error> {
         }
     }
     use serde::Deserializer as _;
-    serde_json::Deserializer::from_str(text)
-        .deserialize_seq(Elements)
-        .map_err(|e| {
-            invalid(format!(
-                "the body is not a JSON array of at most {MAX_APPEND_MESSAGES} values: {e}"
-            ))
-        })
+    let mut refused = None;
+    let parsed = serde_json::Deserializer::from_str(text).deserialize_seq(Elements {
+        limits,
+        refused: &mut refused,
+    });
+    if let Some(e) = refused {
+        return Err(e);
+    }
+    parsed.map_err(|e| invalid(format!("the body is not a JSON array: {e}")))
 }
 
 /// Milliseconds since the Unix epoch now, on this node's clock (for the
@@ -357,10 +431,16 @@ mod tests {
         }
     }
 
+    /// The default limits: 64 KiB messages, 16 MiB appends.
+    const LIMITS: AppendLimits = AppendLimits {
+        message_bytes: 64 * 1024,
+        append_bytes: 16 * 1024 * 1024,
+    };
+
     #[test]
     fn json_bodies_flatten_one_level() {
         let texts = |body: &str| -> Vec<String> {
-            messages(true, &Bytes::from(body.to_owned()), false)
+            messages(true, &Bytes::from(body.to_owned()), false, LIMITS)
                 .unwrap()
                 .iter()
                 .map(|p| p.to_json_text().into_owned())
@@ -369,27 +449,80 @@ mod tests {
         assert_eq!(texts(r#"{"a":1}"#), [r#"{"a":1}"#]);
         assert_eq!(texts(r#"[{"a":1},{"b":2}]"#), [r#"{"a":1}"#, r#"{"b":2}"#]);
         assert_eq!(texts("[[1,2],[3]]"), ["[1,2]", "[3]"]);
-        assert!(messages(true, &Bytes::from_static(b"[]"), false).is_err());
-        assert!(messages(true, &Bytes::from_static(b"[]"), true)
+        assert!(messages(true, &Bytes::from_static(b"[]"), false, LIMITS).is_err());
+        assert!(messages(true, &Bytes::from_static(b"[]"), true, LIMITS)
             .unwrap()
             .is_empty());
-        assert!(messages(true, &Bytes::from_static(b"{oops"), false).is_err());
-        assert!(messages(true, &Bytes::from_static(b" \n\t "), false).is_err());
-        assert!(messages(true, &Bytes::from_static(b" \n"), true)
+        assert!(messages(true, &Bytes::from_static(b"{oops"), false, LIMITS).is_err());
+        assert!(messages(true, &Bytes::from_static(b" \n\t "), false, LIMITS).is_err());
+        assert!(messages(true, &Bytes::from_static(b" \n"), true, LIMITS)
             .unwrap()
             .is_empty());
-        let many = format!("[{}0]", "0,".repeat(MAX_APPEND_MESSAGES));
-        assert!(messages(true, &Bytes::from(many), false).is_err());
-        let most = format!("[{}0]", "0,".repeat(MAX_APPEND_MESSAGES - 1));
         assert_eq!(
-            messages(true, &Bytes::from(most), false).unwrap().len(),
-            MAX_APPEND_MESSAGES
-        );
-        assert_eq!(
-            messages(false, &Bytes::from_static(b"\0x"), false)
+            messages(false, &Bytes::from_static(b"\0x"), false, LIMITS)
                 .unwrap()
                 .len(),
             1
         );
+    }
+
+    #[test]
+    fn an_append_is_bounded_by_bytes_not_by_a_count() {
+        // 30 000 small elements, as a client's batch of a burst holds:
+        // all taken.
+        let burst = format!("[{}0]", r#"{"n":12345},"#.repeat(29_999));
+        assert_eq!(
+            messages(true, &Bytes::from(burst), false, LIMITS)
+                .unwrap()
+                .len(),
+            30_000
+        );
+        // Millions of tiny elements weigh more than the append's bytes.
+        let tiny = format!("[{}0]", "0,".repeat(LIMITS.append_bytes / 2 - 1));
+        let refused = messages(true, &Bytes::from(tiny), false, LIMITS).unwrap_err();
+        assert!(matches!(refused, Error::AppendTooLarge(_)), "{refused:?}");
+        // The heaviest accepted: exactly the limit.
+        let fits = LIMITS.append_bytes / (1 + MESSAGE_OVERHEAD_BYTES);
+        let most = format!("[{}0]", "0,".repeat(fits - 1));
+        assert_eq!(
+            messages(true, &Bytes::from(most), false, LIMITS)
+                .unwrap()
+                .len(),
+            fits
+        );
+        let one_more = format!("[{}0]", "0,".repeat(fits));
+        assert!(messages(true, &Bytes::from(one_more), false, LIMITS).is_err());
+    }
+
+    #[test]
+    fn every_message_is_held_to_the_message_limit() {
+        let big = format!("\"{}\"", "x".repeat(LIMITS.message_bytes - 1));
+        // An element and a lone value one byte over.
+        for body in [format!("[1,{big}]"), big.clone()] {
+            let refused = messages(true, &Bytes::from(body), false, LIMITS).unwrap_err();
+            assert!(matches!(refused, Error::AppendTooLarge(_)), "{refused:?}");
+            assert_eq!(refused.status(), 413);
+            assert_eq!(refused.code(), "payload_too_large");
+        }
+        // At the limit: taken.
+        let most = format!("\"{}\"", "x".repeat(LIMITS.message_bytes - 2));
+        assert_eq!(
+            messages(true, &Bytes::from(format!("[{most}]")), false, LIMITS)
+                .unwrap()
+                .len(),
+            1
+        );
+        let bytes = Bytes::from("x".repeat(LIMITS.message_bytes));
+        assert_eq!(messages(false, &bytes, false, LIMITS).unwrap().len(), 1);
+        // A byte stream's append over it: consecutive messages at most
+        // the limit each, the same bytes in order.
+        let body: Vec<u8> = (0..2 * LIMITS.message_bytes + 5)
+            .map(|i| (i % 251) as u8)
+            .collect();
+        let pieces = messages(false, &Bytes::from(body.clone()), false, LIMITS).unwrap();
+        assert_eq!(pieces.len(), 3);
+        assert!(pieces.iter().all(|p| p.len() <= LIMITS.message_bytes));
+        let joined: Vec<u8> = pieces.iter().flat_map(|p| p.as_bytes().to_vec()).collect();
+        assert_eq!(joined, body);
     }
 }

@@ -19,6 +19,7 @@ use herald_node::forward::FORWARDED_MAY_CONVERT;
 use herald_node::publish::Routed;
 use herald_node::streams::{self, StreamDeleted, StreamRequest};
 
+use super::body::AppendBody;
 use super::response::{self, set};
 use super::{naming, offset, producer_wait, request, StreamsState};
 use crate::auth_extract::Caller;
@@ -213,7 +214,7 @@ pub(crate) async fn put(
     Path(path): Path<String>,
     uri: Uri,
     headers: HeaderMap,
-    body: Bytes,
+    AppendBody(body): AppendBody,
 ) -> Result<Response> {
     let channel = channel(&state, &who, &path, &headers, &uri)?;
     state.shared.auth().may_manage_stream(&who, &channel)?;
@@ -244,7 +245,12 @@ pub(crate) async fn put(
         }
     }
     let content_type = content_type.unwrap_or_else(|| DEFAULT_CONTENT_TYPE.to_owned());
-    let messages = request::messages(is_json_media(&content_type), &body, true)?;
+    let messages = request::messages(
+        is_json_media(&content_type),
+        &body,
+        true,
+        request::AppendLimits::of(&state.shared.config),
+    )?;
     // A creation counts against the caller's publish rate as appends do:
     // one per message it writes, its fork's copies included (at least
     // one).
@@ -375,7 +381,7 @@ pub(crate) async fn post(
     Path(path): Path<String>,
     uri: Uri,
     headers: HeaderMap,
-    body: Bytes,
+    AppendBody(body): AppendBody,
 ) -> Result<Response> {
     let channel = channel(&state, &who, &path, &headers, &uri)?;
     let producer = request::producer(&headers)?;
@@ -400,7 +406,12 @@ pub(crate) async fn post(
                 "an append needs a Content-Type".to_owned(),
             ));
         };
-        request::messages(is_json_media(content_type), &body, false)?
+        request::messages(
+            is_json_media(content_type),
+            &body,
+            false,
+            request::AppendLimits::of(&state.shared.config),
+        )?
     };
     // Appends count against the caller's publish rate, one per message
     // (a close alone as one), as Herald's own publishes do.

@@ -105,12 +105,25 @@ pub(crate) struct ServeArgs {
     /// attempt 1 s after this (default: ttl / 6, at most 5 s).
     #[arg(long, env = "HERALD_RENEW_STATEMENT_TIMEOUT", value_parser = parse_duration)]
     renew_statement_timeout: Option<Duration>,
-    /// Largest accepted publish body, in bytes.
+    /// Largest message, in bytes, whatever protocol writes it (a publish
+    /// body, a Durable Streams JSON element).
     #[arg(long, env = "HERALD_MAX_MESSAGE_BYTES", default_value_t = 65_536)]
     max_message_bytes: usize,
     /// Largest accepted batch publish body (`POST /v1/messages`), in bytes.
     #[arg(long, env = "HERALD_MAX_BATCH_BODY_BYTES", default_value_t = 4_194_304)]
     max_batch_body_bytes: usize,
+    /// Most message bytes one storage read (a history page, a catch-up
+    /// page, a Durable Streams read) may bring into memory, in bytes.
+    #[arg(long, env = "HERALD_READ_BUDGET_BYTES", default_value_t = 8_388_608)]
+    read_budget_bytes: usize,
+    /// Most bytes of pushes queued for one Centrifugo connection; past it
+    /// the connection is closed with 3008 "slow".
+    #[arg(
+        long,
+        env = "HERALD_SUBSCRIBER_QUEUE_BYTES",
+        default_value_t = 8_388_608
+    )]
+    subscriber_queue_bytes: usize,
     /// Capacity of the writer queue, in publish requests; a full queue
     /// answers 503.
     #[arg(long, env = "HERALD_QUEUE_CAPACITY", default_value_t = 4096)]
@@ -564,6 +577,8 @@ fn check_settings(args: &ServeArgs) -> anyhow::Result<()> {
     ServerConfig {
         max_message_bytes: args.max_message_bytes,
         max_batch_body_bytes: args.max_batch_body_bytes,
+        read_budget_bytes: args.read_budget_bytes,
+        subscriber_queue_bytes: args.subscriber_queue_bytes,
         queue_capacity: args.queue_capacity,
         header_read_timeout: args.header_read_timeout,
         cors: cors_config(args),
@@ -646,6 +661,8 @@ pub(crate) fn server_config(
         advertise_url,
         max_message_bytes: args.max_message_bytes,
         max_batch_body_bytes: args.max_batch_body_bytes,
+        read_budget_bytes: args.read_budget_bytes,
+        subscriber_queue_bytes: args.subscriber_queue_bytes,
         queue_capacity: args.queue_capacity,
         header_read_timeout: args.header_read_timeout,
         cors: cors_config(args),

@@ -354,6 +354,74 @@ async fn a_client_that_stops_reading_is_closed_at_the_write_timeout() {
     .await;
 }
 
+/// A client that subscribes and then stops reading while large messages
+/// are published: once the pushes queued for its connection would pass
+/// `subscriber_queue_bytes` (256 KiB here, four pushes), the session
+/// ends as a slow consumer, long before the write timeout (60 s here),
+/// and the client, once it reads again, finds it closed with 3008
+/// "slow", having got only what was written before, not the 36 MB
+/// published. Without the byte budget the session queued 256 pushes of
+/// 60 KB (15 MB) and waited on the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_whose_queue_passes_its_byte_budget_is_closed_as_slow() {
+    let place = Place::new(Backend::Sqlite).await;
+    let creds = Creds::new();
+    let config = ServerConfig {
+        subscriber_queue_bytes: 256 * 1024,
+        centrifugo: CentrifugoConfig {
+            // Neither the write timeout nor a missed pong ends it first.
+            write_timeout: Duration::from_secs(60),
+            ping_interval: Duration::from_secs(300),
+            ..CentrifugoConfig::default()
+        },
+        ..creds.config()
+    };
+    let node = Node::start(&place, "node-a", Role::Holder, config).await;
+    let publisher = Creds::bearer(&creds.publisher);
+    let key = [("authorization", publisher.as_str())];
+    let token = creds.token_for("ann", json!({"channels": ["news:*"]}));
+    let (mut c, _) = Client::connect(&node, &token).await;
+    let r = c.command("subscribe", json!({"channel": "news:s"})).await;
+    assert!(r["subscribe"].is_object(), "{r}");
+    let subscribed = || async {
+        let channels = api(&node, "channels", &creds.backend, json!({})).await;
+        channels["result"]["channels"].get("news:s").is_some()
+    };
+    assert!(subscribed().await);
+    // 36 MB of pushes, more than the socket buffers of both ends and the
+    // queue's budget hold; the client reads none of them meanwhile.
+    const PUBLISHED: u64 = 600;
+    let big = "s".repeat(60_000);
+    for i in 0..PUBLISHED {
+        let status = node
+            .publish_with("news:s", &key, json!({"n": i, "big": big}))
+            .await
+            .0;
+        assert_eq!(status, 201);
+    }
+    within("the slow session's end", NODE_WAIT, async {
+        while subscribed().await {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    let mut pushed = 0u64;
+    within("the client's end", NODE_WAIT, async {
+        while let Some(values) = c.frame().await {
+            pushed += values.iter().filter(|v| v.get("push").is_some()).count() as u64;
+        }
+    })
+    .await;
+    assert!(pushed < PUBLISHED, "every push was written ({pushed})");
+    // The Close frame is tried for a second behind what the socket still
+    // buffers: the client gets 3008, or sees the connection end.
+    assert!(
+        matches!(c.closed, Some(Some(3008) | None)),
+        "closed with {:?}",
+        c.closed
+    );
+}
+
 /// A drain does not wait for a session whose write waits on a client
 /// that stopped reading: the write is raced with the shutdown, and the
 /// node stops long before the write timeout (60 s here).
