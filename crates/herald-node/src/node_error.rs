@@ -31,6 +31,11 @@ pub enum NodeError {
     /// stored.
     #[error("the channel is a stream of another content type than JSON")]
     ContentTypeMismatch,
+    /// The channel is a Durable Streams stream that expired (its TTL or
+    /// expiry time passed): it reads as deleted and takes no message until
+    /// the holder's retention task deletes it. Nothing was stored.
+    #[error("the channel is a stream that expired; it is deleted shortly, and a publish then creates the channel afresh")]
+    StreamExpired,
     /// The resume point is beyond the channel's head as the storage reads
     /// it: the channel never had that offset.
     #[error("the resume point {after} is beyond the channel's head {head}; resume from an offset up to the head")]

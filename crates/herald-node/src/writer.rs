@@ -312,6 +312,10 @@ impl Writer {
                     index,
                     refusal: herald_storage::Refusal::ContentType,
                 }) => (index, || NodeError::ContentTypeMismatch),
+                Err(herald_storage::Error::ChannelRefuses {
+                    index,
+                    refusal: herald_storage::Refusal::Expired,
+                }) => (index, || NodeError::StreamExpired),
                 _ => break,
             };
             if !refuse_request(&mut messages, &mut replies, index, error) {

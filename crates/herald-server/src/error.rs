@@ -79,6 +79,12 @@ pub enum Error {
     /// 409 `content_type_mismatch`.
     #[error("the channel is a stream of another content type than JSON; append to it with the Durable Streams API")]
     ContentTypeMismatch,
+    /// The channel is a Durable Streams stream that expired: it reads as
+    /// deleted and takes no message until the holder's retention task
+    /// deletes it (within a trim interval); a publish after that creates
+    /// the channel afresh. 410 `stream_expired`.
+    #[error("the channel is a stream that expired; it is deleted within a retention trim interval, and a publish after that creates the channel afresh")]
+    StreamExpired,
     /// No live Durable Streams stream at this path (never created,
     /// deleted, or expired). 404 `stream_not_found`.
     #[error("no stream at this path")]
@@ -285,6 +291,7 @@ impl Error {
             Self::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Self::ChannelClosed | Self::ContentTypeMismatch => StatusCode::CONFLICT,
             Self::StreamNotFound => StatusCode::NOT_FOUND,
+            Self::StreamExpired => StatusCode::GONE,
             Self::InvalidStreamRequest(_) => StatusCode::BAD_REQUEST,
             Self::StreamConflict(_)
             | Self::StreamClosed { .. }
@@ -327,6 +334,7 @@ impl Error {
             Self::IdempotencyKeyReused => "idempotency_key_reused",
             Self::ChannelClosed => "channel_closed",
             Self::ContentTypeMismatch => "content_type_mismatch",
+            Self::StreamExpired => "stream_expired",
             Self::StreamNotFound => "stream_not_found",
             Self::InvalidStreamRequest(_) => "invalid_stream_request",
             Self::StreamConflict(_) => "stream_conflict",
@@ -441,6 +449,7 @@ impl From<NodeError> for Error {
             NodeError::IdempotencyKeyReused => Self::IdempotencyKeyReused,
             NodeError::ChannelClosed => Self::ChannelClosed,
             NodeError::ContentTypeMismatch => Self::ContentTypeMismatch,
+            NodeError::StreamExpired => Self::StreamExpired,
             NodeError::OffsetBeyondHead { after, head } => Self::OffsetBeyondHead { after, head },
             NodeError::NotHolder {
                 request,

@@ -17,6 +17,11 @@ pub enum Refusal {
     /// The channel is a stream of another kind of payload: bytes for a
     /// JSON message, or JSON for bytes.
     ContentType,
+    /// The channel is a stream whose TTL or expiry time has passed on the
+    /// storage's clock: it reads as deleted until the holder's retention
+    /// task deletes it, and takes no message meanwhile (one would revive
+    /// its withheld messages, or be deleted with them).
+    Expired,
 }
 
 impl std::fmt::Display for Refusal {
@@ -24,6 +29,7 @@ impl std::fmt::Display for Refusal {
         f.write_str(match self {
             Self::Closed => "the stream is closed",
             Self::ContentType => "the stream holds another content type",
+            Self::Expired => "the stream expired",
         })
     }
 }

@@ -465,6 +465,25 @@ pub async fn an_expired_stream_is_gone(h: &dyn Harness) {
             .unwrap(),
         StreamCreated::Expired
     );
+    // A publish through Herald's API or Centrifugo is refused too: it
+    // would revive the withheld messages (and restart the TTL), or be
+    // deleted with them by the sweep after it was acknowledged.
+    let mut with_messages = create("ej", "application/json", vec![json("1")]);
+    with_messages.config.expires_at_ms = Some(past_ms);
+    created(node, &lease, &with_messages).await;
+    match node
+        .append(&lease, &[msg("other", "1"), msg("ej", "2")])
+        .await
+    {
+        Err(Error::ChannelRefuses {
+            index: 1,
+            refusal: Refusal::Expired,
+        }) => {}
+        other => panic!("expected ChannelRefuses {{ index: 1, Expired }}, got {other:?}"),
+    }
+    assert_eq!(node.read(&channel("other"), 0, 10).await.unwrap().head, 0);
+    let page = node.read(&channel("ej"), 0, 10).await.unwrap();
+    assert_eq!((page.head, page.messages.len()), (1, 0));
     let mut later = create("e2", "text/plain", Vec::new());
     later.config.expires_at_ms = Some(past_ms + 3_600_000);
     later.config.ttl_s = Some(3600);

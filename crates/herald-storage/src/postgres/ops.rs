@@ -635,9 +635,10 @@ const FIND_KEYS_SQL: &str = "SELECT m.channel, m.idempotency_key, m.\"offset\", 
 /// head, with `created_at` `$3`), in one statement;
 /// returns each channel's new head. This is where the batch may wait on a
 /// channel's row lock. Each channel appears once in the arrays. A closed
-/// stream, or one whose payloads are of the other kind (`$5`: the
-/// batch's are JSON), is not moved and not returned; a stream with a TTL
-/// has it restarted (`touched_at`), as a stream append does.
+/// stream, an expired one (at `$3`), or one whose payloads are of the
+/// other kind (`$5`: the batch's are JSON), is not moved and not
+/// returned; a live stream with a TTL has it restarted (`touched_at`), as
+/// a stream append does.
 const BUMP_HEADS_SQL: &str = "INSERT INTO channels (name, head, created_at, bytes, json) \
      SELECT name, n, $3, b, j \
      FROM unnest($1::text[], $2::bigint[], $4::bigint[], $5::boolean[]) AS u(name, n, b, j) \
@@ -645,6 +646,10 @@ const BUMP_HEADS_SQL: &str = "INSERT INTO channels (name, head, created_at, byte
          bytes = channels.bytes + excluded.bytes, \
          touched_at = CASE WHEN channels.ttl_s IS NULL THEN channels.touched_at ELSE $3 END \
      WHERE NOT channels.closed AND channels.json = excluded.json \
+       AND NOT (channels.content_type IS NOT NULL \
+                AND COALESCE(LEAST(channels.expires_at, \
+                                   channels.touched_at + channels.ttl_s * interval '1 second'), \
+                             'infinity') <= $3) \
      RETURNING name, head";
 
 /// Inserts every new message of the batch in one statement:
@@ -809,7 +814,7 @@ pub(super) async fn append(
         );
         let heads = heads?;
         if heads.len() < written.len() {
-            return Err(refused_channel(tx, &written, &heads).await);
+            return Err(refused_channel(tx, &written, &heads, &started).await);
         }
         for row in heads {
             let name: &str = row.try_get(0)?;
@@ -987,28 +992,35 @@ async fn channel_refuses(
 }
 
 /// The [`Error::ChannelRefuses`] of a batch whose head bump left out a
-/// written channel (`heads` lacks it): reads why, then rolls back.
+/// written channel (`heads` lacks it): reads why (closed, expired at
+/// `at`, or another content type), then rolls back.
 async fn refused_channel(
     tx: deadpool_postgres::Transaction<'_>,
     written: &[Written<'_>],
     heads: &[tokio_postgres::Row],
+    at: &(dyn tokio_postgres::types::ToSql + Sync),
 ) -> Error {
     let moved: Vec<&str> = heads.iter().filter_map(|r| r.try_get(0).ok()).collect();
     let Some(w) = written.iter().find(|w| !moved.contains(&w.channel)) else {
         return Error::corrupt("a refused channel was not found");
     };
-    let closed = async {
+    let why = async {
         let stmt = tx
-            .prepare_cached("SELECT closed FROM channels WHERE name = $1")
+            .prepare_cached(
+                "SELECT closed, content_type IS NOT NULL \
+                   AND COALESCE(LEAST(expires_at, touched_at + ttl_s * interval '1 second'), \
+                                'infinity') <= $2 \
+                 FROM channels WHERE name = $1",
+            )
             .await?;
-        tx.query_one(&stmt, &[&w.channel])
-            .await?
-            .try_get::<_, bool>(0)
+        let row = tx.query_one(&stmt, &[&w.channel, at]).await?;
+        Ok::<_, tokio_postgres::Error>((row.try_get::<_, bool>(0)?, row.try_get::<_, bool>(1)?))
     }
     .await;
-    let refusal = match closed {
-        Ok(true) => Refusal::Closed,
-        Ok(false) => Refusal::ContentType,
+    let refusal = match why {
+        Ok((true, _)) => Refusal::Closed,
+        Ok((false, true)) => Refusal::Expired,
+        Ok((false, false)) => Refusal::ContentType,
         Err(e) => return Error::from(e),
     };
     channel_refuses(tx, w.index, refusal).await

@@ -367,15 +367,15 @@ pub(super) fn append(
         // Without `RETURNING`: SQLite buffers a `RETURNING` statement's
         // rows in a temporary b-tree it opens (and zeroes a page for) on
         // each run; the head is read back in the same transaction instead.
-        // A closed stream, or a stream of the other kind of payload, takes
-        // no message: the upsert then changes no row. A publish restarts a
-        // stream's TTL, as a stream append does.
-        let mut bump_head = tx.prepare_cached(
+        // A closed stream, an expired one, or a stream of the other kind
+        // of payload takes no message: the upsert then changes no row. A
+        // publish restarts a live stream's TTL, as a stream append does.
+        let mut bump_head = tx.prepare_cached(&format!(
             "INSERT INTO channels (name, head, created_at_ms, bytes, json) VALUES (?1, 1, ?2, ?3, ?4) \
              ON CONFLICT (name) DO UPDATE SET head = head + 1, bytes = bytes + excluded.bytes, \
                  touched_at_ms = CASE WHEN ttl_s IS NULL THEN touched_at_ms ELSE ?2 END \
-             WHERE closed = 0 AND json = excluded.json",
-        )?;
+             WHERE closed = 0 AND json = excluded.json AND NOT {EXPIRED_AT_2}"
+        ))?;
         let mut read_head = tx.prepare_cached("SELECT head FROM channels WHERE name = ?1")?;
         let mut insert = tx.prepare_cached(
             "INSERT INTO messages \
@@ -417,11 +417,15 @@ pub(super) fn append(
             let size = data_size(message);
             let json = matches!(message.data, Payload::Json(_));
             if bump_head.execute(params![channel, now, size, json])? == 0 {
-                let closed: bool = tx
-                    .prepare_cached("SELECT closed FROM channels WHERE name = ?1")?
-                    .query_row([channel], |r| r.get(0))?;
+                let (closed, expired): (bool, bool) = tx
+                    .prepare_cached(&format!(
+                        "SELECT closed, {EXPIRED_AT_2} FROM channels WHERE name = ?1"
+                    ))?
+                    .query_row(params![channel, now], |r| Ok((r.get(0)?, r.get(1)?)))?;
                 let refusal = if closed {
                     Refusal::Closed
+                } else if expired {
+                    Refusal::Expired
                 } else {
                     Refusal::ContentType
                 };
@@ -452,6 +456,14 @@ pub(super) fn append(
     tx.commit()?;
     Ok(out)
 }
+
+/// Whether the channel row is a stream that expired at `?2` (ms since the
+/// Unix epoch): the sooner of its absolute expiry and its last write plus
+/// its TTL has passed (`stream_rules::expiry_ms`, in SQL).
+const EXPIRED_AT_2: &str = "(content_type IS NOT NULL AND COALESCE( \
+     CASE WHEN ttl_s IS NOT NULL AND touched_at_ms IS NOT NULL \
+          THEN min(touched_at_ms + ttl_s * 1000, COALESCE(expires_at_ms, touched_at_ms + ttl_s * 1000)) \
+          ELSE expires_at_ms END, 9223372036854775807) <= ?2)";
 
 /// A payload as SQLite stores it (migration 11): JSON in `data` with no
 /// `body`, bytes in `body` with an empty `data`.
