@@ -146,9 +146,10 @@ async fn ds_sse_expires(backend: Backend) {
     // token's expiry can end the reader.
     config.durable_streams.long_poll_timeout = std::time::Duration::from_secs(60);
     let node = Node::start(&place, "node-a", Role::Holder, config).await;
-    let publisher = Creds::bearer(&creds.publisher);
+    // Streams in `news:` are an admin's to create (publish alone appends).
+    let owner = Creds::bearer(&creds.backend);
     let write = [
-        ("authorization", publisher.as_str()),
+        ("authorization", owner.as_str()),
         ("content-type", "text/plain"),
     ];
     assert_eq!(
@@ -163,7 +164,7 @@ async fn ds_sse_expires(backend: Backend) {
     let busy = {
         let node_url = node.url("/ds/news/follow");
         let client = node.client.clone();
-        let publisher = publisher.clone();
+        let publisher = owner.clone();
         tokio::spawn(async move {
             let mut every = tokio::time::interval(std::time::Duration::from_millis(100));
             loop {
@@ -216,9 +217,10 @@ async fn ds_long_poll_expires(backend: Backend) {
     // Far beyond the test's wait: only the token's expiry ends the wait.
     config.durable_streams.long_poll_timeout = std::time::Duration::from_secs(60);
     let node = Node::start(&place, "node-a", Role::Holder, config).await;
-    let publisher = Creds::bearer(&creds.publisher);
+    // Streams in `news:` are an admin's to create (publish alone appends).
+    let owner = Creds::bearer(&creds.backend);
     let write = [
-        ("authorization", publisher.as_str()),
+        ("authorization", owner.as_str()),
         ("content-type", "text/plain"),
     ];
     assert_eq!(
