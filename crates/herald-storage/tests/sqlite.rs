@@ -263,8 +263,9 @@ fn concurrent_opens_all_migrate_fine() {
         // 4: channel epochs; 5: presence; 6: message tags; 7: channel deletions and node reports;
         // 8: the nodes' channels; 9: the epoch seed; 10: recorded takeovers;
         // 11: streams; 12: the takeover timeline and the console's node
-        // report columns; 13: stream producers' last append).
-        assert_eq!(applied, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]);
+        // report columns; 13: stream producers' last append; 14: who released a
+        // lease).
+        assert_eq!(applied, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]);
     }
 }
 
