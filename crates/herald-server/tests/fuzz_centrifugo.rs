@@ -40,7 +40,7 @@
 //! (proptest prints the minimal session it found).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Once;
 
 use futures::{SinkExt, StreamExt};
@@ -50,6 +50,7 @@ use herald_auth::{
 };
 use herald_core::{ChannelName, Offset};
 use herald_server::{CentrifugoConfig, ServerConfig};
+use herald_testkit::memory::PeakRss;
 use herald_testkit::node::{Node, Role};
 use herald_testkit::place::{Backend, Place};
 use herald_testkit::ws::Ws;
@@ -1725,56 +1726,6 @@ fn client_protocol_answers_every_command_or_closes_as_documented() {
     );
     outcome.unwrap();
     assert!(!PANICKED.load(Ordering::SeqCst), "a panic");
-}
-
-/// The largest resident memory of this process seen while it runs, read
-/// from `/proc/self/statm` by a thread of its own.
-struct PeakRss {
-    peak: std::sync::Arc<AtomicUsize>,
-    stop: std::sync::Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-    start: usize,
-}
-
-/// Resident bytes of this process now.
-fn rss_bytes() -> usize {
-    let statm = std::fs::read_to_string("/proc/self/statm").expect("/proc/self/statm");
-    let pages: usize = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
-    pages * 4096
-}
-
-impl PeakRss {
-    fn start() -> Self {
-        let start = rss_bytes();
-        let peak = std::sync::Arc::new(AtomicUsize::new(start));
-        let stop = std::sync::Arc::new(AtomicBool::new(false));
-        let thread = {
-            let (peak, stop) = (peak.clone(), stop.clone());
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::SeqCst) {
-                    peak.fetch_max(rss_bytes(), Ordering::SeqCst);
-                    std::thread::sleep(std::time::Duration::from_millis(2));
-                }
-            })
-        };
-        Self {
-            peak,
-            stop,
-            thread: Some(thread),
-            start,
-        }
-    }
-
-    /// How much the resident memory grew above its level at the start,
-    /// at its peak.
-    fn growth(mut self) -> usize {
-        self.stop.store(true, Ordering::SeqCst);
-        self.thread.take().unwrap().join().unwrap();
-        self.peak
-            .load(Ordering::SeqCst)
-            .max(rss_bytes())
-            .saturating_sub(self.start)
-    }
 }
 
 /// The checker refuses what the contract forbids: a reply to a pong, a

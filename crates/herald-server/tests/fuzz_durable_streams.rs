@@ -22,9 +22,10 @@
 //! - no panic anywhere in the process.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Once};
+use std::sync::Once;
 
 use herald_server::ServerConfig;
+use herald_testkit::memory::PeakRss;
 use herald_testkit::node::{Node, Role};
 use herald_testkit::place::{Backend, Place};
 use proptest::prelude::*;
@@ -149,57 +150,6 @@ fn body() -> impl Strategy<Value = Body> {
         message_len().prop_map(|len| Body::Value { len }),
         message_len().prop_map(|len| Body::Bytes { len }),
     ]
-}
-
-/// The largest resident memory of this process seen while it runs, read
-/// from `/proc/self/statm` by a thread of its own (as the Centrifugo
-/// frame test measures it).
-struct PeakRss {
-    peak: Arc<AtomicUsize>,
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-    start: usize,
-}
-
-/// Resident bytes of this process now.
-fn rss_bytes() -> usize {
-    let statm = std::fs::read_to_string("/proc/self/statm").expect("/proc/self/statm");
-    let pages: usize = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
-    pages * 4096
-}
-
-impl PeakRss {
-    fn start() -> Self {
-        let start = rss_bytes();
-        let peak = Arc::new(AtomicUsize::new(start));
-        let stop = Arc::new(AtomicBool::new(false));
-        let thread = {
-            let (peak, stop) = (peak.clone(), stop.clone());
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::SeqCst) {
-                    peak.fetch_max(rss_bytes(), Ordering::SeqCst);
-                    std::thread::sleep(std::time::Duration::from_millis(2));
-                }
-            })
-        };
-        Self {
-            peak,
-            stop,
-            thread: Some(thread),
-            start,
-        }
-    }
-
-    /// How much the resident memory grew above its level at the start,
-    /// at its peak.
-    fn growth(mut self) -> usize {
-        self.stop.store(true, Ordering::SeqCst);
-        self.thread.take().unwrap().join().unwrap();
-        self.peak
-            .load(Ordering::SeqCst)
-            .max(rss_bytes())
-            .saturating_sub(self.start)
-    }
 }
 
 /// The head of `channel`, from Herald's history.

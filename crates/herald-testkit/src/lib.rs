@@ -55,6 +55,7 @@ pub mod auth;
 pub mod balancer;
 pub mod clients;
 pub mod database;
+pub mod memory;
 pub mod node;
 pub mod place;
 pub mod process;

@@ -17,6 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::{SinkExt, StreamExt};
 use herald_server::{CentrifugoConfig, ServerConfig};
+use herald_testkit::memory::PeakRss;
 use herald_testkit::{within, NODE_WAIT};
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::Message as Frame;
@@ -199,56 +200,6 @@ async fn commands_pipelined_past_the_connection_tokens_exp_are_closed_with_3005(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commands_pipelined_past_a_subscription_tokens_exp_are_closed_with_3006() {
     pipelining_past_exp(Expiring::Subscription).await;
-}
-
-/// The largest resident memory of this process seen while it runs, read
-/// from `/proc/self/statm` by a thread of its own.
-struct PeakRss {
-    peak: Arc<AtomicUsize>,
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-    start: usize,
-}
-
-/// Resident bytes of this process now.
-fn rss_bytes() -> usize {
-    let statm = std::fs::read_to_string("/proc/self/statm").expect("/proc/self/statm");
-    let pages: usize = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
-    pages * 4096
-}
-
-impl PeakRss {
-    fn start() -> Self {
-        let start = rss_bytes();
-        let peak = Arc::new(AtomicUsize::new(start));
-        let stop = Arc::new(AtomicBool::new(false));
-        let thread = {
-            let (peak, stop) = (peak.clone(), stop.clone());
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::SeqCst) {
-                    peak.fetch_max(rss_bytes(), Ordering::SeqCst);
-                    std::thread::sleep(Duration::from_millis(2));
-                }
-            })
-        };
-        Self {
-            peak,
-            stop,
-            thread: Some(thread),
-            start,
-        }
-    }
-
-    /// How much the resident memory grew above its level at the start,
-    /// at its peak.
-    fn growth(mut self) -> usize {
-        self.stop.store(true, Ordering::SeqCst);
-        self.thread.take().unwrap().join().unwrap();
-        self.peak
-            .load(Ordering::SeqCst)
-            .max(rss_bytes())
-            .saturating_sub(self.start)
-    }
 }
 
 /// Frames of `history` commands on a channel of 100 messages of 8 KB,
