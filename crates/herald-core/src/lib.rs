@@ -19,6 +19,8 @@ mod channel;
 pub mod fault_switches;
 mod idempotency;
 mod lease;
+#[cfg(feature = "testing")]
+pub mod log_capture;
 mod message;
 mod payload;
 mod stream;

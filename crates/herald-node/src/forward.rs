@@ -918,35 +918,23 @@ mod tests {
     /// url", hides the cause in its sources), with the method and URL.
     #[tokio::test]
     async fn a_failed_forward_logs_its_cause() {
-        #[derive(Clone, Default)]
-        struct Lines(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-        impl std::io::Write for Lines {
-            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(buf);
-                Ok(buf.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
         // A port that nothing listens on: bound, then closed.
         let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let holder = format!("http://{}", closed.local_addr().unwrap());
         drop(closed);
-        let lines = Lines::default();
-        let writer = lines.clone();
+        let lines = herald_core::log_capture::LogLines::default();
         let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
+            .with_writer(lines.clone())
             .json()
             .flatten_event(true)
             .finish();
         let _guard = tracing::subscriber::set_default(subscriber);
         let outcome = forward_to(&holder).await;
         assert!(matches!(outcome, Err(NodeError::NoHolder)), "{outcome:?}");
-        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
-        let records: Vec<serde_json::Value> = text
-            .lines()
-            .map(|line| serde_json::from_str(line).unwrap())
+        let text = lines.text();
+        let records: Vec<serde_json::Value> = lines
+            .records()
+            .into_iter()
             .filter(|r: &serde_json::Value| {
                 r["message"] == "cannot forward a request to the holder"
             })

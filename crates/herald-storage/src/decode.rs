@@ -142,36 +142,9 @@ pub(crate) fn acquired(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
-
     use super::*;
 
-    /// The JSON records `log` makes.
-    fn records(log: impl FnOnce()) -> Vec<serde_json::Value> {
-        #[derive(Clone, Default)]
-        struct Lines(Arc<Mutex<Vec<u8>>>);
-        impl std::io::Write for Lines {
-            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(buf);
-                Ok(buf.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let lines = Lines::default();
-        let writer = lines.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .json()
-            .flatten_event(true)
-            .finish();
-        tracing::subscriber::with_default(subscriber, log);
-        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
-        text.lines()
-            .map(|line| serde_json::from_str(line).unwrap())
-            .collect()
-    }
+    use herald_core::log_capture::json_records as records;
 
     /// After a release (no previous holder in the row) the acquisition's
     /// record has no `previous_holder` at all, not an empty one; after a

@@ -159,42 +159,22 @@ pub(crate) fn one_line(error: &anyhow::Error) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
-
     use anyhow::Context;
+    use herald_core::log_capture::LogLines;
 
     use serde_json::Value;
 
     use super::*;
 
-    /// Log records as the JSON format writes them, one per line.
-    #[derive(Clone, Default)]
-    struct Lines(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Lines {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
     fn records(log: impl FnOnce()) -> Vec<Value> {
-        let lines = Lines::default();
-        let writer = lines.clone();
+        let lines = LogLines::default();
         let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
+            .with_writer(lines.clone())
             .json()
             .event_format(json_records())
             .finish();
         tracing::subscriber::with_default(subscriber, log);
-        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
-        text.lines()
-            .map(|line| serde_json::from_str(line).unwrap())
-            .collect()
+        lines.records()
     }
 
     #[test]

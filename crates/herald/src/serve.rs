@@ -633,25 +633,7 @@ mod tests {
     /// reason's text, never its debug form (`Drained { release: ... }`).
     #[test]
     fn the_supervisor_stop_reason_is_logged_in_words() {
-        #[derive(Clone, Default)]
-        struct Lines(Arc<std::sync::Mutex<Vec<u8>>>);
-        impl std::io::Write for Lines {
-            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(buf);
-                Ok(buf.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let lines = Lines::default();
-        let writer = lines.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .json()
-            .flatten_event(true)
-            .finish();
-        tracing::subscriber::with_default(subscriber, || {
+        let records = herald_core::log_capture::json_records(|| {
             supervisor_stopped(
                 "node-a",
                 &StopReason::Drained {
@@ -665,11 +647,7 @@ mod tests {
                 },
             );
         });
-        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
-        let reasons: Vec<serde_json::Value> = text
-            .lines()
-            .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap()["reason"].clone())
-            .collect();
+        let reasons: Vec<serde_json::Value> = records.iter().map(|r| r["reason"].clone()).collect();
         assert_eq!(
             reasons,
             [
