@@ -1,10 +1,13 @@
 //! Durable Streams' writes on a node: a stream's creation, an append (with
-//! its closure) and a deletion, made here on the holder as fenced storage
-//! writes (`Storage::create_stream`, `append_stream`, and the channel
-//! deletion of `retention`), or forwarded once to the holder from a
-//! standby, as publishes are (`publish.rs`). After each write made here the
-//! hub is told, so that live readers on this node wake at once; standbys
-//! hear of new messages through their feed.
+//! its closure) and a deletion, made here on the holder, or forwarded once
+//! to the holder from a standby, as publishes are (`publish.rs`). A
+//! creation and an append go through the node's one writer
+//! (`writer.rs`): an append is group-committed with the publishes and
+//! other appends queued with it (`Storage::write`), a creation is a
+//! transaction of its own (`Storage::create_stream`), and the writer fans
+//! what they committed out to this node's live readers; standbys hear of
+//! new messages through their feed. A deletion is the channel deletion of
+//! `retention`.
 //!
 //! After a takeover that ends a forward (the old holder is fenced from
 //! then on), this node makes the write itself only when a retry cannot
@@ -13,13 +16,9 @@
 //! (outcome unknown).
 
 use bytes::Bytes;
-use herald_core::{
-    ChannelName, Message, Offset, Payload, StreamAppend, StreamAppended, StreamCreate,
-    StreamCreated, Tags,
-};
+use herald_core::{ChannelName, StreamAppend, StreamAppended, StreamCreate, StreamCreated};
 use http::{HeaderMap, Method};
 
-use crate::hub::Notice;
 use crate::node::Node;
 use crate::node_error::{HolderWrite, NodeError, NodeResult, StorageFailure};
 use crate::publish::{route, Routed};
@@ -81,32 +80,21 @@ fn writable(
         })
 }
 
-/// Tells this node's live readers of `channel` that its head is `head`,
-/// with the messages `first..=head` when some were written.
-fn tell_hub(
+/// Waits for the writer's answer `reply`.
+async fn answered<T>(
     node: &Node,
     channel: &ChannelName,
-    first: Offset,
-    head: Offset,
-    messages: &[Payload],
-    at: i64,
-) {
-    let messages = messages
-        .iter()
-        .zip(first..)
-        .map(|(data, offset)| Message {
-            offset,
-            data: data.clone(),
-            published_at_ms: at,
-            tags: Tags::default(),
-        })
-        .collect();
-    node.hub().publish(Notice {
-        channel: channel.clone(),
-        head,
-        messages,
-        deleted: None,
-    });
+    reply: tokio::sync::oneshot::Receiver<NodeResult<T>>,
+) -> NodeResult<T> {
+    reply.await.map_err(|_| {
+        // The writer dropped the request without answering: it is gone.
+        if node.publisher().shutdown.is_cancelled() {
+            NodeError::Draining
+        } else {
+            tracing::error!(channel = %channel, "writer task ended without answering");
+            NodeError::Internal("writer task ended".to_owned())
+        }
+    })?
 }
 
 /// Creates the stream `create` describes (see `Storage::create_stream`):
@@ -132,12 +120,10 @@ pub async fn create_stream(
         request.headers,
         request.body.clone(),
         || async {
-            let lease = writable(node, &channel, &request)?;
-            let mut created = node
-                .storage()
-                .create_stream(&lease, &create)
-                .await
-                .map_err(|e| failed(node, e, "create_stream", &channel))?;
+            writable(node, &channel, &request)?;
+            let writer = node.publisher().writer;
+            let mut created =
+                answered(node, &channel, writer.submit_create(create.clone())?).await?;
             if created == StreamCreated::Expired {
                 retention::delete_channel(
                     node.storage().as_ref(),
@@ -147,28 +133,7 @@ pub async fn create_stream(
                     &channel,
                 )
                 .await?;
-                created = node
-                    .storage()
-                    .create_stream(&lease, &create)
-                    .await
-                    .map_err(|e| failed(node, e, "create_stream", &channel))?;
-            }
-            if let StreamCreated::Created {
-                info,
-                published_at_ms,
-            } = &created
-            {
-                let count = create.messages.len() as Offset;
-                if count > 0 {
-                    tell_hub(
-                        node,
-                        &channel,
-                        info.head + 1 - count,
-                        info.head,
-                        &create.messages,
-                        *published_at_ms,
-                    );
-                }
+                created = answered(node, &channel, writer.submit_create(create)?).await?;
             }
             Ok(created)
         },
@@ -176,8 +141,9 @@ pub async fn create_stream(
     .await
 }
 
-/// Appends to a stream, closes it, or both (see `Storage::append_stream`):
-/// here on the holder, or forwarded from a standby.
+/// Appends to a stream, closes it, or both (see `Storage::write`): here on
+/// the holder, group-committed by the writer with what is queued with it,
+/// or forwarded from a standby.
 ///
 /// # Errors
 /// As [`create_stream`].
@@ -196,30 +162,9 @@ pub async fn append_stream(
         request.headers,
         request.body.clone(),
         || async {
-            let lease = writable(node, &channel, &request)?;
-            let appended = node
-                .storage()
-                .append_stream(&lease, &append)
-                .await
-                .map_err(|e| failed(node, e, "append_stream", &channel))?;
-            if let StreamAppended::Appended {
-                first,
-                head,
-                published_at_ms,
-                ..
-            } = &appended
-            {
-                // A close alone wakes the live readers too: they see the end.
-                tell_hub(
-                    node,
-                    &channel,
-                    *first,
-                    *head,
-                    &append.messages,
-                    *published_at_ms,
-                );
-            }
-            Ok(appended)
+            writable(node, &channel, &request)?;
+            let reply = node.publisher().writer.submit_stream(append)?;
+            answered(node, &channel, reply).await
         },
     )
     .await
