@@ -19,9 +19,10 @@ use bytes::Bytes;
 use herald_core::{ChannelName, StreamAppend, StreamAppended, StreamCreate, StreamCreated};
 use http::{HeaderMap, Method};
 
+use crate::forward::CarriedHeaders;
+use crate::holder_write::{on_holder, HolderRequest, Routed};
 use crate::node::Node;
 use crate::node_error::{HolderWrite, NodeError, NodeResult, StorageFailure};
-use crate::publish::{route, Routed};
 use crate::retention;
 
 /// How a stream write reached this node: what a standby forwards.
@@ -35,14 +36,28 @@ pub struct StreamRequest<'a> {
     pub headers: &'a HeaderMap,
     /// The request's body, as received.
     pub body: Bytes,
+    /// The headers of the wing's protocol that a forward carries to the
+    /// holder and back.
+    pub carry: CarriedHeaders,
 }
 
-impl StreamRequest<'_> {
+impl<'a> StreamRequest<'a> {
     fn write(&self, channel: &ChannelName) -> HolderWrite {
         HolderWrite::Stream {
             method: self.method.clone(),
             path: self.path.clone(),
             channel: channel.clone(),
+        }
+    }
+
+    /// The request as [`holder_write::on_holder`] takes it.
+    fn holder(&self, channel: &ChannelName, repeatable: bool) -> HolderRequest<'a> {
+        HolderRequest {
+            write: self.write(channel),
+            headers: self.headers,
+            body: self.body.clone(),
+            carry: self.carry,
+            repeatable,
         }
     }
 }
@@ -112,32 +127,24 @@ pub async fn create_stream(
     request: StreamRequest<'_>,
 ) -> NodeResult<Routed<StreamCreated>> {
     let channel = create.channel.clone();
-    let write = request.write(&channel);
-    route(
-        &node.publisher(),
-        write,
-        true,
-        request.headers,
-        request.body.clone(),
-        || async {
-            writable(node, &channel, &request)?;
-            let writer = node.publisher().writer;
-            let mut created =
-                answered(node, &channel, writer.submit_create(create.clone())?).await?;
-            if created == StreamCreated::Expired {
-                retention::delete_channel(
-                    node.storage().as_ref(),
-                    node.lease().as_ref(),
-                    node.hub(),
-                    node.config().trim_pacing.batch,
-                    &channel,
-                )
-                .await?;
-                created = answered(node, &channel, writer.submit_create(create)?).await?;
-            }
-            Ok(created)
-        },
-    )
+    let holder = request.holder(&channel, true);
+    on_holder(&node.publisher(), holder, || async {
+        writable(node, &channel, &request)?;
+        let writer = node.publisher().writer;
+        let mut created = answered(node, &channel, writer.submit_create(create.clone())?).await?;
+        if created == StreamCreated::Expired {
+            retention::delete_channel(
+                node.storage().as_ref(),
+                node.lease().as_ref(),
+                node.hub(),
+                node.config().trim_pacing.batch,
+                &channel,
+            )
+            .await?;
+            created = answered(node, &channel, writer.submit_create(create)?).await?;
+        }
+        Ok(created)
+    })
     .await
 }
 
@@ -153,20 +160,13 @@ pub async fn append_stream(
     request: StreamRequest<'_>,
 ) -> NodeResult<Routed<StreamAppended>> {
     let channel = append.channel.clone();
-    let write = request.write(&channel);
     let exactly_once = append.producer.is_some();
-    route(
-        &node.publisher(),
-        write,
-        exactly_once,
-        request.headers,
-        request.body.clone(),
-        || async {
-            writable(node, &channel, &request)?;
-            let reply = node.publisher().writer.submit_stream(append)?;
-            answered(node, &channel, reply).await
-        },
-    )
+    let holder = request.holder(&channel, exactly_once);
+    on_holder(&node.publisher(), holder, || async {
+        writable(node, &channel, &request)?;
+        let reply = node.publisher().writer.submit_stream(append)?;
+        answered(node, &channel, reply).await
+    })
     .await
 }
 
@@ -196,38 +196,31 @@ pub async fn delete_stream(
     channel: &ChannelName,
     request: StreamRequest<'_>,
 ) -> NodeResult<Routed<StreamDeleted>> {
-    let write = request.write(channel);
-    route(
-        &node.publisher(),
-        write,
-        false,
-        request.headers,
-        request.body.clone(),
-        || async {
-            let lease = writable(node, channel, &request)?;
-            let Some(info) = stream_info(node, channel).await? else {
-                return Ok(StreamDeleted::NotFound);
-            };
-            // Marked first: from then on an append is refused (`Gone`), so
-            // none is acknowledged while the messages are being removed.
-            node.storage()
-                .soft_delete_stream(&lease, channel)
-                .await
-                .map_err(|e| failed(node, e, "soft_delete_stream", channel))?;
-            delete(node, channel).await?;
-            let mut parent = info.fork_of;
-            while let Some(source) = parent {
-                match stream_info(node, &source).await? {
-                    Some(up) if up.soft_deleted && up.live_forks == 0 => {
-                        delete(node, &source).await?;
-                        parent = up.fork_of;
-                    }
-                    _ => break,
+    let holder = request.holder(channel, false);
+    on_holder(&node.publisher(), holder, || async {
+        let lease = writable(node, channel, &request)?;
+        let Some(info) = stream_info(node, channel).await? else {
+            return Ok(StreamDeleted::NotFound);
+        };
+        // Marked first: from then on an append is refused (`Gone`), so
+        // none is acknowledged while the messages are being removed.
+        node.storage()
+            .soft_delete_stream(&lease, channel)
+            .await
+            .map_err(|e| failed(node, e, "soft_delete_stream", channel))?;
+        delete(node, channel).await?;
+        let mut parent = info.fork_of;
+        while let Some(source) = parent {
+            match stream_info(node, &source).await? {
+                Some(up) if up.soft_deleted && up.live_forks == 0 => {
+                    delete(node, &source).await?;
+                    parent = up.fork_of;
                 }
+                _ => break,
             }
-            Ok(StreamDeleted::Deleted)
-        },
-    )
+        }
+        Ok(StreamDeleted::Deleted)
+    })
     .await
 }
 
