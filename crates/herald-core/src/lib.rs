@@ -26,6 +26,7 @@ mod payload;
 mod stream;
 mod tags;
 mod time;
+mod write;
 
 pub use channel::{ChannelHead, ChannelName, InvalidChannelName, MAX_CHANNEL_NAME_BYTES};
 pub use idempotency::{IdempotencyKey, InvalidIdempotencyKey, MAX_IDEMPOTENCY_KEY_BYTES};
@@ -39,3 +40,4 @@ pub use stream::{
 
 pub use tags::Tags;
 pub use time::format_rfc3339_ms;
+pub use write::{WriteOutcome, WriteRequest};

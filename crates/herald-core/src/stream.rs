@@ -1,7 +1,18 @@
-//! Durable Streams' view of a channel: a stream is a channel created with a
-//! content type, which may be closed, expire, and have idempotent
-//! producers. The protocol is `PROTOCOL.md` of durable-streams/durable-streams
-//! (`docs/durable-streams.md` says how Herald maps it).
+//! A channel with properties, in the log's terms: a channel may be given
+//! properties (a content type, a closure that ends its log, an expiry),
+//! take appends in writer sessions (a writer's id, its epoch and its
+//! sequence number: exactly once per sequence number), be made as a copy
+//! of another channel's log up to an offset (a fork), and refuse an
+//! append whose guards fail (closed, expired, another content type, a
+//! sequence gap or a stale epoch, a conditional sequence that does not
+//! grow). The storage decides and writes them inside its fenced
+//! transactions; the node's writer group-commits the appends with
+//! publishes.
+//!
+//! The types keep the names of the one wing that speaks of them today,
+//! Durable Streams (a stream, a producer, `Stream-Seq`; `PROTOCOL.md` of
+//! durable-streams/durable-streams, mapped in `docs/durable-streams.md`):
+//! a "stream" is such a channel, a "producer" a writer session.
 
 use crate::{ChannelName, Offset, Payload};
 

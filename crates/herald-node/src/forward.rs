@@ -48,12 +48,34 @@ use crate::role::LeaseView;
 pub const FORWARDED_BY: HeaderName = HeaderName::from_static("herald-forwarded-by");
 /// The header that carries the cluster secret on a forwarded request.
 pub const CLUSTER_SECRET: HeaderName = HeaderName::from_static("herald-cluster-secret");
-/// The header a standby adds to a Durable Streams creation it forwards
-/// when its client may make a channel that holds messages a stream
-/// (value `1`): the holder believes it only of a request that carries the
-/// cluster secret.
-pub const FORWARDED_MAY_CONVERT: HeaderName =
-    HeaderName::from_static("herald-forwarded-may-convert");
+
+/// The headers a holder-only write carries besides those every forward
+/// carries (`Content-Type`, `Idempotency-Key`), as the calling wing names
+/// them with its request: which of the incoming request's go to the
+/// holder, and which of the holder's answer come back
+/// ([`HolderAnswer::carried_headers`]). The forwarder knows no protocol's
+/// headers itself.
+#[derive(Debug, Clone, Copy)]
+pub struct CarriedHeaders {
+    /// Whether an incoming request header (its name, lowercase) goes to
+    /// the holder.
+    pub request: fn(&HeaderName) -> bool,
+    /// Whether a header of the holder's answer comes back.
+    pub answer: fn(&HeaderName) -> bool,
+}
+
+impl CarriedHeaders {
+    /// None beyond those every forward carries.
+    pub const NONE: Self = Self {
+        request: carry_none,
+        answer: carry_none,
+    };
+}
+
+/// [`CarriedHeaders::NONE`]'s test: no header.
+fn carry_none(_: &HeaderName) -> bool {
+    false
+}
 
 /// Longest the connection to the holder may take to open.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -176,6 +198,8 @@ pub struct ForwardRequest<'a> {
     pub body: Bytes,
     /// The incoming request's headers (`Idempotency-Key`, `Content-Type`).
     pub headers: &'a HeaderMap,
+    /// The other headers the forward carries, both ways.
+    pub carry: CarriedHeaders,
 }
 
 impl Forwarder {
@@ -242,9 +266,11 @@ impl Forwarder {
 
     /// Forwards `write`, a request that reached this standby and that only
     /// the holder makes (the body exactly as received, `headers` those of
-    /// the incoming request), once to the holder's route for it, and
-    /// returns the holder's answer, or [`Forwarded::TakenOver`] when this
-    /// node (whose role `lease` shows) took the lease over first.
+    /// the incoming request, of which those `carry` names go along), once
+    /// to the holder's route for it, and returns the holder's answer, or
+    /// [`Forwarded::TakenOver`] when this node (whose role `lease` shows)
+    /// took the lease over first. Wings call it through
+    /// `holder_write::on_holder`.
     ///
     /// # Errors
     /// [`NodeError::NotHolder`] naming `write` for a request that was forwarded
@@ -256,6 +282,7 @@ impl Forwarder {
         headers: &HeaderMap,
         write: HolderWrite,
         body: Bytes,
+        carry: CarriedHeaders,
     ) -> NodeResult<Forwarded> {
         let state = lease.state();
         if was_forwarded(headers) {
@@ -280,6 +307,7 @@ impl Forwarder {
             path,
             body,
             headers,
+            carry,
         };
         self.forward(&holder.url, request, lease.subscribe()).await
     }
@@ -372,18 +400,14 @@ impl Forwarder {
         if let Some(secret) = &self.cluster_secret {
             outgoing = outgoing.header(CLUSTER_SECRET, secret.clone());
         }
-        for name in [
-            CONTENT_TYPE,
-            HeaderName::from_static("idempotency-key"),
-            FORWARDED_MAY_CONVERT,
-        ] {
+        for name in [CONTENT_TYPE, HeaderName::from_static("idempotency-key")] {
             if let Some(value) = request.headers.get(&name) {
                 outgoing = outgoing.header(name, value.clone());
             }
         }
-        // Durable Streams' request headers (`Stream-*`, `Producer-*`).
+        // The wing's own headers.
         for (name, value) in request.headers {
-            if is_stream_header(name) {
+            if (request.carry.request)(name) && name != CONTENT_TYPE {
                 outgoing = outgoing.header(name.clone(), value.clone());
             }
         }
@@ -404,13 +428,10 @@ impl Forwarder {
         }
         let content_type = answer.headers().get(CONTENT_TYPE).cloned();
         let retry_after = answer.headers().get(RETRY_AFTER).cloned();
-        let mut stream_headers = HeaderMap::new();
+        let mut carried_headers = HeaderMap::new();
         for (name, value) in answer.headers() {
-            if is_stream_header(name)
-                || name == http::header::LOCATION
-                || name == http::header::ETAG
-            {
-                stream_headers.append(name.clone(), value.clone());
+            if (request.carry.answer)(name) {
+                carried_headers.append(name.clone(), value.clone());
             }
         }
         let body = read_answer(&method, url, answer).await?;
@@ -425,7 +446,7 @@ impl Forwarder {
             status,
             content_type,
             retry_after,
-            stream_headers: Box::new(stream_headers),
+            carried_headers: Box::new(carried_headers),
             body,
         })
     }
@@ -440,9 +461,8 @@ pub struct HolderAnswer {
     status: StatusCode,
     content_type: Option<HeaderValue>,
     retry_after: Option<HeaderValue>,
-    /// Durable Streams' answer headers (`Stream-*`, `Producer-*`),
-    /// `Location` and `ETag`.
-    stream_headers: Box<HeaderMap>,
+    /// The answer headers the request's [`CarriedHeaders`] named.
+    carried_headers: Box<HeaderMap>,
     body: Bytes,
 }
 
@@ -481,10 +501,10 @@ impl HolderAnswer {
         self.retry_after.as_ref()
     }
 
-    /// The answer's Durable Streams headers (`Stream-*`, `Producer-*`),
-    /// `Location` and `ETag`, as the holder sent them.
-    pub fn stream_headers(&self) -> &HeaderMap {
-        &self.stream_headers
+    /// The answer's headers that the request's [`CarriedHeaders`] named,
+    /// as the holder sent them.
+    pub fn carried_headers(&self) -> &HeaderMap {
+        &self.carried_headers
     }
 
     /// The answer's body, at most `MAX_ANSWER_BYTES`.
@@ -564,13 +584,6 @@ pub(crate) fn after_takeover_error(e: NodeError) -> NodeError {
         | NodeError::NotHolder { .. } => NodeError::NoHolder,
         e => e,
     }
-}
-
-/// Whether `name` is a Durable Streams protocol header (`Stream-*` or
-/// `Producer-*`), which a forward carries both ways.
-fn is_stream_header(name: &HeaderName) -> bool {
-    let name = name.as_str();
-    name.starts_with("stream-") || name.starts_with("producer-")
 }
 
 /// The holder's answer body, up to [`MAX_ANSWER_BYTES`].
@@ -843,8 +856,43 @@ mod tests {
             path: "/v1/channels/c/messages".to_owned(),
             body: Bytes::from_static(b"{\"data\":1}"),
             headers: &headers,
+            carry: CarriedHeaders::NONE,
         };
         forwarder.forward(holder_url, request, watched).await
+    }
+
+    /// The forwarder brings back exactly the answer headers the calling
+    /// wing names: none of a protocol's own (`Stream-*`) unless named.
+    #[tokio::test]
+    async fn only_the_headers_the_wing_names_come_back() {
+        let (holder, _) = answering(
+            b"HTTP/1.1 204 No Content\r\nx-wing: 1\r\nstream-next-offset: 5\r\n\
+              content-length: 0\r\nconnection: close\r\n\r\n"
+                .to_vec(),
+        )
+        .await;
+        let forwarder =
+            Forwarder::new("me", "http://me", Duration::from_secs(10), None, None).unwrap();
+        let headers = HeaderMap::new();
+        let send = |carry: CarriedHeaders| {
+            let request = ForwardRequest {
+                method: Method::POST,
+                path: "/s".to_owned(),
+                body: Bytes::new(),
+                headers: &headers,
+                carry,
+            };
+            forwarder.to_node(&holder, request)
+        };
+        let none = send(CarriedHeaders::NONE).await.unwrap();
+        assert!(none.carried_headers().is_empty(), "{none:?}");
+        let wing = CarriedHeaders {
+            request: |_| false,
+            answer: |name| name.as_str() == "x-wing",
+        };
+        let named = send(wing).await.unwrap();
+        let names: Vec<&str> = named.carried_headers().keys().map(|n| n.as_str()).collect();
+        assert_eq!(names, ["x-wing"]);
     }
 
     /// A holder URL that answers a redirect does not get the publish

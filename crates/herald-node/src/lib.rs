@@ -49,6 +49,7 @@
 //! storage and a lease view set by hand, for other crates' tests.
 
 pub mod forward;
+pub mod holder_write;
 pub mod hub;
 pub mod metrics;
 pub mod node;

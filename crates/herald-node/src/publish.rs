@@ -1,6 +1,7 @@
 //! The node's one publish routine, for every protocol wing (API v1's
 //! single and batch publish, Centrifugo's client `publish` and server API
-//! `publish` and `broadcast`): on the holder this node's writer commits
+//! `publish` and `broadcast`), made through the one holder-only write
+//! routine (`holder_write.rs`): on the holder this node's writer commits
 //! it; on a standby it is forwarded once to the holder (`forward.rs`); if
 //! this node takes the lease over before the holder answered, it commits
 //! it itself, but only when every message carries an idempotency key
@@ -15,7 +16,9 @@ use herald_core::{Appended, NewMessage};
 use http::HeaderMap;
 use tokio_util::sync::CancellationToken;
 
-use crate::forward::{self, after_takeover_error, Forwarded, Forwarder, HolderAnswer};
+use crate::forward::{self, CarriedHeaders, Forwarder, HolderAnswer};
+pub use crate::holder_write::Routed;
+use crate::holder_write::{self, HolderRequest};
 use crate::node_error::{HolderWrite, NodeError, NodeResult};
 use crate::role::LeaseView;
 use crate::writer::WriterHandle;
@@ -155,18 +158,9 @@ pub async fn publish_batch(
     })
 }
 
-/// Where a write was made: here, or by the holder.
-#[derive(Debug)]
-pub enum Routed<T> {
-    /// This node committed it.
-    Here(T),
-    /// The holder answered it.
-    Holder(HolderAnswer),
-}
-
-/// The decision of [`publish`]: `commit` here on the holder; else forward
-/// `write` once; after a takeover, `commit` only when `keyed`.
-pub(crate) async fn route<T, F, Fut>(
+/// Makes `write` through [`holder_write::on_holder`], with no header
+/// carried beyond those every forward carries.
+async fn route<T, F, Fut>(
     node: &Publisher<'_>,
     write: HolderWrite,
     keyed: bool,
@@ -178,25 +172,14 @@ where
     F: FnOnce() -> Fut,
     Fut: Future<Output = NodeResult<T>>,
 {
-    if node.lease.is_holder() {
-        return commit().await.map(Routed::Here);
-    }
-    match node
-        .forwarder
-        .to_holder(node.lease, headers, write, body)
-        .await?
-    {
-        Forwarded::Answer(answer) => Ok(Routed::Holder(answer)),
-        Forwarded::TakenOver => {
-            if !keyed || !node.lease.is_holder() {
-                return Err(NodeError::NoHolder);
-            }
-            commit()
-                .await
-                .map(Routed::Here)
-                .map_err(after_takeover_error)
-        }
-    }
+    let request = HolderRequest {
+        write,
+        headers,
+        body,
+        carry: CarriedHeaders::NONE,
+        repeatable: keyed,
+    };
+    holder_write::on_holder(node, request, commit).await
 }
 
 /// Hands `message` to this node's writer and waits for the commit (or the

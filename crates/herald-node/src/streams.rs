@@ -1,10 +1,13 @@
 //! Durable Streams' writes on a node: a stream's creation, an append (with
-//! its closure) and a deletion, made here on the holder as fenced storage
-//! writes (`Storage::create_stream`, `append_stream`, and the channel
-//! deletion of `retention`), or forwarded once to the holder from a
-//! standby, as publishes are (`publish.rs`). After each write made here the
-//! hub is told, so that live readers on this node wake at once; standbys
-//! hear of new messages through their feed.
+//! its closure) and a deletion, made here on the holder, or forwarded once
+//! to the holder from a standby, as publishes are (`publish.rs`). A
+//! creation and an append go through the node's one writer
+//! (`writer.rs`): an append is group-committed with the publishes and
+//! other appends queued with it (`Storage::write`), a creation is a
+//! transaction of its own (`Storage::create_stream`), and the writer fans
+//! what they committed out to this node's live readers; standbys hear of
+//! new messages through their feed. A deletion is the channel deletion of
+//! `retention`.
 //!
 //! After a takeover that ends a forward (the old holder is fenced from
 //! then on), this node makes the write itself only when a retry cannot
@@ -13,16 +16,13 @@
 //! (outcome unknown).
 
 use bytes::Bytes;
-use herald_core::{
-    ChannelName, Message, Offset, Payload, StreamAppend, StreamAppended, StreamCreate,
-    StreamCreated, Tags,
-};
+use herald_core::{ChannelName, StreamAppend, StreamAppended, StreamCreate, StreamCreated};
 use http::{HeaderMap, Method};
 
-use crate::hub::Notice;
+use crate::forward::CarriedHeaders;
+use crate::holder_write::{on_holder, HolderRequest, Routed};
 use crate::node::Node;
 use crate::node_error::{HolderWrite, NodeError, NodeResult, StorageFailure};
-use crate::publish::{route, Routed};
 use crate::retention;
 
 /// How a stream write reached this node: what a standby forwards.
@@ -36,14 +36,28 @@ pub struct StreamRequest<'a> {
     pub headers: &'a HeaderMap,
     /// The request's body, as received.
     pub body: Bytes,
+    /// The headers of the wing's protocol that a forward carries to the
+    /// holder and back.
+    pub carry: CarriedHeaders,
 }
 
-impl StreamRequest<'_> {
+impl<'a> StreamRequest<'a> {
     fn write(&self, channel: &ChannelName) -> HolderWrite {
         HolderWrite::Stream {
             method: self.method.clone(),
             path: self.path.clone(),
             channel: channel.clone(),
+        }
+    }
+
+    /// The request as [`holder_write::on_holder`] takes it.
+    fn holder(&self, channel: &ChannelName, repeatable: bool) -> HolderRequest<'a> {
+        HolderRequest {
+            write: self.write(channel),
+            headers: self.headers,
+            body: self.body.clone(),
+            carry: self.carry,
+            repeatable,
         }
     }
 }
@@ -81,32 +95,21 @@ fn writable(
         })
 }
 
-/// Tells this node's live readers of `channel` that its head is `head`,
-/// with the messages `first..=head` when some were written.
-fn tell_hub(
+/// Waits for the writer's answer `reply`.
+async fn answered<T>(
     node: &Node,
     channel: &ChannelName,
-    first: Offset,
-    head: Offset,
-    messages: &[Payload],
-    at: i64,
-) {
-    let messages = messages
-        .iter()
-        .zip(first..)
-        .map(|(data, offset)| Message {
-            offset,
-            data: data.clone(),
-            published_at_ms: at,
-            tags: Tags::default(),
-        })
-        .collect();
-    node.hub().publish(Notice {
-        channel: channel.clone(),
-        head,
-        messages,
-        deleted: None,
-    });
+    reply: tokio::sync::oneshot::Receiver<NodeResult<T>>,
+) -> NodeResult<T> {
+    reply.await.map_err(|_| {
+        // The writer dropped the request without answering: it is gone.
+        if node.publisher().shutdown.is_cancelled() {
+            NodeError::Draining
+        } else {
+            tracing::error!(channel = %channel, "writer task ended without answering");
+            NodeError::Internal("writer task ended".to_owned())
+        }
+    })?
 }
 
 /// Creates the stream `create` describes (see `Storage::create_stream`):
@@ -124,60 +127,30 @@ pub async fn create_stream(
     request: StreamRequest<'_>,
 ) -> NodeResult<Routed<StreamCreated>> {
     let channel = create.channel.clone();
-    let write = request.write(&channel);
-    route(
-        &node.publisher(),
-        write,
-        true,
-        request.headers,
-        request.body.clone(),
-        || async {
-            let lease = writable(node, &channel, &request)?;
-            let mut created = node
-                .storage()
-                .create_stream(&lease, &create)
-                .await
-                .map_err(|e| failed(node, e, "create_stream", &channel))?;
-            if created == StreamCreated::Expired {
-                retention::delete_channel(
-                    node.storage().as_ref(),
-                    node.lease().as_ref(),
-                    node.hub(),
-                    node.config().trim_pacing.batch,
-                    &channel,
-                )
-                .await?;
-                created = node
-                    .storage()
-                    .create_stream(&lease, &create)
-                    .await
-                    .map_err(|e| failed(node, e, "create_stream", &channel))?;
-            }
-            if let StreamCreated::Created {
-                info,
-                published_at_ms,
-            } = &created
-            {
-                let count = create.messages.len() as Offset;
-                if count > 0 {
-                    tell_hub(
-                        node,
-                        &channel,
-                        info.head + 1 - count,
-                        info.head,
-                        &create.messages,
-                        *published_at_ms,
-                    );
-                }
-            }
-            Ok(created)
-        },
-    )
+    let holder = request.holder(&channel, true);
+    on_holder(&node.publisher(), holder, || async {
+        writable(node, &channel, &request)?;
+        let writer = node.publisher().writer;
+        let mut created = answered(node, &channel, writer.submit_create(create.clone())?).await?;
+        if created == StreamCreated::Expired {
+            retention::delete_channel(
+                node.storage().as_ref(),
+                node.lease().as_ref(),
+                node.hub(),
+                node.config().trim_pacing.batch,
+                &channel,
+            )
+            .await?;
+            created = answered(node, &channel, writer.submit_create(create)?).await?;
+        }
+        Ok(created)
+    })
     .await
 }
 
-/// Appends to a stream, closes it, or both (see `Storage::append_stream`):
-/// here on the holder, or forwarded from a standby.
+/// Appends to a stream, closes it, or both (see `Storage::write`): here on
+/// the holder, group-committed by the writer with what is queued with it,
+/// or forwarded from a standby.
 ///
 /// # Errors
 /// As [`create_stream`].
@@ -187,41 +160,13 @@ pub async fn append_stream(
     request: StreamRequest<'_>,
 ) -> NodeResult<Routed<StreamAppended>> {
     let channel = append.channel.clone();
-    let write = request.write(&channel);
     let exactly_once = append.producer.is_some();
-    route(
-        &node.publisher(),
-        write,
-        exactly_once,
-        request.headers,
-        request.body.clone(),
-        || async {
-            let lease = writable(node, &channel, &request)?;
-            let appended = node
-                .storage()
-                .append_stream(&lease, &append)
-                .await
-                .map_err(|e| failed(node, e, "append_stream", &channel))?;
-            if let StreamAppended::Appended {
-                first,
-                head,
-                published_at_ms,
-                ..
-            } = &appended
-            {
-                // A close alone wakes the live readers too: they see the end.
-                tell_hub(
-                    node,
-                    &channel,
-                    *first,
-                    *head,
-                    &append.messages,
-                    *published_at_ms,
-                );
-            }
-            Ok(appended)
-        },
-    )
+    let holder = request.holder(&channel, exactly_once);
+    on_holder(&node.publisher(), holder, || async {
+        writable(node, &channel, &request)?;
+        let reply = node.publisher().writer.submit_stream(append)?;
+        answered(node, &channel, reply).await
+    })
     .await
 }
 
@@ -251,38 +196,31 @@ pub async fn delete_stream(
     channel: &ChannelName,
     request: StreamRequest<'_>,
 ) -> NodeResult<Routed<StreamDeleted>> {
-    let write = request.write(channel);
-    route(
-        &node.publisher(),
-        write,
-        false,
-        request.headers,
-        request.body.clone(),
-        || async {
-            let lease = writable(node, channel, &request)?;
-            let Some(info) = stream_info(node, channel).await? else {
-                return Ok(StreamDeleted::NotFound);
-            };
-            // Marked first: from then on an append is refused (`Gone`), so
-            // none is acknowledged while the messages are being removed.
-            node.storage()
-                .soft_delete_stream(&lease, channel)
-                .await
-                .map_err(|e| failed(node, e, "soft_delete_stream", channel))?;
-            delete(node, channel).await?;
-            let mut parent = info.fork_of;
-            while let Some(source) = parent {
-                match stream_info(node, &source).await? {
-                    Some(up) if up.soft_deleted && up.live_forks == 0 => {
-                        delete(node, &source).await?;
-                        parent = up.fork_of;
-                    }
-                    _ => break,
+    let holder = request.holder(channel, false);
+    on_holder(&node.publisher(), holder, || async {
+        let lease = writable(node, channel, &request)?;
+        let Some(info) = stream_info(node, channel).await? else {
+            return Ok(StreamDeleted::NotFound);
+        };
+        // Marked first: from then on an append is refused (`Gone`), so
+        // none is acknowledged while the messages are being removed.
+        node.storage()
+            .soft_delete_stream(&lease, channel)
+            .await
+            .map_err(|e| failed(node, e, "soft_delete_stream", channel))?;
+        delete(node, channel).await?;
+        let mut parent = info.fork_of;
+        while let Some(source) = parent {
+            match stream_info(node, &source).await? {
+                Some(up) if up.soft_deleted && up.live_forks == 0 => {
+                    delete(node, &source).await?;
+                    parent = up.fork_of;
                 }
+                _ => break,
             }
-            Ok(StreamDeleted::Deleted)
-        },
-    )
+        }
+        Ok(StreamDeleted::Deleted)
+    })
     .await
 }
 

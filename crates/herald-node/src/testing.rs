@@ -393,11 +393,19 @@ impl Storage for MemoryStorage {
         "memory"
     }
 
-    async fn append(
+    /// Messages only: a stream append is not modelled.
+    async fn write(
         &self,
         lease: &Lease,
-        batch: &[NewMessage],
-    ) -> herald_storage::Result<Vec<Appended>> {
+        batch: &[herald_core::WriteRequest],
+    ) -> herald_storage::Result<Vec<herald_core::WriteOutcome>> {
+        let batch: Vec<&NewMessage> = batch
+            .iter()
+            .map(|entry| match entry {
+                herald_core::WriteRequest::Message(message) => Ok(message),
+                herald_core::WriteRequest::Stream(_) => Err(not_modelled()),
+            })
+            .collect::<herald_storage::Result<_>>()?;
         self.appends_started.fetch_add(1, Ordering::SeqCst);
         self.started.notify_waiters();
         let _gate = self.gate.lock().await;
@@ -438,7 +446,7 @@ impl Storage for MemoryStorage {
         mem.batch_sizes.push(batch.len());
         Ok(batch
             .iter()
-            .map(|m| Self::append_locked(&mut mem, m))
+            .map(|m| herald_core::WriteOutcome::Message(Self::append_locked(&mut mem, m)))
             .collect())
     }
 
@@ -751,14 +759,6 @@ impl Storage for MemoryStorage {
         _lease: &Lease,
         _create: &herald_core::StreamCreate,
     ) -> herald_storage::Result<herald_core::StreamCreated> {
-        Err(not_modelled())
-    }
-
-    async fn append_stream(
-        &self,
-        _lease: &Lease,
-        _append: &herald_core::StreamAppend,
-    ) -> herald_storage::Result<herald_core::StreamAppended> {
         Err(not_modelled())
     }
 

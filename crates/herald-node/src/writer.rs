@@ -1,16 +1,27 @@
-//! The node's one writer task: group commit of queued publishes.
+//! The node's one writer task: group commit of every holder-side write.
 //!
-//! Handlers hand a validated message to the writer over a bounded queue
-//! ([`WriterHandle::submit`] never waits: a full queue is `queue_full`). The
-//! writer takes one request, then whatever else is already queued up to
-//! `max_batch`, and appends them in one fenced storage transaction under the
-//! lease it holds. Only after the storage returned (after the commit) does it
-//! fan the new messages out to live subscribers and answer each request. On
-//! any error nothing was committed and every request of the batch gets the
-//! error: no publish is ever acknowledged without being stored.
+//! Handlers hand a validated write to the writer over a bounded queue
+//! ([`WriterHandle::submit`] and its siblings never wait: a full queue is
+//! `queue_full`): a publish's message, a batch publish's messages, a
+//! stream append (with its closure), or a stream's creation. The writer
+//! takes one request, then whatever else is already queued up to
+//! `max_batch` entries, and writes them in one fenced storage transaction
+//! (`Storage::write`) under the lease it holds; a creation, which may copy
+//! a whole fork, is a transaction of its own (`Storage::create_stream`),
+//! still made here and in queue order. Only after the storage returned
+//! (after the commit) does it fan the new messages out to live
+//! subscribers ([`Writer::fan_out`], the one way the hub hears of this
+//! node's writes) and answer each request. A request that its channel
+//! refuses is answered alone and the rest commit: a stream append's
+//! refusal is its outcome; a message's (a reused idempotency key, a
+//! closed or expired stream, another kind of payload) rolls the
+//! transaction back, and the writer writes the group again without that
+//! request. On any other error nothing was committed and every request of
+//! the batch gets the error: no write is ever acknowledged without being
+//! stored.
 //!
 //! Except under the test-only fault switch `ack_before_commit`, which
-//! breaks exactly that rule (`writer/fault.rs`).
+//! breaks exactly that rule for publishes (`writer/fault.rs`).
 
 mod fault;
 
@@ -18,7 +29,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use herald_core::fault_switches::{self, FaultSwitch};
-use herald_core::{Appended, ChannelName, Message, NewMessage};
+use herald_core::{
+    Appended, ChannelName, Message, NewMessage, Offset, StreamAppend, StreamAppended, StreamCreate,
+    StreamCreated, Tags, WriteOutcome, WriteRequest,
+};
 use herald_storage::Storage;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -29,21 +43,36 @@ use crate::node_error::StorageFailure;
 use crate::node_error::{NodeError, NodeResult};
 use crate::role::LeaseView;
 
-/// One publish request waiting for the writer: one message, or a batch
-/// publish's messages, which are always committed in one transaction.
+/// One request waiting for the writer.
 #[derive(Debug)]
-pub struct PublishRequest {
-    messages: Vec<NewMessage>,
-    reply: Reply,
+pub enum Queued {
+    /// Entries written in one transaction with the rest of their group: a
+    /// publish's message, a batch publish's messages (never split), or one
+    /// stream append.
+    Write {
+        /// The entries, in order.
+        entries: Vec<WriteRequest>,
+        /// Where the outcome goes.
+        reply: Reply,
+    },
+    /// A stream's creation, in a transaction of its own.
+    Create {
+        /// What to create.
+        create: Box<StreamCreate>,
+        /// Where the outcome goes.
+        reply: oneshot::Sender<NodeResult<StreamCreated>>,
+    },
 }
 
-/// Where the outcome of a [`PublishRequest`] goes.
+/// Where the outcome of a [`Queued::Write`] goes.
 #[derive(Debug)]
 pub enum Reply {
     /// A single publish: one outcome.
     One(oneshot::Sender<NodeResult<Appended>>),
     /// A batch publish: one outcome per message, in order.
     Batch(oneshot::Sender<NodeResult<Vec<Appended>>>),
+    /// A stream append: its outcome (its refusals included).
+    Stream(oneshot::Sender<NodeResult<StreamAppended>>),
 }
 
 impl Reply {
@@ -56,31 +85,60 @@ impl Reply {
             Self::Batch(tx) => {
                 let _ = tx.send(Err(error));
             }
+            Self::Stream(tx) => {
+                let _ = tx.send(Err(error));
+            }
         }
     }
 }
 
-/// The requests of one transaction: how many messages each has, in order,
+/// The requests of one transaction: how many entries each has, in order,
 /// and where its outcome goes.
 pub(super) type Replies = Vec<(usize, Reply)>;
 
-/// Answers every request of a batch from `outcomes` (one per message, in
+/// The outcome that answers a request whose entry the storage answered
+/// with the other kind: a broken storage.
+fn mismatched() -> NodeError {
+    tracing::error!("storage answered an entry with an outcome of another kind");
+    NodeError::Internal("storage answered an entry with an outcome of another kind".to_owned())
+}
+
+/// Answers every request of a batch from `outcomes` (one per entry, in
 /// batch order).
 /// A dropped receiver means the client went away; what was committed
 /// stays committed.
-pub(super) fn answer(replies: Replies, outcomes: Vec<Appended>) {
+pub(super) fn answer(replies: Replies, outcomes: Vec<WriteOutcome>) {
     let mut outcomes = outcomes.into_iter();
     for (count, reply) in replies {
         match reply {
             // A single publish (the common case) gets its outcome as is,
             // without a vector of one.
             Reply::One(tx) => {
-                if let Some(outcome) = outcomes.next() {
-                    let _ = tx.send(Ok(outcome));
-                }
+                let outcome = match outcomes.next() {
+                    Some(WriteOutcome::Message(appended)) => Ok(appended),
+                    Some(WriteOutcome::Stream(_)) => Err(mismatched()),
+                    None => continue,
+                };
+                let _ = tx.send(outcome);
             }
             Reply::Batch(tx) => {
-                let _ = tx.send(Ok(outcomes.by_ref().take(count).collect()));
+                let outcome = outcomes
+                    .by_ref()
+                    .take(count)
+                    .map(|outcome| match outcome {
+                        WriteOutcome::Message(appended) => Ok(appended),
+                        WriteOutcome::Stream(_) => Err(mismatched()),
+                    })
+                    .collect();
+                let _ = tx.send(outcome);
+            }
+            Reply::Stream(tx) => {
+                let outcome = match outcomes.next() {
+                    Some(WriteOutcome::Stream(appended)) => Ok(appended),
+                    Some(WriteOutcome::Message(_)) => Err(mismatched()),
+                    None => continue,
+                };
+                let _ = tx.send(outcome);
             }
         }
     }
@@ -93,12 +151,11 @@ pub(super) fn fail_all(replies: Replies, error: impl Fn() -> NodeError) {
     }
 }
 
-/// Takes the request that holds message `index` of the batch out of
-/// `messages` and `replies`, and answers it `idempotency_key_reused` (for a
-/// batch publish, naming its entry). `false` when `index` is outside the
-/// batch.
+/// Takes the request that holds entry `index` of the batch out of
+/// `entries` and `replies`, and answers it with `error` (for a batch
+/// publish, naming its entry). `false` when `index` is outside the batch.
 fn refuse_request(
-    messages: &mut Vec<NewMessage>,
+    entries: &mut Vec<WriteRequest>,
     replies: &mut Replies,
     index: usize,
     error: impl Fn() -> NodeError,
@@ -108,7 +165,7 @@ fn refuse_request(
         let count = replies[position].0;
         if index < start + count {
             let (_, reply) = replies.remove(position);
-            messages.drain(start..start + count);
+            entries.drain(start..start + count);
             match reply {
                 Reply::One(tx) => {
                     let _ = tx.send(Err(error()));
@@ -118,6 +175,9 @@ fn refuse_request(
                         index: index - start,
                         error: Box::new(error()),
                     }));
+                }
+                Reply::Stream(tx) => {
+                    let _ = tx.send(Err(error()));
                 }
             }
             return true;
@@ -130,7 +190,7 @@ fn refuse_request(
 /// The handlers' end of the writer's queue.
 #[derive(Debug, Clone)]
 pub struct WriterHandle {
-    tx: mpsc::Sender<PublishRequest>,
+    tx: mpsc::Sender<Queued>,
 }
 
 impl WriterHandle {
@@ -145,7 +205,7 @@ impl WriterHandle {
         message: NewMessage,
     ) -> NodeResult<oneshot::Receiver<NodeResult<Appended>>> {
         let (reply, rx) = oneshot::channel();
-        self.queue(vec![message], Reply::One(reply))?;
+        self.queue(vec![WriteRequest::Message(message)], Reply::One(reply))?;
         Ok(rx)
     }
 
@@ -161,12 +221,52 @@ impl WriterHandle {
         messages: Vec<NewMessage>,
     ) -> NodeResult<oneshot::Receiver<NodeResult<Vec<Appended>>>> {
         let (reply, rx) = oneshot::channel();
-        self.queue(messages, Reply::Batch(reply))?;
+        let entries = messages.into_iter().map(WriteRequest::Message).collect();
+        self.queue(entries, Reply::Batch(reply))?;
         Ok(rx)
     }
 
-    fn queue(&self, messages: Vec<NewMessage>, reply: Reply) -> NodeResult<()> {
-        match self.tx.try_send(PublishRequest { messages, reply }) {
+    /// Queues a stream append (with its closure) without waiting; the
+    /// writer commits it with the rest of its group, and the receiver
+    /// yields its outcome: `Appended` or `Duplicate`, or the refusal its
+    /// stream's guards answered (then it wrote nothing, and the rest of
+    /// the group committed without it).
+    ///
+    /// # Errors
+    /// As [`WriterHandle::submit`].
+    pub fn submit_stream(
+        &self,
+        append: StreamAppend,
+    ) -> NodeResult<oneshot::Receiver<NodeResult<StreamAppended>>> {
+        let (reply, rx) = oneshot::channel();
+        self.queue(vec![WriteRequest::Stream(append)], Reply::Stream(reply))?;
+        Ok(rx)
+    }
+
+    /// Queues a stream's creation without waiting; the writer makes it in
+    /// a transaction of its own, in queue order, and the receiver yields
+    /// its outcome (see `Storage::create_stream`).
+    ///
+    /// # Errors
+    /// As [`WriterHandle::submit`].
+    pub fn submit_create(
+        &self,
+        create: StreamCreate,
+    ) -> NodeResult<oneshot::Receiver<NodeResult<StreamCreated>>> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Queued::Create {
+            create: Box::new(create),
+            reply,
+        })?;
+        Ok(rx)
+    }
+
+    fn queue(&self, entries: Vec<WriteRequest>, reply: Reply) -> NodeResult<()> {
+        self.send(Queued::Write { entries, reply })
+    }
+
+    fn send(&self, queued: Queued) -> NodeResult<()> {
+        match self.tx.try_send(queued) {
             Ok(()) => Ok(()),
             Err(mpsc::error::TrySendError::Full(_)) => Err(NodeError::QueueFull),
             Err(mpsc::error::TrySendError::Closed(_)) => Err(NodeError::Draining),
@@ -185,11 +285,11 @@ pub struct Writer {
     storage: Arc<dyn Storage>,
     lease: Arc<dyn LeaseView>,
     hub: Arc<Hub>,
-    rx: mpsc::Receiver<PublishRequest>,
+    rx: mpsc::Receiver<Queued>,
     max_batch: usize,
     /// A request taken from the queue that did not fit in the previous
     /// batch: the first of the next one.
-    held_over: Option<PublishRequest>,
+    held_over: Option<Queued>,
     /// State of the test-only fault switch (`writer/fault.rs`); empty while
     /// it is off.
     fault: fault::FaultState,
@@ -197,7 +297,7 @@ pub struct Writer {
 
 impl Writer {
     /// A writer and its queue of `capacity` requests (at least 1); batches
-    /// hold at most `max_batch` messages (at least 1).
+    /// hold at most `max_batch` entries (at least 1).
     pub fn new(
         storage: Arc<dyn Storage>,
         lease: Arc<dyn LeaseView>,
@@ -219,19 +319,19 @@ impl Writer {
     }
 
     /// Commits batches until `shutdown` is cancelled (or every handle is
-    /// gone), then closes the queue, so that new publishes get `draining`,
+    /// gone), then closes the queue, so that new writes get `draining`,
     /// and commits (or fails) what is still queued before returning.
     pub async fn run(mut self, shutdown: CancellationToken) {
         loop {
             if let Some(first) = self.held_over.take() {
-                self.commit_batch(first).await;
+                self.commit(first).await;
                 continue;
             }
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
                 first = self.rx.recv() => match first {
-                    Some(first) => self.commit_batch(first).await,
+                    Some(first) => self.commit(first).await,
                     None => return,
                 },
             }
@@ -247,25 +347,84 @@ impl Writer {
                 },
             };
             drained += 1;
-            self.commit_batch(first).await;
+            self.commit(first).await;
         }
         metrics::queue_depth(0);
         tracing::debug!(batches = drained, "writer drained its queue");
     }
 
-    /// Takes `first` and what else is queued, whole requests only, up to
-    /// `max_batch` messages (a larger batch publish goes alone), and
+    /// Commits `first`: a creation alone, or a group that starts with it.
+    async fn commit(&mut self, first: Queued) {
+        match first {
+            Queued::Write { entries, reply } => self.commit_batch(entries, reply).await,
+            Queued::Create { create, reply } => {
+                let outcome = self.create(&create).await;
+                let _ = reply.send(outcome);
+            }
+        }
+    }
+
+    /// Creates the stream `create` describes, in a transaction of its own,
+    /// and fans its initial messages out.
+    async fn create(&mut self, create: &StreamCreate) -> NodeResult<StreamCreated> {
+        metrics::queue_depth(self.rx.len());
+        let Some(lease) = self.lease.writable_lease() else {
+            return Err(NodeError::LeaseLost);
+        };
+        match self.storage.create_stream(&lease, create).await {
+            Ok(created) => {
+                if let StreamCreated::Created {
+                    info,
+                    published_at_ms,
+                } = &created
+                {
+                    let count = create.messages.len() as Offset;
+                    if count > 0 {
+                        let first = info.head + 1 - count;
+                        self.hub.publish(Notice {
+                            deleted: None,
+                            channel: create.channel.clone(),
+                            head: info.head,
+                            messages: stream_messages(&create.messages, first, *published_at_ms),
+                        });
+                    }
+                }
+                Ok(created)
+            }
+            Err(herald_storage::Error::LeaseLost { name, token }) => {
+                tracing::warn!(
+                    lease = %name,
+                    token = token.0,
+                    "fenced stream creation found the lease lost"
+                );
+                self.lease.report_lease_lost(lease.token);
+                Err(NodeError::LeaseLost)
+            }
+            Err(e) => Err(NodeError::Storage(StorageFailure::new(
+                "create_stream",
+                Some(&create.channel),
+                e,
+            ))),
+        }
+    }
+
+    /// Takes `entries` (the first request's) and what else is queued,
+    /// whole requests only, up to `max_batch` entries (a larger batch
+    /// publish goes alone; a creation waits for the next round), and
     /// commits them in one transaction.
-    async fn commit_batch(&mut self, first: PublishRequest) {
-        let mut messages = Vec::with_capacity(self.max_batch.min(64));
+    async fn commit_batch(&mut self, first: Vec<WriteRequest>, reply: Reply) {
+        let mut entries = Vec::with_capacity(self.max_batch.min(64));
         let mut replies: Replies = Vec::with_capacity(self.max_batch.min(64));
-        replies.push((first.messages.len(), first.reply));
-        messages.extend(first.messages);
-        while messages.len() < self.max_batch {
+        replies.push((first.len(), reply));
+        entries.extend(first);
+        while entries.len() < self.max_batch {
             match self.rx.try_recv() {
-                Ok(request) if messages.len() + request.messages.len() <= self.max_batch => {
-                    replies.push((request.messages.len(), request.reply));
-                    messages.extend(request.messages);
+                Ok(Queued::Write {
+                    entries: more,
+                    reply,
+                }) if entries.len() + more.len() <= self.max_batch => {
+                    replies.push((more.len(), reply));
+                    entries.extend(more);
                 }
                 Ok(request) => {
                     self.held_over = Some(request);
@@ -276,25 +435,27 @@ impl Writer {
         }
         metrics::queue_depth(self.rx.len());
 
-        // Every publish reaches the writer only after its handler saw this
+        // Every write reaches the writer only after its handler saw this
         // node holder; a lease that is not writable now was lost in between
         // (the safety deadline passed, the watchdog or a lost lease stopped
         // the node). `lease_lost` tells the client just that: nothing was
         // stored, retry on the new holder.
         let Some(lease) = self.lease.writable_lease() else {
-            tracing::debug!(
-                messages = messages.len(),
-                "lease not writable: batch refused"
-            );
+            tracing::debug!(entries = entries.len(), "lease not writable: batch refused");
             fail_all(replies, || NodeError::LeaseLost);
             return;
         };
-        if fault_switches::enabled(FaultSwitch::AckBeforeCommit) {
-            // Test-only: acknowledge first, then append (`writer/fault.rs`).
-            return self.ack_before_commit(&lease, messages, replies).await;
+        if fault_switches::enabled(FaultSwitch::AckBeforeCommit)
+            && entries
+                .iter()
+                .all(|e| matches!(e, WriteRequest::Message(_)))
+        {
+            // Test-only: acknowledge first, then append (`writer/fault.rs`);
+            // publishes only.
+            return self.ack_before_commit(&lease, entries, replies).await;
         }
 
-        let mut outcome = self.storage.append(&lease, &messages).await;
+        let mut outcome = self.storage.write(&lease, &entries).await;
         // A request that reuses an idempotency key for another message, or
         // publishes to a closed stream or a stream of bytes, rolled the
         // whole transaction back: answer it, and commit the others without
@@ -318,29 +479,29 @@ impl Writer {
                 }) => (index, || NodeError::StreamExpired),
                 _ => break,
             };
-            if !refuse_request(&mut messages, &mut replies, index, error) {
-                tracing::error!(index, "storage named a message outside the batch");
+            if !refuse_request(&mut entries, &mut replies, index, error) {
+                tracing::error!(index, "storage named an entry outside the batch");
                 fail_all(replies, || {
-                    NodeError::Internal("storage named a message outside the batch".to_owned())
+                    NodeError::Internal("storage named an entry outside the batch".to_owned())
                 });
                 return;
             }
-            if messages.is_empty() {
+            if entries.is_empty() {
                 return;
             }
-            outcome = self.storage.append(&lease, &messages).await;
+            outcome = self.storage.write(&lease, &entries).await;
         }
         match outcome {
-            Ok(appended) if appended.len() == messages.len() => {
-                metrics::batch_committed(messages.len());
-                self.fan_out(&messages, &appended);
-                answer(replies, appended);
+            Ok(written) if written.len() == entries.len() => {
+                metrics::batch_committed(entries.len());
+                self.fan_out(&entries, &written);
+                answer(replies, written);
             }
-            Ok(appended) => {
+            Ok(written) => {
                 tracing::error!(
                     token = lease.token.0,
-                    sent = messages.len(),
-                    returned = appended.len(),
+                    sent = entries.len(),
+                    returned = written.len(),
                     "storage returned a result count different from the batch size"
                 );
                 fail_all(replies, || {
@@ -351,37 +512,58 @@ impl Writer {
                 tracing::warn!(
                     lease = %name,
                     token = token.0,
-                    messages = messages.len(),
+                    entries = entries.len(),
                     "fenced write found the lease lost; batch failed"
                 );
                 self.lease.report_lease_lost(lease.token);
                 fail_all(replies, || NodeError::LeaseLost);
             }
             Err(e) => {
-                StorageFailure::new("append", None, e).log();
+                StorageFailure::new("write", None, e).log();
                 fail_all(replies, || NodeError::StorageUnavailable);
             }
         }
     }
 
-    /// Publishes the batch's new (non-duplicate) messages to the hub, one
-    /// notice per channel, in offset order.
-    fn fan_out(&self, messages: &[NewMessage], appended: &[Appended]) {
-        let mut by_channel: HashMap<&ChannelName, Vec<Message>> = HashMap::new();
-        for (new, outcome) in messages.iter().zip(appended) {
-            if outcome.duplicate {
-                continue;
+    /// Publishes the batch's new messages to the hub, one notice per
+    /// channel, in offset order: the messages that are not duplicates, and
+    /// the stream appends that wrote (a closure alone too, so that live
+    /// readers see the end).
+    fn fan_out(&self, entries: &[WriteRequest], written: &[WriteOutcome]) {
+        let mut by_channel: HashMap<&ChannelName, (Offset, Vec<Message>)> = HashMap::new();
+        for (entry, outcome) in entries.iter().zip(written) {
+            match (entry, outcome) {
+                (WriteRequest::Message(new), WriteOutcome::Message(outcome)) => {
+                    if outcome.duplicate {
+                        continue;
+                    }
+                    let (head, messages) = by_channel.entry(&new.channel).or_default();
+                    *head = (*head).max(outcome.offset);
+                    messages.push(Message {
+                        offset: outcome.offset,
+                        data: new.data.clone(),
+                        published_at_ms: outcome.published_at_ms,
+                        tags: new.tags.clone(),
+                    });
+                }
+                (
+                    WriteRequest::Stream(append),
+                    WriteOutcome::Stream(StreamAppended::Appended {
+                        first,
+                        head: after,
+                        published_at_ms,
+                        ..
+                    }),
+                ) => {
+                    let (head, messages) = by_channel.entry(&append.channel).or_default();
+                    *head = (*head).max(*after);
+                    messages.extend(stream_messages(&append.messages, *first, *published_at_ms));
+                }
+                _ => {}
             }
-            by_channel.entry(&new.channel).or_default().push(Message {
-                offset: outcome.offset,
-                data: new.data.clone(),
-                published_at_ms: outcome.published_at_ms,
-                tags: new.tags.clone(),
-            });
         }
-        for (channel, mut committed) in by_channel {
+        for (channel, (head, mut committed)) in by_channel {
             committed.sort_by_key(|m| m.offset);
-            let head = committed.last().map_or(0, |m| m.offset);
             self.hub.publish(Notice {
                 deleted: None,
                 channel: channel.clone(),
@@ -390,6 +572,25 @@ impl Writer {
             });
         }
     }
+}
+
+/// A stream's new `payloads` as the messages `first..` committed at
+/// `published_at_ms` (streams carry no tags).
+fn stream_messages(
+    payloads: &[herald_core::Payload],
+    first: Offset,
+    published_at_ms: i64,
+) -> Vec<Message> {
+    payloads
+        .iter()
+        .zip(first..)
+        .map(|(data, offset)| Message {
+            offset,
+            data: data.clone(),
+            published_at_ms,
+            tags: Tags::default(),
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -661,5 +862,147 @@ mod tests {
         // max_batch 2: the four queued requests took two transactions.
         assert_eq!(r.storage.batch_sizes(), vec![1, 2, 2]);
         assert_eq!(r.storage.head("a"), 5);
+    }
+
+    /// Stream appends are group-committed with publishes: queued
+    /// together, they are written in one transaction (one commit time),
+    /// each refused append (a closed stream, a producer's sequence gap) is
+    /// answered alone while the rest commits, a producer's retry is a
+    /// duplicate, and the hub hears one notice per channel from the
+    /// writer's one fan-out.
+    #[tokio::test]
+    async fn stream_appends_commit_in_the_group_and_refusals_fail_alone() {
+        use herald_core::{
+            Candidate, Payload, Producer, ProducerLimits, StreamConfig, StreamCreate,
+        };
+        use herald_storage::sqlite::{SqliteOptions, SqliteStorage};
+        use herald_storage::LeaseStore;
+
+        let dir = std::env::temp_dir().join(format!(
+            "herald-writer-streams-{}-{:?}",
+            std::process::id(),
+            std::time::SystemTime::now()
+        ));
+        let storage = Arc::new(
+            SqliteStorage::open(&dir, SqliteOptions::default())
+                .await
+                .unwrap(),
+        );
+        let candidate = Candidate {
+            lease_name: herald_core::DEFAULT_LEASE_NAME.to_owned(),
+            node_id: "node-a".to_owned(),
+            advertise_url: "http://node-a".to_owned(),
+        };
+        let lease = match storage
+            .acquire(&candidate, Duration::from_secs(60))
+            .await
+            .unwrap()
+        {
+            herald_storage::Acquire::Acquired { lease, .. } => lease,
+            other => panic!("expected the lease, got {other:?}"),
+        };
+        let view = FakeLease::holder(lease.token);
+        let stream = |name: &str, closed: bool| StreamCreate {
+            channel: ChannelName::new(name).unwrap(),
+            config: StreamConfig {
+                content_type: "text/plain".to_owned(),
+                ttl_s: None,
+                expires_at_ms: None,
+            },
+            closed,
+            messages: Vec::new(),
+            fork: None,
+            may_convert: false,
+        };
+        for create in [stream("s", false), stream("shut", true)] {
+            storage.create_stream(&lease, &create).await.unwrap();
+        }
+        let append = |name: &str, data: &[u8], seq: Option<u64>| StreamAppend {
+            channel: ChannelName::new(name).unwrap(),
+            content_type: Some("text/plain".to_owned()),
+            messages: vec![Payload::Bytes(Arc::from(data))],
+            producer: seq.map(|seq| Producer {
+                id: "p".to_owned(),
+                epoch: 0,
+                seq,
+            }),
+            stream_seq: None,
+            close: false,
+            producer_limits: ProducerLimits::default(),
+        };
+        let hub = Hub::new(16);
+        let (writer, handle) = Writer::new(storage.clone(), view, hub.clone(), 16, 512);
+        let mut live_s = hub.subscribe(&ChannelName::new("s").unwrap());
+        let mut live_a = hub.subscribe(&ChannelName::new("a").unwrap());
+        // Queued before the writer runs: one group.
+        let published = handle.submit(new_message("a", "1", None)).unwrap();
+        let first = handle.submit_stream(append("s", b"x", Some(0))).unwrap();
+        let closed = handle.submit_stream(append("shut", b"y", None)).unwrap();
+        let gap = handle.submit_stream(append("s", b"z", Some(5))).unwrap();
+        let next = handle.submit_stream(append("s", b"w", Some(1))).unwrap();
+        let retry = handle.submit_stream(append("s", b"x", Some(0))).unwrap();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(writer.run(shutdown.clone()));
+
+        let published = published.await.unwrap().unwrap();
+        assert_eq!((published.offset, published.duplicate), (1, false));
+        let at = published.published_at_ms;
+        assert_eq!(
+            first.await.unwrap().unwrap(),
+            StreamAppended::Appended {
+                first: 1,
+                head: 1,
+                published_at_ms: at,
+                closed: false
+            }
+        );
+        assert_eq!(
+            closed.await.unwrap().unwrap(),
+            StreamAppended::Closed { head: 0 }
+        );
+        assert_eq!(
+            gap.await.unwrap().unwrap(),
+            StreamAppended::SeqGap {
+                expected: 1,
+                received: 5
+            }
+        );
+        assert_eq!(
+            next.await.unwrap().unwrap(),
+            StreamAppended::Appended {
+                first: 2,
+                head: 2,
+                published_at_ms: at,
+                closed: false
+            }
+        );
+        assert_eq!(
+            retry.await.unwrap().unwrap(),
+            StreamAppended::Duplicate {
+                head: 2,
+                last_seq: 1,
+                closed: false
+            }
+        );
+        let notice = live_s.recv().await.unwrap();
+        assert_eq!(notice.head, 2);
+        let data: Vec<_> = notice.messages.iter().map(|m| m.data.clone()).collect();
+        assert_eq!(
+            data,
+            [
+                Payload::Bytes(Arc::from(&b"x"[..])),
+                Payload::Bytes(Arc::from(&b"w"[..]))
+            ]
+        );
+        assert_eq!(live_a.recv().await.unwrap().head, 1);
+        let page = storage
+            .read(&ChannelName::new("shut").unwrap(), 0, 10)
+            .await
+            .unwrap();
+        assert_eq!(page.head, 0, "nothing of the refused append");
+        shutdown.cancel();
+        task.await.unwrap();
+        drop(storage);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

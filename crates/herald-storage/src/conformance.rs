@@ -62,6 +62,7 @@ pub use retention::{
 pub use streams::{
     a_channel_with_messages_is_converted_only_when_allowed, a_closed_stream_refuses_every_append,
     a_deleted_stream_starts_afresh, a_fork_copies_its_source_up_to_its_offset,
+    a_mixed_group_commits_without_its_refused_stream_appends,
     a_soft_deleted_stream_is_gone_until_deleted, an_expired_stream_is_gone,
     an_expired_stream_reads_as_deleted_until_swept, fork_limits_are_checked_before_copying,
     json_publishes_are_refused_by_byte_streams,
@@ -85,6 +86,7 @@ macro_rules! conformance_tests {
             stream_producers_are_exactly_once_across_a_takeover,
             stream_producers_are_bounded_and_forgotten_when_idle,
             a_closed_stream_refuses_every_append,
+            a_mixed_group_commits_without_its_refused_stream_appends,
             json_publishes_are_refused_by_byte_streams,
             a_deleted_stream_starts_afresh,
             stream_writes_are_fenced,

@@ -40,8 +40,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use herald_core::{
-    Appended, Candidate, ChannelHead, ChannelName, Lease, LeaseInfo, NewMessage, Offset,
-    StreamAppend, StreamAppended, StreamCreate, StreamCreated, StreamInfo,
+    Candidate, ChannelHead, ChannelName, Lease, LeaseInfo, Offset, StreamCreate, StreamCreated,
+    StreamInfo, WriteOutcome, WriteRequest,
 };
 use rusqlite::{Connection, TransactionBehavior};
 
@@ -570,12 +570,12 @@ impl Storage for SqliteStorage {
         "sqlite"
     }
 
-    async fn append(&self, lease: &Lease, batch: &[NewMessage]) -> Result<Vec<Appended>> {
+    async fn write(&self, lease: &Lease, batch: &[WriteRequest]) -> Result<Vec<WriteOutcome>> {
         let lease = lease.clone();
         let batch = batch.to_vec();
         self.inner
             .writer
-            .call(move |conn| ops::append(conn, &lease, &batch))
+            .call(move |conn| ops::write(conn, &lease, &batch))
             .await
     }
 
@@ -738,15 +738,6 @@ impl Storage for SqliteStorage {
         self.inner
             .writer
             .call(move |conn| streams::create_stream(conn, &lease, &create))
-            .await
-    }
-
-    async fn append_stream(&self, lease: &Lease, append: &StreamAppend) -> Result<StreamAppended> {
-        let lease = lease.clone();
-        let append = append.clone();
-        self.inner
-            .writer
-            .call(move |conn| streams::append_stream(conn, &lease, &append))
             .await
     }
 

@@ -4,6 +4,7 @@ use async_trait::async_trait;
 use herald_core::{
     Appended, Candidate, ChannelHead, ChannelName, FencingToken, Lease, LeaseInfo, Message,
     NewMessage, Offset, StreamAppend, StreamAppended, StreamCreate, StreamCreated, StreamInfo,
+    WriteOutcome, WriteRequest,
 };
 
 use crate::cluster::ClusterEvent;
@@ -408,36 +409,72 @@ pub trait Storage: LeaseStore {
     /// The backend's name as shown in `/v1/status`: `"sqlite"` or `"postgres"`.
     fn backend(&self) -> &'static str;
 
-    /// Appends `batch` in one fenced transaction (group commit).
+    /// Writes `batch` in one fenced transaction (group commit): messages
+    /// ([`WriteRequest::Message`]) and stream appends
+    /// ([`WriteRequest::Stream`]), one outcome per entry, in input order,
+    /// returned only after the commit is durable.
     ///
     /// Inside the transaction the storage checks that `lease`'s token and
-    /// holder are current and that the lease has not expired, then gives each
-    /// message the next offset of its channel, in batch order. A message
-    /// whose idempotency key is already used on its channel (earlier, or in
+    /// holder are current and that the lease has not expired, then writes
+    /// every entry. Each stored message records the token that wrote it,
+    /// and every message of the batch has the batch's commit time.
+    ///
+    /// A message gets the next offset of its channel. A message whose
+    /// idempotency key is already used on its channel (earlier, or in
     /// the same batch) adds nothing and reports the original offset with
     /// `duplicate: true`, provided it is the same message: a keyed
     /// message is stored with its [`crate::idempotency_digest`], and one
     /// whose digest differs from the digest stored with its key (a key
     /// reused for another message) fails the whole batch with
     /// [`crate::Error::IdempotencyKeyReused`]. A key stored without a
-    /// digest (schema version 1) matches any message. Each stored message
-    /// records the token that wrote it. The returned vector has one entry per input, in input order, and
-    /// is returned only after the commit is durable.
+    /// digest (schema version 1) matches any message.
+    ///
+    /// A stream append is decided against its stream's row and its
+    /// producer's state as the earlier entries of the batch left them
+    /// (existence, closure, content type, producer epoch and sequence,
+    /// `Stream-Seq`, the bound on producers; see [`StreamAppended`]); when
+    /// allowed, its messages get contiguous offsets, its producer's state
+    /// and `Stream-Seq` are stored, the stream is closed if it asks, and
+    /// its TTL restarts, so that a producer's retry after any failure, on
+    /// any node, is answered as a duplicate exactly when its append
+    /// committed. Any other answer is the entry's outcome: it writes
+    /// nothing, and the rest of the batch commits. A backend may give a
+    /// batch's stream appends their offsets before its messages'.
     ///
     /// # Errors
-    /// [`crate::Error::IdempotencyKeyReused`] naming the first message
+    /// [`crate::Error::IdempotencyKeyReused`] naming the first entry
     /// that reuses a key for another message (nothing was committed; the
-    /// caller may append the batch again without it);
-    /// [`crate::Error::ChannelRefuses`] naming the first message whose
-    /// channel is a closed stream or a stream of another kind of payload
-    /// (JSON or bytes), the same way;
+    /// caller may write the batch again without it);
+    /// [`crate::Error::ChannelRefuses`] naming the first message entry
+    /// whose channel is a closed stream, an expired one or a stream of
+    /// another kind of payload (JSON or bytes), the same way;
     /// [`crate::Error::LeaseLost`] when the fencing check fails;
     /// [`crate::Error::Unavailable`] on timeouts. After `LeaseLost` nothing of
     /// the batch was committed. After `Unavailable` the outcome is unknown
     /// when the connection broke while the commit was in flight (the batch
-    /// may be stored; a retry with the same idempotency keys finds it);
-    /// otherwise nothing was committed.
-    async fn append(&self, lease: &Lease, batch: &[NewMessage]) -> Result<Vec<Appended>>;
+    /// may be stored; a retry with the same idempotency keys or producer
+    /// sequence numbers finds it); otherwise nothing was committed.
+    async fn write(&self, lease: &Lease, batch: &[WriteRequest]) -> Result<Vec<WriteOutcome>>;
+
+    /// Appends the messages `batch` in one fenced transaction: a
+    /// [`Storage::write`] of [`WriteRequest::Message`] entries, answered
+    /// one [`Appended`] per message, in input order.
+    ///
+    /// # Errors
+    /// As [`Storage::write`].
+    async fn append(&self, lease: &Lease, batch: &[NewMessage]) -> Result<Vec<Appended>> {
+        let entries: Vec<WriteRequest> = batch.iter().cloned().map(WriteRequest::Message).collect();
+        self.write(lease, &entries)
+            .await?
+            .into_iter()
+            .map(|outcome| match outcome {
+                WriteOutcome::Message(appended) => Ok(appended),
+                WriteOutcome::Stream(_) => Err(crate::Error::corrupt(
+                    "a message was answered as a stream append",
+                )),
+            })
+            .collect()
+    }
 
     /// Up to `limit` messages of `channel` with offset > `after`, in offset
     /// order, with the channel's head. An unknown channel has head 0 and no
@@ -633,21 +670,23 @@ pub trait Storage: LeaseStore {
     /// written); [`crate::Error::Unavailable`] on timeouts.
     async fn create_stream(&self, lease: &Lease, create: &StreamCreate) -> Result<StreamCreated>;
 
-    /// Appends to a stream, closes it, or both, in one fenced transaction
-    /// that reads the stream's row and the producer's state, decides as
-    /// the protocol says (existence, closure, content type, producer epoch
-    /// and sequence, `Stream-Seq`; see [`StreamAppended`]), then appends
-    /// the messages, stores the producer's new state and the `Stream-Seq`,
-    /// closes, and restarts the stream's TTL, so that a producer's retry
-    /// after any failure, on any node, is answered as a duplicate exactly
-    /// when its append committed.
+    /// Appends to a stream, closes it, or both, in one fenced transaction:
+    /// a [`Storage::write`] of the one entry [`WriteRequest::Stream`].
     ///
     /// # Errors
-    /// [`crate::Error::LeaseLost`] when the fencing check fails (nothing
-    /// written); [`crate::Error::Unavailable`] on timeouts (the outcome is
-    /// unknown if the connection broke during the commit: a producer's
-    /// retry finds out).
-    async fn append_stream(&self, lease: &Lease, append: &StreamAppend) -> Result<StreamAppended>;
+    /// As [`Storage::write`]: [`crate::Error::LeaseLost`] when the fencing
+    /// check fails (nothing written); [`crate::Error::Unavailable`] on
+    /// timeouts (the outcome is unknown if the connection broke during the
+    /// commit: a producer's retry finds out).
+    async fn append_stream(&self, lease: &Lease, append: &StreamAppend) -> Result<StreamAppended> {
+        let entries = [WriteRequest::Stream(append.clone())];
+        match self.write(lease, &entries).await?.pop() {
+            Some(WriteOutcome::Stream(appended)) => Ok(appended),
+            _ => Err(crate::Error::corrupt(
+                "a stream append was answered as a message",
+            )),
+        }
+    }
 
     /// Marks the stream `channel` as being deleted
     /// (`StreamInfo::soft_deleted`): an append is refused ("gone"), and so

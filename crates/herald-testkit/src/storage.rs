@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use herald_core::{
-    Appended, Candidate, ChannelHead, ChannelName, Lease, LeaseInfo, NewMessage, Offset,
+    Candidate, ChannelHead, ChannelName, Lease, LeaseInfo, NewMessage, Offset, WriteOutcome,
+    WriteRequest,
 };
 use herald_storage::{
     Acquire, ChangeFeed, ChangeSignal, ClusterEvent, Deletions, LeaseStore, Page, Storage,
@@ -140,13 +141,24 @@ impl<H: StorageHooks> Storage for Hooked<H> {
         self.inner.backend()
     }
 
-    async fn append(
+    /// The hook [`StorageHooks::before_append`] sees the batch's messages
+    /// (a batch of stream appends only is passed on at once).
+    async fn write(
         &self,
         lease: &Lease,
-        batch: &[NewMessage],
-    ) -> herald_storage::Result<Vec<Appended>> {
-        self.hooks.before_append(batch).await?;
-        self.inner.append(lease, batch).await
+        batch: &[WriteRequest],
+    ) -> herald_storage::Result<Vec<WriteOutcome>> {
+        let messages: Vec<NewMessage> = batch
+            .iter()
+            .filter_map(|entry| match entry {
+                WriteRequest::Message(message) => Some(message.clone()),
+                WriteRequest::Stream(_) => None,
+            })
+            .collect();
+        if !messages.is_empty() {
+            self.hooks.before_append(&messages).await?;
+        }
+        self.inner.write(lease, batch).await
     }
 
     async fn read(

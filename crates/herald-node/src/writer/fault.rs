@@ -13,7 +13,7 @@ use crate::metrics;
 use crate::node_error::NodeError;
 use crate::node_error::StorageFailure;
 use herald_core::fault_switches::FaultSwitch;
-use herald_core::{Appended, ChannelName, Lease, NewMessage, Offset};
+use herald_core::{Appended, ChannelName, Lease, NewMessage, Offset, WriteOutcome, WriteRequest};
 
 /// The writer's state for its fault switch; empty while the switch is off.
 #[derive(Debug, Default)]
@@ -38,14 +38,21 @@ impl Writer {
     pub(super) async fn ack_before_commit(
         &mut self,
         lease: &Lease,
-        messages: Vec<NewMessage>,
+        entries: Vec<WriteRequest>,
         replies: Replies,
     ) {
+        let messages: Vec<&NewMessage> = entries
+            .iter()
+            .filter_map(|entry| match entry {
+                WriteRequest::Message(message) => Some(message),
+                WriteRequest::Stream(_) => None,
+            })
+            .collect();
         let published_at_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
         let mut predicted = Vec::with_capacity(messages.len());
-        for message in &messages {
+        for message in messages.iter().copied() {
             let head = match self.fault.predicted_heads.get(&message.channel) {
                 Some(&head) => head,
                 None => match self.storage.read(&message.channel, 0, 0).await {
@@ -61,24 +68,28 @@ impl Writer {
             self.fault
                 .predicted_heads
                 .insert(message.channel.clone(), head + 1);
-            predicted.push(Appended {
+            predicted.push(WriteOutcome::Message(Appended {
                 channel: message.channel.clone(),
                 offset: head + 1,
                 published_at_ms,
                 duplicate: false,
-            });
+            }));
         }
         answer(replies, predicted);
-        match self.storage.append(lease, &messages).await {
-            Ok(appended) if appended.len() == messages.len() => {
-                metrics::batch_committed(messages.len());
-                self.fan_out(&messages, &appended);
+        match self.storage.write(lease, &entries).await {
+            Ok(written) if written.len() == entries.len() => {
+                metrics::batch_committed(entries.len());
+                self.fan_out(&entries, &written);
                 // The real heads: the largest new offset of each channel;
                 // a channel that got only duplicates is read again.
                 for message in &messages {
                     self.fault.predicted_heads.remove(&message.channel);
                 }
-                for outcome in appended.iter().filter(|a| !a.duplicate) {
+                let appended = written.iter().filter_map(|outcome| match outcome {
+                    WriteOutcome::Message(appended) => Some(appended),
+                    WriteOutcome::Stream(_) => None,
+                });
+                for outcome in appended.filter(|a| !a.duplicate) {
                     let head = self
                         .fault
                         .predicted_heads
@@ -96,10 +107,10 @@ impl Writer {
                         }
                         StorageFailure::new("append", None, e).log();
                     }
-                    Ok(appended) => tracing::error!(
+                    Ok(written) => tracing::error!(
                         token = lease.token.0,
-                        sent = messages.len(),
-                        returned = appended.len(),
+                        sent = entries.len(),
+                        returned = written.len(),
                         "storage returned a result count different from the batch size"
                     ),
                 }
@@ -147,7 +158,9 @@ mod tests {
                     ((1, Reply::One(tx)), rx)
                 })
                 .unzip();
-            (messages, replies, answers)
+            let entries: Vec<WriteRequest> =
+                messages.into_iter().map(WriteRequest::Message).collect();
+            (entries, replies, answers)
         };
         let offsets = |answers: Vec<oneshot::Receiver<NodeResult<Appended>>>| {
             answers

@@ -19,7 +19,8 @@ use crate::api::publish::holder_response;
 use crate::auth_extract::Caller;
 use crate::error::Result;
 use crate::extract::ChannelPath;
-use herald_node::forward::Forwarded;
+use herald_node::forward::CarriedHeaders;
+use herald_node::holder_write::{on_holder, HolderRequest, Routed};
 use herald_node::node_error::HolderWrite;
 use herald_node::retention;
 
@@ -47,30 +48,30 @@ pub(crate) async fn delete_channel(
         state.shared.auth().may_admin(&who)?;
     }
     crate::audit::admin_action(&who, "delete_channel", Some(channel.as_str()), None);
-    if !state.shared.node.lease().is_holder() {
-        let write = HolderWrite::DeleteChannel(channel.clone());
-        let shared = &state.shared;
-        let forwarded = shared
-            .node
-            .forwarder()
-            .to_holder(shared.node.lease().as_ref(), &headers, write, Bytes::new())
-            .await?;
-        match forwarded {
-            Forwarded::Answer(answer) => return Ok(holder_response(answer)),
-            // This node holds the lease now: it deletes the channel itself,
-            // as the client's retry would.
-            Forwarded::TakenOver => {}
-        }
-    }
     let shared = &state.shared;
-    let head = retention::delete_channel(
-        shared.node.storage().as_ref(),
-        shared.node.lease().as_ref(),
-        shared.node.hub(),
-        shared.config.trim_pacing.batch,
-        &channel,
-    )
+    // After a takeover that ended the forward, this node deletes the
+    // channel itself, as the client's retry would.
+    let request = HolderRequest {
+        write: HolderWrite::DeleteChannel(channel.clone()),
+        headers: &headers,
+        body: Bytes::new(),
+        carry: CarriedHeaders::NONE,
+        repeatable: true,
+    };
+    let routed = on_holder(&shared.node.publisher(), request, || {
+        retention::delete_channel(
+            shared.node.storage().as_ref(),
+            shared.node.lease().as_ref(),
+            shared.node.hub(),
+            shared.config.trim_pacing.batch,
+            &channel,
+        )
+    })
     .await?;
+    let head = match routed {
+        Routed::Holder(answer) => return Ok(holder_response(answer)),
+        Routed::Here(head) => head,
+    };
     Ok(Json(Deleted {
         channel,
         head,

@@ -362,6 +362,7 @@ async fn forward(
         path: "/emulation".to_owned(),
         body,
         headers,
+        carry: herald_node::forward::CarriedHeaders::NONE,
     };
     match shared.node.forwarder().to_node(&url, request).await {
         Ok(answer) => {

@@ -21,7 +21,8 @@ use serde_json::value::RawValue;
 use super::codes::ReplyError;
 use super::context::CentrifugoState;
 use crate::error::Error;
-use herald_node::forward::{Forwarded, HolderAnswer};
+use herald_node::forward::{CarriedHeaders, HolderAnswer};
+use herald_node::holder_write::{on_holder, HolderRequest, Routed};
 use herald_node::retention;
 
 /// Largest holder answer read back from a forwarded call, in bytes.
@@ -47,33 +48,29 @@ pub(crate) async fn history_remove(
     if !forwarded_by_a_node {
         crate::audit::admin_action(who, "history_remove", Some(channel.as_str()), None);
     }
-    if !state.shared.node.lease().is_holder() {
-        let body = serde_json::json!({ "channel": channel.as_str() }).to_string();
-        let shared = &state.shared;
-        let write = herald_node::node_error::HolderWrite::RemoveHistory(channel.clone());
-        let forwarded = shared
-            .node
-            .forwarder()
-            .to_holder(shared.node.lease().as_ref(), headers, write, body.into())
-            .await;
-        match forwarded {
-            Ok(Forwarded::Answer(answer)) => return holder_answer(&answer),
-            // This node holds the lease now: it removes the history itself
-            // (removing it twice removes nothing more).
-            Ok(Forwarded::TakenOver) => {}
-            Err(e) => return Err(logged(&Error::from(e))),
-        }
-    }
     let shared = &state.shared;
-    let removed = retention::remove_history(
-        shared.node.storage().as_ref(),
-        shared.node.lease().as_ref(),
-        shared.config.trim_pacing.batch,
-        &channel,
-    )
+    let body = serde_json::json!({ "channel": channel.as_str() }).to_string();
+    // After a takeover that ended the forward, this node removes the
+    // history itself (removing it twice removes nothing more).
+    let request = HolderRequest {
+        write: herald_node::node_error::HolderWrite::RemoveHistory(channel.clone()),
+        headers,
+        body: body.into(),
+        carry: CarriedHeaders::NONE,
+        repeatable: true,
+    };
+    let removed = on_holder(&shared.node.publisher(), request, || {
+        retention::remove_history(
+            shared.node.storage().as_ref(),
+            shared.node.lease().as_ref(),
+            shared.config.trim_pacing.batch,
+            &channel,
+        )
+    })
     .await;
     match removed {
-        Ok(head) => {
+        Ok(Routed::Holder(answer)) => holder_answer(&answer),
+        Ok(Routed::Here(head)) => {
             tracing::info!(channel = %channel, head, "history removed");
             Ok(())
         }

@@ -86,7 +86,7 @@ pub(crate) fn from_holder(answer: HolderAnswer) -> Response {
     if let Some(value) = answer.retry_after() {
         headers.insert(axum::http::header::RETRY_AFTER, value.clone());
     }
-    for (name, value) in answer.stream_headers() {
+    for (name, value) in answer.carried_headers() {
         headers.append(name.clone(), value.clone());
     }
     response

@@ -7,15 +7,15 @@
 //! forwarded once to the holder, whose answer is returned unchanged.
 
 use axum::extract::{Path, State};
-use axum::http::header::{HOST, LOCATION};
-use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::http::header::{ETAG, HOST, LOCATION};
+use axum::http::{HeaderMap, HeaderName, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use herald_core::{
     is_json_media, media_type, ChannelName, Fork, ForkLimits, StreamAppend, StreamAppended,
     StreamConfig, StreamCreate, StreamCreated, StreamInfo,
 };
-use herald_node::forward::FORWARDED_MAY_CONVERT;
+use herald_node::forward::CarriedHeaders;
 use herald_node::publish::Routed;
 use herald_node::streams::{self, StreamDeleted, StreamRequest};
 
@@ -27,6 +27,27 @@ use crate::error::{Error, Result};
 
 /// The type of a stream created without one (PROTOCOL.md, "Create").
 const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";
+
+/// The header a standby adds to a creation it forwards when its client
+/// may make a channel that holds messages a stream (value `1`): the
+/// holder believes it only of a request that carries the cluster secret.
+const FORWARDED_MAY_CONVERT: HeaderName = HeaderName::from_static("herald-forwarded-may-convert");
+
+/// The headers a forwarded stream write carries besides `Content-Type`:
+/// to the holder, the protocol's request headers and
+/// [`FORWARDED_MAY_CONVERT`]; back, the protocol's answer headers,
+/// `Location` and `ETag`.
+const CARRIED: CarriedHeaders = CarriedHeaders {
+    request: |name| is_protocol_header(name) || *name == FORWARDED_MAY_CONVERT,
+    answer: |name| is_protocol_header(name) || *name == LOCATION || *name == ETAG,
+};
+
+/// Whether `name` is a Durable Streams header (`Stream-*` or
+/// `Producer-*`, PROTOCOL.md of durable-streams/durable-streams).
+fn is_protocol_header(name: &HeaderName) -> bool {
+    let name = name.as_str();
+    name.starts_with("stream-") || name.starts_with("producer-")
+}
 
 /// The checked channel of a write at `path`, after the caller's right to
 /// publish to it.
@@ -60,6 +81,7 @@ fn forwarded<'a>(
             .map_or_else(|| uri.path().to_owned(), |p| p.as_str().to_owned()),
         headers,
         body,
+        carry: CARRIED,
     }
 }
 

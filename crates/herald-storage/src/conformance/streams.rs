@@ -1,12 +1,13 @@
 //! Conformance cases of streams (`Storage::stream_info`, `create_stream`,
-//! `append_stream`) and of what streams change for every channel.
+//! `append_stream`, stream appends in `write`'s groups) and of what
+//! streams change for every channel.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use herald_core::{
     ForkLimits, Lease, Payload, Producer, ProducerLimits, StreamAppend, StreamAppended,
-    StreamConfig, StreamCreate, StreamCreated,
+    StreamConfig, StreamCreate, StreamCreated, WriteOutcome, WriteRequest,
 };
 use serde_json::value::RawValue;
 
@@ -780,4 +781,137 @@ pub async fn fork_limits_are_checked_before_copying(h: &dyn Harness) {
     assert!(node.stream_info(&channel("f3")).await.unwrap().is_none());
     let info = node.stream_info(&channel("src")).await.unwrap().unwrap();
     assert_eq!(info.live_forks, 2);
+}
+
+/// One group commit (`Storage::write`) of messages and stream appends:
+/// every refused stream append (closed stream, producer sequence gap,
+/// content type) is answered alone and writes nothing, while the rest of
+/// the group commits, in batch order, with one commit time; a producer's
+/// retry within the group is a duplicate. A refused message (a publish to
+/// a closed stream) fails the whole group as before, stream appends
+/// included: nothing of it is stored, and the group without it commits.
+pub async fn a_mixed_group_commits_without_its_refused_stream_appends(h: &dyn Harness) {
+    let c = h.cluster(2).await;
+    let node = c.node(0);
+    let (lease, _) = acquire(node, 0, LONG_TTL).await;
+    created(node, &lease, &create("g1", "text/plain", Vec::new())).await;
+    let mut closed = create("g2", "text/plain", Vec::new());
+    closed.closed = true;
+    created(node, &lease, &closed).await;
+    let mut other_type = append("g1", vec![json("1")], None);
+    other_type.content_type = Some("application/json".to_owned());
+    let group = [
+        WriteRequest::Message(msg("plain", "1")),
+        WriteRequest::Stream(append("g1", vec![bytes(b"a")], Some((0, 0)))),
+        WriteRequest::Stream(append("g2", vec![bytes(b"x")], None)),
+        WriteRequest::Stream(append("g1", vec![bytes(b"b")], Some((0, 2)))),
+        WriteRequest::Stream(append("g1", vec![bytes(b"c"), bytes(b"d")], Some((0, 1)))),
+        WriteRequest::Stream(other_type),
+        WriteRequest::Message(msg("plain", "2")),
+        WriteRequest::Stream(append("g1", vec![bytes(b"a")], Some((0, 0)))),
+    ];
+    let outcomes = node.write(&lease, &group).await.unwrap();
+    assert_eq!(outcomes.len(), group.len(), "{outcomes:?}");
+    let (at, first_message) = match &outcomes[0] {
+        WriteOutcome::Message(a) => (a.published_at_ms, a.offset),
+        other => panic!("expected a message, got {other:?}"),
+    };
+    assert_eq!(first_message, 1);
+    match &outcomes[6] {
+        WriteOutcome::Message(a) => {
+            assert_eq!((a.offset, a.duplicate, a.published_at_ms), (2, false, at));
+        }
+        other => panic!("expected a message, got {other:?}"),
+    }
+    let stream = |i: usize| match &outcomes[i] {
+        WriteOutcome::Stream(s) => s.clone(),
+        other => panic!("entry {i}: expected a stream append, got {other:?}"),
+    };
+    assert_eq!(
+        stream(1),
+        StreamAppended::Appended {
+            first: 1,
+            head: 1,
+            published_at_ms: at,
+            closed: false
+        }
+    );
+    assert_eq!(stream(2), StreamAppended::Closed { head: 0 });
+    assert_eq!(
+        stream(3),
+        StreamAppended::SeqGap {
+            expected: 1,
+            received: 2
+        }
+    );
+    assert_eq!(
+        stream(4),
+        StreamAppended::Appended {
+            first: 2,
+            head: 3,
+            published_at_ms: at,
+            closed: false
+        }
+    );
+    assert_eq!(
+        stream(5),
+        StreamAppended::ContentTypeMismatch {
+            content_type: "text/plain".to_owned()
+        }
+    );
+    assert_eq!(
+        stream(7),
+        StreamAppended::Duplicate {
+            head: 3,
+            last_seq: 1,
+            closed: false
+        }
+    );
+    let other = c.node(1);
+    let page = other.read(&channel("g1"), 0, 10).await.unwrap();
+    let stored: Vec<(u64, Payload, i64)> = page
+        .messages
+        .into_iter()
+        .map(|m| (m.offset, m.data, m.published_at_ms))
+        .collect();
+    assert_eq!(
+        stored,
+        [
+            (1, bytes(b"a"), at),
+            (2, bytes(b"c"), at),
+            (3, bytes(b"d"), at)
+        ]
+    );
+    assert_eq!(other.read(&channel("plain"), 0, 10).await.unwrap().head, 2);
+    let g2 = other.stream_info(&channel("g2")).await.unwrap().unwrap();
+    assert_eq!((g2.head, g2.closed), (0, true));
+
+    // A refused message rolls the whole group back, its stream appends too.
+    let next = WriteRequest::Stream(append("g1", vec![bytes(b"e")], Some((0, 2))));
+    match node
+        .write(
+            &lease,
+            &[next.clone(), WriteRequest::Message(msg("g2", "1"))],
+        )
+        .await
+    {
+        Err(Error::ChannelRefuses {
+            index: 1,
+            refusal: Refusal::Closed,
+        }) => {}
+        other => panic!("expected ChannelRefuses {{ index: 1, Closed }}, got {other:?}"),
+    }
+    assert_eq!(other.read(&channel("g1"), 0, 10).await.unwrap().head, 3);
+    let retried = node.write(&lease, &[next]).await.unwrap();
+    assert!(
+        matches!(
+            retried.as_slice(),
+            [WriteOutcome::Stream(StreamAppended::Appended {
+                first: 4,
+                head: 4,
+                ..
+            })]
+        ),
+        "{retried:?}"
+    );
 }

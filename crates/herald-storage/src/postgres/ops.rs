@@ -14,8 +14,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use deadpool_postgres::Object;
 use herald_core::fault_switches::{self, FaultSwitch};
 use herald_core::{
-    Appended, Candidate, ChannelHead, ChannelName, Lease, LeaseInfo, Message, NewMessage, Offset,
-    Payload,
+    Appended, Candidate, ChannelHead, ChannelName, Lease, LeaseInfo, Message, Offset, Payload,
+    StreamAppended, WriteOutcome, WriteRequest,
 };
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{GenericClient, IsolationLevel};
@@ -23,6 +23,7 @@ use tokio_postgres::{GenericClient, IsolationLevel};
 use super::names::{
     fenced_write_lock_key, twin_key, CHANGES_CHANNEL, HOLDER_GONE_GRACE_MS, LEASE_CHANNEL,
 };
+use super::streams::{self, Applied};
 use crate::decode::{
     acquired, log_lost, log_release, lost, sql_position, sql_token, to_channel, to_payload,
     to_tags, to_token, to_u64,
@@ -685,10 +686,13 @@ struct Written<'a> {
     index: usize,
 }
 
-/// The fenced write: one READ COMMITTED transaction that runs the
-/// fenced-write prelude ([`fenced`]: the lease's advisory lock, the lease
-/// row `FOR KEY SHARE`, the fencing check), then writes the whole batch with a constant number of set-based
-/// statements, whatever its size: every idempotency key of the batch is
+/// The fenced write (`Storage::write`): one READ COMMITTED transaction
+/// that runs the fenced-write prelude ([`fenced`]: the lease's advisory
+/// lock, the lease row `FOR KEY SHARE`, the fencing check), then the
+/// batch's stream appends one by one ([`streams::apply_append`]: a few
+/// statements each, none for a batch without them), then writes the
+/// batch's messages with a constant number of set-based statements,
+/// whatever their number: every idempotency key of the batch is
 /// looked up in one query; each channel's head advances by its count of
 /// new messages in one statement; the fencing check runs again as the
 /// decision to commit, and its clock reading is the batch's
@@ -702,20 +706,35 @@ struct Written<'a> {
 /// The test-only fault switch `drop_notify` (no change notices) acts here,
 /// and `skip_fencing_check` through [`fenced`]: see
 /// `herald_core::fault_switches::FaultSwitch`.
-pub(super) async fn append(
+pub(super) async fn write(
     client: &mut Object,
     lease: &Lease,
-    batch: &[NewMessage],
-) -> Result<Vec<Appended>> {
+    batch: &[WriteRequest],
+) -> Result<Vec<WriteOutcome>> {
     // 1. The prelude, in one round trip: advisory lock, lease row, check.
     let Fenced { tx, fence, .. } = fenced(client, lease, Serialized::Yes, None).await?;
     let started = fence.now;
     let token = fence.token;
 
+    // 1b. The stream appends, one after the other in batch order (each
+    // locks its stream's row, decides, and updates the row): their
+    // offsets come before those of the batch's messages.
+    let mut applied: Vec<Applied> = Vec::new();
+    for entry in batch {
+        if let WriteRequest::Stream(append) = entry {
+            applied.push(streams::apply_append(&tx, started, append).await?);
+        }
+    }
+
     // 2. Stored idempotency keys of the batch, in one query.
     let (key_channels, keys): (Vec<&str>, Vec<&str>) = batch
         .iter()
-        .filter_map(|m| Some((m.channel.as_str(), m.idempotency_key.as_ref()?.as_str())))
+        .filter_map(|entry| match entry {
+            WriteRequest::Message(m) => {
+                Some((m.channel.as_str(), m.idempotency_key.as_ref()?.as_str()))
+            }
+            WriteRequest::Stream(_) => None,
+        })
         .unzip();
     let found_rows = if keys.is_empty() {
         Vec::new()
@@ -741,7 +760,12 @@ pub(super) async fn append(
     let mut batch_keys: HashMap<(&str, &str), (usize, i64, IdempotencyDigest)> = HashMap::new();
     // The digest of each keyed new message, in batch order, for its row.
     let mut digests: Vec<Option<IdempotencyDigest>> = Vec::with_capacity(batch.len());
-    for (index, message) in batch.iter().enumerate() {
+    for (index, entry) in batch.iter().enumerate() {
+        let WriteRequest::Message(message) = entry else {
+            digests.push(None);
+            planned.push(Planned::Stream);
+            continue;
+        };
         let channel = message.channel.as_str();
         let key = message.idempotency_key.as_ref().map(|k| k.as_str());
         let digest = key.map(|_| idempotency_digest(message));
@@ -842,8 +866,69 @@ pub(super) async fn append(
     let mut rows_key: Vec<Option<&str>> = Vec::new();
     let mut rows_digest: Vec<Option<&[u8]>> = Vec::new();
     let mut rows_tags: Vec<Option<String>> = Vec::new();
-    for ((message, plan), digest) in batch.iter().zip(planned).zip(&digests) {
+    // The change notices: one per channel written, `(channel, first,
+    // last)`; a channel's stream appends and messages of one batch have
+    // contiguous offsets.
+    let mut notices: Vec<(&str, i64, i64)> = written
+        .iter()
+        .map(|w| (w.channel, w.first, w.last))
+        .collect();
+    let mut applied = applied.into_iter();
+    for ((entry, plan), digest) in batch.iter().zip(planned).zip(&digests) {
+        let message = match entry {
+            WriteRequest::Message(message) => message,
+            WriteRequest::Stream(append) => {
+                let answer = match applied.next() {
+                    Some(Applied::Answer(answer)) => answer,
+                    Some(Applied::Write {
+                        first,
+                        head,
+                        closed,
+                    }) => {
+                        let channel = append.channel.as_str();
+                        for (offset, payload) in (first..).zip(&append.messages) {
+                            rows_channel.push(channel);
+                            rows_offset.push(offset);
+                            match payload {
+                                Payload::Json(json) => {
+                                    rows_data.push(Some(json.get()));
+                                    rows_body.push(None);
+                                }
+                                Payload::Bytes(bytes) => {
+                                    rows_data.push(None);
+                                    rows_body.push(Some(bytes));
+                                }
+                            }
+                            rows_key.push(None);
+                            rows_digest.push(None);
+                            rows_tags.push(None);
+                        }
+                        if first <= head {
+                            match notices.iter_mut().find(|n| n.0 == channel) {
+                                Some(notice) => {
+                                    notice.1 = notice.1.min(first);
+                                    notice.2 = notice.2.max(head);
+                                }
+                                None => notices.push((channel, first, head)),
+                            }
+                        }
+                        StreamAppended::Appended {
+                            first: to_u64(first, "offset")?,
+                            head: to_u64(head, "head")?,
+                            published_at_ms: now_ms,
+                            closed,
+                        }
+                    }
+                    None => return Err(Error::corrupt("a stream append of the batch was lost")),
+                };
+                out.push(WriteOutcome::Stream(answer));
+                continue;
+            }
+        };
         let (offset, published_at_ms, duplicate) = match plan {
+            Planned::Stream => {
+                return Err(Error::corrupt("a message was planned as a stream append"))
+            }
             Planned::Duplicate {
                 offset,
                 published_at,
@@ -871,12 +956,12 @@ pub(super) async fn append(
                 (offset, now_ms, false)
             }
         };
-        out.push(Appended {
+        out.push(WriteOutcome::Message(Appended {
             channel: message.channel.clone(),
             offset: to_u64(offset, "offset")?,
             published_at_ms,
             duplicate,
-        });
+        }));
     }
     if !rows_channel.is_empty() {
         let insert = tx.prepare_cached(INSERT_MESSAGES_SQL).await?;
@@ -901,9 +986,9 @@ pub(super) async fn append(
             inserted.await?;
         } else {
             let notify = tx.prepare_cached(NOTIFY_SQL).await?;
-            let channels: Vec<&str> = written.iter().map(|w| w.channel).collect();
-            let firsts: Vec<i64> = written.iter().map(|w| w.first).collect();
-            let lasts: Vec<i64> = written.iter().map(|w| w.last).collect();
+            let channels: Vec<&str> = notices.iter().map(|n| n.0).collect();
+            let firsts: Vec<i64> = notices.iter().map(|n| n.1).collect();
+            let lasts: Vec<i64> = notices.iter().map(|n| n.2).collect();
             let (inserted, notified) = tokio::join!(inserted, async {
                 tx.query(&notify, &[&CHANGES_CHANNEL, &channels, &firsts, &lasts])
                     .await
@@ -943,6 +1028,9 @@ enum Planned {
     /// A new message: the `rank`-th (from 0) new message of its channel,
     /// `written[written]`, in this batch.
     New { written: usize, rank: i64 },
+    /// Not a message: a stream append, written by
+    /// [`streams::apply_append`].
+    Stream,
 }
 
 /// Reads the answer of [`FENCING_CHECK_SQL`]: the clock reading when the

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use herald_core::{
-    Appended, Candidate, ChannelHead, ChannelName, Lease, LeaseInfo, NewMessage, Offset,
-    StreamAppend, StreamAppended, StreamCreate, StreamCreated, StreamInfo,
+    Candidate, ChannelHead, ChannelName, Lease, LeaseInfo, Offset, StreamCreate, StreamCreated,
+    StreamInfo, WriteOutcome, WriteRequest,
 };
 use tokio::sync::broadcast;
 
@@ -101,9 +101,9 @@ impl Storage for PostgresStorage {
         "postgres"
     }
 
-    async fn append(&self, lease: &Lease, batch: &[NewMessage]) -> Result<Vec<Appended>> {
+    async fn write(&self, lease: &Lease, batch: &[WriteRequest]) -> Result<Vec<WriteOutcome>> {
         let mut client = self.client().await?;
-        ops::append(&mut client, lease, batch).await
+        ops::write(&mut client, lease, batch).await
     }
 
     async fn read(&self, channel: &ChannelName, after: Offset, limit: usize) -> Result<Page> {
@@ -220,11 +220,6 @@ impl Storage for PostgresStorage {
     async fn create_stream(&self, lease: &Lease, create: &StreamCreate) -> Result<StreamCreated> {
         let mut client = self.client().await?;
         streams::create_stream(&mut client, lease, create).await
-    }
-
-    async fn append_stream(&self, lease: &Lease, append: &StreamAppend) -> Result<StreamAppended> {
-        let mut client = self.client().await?;
-        streams::append_stream(&mut client, lease, append).await
     }
 
     async fn soft_delete_stream(&self, lease: &Lease, channel: &ChannelName) -> Result<bool> {

@@ -1,8 +1,8 @@
 //! The SQL of streams on PostgreSQL (`Storage::stream_info`,
-//! `create_stream`, `append_stream`): each a fenced write that runs the
-//! one prelude ([`fenced`]), locks the channel's row, decides with
-//! [`crate::stream_rules::decide`], and makes the fencing check again as
-//! the decision to commit, like `append`.
+//! `create_stream`, and a stream append inside `Storage::write`'s batch):
+//! each in a fenced write that runs the one prelude ([`fenced`]), locks the
+//! channel's row, decides with [`crate::stream_rules::decide`], and makes
+//! the fencing check again as the decision to commit.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -408,15 +408,38 @@ pub(super) async fn create_stream(
     })
 }
 
-/// `Storage::append_stream`.
-pub(super) async fn append_stream(
-    client: &mut Object,
-    lease: &Lease,
+/// What one stream append of a `Storage::write` batch did in the batch's
+/// transaction ([`apply_append`]).
+pub(super) enum Applied {
+    /// Nothing was written: the append's answer.
+    Answer(StreamAppended),
+    /// The stream's row and its producer's state are updated; its messages
+    /// are to be inserted at offsets `first..=head` with the batch's commit
+    /// time, before the batch commits.
+    Write {
+        /// Offset of its first message (`head + 1` when it has none).
+        first: i64,
+        /// The stream's head after it.
+        head: i64,
+        /// Whether the stream is closed now.
+        closed: bool,
+    },
+}
+
+/// One stream append of a `Storage::write` batch, inside its fenced
+/// transaction `tx` (prelude clock reading `now`): locks the stream's row
+/// and its producer's state, decides the append against them as the
+/// batch left them, and, when allowed, updates the row (head, bytes,
+/// closure, `Stream-Seq`, TTL) and the producer's state; the caller
+/// inserts the messages. A refusal writes nothing, so the rest of the
+/// batch commits without it.
+pub(super) async fn apply_append(
+    tx: &deadpool_postgres::Transaction<'_>,
+    now: SystemTime,
     append: &StreamAppend,
-) -> Result<StreamAppended> {
-    let Fenced { tx, fence, .. } = fenced(client, lease, Serialized::Yes, None).await?;
+) -> Result<Applied> {
     let channel = &append.channel;
-    let row = lock_row(&tx, channel).await?;
+    let row = lock_row(tx, channel).await?;
     let stored = match &append.producer {
         Some(p) => {
             let stmt = tx
@@ -436,20 +459,33 @@ pub(super) async fn append_stream(
         }
         None => None,
     };
-    let now_ms = to_ms(fence.now);
+    let now_ms = to_ms(now);
     let limits = &append.producer_limits;
     let state = live_state(stored, now_ms, limits);
     let rules_row = row.as_ref().map(|r| r.rules_row(now_ms)).transpose()?;
-    let mut refusal = match decide(rules_row.as_ref(), state, append) {
-        Rule::Answer(answer) => Some(answer),
-        Rule::Write => None,
-    };
-    if refusal.is_none() && append.producer.is_some() && state.is_none() {
+    if let Rule::Answer(answer) = decide(rules_row.as_ref(), state, append) {
+        return Ok(Applied::Answer(answer));
+    }
+    if append.producer.is_some() && state.is_none() {
         // A producer new to the stream (or idle so long it was forgotten):
-        // the idle ones' rows go, and the rest must leave it room. The
-        // channel's row is locked, so no other append counts meanwhile.
+        // the producers not idle must leave it room; the idle ones' rows
+        // go once it is admitted (a refusal writes nothing). The channel's
+        // row is locked, so no other append counts meanwhile.
         let idle_before = UNIX_EPOCH
             + Duration::from_millis(idle_before_ms(now_ms, limits).max(0).unsigned_abs());
+        let count = tx
+            .prepare_cached(
+                "SELECT count(*) FROM stream_producers \
+                 WHERE channel = $1 AND last_append_at >= $2",
+            )
+            .await?;
+        let live: i64 = tx
+            .query_one(&count, &[&channel.as_str(), &idle_before])
+            .await?
+            .try_get(0)?;
+        if let Some(answer) = admit_new_producer(live.max(0).unsigned_abs(), limits) {
+            return Ok(Applied::Answer(answer));
+        }
         let forget = tx
             .prepare_cached(
                 "DELETE FROM stream_producers WHERE channel = $1 AND last_append_at < $2",
@@ -457,35 +493,15 @@ pub(super) async fn append_stream(
             .await?;
         tx.execute(&forget, &[&channel.as_str(), &idle_before])
             .await?;
-        let count = tx
-            .prepare_cached("SELECT count(*) FROM stream_producers WHERE channel = $1")
-            .await?;
-        let live: i64 = tx
-            .query_one(&count, &[&channel.as_str()])
-            .await?
-            .try_get(0)?;
-        refusal = admit_new_producer(live.max(0).unsigned_abs(), limits);
-    }
-    if let Some(answer) = refusal {
-        if let Err(e) = tx.rollback().await {
-            tracing::debug!(error = %Error::from(e), "rollback after a refused stream append");
-        }
-        return Ok(answer);
     }
     let Some(row) = row else {
         return Err(Error::corrupt(
             "a stream append was allowed without a stream",
         ));
     };
-    let bytes = insert_payloads(
-        &tx,
-        channel,
-        row.head,
-        &append.messages,
-        fence.now,
-        fence.token,
-    )
-    .await?;
+    let bytes = append.messages.iter().fold(0i64, |sum, payload| {
+        sum.saturating_add(i64::try_from(payload.len()).unwrap_or(i64::MAX))
+    });
     let head = row.head + i64::try_from(append.messages.len()).unwrap_or(i64::MAX);
     let closed_by = append.producer.as_ref().filter(|_| append.close);
     let update = tx
@@ -503,7 +519,7 @@ pub(super) async fn append_stream(
             &channel.as_str(),
             &head,
             &bytes,
-            &fence.now,
+            &now,
             &append.close,
             &append.stream_seq,
             &closed_by.map(|p| p.id.as_str()),
@@ -528,16 +544,14 @@ pub(super) async fn append_stream(
                 &p.id,
                 &sql_position(p.epoch),
                 &sql_position(p.seq),
-                &fence.now,
+                &now,
             ],
         )
         .await?;
     }
-    let now = commit(tx, &fence, lease, channel, row.head + 1, head).await?;
-    Ok(StreamAppended::Appended {
-        first: to_u64(row.head, "head")? + 1,
-        head: to_u64(head, "head")?,
-        published_at_ms: to_ms(now),
+    Ok(Applied::Write {
+        first: row.head + 1,
+        head,
         closed: row.closed || append.close,
     })
 }

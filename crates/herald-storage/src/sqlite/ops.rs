@@ -10,7 +10,7 @@ use std::path::Path;
 
 use herald_core::{
     Appended, Candidate, ChannelHead, ChannelName, Lease, LeaseInfo, Message, NewMessage, Offset,
-    Payload,
+    Payload, WriteOutcome, WriteRequest,
 };
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
@@ -347,13 +347,15 @@ pub(super) fn release(conn: &mut Connection, lease: &Lease) -> Result<()> {
     Ok(())
 }
 
-/// The fenced write: one `BEGIN IMMEDIATE` transaction that first proves the
-/// lease current and unexpired, then appends the batch in order.
-pub(super) fn append(
+/// The fenced write (`Storage::write`): one `BEGIN IMMEDIATE` transaction
+/// that first proves the lease current and unexpired, then writes the
+/// batch's entries in order: messages here, stream appends by
+/// [`super::streams::apply_append`].
+pub(super) fn write(
     conn: &mut Connection,
     lease: &Lease,
-    batch: &[NewMessage],
-) -> Result<Vec<Appended>> {
+    batch: &[WriteRequest],
+) -> Result<Vec<WriteOutcome>> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     // The fencing check. It also reads the batch's commit time.
     let (now, token) = fenced_now(&tx, lease, "fenced write refused")?;
@@ -382,7 +384,15 @@ pub(super) fn append(
              (channel, \"offset\", data, published_at_ms, idempotency_key, token, idempotency_digest, tags, body) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
         )?;
-        for (index, message) in batch.iter().enumerate() {
+        for (index, entry) in batch.iter().enumerate() {
+            let message = match entry {
+                WriteRequest::Message(message) => message,
+                WriteRequest::Stream(append) => {
+                    let answer = super::streams::apply_append(&tx, now, token, append)?;
+                    out.push(WriteOutcome::Stream(answer));
+                    continue;
+                }
+            };
             let channel = message.channel.as_str();
             let key = message.idempotency_key.as_ref().map(|k| k.as_str());
             let digest = key.map(|_| idempotency_digest(message));
@@ -405,12 +415,12 @@ pub(super) fn append(
                         // Dropping the transaction rolls the batch back.
                         return Err(Error::IdempotencyKeyReused { index });
                     }
-                    out.push(Appended {
+                    out.push(WriteOutcome::Message(Appended {
                         channel: message.channel.clone(),
                         offset: to_u64(offset, "offset")?,
                         published_at_ms,
                         duplicate: true,
-                    });
+                    }));
                     continue;
                 }
             }
@@ -445,12 +455,12 @@ pub(super) fn append(
                 message.tags.to_json(),
                 body
             ])?;
-            out.push(Appended {
+            out.push(WriteOutcome::Message(Appended {
                 channel: message.channel.clone(),
                 offset: to_u64(offset, "offset")?,
                 published_at_ms: now,
                 duplicate: false,
-            });
+            }));
         }
     }
     tx.commit()?;

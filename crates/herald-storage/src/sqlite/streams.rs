@@ -1,6 +1,7 @@
 //! The SQL of streams on SQLite (`Storage::stream_info`, `create_stream`,
-//! `append_stream`): each a `BEGIN IMMEDIATE` transaction, fenced like an
-//! append, deciding with [`crate::stream_rules::decide`].
+//! and a stream append inside `Storage::write`'s batch): each in a fenced
+//! `BEGIN IMMEDIATE` transaction, deciding with
+//! [`crate::stream_rules::decide`].
 
 use herald_core::{
     is_json_media, ChannelName, Fork, Lease, Payload, StreamAppend, StreamAppended, StreamCreate,
@@ -333,16 +334,19 @@ pub(super) fn create_stream(
     })
 }
 
-/// `Storage::append_stream`.
-pub(super) fn append_stream(
-    conn: &mut Connection,
-    lease: &Lease,
+/// One stream append of a `Storage::write` batch, inside its fenced
+/// transaction `tx` (commit time `now`, the writer's `token`): decides it
+/// against the stream's row and its producer's state as the batch left
+/// them, and writes only what the decision allows; a refusal writes
+/// nothing, so the rest of the batch commits without it.
+pub(super) fn apply_append(
+    tx: &Transaction<'_>,
+    now: i64,
+    token: i64,
     append: &StreamAppend,
 ) -> Result<StreamAppended> {
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let (now, token) = fenced_now(&tx, lease, "fenced stream append refused")?;
     let channel = &append.channel;
-    let row = read_row(&tx, channel)?;
+    let row = read_row(tx, channel)?;
     let rules_row = row.as_ref().map(|r| r.rules_row(now)).transpose()?;
     let limits = &append.producer_limits;
     let stored = match &append.producer {
@@ -363,30 +367,33 @@ pub(super) fn append_stream(
     };
     let state = live_state(stored, now, limits);
     if let Decision::Answer(answer) = decide(rules_row.as_ref(), state, append) {
-        drop(tx);
         return Ok(answer);
     }
     if append.producer.is_some() && state.is_none() {
         // A producer new to the stream (or idle so long it was forgotten):
-        // the idle ones' rows go, and the rest must leave it room.
+        // the producers not idle must leave it room; the idle ones' rows
+        // go once it is admitted (a refusal writes nothing).
+        let idle_before = idle_before_ms(now, limits);
+        let live: i64 = tx
+            .prepare_cached(
+                "SELECT count(*) FROM stream_producers \
+                 WHERE channel = ?1 AND last_append_at_ms >= ?2",
+            )?
+            .query_row(params![channel.as_str(), idle_before], |r| r.get(0))?;
+        if let Some(answer) = admit_new_producer(live.max(0) as u64, limits) {
+            return Ok(answer);
+        }
         tx.prepare_cached(
             "DELETE FROM stream_producers WHERE channel = ?1 AND last_append_at_ms < ?2",
         )?
-        .execute(params![channel.as_str(), idle_before_ms(now, limits)])?;
-        let live: i64 = tx
-            .prepare_cached("SELECT count(*) FROM stream_producers WHERE channel = ?1")?
-            .query_row([channel.as_str()], |r| r.get(0))?;
-        if let Some(answer) = admit_new_producer(live.max(0) as u64, limits) {
-            drop(tx);
-            return Ok(answer);
-        }
+        .execute(params![channel.as_str(), idle_before])?;
     }
     let Some(row) = row else {
         return Err(crate::error::Error::corrupt(
             "a stream append was allowed without a stream",
         ));
     };
-    let bytes = insert_payloads(&tx, channel, row.head, &append.messages, now, token)?;
+    let bytes = insert_payloads(tx, channel, row.head, &append.messages, now, token)?;
     let head = row.head + i64::try_from(append.messages.len()).unwrap_or(i64::MAX);
     let closed_by = append.producer.as_ref().filter(|_| append.close);
     tx.prepare_cached(
@@ -421,7 +428,6 @@ pub(super) fn append_stream(
             now
         ])?;
     }
-    tx.commit()?;
     Ok(StreamAppended::Appended {
         first: to_u64(row.head, "head")? + 1,
         head: to_u64(head, "head")?,
