@@ -442,11 +442,12 @@ mod tests {
     }
 
     /// A protobuf push is written from the publication's bytes, never
-    /// through JSON: a delta that is not JSON text (nor valid UTF-8 JSON
-    /// string content, with its raw newline and control byte) reaches a
-    /// protobuf client byte for byte, in the wire layout `client.proto`
-    /// gives (`Reply.push` 4, `Push.channel` 2, `Push.pub` 4,
-    /// `Publication.data` 4, `offset` 6, `delta` 8, `time` 9).
+    /// through JSON: a delta that is not JSON text (with its raw newline
+    /// and control byte) reaches a protobuf client byte for byte, in the
+    /// wire layout `client.proto` gives (`Reply.push` 4, `Push.channel`
+    /// 2, `Push.pub` 4, `Publication.data` 4, `offset` 6, `delta` 8,
+    /// `time` 9); so does a stored value's text with its line breaks,
+    /// which a JSON round trip puts on one line.
     #[test]
     fn a_protobuf_push_carries_its_data_byte_exact_without_json() {
         let delta = "7\n\u{1}2:\"}{:;";
@@ -487,6 +488,17 @@ mod tests {
         let publication = read.push.unwrap().publication.unwrap();
         assert_eq!(publication.data, Data::Bytes(data.to_vec()));
         assert!(publication.delta);
+
+        // A whole publication: its stored text exactly as published (a
+        // JSON form would have put it on one line).
+        let stored = "{\n\t\"a\": [1,\r\n 2]\n}";
+        let reply = replies::publication_push("c", Publication::from(&message(4, stored)));
+        let Encoded::Protobuf(bytes) = Encoded::of(Encoding::Protobuf, &reply) else {
+            panic!()
+        };
+        let read = Reply::decode_length_delimited(bytes.as_slice()).unwrap();
+        let publication = read.push.unwrap().publication.unwrap();
+        assert_eq!(publication.data.bytes(), stored.as_bytes());
     }
 
     /// Protobuf publication pushes encoded per second on one core, the

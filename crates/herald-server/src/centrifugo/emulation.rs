@@ -18,7 +18,7 @@
 //!   advertised URL (from the node reports).
 //!
 //! The session behind them is the WebSocket's (`session.rs`); only the
-//! framing differs (`transport.rs`). The binary form (`protobuf.rs`) is
+//! framing differs (`transport.rs`). The binary form (`codec.rs`) is
 //! chosen by `Content-Type: application/octet-stream`: an HTTP stream
 //! whose request body is delimited `Command`s streams delimited `Reply`s,
 //! and an `/emulation` body is then an `EmulationRequest` whose `data`
