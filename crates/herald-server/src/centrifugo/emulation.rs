@@ -18,7 +18,7 @@
 //!   advertised URL (from the node reports).
 //!
 //! The session behind them is the WebSocket's (`session.rs`); only the
-//! framing differs (`transport.rs`). The binary form (`protobuf.rs`) is
+//! framing differs (`transport.rs`). The binary form (`codec.rs`) is
 //! chosen by `Content-Type: application/octet-stream`: an HTTP stream
 //! whose request body is delimited `Command`s streams delimited `Reply`s,
 //! and an `/emulation` body is then an `EmulationRequest` whose `data`
@@ -39,6 +39,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::Instrument;
 
+use super::codec::{decode_protobuf, ClientFrame};
 use super::context::CentrifugoState;
 use super::session::{self, client_id};
 use super::transport::{Connection, Encoding, Framing, Sink, Source};
@@ -80,20 +81,21 @@ fn from_a_page_allowed(
     }
 }
 
-/// A frame of commands from a request body, in the JSON form (a binary
-/// body is read with `protobuf.rs`).
+/// A frame of commands from a request body (a binary body is decoded
+/// with `codec.rs`).
 ///
 /// # Errors
 /// 400 `invalid_body` when it is empty, not UTF-8 JSON text or, in the
 /// binary form, not delimited `Command`s.
-fn frame(headers: &HeaderMap, body: &[u8]) -> Result<String> {
+fn frame(headers: &HeaderMap, body: &[u8]) -> Result<ClientFrame> {
     if is_protobuf(headers) {
         if body.is_empty() {
             return Err(Error::InvalidBody(
                 "the body must hold the connect command".to_owned(),
             ));
         }
-        return super::protobuf::commands_to_json(body)
+        return decode_protobuf(body)
+            .map(ClientFrame::Protobuf)
             .map_err(|e| Error::InvalidBody(e.to_string()));
     }
     let text = std::str::from_utf8(body)
@@ -103,7 +105,7 @@ fn frame(headers: &HeaderMap, body: &[u8]) -> Result<String> {
             "the body must hold the connect command".to_owned(),
         ));
     }
-    Ok(text.to_owned())
+    Ok(ClientFrame::Json(text.to_owned()))
 }
 
 /// `POST /connection/http_stream`: starts a session whose frames stream
@@ -147,7 +149,10 @@ impl FromQuery for SseQuery {
 }
 
 /// Whether `frame` is one `connect` command and nothing else.
-fn only_connect(frame: &str) -> bool {
+fn only_connect(frame: &ClientFrame) -> bool {
+    let ClientFrame::Json(frame) = frame else {
+        return false;
+    };
     let line = frame.trim();
     !line.contains('\n')
         && serde_json::from_str::<BTreeMap<String, &RawValue>>(line)
@@ -176,7 +181,7 @@ pub(crate) async fn sse(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response> {
-    let first = if method == Method::POST {
+    let first: ClientFrame = if method == Method::POST {
         from_a_page_allowed(&state, &headers, &uri, false)?;
         let limit = session::max_frame_bytes(state.config());
         let body = read_limited(&headers, body, limit).await?;
@@ -186,6 +191,7 @@ pub(crate) async fn sse(
         query
             .cf_connect
             .filter(|c| !c.trim().is_empty())
+            .map(ClientFrame::Json)
             .ok_or_else(|| {
                 Error::InvalidQuery("cf_connect must hold the connect command".to_owned())
             })?
@@ -203,7 +209,7 @@ pub(crate) async fn sse(
 fn start(
     state: CentrifugoState,
     slot: Option<Extension<ClientSlot>>,
-    first: String,
+    first: ClientFrame,
     framing: Framing,
 ) -> Result<Response> {
     if state.draining() {
@@ -288,37 +294,40 @@ pub(crate) async fn emulate(
     let limit = session::max_frame_bytes(state.config());
     // The frame arrives as a JSON string: escaping may double it.
     let body = read_limited(&headers, body, 2 * limit + 1024).await?;
+    let own = &state.config().node_id;
     let request = if is_protobuf(&headers) {
         use prost::Message as _;
-        let binary = super::protobuf::EmulationRequest::decode(body.as_ref())
+        let binary = super::protocol::EmulationRequest::decode(body.as_ref())
             .map_err(|e| Error::InvalidBody(e.to_string()))?;
         let data = if binary.node.is_empty() || binary.node == state.config().node_id {
-            super::protobuf::commands_to_json(&binary.data)
-                .map_err(|e| Error::InvalidBody(e.to_string()))?
+            if binary.data.len() > limit {
+                return Err(Error::PayloadTooLarge { limit });
+            }
+            ClientFrame::Protobuf(
+                decode_protobuf(&binary.data).map_err(|e| Error::InvalidBody(e.to_string()))?,
+            )
         } else {
             // Read where the session runs.
-            String::new()
+            ClientFrame::Protobuf(Vec::new())
         };
-        EmulationRequest {
-            node: binary.node,
-            session: binary.session,
-            data,
-        }
+        (binary.node, binary.session, data)
     } else {
-        serde_json::from_slice(&body).map_err(|e| Error::InvalidJson(e.to_string()))?
+        let json: EmulationRequest =
+            serde_json::from_slice(&body).map_err(|e| Error::InvalidJson(e.to_string()))?;
+        if json.data.len() > limit && (json.node.is_empty() || json.node == *own) {
+            return Err(Error::PayloadTooLarge { limit });
+        }
+        (json.node, json.session, ClientFrame::Json(json.data))
     };
-    let own = &state.config().node_id;
-    if !request.node.is_empty() && request.node != *own {
-        return forward(&state, &request.node, &headers, body).await;
+    let (node, session, data) = request;
+    if !node.is_empty() && node != *own {
+        return forward(&state, &node, &headers, body).await;
     }
-    if request.data.len() > limit {
-        return Err(Error::PayloadTooLarge { limit });
-    }
-    let Some(queue) = state.centrifugo.emulation.get(&request.session) else {
+    let Some(queue) = state.centrifugo.emulation.get(&session) else {
         return Err(Error::SessionNotFound);
     };
     let timeout = state.config().centrifugo.write_timeout;
-    match tokio::time::timeout(timeout, queue.send(request.data)).await {
+    match tokio::time::timeout(timeout, queue.send(data)).await {
         Ok(Ok(())) => Ok(StatusCode::NO_CONTENT.into_response()),
         // The session ended meanwhile.
         Ok(Err(_)) => Err(Error::SessionNotFound),
@@ -389,7 +398,10 @@ mod tests {
     #[test]
     fn frames_come_from_utf8_json_bodies_only() {
         let mut headers = HeaderMap::new();
-        assert_eq!(frame(&headers, b"{\"id\":1}").unwrap(), "{\"id\":1}");
+        assert!(matches!(
+            frame(&headers, b"{\"id\":1}").unwrap(),
+            ClientFrame::Json(text) if text == "{\"id\":1}"
+        ));
         assert!(matches!(
             frame(&headers, b"  \n"),
             Err(Error::InvalidBody(_))
@@ -407,9 +419,13 @@ mod tests {
             "a delimited command cut short"
         );
         // id 1, an empty connect: `{"id":1,"connect":{}}`.
-        assert_eq!(
-            frame(&headers, &[0x04, 0x08, 0x01, 0x22, 0x00]).unwrap(),
-            r#"{"id":1,"connect":{}}"#
-        );
+        let ClientFrame::Protobuf(commands) =
+            frame(&headers, &[0x04, 0x08, 0x01, 0x22, 0x00]).unwrap()
+        else {
+            panic!("a protobuf frame")
+        };
+        let command = commands[0].as_ref().unwrap();
+        assert_eq!((command.id, command.requests()), (1, 1));
+        assert!(command.connect.is_some());
     }
 }

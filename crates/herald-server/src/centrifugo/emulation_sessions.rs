@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
+use super::codec::ClientFrame;
+
 /// Frames posted to one session and not yet run before `/emulation`
 /// waits (at most the write timeout, then 503).
 const COMMAND_QUEUE: usize = 16;
@@ -16,7 +18,7 @@ const COMMAND_QUEUE: usize = 16;
 /// The emulation sessions of this node, by session id.
 #[derive(Debug, Default)]
 pub(crate) struct EmulationSessions {
-    map: Mutex<HashMap<String, mpsc::Sender<String>>>,
+    map: Mutex<HashMap<String, mpsc::Sender<ClientFrame>>>,
     /// The other nodes' advertised URLs by node id, from the node reports,
     /// and when they were read: a request for another node reads the
     /// reports at most once per [`NODE_URLS_FRESH`], so that requests
@@ -33,7 +35,7 @@ const NODE_URLS_FRESH: Duration = Duration::from_secs(1);
 impl EmulationSessions {
     /// Registers session `id` (a random secret), whose first frame is
     /// `first`.
-    pub(crate) fn register(self: &Arc<Self>, id: String, first: String) -> Registration {
+    pub(crate) fn register(self: &Arc<Self>, id: String, first: ClientFrame) -> Registration {
         let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
         // The queue is new and empty: the first frame fits.
         let _ = tx.try_send(first);
@@ -49,7 +51,7 @@ impl EmulationSessions {
     }
 
     /// The queue of session `id`, if it runs on this node.
-    pub(crate) fn get(&self, id: &str) -> Option<mpsc::Sender<String>> {
+    pub(crate) fn get(&self, id: &str) -> Option<mpsc::Sender<ClientFrame>> {
         self.map
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -96,13 +98,13 @@ impl EmulationSessions {
 pub(crate) struct Registration {
     /// The session id.
     pub(crate) id: String,
-    rx: mpsc::Receiver<String>,
+    rx: mpsc::Receiver<ClientFrame>,
     sessions: Arc<EmulationSessions>,
 }
 
 impl Registration {
     /// The next frame posted for the session.
-    pub(crate) async fn next(&mut self) -> Option<String> {
+    pub(crate) async fn next(&mut self) -> Option<ClientFrame> {
         self.rx.recv().await
     }
 }
@@ -124,16 +126,21 @@ mod tests {
     #[tokio::test]
     async fn a_session_is_registered_until_its_registration_drops() {
         let sessions = Arc::new(EmulationSessions::default());
-        let mut registration = sessions.register("s-1".to_owned(), "first".to_owned());
+        let frame = |text: &str| ClientFrame::Json(text.to_owned());
+        let text = |frame: Option<ClientFrame>| match frame {
+            Some(ClientFrame::Json(text)) => Some(text),
+            _ => None,
+        };
+        let mut registration = sessions.register("s-1".to_owned(), frame("first"));
         let id = registration.id.clone();
-        assert_eq!(registration.next().await.as_deref(), Some("first"));
+        assert_eq!(text(registration.next().await).as_deref(), Some("first"));
         let queue = sessions.get(&id).expect("registered");
-        queue.send("second".to_owned()).await.unwrap();
-        assert_eq!(registration.next().await.as_deref(), Some("second"));
+        queue.send(frame("second")).await.unwrap();
+        assert_eq!(text(registration.next().await).as_deref(), Some("second"));
         assert!(sessions.get("another").is_none());
         drop(registration);
         assert!(sessions.get(&id).is_none());
         assert_eq!(sessions.len(), 0);
-        assert!(queue.send("late".to_owned()).await.is_err());
+        assert!(queue.send(frame("late")).await.is_err());
     }
 }

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use herald_core::{ChannelName, Message, Payload};
 
 use super::delta_cache::{DeltaCache, Registration, Sent, MAX_DELTA_BYTES};
-use super::protocol::{publication_push_with, DataForm};
+use super::replies::{publication_push, DataForm, Publication, Reply};
 use super::transport::Encoding;
 
 /// The delta state of one subscription.
@@ -78,12 +78,12 @@ impl FossilDelta {
     /// there is one and both are at most [`MAX_DELTA_BYTES`] and the
     /// node's budget has time for it, else whole; `message` becomes the
     /// previous one.
-    pub(crate) async fn push(&mut self, message: &Message) -> String {
+    pub(crate) async fn push(&mut self, message: &Message) -> Reply {
         let channel = self.deltas.channel().as_str();
         if json_text_len(&message.data) > MAX_DELTA_BYTES {
             // No delta starts from it either: nothing of it is kept.
             self.previous = None;
-            return publication_push_with(channel, message, self.whole());
+            return publication_push(channel, Publication::with_form(message, self.whole()));
         }
         let text = message.data.to_json_text();
         let (sent, delta) = match self.previous.take() {
@@ -102,10 +102,11 @@ impl FossilDelta {
                 None,
             ),
         };
-        let push = match &delta {
-            Some(delta) => publication_push_with(channel, message, DataForm::Delta(delta)),
-            None => publication_push_with(channel, message, self.whole()),
+        let form = match &delta {
+            Some(delta) => DataForm::Delta(delta),
+            None => self.whole(),
         };
+        let push = publication_push(channel, Publication::with_form(message, form));
         self.previous = Some(sent);
         push
     }
@@ -138,7 +139,7 @@ mod tests {
     }
 
     async fn push_of(delta: &mut FossilDelta, message: &Message) -> Value {
-        serde_json::from_str(&delta.push(message).await).unwrap()
+        serde_json::to_value(delta.push(message).await).unwrap()
     }
 
     #[tokio::test]

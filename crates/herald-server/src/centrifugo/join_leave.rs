@@ -29,8 +29,10 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use super::codec::Encoded;
 use super::mailbox::{Out, Push};
-use super::protocol::join_leave_push;
+use super::replies::join_leave_push;
+use super::transport::Encoding;
 
 /// Events the relay may have queued before new ones are dropped.
 const OUTBOX_CAPACITY: usize = 4096;
@@ -46,6 +48,8 @@ struct Listener {
     generation: u64,
     /// Its session's push queue.
     out: mpsc::Sender<Out>,
+    /// Its connection's encoding.
+    encoding: Encoding,
 }
 
 /// This node's listeners, by channel.
@@ -64,12 +68,20 @@ impl Listeners {
         let Some(list) = listeners.get(&event.channel) else {
             return;
         };
-        let text = join_leave_push(event);
+        let reply = join_leave_push(event);
+        // Encoded once per encoding its listeners speak.
+        let mut json = None;
+        let mut protobuf = None;
         for listener in list {
+            let encoded = match listener.encoding {
+                Encoding::Json => &mut json,
+                Encoding::Protobuf => &mut protobuf,
+            }
+            .get_or_insert_with(|| Encoded::of(listener.encoding, &reply));
             let push = Out::Push(Box::new(Push {
                 channel: event.channel.clone(),
                 generation: listener.generation,
-                text: text.clone(),
+                encoded: encoded.clone(),
                 queued_bytes: 0,
             }));
             if listener.out.try_send(push).is_err() {
@@ -137,14 +149,15 @@ impl JoinLeave {
     }
 
     /// Subscription `generation` of `client` to `channel` gets the
-    /// channel's pushes in `out` (replacing an earlier one of the same
-    /// client).
+    /// channel's pushes in `out`, encoded in `encoding` (replacing an
+    /// earlier one of the same client).
     pub(crate) fn listen(
         &self,
         channel: &ChannelName,
         client: &str,
         generation: u64,
         out: mpsc::Sender<Out>,
+        encoding: Encoding,
     ) {
         let mut listeners = self.listeners.lock();
         let list = listeners.entry(channel.clone()).or_default();
@@ -153,6 +166,7 @@ impl JoinLeave {
             client: client.to_owned(),
             generation,
             out,
+            encoding,
         });
     }
 

@@ -12,6 +12,7 @@ use herald_core::ChannelName;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use super::codec::Encoded;
 use super::codes::Disconnect;
 
 /// What a subscription task sends its session. Small, so that the
@@ -33,10 +34,10 @@ pub(crate) struct Push {
     /// Which subscription to the channel queued it; a push of an ended
     /// one is dropped.
     pub(crate) generation: u64,
-    /// The push, one JSON line.
-    pub(crate) text: String,
+    /// The push, encoded for the session's connection.
+    pub(crate) encoded: Encoded,
     /// The bytes it counts for in the session's [`QueueBudget`]: its
-    /// text's length for a publication, 0 for a push not counted (a join
+    /// encoded length for a publication, 0 for a push not counted (a join
     /// or leave, which a full queue drops instead).
     pub(crate) queued_bytes: usize,
 }

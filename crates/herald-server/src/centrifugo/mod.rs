@@ -2,15 +2,16 @@
 //! server API clients work with Herald unchanged (`docs/centrifugo.md`):
 //!
 //! - `GET /connection/websocket`: the bidirectional client protocol v2,
-//!   JSON form (`session.rs` runs a connection, `commands.rs` answers its
-//!   commands, `protocol.rs` is the wire format, `codes.rs` the error and
-//!   disconnect codes);
+//!   JSON or protobuf (`session.rs` runs a connection, `commands/`
+//!   answers its commands, one file per command; `protocol.rs` the
+//!   commands and `replies.rs` the replies and pushes, one set of
+//!   `client.proto` types for both forms; `codec.rs` each form on the
+//!   wire; `codes.rs` the error and disconnect codes);
 //! - `POST /connection/http_stream`, `GET|POST /connection/sse` and
 //!   `POST /emulation`: the same sessions over HTTP streaming and SSE,
 //!   with the client's commands posted to `/emulation` (`emulation.rs`;
 //!   `emulation_sessions.rs` the sessions it hands frames to;
-//!   `transport.rs` is what differs between the transports; `protobuf.rs`
-//!   the binary form of the protocol, transcoded to JSON at the edge);
+//!   `transport.rs` is what differs between the transports);
 //! - `POST /api/<method>`: the server HTTP API (`server_api.rs`;
 //!   `history_remove.rs` its `history_remove`, forwarded to the holder
 //!   from a standby);
@@ -48,6 +49,7 @@
 
 mod channel_options;
 mod cluster;
+mod codec;
 mod codes;
 mod commands;
 pub(crate) mod config;
@@ -65,11 +67,11 @@ pub(crate) mod mailbox;
 pub(crate) mod node_info;
 mod presence;
 mod presence_session;
-mod protobuf;
 mod protocol;
 mod publish;
 mod recovery;
 pub(crate) mod registry;
+mod replies;
 mod server_api;
 mod session;
 mod tags_filter;

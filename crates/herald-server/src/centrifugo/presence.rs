@@ -114,7 +114,10 @@ pub(crate) async fn remove(state: &CentrifugoState, client: &str, channel: &Chan
 }
 
 /// The entries of `channel`, or 108 when it has no presence.
-async fn entries(
+///
+/// # Errors
+/// 108 when the channel has no presence; 100 when the storage fails.
+pub(crate) async fn entries(
     state: &CentrifugoState,
     channel: &ChannelName,
 ) -> Result<Vec<PresenceEntry>, ReplyError> {

@@ -35,6 +35,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use super::codec::Batch;
 use super::codes::{self, Disconnect};
 use super::context::CentrifugoState;
 use super::mailbox::{Control, Mailbox, Out, Push, QueueBudget};
@@ -146,14 +147,14 @@ pub(crate) struct Writer {
 }
 
 impl Writer {
-    /// Writes one text frame, unless `deadline` (a token's expiry and its
+    /// Writes one batch of replies and pushes, unless `deadline` (a token's expiry and its
     /// code) has passed or passes meanwhile, the node drains (3001), the
     /// push queue overflows its byte budget (3008), or the write takes
     /// longer than the write timeout (3012): a client that stops reading
     /// cannot hold the session past any of them.
     pub(crate) async fn send(
         &mut self,
-        text: String,
+        batch: Batch,
         deadline: Option<(Instant, Disconnect)>,
     ) -> std::result::Result<(), Stop> {
         let (at, on_deadline) = match deadline {
@@ -175,7 +176,7 @@ impl Writer {
                 );
                 Err(Stop::Close(codes::NO_PONG))
             }
-            sent = self.sink.send(text) => sent.map_err(|_| Stop::Gone),
+            sent = self.sink.send(batch) => sent.map_err(|_| Stop::Gone),
         }
     }
 }
@@ -266,17 +267,17 @@ impl Session {
             .map(|(_, d)| d)
     }
 
-    /// Writes `text` to the client, held to the tokens' expiry (see
+    /// Writes `batch` to the client, held to the tokens' expiry (see
     /// [`Writer::send`]).
     pub(crate) async fn write(
         &self,
         writer: &mut Writer,
-        text: String,
+        batch: Batch,
     ) -> std::result::Result<(), Stop> {
         if let Some(d) = self.expired() {
             return Err(Stop::Close(d));
         }
-        writer.send(text, self.expiry()).await
+        writer.send(batch, self.expiry()).await
     }
 }
 
@@ -297,7 +298,7 @@ impl Drop for Session {
 ///
 /// The encoding is chosen by the subprotocols the client lists
 /// (`Sec-WebSocket-Protocol`, RFC 6455 §1.9): `centrifuge-protobuf`
-/// without `centrifuge-json` is the binary protocol (`protobuf.rs`), named
+/// without `centrifuge-json` is the binary protocol (`codec.rs`), named
 /// in the answer; otherwise JSON, with `centrifuge-json` named when the
 /// client listed it.
 pub(crate) async fn upgrade(
@@ -437,16 +438,16 @@ pub(crate) async fn run(connection: Connection, state: CentrifugoState, _slot: O
                     // takes room only while it runs, not in every idle
                     // connection's.
                     if Box::pin(session.unsubscribe(&channel)).await {
-                        let push = super::protocol::unsubscribe_push(channel.as_str(), 2000, "server unsubscribe");
-                        session.write(&mut writer, push).await
+                        let push = super::replies::unsubscribe_push(channel.as_str(), 2000, "server unsubscribe");
+                        session.write(&mut writer, Batch::of(session.encoding, &push)).await
                     } else {
                         Ok(())
                     }
                 }
             },
             incoming = source.next() => match incoming {
-                Incoming::Text(text) => {
-                    let handled = Box::pin(session.handle_frame(&text, &mut writer)).await;
+                Incoming::Frame(frame) => {
+                    let handled = Box::pin(session.handle_frame(frame, &mut writer)).await;
                     if handled.pong {
                         pong_by = None;
                     }
@@ -464,33 +465,35 @@ pub(crate) async fn run(connection: Connection, state: CentrifugoState, _slot: O
                 Incoming::End => Err(Stop::Gone),
             },
             Some(item) = out_rx.recv() => {
-                let mut lines = Vec::new();
+                let mut pushes = Batch::new(session.encoding);
+                let mut count = 0;
                 let mut end = None;
                 let mut next = Some(item);
                 while let Some(item) = next.take() {
                     match item {
                         Out::Push(push) => {
-                            let Push { channel, generation, text, queued_bytes } = *push;
+                            let Push { channel, generation, encoded, queued_bytes } = *push;
                             queue.release(queued_bytes);
                             if session.subs.get(&channel).is_some_and(|s| s.generation == generation) {
-                                lines.push(text);
+                                pushes.push(&encoded);
+                                count += 1;
                             }
                         }
                         Out::End(d) => { end = Some(d); break; }
                     }
-                    if lines.len() < PUSHES_PER_FRAME {
+                    if count < PUSHES_PER_FRAME {
                         next = out_rx.try_recv().ok();
                     }
                 }
-                let sent = if lines.is_empty() {
+                let sent = if count == 0 {
                     Ok(())
                 } else {
-                    session.write(&mut writer, lines.join("\n")).await
+                    session.write(&mut writer, pushes).await
                 };
                 sent.and(end.map_or(Ok(()), |d| Err(Stop::Close(d))))
             }
             _ = pings.tick(), if connected => {
-                let sent = writer.send("{}".to_owned(), session.expiry()).await;
+                let sent = writer.send(Batch::ping(session.encoding), session.expiry()).await;
                 if pong_by.is_none() {
                     pong_by = Some(Instant::now() + config.pong_timeout);
                 }

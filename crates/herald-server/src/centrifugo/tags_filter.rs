@@ -28,27 +28,35 @@ pub(crate) const MAX_DEPTH: usize = 16;
 /// Most nodes, leaves included, a filter may have.
 pub(crate) const MAX_NODES: usize = 256;
 
-/// One node of a filter, as the client sends it.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+/// One node of a filter, as the client sends it (`FilterNode` of
+/// `client.proto`, both forms: JSON and protobuf, field numbers as
+/// published there).
+#[derive(Clone, Deserialize, PartialEq, Eq, prost::Message)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct FilterNode {
     /// `""` a leaf, or `and`, `or`, `not`.
     #[serde(default)]
+    #[prost(string, tag = "1")]
     pub(crate) op: String,
     /// A leaf's tag key.
     #[serde(default)]
+    #[prost(string, tag = "2")]
     pub(crate) key: String,
     /// A leaf's comparison.
     #[serde(default)]
+    #[prost(string, tag = "3")]
     pub(crate) cmp: String,
     /// A leaf's value (all comparisons but `in`, `nin`, `ex`, `nex`).
     #[serde(default)]
+    #[prost(string, tag = "4")]
     pub(crate) val: String,
     /// A leaf's values (`in`, `nin`).
     #[serde(default)]
+    #[prost(string, repeated, tag = "5")]
     pub(crate) vals: Vec<String>,
     /// The children of `and`, `or`, `not`.
     #[serde(default)]
+    #[prost(message, repeated, tag = "6")]
     pub(crate) nodes: Vec<FilterNode>,
 }
 

@@ -4,7 +4,7 @@
 //! - **WebSocket** (`/connection/websocket`): a text frame each way holds
 //!   newline-separated JSON objects, or, with the subprotocol
 //!   `centrifuge-protobuf`, a binary frame holds delimited protobuf
-//!   messages (`protobuf.rs`); the session ends with a Close frame whose
+//!   messages (`codec.rs`); the session ends with a Close frame whose
 //!   code is the disconnect's (RFC 6455 §7.4.2's private range).
 //! - **HTTP streaming** (`/connection/http_stream`) and **SSE**
 //!   (`/connection/sse`): the server's frames go into the response body,
@@ -26,6 +26,7 @@ use futures::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message as Frame;
 
+use super::codec::{decode_protobuf, Batch, ClientFrame};
 use super::codes::Disconnect;
 use super::emulation_sessions::Registration;
 use crate::websocket::Socket;
@@ -48,11 +49,11 @@ pub(crate) struct Connection {
 pub(crate) enum Encoding {
     /// JSON (text frames).
     Json,
-    /// Protobuf (binary frames, `protobuf.rs`).
+    /// Protobuf (binary frames, `codec.rs`).
     Protobuf,
 }
 
-/// How a body-streaming transport frames the session's JSON objects.
+/// How a body-streaming transport frames the session's replies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Framing {
     /// Each object followed by `\n` (`/connection/http_stream`).
@@ -66,18 +67,28 @@ pub(crate) enum Framing {
 }
 
 impl Framing {
-    /// The body bytes of one session frame: `text` holds JSON objects
-    /// separated by `\n` (none of them holds a raw newline: JSON escapes
-    /// it inside strings, the session writes its objects compact and
-    /// stored values on one line, `protocol::one_line`); `None` when it
-    /// has no protobuf form (see `protobuf::replies_to_protobuf`).
-    pub(crate) fn encode(self, text: &str) -> Option<Bytes> {
+    /// The body bytes of one batch of replies: JSON objects separated by
+    /// `\n` (none of them holds a raw newline: JSON escapes it inside
+    /// strings, replies are written compact and stored values on one
+    /// line, `replies::one_line`) for lines and events, delimited
+    /// protobuf replies for protobuf; `None` for a batch of the other
+    /// encoding (a bug: the connection is closed rather than sent it).
+    pub(crate) fn encode(self, batch: Batch) -> Option<Bytes> {
+        match (self, batch) {
+            (Self::Protobuf, Batch::Protobuf(bytes)) => Some(Bytes::from(bytes)),
+            (Self::Lines | Self::Events, Batch::Json(text)) => Some(self.encode_json(&text)),
+            _ => None,
+        }
+    }
+
+    /// The body bytes of JSON objects separated by `\n`.
+    fn encode_json(self, text: &str) -> Bytes {
         match self {
-            Self::Lines => {
+            Self::Lines | Self::Protobuf => {
                 let mut body = String::with_capacity(text.len() + 1);
                 body.push_str(text);
                 body.push('\n');
-                Some(Bytes::from(body))
+                Bytes::from(body)
             }
             Self::Events => {
                 let mut body = String::with_capacity(text.len() + 16);
@@ -86,11 +97,8 @@ impl Framing {
                     body.push_str(line);
                     body.push_str("\n\n");
                 }
-                Some(Bytes::from(body))
+                Bytes::from(body)
             }
-            Self::Protobuf => super::protobuf::replies_to_protobuf(text)
-                .ok()
-                .map(Bytes::from),
         }
     }
 }
@@ -115,21 +123,23 @@ pub(crate) enum Sink {
 pub(crate) struct Gone;
 
 impl Sink {
-    /// Writes one session frame (JSON objects separated by `\n`).
+    /// Writes one batch of replies and pushes, encoded for the
+    /// connection (a WebSocket frame, or a chunk of the body).
     ///
     /// # Errors
-    /// [`Gone`] when the client is gone.
-    pub(crate) async fn send(&mut self, text: String) -> Result<(), Gone> {
-        match self {
-            Self::WebSocket(tx, Encoding::Json) => {
+    /// [`Gone`] when the client is gone (or the batch is of the other
+    /// encoding, a bug).
+    pub(crate) async fn send(&mut self, batch: Batch) -> Result<(), Gone> {
+        match (self, batch) {
+            (Self::WebSocket(tx, Encoding::Json), Batch::Json(text)) => {
                 tx.send(Frame::Text(text.into())).await.map_err(|_| Gone)
             }
-            Self::WebSocket(tx, Encoding::Protobuf) => {
-                let bytes = super::protobuf::replies_to_protobuf(&text).map_err(|_| Gone)?;
+            (Self::WebSocket(tx, Encoding::Protobuf), Batch::Protobuf(bytes)) => {
                 tx.send(Frame::Binary(bytes.into())).await.map_err(|_| Gone)
             }
-            Self::Body { tx, framing } => {
-                let bytes = framing.encode(&text).ok_or(Gone)?;
+            (Self::WebSocket(..), _) => Err(Gone),
+            (Self::Body { tx, framing }, batch) => {
+                let bytes = framing.encode(batch).ok_or(Gone)?;
                 tx.send(bytes).await.map_err(|_| Gone)
             }
         }
@@ -152,8 +162,13 @@ impl Sink {
                 crate::websocket::close(tx, rx, d.code, d.reason).await;
             }
             (Self::Body { tx, framing }, _) => {
-                let push = super::protocol::disconnect_push(d.code, d.reason);
-                if let Some(bytes) = framing.encode(&push) {
+                let push = super::replies::disconnect_push(d.code, d.reason);
+                let encoding = if framing == Framing::Protobuf {
+                    Encoding::Protobuf
+                } else {
+                    Encoding::Json
+                };
+                if let Some(bytes) = framing.encode(Batch::of(encoding, &push)) {
                     let _ = tokio::time::timeout(timeout, tx.send(bytes)).await;
                 }
             }
@@ -164,8 +179,8 @@ impl Sink {
 
 /// What the client sent next.
 pub(crate) enum Incoming {
-    /// A frame of commands, in the JSON form.
-    Text(String),
+    /// A frame of commands.
+    Frame(ClientFrame),
     /// A frame that is not the protocol (of the connection's encoding).
     NotTheProtocol,
     /// The client's WebSocket Close frame.
@@ -180,8 +195,7 @@ pub(crate) enum Incoming {
 
 /// The reading half of a connection.
 pub(crate) enum Source {
-    /// A WebSocket's, in its encoding (protobuf frames are read into the
-    /// JSON form).
+    /// A WebSocket's, in its encoding.
     WebSocket(SplitStream<Socket>, Encoding),
     /// An emulation transport's: frames of commands posted to
     /// `/emulation` for this session; the client is gone when the body's
@@ -201,11 +215,11 @@ impl Source {
         match self {
             Self::WebSocket(rx, encoding) => match (rx.next().await, *encoding) {
                 (Some(Ok(Frame::Text(text))), Encoding::Json) => {
-                    Incoming::Text(text.as_str().to_owned())
+                    Incoming::Frame(ClientFrame::Json(text.as_str().to_owned()))
                 }
                 (Some(Ok(Frame::Binary(bytes))), Encoding::Protobuf) => {
-                    match super::protobuf::commands_to_json(&bytes) {
-                        Ok(text) => Incoming::Text(text),
+                    match decode_protobuf(&bytes) {
+                        Ok(commands) => Incoming::Frame(ClientFrame::Protobuf(commands)),
                         Err(_) => Incoming::NotTheProtocol,
                     }
                 }
@@ -216,7 +230,7 @@ impl Source {
                 (None, _) => Incoming::End,
             },
             Self::Emulation { commands, body } => tokio::select! {
-                frame = commands.next() => frame.map_or(Incoming::End, Incoming::Text),
+                frame = commands.next() => frame.map_or(Incoming::End, Incoming::Frame),
                 () = body.closed() => Incoming::End,
             },
         }
@@ -229,13 +243,13 @@ mod tests {
 
     #[test]
     fn frames_are_written_as_lines_or_events() {
-        let frame = "{\"id\":1,\"connect\":{}}\n{\"push\":{}}";
+        let frame = || Batch::Json("{\"id\":1,\"connect\":{}}\n{\"push\":{}}".to_owned());
         assert_eq!(
-            Framing::Lines.encode(frame),
+            Framing::Lines.encode(frame()),
             Some(Bytes::from("{\"id\":1,\"connect\":{}}\n{\"push\":{}}\n"))
         );
         assert_eq!(
-            Framing::Events.encode(frame).unwrap(),
+            Framing::Events.encode(frame()).unwrap(),
             Bytes::from("data: {\"id\":1,\"connect\":{}}\n\ndata: {\"push\":{}}\n\n")
         );
     }
