@@ -82,7 +82,8 @@ fn writable(
 }
 
 /// Tells this node's live readers of `channel` that its head is `head`,
-/// with the messages `first..=head` when some were written.
+/// with the messages `first..=head` when some were written, and whether
+/// the stream is `closed` after this write.
 fn tell_hub(
     node: &Node,
     channel: &ChannelName,
@@ -90,6 +91,7 @@ fn tell_hub(
     head: Offset,
     messages: &[Payload],
     at: i64,
+    closed: bool,
 ) {
     let messages = messages
         .iter()
@@ -106,6 +108,7 @@ fn tell_hub(
         head,
         messages,
         deleted: None,
+        closed,
     });
 }
 
@@ -167,6 +170,7 @@ pub async fn create_stream(
                         info.head,
                         &create.messages,
                         *published_at_ms,
+                        info.closed,
                     );
                 }
             }
@@ -206,7 +210,7 @@ pub async fn append_stream(
                 first,
                 head,
                 published_at_ms,
-                ..
+                closed,
             } = &appended
             {
                 // A close alone wakes the live readers too: they see the end.
@@ -217,6 +221,7 @@ pub async fn append_stream(
                     *head,
                     &append.messages,
                     *published_at_ms,
+                    *closed,
                 );
             }
             Ok(appended)

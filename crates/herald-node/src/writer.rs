@@ -384,6 +384,7 @@ impl Writer {
             let head = committed.last().map_or(0, |m| m.offset);
             self.hub.publish(Notice {
                 deleted: None,
+                closed: false,
                 channel: channel.clone(),
                 head,
                 messages: committed,
