@@ -282,9 +282,9 @@ impl HubReceiver {
         }
     }
 
-    /// The next notice if one is there (or the lag), without waiting.
-    #[cfg(test)]
-    fn try_take(&mut self) -> Option<Result<Arc<Notice>, RecvError>> {
+    /// The next notice if one is there (or the lag, as [`HubReceiver::recv`]
+    /// reports it), without waiting: `None` when none is.
+    pub fn try_recv(&mut self) -> Option<Result<Arc<Notice>, RecvError>> {
         take(&self.live, &mut self.next)
     }
 }
@@ -461,7 +461,7 @@ mod tests {
         });
         let n = ra.recv().await.unwrap();
         assert_eq!((n.head, n.messages[0].offset), (1, 1));
-        assert!(rb.try_take().is_none());
+        assert!(rb.try_recv().is_none());
     }
 
     #[tokio::test]

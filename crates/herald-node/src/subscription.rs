@@ -457,10 +457,11 @@ impl Subscription {
         }
     }
 
-    /// Whether [`Subscription::next_item`] would wait for the hub's next
-    /// notice: nothing is queued, no storage read is pending, and no end
-    /// is due. What was handed out reaches the channel's head as this
-    /// subscription last saw it (from a storage read or a notice).
+    /// Whether the subscription handed out everything it knows of:
+    /// nothing is queued, no storage read is pending, and no end is due,
+    /// so that what was handed out reaches the channel's head as it last
+    /// saw it (from a storage read or a notice). A notice may be waiting
+    /// in the hub meanwhile ([`Subscription::next_item_ready`] takes it).
     pub fn waits_for_notice(&self) -> bool {
         self.ready.is_empty()
             && !self.ended
@@ -503,6 +504,30 @@ impl Subscription {
     /// when the first read that succeeded came after an outage at the
     /// start and found the resume point beyond the head.
     pub async fn next_item(&mut self) -> NodeResult<Option<Item>> {
+        self.advance(true).await
+    }
+
+    /// As [`Subscription::next_item`], but without waiting for the hub's
+    /// next notice: `Ok(None)` once nothing is queued, no storage read is
+    /// pending and no notice is waiting (the subscription handed out
+    /// everything it knows of), or once it ended. A storage read it needs
+    /// is still made (and a transient failure waited out). A caller that
+    /// gathers what is there into one answer (Durable Streams) takes items
+    /// so until `None`, then waits with `next_item`.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Subscription::next_item`].
+    ///
+    /// # Errors
+    /// As [`Subscription::next_item`].
+    pub async fn next_item_ready(&mut self) -> NodeResult<Option<Item>> {
+        self.advance(false).await
+    }
+
+    /// The steps of [`Subscription::next_item`]; with `wait` false it
+    /// answers `Ok(None)` where it would wait for a notice.
+    async fn advance(&mut self, wait: bool) -> NodeResult<Option<Item>> {
         loop {
             if let Some(item) = self.ready.pop_front() {
                 if matches!(item, Item::Message(_)) {
@@ -536,14 +561,24 @@ impl Subscription {
                     }
                 }
                 Phase::Applying(notice) => self.apply(notice).await?,
-                Phase::Live => match self.live.recv().await {
-                    Ok(notice) => Phase::Applying(notice),
-                    Err(RecvError::Lagged(missed)) => {
-                        tracing::debug!(channel = %self.channel, missed, "subscriber lagged; reading from storage");
-                        Phase::Lagged
+                Phase::Live => {
+                    let received = if wait {
+                        self.live.recv().await
+                    } else {
+                        match self.live.try_recv() {
+                            Some(received) => received,
+                            None => return Ok(None),
+                        }
+                    };
+                    match received {
+                        Ok(notice) => Phase::Applying(notice),
+                        Err(RecvError::Lagged(missed)) => {
+                            tracing::debug!(channel = %self.channel, missed, "subscriber lagged; reading from storage");
+                            Phase::Lagged
+                        }
+                        Err(RecvError::Closed) => return Ok(None),
                     }
-                    Err(RecvError::Closed) => return Ok(None),
-                },
+                }
             };
         }
     }
@@ -1440,6 +1475,45 @@ mod tests {
         let mut plain = subscribe(&storage, &hub, "a", 3, "sse").await;
         plain.closed_at(3);
         assert!(plain.waits_for_notice());
+    }
+
+    /// The items `next_item_ready` hands out before it answers `None`.
+    async fn ready_items(sub: &mut Subscription) -> Vec<Offset> {
+        let mut got = Vec::new();
+        loop {
+            let item = tokio::time::timeout(Duration::from_secs(5), sub.next_item_ready())
+                .await
+                .expect("next_item_ready waited")
+                .unwrap();
+            match item {
+                Some(Item::Message(m)) => got.push(m.offset),
+                Some(other) => panic!("expected a message, got {other:?}"),
+                None => return got,
+            }
+        }
+    }
+
+    /// `next_item_ready` hands out what the subscription gets without a
+    /// new notice (a catch-up read for a bare notice, the notices waiting
+    /// in the hub), then answers `None` rather than waiting.
+    #[tokio::test]
+    async fn next_item_ready_stops_where_a_new_notice_is_needed() {
+        let storage = MemoryStorage::new();
+        let hub = Hub::new(16);
+        let mut sub = subscribe(&storage, &hub, "a", 0, "durable_streams").await;
+        assert_eq!(ready_items(&mut sub).await, Vec::<Offset>::new());
+        // A standby's notice: only the head, the messages from the storage.
+        storage.append_as_other_node("a", "1");
+        storage.append_as_other_node("a", "2");
+        hub.publish(bare("a", 2));
+        assert_eq!(ready_items(&mut sub).await, vec![1, 2]);
+        assert!(sub.waits_for_notice());
+        for i in 3..=4 {
+            storage.append_as_other_node("a", &i.to_string());
+            hub.publish(notice("a", i, i..=i));
+        }
+        assert_eq!(ready_items(&mut sub).await, vec![3, 4]);
+        assert_eq!(ready_items(&mut sub).await, Vec::<Offset>::new());
     }
 
     fn deleted(channel: &str, head: Offset, deletion: u64) -> Notice {

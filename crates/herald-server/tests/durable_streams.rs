@@ -510,6 +510,8 @@ async fn a_live_reader_waits_out_a_read_outage(backend: Backend) {
             (status, answer.text().await.unwrap())
         }
     });
+    // Both readers try again after a failure (one that gave up would
+    // have made one try each).
     outage.wait_failed("app:out", 3).await;
     let appended = send(&node, "POST", "/ds/app/out", &TEXT, b"b").await;
     assert_eq!(appended.0, 204, "{}", appended.2);
@@ -572,6 +574,57 @@ async fn a_standby_reader_sees_the_close_with_the_last_append() {
         .map(|e| e.data.as_str())
         .collect();
     assert_eq!(data, "z");
+}
+
+/// Durable Streams' live readers on `node` (the gauge
+/// `herald_subscribers{transport="durable_streams"}`).
+async fn ds_subscribers(node: &Node) -> f64 {
+    node.metrics()
+        .await
+        .lines()
+        .find_map(|line| line.strip_prefix("herald_subscribers{transport=\"durable_streams\"} "))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// A long-poll on a PostgreSQL standby at a stream's tail answers the
+/// next append with its data, when the standby's notice of it carries
+/// only the new head (the reader reads the message from the storage).
+#[tokio::test]
+async fn a_standby_long_poll_answers_the_next_append() {
+    let place = Place::new(Backend::Postgres).await;
+    let mut config = ServerConfig::default();
+    // Far beyond the test's wait: only the append can answer it.
+    config.durable_streams.long_poll_timeout = std::time::Duration::from_secs(60);
+    let _holder = Node::start(&place, "node-a", Role::Holder, config.clone()).await;
+    let standby = Node::start(&place, "node-b", Role::Standby, config).await;
+    assert_eq!(
+        send(&standby, "PUT", "/ds/app/tail", &TEXT, b"a").await.0,
+        201
+    );
+    let poll = tokio::spawn({
+        let client = standby.client.clone();
+        let url =
+            standby.url("/ds/app/tail?offset=0000000000000000_0000000000000001&live=long-poll");
+        async move {
+            let answer = client.get(url).send().await.unwrap();
+            let status = answer.status().as_u16();
+            (status, answer.text().await.unwrap())
+        }
+    });
+    // Appended once the long-poll waits (it counts as a subscriber).
+    within("the long-poll's subscription", NODE_WAIT, async {
+        while ds_subscribers(&standby).await < 1.0 {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let appended = send(&standby, "POST", "/ds/app/tail", &TEXT, b"b").await;
+    assert_eq!(appended.0, 204, "{}", appended.2);
+    let answer = within("the long-poll's answer", NODE_WAIT, poll)
+        .await
+        .unwrap();
+    assert_eq!(answer, (200, "b".to_owned()));
 }
 
 on_both_backends!(

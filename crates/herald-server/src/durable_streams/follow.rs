@@ -147,47 +147,55 @@ impl Follower {
         loop {
             if self.gathered.is_empty() {
                 if let Some(end) = self.end.take() {
-                    return Ok(self.take(Some(end)));
+                    return Ok(self.take(Some(end), false));
                 }
             }
-            let at_head = self.end.is_none() && self.sub.waits_for_notice();
-            if self.bytes >= BATCH_BYTES
-                || self.end.is_some()
-                || (at_head
-                    && (!self.gathered.is_empty() || self.told_up_to_date != Some(self.next)))
-            {
-                return Ok(self.take(None));
+            if self.bytes >= BATCH_BYTES || self.end.is_some() {
+                let up_to_date = self.end.is_none() && self.sub.waits_for_notice();
+                return Ok(self.take(None, up_to_date));
             }
-            let end = match self.sub.next_item().await? {
-                Some(Item::Message(message)) => {
+            let item = match self.sub.next_item_ready().await? {
+                Some(item) => item,
+                // Everything known was taken: the batch reaches the head.
+                None if !self.gathered.is_empty() || self.told_up_to_date != Some(self.next) => {
+                    return Ok(self.take(None, true));
+                }
+                None => match self.sub.next_item().await? {
+                    Some(item) => item,
+                    None => {
+                        self.end = Some(End::Stopped);
+                        continue;
+                    }
+                },
+            };
+            let end = match item {
+                Item::Message(message) => {
                     self.bytes += message.data.len();
                     self.next = message.offset;
                     self.gathered.push(message);
                     continue;
                 }
-                Some(Item::Closed { .. }) => {
-                    // The end of the messages gathered: handed out with them.
+                // The end of the messages gathered: handed out with them.
+                Item::Closed { .. } => {
+                    let mut batch = self.take(None, true);
                     self.ended = true;
-                    let mut batch = self.take(None);
-                    batch.up_to_date = true;
                     batch.end = Some(End::Closed);
                     return Ok(batch);
                 }
-                Some(Item::Deleted { .. }) => End::Deleted,
-                Some(Item::Truncated { earliest, .. }) => End::Truncated { earliest },
+                Item::Deleted { .. } => End::Deleted,
+                Item::Truncated { earliest, .. } => End::Truncated { earliest },
                 // Never for a subscription started after an offset; as a
                 // gap if it ever came.
-                Some(Item::Withheld { head, .. }) => End::Truncated { earliest: head + 1 },
-                None => End::Stopped,
+                Item::Withheld { head, .. } => End::Truncated { earliest: head + 1 },
             };
             // After the messages gathered, if any.
             self.end = Some(end);
         }
     }
 
-    /// The gathered messages as a batch, ending with `end`.
-    fn take(&mut self, end: Option<End>) -> Batch {
-        let up_to_date = end.is_none() && self.end.is_none() && self.sub.waits_for_notice();
+    /// The gathered messages as a batch, `up_to_date` or not, ending
+    /// with `end`.
+    fn take(&mut self, end: Option<End>, up_to_date: bool) -> Batch {
         if up_to_date {
             self.told_up_to_date = Some(self.next);
         }
