@@ -41,6 +41,15 @@ pub struct Notice {
     /// deletion ends with a final `deleted` event; one that began after it
     /// ignores the notice (it may come late, or more than once).
     pub deleted: Option<u64>,
+    /// This write closed the channel (a Durable Streams stream: no append
+    /// is accepted after it) at `head`: a subscription that ends at
+    /// closure ends once it handed out every message up to `head`
+    /// (`subscription.rs`). On a standby, the standby feed sets it when it
+    /// read the stream closed at the notice's head; `false` there means
+    /// "not known closed", and a close that appends nothing moves no head,
+    /// so the feed never announces it (a follower looks at the stream
+    /// itself from time to time).
+    pub closed: bool,
 }
 
 /// Locks `mutex`; what the hub's mutexes guard stays consistent even if a
@@ -71,6 +80,9 @@ struct Ring {
     /// The highest head of the notices published to this buffer; `None`
     /// before its first one.
     head: Option<Offset>,
+    /// Receivers that end at the channel's closure
+    /// ([`HubReceiver::watch_closure`]).
+    closure_watchers: usize,
 }
 
 impl Ring {
@@ -134,6 +146,7 @@ impl Hub {
                         receivers: 0,
                         capacity: self.capacity,
                         head: None,
+                        closure_watchers: 0,
                     }),
                     sent: Notify::new(),
                 })
@@ -151,6 +164,7 @@ impl Hub {
             next,
             hub: Arc::clone(self),
             channel: channel.clone(),
+            watches_closure: false,
         }
     }
 
@@ -186,6 +200,16 @@ impl Hub {
         head
     }
 
+    /// Whether a subscriber on this node ends at `channel`'s closure
+    /// ([`HubReceiver::watch_closure`]): a sender that must read the
+    /// storage to know whether a change closed the channel (the standby
+    /// feed) reads only for such channels.
+    pub fn closure_watched(&self, channel: &ChannelName) -> bool {
+        let map = lock(&self.channels);
+        map.get(channel)
+            .is_some_and(|live| lock(&live.ring).closure_watchers > 0)
+    }
+
     /// Subscribers on this node over every channel (live subscriptions of
     /// every protocol), read without taking the hub's lock.
     pub fn subscriber_total(&self) -> usize {
@@ -218,9 +242,20 @@ pub struct HubReceiver {
     next: u64,
     hub: Arc<Hub>,
     channel: ChannelName,
+    /// Counted in its channel's `closure_watchers`.
+    watches_closure: bool,
 }
 
 impl HubReceiver {
+    /// Marks this receiver as one that ends at the channel's closure, so
+    /// that [`Hub::closure_watched`] answers `true` while it lives.
+    pub fn watch_closure(&mut self) {
+        if !self.watches_closure {
+            self.watches_closure = true;
+            lock(&self.live.ring).closure_watchers += 1;
+        }
+    }
+
     /// The next notice.
     ///
     /// # Cancel safety
@@ -247,9 +282,9 @@ impl HubReceiver {
         }
     }
 
-    /// The next notice if one is there (or the lag), without waiting.
-    #[cfg(test)]
-    fn try_take(&mut self) -> Option<Result<Arc<Notice>, RecvError>> {
+    /// The next notice if one is there (or the lag, as [`HubReceiver::recv`]
+    /// reports it), without waiting: `None` when none is.
+    pub fn try_recv(&mut self) -> Option<Result<Arc<Notice>, RecvError>> {
         take(&self.live, &mut self.next)
     }
 }
@@ -285,6 +320,9 @@ impl Drop for HubReceiver {
             }
             ring.drop_taken();
             ring.receivers -= 1;
+            if self.watches_closure {
+                ring.closure_watchers -= 1;
+            }
             ring.receivers == 0
         };
         if last
@@ -339,12 +377,34 @@ mod tests {
         assert!(hub.subscriber_counts().is_empty());
     }
 
+    /// A channel is watched for closure exactly while a receiver that
+    /// ends at closure lives, however many others follow it.
+    #[test]
+    fn closure_is_watched_while_a_watching_receiver_lives() {
+        let hub = Hub::new(8);
+        let a = ChannelName::new("a").unwrap();
+        let plain = hub.subscribe(&a);
+        assert!(!hub.closure_watched(&a));
+        let mut watching = hub.subscribe(&a);
+        watching.watch_closure();
+        watching.watch_closure();
+        assert!(hub.closure_watched(&a));
+        drop(plain);
+        assert!(hub.closure_watched(&a));
+        let again = hub.subscribe(&a);
+        drop(watching);
+        assert!(!hub.closure_watched(&a));
+        drop(again);
+        assert!(!hub.closure_watched(&a));
+    }
+
     #[test]
     fn the_last_head_is_the_highest_told_to_current_subscribers() {
         let hub = Hub::new(8);
         let a = ChannelName::new("a").unwrap();
         let notice = |head| Notice {
             deleted: None,
+            closed: false,
             channel: a.clone(),
             head,
             messages: Vec::new(),
@@ -377,6 +437,7 @@ mod tests {
         // Publishing to a channel without subscribers creates nothing.
         hub.publish(Notice {
             deleted: None,
+            closed: false,
             channel: a.clone(),
             head: 1,
             messages: vec![msg(1)],
@@ -393,13 +454,14 @@ mod tests {
         let mut rb = hub.subscribe(&b);
         hub.publish(Notice {
             deleted: None,
+            closed: false,
             channel: a.clone(),
             head: 1,
             messages: vec![msg(1)],
         });
         let n = ra.recv().await.unwrap();
         assert_eq!((n.head, n.messages[0].offset), (1, 1));
-        assert!(rb.try_take().is_none());
+        assert!(rb.try_recv().is_none());
     }
 
     #[tokio::test]
@@ -410,6 +472,7 @@ mod tests {
         for head in 1..=5 {
             hub.publish(Notice {
                 deleted: None,
+                closed: false,
                 channel: a.clone(),
                 head,
                 messages: vec![],
@@ -422,6 +485,7 @@ mod tests {
     fn notice(channel: &ChannelName, head: Offset) -> Notice {
         Notice {
             deleted: None,
+            closed: false,
             channel: channel.clone(),
             head,
             messages: vec![msg(head)],

@@ -111,7 +111,8 @@ pub fn publish_finished(result: &'static str, seconds: f64) {
 }
 
 /// Counts one message handed to a live subscription (Herald's SSE and
-/// WebSocket, Centrifugo's), history catch-up included.
+/// WebSocket, Centrifugo's, Durable Streams' long-poll and SSE), history
+/// catch-up included.
 pub(crate) fn delivered() {
     match PUBLISH_HANDLES.get() {
         Some(handles) => handles.delivered.increment(1),
@@ -190,8 +191,8 @@ pub(crate) struct SubscriberGauge {
 }
 
 impl SubscriberGauge {
-    /// Counts a new subscription on `transport` (`"sse"`, `"ws"` or
-    /// `"centrifugo"`).
+    /// Counts a new subscription on `transport` (`"sse"`, `"ws"`,
+    /// `"centrifugo"` or `"durable_streams"`).
     pub(crate) fn new(transport: &'static str) -> Self {
         gauge!(SUBSCRIBERS, "transport" => transport).increment(1.0);
         Self { transport }

@@ -7,6 +7,9 @@
 //! a thousand; the first notice after a channel's first subscriber came,
 //! and one of a channel that moved further, carry none, and each
 //! subscriber reads from the storage itself.
+//! For a channel whose subscribers here end at its closure (Durable
+//! Streams followers), the feed also reads once whether the stream is
+//! closed at the new head, and says so in the notice.
 //! Likewise for deletions of channels (`Storage::deletions_since`): a
 //! deleted notice per deletion, which ends the subscriptions to the
 //! channel that began before it (`subscription.rs`).
@@ -337,11 +340,33 @@ impl StandbyFeed {
                 }
             }
         }
+        let closed = self.closed_at(&moved).await;
         Notice {
             deleted: None,
             channel: moved.name,
             head: moved.head,
             messages,
+            closed,
+        }
+    }
+
+    /// Whether `moved` is a stream closed at its new head, for a channel
+    /// whose subscribers here end at its closure
+    /// ([`Hub::closure_watched`]): read once here (the stream's
+    /// properties, never its messages) rather than by each subscriber.
+    /// `false` when nobody here watches, when the stream moved on since
+    /// (a later notice tells), or when the read fails (the subscribers
+    /// look at the stream themselves from time to time).
+    async fn closed_at(&self, moved: &ChannelHead) -> bool {
+        if !self.hub.closure_watched(&moved.name) {
+            return false;
+        }
+        match self.storage.stream_info(&moved.name).await {
+            Ok(info) => info.is_some_and(|info| info.closed && info.head == moved.head),
+            Err(e) => {
+                tracing::debug!(channel = %moved.name, error = %e, "standby feed: cannot read whether the stream is closed");
+                false
+            }
         }
     }
 
@@ -350,6 +375,7 @@ impl StandbyFeed {
         tracing::debug!(channel = %deletion.channel, deletion = deletion.number, "standby feed: channel deleted");
         self.hub.publish(Notice {
             deleted: Some(deletion.number),
+            closed: false,
             channel: deletion.channel,
             head: deletion.head,
             messages: Vec::new(),

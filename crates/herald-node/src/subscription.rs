@@ -1,6 +1,7 @@
 //! One subscriber's ordered message sequence: history from the storage,
 //! then live notices from the hub, without a gap or a repeat however many
-//! messages arrive during the switch. Shared by SSE and WebSocket.
+//! messages arrive during the switch. Shared by Herald's SSE and
+//! WebSocket, Centrifugo's subscriptions and Durable Streams' live reads.
 //!
 //! The algorithm:
 //! 1. subscribe to the hub **first**, so that nothing committed from now on
@@ -36,6 +37,15 @@
 //! client that reconnects after a short break loses nothing, a late
 //! joiner reads at most that window's messages. Otherwise one
 //! [`Item::Withheld`] is queued and the subscription goes on at the head.
+//!
+//! Closure (Durable Streams): a subscription that ends at the channel's
+//! closure ([`Subscription::end_at_closure`]) queues [`Item::Closed`], the
+//! last item, once it handed out every message up to the head the channel
+//! was closed at. It learns that head from the stream's properties read by
+//! its caller (at the start, and from time to time:
+//! [`Subscription::closed_at`]) or from a notice that says so
+//! (`Notice::closed`). Other subscriptions ignore closure: a closed
+//! channel merely gets no more messages.
 //!
 //! A storage read that fails with a transient error (the storage's
 //! `Unavailable`: the database is down, restarting, locked or slow) does not
@@ -93,12 +103,21 @@ pub enum Item {
         /// The channel's head at deletion.
         head: Offset,
     },
+    /// The channel was closed (a Durable Streams stream) at `head`, and
+    /// every message up to it was handed out. The last item; only a
+    /// subscription that ends at closure
+    /// ([`Subscription::end_at_closure`]) hands it out.
+    Closed {
+        /// The channel's head, its last message's offset.
+        head: Offset,
+    },
 }
 
 impl Item {
-    /// The JSON body of a `truncated`, `history_withheld` or `deleted`
-    /// item, as SSE sends it in `data:` (`{"requested_after":N,"earliest":M}`,
-    /// `{"requested_after":N,"head":H}`, `{"head":N}`)
+    /// The JSON body of a `truncated`, `history_withheld`, `deleted` or
+    /// `closed` item, as SSE sends it in `data:`
+    /// (`{"requested_after":N,"earliest":M}`,
+    /// `{"requested_after":N,"head":H}`, `{"head":N}`, `{"head":N}`)
     /// and WebSocket in a text frame with `"type"` added; `None` for a
     /// message.
     pub fn control_json(&self, with_type: bool) -> Option<String> {
@@ -127,6 +146,13 @@ impl Item {
             Item::Deleted { head } => {
                 if with_type {
                     serde_json::json!({"type": "deleted", "head": head})
+                } else {
+                    serde_json::json!({"head": head})
+                }
+            }
+            Item::Closed { head } => {
+                if with_type {
+                    serde_json::json!({"type": "closed", "head": head})
                 } else {
                     serde_json::json!({"head": head})
                 }
@@ -266,8 +292,15 @@ pub struct Subscription {
     /// Items to hand out, in offset order, all `<= last`. Handed out
     /// before anything else, whatever the phase.
     ready: VecDeque<Item>,
-    /// Set once a `deleted` notice was queued: nothing follows it.
+    /// Set once a `deleted` notice or the closure was queued: nothing
+    /// follows it.
     ended: bool,
+    /// Whether this subscription ends at the channel's closure
+    /// ([`Subscription::end_at_closure`]).
+    ends_at_closure: bool,
+    /// The head the channel was closed at, once known (only while
+    /// `ends_at_closure`).
+    closed_at: Option<Offset>,
     /// Where the subscription is in the algorithm; kept here so that a
     /// cancelled `next` loses nothing.
     phase: Phase,
@@ -365,6 +398,8 @@ impl Subscription {
             last: after,
             ready: VecDeque::new(),
             ended: false,
+            ends_at_closure: false,
+            closed_at: None,
             phase: Phase::History,
             retry: None,
             resume_checked: false,
@@ -385,6 +420,67 @@ impl Subscription {
     /// The channel followed.
     pub fn channel(&self) -> &ChannelName {
         &self.channel
+    }
+
+    /// Makes this subscription end at the channel's closure (a Durable
+    /// Streams follower): [`Item::Closed`] comes once every message up to
+    /// the head the channel was closed at was handed out (see the module
+    /// docs). `closed_at`: that head, when the caller read the stream
+    /// closed before it subscribed.
+    pub fn end_at_closure(&mut self, closed_at: Option<Offset>) {
+        self.ends_at_closure = true;
+        self.live.watch_closure();
+        if let Some(head) = closed_at {
+            self.closed_at(head);
+        }
+    }
+
+    /// Tells a subscription that ends at closure that the channel is
+    /// closed at `head`, as the caller read the stream's properties (a
+    /// standby's notices do not always say it: a close that appends
+    /// nothing moves no head). When `head` is beyond what was handed out
+    /// and the subscription waits for a notice, it reads up to `head` from
+    /// the storage next. Ignored by other subscriptions.
+    pub fn closed_at(&mut self, head: Offset) {
+        if !self.ends_at_closure || self.ended {
+            return;
+        }
+        self.closed_at = Some(head);
+        if head > self.last && matches!(self.phase, Phase::Live) {
+            self.phase = Phase::Applying(Arc::new(Notice {
+                channel: self.channel.clone(),
+                head,
+                messages: Vec::new(),
+                deleted: None,
+                closed: true,
+            }));
+        }
+    }
+
+    /// Whether the subscription handed out everything it knows of:
+    /// nothing is queued, no storage read is pending, and no end is due,
+    /// so that what was handed out reaches the channel's head as it last
+    /// saw it (from a storage read or a notice). A notice may be waiting
+    /// in the hub meanwhile ([`Subscription::next_item_ready`] takes it).
+    pub fn waits_for_notice(&self) -> bool {
+        self.ready.is_empty()
+            && !self.ended
+            && matches!(self.phase, Phase::Live)
+            && !self.closure_due()
+    }
+
+    /// The number of the channel's latest deletion as the subscription's
+    /// first successful storage read showed it (`Page::deletion`; 0 before
+    /// that read). Every message handed out was stored under it: a later
+    /// deletion ends the subscription.
+    pub fn deletion(&self) -> u64 {
+        self.deletion_at_start
+    }
+
+    /// Whether [`Item::Closed`] is due: the channel is closed at a head
+    /// this subscription has queued every message up to.
+    fn closure_due(&self) -> bool {
+        !self.ended && self.closed_at.is_some_and(|head| self.last >= head)
     }
 
     /// The next message in offset order; waits for one to be committed, and
@@ -408,6 +504,30 @@ impl Subscription {
     /// when the first read that succeeded came after an outage at the
     /// start and found the resume point beyond the head.
     pub async fn next_item(&mut self) -> NodeResult<Option<Item>> {
+        self.advance(true).await
+    }
+
+    /// As [`Subscription::next_item`], but without waiting for the hub's
+    /// next notice: `Ok(None)` once nothing is queued, no storage read is
+    /// pending and no notice is waiting (the subscription handed out
+    /// everything it knows of), or once it ended. A storage read it needs
+    /// is still made (and a transient failure waited out). A caller that
+    /// gathers what is there into one answer (Durable Streams) takes items
+    /// so until `None`, then waits with `next_item`.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Subscription::next_item`].
+    ///
+    /// # Errors
+    /// As [`Subscription::next_item`].
+    pub async fn next_item_ready(&mut self) -> NodeResult<Option<Item>> {
+        self.advance(false).await
+    }
+
+    /// The steps of [`Subscription::next_item`]; with `wait` false it
+    /// answers `Ok(None)` where it would wait for a notice.
+    async fn advance(&mut self, wait: bool) -> NodeResult<Option<Item>> {
         loop {
             if let Some(item) = self.ready.pop_front() {
                 if matches!(item, Item::Message(_)) {
@@ -417,6 +537,10 @@ impl Subscription {
             }
             if self.ended {
                 return Ok(None);
+            }
+            if let Some(head) = self.closed_at.filter(|_| self.closure_due()) {
+                self.ended = true;
+                return Ok(Some(Item::Closed { head }));
             }
             // Each arm awaits at most one read or one notice, then names
             // the next phase; `self.phase` changes only once it completed.
@@ -437,14 +561,24 @@ impl Subscription {
                     }
                 }
                 Phase::Applying(notice) => self.apply(notice).await?,
-                Phase::Live => match self.live.recv().await {
-                    Ok(notice) => Phase::Applying(notice),
-                    Err(RecvError::Lagged(missed)) => {
-                        tracing::debug!(channel = %self.channel, missed, "subscriber lagged; reading from storage");
-                        Phase::Lagged
+                Phase::Live => {
+                    let received = if wait {
+                        self.live.recv().await
+                    } else {
+                        match self.live.try_recv() {
+                            Some(received) => received,
+                            None => return Ok(None),
+                        }
+                    };
+                    match received {
+                        Ok(notice) => Phase::Applying(notice),
+                        Err(RecvError::Lagged(missed)) => {
+                            tracing::debug!(channel = %self.channel, missed, "subscriber lagged; reading from storage");
+                            Phase::Lagged
+                        }
+                        Err(RecvError::Closed) => return Ok(None),
                     }
-                    Err(RecvError::Closed) => return Ok(None),
-                },
+                }
             };
         }
     }
@@ -465,6 +599,9 @@ impl Subscription {
                 self.ended = true;
             }
             return Ok(Phase::Live);
+        }
+        if notice.closed && self.ends_at_closure {
+            self.closed_at = Some(notice.head);
         }
         match catch_up_target(&notice, self.last) {
             Some(target) => {
@@ -726,6 +863,7 @@ mod tests {
     fn bare(channel: &str, head: Offset) -> Notice {
         Notice {
             deleted: None,
+            closed: false,
             channel: ChannelName::new(channel).unwrap(),
             head,
             messages: Vec::new(),
@@ -735,6 +873,7 @@ mod tests {
     fn notice(channel: &str, head: Offset, offsets: std::ops::RangeInclusive<Offset>) -> Notice {
         Notice {
             deleted: None,
+            closed: false,
             channel: ChannelName::new(channel).unwrap(),
             head,
             messages: offsets.map(msg).collect(),
@@ -776,6 +915,7 @@ mod tests {
         storage.append_as_other_node("a", "2501");
         hub.publish(Notice {
             deleted: None,
+            closed: false,
             channel: ChannelName::new("a").unwrap(),
             head: 2501,
             messages: vec![msg(2501)],
@@ -864,6 +1004,7 @@ mod tests {
         }
         hub.publish(Notice {
             deleted: None,
+            closed: false,
             channel: a,
             head: 4,
             messages: vec![msg(1), msg(2), msg(4)],
@@ -1262,9 +1403,123 @@ mod tests {
         assert_eq!(collect(&mut sub, 1).await, vec![4]);
     }
 
+    /// A subscription that ends at closure hands out every message up to
+    /// the closing notice's head, then `Closed`, the last item, without
+    /// reading the storage for what the notices carried; one that does
+    /// not end at closure ignores the closure.
+    #[tokio::test]
+    async fn a_closing_notice_ends_a_subscription_that_ends_at_closure() {
+        let storage = MemoryStorage::new();
+        let hub = Hub::new(16);
+        let mut sub = subscribe(&storage, &hub, "a", 0, "durable_streams").await;
+        sub.end_at_closure(None);
+        let mut plain = subscribe(&storage, &hub, "a", 0, "sse").await;
+        assert!(sub.waits_for_notice());
+        let reads = storage.reads();
+        storage.append_as_other_node("a", "1");
+        hub.publish(notice("a", 1, 1..=1));
+        storage.append_as_other_node("a", "2");
+        let mut closing = notice("a", 2, 2..=2);
+        closing.closed = true;
+        hub.publish(closing);
+        assert_eq!(collect(&mut sub, 2).await, vec![1, 2]);
+        assert_eq!(next_item(&mut sub).await, Item::Closed { head: 2 });
+        assert!(sub.next_item().await.unwrap().is_none());
+        assert_eq!(collect(&mut plain, 2).await, vec![1, 2]);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), plain.next_item())
+                .await
+                .is_err(),
+            "a subscription that does not end at closure waits on"
+        );
+        assert_eq!(
+            storage.reads(),
+            reads,
+            "a notice's messages were read again"
+        );
+        // A close that appends nothing: its notice carries no message.
+        let mut sub = subscribe(&storage, &hub, "a", 2, "durable_streams").await;
+        sub.end_at_closure(None);
+        let mut close = bare("a", 2);
+        close.closed = true;
+        hub.publish(close);
+        assert_eq!(next_item(&mut sub).await, Item::Closed { head: 2 });
+    }
+
+    /// A closure the caller read (the stream's properties) ends the
+    /// subscription once it handed out every message up to that head,
+    /// read from the storage when no notice brought them (a standby
+    /// hears of a close that appends nothing only so).
+    #[tokio::test]
+    async fn a_closure_read_by_the_caller_ends_the_subscription_at_its_head() {
+        let storage = MemoryStorage::new();
+        storage.append_as_other_node("a", "1");
+        let hub = Hub::new(16);
+        // Closed before it began: ends after the history.
+        let mut sub = subscribe(&storage, &hub, "a", 0, "durable_streams").await;
+        sub.end_at_closure(Some(1));
+        assert!(!sub.waits_for_notice());
+        assert_eq!(collect(&mut sub, 1).await, vec![1]);
+        assert_eq!(next_item(&mut sub).await, Item::Closed { head: 1 });
+        // Closed at a head no notice announced here.
+        let mut sub = subscribe(&storage, &hub, "a", 1, "durable_streams").await;
+        sub.end_at_closure(None);
+        assert!(sub.waits_for_notice());
+        storage.append_as_other_node("a", "2");
+        storage.append_as_other_node("a", "3");
+        sub.closed_at(3);
+        assert_eq!(collect(&mut sub, 2).await, vec![2, 3]);
+        assert_eq!(next_item(&mut sub).await, Item::Closed { head: 3 });
+        assert!(sub.next_item().await.unwrap().is_none());
+        // Ignored by a subscription that does not end at closure.
+        let mut plain = subscribe(&storage, &hub, "a", 3, "sse").await;
+        plain.closed_at(3);
+        assert!(plain.waits_for_notice());
+    }
+
+    /// The items `next_item_ready` hands out before it answers `None`.
+    async fn ready_items(sub: &mut Subscription) -> Vec<Offset> {
+        let mut got = Vec::new();
+        loop {
+            let item = tokio::time::timeout(Duration::from_secs(5), sub.next_item_ready())
+                .await
+                .expect("next_item_ready waited")
+                .unwrap();
+            match item {
+                Some(Item::Message(m)) => got.push(m.offset),
+                Some(other) => panic!("expected a message, got {other:?}"),
+                None => return got,
+            }
+        }
+    }
+
+    /// `next_item_ready` hands out what the subscription gets without a
+    /// new notice (a catch-up read for a bare notice, the notices waiting
+    /// in the hub), then answers `None` rather than waiting.
+    #[tokio::test]
+    async fn next_item_ready_stops_where_a_new_notice_is_needed() {
+        let storage = MemoryStorage::new();
+        let hub = Hub::new(16);
+        let mut sub = subscribe(&storage, &hub, "a", 0, "durable_streams").await;
+        assert_eq!(ready_items(&mut sub).await, Vec::<Offset>::new());
+        // A standby's notice: only the head, the messages from the storage.
+        storage.append_as_other_node("a", "1");
+        storage.append_as_other_node("a", "2");
+        hub.publish(bare("a", 2));
+        assert_eq!(ready_items(&mut sub).await, vec![1, 2]);
+        assert!(sub.waits_for_notice());
+        for i in 3..=4 {
+            storage.append_as_other_node("a", &i.to_string());
+            hub.publish(notice("a", i, i..=i));
+        }
+        assert_eq!(ready_items(&mut sub).await, vec![3, 4]);
+        assert_eq!(ready_items(&mut sub).await, Vec::<Offset>::new());
+    }
+
     fn deleted(channel: &str, head: Offset, deletion: u64) -> Notice {
         Notice {
             deleted: Some(deletion),
+            closed: false,
             channel: ChannelName::new(channel).unwrap(),
             head,
             messages: Vec::new(),
@@ -1299,6 +1554,7 @@ mod tests {
         storage.append_as_other_node("a", "3");
         hub.publish(Notice {
             deleted: None,
+            closed: false,
             channel: ChannelName::new("a").unwrap(),
             head: 3,
             messages: Vec::new(),

@@ -383,6 +383,7 @@ impl Writer {
                         let first = info.head + 1 - count;
                         self.hub.publish(Notice {
                             deleted: None,
+                            closed: info.closed,
                             channel: create.channel.clone(),
                             head: info.head,
                             messages: stream_messages(&create.messages, first, *published_at_ms),
@@ -530,14 +531,14 @@ impl Writer {
     /// the stream appends that wrote (a closure alone too, so that live
     /// readers see the end).
     fn fan_out(&self, entries: &[WriteRequest], written: &[WriteOutcome]) {
-        let mut by_channel: HashMap<&ChannelName, (Offset, Vec<Message>)> = HashMap::new();
+        let mut by_channel: HashMap<&ChannelName, (Offset, Vec<Message>, bool)> = HashMap::new();
         for (entry, outcome) in entries.iter().zip(written) {
             match (entry, outcome) {
                 (WriteRequest::Message(new), WriteOutcome::Message(outcome)) => {
                     if outcome.duplicate {
                         continue;
                     }
-                    let (head, messages) = by_channel.entry(&new.channel).or_default();
+                    let (head, messages, _) = by_channel.entry(&new.channel).or_default();
                     *head = (*head).max(outcome.offset);
                     messages.push(Message {
                         offset: outcome.offset,
@@ -552,20 +553,23 @@ impl Writer {
                         first,
                         head: after,
                         published_at_ms,
-                        ..
+                        closed: now_closed,
                     }),
                 ) => {
-                    let (head, messages) = by_channel.entry(&append.channel).or_default();
+                    let (head, messages, closed) = by_channel.entry(&append.channel).or_default();
                     *head = (*head).max(*after);
+                    // A close alone wakes the live readers too: they see the end.
+                    *closed |= *now_closed;
                     messages.extend(stream_messages(&append.messages, *first, *published_at_ms));
                 }
                 _ => {}
             }
         }
-        for (channel, (head, mut committed)) in by_channel {
+        for (channel, (head, mut committed, closed)) in by_channel {
             committed.sort_by_key(|m| m.offset);
             self.hub.publish(Notice {
                 deleted: None,
+                closed,
                 channel: channel.clone(),
                 head,
                 messages: committed,

@@ -363,6 +363,279 @@ async fn history_pages_stay_within_the_read_budget(backend: Backend) {
 
 use herald_testkit::on_both_backends;
 
+/// Counts the storage's message reads (`Storage::read`, tried or not), so
+/// that a test can await a number of them.
+struct ReadCount {
+    reads: tokio::sync::watch::Sender<usize>,
+}
+
+impl ReadCount {
+    fn new() -> std::sync::Arc<Self> {
+        std::sync::Arc::new(Self {
+            reads: tokio::sync::watch::channel(0).0,
+        })
+    }
+
+    fn reads(&self) -> usize {
+        *self.reads.borrow()
+    }
+
+    /// Waits until `n` reads were made in total.
+    async fn wait_reads(&self, n: usize) {
+        let mut reads = self.reads.subscribe();
+        within(
+            &format!("{n} reads"),
+            NODE_WAIT,
+            reads.wait_for(|r| *r >= n),
+        )
+        .await
+        .unwrap();
+    }
+}
+
+#[async_trait::async_trait]
+impl herald_testkit::storage::StorageHooks for ReadCount {
+    async fn before_read(&self, _channel: &herald_core::ChannelName) -> herald_storage::Result<()> {
+        self.reads.send_modify(|r| *r += 1);
+        Ok(())
+    }
+}
+
+/// Reads `sse`'s events until a control whose `streamNextOffset` is
+/// `next`; returns the data events' texts.
+async fn data_until(sse: &mut SseClient, next: &str) -> Vec<String> {
+    within(&format!("a control at {next}"), NODE_WAIT, async {
+        let mut data = Vec::new();
+        loop {
+            let event = sse.next_event().await.expect("an event");
+            match event.event.as_deref() {
+                Some("data") => data.push(event.data),
+                Some("control") if event.data.contains(next) => return data,
+                _ => {}
+            }
+        }
+    })
+    .await
+}
+
+/// Live readers (SSE and long-poll) take the messages each append's notice
+/// carries: after their first read of the stream they read no more
+/// messages from the storage, however many appends they follow.
+async fn live_readers_take_what_notices_carry(backend: Backend) {
+    let place = Place::new(backend).await;
+    let mut config = ServerConfig::default();
+    // No periodic look at the stream during the test.
+    config.durable_streams.long_poll_timeout = std::time::Duration::from_secs(60);
+    let count = ReadCount::new();
+    let node = Node::start_with(&place, "node-a", Role::Holder, config, |s| {
+        herald_testkit::storage::Hooked::wrap(s, count.clone())
+    })
+    .await;
+    assert_eq!(send(&node, "PUT", "/ds/app/live", &TEXT, b"a").await.0, 201);
+    let url = node.url("/ds/app/live?offset=-1&live=sse");
+    let mut readers = Vec::new();
+    for _ in 0..3 {
+        let mut sse = SseClient::open(&node.client, &url, &[]).await.unwrap();
+        assert_eq!(sse.status, 200);
+        assert_eq!(data_until(&mut sse, "_0000000000000001").await, ["a"]);
+        readers.push(sse);
+    }
+    let before = count.reads();
+    for n in 2..=11u64 {
+        let text = format!("m{n}");
+        let appended = send(&node, "POST", "/ds/app/live", &TEXT, text.as_bytes()).await;
+        assert_eq!(appended.0, 204, "{}", appended.2);
+        let next = format!("_{n:016}");
+        for sse in &mut readers {
+            assert_eq!(data_until(sse, &next).await, [text.as_str()]);
+        }
+    }
+    assert_eq!(
+        count.reads(),
+        before,
+        "an SSE reader read what a notice carried"
+    );
+    // A long-poll at the tail reads once, when it begins.
+    let poll = tokio::spawn({
+        let client = node.client.clone();
+        let url = node.url("/ds/app/live?offset=0000000000000000_0000000000000011&live=long-poll");
+        async move {
+            let answer = client.get(url).send().await.unwrap();
+            let status = answer.status().as_u16();
+            (status, answer.text().await.unwrap())
+        }
+    });
+    count.wait_reads(before + 1).await;
+    let appended = send(&node, "POST", "/ds/app/live", &TEXT, b"last").await;
+    assert_eq!(appended.0, 204, "{}", appended.2);
+    let answer = within("the long-poll's answer", NODE_WAIT, poll)
+        .await
+        .unwrap();
+    assert_eq!(answer, (200, "last".to_owned()));
+    assert_eq!(
+        count.reads(),
+        before + 1,
+        "a long-poll read what a notice carried"
+    );
+    for sse in &mut readers {
+        assert_eq!(data_until(sse, "_0000000000000012").await, ["last"]);
+    }
+}
+
+/// A live reader whose reads of the stream fail while the storage is
+/// unavailable waits them out and goes on, rather than ending.
+async fn a_live_reader_waits_out_a_read_outage(backend: Backend) {
+    let place = Place::new(backend).await;
+    let outage = herald_testkit::storage::ReadOutage::new();
+    let node = Node::start_with(
+        &place,
+        "node-a",
+        Role::Holder,
+        ServerConfig::default(),
+        |s| outage.wrap(s),
+    )
+    .await;
+    assert_eq!(send(&node, "PUT", "/ds/app/out", &TEXT, b"a").await.0, 201);
+    outage.start();
+    let url = node.url("/ds/app/out?offset=-1&live=sse");
+    let mut sse = SseClient::open(&node.client, &url, &[]).await.unwrap();
+    assert_eq!(sse.status, 200);
+    // A long-poll too, from the start, while reads fail.
+    let poll = tokio::spawn({
+        let client = node.client.clone();
+        let url = node.url("/ds/app/out?offset=-1&live=long-poll");
+        async move {
+            let answer = client.get(url).send().await.unwrap();
+            let status = answer.status().as_u16();
+            (status, answer.text().await.unwrap())
+        }
+    });
+    // Both readers try again after a failure (one that gave up would
+    // have made one try each).
+    outage.wait_failed("app:out", 3).await;
+    let appended = send(&node, "POST", "/ds/app/out", &TEXT, b"b").await;
+    assert_eq!(appended.0, 204, "{}", appended.2);
+    outage.end();
+    let data = data_until(&mut sse, "_0000000000000002").await.concat();
+    assert_eq!(data, "ab");
+    let answer = within("the long-poll's answer", NODE_WAIT, poll)
+        .await
+        .unwrap();
+    assert_eq!(answer, (200, "ab".to_owned()));
+    // It goes on live.
+    let appended = send(&node, "POST", "/ds/app/out", &TEXT, b"c").await;
+    assert_eq!(appended.0, 204, "{}", appended.2);
+    assert_eq!(data_until(&mut sse, "_0000000000000003").await, ["c"]);
+}
+
+/// An SSE reader on a PostgreSQL standby sees the stream's close that
+/// comes with its last append as the holder made it: the data, then the
+/// control with `streamClosed`, and the end, without waiting for the
+/// periodic look at the stream.
+#[tokio::test]
+async fn a_standby_reader_sees_the_close_with_the_last_append() {
+    let place = Place::new(Backend::Postgres).await;
+    let mut config = ServerConfig::default();
+    // Far beyond the test's wait: only the notice can tell the close.
+    config.durable_streams.long_poll_timeout = std::time::Duration::from_secs(60);
+    let holder = Node::start(&place, "node-a", Role::Holder, config.clone()).await;
+    let standby = Node::start(&place, "node-b", Role::Standby, config).await;
+    assert_eq!(
+        send(&holder, "PUT", "/ds/app/fin", &TEXT, b"a").await.0,
+        201
+    );
+    let url = standby.url("/ds/app/fin?offset=-1&live=sse");
+    let mut sse = SseClient::open(&standby.client, &url, &[]).await.unwrap();
+    assert_eq!(sse.status, 200);
+    assert_eq!(data_until(&mut sse, "_0000000000000001").await, ["a"]);
+    let closed = send(
+        &holder,
+        "POST",
+        "/ds/app/fin",
+        &[("content-type", "text/plain"), ("stream-closed", "true")],
+        b"z",
+    )
+    .await;
+    assert_eq!(closed.0, 204, "{}", closed.2);
+    let rest = within("the end of the stream", NODE_WAIT, async {
+        let mut rest = Vec::new();
+        while let Some(event) = sse.next_event().await {
+            rest.push(event);
+        }
+        rest
+    })
+    .await;
+    let last = rest.last().expect("events after the close");
+    assert_eq!(last.event.as_deref(), Some("control"), "{rest:?}");
+    assert!(last.data.contains("\"streamClosed\":true"), "{rest:?}");
+    let data: String = rest
+        .iter()
+        .filter(|e| e.event.as_deref() == Some("data"))
+        .map(|e| e.data.as_str())
+        .collect();
+    assert_eq!(data, "z");
+}
+
+/// Durable Streams' live readers on `node` (the gauge
+/// `herald_subscribers{transport="durable_streams"}`).
+async fn ds_subscribers(node: &Node) -> f64 {
+    node.metrics()
+        .await
+        .lines()
+        .find_map(|line| line.strip_prefix("herald_subscribers{transport=\"durable_streams\"} "))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// A long-poll on a PostgreSQL standby at a stream's tail answers the
+/// next append with its data, when the standby's notice of it carries
+/// only the new head (the reader reads the message from the storage).
+#[tokio::test]
+async fn a_standby_long_poll_answers_the_next_append() {
+    let place = Place::new(Backend::Postgres).await;
+    let mut config = ServerConfig::default();
+    // Far beyond the test's wait: only the append can answer it.
+    config.durable_streams.long_poll_timeout = std::time::Duration::from_secs(60);
+    let _holder = Node::start(&place, "node-a", Role::Holder, config.clone()).await;
+    let standby = Node::start(&place, "node-b", Role::Standby, config).await;
+    assert_eq!(
+        send(&standby, "PUT", "/ds/app/tail", &TEXT, b"a").await.0,
+        201
+    );
+    let poll = tokio::spawn({
+        let client = standby.client.clone();
+        let url =
+            standby.url("/ds/app/tail?offset=0000000000000000_0000000000000001&live=long-poll");
+        async move {
+            let answer = client.get(url).send().await.unwrap();
+            let status = answer.status().as_u16();
+            (status, answer.text().await.unwrap())
+        }
+    });
+    // Appended once the long-poll waits (it counts as a subscriber).
+    within("the long-poll's subscription", NODE_WAIT, async {
+        while ds_subscribers(&standby).await < 1.0 {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let appended = send(&standby, "POST", "/ds/app/tail", &TEXT, b"b").await;
+    assert_eq!(appended.0, 204, "{}", appended.2);
+    let answer = within("the long-poll's answer", NODE_WAIT, poll)
+        .await
+        .unwrap();
+    assert_eq!(answer, (200, "b".to_owned()));
+}
+
+on_both_backends!(
+    live_readers_take_what_notices_carry: notices_feed_live_readers_on_sqlite,
+    notices_feed_live_readers_on_postgres
+);
+on_both_backends!(
+    a_live_reader_waits_out_a_read_outage: live_reader_outage_on_sqlite,
+    live_reader_outage_on_postgres
+);
+
 /// The producer headers of `id`, epoch 0, sequence `seq`, with `Content-Type:
 /// application/json`.
 fn producer<'a>(id: &'a str, seq: &'a str) -> [(&'a str, &'a str); 4] {

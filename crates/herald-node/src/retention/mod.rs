@@ -120,6 +120,7 @@ pub async fn delete_channel(
         head,
         messages: Vec::new(),
         deleted: Some(number),
+        closed: false,
     });
     tracing::info!(channel = %channel, head, deletion = number, "channel deleted");
     Ok(head)

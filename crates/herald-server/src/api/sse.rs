@@ -168,6 +168,11 @@ fn item_event(item: &Item) -> Event {
         Item::Deleted { .. } => Event::default()
             .event("deleted")
             .data(item.control_json(false).unwrap_or_default()),
+        // Only a subscription that ends at closure hands it out (Durable
+        // Streams' followers); this one does not ask for it.
+        Item::Closed { .. } => Event::default()
+            .event("closed")
+            .data(item.control_json(false).unwrap_or_default()),
     }
 }
 

@@ -1,6 +1,6 @@
 //! What every read of a stream shares: the stream as the storage holds it,
-//! where a read starts, the stored messages after an offset (a chunk of
-//! about 1 MiB), and the body they make.
+//! where a read starts, and the body messages make; and a catch-up's
+//! stored messages after an offset (a chunk of about 1 MiB).
 
 use herald_core::{is_json_media, ChannelName, Message, Offset, Payload, StreamInfo};
 use herald_node::node_error::StorageContext;

@@ -7,17 +7,21 @@
 //!
 //! Routes, under the prefix (`/ds` by default): `PUT` creates a stream,
 //! `POST` appends or closes (`write.rs`), `GET` reads (catch-up and
-//! long-poll in `read.rs`, SSE in `sse.rs`, both reading through
-//! `chunk.rs`), `HEAD` tells its metadata,
+//! long-poll in `read.rs`, SSE in `sse.rs`; a catch-up reads through
+//! `chunk.rs`, a live read follows the stream through `follow.rs`),
+//! `HEAD` tells its metadata,
 //! `DELETE` deletes it. Writes go through herald-node's `streams.rs`
 //! (committed on the holder, forwarded once from a standby); reads are
-//! served by every node from the storage, woken by the node's hub.
+//! served by every node: catch-ups from the storage, live reads as
+//! subscriptions of the node core (history from the storage, then the
+//! messages the node's hub's notices carry).
 //!
 //! Like the other wings, it knows no SQL and no lease timing.
 
 mod body;
 mod chunk;
 pub(crate) mod config;
+mod follow;
 mod naming;
 mod offset;
 pub(crate) mod producer_wait;

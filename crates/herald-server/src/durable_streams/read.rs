@@ -1,7 +1,8 @@
 //! `GET` of a stream (catch-up from an offset, and long-poll) and `HEAD`.
-//! Every node serves them from the storage; a long-poll waits on this
-//! node's hub for the channel's next notice (the writer's on the holder,
-//! the standby feed's on a standby), at most `long_poll_timeout`, and
+//! Every node serves them: a catch-up from the storage, a long-poll as a
+//! follower of the stream (`follow.rs`: what is stored after the offset,
+//! then this node's hub's notices, the writer's on the holder, the standby
+//! feed's on a standby), waiting at most `long_poll_timeout`, and
 //! never past the expiry of the reader's token: a long-poll whose token
 //! expires before it can answer data answers `401 token_expired` (the
 //! client asks again with a fresh token from the same offset).
@@ -16,6 +17,7 @@ use herald_core::StreamInfo;
 use tokio::time::Instant;
 
 use super::chunk::{body, info, read_chunk, start};
+use super::follow::{End, Follower};
 use super::offset::{self, ReadFrom};
 use super::response::{self, set};
 use super::{naming, request, sse, StreamsState};
@@ -209,13 +211,19 @@ async fn catch_up(
 }
 
 /// A long-poll read: answers at once with what is stored after the offset,
-/// else waits for the channel's next notice, at most the configured
+/// else waits for the stream's next message, at most the configured
 /// timeout, then answers `204`. A closed stream at its tail answers `204`
-/// with `Stream-Closed: true` at once.
+/// with `Stream-Closed: true`, at once or when the close comes. The read
+/// follows the stream as a [`Follower`] (`follow.rs`): the messages a
+/// notice carries are answered without reading the storage again.
 ///
 /// # Errors
 /// 401 `token_expired` once `expires` (the reader's token) has passed: the
-/// wait ends then, and no data is answered after it.
+/// wait ends then, and no data is answered after it. 404
+/// `stream_not_found` when the stream is deleted during the wait (410
+/// `stream_gone` while it is being deleted), 410 `offset_gone` when what
+/// the reader had not got yet was removed, 503 when the storage fails
+/// with an error that is not transient.
 async fn long_poll(
     state: &StreamsState,
     info: StreamInfo,
@@ -224,70 +232,79 @@ async fn long_poll(
     expires: Option<Instant>,
 ) -> Result<Response> {
     let channel = info.channel.clone();
+    let after = start(&info, from)?;
     // Subscribed before the first read: a message committed after it is
     // announced, so none is missed between the read and the wait.
-    let mut notices = state.shared.node.hub().subscribe(&channel);
-    let after = start(&info, from)?;
+    let mut follower = Follower::start(state, &info, after).await?;
     let timeout = state.shared.config.durable_streams.long_poll_timeout;
     let deadline = Instant::now() + timeout;
+    // The wait ends at the token's expiry if that comes first.
+    let wait_until = expires.map_or(deadline, |at| at.min(deadline));
     let token_expired = || expires.is_some_and(|at| Instant::now() >= at);
-    let mut info = info;
     loop {
-        let chunk = read_chunk(state, &channel, after).await?;
+        let batch = tokio::select! {
+            // What is there already is answered, whatever the time.
+            biased;
+            batch = follower.next_batch() => Some(batch?),
+            () = tokio::time::sleep_until(wait_until) => None,
+            () = state.shared.shutdown.cancelled() => None,
+        };
         if token_expired() {
             return Err(Error::Auth(herald_auth::AuthError::TokenExpired));
         }
         let cursor_now = offset::cursor(request::now_ms(), cursor.as_deref());
-        if !chunk.messages.is_empty() {
+        let Some(batch) = batch else {
+            let mut answer = response::empty(StatusCode::NO_CONTENT, after);
+            set(answer.headers_mut(), "stream-up-to-date", "true");
+            set(answer.headers_mut(), "stream-cursor", &cursor_now);
+            return Ok(answer);
+        };
+        if !batch.messages.is_empty() {
             let mut answer =
-                Response::new(Body::from(body(&info.config.content_type, &chunk.messages)));
+                Response::new(Body::from(body(&info.config.content_type, &batch.messages)));
             set(
                 answer.headers_mut(),
                 "stream-next-offset",
-                &offset::format(chunk.next),
+                &offset::format(batch.next),
             );
             set(answer.headers_mut(), "stream-cursor", &cursor_now);
             set(
                 answer.headers_mut(),
                 ETAG.as_str(),
-                &format!("\"{}-{}-{}\"", chunk.deletion, after, chunk.next),
+                &format!("\"{}-{}-{}\"", follower.deletion(), after, batch.next),
             );
-            if chunk.up_to_date {
+            if batch.up_to_date {
                 set(answer.headers_mut(), "stream-up-to-date", "true");
             }
             response::content_type(&mut answer, &info.config.content_type);
             response::cache(&mut answer, "no-cache");
             return Ok(answer);
         }
-        if info.closed && after >= info.head {
-            let mut answer = response::empty(StatusCode::NO_CONTENT, after);
-            set(answer.headers_mut(), "stream-up-to-date", "true");
-            response::closed(&mut answer);
-            return Ok(answer);
+        match batch.end {
+            // At the tail, nothing new yet: wait on.
+            None => {}
+            Some(End::Closed) => {
+                let mut answer = response::empty(StatusCode::NO_CONTENT, batch.next);
+                set(answer.headers_mut(), "stream-up-to-date", "true");
+                response::closed(&mut answer);
+                return Ok(answer);
+            }
+            // Deleted during the wait: as a new read of it is answered
+            // (410 while it is being deleted).
+            Some(End::Deleted) => {
+                return Err(match super::chunk::info(state, &channel).await? {
+                    Some(info) if info.soft_deleted => Error::StreamGone,
+                    _ => Error::StreamNotFound,
+                })
+            }
+            Some(End::Truncated { earliest }) => return Err(Error::OffsetGone { earliest }),
+            Some(End::Stopped) => {
+                let mut answer = response::empty(StatusCode::NO_CONTENT, after);
+                set(answer.headers_mut(), "stream-up-to-date", "true");
+                set(answer.headers_mut(), "stream-cursor", &cursor_now);
+                return Ok(answer);
+            }
         }
-        // The wait ends at the token's expiry if that comes first.
-        let wait_until = expires.map_or(deadline, |at| at.min(deadline));
-        let woke = tokio::select! {
-            _ = notices.recv() => true,
-            () = tokio::time::sleep_until(wait_until) => false,
-            () = state.shared.shutdown.cancelled() => false,
-        };
-        if token_expired() {
-            return Err(Error::Auth(herald_auth::AuthError::TokenExpired));
-        }
-        if !woke {
-            let mut answer = response::empty(StatusCode::NO_CONTENT, after);
-            set(answer.headers_mut(), "stream-up-to-date", "true");
-            set(answer.headers_mut(), "stream-cursor", &cursor_now);
-            return Ok(answer);
-        }
-        info = match super::chunk::info(state, &channel).await? {
-            // Deleted while forks of it live, during the wait: as a new
-            // read of it is answered.
-            Some(info) if info.soft_deleted => return Err(Error::StreamGone),
-            Some(info) => info,
-            None => return Err(Error::StreamNotFound),
-        };
     }
 }
 

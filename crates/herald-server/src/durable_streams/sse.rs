@@ -9,13 +9,16 @@
 //! payload can never frame an event of its own (the SSE spec, "Parsing an
 //! event stream").
 //!
-//! A task reads from the storage and writes the events to the answer; it
-//! waits on this node's hub for the channel's next notice, and every
-//! `long_poll_timeout` sends a comment (`:`) and looks at the stream again
-//! (a standby hears of a closure or a deletion that way). It ends when
-//! the client goes, the stream is deleted (at once, or soft-deleted while
-//! forks of it live: both end the same way, without a last event) or
-//! closed, or the node drains.
+//! A task follows the stream (`follow.rs`: what is stored after the
+//! offset, then this node's hub's notices, whose messages it sends without
+//! reading them again) and writes the events to the answer; every
+//! `long_poll_timeout` without news it sends a comment (`:`) and looks at
+//! the stream's properties (a standby hears of a close that appends
+//! nothing, or of an expiry, that way). A storage read that fails
+//! transiently is waited out, the comments going on meanwhile. It ends
+//! when the client goes, the stream is deleted (at once, or soft-deleted
+//! while forks of it live: both end the same way, without a last event)
+//! or closed, or the node drains.
 //!
 //! A reader that came with a token is followed only until the token's
 //! `exp`, as Herald's own SSE does (`api/sse.rs`): the wait has a branch
@@ -37,7 +40,8 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::chunk::{body, info, read_chunk, start};
+use super::chunk::{body, start};
+use super::follow::{End, Follower};
 use super::offset::{self, ReadFrom};
 use super::response::set;
 use super::{request, StreamsState};
@@ -114,6 +118,11 @@ fn control_event(next: Offset, up_to_date: bool, closed: bool, cursor: Option<&s
 
 /// Answers `200` with the event stream and starts the task that writes it;
 /// `expires` is when the reader's token expires (`None`: never).
+///
+/// # Errors
+/// 410 `offset_gone` for an offset before what is stored; 503 when the
+/// first read of the stream fails with an error that is not transient
+/// (a transient one is waited out inside the stream).
 pub(crate) async fn serve(
     state: StreamsState,
     info: StreamInfo,
@@ -122,9 +131,10 @@ pub(crate) async fn serve(
     expires: Option<Instant>,
 ) -> Result<Response> {
     let after = start(&info, from)?;
+    let follower = Follower::start(&state, &info, after).await?;
     let (tx, rx) = mpsc::channel::<std::result::Result<Bytes, Infallible>>(QUEUED_EVENTS);
     let binary = is_binary(&info.config.content_type);
-    tokio::spawn(follow(state, info, after, cursor, expires, tx));
+    tokio::spawn(follow(state, info, follower, cursor, expires, tx));
     let mut answer = Response::new(Body::from_stream(ReceiverStream::new(rx)));
     let headers = answer.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
@@ -148,13 +158,16 @@ async fn until(expires: Option<Instant>) {
     }
 }
 
-/// Writes the events of the stream after `after` to `tx` until it ends,
-/// or until `expires` (the reader's token), when the last event is
-/// [`TOKEN_EXPIRED_EVENT`].
+/// Writes the events of `follower`'s batches to `tx` until the stream
+/// ends, or until `expires` (the reader's token), when the last event is
+/// [`TOKEN_EXPIRED_EVENT`]. Every `long_poll_timeout` without a batch it
+/// sends a comment and looks at the stream's properties: gone ends the
+/// answer, closed is told to the follower (a standby hears of a close that
+/// appends nothing only that way).
 async fn follow(
     state: StreamsState,
     mut info: StreamInfo,
-    mut after: Offset,
+    mut follower: Follower,
     cursor: Option<String>,
     expires: Option<Instant>,
     tx: mpsc::Sender<std::result::Result<Bytes, Infallible>>,
@@ -166,77 +179,82 @@ async fn follow(
             .send(Ok(Bytes::from_static(TOKEN_EXPIRED_EVENT.as_bytes())))
             .await;
     };
-    let channel = info.channel.clone();
-    let mut notices = state.shared.node.hub().subscribe(&channel);
     let keep_alive = state.shared.config.durable_streams.long_poll_timeout;
-    // The offset of the last control sent: an idle stream is announced
-    // once, not at every wake.
-    let mut announced: Option<Offset> = None;
     loop {
-        let chunk = match read_chunk(&state, &channel, after).await {
-            Ok(chunk) => chunk,
-            Err(e) => {
-                tracing::debug!(channel = %channel, error = %e, "SSE stream read failed; the stream ends");
-                return;
-            }
-        };
-        if !chunk.messages.is_empty() || chunk.up_to_date {
-            if chunk.up_to_date {
-                info = match info_now(&state, &info).await {
-                    Some(info) => info,
-                    None => return,
-                };
-            }
-            let closed = chunk.up_to_date && info.closed && chunk.next >= info.head;
-            let mut events = String::new();
-            if !chunk.messages.is_empty() {
-                events.push_str(&data_event(&info.config.content_type, &chunk.messages));
-            }
-            if !chunk.messages.is_empty() || closed || announced != Some(chunk.next) {
-                events.push_str(&control_event(
-                    chunk.next,
-                    chunk.up_to_date,
-                    closed,
-                    cursor.as_deref(),
-                ));
-                announced = Some(chunk.next);
-            }
-            if expired(expires) {
-                return token_expired(tx).await;
-            }
-            if !events.is_empty() && tx.send(Ok(Bytes::from(events))).await.is_err() {
-                return;
-            }
-            after = chunk.next;
-            if closed {
-                return;
-            }
-            if !chunk.up_to_date {
-                continue;
-            }
-        }
-        tokio::select! {
+        let batch = tokio::select! {
             // Expiry first: a busy stream does not keep the reader on.
             biased;
             () = until(expires) => return token_expired(tx).await,
-            _ = notices.recv() => {}
+            batch = follower.next_batch() => batch,
             () = tokio::time::sleep(keep_alive) => {
                 if tx.send(Ok(Bytes::from_static(b":\n\n"))).await.is_err() {
                     return;
                 }
+                info = match info_now(&state, &info).await {
+                    Some(info) => info,
+                    None => return,
+                };
+                if info.closed {
+                    follower.closed_at(info.head);
+                }
+                continue;
             }
             () = tx.closed() => return,
             () = state.shared.shutdown.cancelled() => return,
+        };
+        let batch = match batch {
+            Ok(batch) => batch,
+            Err(e) => {
+                e.log();
+                tracing::debug!(channel = %info.channel, "SSE stream read failed; the stream ends");
+                return;
+            }
+        };
+        let closed = batch.end == Some(End::Closed);
+        if let Some(end) = batch.end.filter(|_| !closed) {
+            // Deleted (at once, or while forks of it live: both end the
+            // same way), or removed before it was read: no last event.
+            tracing::debug!(channel = %info.channel, ?end, "SSE stream ends");
+            return;
+        }
+        let mut events = String::new();
+        if !batch.messages.is_empty() {
+            events.push_str(&data_event(&info.config.content_type, &batch.messages));
+        }
+        events.push_str(&control_event(
+            batch.next,
+            batch.up_to_date,
+            closed,
+            cursor.as_deref(),
+        ));
+        if expired(expires) {
+            return token_expired(tx).await;
+        }
+        if tx.send(Ok(Bytes::from(events))).await.is_err() || closed {
+            return;
         }
     }
 }
 
 /// The stream as the storage holds it now; `None` once it is gone:
-/// deleted, soft-deleted (deleted while forks of it live), expired (or
-/// the storage failed, which ends the stream: the client resumes).
+/// deleted, soft-deleted (deleted while forks of it live), expired, or
+/// when the storage fails with an error that is not transient (which ends
+/// the stream: the client resumes). While the storage is unavailable the
+/// stream is taken as it was (`current`): the look is made again at the
+/// next comment.
 async fn info_now(state: &StreamsState, current: &StreamInfo) -> Option<StreamInfo> {
-    match info(state, &current.channel).await {
+    match state
+        .shared
+        .node
+        .storage()
+        .stream_info(&current.channel)
+        .await
+    {
         Ok(info) => info.filter(|info| !info.soft_deleted),
+        Err(e @ herald_storage::Error::Unavailable { .. }) => {
+            tracing::debug!(channel = %current.channel, error = %e, "SSE stream check failed; looked at again later");
+            Some(current.clone())
+        }
         Err(e) => {
             tracing::debug!(channel = %current.channel, error = %e, "SSE stream check failed; the stream ends");
             None

@@ -33,7 +33,12 @@ pub(super) async fn follow(
     let channel = live.channel().clone();
     loop {
         match live.next_item().await {
-            Ok(Some(Item::Truncated { .. } | Item::Withheld { .. } | Item::Deleted { .. })) => {
+            Ok(Some(
+                Item::Truncated { .. }
+                | Item::Withheld { .. }
+                | Item::Deleted { .. }
+                | Item::Closed { .. },
+            )) => {
                 let _ = out.send(Out::End(codes::INSUFFICIENT_STATE)).await;
                 return;
             }
