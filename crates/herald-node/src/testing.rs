@@ -762,6 +762,21 @@ impl Storage for MemoryStorage {
         Err(not_modelled())
     }
 
+    async fn renew_streams(
+        &self,
+        lease: &Lease,
+        _channels: &[ChannelName],
+    ) -> herald_storage::Result<u64> {
+        // No streams here: a fenced write that renews nothing.
+        if self.mem.lock().unwrap().token != lease.token.0 {
+            return Err(herald_storage::Error::LeaseLost {
+                name: lease.name.clone(),
+                token: lease.token,
+            });
+        }
+        Ok(0)
+    }
+
     async fn soft_delete_stream(
         &self,
         _lease: &Lease,

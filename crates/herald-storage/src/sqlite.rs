@@ -750,6 +750,15 @@ impl Storage for SqliteStorage {
             .await
     }
 
+    async fn renew_streams(&self, lease: &Lease, channels: &[ChannelName]) -> Result<u64> {
+        let lease = lease.clone();
+        let channels = channels.to_vec();
+        self.inner
+            .writer
+            .call(move |conn| streams::renew_streams(conn, &lease, &channels))
+            .await
+    }
+
     async fn soft_delete_stream(&self, lease: &Lease, channel: &ChannelName) -> Result<bool> {
         let lease = lease.clone();
         let channel = channel.clone();

@@ -649,6 +649,24 @@ pub trait Storage: LeaseStore {
     /// retry finds out).
     async fn append_stream(&self, lease: &Lease, append: &StreamAppend) -> Result<StreamAppended>;
 
+    /// Restarts the TTL (`Stream-TTL`) of each live stream of `channels`
+    /// that has one, as a read of it does (Durable Streams `PROTOCOL.md`:
+    /// a stream expires after its TTL without access, reads included), in
+    /// one fenced transaction (the fencing check of [`Storage::append`],
+    /// after its lock waits). Its TTL then runs from this transaction's
+    /// time on the storage's clock; its `Stream-Expires-At` stays. A
+    /// stream already expired on the storage's clock (TTL or expiry
+    /// passed) is left expired: a renewal never revives it. Soft-deleted
+    /// streams, streams without a TTL, plain and unknown channels are left
+    /// alone. Returns how many streams were renewed (a name given twice
+    /// counts once). Writes no message, moves no head, sends no change
+    /// notice.
+    ///
+    /// # Errors
+    /// [`crate::Error::LeaseLost`] when the fencing check fails (nothing
+    /// written); [`crate::Error::Unavailable`] on timeouts.
+    async fn renew_streams(&self, lease: &Lease, channels: &[ChannelName]) -> Result<u64>;
+
     /// Marks the stream `channel` as being deleted
     /// (`StreamInfo::soft_deleted`): an append is refused ("gone"), and so
     /// is a fork of it, while its messages are removed before

@@ -294,6 +294,14 @@ impl<H: StorageHooks> Storage for Hooked<H> {
         self.inner.append_stream(lease, append).await
     }
 
+    async fn renew_streams(
+        &self,
+        lease: &Lease,
+        channels: &[ChannelName],
+    ) -> herald_storage::Result<u64> {
+        self.inner.renew_streams(lease, channels).await
+    }
+
     async fn soft_delete_stream(
         &self,
         lease: &Lease,

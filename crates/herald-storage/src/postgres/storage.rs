@@ -227,6 +227,11 @@ impl Storage for PostgresStorage {
         streams::append_stream(&mut client, lease, append).await
     }
 
+    async fn renew_streams(&self, lease: &Lease, channels: &[ChannelName]) -> Result<u64> {
+        let mut client = self.client().await?;
+        streams::renew_streams(&mut client, lease, channels).await
+    }
+
     async fn soft_delete_stream(&self, lease: &Lease, channel: &ChannelName) -> Result<bool> {
         let mut client = self.client().await?;
         streams::soft_delete_stream(&mut client, lease, channel).await
