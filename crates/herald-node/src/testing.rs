@@ -388,11 +388,7 @@ impl LeaseStore for MemoryStorage {
 }
 
 #[async_trait]
-impl Storage for MemoryStorage {
-    fn backend(&self) -> &'static str {
-        "memory"
-    }
-
+impl herald_storage::MessageLog for MemoryStorage {
     async fn append(
         &self,
         lease: &Lease,
@@ -545,70 +541,6 @@ impl Storage for MemoryStorage {
         })
     }
 
-    async fn presence_add(
-        &self,
-        session: &str,
-        entry: &herald_storage::PresenceEntry,
-        _ttl: Duration,
-    ) -> herald_storage::Result<()> {
-        let key = (entry.channel.as_str().to_owned(), entry.client.clone());
-        self.mem
-            .lock()
-            .unwrap()
-            .presence
-            .insert(key, (session.to_owned(), entry.clone()));
-        Ok(())
-    }
-
-    async fn presence_remove(
-        &self,
-        channel: &ChannelName,
-        client: &str,
-    ) -> herald_storage::Result<()> {
-        let key = (channel.as_str().to_owned(), client.to_owned());
-        self.mem.lock().unwrap().presence.remove(&key);
-        Ok(())
-    }
-
-    async fn presence_touch(&self, _session: &str, _ttl: Duration) -> herald_storage::Result<()> {
-        Ok(())
-    }
-
-    async fn presence(
-        &self,
-        channel: &ChannelName,
-    ) -> herald_storage::Result<Vec<herald_storage::PresenceEntry>> {
-        let mem = self.mem.lock().unwrap();
-        Ok(mem
-            .presence
-            .values()
-            .filter(|(_, e)| &e.channel == channel)
-            .map(|(_, e)| e.clone())
-            .collect())
-    }
-
-    async fn report_node(
-        &self,
-        report: &herald_storage::NodeReport,
-        channels: &[herald_storage::ChannelClients],
-        _ttl: Duration,
-    ) -> herald_storage::Result<()> {
-        let mut mem = self.mem.lock().unwrap();
-        mem.nodes.insert(report.node_id.clone(), report.clone());
-        mem.node_channels
-            .insert(report.node_id.clone(), channels.to_vec());
-        Ok(())
-    }
-
-    async fn lease_history(
-        &self,
-        _name: &str,
-        limit: usize,
-    ) -> herald_storage::Result<Vec<herald_storage::LeaseTakeover>> {
-        let mem = self.mem.lock().unwrap();
-        Ok(mem.history.iter().rev().take(limit).cloned().collect())
-    }
-
     async fn channel_page(
         &self,
         search: &str,
@@ -645,37 +577,6 @@ impl Storage for MemoryStorage {
             .collect())
     }
 
-    async fn node_reports(&self) -> herald_storage::Result<Vec<herald_storage::NodeReport>> {
-        Ok(self.mem.lock().unwrap().nodes.values().cloned().collect())
-    }
-
-    async fn cluster_channels(
-        &self,
-        except_node: &str,
-    ) -> herald_storage::Result<Vec<herald_storage::ChannelClients>> {
-        let mem = self.mem.lock().unwrap();
-        let mut sums: BTreeMap<ChannelName, (u64, u64)> = BTreeMap::new();
-        for (node, channels) in &mem.node_channels {
-            if node != except_node {
-                for c in channels {
-                    let sum = sums.entry(c.channel.clone()).or_insert((0, 0));
-                    sum.0 += c.clients;
-                    sum.1 += c.subscribers;
-                }
-            }
-        }
-        Ok(sums
-            .into_iter()
-            .map(
-                |(channel, (clients, subscribers))| herald_storage::ChannelClients {
-                    channel,
-                    clients,
-                    subscribers,
-                },
-            )
-            .collect())
-    }
-
     async fn channel_epoch(&self, channel: &ChannelName) -> herald_storage::Result<String> {
         let mut mem = self.mem.lock().unwrap();
         let next = format!("{:016x}", mem.epochs.len() + 1);
@@ -700,6 +601,29 @@ impl Storage for MemoryStorage {
             .collect())
     }
 
+    async fn record_deletion(
+        &self,
+        lease: &Lease,
+        channel: &ChannelName,
+        head: Offset,
+    ) -> herald_storage::Result<u64> {
+        let mut mem = self.mem.lock().unwrap();
+        if mem.token != lease.token.0 {
+            return Err(herald_storage::Error::LeaseLost {
+                name: lease.name.clone(),
+                token: lease.token,
+            });
+        }
+        Ok(Self::record_deletion_locked(
+            &mut mem,
+            channel.as_str(),
+            head,
+        ))
+    }
+}
+
+#[async_trait]
+impl herald_storage::ChangeFeedReader for MemoryStorage {
     async fn changes_since(&self, cursor: u64) -> herald_storage::Result<ChangeFeed> {
         self.polls.send_modify(|polls| *polls += 1);
         let mem = self.mem.lock().unwrap();
@@ -733,6 +657,32 @@ impl Storage for MemoryStorage {
         Ok(self.mem.lock().unwrap().seq)
     }
 
+    async fn deletions_since(&self, cursor: u64) -> herald_storage::Result<Deletions> {
+        let mem = self.mem.lock().unwrap();
+        let mut deleted: Vec<Deletion> = mem
+            .deletions
+            .iter()
+            .filter(|(_, (number, _))| *number > cursor)
+            .map(|(name, &(number, head))| Deletion {
+                channel: ChannelName::new(name.clone()).unwrap(),
+                head,
+                number,
+            })
+            .collect();
+        deleted.sort_by_key(|d| d.number);
+        Ok(Deletions {
+            cursor: mem.deletion_seq.max(cursor),
+            deleted,
+        })
+    }
+
+    async fn deletion_cursor(&self) -> herald_storage::Result<u64> {
+        Ok(self.mem.lock().unwrap().deletion_seq)
+    }
+}
+
+#[async_trait]
+impl herald_storage::StreamStore for MemoryStorage {
     // Streams are not modelled here: the node's stream paths are tested
     // against the real backends (`herald-server/tests/durable_streams.rs`).
     async fn stream_info(
@@ -784,48 +734,106 @@ impl Storage for MemoryStorage {
     ) -> herald_storage::Result<bool> {
         Err(not_modelled())
     }
+}
 
-    async fn record_deletion(
+#[async_trait]
+impl herald_storage::PresenceStore for MemoryStorage {
+    async fn presence_add(
         &self,
-        lease: &Lease,
+        session: &str,
+        entry: &herald_storage::PresenceEntry,
+        _ttl: Duration,
+    ) -> herald_storage::Result<()> {
+        let key = (entry.channel.as_str().to_owned(), entry.client.clone());
+        self.mem
+            .lock()
+            .unwrap()
+            .presence
+            .insert(key, (session.to_owned(), entry.clone()));
+        Ok(())
+    }
+
+    async fn presence_remove(
+        &self,
         channel: &ChannelName,
-        head: Offset,
-    ) -> herald_storage::Result<u64> {
-        let mut mem = self.mem.lock().unwrap();
-        if mem.token != lease.token.0 {
-            return Err(herald_storage::Error::LeaseLost {
-                name: lease.name.clone(),
-                token: lease.token,
-            });
-        }
-        Ok(Self::record_deletion_locked(
-            &mut mem,
-            channel.as_str(),
-            head,
-        ))
+        client: &str,
+    ) -> herald_storage::Result<()> {
+        let key = (channel.as_str().to_owned(), client.to_owned());
+        self.mem.lock().unwrap().presence.remove(&key);
+        Ok(())
     }
 
-    async fn deletions_since(&self, cursor: u64) -> herald_storage::Result<Deletions> {
+    async fn presence_touch(&self, _session: &str, _ttl: Duration) -> herald_storage::Result<()> {
+        Ok(())
+    }
+
+    async fn presence(
+        &self,
+        channel: &ChannelName,
+    ) -> herald_storage::Result<Vec<herald_storage::PresenceEntry>> {
         let mem = self.mem.lock().unwrap();
-        let mut deleted: Vec<Deletion> = mem
-            .deletions
-            .iter()
-            .filter(|(_, (number, _))| *number > cursor)
-            .map(|(name, &(number, head))| Deletion {
-                channel: ChannelName::new(name.clone()).unwrap(),
-                head,
-                number,
-            })
-            .collect();
-        deleted.sort_by_key(|d| d.number);
-        Ok(Deletions {
-            cursor: mem.deletion_seq.max(cursor),
-            deleted,
-        })
+        Ok(mem
+            .presence
+            .values()
+            .filter(|(_, e)| &e.channel == channel)
+            .map(|(_, e)| e.clone())
+            .collect())
+    }
+}
+
+#[async_trait]
+impl herald_storage::ClusterView for MemoryStorage {
+    async fn report_node(
+        &self,
+        report: &herald_storage::NodeReport,
+        channels: &[herald_storage::ChannelClients],
+        _ttl: Duration,
+    ) -> herald_storage::Result<()> {
+        let mut mem = self.mem.lock().unwrap();
+        mem.nodes.insert(report.node_id.clone(), report.clone());
+        mem.node_channels
+            .insert(report.node_id.clone(), channels.to_vec());
+        Ok(())
     }
 
-    async fn deletion_cursor(&self) -> herald_storage::Result<u64> {
-        Ok(self.mem.lock().unwrap().deletion_seq)
+    async fn lease_history(
+        &self,
+        _name: &str,
+        limit: usize,
+    ) -> herald_storage::Result<Vec<herald_storage::LeaseTakeover>> {
+        let mem = self.mem.lock().unwrap();
+        Ok(mem.history.iter().rev().take(limit).cloned().collect())
+    }
+
+    async fn node_reports(&self) -> herald_storage::Result<Vec<herald_storage::NodeReport>> {
+        Ok(self.mem.lock().unwrap().nodes.values().cloned().collect())
+    }
+
+    async fn cluster_channels(
+        &self,
+        except_node: &str,
+    ) -> herald_storage::Result<Vec<herald_storage::ChannelClients>> {
+        let mem = self.mem.lock().unwrap();
+        let mut sums: BTreeMap<ChannelName, (u64, u64)> = BTreeMap::new();
+        for (node, channels) in &mem.node_channels {
+            if node != except_node {
+                for c in channels {
+                    let sum = sums.entry(c.channel.clone()).or_insert((0, 0));
+                    sum.0 += c.clients;
+                    sum.1 += c.subscribers;
+                }
+            }
+        }
+        Ok(sums
+            .into_iter()
+            .map(
+                |(channel, (clients, subscribers))| herald_storage::ChannelClients {
+                    channel,
+                    clients,
+                    subscribers,
+                },
+            )
+            .collect())
     }
 
     async fn send_cluster_event(&self, event: &ClusterEvent) -> herald_storage::Result<()> {
@@ -836,6 +844,13 @@ impl Storage for MemoryStorage {
 
     fn watch_cluster_events(&self) -> Option<broadcast::Receiver<ClusterEvent>> {
         Some(self.cluster_events.subscribe())
+    }
+}
+
+#[async_trait]
+impl Storage for MemoryStorage {
+    fn backend(&self) -> &'static str {
+        "memory"
     }
 
     async fn ping(&self) -> herald_storage::Result<()> {

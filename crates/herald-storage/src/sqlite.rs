@@ -51,8 +51,8 @@ use crate::cluster::ClusterEvent;
 use crate::decode::ttl_ms;
 use crate::error::{Error, Result};
 use crate::traits::{
-    Acquire, ChangeFeed, ChannelClients, ChannelSummary, Deletions, LeaseStore, LeaseTakeover,
-    NodeReport, Page, Storage,
+    Acquire, ChangeFeed, ChangeFeedReader, ChannelClients, ChannelSummary, ClusterView, Deletions,
+    LeaseStore, LeaseTakeover, MessageLog, NodeReport, Page, PresenceStore, Storage, StreamStore,
 };
 use crate::trim::{ChannelStats, TrimLimits, Trimmed};
 
@@ -565,11 +565,7 @@ impl LeaseStore for SqliteStorage {
 pub const TAKEOVER_HINT_POLL: Duration = Duration::from_millis(20);
 
 #[async_trait]
-impl Storage for SqliteStorage {
-    fn backend(&self) -> &'static str {
-        "sqlite"
-    }
-
+impl MessageLog for SqliteStorage {
     async fn append(&self, lease: &Lease, batch: &[NewMessage]) -> Result<Vec<Appended>> {
         let lease = lease.clone();
         let batch = batch.to_vec();
@@ -595,13 +591,6 @@ impl Storage for SqliteStorage {
         self.inner.readers.call(ops::channel_stats).await
     }
 
-    async fn expired_streams(&self, limit: usize) -> Result<Vec<ChannelName>> {
-        self.inner
-            .readers
-            .call(move |conn| streams::expired_streams(conn, limit))
-            .await
-    }
-
     async fn trim(
         &self,
         lease: &Lease,
@@ -615,59 +604,6 @@ impl Storage for SqliteStorage {
         self.inner
             .writer
             .call(move |conn| ops::trim(conn, &lease, &channel, &limits, max_rows))
-            .await
-    }
-
-    async fn presence_add(
-        &self,
-        session: &str,
-        entry: &crate::traits::PresenceEntry,
-        ttl: Duration,
-    ) -> Result<()> {
-        let session = session.to_owned();
-        let entry = entry.clone();
-        self.inner
-            .writer
-            .call(move |conn| presence::add(conn, &session, &entry, ttl))
-            .await
-    }
-
-    async fn presence_remove(&self, channel: &ChannelName, client: &str) -> Result<()> {
-        let channel = channel.clone();
-        let client = client.to_owned();
-        self.inner
-            .writer
-            .call(move |conn| presence::remove(conn, &channel, &client))
-            .await
-    }
-
-    async fn presence_touch(&self, session: &str, ttl: Duration) -> Result<()> {
-        let session = session.to_owned();
-        self.inner
-            .writer
-            .call(move |conn| presence::touch(conn, &session, ttl))
-            .await
-    }
-
-    async fn report_node(
-        &self,
-        report: &NodeReport,
-        channels: &[ChannelClients],
-        ttl: Duration,
-    ) -> Result<()> {
-        let report = report.clone();
-        let channels = channels.to_vec();
-        self.inner
-            .writer
-            .call(move |conn| nodes::report(conn, &report, &channels, ttl))
-            .await
-    }
-
-    async fn lease_history(&self, name: &str, limit: usize) -> Result<Vec<LeaseTakeover>> {
-        let name = name.to_owned();
-        self.inner
-            .readers
-            .call(move |conn| ops::lease_history(conn, &name, limit))
             .await
     }
 
@@ -685,26 +621,6 @@ impl Storage for SqliteStorage {
             .await
     }
 
-    async fn node_reports(&self) -> Result<Vec<NodeReport>> {
-        self.inner.readers.call(nodes::list).await
-    }
-
-    async fn cluster_channels(&self, except_node: &str) -> Result<Vec<ChannelClients>> {
-        let except_node = except_node.to_owned();
-        self.inner
-            .readers
-            .call(move |conn| nodes::channels(conn, &except_node))
-            .await
-    }
-
-    async fn presence(&self, channel: &ChannelName) -> Result<Vec<crate::traits::PresenceEntry>> {
-        let channel = channel.clone();
-        self.inner
-            .readers
-            .call(move |conn| presence::list(conn, &channel))
-            .await
-    }
-
     async fn channel_epoch(&self, channel: &ChannelName) -> Result<String> {
         let name = channel.clone();
         self.inner
@@ -713,6 +629,23 @@ impl Storage for SqliteStorage {
             .await
     }
 
+    async fn record_deletion(
+        &self,
+        lease: &Lease,
+        channel: &ChannelName,
+        head: Offset,
+    ) -> Result<u64> {
+        let lease = lease.clone();
+        let channel = channel.clone();
+        self.inner
+            .writer
+            .call(move |conn| ops::record_deletion(conn, &lease, &channel, head))
+            .await
+    }
+}
+
+#[async_trait]
+impl ChangeFeedReader for SqliteStorage {
     async fn changes_since(&self, cursor: u64) -> Result<ChangeFeed> {
         self.inner
             .readers
@@ -722,6 +655,27 @@ impl Storage for SqliteStorage {
 
     async fn change_cursor(&self) -> Result<u64> {
         self.inner.readers.call(ops::change_cursor).await
+    }
+
+    async fn deletions_since(&self, cursor: u64) -> Result<Deletions> {
+        self.inner
+            .readers
+            .call(move |conn| ops::deletions_since(conn, cursor))
+            .await
+    }
+
+    async fn deletion_cursor(&self) -> Result<u64> {
+        self.inner.readers.call(ops::deletion_cursor).await
+    }
+}
+
+#[async_trait]
+impl StreamStore for SqliteStorage {
+    async fn expired_streams(&self, limit: usize) -> Result<Vec<ChannelName>> {
+        self.inner
+            .readers
+            .call(move |conn| streams::expired_streams(conn, limit))
+            .await
     }
 
     async fn stream_info(&self, channel: &ChannelName) -> Result<Option<StreamInfo>> {
@@ -767,36 +721,97 @@ impl Storage for SqliteStorage {
             .call(move |conn| streams::soft_delete_stream(conn, &lease, &channel))
             .await
     }
+}
 
-    async fn record_deletion(
+#[async_trait]
+impl PresenceStore for SqliteStorage {
+    async fn presence_add(
         &self,
-        lease: &Lease,
-        channel: &ChannelName,
-        head: Offset,
-    ) -> Result<u64> {
-        let lease = lease.clone();
-        let channel = channel.clone();
+        session: &str,
+        entry: &crate::traits::PresenceEntry,
+        ttl: Duration,
+    ) -> Result<()> {
+        let session = session.to_owned();
+        let entry = entry.clone();
         self.inner
             .writer
-            .call(move |conn| ops::record_deletion(conn, &lease, &channel, head))
+            .call(move |conn| presence::add(conn, &session, &entry, ttl))
             .await
     }
 
-    async fn deletions_since(&self, cursor: u64) -> Result<Deletions> {
+    async fn presence_remove(&self, channel: &ChannelName, client: &str) -> Result<()> {
+        let channel = channel.clone();
+        let client = client.to_owned();
+        self.inner
+            .writer
+            .call(move |conn| presence::remove(conn, &channel, &client))
+            .await
+    }
+
+    async fn presence_touch(&self, session: &str, ttl: Duration) -> Result<()> {
+        let session = session.to_owned();
+        self.inner
+            .writer
+            .call(move |conn| presence::touch(conn, &session, ttl))
+            .await
+    }
+
+    async fn presence(&self, channel: &ChannelName) -> Result<Vec<crate::traits::PresenceEntry>> {
+        let channel = channel.clone();
         self.inner
             .readers
-            .call(move |conn| ops::deletions_since(conn, cursor))
+            .call(move |conn| presence::list(conn, &channel))
+            .await
+    }
+}
+
+#[async_trait]
+impl ClusterView for SqliteStorage {
+    async fn report_node(
+        &self,
+        report: &NodeReport,
+        channels: &[ChannelClients],
+        ttl: Duration,
+    ) -> Result<()> {
+        let report = report.clone();
+        let channels = channels.to_vec();
+        self.inner
+            .writer
+            .call(move |conn| nodes::report(conn, &report, &channels, ttl))
             .await
     }
 
-    async fn deletion_cursor(&self) -> Result<u64> {
-        self.inner.readers.call(ops::deletion_cursor).await
+    async fn lease_history(&self, name: &str, limit: usize) -> Result<Vec<LeaseTakeover>> {
+        let name = name.to_owned();
+        self.inner
+            .readers
+            .call(move |conn| ops::lease_history(conn, &name, limit))
+            .await
+    }
+
+    async fn node_reports(&self) -> Result<Vec<NodeReport>> {
+        self.inner.readers.call(nodes::list).await
+    }
+
+    async fn cluster_channels(&self, except_node: &str) -> Result<Vec<ChannelClients>> {
+        let except_node = except_node.to_owned();
+        self.inner
+            .readers
+            .call(move |conn| nodes::channels(conn, &except_node))
+            .await
     }
 
     /// No other process hears it: SQLite has no notifications (see
     /// `crate::cluster`).
     async fn send_cluster_event(&self, event: &ClusterEvent) -> Result<()> {
         event.check_size()
+    }
+}
+
+#[async_trait]
+impl Storage for SqliteStorage {
+    fn backend(&self) -> &'static str {
+        "sqlite"
     }
 
     async fn ping(&self) -> Result<()> {

@@ -135,11 +135,7 @@ impl<H: StorageHooks> LeaseStore for Hooked<H> {
 }
 
 #[async_trait]
-impl<H: StorageHooks> Storage for Hooked<H> {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-
+impl<H: StorageHooks> herald_storage::MessageLog for Hooked<H> {
     async fn append(
         &self,
         lease: &Lease,
@@ -169,10 +165,6 @@ impl<H: StorageHooks> Storage for Hooked<H> {
         self.inner.channel_stats().await
     }
 
-    async fn expired_streams(&self, limit: usize) -> herald_storage::Result<Vec<ChannelName>> {
-        self.inner.expired_streams(limit).await
-    }
-
     async fn trim(
         &self,
         lease: &Lease,
@@ -181,57 +173,6 @@ impl<H: StorageHooks> Storage for Hooked<H> {
         max_rows: usize,
     ) -> herald_storage::Result<herald_storage::Trimmed> {
         self.inner.trim(lease, channel, limits, max_rows).await
-    }
-
-    async fn presence_add(
-        &self,
-        session: &str,
-        entry: &herald_storage::PresenceEntry,
-        ttl: Duration,
-    ) -> herald_storage::Result<()> {
-        self.inner.presence_add(session, entry, ttl).await
-    }
-
-    async fn presence_remove(
-        &self,
-        channel: &ChannelName,
-        client: &str,
-    ) -> herald_storage::Result<()> {
-        self.hooks.before_presence_remove(channel, client).await?;
-        self.inner.presence_remove(channel, client).await
-    }
-
-    async fn presence_touch(&self, session: &str, ttl: Duration) -> herald_storage::Result<()> {
-        self.inner.presence_touch(session, ttl).await
-    }
-
-    async fn presence(
-        &self,
-        channel: &ChannelName,
-    ) -> herald_storage::Result<Vec<herald_storage::PresenceEntry>> {
-        self.hooks.before_presence(channel).await?;
-        self.inner.presence(channel).await
-    }
-
-    async fn report_node(
-        &self,
-        report: &herald_storage::NodeReport,
-        channels: &[herald_storage::ChannelClients],
-        ttl: Duration,
-    ) -> herald_storage::Result<()> {
-        self.inner.report_node(report, channels, ttl).await
-    }
-
-    async fn node_reports(&self) -> herald_storage::Result<Vec<herald_storage::NodeReport>> {
-        self.inner.node_reports().await
-    }
-
-    async fn lease_history(
-        &self,
-        name: &str,
-        limit: usize,
-    ) -> herald_storage::Result<Vec<herald_storage::LeaseTakeover>> {
-        self.inner.lease_history(name, limit).await
     }
 
     async fn channel_page(
@@ -243,18 +184,23 @@ impl<H: StorageHooks> Storage for Hooked<H> {
         self.inner.channel_page(search, after, limit).await
     }
 
-    async fn cluster_channels(
-        &self,
-        except_node: &str,
-    ) -> herald_storage::Result<Vec<herald_storage::ChannelClients>> {
-        self.inner.cluster_channels(except_node).await
-    }
-
     async fn channel_epoch(&self, channel: &ChannelName) -> herald_storage::Result<String> {
         self.hooks.before_epoch(channel).await?;
         self.inner.channel_epoch(channel).await
     }
 
+    async fn record_deletion(
+        &self,
+        lease: &Lease,
+        channel: &ChannelName,
+        head: Offset,
+    ) -> herald_storage::Result<u64> {
+        self.inner.record_deletion(lease, channel, head).await
+    }
+}
+
+#[async_trait]
+impl<H: StorageHooks> herald_storage::ChangeFeedReader for Hooked<H> {
     async fn changes_since(&self, cursor: u64) -> herald_storage::Result<ChangeFeed> {
         self.inner.changes_since(cursor).await
     }
@@ -269,6 +215,22 @@ impl<H: StorageHooks> Storage for Hooked<H> {
         } else {
             None
         }
+    }
+
+    async fn deletions_since(&self, cursor: u64) -> herald_storage::Result<Deletions> {
+        self.hooks.before_deletions_since(cursor).await?;
+        self.inner.deletions_since(cursor).await
+    }
+
+    async fn deletion_cursor(&self) -> herald_storage::Result<u64> {
+        self.inner.deletion_cursor().await
+    }
+}
+
+#[async_trait]
+impl<H: StorageHooks> herald_storage::StreamStore for Hooked<H> {
+    async fn expired_streams(&self, limit: usize) -> herald_storage::Result<Vec<ChannelName>> {
+        self.inner.expired_streams(limit).await
     }
 
     async fn stream_info(
@@ -309,31 +271,38 @@ impl<H: StorageHooks> Storage for Hooked<H> {
     ) -> herald_storage::Result<bool> {
         self.inner.soft_delete_stream(lease, channel).await
     }
+}
 
-    async fn record_deletion(
+#[async_trait]
+impl<H: StorageHooks> herald_storage::PresenceStore for Hooked<H> {
+    async fn presence_add(
         &self,
-        lease: &Lease,
+        session: &str,
+        entry: &herald_storage::PresenceEntry,
+        ttl: Duration,
+    ) -> herald_storage::Result<()> {
+        self.inner.presence_add(session, entry, ttl).await
+    }
+
+    async fn presence_remove(
+        &self,
         channel: &ChannelName,
-        head: Offset,
-    ) -> herald_storage::Result<u64> {
-        self.inner.record_deletion(lease, channel, head).await
+        client: &str,
+    ) -> herald_storage::Result<()> {
+        self.hooks.before_presence_remove(channel, client).await?;
+        self.inner.presence_remove(channel, client).await
     }
 
-    async fn deletions_since(&self, cursor: u64) -> herald_storage::Result<Deletions> {
-        self.hooks.before_deletions_since(cursor).await?;
-        self.inner.deletions_since(cursor).await
+    async fn presence_touch(&self, session: &str, ttl: Duration) -> herald_storage::Result<()> {
+        self.inner.presence_touch(session, ttl).await
     }
 
-    async fn deletion_cursor(&self) -> herald_storage::Result<u64> {
-        self.inner.deletion_cursor().await
-    }
-
-    async fn send_cluster_event(&self, event: &ClusterEvent) -> herald_storage::Result<()> {
-        self.inner.send_cluster_event(event).await
-    }
-
-    fn watch_cluster_events(&self) -> Option<broadcast::Receiver<ClusterEvent>> {
-        self.inner.watch_cluster_events()
+    async fn presence(
+        &self,
+        channel: &ChannelName,
+    ) -> herald_storage::Result<Vec<herald_storage::PresenceEntry>> {
+        self.hooks.before_presence(channel).await?;
+        self.inner.presence(channel).await
     }
 
     async fn send_presence_events(
@@ -345,6 +314,52 @@ impl<H: StorageHooks> Storage for Hooked<H> {
 
     fn watch_presence_events(&self) -> Option<broadcast::Receiver<herald_storage::PresenceEvent>> {
         self.inner.watch_presence_events()
+    }
+}
+
+#[async_trait]
+impl<H: StorageHooks> herald_storage::ClusterView for Hooked<H> {
+    async fn report_node(
+        &self,
+        report: &herald_storage::NodeReport,
+        channels: &[herald_storage::ChannelClients],
+        ttl: Duration,
+    ) -> herald_storage::Result<()> {
+        self.inner.report_node(report, channels, ttl).await
+    }
+
+    async fn node_reports(&self) -> herald_storage::Result<Vec<herald_storage::NodeReport>> {
+        self.inner.node_reports().await
+    }
+
+    async fn lease_history(
+        &self,
+        name: &str,
+        limit: usize,
+    ) -> herald_storage::Result<Vec<herald_storage::LeaseTakeover>> {
+        self.inner.lease_history(name, limit).await
+    }
+
+    async fn cluster_channels(
+        &self,
+        except_node: &str,
+    ) -> herald_storage::Result<Vec<herald_storage::ChannelClients>> {
+        self.inner.cluster_channels(except_node).await
+    }
+
+    async fn send_cluster_event(&self, event: &ClusterEvent) -> herald_storage::Result<()> {
+        self.inner.send_cluster_event(event).await
+    }
+
+    fn watch_cluster_events(&self) -> Option<broadcast::Receiver<ClusterEvent>> {
+        self.inner.watch_cluster_events()
+    }
+}
+
+#[async_trait]
+impl<H: StorageHooks> Storage for Hooked<H> {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
     }
 
     async fn ping(&self) -> herald_storage::Result<()> {
