@@ -24,7 +24,8 @@
 //! [`Node`] (`node.rs`) is the core as one value: [`Node::start`] takes a
 //! storage, a lease view and a [`NodeConfig`] and starts the writer, the
 //! standby feed and the trimming task; [`Node::stopped`] waits for them
-//! after the drain. `retention/` holds the retention policies, the holder's trimming task,
+//! after the drain. `stream_renewals.rs` restarts the TTL of the Durable
+//! Streams a node reads (batched, on the holder). `retention/` holds the retention policies, the holder's trimming task,
 //! history removal and channel deletion. `role.rs` is the node's view of
 //! the lease, `node_error.rs` the core's errors, `metrics.rs` the core's
 //! metric names and recorders.
@@ -58,6 +59,7 @@ pub mod publish;
 pub mod retention;
 pub mod role;
 pub mod standby_feed;
+pub mod stream_renewals;
 pub mod streams;
 pub mod subscription;
 #[cfg(any(test, feature = "testing"))]

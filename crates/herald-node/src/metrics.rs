@@ -49,6 +49,8 @@ pub const CHANNELS_BEYOND_POLICY: &str = "herald_retention_channels_beyond_polic
 pub const SUBSCRIPTIONS_TRUNCATED: &str = "herald_subscriptions_truncated_total";
 /// `herald_lease_takeovers_recorded_total`.
 pub const TAKEOVERS_RECORDED: &str = "herald_lease_takeovers_recorded_total";
+/// `herald_stream_renewals_total`.
+pub const STREAM_RENEWALS: &str = "herald_stream_renewals_total";
 
 /// Sets the counter `herald_lease_takeovers_recorded_total` from the
 /// database's record (`LeaseStore::takeover_counts`), which only grows;
@@ -148,6 +150,14 @@ pub fn lease(holder: bool, token: u64, since_renewal: Option<std::time::Duration
 /// `takeover`).
 pub fn forwarded(result: &'static str) {
     counter!(FORWARDED_WRITES, "result" => result).increment(1);
+}
+
+/// Counts `streams` stream TTL renewals of this node by `result`:
+/// `renewed` (restarted here as holder), `forwarded` (sent to the holder),
+/// `failed` (the batch was dropped), `dropped` (a read not noted: too many
+/// streams waited for the next batch).
+pub(crate) fn stream_renewals(result: &'static str, streams: u64) {
+    counter!(STREAM_RENEWALS, "result" => result).increment(streams);
 }
 
 /// Records the delay of one commit signal, in seconds (never negative).

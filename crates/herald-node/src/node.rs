@@ -1,6 +1,6 @@
 //! [`Node`], the node's core as one value: its settings ([`NodeConfig`]),
 //! its parts (storage, lease view, writer, hub, forwarder) and the tasks it
-//! starts (writer, standby feed, trimming task).
+//! starts (writer, standby feed, trimming task, stream TTL renewals).
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -19,6 +19,7 @@ use crate::retention::policy::RetentionHandle;
 use crate::retention::trimmer::{TrimPacing, Trimmer};
 use crate::role::LeaseView;
 use crate::standby_feed::StandbyFeed;
+use crate::stream_renewals::StreamRenewals;
 use crate::writer::{Writer, WriterHandle};
 
 /// The settings the node's core needs. herald-server builds it from its
@@ -71,6 +72,8 @@ pub struct Node {
     hub: Arc<Hub>,
     /// Hands publishes that reach this node while standby to the holder.
     forwarder: Forwarder,
+    /// The streams read here, whose TTL the next renewal batch restarts.
+    stream_renewals: Arc<StreamRenewals>,
     /// Cancelled when the node drains.
     shutdown: CancellationToken,
     /// Writer, standby feed and trimming task, awaited by
@@ -140,10 +143,21 @@ impl Node {
             pacing: config.trim_pacing,
             hub: Arc::clone(&hub),
         };
+        let stream_renewals = Arc::new(StreamRenewals::new(
+            Arc::clone(&storage),
+            Arc::clone(&lease),
+            forwarder.clone(),
+            &config.advertise_url,
+        ));
         let tasks = vec![
             tokio::spawn(writer_task.instrument(span.clone())),
             tokio::spawn(feed.run(shutdown.clone()).instrument(span.clone())),
-            tokio::spawn(trimmer.run(shutdown.clone()).instrument(span)),
+            tokio::spawn(trimmer.run(shutdown.clone()).instrument(span.clone())),
+            tokio::spawn(
+                Arc::clone(&stream_renewals)
+                    .run(shutdown.clone())
+                    .instrument(span),
+            ),
         ];
         Ok(Self {
             storage,
@@ -152,6 +166,7 @@ impl Node {
             writer: writer_handle,
             hub,
             forwarder,
+            stream_renewals,
             shutdown,
             tasks: Mutex::new(tasks),
             writes_done,
@@ -186,6 +201,12 @@ impl Node {
     /// Hands publishes that reach this node while standby to the holder.
     pub fn forwarder(&self) -> &Forwarder {
         &self.forwarder
+    }
+
+    /// The streams read here, whose TTL the next renewal batch restarts
+    /// (`stream_renewals.rs`).
+    pub fn stream_renewals(&self) -> &StreamRenewals {
+        &self.stream_renewals
     }
 
     /// What the publish routine needs of this node (`publish.rs`).

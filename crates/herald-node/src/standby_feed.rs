@@ -449,6 +449,7 @@ impl Heard {
 #[cfg(test)]
 mod tests {
     use herald_core::{ChannelName, FencingToken};
+    use herald_storage::ChangeFeedReader;
 
     use super::*;
     use crate::testing::{FakeLease, MemoryStorage};

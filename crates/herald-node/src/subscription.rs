@@ -823,6 +823,7 @@ fn catch_up_target(notice: &Notice, last: Offset) -> Option<Offset> {
 
 #[cfg(test)]
 mod tests {
+    use herald_storage::MessageLog;
     use std::time::Duration;
 
     use super::*;

@@ -388,11 +388,7 @@ impl LeaseStore for MemoryStorage {
 }
 
 #[async_trait]
-impl Storage for MemoryStorage {
-    fn backend(&self) -> &'static str {
-        "memory"
-    }
-
+impl herald_storage::MessageLog for MemoryStorage {
     /// Messages only: a stream append is not modelled.
     async fn write(
         &self,
@@ -553,6 +549,195 @@ impl Storage for MemoryStorage {
         })
     }
 
+    async fn channel_page(
+        &self,
+        search: &str,
+        after: Option<&ChannelName>,
+        limit: usize,
+    ) -> herald_storage::Result<Vec<herald_storage::ChannelSummary>> {
+        let mem = self.mem.lock().unwrap();
+        let after = after.map_or("", ChannelName::as_str);
+        Ok(mem
+            .channels
+            .iter()
+            .filter(|(name, _)| name.as_str() > after && name.contains(search))
+            .take(limit.min(herald_storage::MAX_CHANNEL_PAGE))
+            .map(|(name, v)| {
+                let trimmed = mem.trimmed.get(name).copied().unwrap_or(0);
+                let head = v.last().map_or(trimmed, |m| m.offset);
+                herald_storage::ChannelSummary {
+                    name: ChannelName::new(name.clone()).unwrap(),
+                    head,
+                    earliest: v.first().map_or(trimmed + 1, |m| m.offset),
+                    messages: v.len() as u64,
+                    bytes: v.iter().map(|m| m.data.to_json_text().len() as u64).sum(),
+                    last_published_at_ms: v.last().map(|m| m.published_at_ms),
+                    content_type: None,
+                    subscribers: mem
+                        .node_channels
+                        .values()
+                        .flatten()
+                        .filter(|c| c.channel.as_str() == name)
+                        .map(|c| c.subscribers)
+                        .sum(),
+                }
+            })
+            .collect())
+    }
+
+    async fn channel_epoch(&self, channel: &ChannelName) -> herald_storage::Result<String> {
+        let mut mem = self.mem.lock().unwrap();
+        let next = format!("{:016x}", mem.epochs.len() + 1);
+        Ok(mem
+            .epochs
+            .entry(channel.as_str().to_owned())
+            .or_insert(next)
+            .clone())
+    }
+
+    async fn channels(&self) -> herald_storage::Result<Vec<ChannelHead>> {
+        let mem = self.mem.lock().unwrap();
+        Ok(mem
+            .channels
+            .iter()
+            .map(|(name, v)| ChannelHead {
+                name: ChannelName::new(name.clone()).unwrap(),
+                head: v
+                    .last()
+                    .map_or(mem.trimmed.get(name).copied().unwrap_or(0), |m| m.offset),
+            })
+            .collect())
+    }
+
+    async fn record_deletion(
+        &self,
+        lease: &Lease,
+        channel: &ChannelName,
+        head: Offset,
+    ) -> herald_storage::Result<u64> {
+        let mut mem = self.mem.lock().unwrap();
+        if mem.token != lease.token.0 {
+            return Err(herald_storage::Error::LeaseLost {
+                name: lease.name.clone(),
+                token: lease.token,
+            });
+        }
+        Ok(Self::record_deletion_locked(
+            &mut mem,
+            channel.as_str(),
+            head,
+        ))
+    }
+}
+
+#[async_trait]
+impl herald_storage::ChangeFeedReader for MemoryStorage {
+    async fn changes_since(&self, cursor: u64) -> herald_storage::Result<ChangeFeed> {
+        self.polls.send_modify(|polls| *polls += 1);
+        let mem = self.mem.lock().unwrap();
+        let mut heads: BTreeMap<&str, Offset> = BTreeMap::new();
+        for (seq, name, head) in &mem.changes {
+            if *seq > cursor {
+                heads.insert(name, *head);
+            }
+        }
+        Ok(ChangeFeed {
+            cursor: mem.seq.max(cursor),
+            changed: heads
+                .into_iter()
+                .map(|(name, head)| ChannelHead {
+                    name: ChannelName::new(name).unwrap(),
+                    head,
+                })
+                .collect(),
+        })
+    }
+
+    fn watch_changes(&self) -> Option<broadcast::Receiver<ChangeSignal>> {
+        self.signals
+            .lock()
+            .unwrap()
+            .as_ref()
+            .map(broadcast::Sender::subscribe)
+    }
+
+    async fn change_cursor(&self) -> herald_storage::Result<u64> {
+        Ok(self.mem.lock().unwrap().seq)
+    }
+
+    async fn deletions_since(&self, cursor: u64) -> herald_storage::Result<Deletions> {
+        let mem = self.mem.lock().unwrap();
+        let mut deleted: Vec<Deletion> = mem
+            .deletions
+            .iter()
+            .filter(|(_, (number, _))| *number > cursor)
+            .map(|(name, &(number, head))| Deletion {
+                channel: ChannelName::new(name.clone()).unwrap(),
+                head,
+                number,
+            })
+            .collect();
+        deleted.sort_by_key(|d| d.number);
+        Ok(Deletions {
+            cursor: mem.deletion_seq.max(cursor),
+            deleted,
+        })
+    }
+
+    async fn deletion_cursor(&self) -> herald_storage::Result<u64> {
+        Ok(self.mem.lock().unwrap().deletion_seq)
+    }
+}
+
+#[async_trait]
+impl herald_storage::StreamStore for MemoryStorage {
+    // Streams are not modelled here: the node's stream paths are tested
+    // against the real backends (`herald-server/tests/durable_streams.rs`).
+    async fn stream_info(
+        &self,
+        _channel: &ChannelName,
+    ) -> herald_storage::Result<Option<herald_core::StreamInfo>> {
+        Ok(None)
+    }
+
+    async fn expired_streams(&self, _limit: usize) -> herald_storage::Result<Vec<ChannelName>> {
+        Ok(Vec::new())
+    }
+
+    async fn create_stream(
+        &self,
+        _lease: &Lease,
+        _create: &herald_core::StreamCreate,
+    ) -> herald_storage::Result<herald_core::StreamCreated> {
+        Err(not_modelled())
+    }
+
+    async fn renew_streams(
+        &self,
+        lease: &Lease,
+        _channels: &[ChannelName],
+    ) -> herald_storage::Result<u64> {
+        // No streams here: a fenced write that renews nothing.
+        if self.mem.lock().unwrap().token != lease.token.0 {
+            return Err(herald_storage::Error::LeaseLost {
+                name: lease.name.clone(),
+                token: lease.token,
+            });
+        }
+        Ok(0)
+    }
+
+    async fn soft_delete_stream(
+        &self,
+        _lease: &Lease,
+        _channel: &ChannelName,
+    ) -> herald_storage::Result<bool> {
+        Err(not_modelled())
+    }
+}
+
+#[async_trait]
+impl herald_storage::PresenceStore for MemoryStorage {
     async fn presence_add(
         &self,
         session: &str,
@@ -594,7 +779,10 @@ impl Storage for MemoryStorage {
             .map(|(_, e)| e.clone())
             .collect())
     }
+}
 
+#[async_trait]
+impl herald_storage::ClusterView for MemoryStorage {
     async fn report_node(
         &self,
         report: &herald_storage::NodeReport,
@@ -615,42 +803,6 @@ impl Storage for MemoryStorage {
     ) -> herald_storage::Result<Vec<herald_storage::LeaseTakeover>> {
         let mem = self.mem.lock().unwrap();
         Ok(mem.history.iter().rev().take(limit).cloned().collect())
-    }
-
-    async fn channel_page(
-        &self,
-        search: &str,
-        after: Option<&ChannelName>,
-        limit: usize,
-    ) -> herald_storage::Result<Vec<herald_storage::ChannelSummary>> {
-        let mem = self.mem.lock().unwrap();
-        let after = after.map_or("", ChannelName::as_str);
-        Ok(mem
-            .channels
-            .iter()
-            .filter(|(name, _)| name.as_str() > after && name.contains(search))
-            .take(limit.min(herald_storage::MAX_CHANNEL_PAGE))
-            .map(|(name, v)| {
-                let trimmed = mem.trimmed.get(name).copied().unwrap_or(0);
-                let head = v.last().map_or(trimmed, |m| m.offset);
-                herald_storage::ChannelSummary {
-                    name: ChannelName::new(name.clone()).unwrap(),
-                    head,
-                    earliest: v.first().map_or(trimmed + 1, |m| m.offset),
-                    messages: v.len() as u64,
-                    bytes: v.iter().map(|m| m.data.to_json_text().len() as u64).sum(),
-                    last_published_at_ms: v.last().map(|m| m.published_at_ms),
-                    content_type: None,
-                    subscribers: mem
-                        .node_channels
-                        .values()
-                        .flatten()
-                        .filter(|c| c.channel.as_str() == name)
-                        .map(|c| c.subscribers)
-                        .sum(),
-                }
-            })
-            .collect())
     }
 
     async fn node_reports(&self) -> herald_storage::Result<Vec<herald_storage::NodeReport>> {
@@ -684,135 +836,6 @@ impl Storage for MemoryStorage {
             .collect())
     }
 
-    async fn channel_epoch(&self, channel: &ChannelName) -> herald_storage::Result<String> {
-        let mut mem = self.mem.lock().unwrap();
-        let next = format!("{:016x}", mem.epochs.len() + 1);
-        Ok(mem
-            .epochs
-            .entry(channel.as_str().to_owned())
-            .or_insert(next)
-            .clone())
-    }
-
-    async fn channels(&self) -> herald_storage::Result<Vec<ChannelHead>> {
-        let mem = self.mem.lock().unwrap();
-        Ok(mem
-            .channels
-            .iter()
-            .map(|(name, v)| ChannelHead {
-                name: ChannelName::new(name.clone()).unwrap(),
-                head: v
-                    .last()
-                    .map_or(mem.trimmed.get(name).copied().unwrap_or(0), |m| m.offset),
-            })
-            .collect())
-    }
-
-    async fn changes_since(&self, cursor: u64) -> herald_storage::Result<ChangeFeed> {
-        self.polls.send_modify(|polls| *polls += 1);
-        let mem = self.mem.lock().unwrap();
-        let mut heads: BTreeMap<&str, Offset> = BTreeMap::new();
-        for (seq, name, head) in &mem.changes {
-            if *seq > cursor {
-                heads.insert(name, *head);
-            }
-        }
-        Ok(ChangeFeed {
-            cursor: mem.seq.max(cursor),
-            changed: heads
-                .into_iter()
-                .map(|(name, head)| ChannelHead {
-                    name: ChannelName::new(name).unwrap(),
-                    head,
-                })
-                .collect(),
-        })
-    }
-
-    fn watch_changes(&self) -> Option<broadcast::Receiver<ChangeSignal>> {
-        self.signals
-            .lock()
-            .unwrap()
-            .as_ref()
-            .map(broadcast::Sender::subscribe)
-    }
-
-    async fn change_cursor(&self) -> herald_storage::Result<u64> {
-        Ok(self.mem.lock().unwrap().seq)
-    }
-
-    // Streams are not modelled here: the node's stream paths are tested
-    // against the real backends (`herald-server/tests/durable_streams.rs`).
-    async fn stream_info(
-        &self,
-        _channel: &ChannelName,
-    ) -> herald_storage::Result<Option<herald_core::StreamInfo>> {
-        Ok(None)
-    }
-
-    async fn expired_streams(&self, _limit: usize) -> herald_storage::Result<Vec<ChannelName>> {
-        Ok(Vec::new())
-    }
-
-    async fn create_stream(
-        &self,
-        _lease: &Lease,
-        _create: &herald_core::StreamCreate,
-    ) -> herald_storage::Result<herald_core::StreamCreated> {
-        Err(not_modelled())
-    }
-
-    async fn soft_delete_stream(
-        &self,
-        _lease: &Lease,
-        _channel: &ChannelName,
-    ) -> herald_storage::Result<bool> {
-        Err(not_modelled())
-    }
-
-    async fn record_deletion(
-        &self,
-        lease: &Lease,
-        channel: &ChannelName,
-        head: Offset,
-    ) -> herald_storage::Result<u64> {
-        let mut mem = self.mem.lock().unwrap();
-        if mem.token != lease.token.0 {
-            return Err(herald_storage::Error::LeaseLost {
-                name: lease.name.clone(),
-                token: lease.token,
-            });
-        }
-        Ok(Self::record_deletion_locked(
-            &mut mem,
-            channel.as_str(),
-            head,
-        ))
-    }
-
-    async fn deletions_since(&self, cursor: u64) -> herald_storage::Result<Deletions> {
-        let mem = self.mem.lock().unwrap();
-        let mut deleted: Vec<Deletion> = mem
-            .deletions
-            .iter()
-            .filter(|(_, (number, _))| *number > cursor)
-            .map(|(name, &(number, head))| Deletion {
-                channel: ChannelName::new(name.clone()).unwrap(),
-                head,
-                number,
-            })
-            .collect();
-        deleted.sort_by_key(|d| d.number);
-        Ok(Deletions {
-            cursor: mem.deletion_seq.max(cursor),
-            deleted,
-        })
-    }
-
-    async fn deletion_cursor(&self) -> herald_storage::Result<u64> {
-        Ok(self.mem.lock().unwrap().deletion_seq)
-    }
-
     async fn send_cluster_event(&self, event: &ClusterEvent) -> herald_storage::Result<()> {
         event.check_size()?;
         self.sent_events.lock().unwrap().push(event.clone());
@@ -821,6 +844,13 @@ impl Storage for MemoryStorage {
 
     fn watch_cluster_events(&self) -> Option<broadcast::Receiver<ClusterEvent>> {
         Some(self.cluster_events.subscribe())
+    }
+}
+
+#[async_trait]
+impl Storage for MemoryStorage {
+    fn backend(&self) -> &'static str {
+        "memory"
     }
 
     async fn ping(&self) -> herald_storage::Result<()> {

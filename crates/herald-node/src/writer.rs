@@ -602,6 +602,7 @@ mod tests {
     use std::time::Duration;
 
     use herald_core::FencingToken;
+    use herald_storage::{MessageLog, StreamStore};
     use serde_json::value::RawValue;
 
     use super::*;

@@ -44,8 +44,8 @@ use herald_node::metrics::register_publish_handles;
 use herald_node::metrics::{
     BATCH_MESSAGES, CATCHUP_READS, CHANNELS_BEYOND_POLICY, DELIVERED, FORWARDED_WRITES, LEASE_ROLE,
     LEASE_SINCE_RENEWAL, LEASE_TOKEN, NOTIFY_LAG, PUBLISHES, PUBLISH_DURATION, QUEUE_DEPTH,
-    RETENTION_BACKLOG, SUBSCRIBERS, SUBSCRIPTIONS_TRUNCATED, SUBSCRIPTION_READ_RETRIES,
-    TAKEOVERS_RECORDED, TRIMMED_BYTES, TRIMMED_MESSAGES, TRIM_DURATION,
+    RETENTION_BACKLOG, STREAM_RENEWALS, SUBSCRIBERS, SUBSCRIPTIONS_TRUNCATED,
+    SUBSCRIPTION_READ_RETRIES, TAKEOVERS_RECORDED, TRIMMED_BYTES, TRIMMED_MESSAGES, TRIM_DURATION,
 };
 use metrics::Unit;
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
@@ -180,6 +180,10 @@ fn describe() {
         FORWARDED_WRITES,
         "Publishes a standby handed to the holder, by result: ok, error, no_holder, takeover."
     );
+    describe_counter!(
+        STREAM_RENEWALS,
+        "Durable Streams TTL renewals of streams read here, by result: renewed, forwarded, failed, dropped."
+    );
     describe_histogram!(
         NOTIFY_LAG,
         Unit::Seconds,
@@ -287,12 +291,17 @@ fn register_at_zero() {
     ] {
         counter!(name).increment(0);
     }
-    let labelled: [(&str, &str, &[&'static str]); 6] = [
+    let labelled: [(&str, &str, &[&'static str]); 7] = [
         (PUBLISHES, "result", &["created", "duplicate"]),
         (
             FORWARDED_WRITES,
             "result",
             &["ok", "error", "no_holder", "takeover"],
+        ),
+        (
+            STREAM_RENEWALS,
+            "result",
+            &["renewed", "forwarded", "failed", "dropped"],
         ),
         (RATE_LIMITED, "credential", &["key", "token"]),
         (CONNECTIONS_REFUSED, "reason", &["per_ip"]),

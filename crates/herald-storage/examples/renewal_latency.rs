@@ -60,6 +60,7 @@
 //! the same run; there are no pass/fail thresholds. A phase stops early
 //! after 20 s.
 
+use herald_storage::MessageLog;
 use std::error::Error as StdError;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -69,7 +70,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use herald_core::{Candidate, ChannelName, Lease, NewMessage, DEFAULT_LEASE_NAME};
 use herald_storage::postgres::{PostgresOptions, PostgresStorage};
-use herald_storage::{Acquire, Error, LeaseStore, Storage};
+use herald_storage::{Acquire, Error, LeaseStore};
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use tokio::sync::watch;

@@ -25,6 +25,7 @@
 //! append latency per phase (time from calling `append` until it returns,
 //! on the client) and the ratio of the two p99s. No thresholds: a figure.
 
+use herald_storage::MessageLog;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -32,7 +33,7 @@ use std::time::{Duration, Instant};
 use herald_core::{Candidate, ChannelName, NewMessage, DEFAULT_LEASE_NAME};
 use herald_storage::postgres::{PostgresOptions, PostgresStorage};
 use herald_storage::testing::TestDatabase;
-use herald_storage::{Acquire, LeaseStore, Storage};
+use herald_storage::{Acquire, LeaseStore};
 use serde_json::value::RawValue;
 
 struct Args {

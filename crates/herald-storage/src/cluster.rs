@@ -8,13 +8,13 @@
 //! not listening at the moment one is sent (its listening connection is
 //! reconnecting, or it starts later) never gets it. What must reach every
 //! node despite that goes through stored data and the change feed instead
-//! (a channel's deletion: [`crate::Storage::record_deletion`]).
+//! (a channel's deletion: [`crate::MessageLog::record_deletion`]).
 //!
 //! On PostgreSQL an event is one `NOTIFY` on [`crate::postgres::CLUSTER_CHANNEL`]
 //! whose payload is the JSON text described below; every node's listening
 //! connection hears it and drops the events its own storage sent
-//! ([`crate::Storage::send_cluster_event`],
-//! [`crate::Storage::watch_cluster_events`]). A payload must be shorter
+//! ([`crate::ClusterView::send_cluster_event`],
+//! [`crate::ClusterView::watch_cluster_events`]). A payload must be shorter
 //! than 8000 bytes in PostgreSQL's default configuration (PostgreSQL
 //! documentation, `NOTIFY`): an event whose text would be longer is
 //! refused with [`Error::ClusterEventTooLarge`] before anything is sent.

@@ -51,8 +51,9 @@ pub use cluster::ClusterEvent;
 pub use digest::{idempotency_digest, IdempotencyDigest};
 pub use error::{Cause, Error, PoolerEvidence, Refusal, Result};
 pub use traits::{
-    Acquire, ChangeFeed, ChangeSignal, ChannelClients, ChannelSummary, ClientInfo, Deletion,
-    Deletions, LeaseStore, LeaseTakeover, NodeReport, Page, PresenceEntry, PresenceEvent,
-    PresenceEventKind, Storage, TakeoverCount, TakeoverReason, MAX_CHANNEL_PAGE, MAX_LEASE_HISTORY,
+    Acquire, ChangeFeed, ChangeFeedReader, ChangeSignal, ChannelClients, ChannelSummary,
+    ClientInfo, ClusterView, Deletion, Deletions, LeaseStore, LeaseTakeover, MessageLog,
+    NodeReport, Page, PresenceEntry, PresenceEvent, PresenceEventKind, PresenceStore, Storage,
+    StreamStore, TakeoverCount, TakeoverReason, MAX_CHANNEL_PAGE, MAX_LEASE_HISTORY,
 };
 pub use trim::{ChannelStats, TrimLimits, Trimmed};

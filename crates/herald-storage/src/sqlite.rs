@@ -51,8 +51,8 @@ use crate::cluster::ClusterEvent;
 use crate::decode::ttl_ms;
 use crate::error::{Error, Result};
 use crate::traits::{
-    Acquire, ChangeFeed, ChannelClients, ChannelSummary, Deletions, LeaseStore, LeaseTakeover,
-    NodeReport, Page, Storage,
+    Acquire, ChangeFeed, ChangeFeedReader, ChannelClients, ChannelSummary, ClusterView, Deletions,
+    LeaseStore, LeaseTakeover, MessageLog, NodeReport, Page, PresenceStore, Storage, StreamStore,
 };
 use crate::trim::{ChannelStats, TrimLimits, Trimmed};
 
@@ -565,11 +565,7 @@ impl LeaseStore for SqliteStorage {
 pub const TAKEOVER_HINT_POLL: Duration = Duration::from_millis(20);
 
 #[async_trait]
-impl Storage for SqliteStorage {
-    fn backend(&self) -> &'static str {
-        "sqlite"
-    }
-
+impl MessageLog for SqliteStorage {
     async fn write(&self, lease: &Lease, batch: &[WriteRequest]) -> Result<Vec<WriteOutcome>> {
         let lease = lease.clone();
         let batch = batch.to_vec();
@@ -595,13 +591,6 @@ impl Storage for SqliteStorage {
         self.inner.readers.call(ops::channel_stats).await
     }
 
-    async fn expired_streams(&self, limit: usize) -> Result<Vec<ChannelName>> {
-        self.inner
-            .readers
-            .call(move |conn| streams::expired_streams(conn, limit))
-            .await
-    }
-
     async fn trim(
         &self,
         lease: &Lease,
@@ -618,6 +607,115 @@ impl Storage for SqliteStorage {
             .await
     }
 
+    async fn channel_page(
+        &self,
+        search: &str,
+        after: Option<&ChannelName>,
+        limit: usize,
+    ) -> Result<Vec<ChannelSummary>> {
+        let search = search.to_owned();
+        let after = after.cloned();
+        self.inner
+            .readers
+            .call(move |conn| ops::channel_page(conn, &search, after.as_ref(), limit))
+            .await
+    }
+
+    async fn channel_epoch(&self, channel: &ChannelName) -> Result<String> {
+        let name = channel.clone();
+        self.inner
+            .readers
+            .call(move |conn| epoch::read(conn, &name))
+            .await
+    }
+
+    async fn record_deletion(
+        &self,
+        lease: &Lease,
+        channel: &ChannelName,
+        head: Offset,
+    ) -> Result<u64> {
+        let lease = lease.clone();
+        let channel = channel.clone();
+        self.inner
+            .writer
+            .call(move |conn| ops::record_deletion(conn, &lease, &channel, head))
+            .await
+    }
+}
+
+#[async_trait]
+impl ChangeFeedReader for SqliteStorage {
+    async fn changes_since(&self, cursor: u64) -> Result<ChangeFeed> {
+        self.inner
+            .readers
+            .call(move |conn| ops::changes_since(conn, cursor))
+            .await
+    }
+
+    async fn change_cursor(&self) -> Result<u64> {
+        self.inner.readers.call(ops::change_cursor).await
+    }
+
+    async fn deletions_since(&self, cursor: u64) -> Result<Deletions> {
+        self.inner
+            .readers
+            .call(move |conn| ops::deletions_since(conn, cursor))
+            .await
+    }
+
+    async fn deletion_cursor(&self) -> Result<u64> {
+        self.inner.readers.call(ops::deletion_cursor).await
+    }
+}
+
+#[async_trait]
+impl StreamStore for SqliteStorage {
+    async fn expired_streams(&self, limit: usize) -> Result<Vec<ChannelName>> {
+        self.inner
+            .readers
+            .call(move |conn| streams::expired_streams(conn, limit))
+            .await
+    }
+
+    async fn stream_info(&self, channel: &ChannelName) -> Result<Option<StreamInfo>> {
+        let channel = channel.clone();
+        self.inner
+            .readers
+            .call(move |conn| streams::stream_info(conn, &channel))
+            .await
+    }
+
+    async fn create_stream(&self, lease: &Lease, create: &StreamCreate) -> Result<StreamCreated> {
+        let lease = lease.clone();
+        let create = create.clone();
+        self.inner
+            .writer
+            .call(move |conn| streams::create_stream(conn, &lease, &create))
+            .await
+    }
+
+    async fn renew_streams(&self, lease: &Lease, channels: &[ChannelName]) -> Result<u64> {
+        let lease = lease.clone();
+        let channels = channels.to_vec();
+        self.inner
+            .writer
+            .call(move |conn| streams::renew_streams(conn, &lease, &channels))
+            .await
+    }
+
+    async fn soft_delete_stream(&self, lease: &Lease, channel: &ChannelName) -> Result<bool> {
+        let lease = lease.clone();
+        let channel = channel.clone();
+        self.inner
+            .writer
+            .call(move |conn| streams::soft_delete_stream(conn, &lease, &channel))
+            .await
+    }
+}
+
+#[async_trait]
+impl PresenceStore for SqliteStorage {
     async fn presence_add(
         &self,
         session: &str,
@@ -649,6 +747,17 @@ impl Storage for SqliteStorage {
             .await
     }
 
+    async fn presence(&self, channel: &ChannelName) -> Result<Vec<crate::traits::PresenceEntry>> {
+        let channel = channel.clone();
+        self.inner
+            .readers
+            .call(move |conn| presence::list(conn, &channel))
+            .await
+    }
+}
+
+#[async_trait]
+impl ClusterView for SqliteStorage {
     async fn report_node(
         &self,
         report: &NodeReport,
@@ -671,20 +780,6 @@ impl Storage for SqliteStorage {
             .await
     }
 
-    async fn channel_page(
-        &self,
-        search: &str,
-        after: Option<&ChannelName>,
-        limit: usize,
-    ) -> Result<Vec<ChannelSummary>> {
-        let search = search.to_owned();
-        let after = after.cloned();
-        self.inner
-            .readers
-            .call(move |conn| ops::channel_page(conn, &search, after.as_ref(), limit))
-            .await
-    }
-
     async fn node_reports(&self) -> Result<Vec<NodeReport>> {
         self.inner.readers.call(nodes::list).await
     }
@@ -697,88 +792,17 @@ impl Storage for SqliteStorage {
             .await
     }
 
-    async fn presence(&self, channel: &ChannelName) -> Result<Vec<crate::traits::PresenceEntry>> {
-        let channel = channel.clone();
-        self.inner
-            .readers
-            .call(move |conn| presence::list(conn, &channel))
-            .await
-    }
-
-    async fn channel_epoch(&self, channel: &ChannelName) -> Result<String> {
-        let name = channel.clone();
-        self.inner
-            .readers
-            .call(move |conn| epoch::read(conn, &name))
-            .await
-    }
-
-    async fn changes_since(&self, cursor: u64) -> Result<ChangeFeed> {
-        self.inner
-            .readers
-            .call(move |conn| ops::changes_since(conn, cursor))
-            .await
-    }
-
-    async fn change_cursor(&self) -> Result<u64> {
-        self.inner.readers.call(ops::change_cursor).await
-    }
-
-    async fn stream_info(&self, channel: &ChannelName) -> Result<Option<StreamInfo>> {
-        let channel = channel.clone();
-        self.inner
-            .readers
-            .call(move |conn| streams::stream_info(conn, &channel))
-            .await
-    }
-
-    async fn create_stream(&self, lease: &Lease, create: &StreamCreate) -> Result<StreamCreated> {
-        let lease = lease.clone();
-        let create = create.clone();
-        self.inner
-            .writer
-            .call(move |conn| streams::create_stream(conn, &lease, &create))
-            .await
-    }
-
-    async fn soft_delete_stream(&self, lease: &Lease, channel: &ChannelName) -> Result<bool> {
-        let lease = lease.clone();
-        let channel = channel.clone();
-        self.inner
-            .writer
-            .call(move |conn| streams::soft_delete_stream(conn, &lease, &channel))
-            .await
-    }
-
-    async fn record_deletion(
-        &self,
-        lease: &Lease,
-        channel: &ChannelName,
-        head: Offset,
-    ) -> Result<u64> {
-        let lease = lease.clone();
-        let channel = channel.clone();
-        self.inner
-            .writer
-            .call(move |conn| ops::record_deletion(conn, &lease, &channel, head))
-            .await
-    }
-
-    async fn deletions_since(&self, cursor: u64) -> Result<Deletions> {
-        self.inner
-            .readers
-            .call(move |conn| ops::deletions_since(conn, cursor))
-            .await
-    }
-
-    async fn deletion_cursor(&self) -> Result<u64> {
-        self.inner.readers.call(ops::deletion_cursor).await
-    }
-
     /// No other process hears it: SQLite has no notifications (see
     /// `crate::cluster`).
     async fn send_cluster_event(&self, event: &ClusterEvent) -> Result<()> {
         event.check_size()
+    }
+}
+
+#[async_trait]
+impl Storage for SqliteStorage {
+    fn backend(&self) -> &'static str {
+        "sqlite"
     }
 
     async fn ping(&self) -> Result<()> {

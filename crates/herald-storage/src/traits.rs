@@ -183,23 +183,23 @@ pub struct Page {
     /// Messages with offsets above the requested `after`, in offset order.
     pub messages: Vec<Message>,
     /// The number of the channel's latest deletion in the same snapshot
-    /// ([`Storage::record_deletion`]), 0 when it was never deleted. A
+    /// ([`MessageLog::record_deletion`]), 0 when it was never deleted. A
     /// subscriber compares it with a deletion it hears of to tell whether
     /// that deletion came after it began.
     pub deletion: u64,
 }
 
 /// A position in the storage's global commit order, and the channels whose
-/// head moved since the previous position (see [`Storage::changes_since`]).
+/// head moved since the previous position (see [`ChangeFeedReader::changes_since`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChangeFeed {
-    /// Pass this to the next [`Storage::changes_since`] call.
+    /// Pass this to the next [`ChangeFeedReader::changes_since`] call.
     pub cursor: u64,
     /// Channels whose head moved, with their new head.
     pub changed: Vec<ChannelHead>,
 }
 
-/// A channel's deletion as recorded by [`Storage::record_deletion`].
+/// A channel's deletion as recorded by [`MessageLog::record_deletion`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Deletion {
     /// The channel deleted.
@@ -213,23 +213,23 @@ pub struct Deletion {
 }
 
 /// The deletions recorded after a position, and the new position (see
-/// [`Storage::deletions_since`]).
+/// [`ChangeFeedReader::deletions_since`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Deletions {
-    /// Pass this to the next [`Storage::deletions_since`] call.
+    /// Pass this to the next [`ChangeFeedReader::deletions_since`] call.
     pub cursor: u64,
     /// The latest deletion of each channel deleted after the position, in
     /// number order.
     pub deleted: Vec<Deletion>,
 }
 
-/// A push notice about committed writes, from [`Storage::watch_changes`].
+/// A push notice about committed writes, from [`ChangeFeedReader::watch_changes`].
 ///
 /// Notices are hints for nodes that follow another node's writes: they say
 /// that something changed and where, so that a follower reads sooner than
 /// its next poll. They never replace reading: a notice can be missed (the
 /// listening connection dropped, or the receiver lagged behind), and then
-/// [`Storage::changes_since`] is the way to catch up.
+/// [`ChangeFeedReader::changes_since`] is the way to catch up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ChangeSignal {
     /// A fenced write committed messages `from..=to` of `channel`;
@@ -247,12 +247,12 @@ pub enum ChangeSignal {
         /// the messages' `published_at_ms`), in ms since the Unix epoch.
         committed_at_ms: i64,
     },
-    /// A deletion was recorded ([`Storage::record_deletion`]) and
+    /// A deletion was recorded ([`MessageLog::record_deletion`]) and
     /// committed.
     Deleted(Deletion),
     /// The listening connection (re)connected: notices may have been
-    /// missed; catch up with [`Storage::changes_since`] and
-    /// [`Storage::deletions_since`].
+    /// missed; catch up with [`ChangeFeedReader::changes_since`] and
+    /// [`ChangeFeedReader::deletions_since`].
     Resync,
 }
 
@@ -292,7 +292,7 @@ pub enum PresenceEventKind {
 }
 
 /// A client joined or left a channel: what one node tells the others
-/// through [`Storage::send_presence_events`], so that their subscribers
+/// through [`PresenceStore::send_presence_events`], so that their subscribers
 /// get Centrifugo's join and leave pushes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PresenceEvent {
@@ -304,7 +304,7 @@ pub struct PresenceEvent {
     pub info: ClientInfo,
 }
 
-/// One node as it last reported itself ([`Storage::report_node`]), for
+/// One node as it last reported itself ([`ClusterView::report_node`]), for
 /// Centrifugo's server API `info`: its counts of Centrifugo connections
 /// at the time of the report.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -339,8 +339,8 @@ pub struct NodeReport {
 }
 
 /// A channel's count of subscribed Centrifugo connections, for the server
-/// API's `channels`: one node's in a report ([`Storage::report_node`]), or
-/// the sum over nodes ([`Storage::cluster_channels`]).
+/// API's `channels`: one node's in a report ([`ClusterView::report_node`]), or
+/// the sum over nodes ([`ClusterView::cluster_channels`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChannelClients {
     /// The channel.
@@ -353,7 +353,7 @@ pub struct ChannelClients {
 }
 
 /// One acquisition of a lease, as its takeover timeline keeps it
-/// ([`Storage::lease_history`]).
+/// ([`ClusterView::lease_history`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseTakeover {
     /// The fencing token the acquisition gave.
@@ -371,7 +371,7 @@ pub struct LeaseTakeover {
     pub at_ms: i64,
 }
 
-/// One channel of a page of [`Storage::channel_page`].
+/// One channel of a page of [`MessageLog::channel_page`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChannelSummary {
     /// The channel's name.
@@ -392,23 +392,21 @@ pub struct ChannelSummary {
     /// channel.
     pub content_type: Option<String>,
     /// Live subscriptions to it over every protocol, summed over the
-    /// unexpired node reports ([`Storage::report_node`]).
+    /// unexpired node reports ([`ClusterView::report_node`]).
     pub subscribers: u64,
 }
 
-/// Most channels one [`Storage::channel_page`] call returns.
+/// Most channels one [`MessageLog::channel_page`] call returns.
 pub const MAX_CHANNEL_PAGE: usize = 500;
 
-/// Most takeovers one [`Storage::lease_history`] call returns.
+/// Most takeovers one [`ClusterView::lease_history`] call returns.
 pub const MAX_LEASE_HISTORY: usize = 1000;
 
-/// Herald's storage: lease, fenced writes and reads. One implementation per
-/// backend; every implementation passes the `conformance` suite.
+/// The message log, the part of [`Storage`] that appends, reads and trims
+/// channels' messages (and records their deletions): what the writer, the
+/// subscriptions and retention use.
 #[async_trait]
-pub trait Storage: LeaseStore {
-    /// The backend's name as shown in `/v1/status`: `"sqlite"` or `"postgres"`.
-    fn backend(&self) -> &'static str;
-
+pub trait MessageLog: Send + Sync + 'static {
     /// Writes `batch` in one fenced transaction (group commit): messages
     /// ([`WriteRequest::Message`]) and stream appends
     /// ([`WriteRequest::Stream`]), one outcome per entry, in input order,
@@ -457,11 +455,11 @@ pub trait Storage: LeaseStore {
     async fn write(&self, lease: &Lease, batch: &[WriteRequest]) -> Result<Vec<WriteOutcome>>;
 
     /// Appends the messages `batch` in one fenced transaction: a
-    /// [`Storage::write`] of [`WriteRequest::Message`] entries, answered
+    /// [`MessageLog::write`] of [`WriteRequest::Message`] entries, answered
     /// one [`Appended`] per message, in input order.
     ///
     /// # Errors
-    /// As [`Storage::write`].
+    /// As [`MessageLog::write`].
     async fn append(&self, lease: &Lease, batch: &[NewMessage]) -> Result<Vec<Appended>> {
         let entries: Vec<WriteRequest> = batch.iter().cloned().map(WriteRequest::Message).collect();
         self.write(lease, &entries)
@@ -476,11 +474,29 @@ pub trait Storage: LeaseStore {
             .collect()
     }
 
+    /// Appends to a stream, closes it, or both, in one fenced transaction:
+    /// a [`MessageLog::write`] of the one entry [`WriteRequest::Stream`].
+    ///
+    /// # Errors
+    /// As [`MessageLog::write`]: [`crate::Error::LeaseLost`] when the fencing
+    /// check fails (nothing written); [`crate::Error::Unavailable`] on
+    /// timeouts (the outcome is unknown if the connection broke during the
+    /// commit: a producer's retry finds out).
+    async fn append_stream(&self, lease: &Lease, append: &StreamAppend) -> Result<StreamAppended> {
+        let entries = [WriteRequest::Stream(append.clone())];
+        match self.write(lease, &entries).await?.pop() {
+            Some(WriteOutcome::Stream(appended)) => Ok(appended),
+            _ => Err(crate::Error::corrupt(
+                "a stream append was answered as a message",
+            )),
+        }
+    }
+
     /// Up to `limit` messages of `channel` with offset > `after`, in offset
     /// order, with the channel's head. An unknown channel has head 0 and no
-    /// messages. An expired stream (see [`Storage::stream_info`]) reads as
+    /// messages. An expired stream (see [`StreamStore::stream_info`]) reads as
     /// a deleted channel does, before the sweep deletes it
-    /// ([`Storage::expired_streams`]): no message, earliest `head + 1`.
+    /// ([`StreamStore::expired_streams`]): no message, earliest `head + 1`.
     ///
     /// # Errors
     /// [`crate::Error::Unavailable`] when the storage cannot be reached.
@@ -503,9 +519,222 @@ pub trait Storage: LeaseStore {
     /// [`crate::Error::Unavailable`] when the storage cannot be reached.
     async fn channel_epoch(&self, channel: &ChannelName) -> Result<String>;
 
+    /// Up to `limit` channels (capped at [`MAX_CHANNEL_PAGE`]) whose name
+    /// contains `search` (any, when empty) and sorts after `after` in byte
+    /// order (from the first, when `None`), ordered by name, with their
+    /// sizes, last publish time and subscribers across the cluster; one
+    /// index range per page, so a page costs the same with 100,000
+    /// channels as with ten when the search matches often.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn channel_page(
+        &self,
+        search: &str,
+        after: Option<&ChannelName>,
+        limit: usize,
+    ) -> Result<Vec<ChannelSummary>>;
+
+    /// Every channel with its head, ordered by name.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn channels(&self) -> Result<Vec<ChannelHead>>;
+
+    /// Every channel with its head, earliest offset, message count and
+    /// bytes stored, ordered by name (one snapshot; no message is read).
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn channel_stats(&self) -> Result<Vec<ChannelStats>>;
+
+    /// Removes the oldest messages of `channel` beyond `limits`, with
+    /// their idempotency keys, in one fenced transaction of at most
+    /// `max_rows` messages (call again while [`Trimmed::done`] is false).
+    ///
+    /// The transaction makes the same fencing check as
+    /// [`MessageLog::append`], after its lock waits, so a node that lost the
+    /// lease removes nothing. It holds the channel's row lock, so it runs
+    /// either before or after any append to the same channel: the stored
+    /// offsets stay contiguous from `earliest` to `head`. The head never
+    /// moves (offsets are never reused). Only a prefix is removed: a
+    /// message is removed only with every older one. An unknown channel
+    /// trims nothing (earliest 1, head 0).
+    ///
+    /// # Errors
+    /// [`crate::Error::LeaseLost`] when the fencing check fails (nothing
+    /// removed); [`crate::Error::Unavailable`] on timeouts.
+    async fn trim(
+        &self,
+        lease: &Lease,
+        channel: &ChannelName,
+        limits: &TrimLimits,
+        max_rows: usize,
+    ) -> Result<Trimmed>;
+
+    /// Records that `channel` was deleted: its messages up to `head` were
+    /// removed (by [`MessageLog::trim`] with [`TrimLimits::up_to`]), and the
+    /// subscriptions that began before now must end. Gives the deletion the
+    /// next number (from 1, across all channels, in commit order) and
+    /// returns it; a channel deleted again keeps only its latest deletion.
+    /// Stored durably, so that a node that was not listening learns of it
+    /// from [`ChangeFeedReader::deletions_since`] and [`Page::deletion`]; on
+    /// PostgreSQL the same transaction also sends
+    /// [`ChangeSignal::Deleted`], delivered only if it commits.
+    ///
+    /// A deleted stream is a stream no more: its content type, closure,
+    /// expiry, `Stream-Seq` and producers are cleared in the same
+    /// transaction.
+    ///
+    /// A fenced write: it makes the same fencing check as
+    /// [`MessageLog::append`], after its lock waits. A channel that has no
+    /// messages and never had any can be deleted too.
+    ///
+    /// # Errors
+    /// [`crate::Error::LeaseLost`] when the fencing check fails (nothing
+    /// recorded); [`crate::Error::Unavailable`] on timeouts.
+    async fn record_deletion(
+        &self,
+        lease: &Lease,
+        channel: &ChannelName,
+        head: Offset,
+    ) -> Result<u64>;
+}
+
+/// The change feed, the part of [`Storage`] a node follows other nodes'
+/// writes with: moved heads and recorded deletions after a cursor, and
+/// push notices of commits.
+#[async_trait]
+pub trait ChangeFeedReader: Send + Sync + 'static {
+    /// The latest deletion of every channel deleted after deletion number
+    /// `cursor` (0 = every one), and the new position.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn deletions_since(&self, cursor: u64) -> Result<Deletions>;
+
+    /// The number of the latest deletion recorded (0 when none), for a
+    /// node that starts following deletions now.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn deletion_cursor(&self) -> Result<u64>;
+
+    /// The channels whose head moved after position `cursor` of the global
+    /// commit order (0 = from the beginning), and the new position. A node
+    /// that does not write itself polls this to feed live subscriptions.
+    /// A backend may stop early on a long stretch (PostgreSQL: after
+    /// 1 000 000 messages): the answer then covers the commits up to the
+    /// position it returns, and the next call carries on from there.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn changes_since(&self, cursor: u64) -> Result<ChangeFeed>;
+
+    /// The current end of the global commit order, for a node that starts
+    /// following changes now.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn change_cursor(&self) -> Result<u64>;
+
+    /// Push notices of commits, for nodes that follow other nodes' writes;
+    /// `None` when the backend has none (poll [`ChangeFeedReader::changes_since`]
+    /// instead).
+    ///
+    /// Each call returns a new receiver that gets every notice sent after
+    /// the call. A receiver that falls behind by more than the channel's
+    /// capacity gets [`tokio::sync::broadcast::error::RecvError::Lagged`]
+    /// and must catch up with [`ChangeFeedReader::changes_since`], as after
+    /// [`ChangeSignal::Resync`]. The PostgreSQL backend delivers notices of
+    /// writes committed by any node (its own included); SQLite has none.
+    fn watch_changes(&self) -> Option<tokio::sync::broadcast::Receiver<ChangeSignal>> {
+        None
+    }
+}
+
+/// Stream properties, the part of [`Storage`] the Durable Streams wing
+/// uses: a stream's row (content type, closure, TTL, expiry, producers,
+/// forks) and its fenced writes.
+#[async_trait]
+pub trait StreamStore: Send + Sync + 'static {
+    /// The live stream `channel` (a channel created by
+    /// [`StreamStore::create_stream`], not deleted since and not expired on the
+    /// storage's clock), with its head and earliest offset in one snapshot;
+    /// `None` otherwise.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn stream_info(&self, channel: &ChannelName) -> Result<Option<StreamInfo>>;
+
+    /// Up to `limit` streams that have expired on the storage's clock
+    /// (`Stream-TTL` or `Stream-Expires-At` passed) and are not deleted
+    /// yet, soft-deleted ones too, by name in byte order: what the
+    /// holder's sweep deletes (`herald_node::retention`). Until then an
+    /// expired stream already reads as deleted ([`MessageLog::read`]).
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn expired_streams(&self, limit: usize) -> Result<Vec<ChannelName>>;
+
+    /// Makes `create.channel` a stream with `create.config`, closed if
+    /// asked, and appends `create.messages`, in one fenced transaction
+    /// (the fencing check of [`MessageLog::append`]). A channel that exists
+    /// without being a stream becomes one if its stored messages fit the
+    /// content type (JSON ones for `application/json`, or none stored)
+    /// and, when it stores any, `create.may_convert` allows it (otherwise
+    /// [`StreamCreated::ChannelHasMessages`], decided inside the
+    /// transaction); offsets go on from its head. A live stream, or a
+    /// channel whose stored messages do not fit, is left alone and
+    /// answered [`StreamCreated::Exists`]; an expired stream is answered
+    /// [`StreamCreated::Expired`] (delete it, then create again). A fork
+    /// that breaks its [`herald_core::ForkLimits`] is answered
+    /// [`StreamCreated::TooManyForks`] or [`StreamCreated::ForkTooLarge`]
+    /// before anything is copied. Every answer but `Created` wrote
+    /// nothing.
+    ///
+    /// # Errors
+    /// [`crate::Error::LeaseLost`] when the fencing check fails (nothing
+    /// written); [`crate::Error::Unavailable`] on timeouts.
+    async fn create_stream(&self, lease: &Lease, create: &StreamCreate) -> Result<StreamCreated>;
+
+    /// Restarts the TTL (`Stream-TTL`) of each live stream of `channels`
+    /// that has one, as a read of it does (Durable Streams `PROTOCOL.md`:
+    /// a stream expires after its TTL without access, reads included), in
+    /// one fenced transaction (the fencing check of [`MessageLog::append`],
+    /// after its lock waits). Its TTL then runs from this transaction's
+    /// time on the storage's clock; its `Stream-Expires-At` stays. A
+    /// stream already expired on the storage's clock (TTL or expiry
+    /// passed) is left expired: a renewal never revives it. Soft-deleted
+    /// streams, streams without a TTL, plain and unknown channels are left
+    /// alone. Returns how many streams were renewed (a name given twice
+    /// counts once). Writes no message, moves no head, sends no change
+    /// notice.
+    ///
+    /// # Errors
+    /// [`crate::Error::LeaseLost`] when the fencing check fails (nothing
+    /// written); [`crate::Error::Unavailable`] on timeouts.
+    async fn renew_streams(&self, lease: &Lease, channels: &[ChannelName]) -> Result<u64>;
+
+    /// Marks the stream `channel` as being deleted
+    /// (`StreamInfo::soft_deleted`): an append is refused ("gone"), and so
+    /// is a fork of it, while its messages are removed before
+    /// [`MessageLog::record_deletion`]. A fenced write; returns whether a
+    /// stream was marked.
+    ///
+    /// # Errors
+    /// [`crate::Error::LeaseLost`] when the fencing check fails;
+    /// [`crate::Error::Unavailable`] on timeouts.
+    async fn soft_delete_stream(&self, lease: &Lease, channel: &ChannelName) -> Result<bool>;
+}
+
+/// Presence, the part of [`Storage`] Centrifugo's presence and join/leave
+/// pushes use: who is subscribed where, shared by every node.
+#[async_trait]
+pub trait PresenceStore: Send + Sync + 'static {
     /// Records `entry` (replacing an entry of the same channel and client)
     /// for node process `session`, expiring `ttl` from now on the storage's
-    /// clock unless renewed by [`Storage::presence_touch`]. Deletes expired
+    /// clock unless renewed by [`PresenceStore::presence_touch`]. Deletes expired
     /// entries of the channel on the way. Not a fenced write: any node
     /// records its own clients.
     ///
@@ -534,6 +763,48 @@ pub trait Storage: LeaseStore {
     /// [`crate::Error::Unavailable`] when the storage cannot be reached.
     async fn presence(&self, channel: &ChannelName) -> Result<Vec<PresenceEntry>>;
 
+    /// Tells the other nodes of the same database (their storages'
+    /// [`PresenceStore::watch_presence_events`] receivers) about `events`, in
+    /// order.
+    ///
+    /// Delivery is at most once: an event is lost when a receiving node's
+    /// listening connection is down or its receiver lags, and a failed
+    /// call sends nothing or only a prefix. Events that one storage sends
+    /// in successive calls (each awaited before the next) arrive in that
+    /// order. A backend whose transport limits an event's size drops the
+    /// event's `conn_info` and `chan_info` when they do not fit, and the
+    /// event itself (logged) when it does not fit without them: on
+    /// PostgreSQL a `NOTIFY` payload must be shorter than 8000 bytes
+    /// (PostgreSQL documentation, `NOTIFY`). A backend with no way to
+    /// other processes (SQLite, the default) sends nothing and returns
+    /// `Ok`.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    async fn send_presence_events(&self, events: &[PresenceEvent]) -> Result<()> {
+        let _ = events;
+        Ok(())
+    }
+
+    /// The events that other storages of the same database send with
+    /// [`PresenceStore::send_presence_events`] from now on (never this
+    /// storage's own: its node delivers those itself); `None` when the
+    /// backend has no way between processes (SQLite, the default).
+    ///
+    /// Each call returns a new receiver. A receiver that falls behind by
+    /// more than the channel's capacity gets
+    /// [`tokio::sync::broadcast::error::RecvError::Lagged`]: those events
+    /// are lost.
+    fn watch_presence_events(&self) -> Option<tokio::sync::broadcast::Receiver<PresenceEvent>> {
+        None
+    }
+}
+
+/// The cluster view, the part of [`Storage`] Centrifugo's server API and
+/// the web console use: node reports, the channels summed over nodes, the
+/// lease's takeover timeline and cluster events between nodes.
+#[async_trait]
+pub trait ClusterView: Send + Sync + 'static {
     /// Records `report` and the node's subscribed `channels` (each channel
     /// at most once, counts above 0) in one transaction, replacing the
     /// report and the channels of the same node id, expiring `ttl` from
@@ -577,172 +848,8 @@ pub trait Storage: LeaseStore {
     /// [`crate::Error::Unavailable`] when the storage cannot be reached.
     async fn lease_history(&self, name: &str, limit: usize) -> Result<Vec<LeaseTakeover>>;
 
-    /// Up to `limit` channels (capped at [`MAX_CHANNEL_PAGE`]) whose name
-    /// contains `search` (any, when empty) and sorts after `after` in byte
-    /// order (from the first, when `None`), ordered by name, with their
-    /// sizes, last publish time and subscribers across the cluster; one
-    /// index range per page, so a page costs the same with 100,000
-    /// channels as with ten when the search matches often.
-    ///
-    /// # Errors
-    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
-    async fn channel_page(
-        &self,
-        search: &str,
-        after: Option<&ChannelName>,
-        limit: usize,
-    ) -> Result<Vec<ChannelSummary>>;
-
-    /// Every channel with its head, ordered by name.
-    ///
-    /// # Errors
-    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
-    async fn channels(&self) -> Result<Vec<ChannelHead>>;
-
-    /// Every channel with its head, earliest offset, message count and
-    /// bytes stored, ordered by name (one snapshot; no message is read).
-    ///
-    /// # Errors
-    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
-    async fn channel_stats(&self) -> Result<Vec<ChannelStats>>;
-
-    /// Removes the oldest messages of `channel` beyond `limits`, with
-    /// their idempotency keys, in one fenced transaction of at most
-    /// `max_rows` messages (call again while [`Trimmed::done`] is false).
-    ///
-    /// The transaction makes the same fencing check as
-    /// [`Storage::append`], after its lock waits, so a node that lost the
-    /// lease removes nothing. It holds the channel's row lock, so it runs
-    /// either before or after any append to the same channel: the stored
-    /// offsets stay contiguous from `earliest` to `head`. The head never
-    /// moves (offsets are never reused). Only a prefix is removed: a
-    /// message is removed only with every older one. An unknown channel
-    /// trims nothing (earliest 1, head 0).
-    ///
-    /// # Errors
-    /// [`crate::Error::LeaseLost`] when the fencing check fails (nothing
-    /// removed); [`crate::Error::Unavailable`] on timeouts.
-    async fn trim(
-        &self,
-        lease: &Lease,
-        channel: &ChannelName,
-        limits: &TrimLimits,
-        max_rows: usize,
-    ) -> Result<Trimmed>;
-
-    /// The live stream `channel` (a channel created by
-    /// [`Storage::create_stream`], not deleted since and not expired on the
-    /// storage's clock), with its head and earliest offset in one snapshot;
-    /// `None` otherwise.
-    ///
-    /// # Errors
-    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
-    async fn stream_info(&self, channel: &ChannelName) -> Result<Option<StreamInfo>>;
-
-    /// Up to `limit` streams that have expired on the storage's clock
-    /// (`Stream-TTL` or `Stream-Expires-At` passed) and are not deleted
-    /// yet, soft-deleted ones too, by name in byte order: what the
-    /// holder's sweep deletes (`herald_node::retention`). Until then an
-    /// expired stream already reads as deleted ([`Storage::read`]).
-    ///
-    /// # Errors
-    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
-    async fn expired_streams(&self, limit: usize) -> Result<Vec<ChannelName>>;
-
-    /// Makes `create.channel` a stream with `create.config`, closed if
-    /// asked, and appends `create.messages`, in one fenced transaction
-    /// (the fencing check of [`Storage::append`]). A channel that exists
-    /// without being a stream becomes one if its stored messages fit the
-    /// content type (JSON ones for `application/json`, or none stored)
-    /// and, when it stores any, `create.may_convert` allows it (otherwise
-    /// [`StreamCreated::ChannelHasMessages`], decided inside the
-    /// transaction); offsets go on from its head. A live stream, or a
-    /// channel whose stored messages do not fit, is left alone and
-    /// answered [`StreamCreated::Exists`]; an expired stream is answered
-    /// [`StreamCreated::Expired`] (delete it, then create again). A fork
-    /// that breaks its [`herald_core::ForkLimits`] is answered
-    /// [`StreamCreated::TooManyForks`] or [`StreamCreated::ForkTooLarge`]
-    /// before anything is copied. Every answer but `Created` wrote
-    /// nothing.
-    ///
-    /// # Errors
-    /// [`crate::Error::LeaseLost`] when the fencing check fails (nothing
-    /// written); [`crate::Error::Unavailable`] on timeouts.
-    async fn create_stream(&self, lease: &Lease, create: &StreamCreate) -> Result<StreamCreated>;
-
-    /// Appends to a stream, closes it, or both, in one fenced transaction:
-    /// a [`Storage::write`] of the one entry [`WriteRequest::Stream`].
-    ///
-    /// # Errors
-    /// As [`Storage::write`]: [`crate::Error::LeaseLost`] when the fencing
-    /// check fails (nothing written); [`crate::Error::Unavailable`] on
-    /// timeouts (the outcome is unknown if the connection broke during the
-    /// commit: a producer's retry finds out).
-    async fn append_stream(&self, lease: &Lease, append: &StreamAppend) -> Result<StreamAppended> {
-        let entries = [WriteRequest::Stream(append.clone())];
-        match self.write(lease, &entries).await?.pop() {
-            Some(WriteOutcome::Stream(appended)) => Ok(appended),
-            _ => Err(crate::Error::corrupt(
-                "a stream append was answered as a message",
-            )),
-        }
-    }
-
-    /// Marks the stream `channel` as being deleted
-    /// (`StreamInfo::soft_deleted`): an append is refused ("gone"), and so
-    /// is a fork of it, while its messages are removed before
-    /// [`Storage::record_deletion`]. A fenced write; returns whether a
-    /// stream was marked.
-    ///
-    /// # Errors
-    /// [`crate::Error::LeaseLost`] when the fencing check fails;
-    /// [`crate::Error::Unavailable`] on timeouts.
-    async fn soft_delete_stream(&self, lease: &Lease, channel: &ChannelName) -> Result<bool>;
-
-    /// Records that `channel` was deleted: its messages up to `head` were
-    /// removed (by [`Storage::trim`] with [`TrimLimits::up_to`]), and the
-    /// subscriptions that began before now must end. Gives the deletion the
-    /// next number (from 1, across all channels, in commit order) and
-    /// returns it; a channel deleted again keeps only its latest deletion.
-    /// Stored durably, so that a node that was not listening learns of it
-    /// from [`Storage::deletions_since`] and [`Page::deletion`]; on
-    /// PostgreSQL the same transaction also sends
-    /// [`ChangeSignal::Deleted`], delivered only if it commits.
-    ///
-    /// A deleted stream is a stream no more: its content type, closure,
-    /// expiry, `Stream-Seq` and producers are cleared in the same
-    /// transaction.
-    ///
-    /// A fenced write: it makes the same fencing check as
-    /// [`Storage::append`], after its lock waits. A channel that has no
-    /// messages and never had any can be deleted too.
-    ///
-    /// # Errors
-    /// [`crate::Error::LeaseLost`] when the fencing check fails (nothing
-    /// recorded); [`crate::Error::Unavailable`] on timeouts.
-    async fn record_deletion(
-        &self,
-        lease: &Lease,
-        channel: &ChannelName,
-        head: Offset,
-    ) -> Result<u64>;
-
-    /// The latest deletion of every channel deleted after deletion number
-    /// `cursor` (0 = every one), and the new position.
-    ///
-    /// # Errors
-    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
-    async fn deletions_since(&self, cursor: u64) -> Result<Deletions>;
-
-    /// The number of the latest deletion recorded (0 when none), for a
-    /// node that starts following deletions now.
-    ///
-    /// # Errors
-    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
-    async fn deletion_cursor(&self) -> Result<u64>;
-
     /// Sends `event` to every other node that shares this storage and
-    /// listens now ([`Storage::watch_cluster_events`]); best effort (see
+    /// listens now ([`ClusterView::watch_cluster_events`]); best effort (see
     /// [`crate::cluster`]). Does nothing on a backend without such a path
     /// (SQLite).
     ///
@@ -752,7 +859,7 @@ pub trait Storage: LeaseStore {
     /// when the storage cannot be reached.
     async fn send_cluster_event(&self, event: &ClusterEvent) -> Result<()>;
 
-    /// The cluster events other nodes send ([`Storage::send_cluster_event`];
+    /// The cluster events other nodes send ([`ClusterView::send_cluster_event`];
     /// never this storage's own); `None` when the backend has none
     /// (SQLite).
     ///
@@ -764,74 +871,22 @@ pub trait Storage: LeaseStore {
     fn watch_cluster_events(&self) -> Option<tokio::sync::broadcast::Receiver<ClusterEvent>> {
         None
     }
+}
 
-    /// The channels whose head moved after position `cursor` of the global
-    /// commit order (0 = from the beginning), and the new position. A node
-    /// that does not write itself polls this to feed live subscriptions.
-    /// A backend may stop early on a long stretch (PostgreSQL: after
-    /// 1 000 000 messages): the answer then covers the commits up to the
-    /// position it returns, and the next call carries on from there.
-    ///
-    /// # Errors
-    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
-    async fn changes_since(&self, cursor: u64) -> Result<ChangeFeed>;
-
-    /// The current end of the global commit order, for a node that starts
-    /// following changes now.
-    ///
-    /// # Errors
-    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
-    async fn change_cursor(&self) -> Result<u64>;
-
-    /// Push notices of commits, for nodes that follow other nodes' writes;
-    /// `None` when the backend has none (poll [`Storage::changes_since`]
-    /// instead).
-    ///
-    /// Each call returns a new receiver that gets every notice sent after
-    /// the call. A receiver that falls behind by more than the channel's
-    /// capacity gets [`tokio::sync::broadcast::error::RecvError::Lagged`]
-    /// and must catch up with [`Storage::changes_since`], as after
-    /// [`ChangeSignal::Resync`]. The PostgreSQL backend delivers notices of
-    /// writes committed by any node (its own included); SQLite has none.
-    fn watch_changes(&self) -> Option<tokio::sync::broadcast::Receiver<ChangeSignal>> {
-        None
-    }
-
-    /// Tells the other nodes of the same database (their storages'
-    /// [`Storage::watch_presence_events`] receivers) about `events`, in
-    /// order.
-    ///
-    /// Delivery is at most once: an event is lost when a receiving node's
-    /// listening connection is down or its receiver lags, and a failed
-    /// call sends nothing or only a prefix. Events that one storage sends
-    /// in successive calls (each awaited before the next) arrive in that
-    /// order. A backend whose transport limits an event's size drops the
-    /// event's `conn_info` and `chan_info` when they do not fit, and the
-    /// event itself (logged) when it does not fit without them: on
-    /// PostgreSQL a `NOTIFY` payload must be shorter than 8000 bytes
-    /// (PostgreSQL documentation, `NOTIFY`). A backend with no way to
-    /// other processes (SQLite, the default) sends nothing and returns
-    /// `Ok`.
-    ///
-    /// # Errors
-    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
-    async fn send_presence_events(&self, events: &[PresenceEvent]) -> Result<()> {
-        let _ = events;
-        Ok(())
-    }
-
-    /// The events that other storages of the same database send with
-    /// [`Storage::send_presence_events`] from now on (never this
-    /// storage's own: its node delivers those itself); `None` when the
-    /// backend has no way between processes (SQLite, the default).
-    ///
-    /// Each call returns a new receiver. A receiver that falls behind by
-    /// more than the channel's capacity gets
-    /// [`tokio::sync::broadcast::error::RecvError::Lagged`]: those events
-    /// are lost.
-    fn watch_presence_events(&self) -> Option<tokio::sync::broadcast::Receiver<PresenceEvent>> {
-        None
-    }
+/// Herald's storage: lease, fenced writes and reads. One implementation per
+/// backend; every implementation passes the `conformance` suite.
+///
+/// The union of its role traits ([`LeaseStore`], [`MessageLog`],
+/// [`ChangeFeedReader`], [`StreamStore`], [`PresenceStore`],
+/// [`ClusterView`]), each of one part's methods, plus what concerns the
+/// whole: its name and its liveness. A caller that calls a role's method
+/// brings that role trait into scope (`use herald_storage::MessageLog`).
+#[async_trait]
+pub trait Storage:
+    LeaseStore + MessageLog + ChangeFeedReader + StreamStore + PresenceStore + ClusterView
+{
+    /// The backend's name as shown in `/v1/status`: `"sqlite"` or `"postgres"`.
+    fn backend(&self) -> &'static str;
 
     /// Checks that the storage answers (for `/readyz`).
     ///

@@ -54,7 +54,7 @@ pub struct Trimmed {
 }
 
 /// One channel with its head, earliest offset and size, from
-/// [`crate::Storage::channel_stats`].
+/// [`crate::MessageLog::channel_stats`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChannelStats {
     /// The channel's name.

@@ -7,12 +7,15 @@
 //! (`HERALD_TEST_DATABASE_URL`); a second `PostgresStorage` on it stands
 //! for a second node.
 
+use herald_storage::ChangeFeedReader;
+use herald_storage::ClusterView;
+use herald_storage::MessageLog;
 use std::time::Duration;
 
 use herald_core::Lease;
 use herald_storage::postgres::{PostgresOptions, PostgresStorage};
 use herald_storage::testing::{candidate, keyed, msg, TestDatabase};
-use herald_storage::{Acquire, ChangeSignal, ClusterEvent, Deletion, Error, LeaseStore, Storage};
+use herald_storage::{Acquire, ChangeSignal, ClusterEvent, Deletion, Error, LeaseStore};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::broadcast::Receiver;
 use tokio_postgres::Client;

@@ -9,6 +9,7 @@
 //! test, so that a renewal that waited for the lock it must not wait for
 //! fails the bound by a wide margin.
 
+use herald_storage::MessageLog;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

@@ -3,6 +3,8 @@
 //! and concurrent opens. A second `SqliteStorage` on the same directory
 //! stands for a second process.
 
+use herald_storage::ChangeFeedReader;
+use herald_storage::MessageLog;
 use std::path::Path;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};

@@ -136,11 +136,7 @@ impl<H: StorageHooks> LeaseStore for Hooked<H> {
 }
 
 #[async_trait]
-impl<H: StorageHooks> Storage for Hooked<H> {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-
+impl<H: StorageHooks> herald_storage::MessageLog for Hooked<H> {
     /// The hook [`StorageHooks::before_append`] sees the batch's messages
     /// (a batch of stream appends only is passed on at once).
     async fn write(
@@ -181,10 +177,6 @@ impl<H: StorageHooks> Storage for Hooked<H> {
         self.inner.channel_stats().await
     }
 
-    async fn expired_streams(&self, limit: usize) -> herald_storage::Result<Vec<ChannelName>> {
-        self.inner.expired_streams(limit).await
-    }
-
     async fn trim(
         &self,
         lease: &Lease,
@@ -195,6 +187,98 @@ impl<H: StorageHooks> Storage for Hooked<H> {
         self.inner.trim(lease, channel, limits, max_rows).await
     }
 
+    async fn channel_page(
+        &self,
+        search: &str,
+        after: Option<&ChannelName>,
+        limit: usize,
+    ) -> herald_storage::Result<Vec<herald_storage::ChannelSummary>> {
+        self.inner.channel_page(search, after, limit).await
+    }
+
+    async fn channel_epoch(&self, channel: &ChannelName) -> herald_storage::Result<String> {
+        self.hooks.before_epoch(channel).await?;
+        self.inner.channel_epoch(channel).await
+    }
+
+    async fn record_deletion(
+        &self,
+        lease: &Lease,
+        channel: &ChannelName,
+        head: Offset,
+    ) -> herald_storage::Result<u64> {
+        self.inner.record_deletion(lease, channel, head).await
+    }
+}
+
+#[async_trait]
+impl<H: StorageHooks> herald_storage::ChangeFeedReader for Hooked<H> {
+    async fn changes_since(&self, cursor: u64) -> herald_storage::Result<ChangeFeed> {
+        self.inner.changes_since(cursor).await
+    }
+
+    async fn change_cursor(&self) -> herald_storage::Result<u64> {
+        self.inner.change_cursor().await
+    }
+
+    fn watch_changes(&self) -> Option<broadcast::Receiver<ChangeSignal>> {
+        if self.hooks.change_signals() {
+            self.inner.watch_changes()
+        } else {
+            None
+        }
+    }
+
+    async fn deletions_since(&self, cursor: u64) -> herald_storage::Result<Deletions> {
+        self.hooks.before_deletions_since(cursor).await?;
+        self.inner.deletions_since(cursor).await
+    }
+
+    async fn deletion_cursor(&self) -> herald_storage::Result<u64> {
+        self.inner.deletion_cursor().await
+    }
+}
+
+#[async_trait]
+impl<H: StorageHooks> herald_storage::StreamStore for Hooked<H> {
+    async fn expired_streams(&self, limit: usize) -> herald_storage::Result<Vec<ChannelName>> {
+        self.inner.expired_streams(limit).await
+    }
+
+    async fn stream_info(
+        &self,
+        channel: &ChannelName,
+    ) -> herald_storage::Result<Option<herald_core::StreamInfo>> {
+        self.inner.stream_info(channel).await
+    }
+
+    async fn create_stream(
+        &self,
+        lease: &Lease,
+        create: &herald_core::StreamCreate,
+    ) -> herald_storage::Result<herald_core::StreamCreated> {
+        self.inner.create_stream(lease, create).await
+    }
+
+    async fn renew_streams(
+        &self,
+        lease: &Lease,
+        channels: &[ChannelName],
+    ) -> herald_storage::Result<u64> {
+        self.inner.renew_streams(lease, channels).await
+    }
+
+    async fn soft_delete_stream(
+        &self,
+        lease: &Lease,
+        channel: &ChannelName,
+    ) -> herald_storage::Result<bool> {
+        self.inner.soft_delete_stream(lease, channel).await
+    }
+}
+
+#[async_trait]
+impl<H: StorageHooks> herald_storage::PresenceStore for Hooked<H> {
     async fn presence_add(
         &self,
         session: &str,
@@ -225,6 +309,20 @@ impl<H: StorageHooks> Storage for Hooked<H> {
         self.inner.presence(channel).await
     }
 
+    async fn send_presence_events(
+        &self,
+        events: &[herald_storage::PresenceEvent],
+    ) -> herald_storage::Result<()> {
+        self.inner.send_presence_events(events).await
+    }
+
+    fn watch_presence_events(&self) -> Option<broadcast::Receiver<herald_storage::PresenceEvent>> {
+        self.inner.watch_presence_events()
+    }
+}
+
+#[async_trait]
+impl<H: StorageHooks> herald_storage::ClusterView for Hooked<H> {
     async fn report_node(
         &self,
         report: &herald_storage::NodeReport,
@@ -246,90 +344,11 @@ impl<H: StorageHooks> Storage for Hooked<H> {
         self.inner.lease_history(name, limit).await
     }
 
-    async fn channel_page(
-        &self,
-        search: &str,
-        after: Option<&ChannelName>,
-        limit: usize,
-    ) -> herald_storage::Result<Vec<herald_storage::ChannelSummary>> {
-        self.inner.channel_page(search, after, limit).await
-    }
-
     async fn cluster_channels(
         &self,
         except_node: &str,
     ) -> herald_storage::Result<Vec<herald_storage::ChannelClients>> {
         self.inner.cluster_channels(except_node).await
-    }
-
-    async fn channel_epoch(&self, channel: &ChannelName) -> herald_storage::Result<String> {
-        self.hooks.before_epoch(channel).await?;
-        self.inner.channel_epoch(channel).await
-    }
-
-    async fn changes_since(&self, cursor: u64) -> herald_storage::Result<ChangeFeed> {
-        self.inner.changes_since(cursor).await
-    }
-
-    async fn change_cursor(&self) -> herald_storage::Result<u64> {
-        self.inner.change_cursor().await
-    }
-
-    fn watch_changes(&self) -> Option<broadcast::Receiver<ChangeSignal>> {
-        if self.hooks.change_signals() {
-            self.inner.watch_changes()
-        } else {
-            None
-        }
-    }
-
-    async fn stream_info(
-        &self,
-        channel: &ChannelName,
-    ) -> herald_storage::Result<Option<herald_core::StreamInfo>> {
-        self.inner.stream_info(channel).await
-    }
-
-    async fn create_stream(
-        &self,
-        lease: &Lease,
-        create: &herald_core::StreamCreate,
-    ) -> herald_storage::Result<herald_core::StreamCreated> {
-        self.inner.create_stream(lease, create).await
-    }
-
-    async fn append_stream(
-        &self,
-        lease: &Lease,
-        append: &herald_core::StreamAppend,
-    ) -> herald_storage::Result<herald_core::StreamAppended> {
-        self.inner.append_stream(lease, append).await
-    }
-
-    async fn soft_delete_stream(
-        &self,
-        lease: &Lease,
-        channel: &ChannelName,
-    ) -> herald_storage::Result<bool> {
-        self.inner.soft_delete_stream(lease, channel).await
-    }
-
-    async fn record_deletion(
-        &self,
-        lease: &Lease,
-        channel: &ChannelName,
-        head: Offset,
-    ) -> herald_storage::Result<u64> {
-        self.inner.record_deletion(lease, channel, head).await
-    }
-
-    async fn deletions_since(&self, cursor: u64) -> herald_storage::Result<Deletions> {
-        self.hooks.before_deletions_since(cursor).await?;
-        self.inner.deletions_since(cursor).await
-    }
-
-    async fn deletion_cursor(&self) -> herald_storage::Result<u64> {
-        self.inner.deletion_cursor().await
     }
 
     async fn send_cluster_event(&self, event: &ClusterEvent) -> herald_storage::Result<()> {
@@ -339,16 +358,12 @@ impl<H: StorageHooks> Storage for Hooked<H> {
     fn watch_cluster_events(&self) -> Option<broadcast::Receiver<ClusterEvent>> {
         self.inner.watch_cluster_events()
     }
+}
 
-    async fn send_presence_events(
-        &self,
-        events: &[herald_storage::PresenceEvent],
-    ) -> herald_storage::Result<()> {
-        self.inner.send_presence_events(events).await
-    }
-
-    fn watch_presence_events(&self) -> Option<broadcast::Receiver<herald_storage::PresenceEvent>> {
-        self.inner.watch_presence_events()
+#[async_trait]
+impl<H: StorageHooks> Storage for Hooked<H> {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
     }
 
     async fn ping(&self) -> herald_storage::Result<()> {

@@ -4,9 +4,12 @@
 //! SQLite, and a two-node cluster on PostgreSQL with the suite pointed at
 //! the standby, so that every write is forwarded to the holder.
 //!
-//! A case may fail only if it is one of the documented gaps' twelve
-//! (docs/durable-streams.md, "Where Herald differs"): a TTL restarted by
-//! reads, and a source with live forks kept as "gone" after its deletion.
+//! A case may fail only if it is one of the documented gaps' nine
+//! (docs/durable-streams.md, "Where Herald differs"): a source with live
+//! forks kept as "gone" after its deletion. The suite's TTL cases run
+//! through the standby too, so a read there restarts a stream's TTL on
+//! the holder; `reads_on_a_standby_keep_a_stream_alive_past_its_ttl`
+//! checks the same longer than the suite does.
 //! Every other failure fails the test, naming the case. Each run's counts go to the test's output and to
 //! `<target>/tmp/ds-conformance-<backend>.txt`, which `scripts/test`
 //! prints in its summary.
@@ -24,16 +27,11 @@ use serde_json::Value;
 /// wait for a long-poll's `204` end well inside their own 5 s bound.
 const LONG_POLL: &str = "500ms";
 
-/// The cases of the documented gaps, by group and name: a stream's TTL is
-/// restarted by writes only (a read is served by any node, and a node
-/// that is not the holder never writes); a stream's deletion deletes it
-/// at once, forks or not (its forks hold their own copies), where the
-/// protocol keeps a source with live forks as "gone" (410), refusing its
-/// re-creation, until the last of them goes.
-const KNOWN_GAPS: [&str; 12] = [
-    "TTL Expiration Behavior > should extend TTL on GET ?offset=now (sliding window)",
-    "TTL Expiration Behavior > should extend TTL on read (sliding window)",
-    "Fork - TTL and Expiry > should allow fork to outlive source via TTL renewal",
+/// The cases of the documented gaps, by group and name: a stream's
+/// deletion deletes it at once, forks or not (its forks hold their own
+/// copies), where the protocol keeps a source with live forks as "gone"
+/// (410), refusing its re-creation, until the last of them goes.
+const KNOWN_GAPS: [&str; 9] = [
     "Fork - Deletion and Lifecycle > should soft-delete source while fork exists — fork still reads",
     "Fork - Deletion and Lifecycle > should block re-creation of soft-deleted source (PUT returns 409)",
     "Fork - Deletion and Lifecycle > should return 410 for GET on soft-deleted source",
@@ -187,4 +185,75 @@ async fn the_conformance_suite_passes_through_a_postgres_standby() {
     )
     .await;
     judge("postgres-standby", &outcome);
+}
+
+/// Starts a two-node cluster on `db`: node 0 holder, node 1 standby.
+async fn cluster(db: &TestDatabase, dir: &Path) -> Vec<Server> {
+    let mut nodes = Vec::new();
+    for (i, role) in ["holder", "standby"].into_iter().enumerate() {
+        let id = format!("node-{i}");
+        let node =
+            Server::start_with(&dir.join(&id), &["--database", db.url(), "--node-id", &id]).await;
+        node.api.wait_role(role, WAIT).await;
+        nodes.push(node);
+    }
+    nodes
+}
+
+/// A stream read on a standby (which never writes) lives on past its TTL
+/// as long as it is read: the standby's renewals reach the holder. A
+/// stream of the same TTL that nobody reads expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_on_a_standby_keep_a_stream_alive_past_its_ttl() {
+    let db = TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = cluster(&db, dir.path()).await;
+    let standby = format!("{}/ds", nodes[1].url);
+    let http = reqwest::Client::new();
+    for name in ["read", "idle"] {
+        let created = http
+            .put(format!("{standby}/ttl-{name}"))
+            .header("content-type", "text/plain")
+            .header("stream-ttl", "2")
+            .body("x")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(created.status(), 201, "create ttl-{name}");
+    }
+    let status = |path: &str| {
+        let http = http.clone();
+        let url = format!("{standby}/{path}");
+        async move { http.head(url).send().await.unwrap().status().as_u16() }
+    };
+    // Read every 500 ms, a quarter of the TTL, for three TTLs; the idle
+    // stream must be gone meanwhile, the one read never.
+    let start = std::time::Instant::now();
+    let mut idle_gone = false;
+    while start.elapsed() < Duration::from_secs(6) {
+        let read = http
+            .get(format!("{standby}/ttl-read?offset=-1"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            read.status(),
+            200,
+            "a stream read every 500 ms expired after {:?}",
+            start.elapsed()
+        );
+        idle_gone |= status("ttl-idle").await == 404;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(status("ttl-read").await, 200);
+    // The idle one expired after its 2 s (polled; the storage's clock).
+    let deadline = std::time::Instant::now() + WAIT;
+    while !idle_gone {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a stream nobody read never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        idle_gone = status("ttl-idle").await == 404;
+    }
 }

@@ -4,8 +4,8 @@
 //!
 //! Every [`TrimPacing::interval`] the task, while this node is holder,
 //! reads every channel's head, earliest offset and size
-//! ([`Storage::channel_stats`], one query of the channels table, no
-//! message read), and trims each channel that is beyond its policy (more
+//! ([`MessageLog::channel_stats`](herald_storage::MessageLog::channel_stats),
+//! one query of the channels table, no message read), and trims each channel that is beyond its policy (more
 //! messages or bytes than allowed; with a `max_age`, every channel that
 //! stores messages) in transactions of at most [`TrimPacing::batch`]
 //! messages, with a pause of [`TrimPacing::pause`] after each transaction
@@ -16,8 +16,8 @@
 //!
 //! Before each sweep, whatever the policies, the task deletes the streams
 //! that have expired (`Stream-TTL` or `Stream-Expires-At` passed;
-//! [`Storage::expired_streams`], at most [`EXPIRED_STREAMS_PER_SWEEP`] a
-//! time) as any channel is deleted ([`super::delete_channel`]): their
+//! [`StreamStore::expired_streams`](herald_storage::StreamStore::expired_streams),
+//! at most [`EXPIRED_STREAMS_PER_SWEEP`] a time) as any channel is deleted ([`super::delete_channel`]): their
 //! messages are removed, the deletion recorded, and their live
 //! subscriptions end with a `deleted` event. Until then an expired stream
 //! already reads as deleted (`Storage::read`).

@@ -98,7 +98,7 @@ mod tests {
         registry.insert("c2", "bob", Arc::clone(&bob));
         registry.set_subscribed("c1", &news, true);
         let task = tokio::spawn(run(
-            herald_storage::Storage::watch_cluster_events(&*storage),
+            herald_storage::ClusterView::watch_cluster_events(&*storage),
             Arc::clone(&registry),
             shutdown.clone(),
         ));

@@ -14,7 +14,9 @@
 //! (committed on the holder, forwarded once from a standby); reads are
 //! served by every node: catch-ups from the storage, live reads as
 //! subscriptions of the node core (history from the storage, then the
-//! messages the node's hub's notices carry).
+//! messages the node's hub's notices carry). A read restarts the stream's
+//! TTL through herald-node's `stream_renewals.rs` (a standby's batches
+//! reach the holder at `renewals.rs`' route).
 //!
 //! Like the other wings, it knows no SQL and no lease timing.
 
@@ -26,6 +28,7 @@ mod naming;
 mod offset;
 pub(crate) mod producer_wait;
 mod read;
+mod renewals;
 mod request;
 mod response;
 mod sse;
@@ -34,7 +37,7 @@ mod write;
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, FromRef};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::Router;
 
 use crate::config::ServerConfig;
@@ -79,4 +82,10 @@ pub(crate) fn routes(config: &ServerConfig) -> Router<StreamsState> {
         )
         .layer(DefaultBodyLimit::max(ds.max_append_bytes))
         .layer(axum::middleware::map_response(response::common_headers))
+        .route(
+            herald_node::stream_renewals::STREAM_RENEWALS_PATH,
+            post(renewals::renew).layer(DefaultBodyLimit::max(
+                herald_node::stream_renewals::MAX_RENEWAL_BODY_BYTES,
+            )),
+        )
 }

@@ -128,6 +128,8 @@ pub(crate) async fn get(
     let Query(pairs) = query.map_err(|e| Error::InvalidStreamRequest(e.body_text()))?;
     let query = parse_query(pairs)?;
     let info = stream(&state, &who, &path, query.live != Live::No, query.from).await?;
+    // A read restarts the stream's TTL (PROTOCOL.md), batched by the node.
+    state.shared.node.stream_renewals().note_read(&info);
     let from = query.from.unwrap_or(ReadFrom::Start);
     // When the reader's token expires: a live read ends then.
     let expires = who.token().map(|token| Instant::now() + token.time_left());

@@ -440,6 +440,89 @@ pub async fn stream_writes_are_fenced(h: &dyn Harness) {
         .is_none());
 }
 
+/// A renewal (what a read does to a stream, `Storage::renew_streams`)
+/// restarts the TTL of live streams that have one, on every node of the
+/// database; it never revives an expired stream, leaves streams without
+/// a TTL, plain and unknown channels alone, and is fenced.
+pub async fn a_renewal_restarts_the_ttl_of_live_streams_only(h: &dyn Harness) {
+    let c = h.cluster(2).await;
+    let node = c.node(0);
+    let (lease, _) = acquire(node, 0, LONG_TTL).await;
+    let mut long = create("r:long", "text/plain", vec![bytes(b"a")]);
+    long.config.ttl_s = Some(3600);
+    created(node, &lease, &long).await;
+    let mut short = create("r:short", "text/plain", vec![bytes(b"b")]);
+    short.config.ttl_s = Some(1);
+    created(node, &lease, &short).await;
+    created(node, &lease, &create("r:none", "text/plain", Vec::new())).await;
+    node.append(&lease, &[msg("r:plain", "1")]).await.unwrap();
+    let expiry = |info: Option<herald_core::StreamInfo>| info.and_then(|i| i.expires_at_ms);
+    let before = expiry(node.stream_info(&channel("r:long")).await.unwrap())
+        .expect("a stream with a TTL expires");
+
+    // The one-second stream expires on the storage's clock (polled).
+    let deadline = std::time::Instant::now() + super::harness::EXPIRY_WAIT;
+    while node
+        .stream_info(&channel("r:short"))
+        .await
+        .unwrap()
+        .is_some()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a 1 s TTL never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let names = [
+        "r:long",
+        "r:short",
+        "r:none",
+        "r:plain",
+        "r:unknown",
+        "r:long",
+    ]
+    .map(channel);
+    assert_eq!(node.renew_streams(&lease, &names).await.unwrap(), 1);
+    // Renewed after more than a second of the storage's clock: its TTL
+    // runs from the renewal, as every node sees it.
+    let after =
+        expiry(c.node(1).stream_info(&channel("r:long")).await.unwrap()).expect("still live");
+    assert!(after >= before + 900, "expiry {before} → {after}");
+    // The expired one stays expired: gone, unreadable, swept.
+    assert!(node
+        .stream_info(&channel("r:short"))
+        .await
+        .unwrap()
+        .is_none());
+    assert!(node
+        .read(&channel("r:short"), 0, 10)
+        .await
+        .unwrap()
+        .messages
+        .is_empty());
+    assert_eq!(
+        node.expired_streams(10).await.unwrap(),
+        vec![channel("r:short")]
+    );
+    assert_eq!(
+        expiry(node.stream_info(&channel("r:none")).await.unwrap()),
+        None
+    );
+
+    // Fenced: a token that is not current renews nothing.
+    let stale = Lease {
+        token: herald_core::FencingToken(lease.token.0 + 1),
+        ..lease.clone()
+    };
+    assert_lost(node.renew_streams(&stale, &names).await, &stale);
+    assert_eq!(
+        expiry(node.stream_info(&channel("r:long")).await.unwrap()),
+        Some(after)
+    );
+}
+
 /// A stream past its expiry is gone for readers and writers, and a
 /// creation is told to delete it first.
 pub async fn an_expired_stream_is_gone(h: &dyn Harness) {

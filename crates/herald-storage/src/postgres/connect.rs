@@ -29,11 +29,11 @@ mod embedded {
 }
 
 /// Capacity of the broadcast channel behind
-/// [`Storage::watch_cluster_events`]: a receiver that falls this many
+/// [`ClusterView::watch_cluster_events`](crate::traits::ClusterView::watch_cluster_events): a receiver that falls this many
 /// events behind loses the oldest.
 pub const CLUSTER_EVENT_CAPACITY: usize = 1024;
 
-/// Capacity of the broadcast channel behind [`Storage::watch_changes`]: a
+/// Capacity of the broadcast channel behind [`ChangeFeedReader::watch_changes`](crate::traits::ChangeFeedReader::watch_changes): a
 /// receiver that falls this many notices behind loses the oldest and is
 /// told so (`RecvError::Lagged`).
 pub const CHANGE_SIGNAL_CAPACITY: usize = 4096;

@@ -29,7 +29,7 @@ pub const LEASE_CHANNEL: &str = "herald_lease";
 /// The notification channel on which nodes send each other cluster
 /// events (`crate::cluster`: the payload is JSON, shorter than 8000
 /// bytes). Each node's listener passes on the events other nodes sent
-/// ([`Storage::watch_cluster_events`](crate::traits::Storage::watch_cluster_events)).
+/// ([`ClusterView::watch_cluster_events`](crate::traits::ClusterView::watch_cluster_events)).
 pub const CLUSTER_CHANNEL: &str = "herald_cluster";
 
 /// 64-bit FNV-1a of `prefix` then `name`, as `bigint`: a stable advisory

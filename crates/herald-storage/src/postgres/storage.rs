@@ -19,8 +19,9 @@ use crate::cluster::ClusterEvent;
 use crate::decode::ttl_ms;
 use crate::error::Result;
 use crate::traits::{
-    Acquire, ChangeFeed, ChangeSignal, ChannelClients, ChannelSummary, Deletions, LeaseStore,
-    LeaseTakeover, NodeReport, Page, PresenceEntry, PresenceEvent, Storage, TakeoverCount,
+    Acquire, ChangeFeed, ChangeFeedReader, ChangeSignal, ChannelClients, ChannelSummary,
+    ClusterView, Deletions, LeaseStore, LeaseTakeover, MessageLog, NodeReport, Page, PresenceEntry,
+    PresenceEvent, PresenceStore, Storage, StreamStore, TakeoverCount,
 };
 use crate::trim::{ChannelStats, TrimLimits, Trimmed};
 
@@ -96,11 +97,7 @@ impl LeaseStore for PostgresStorage {
 }
 
 #[async_trait]
-impl Storage for PostgresStorage {
-    fn backend(&self) -> &'static str {
-        "postgres"
-    }
-
+impl MessageLog for PostgresStorage {
     async fn write(&self, lease: &Lease, batch: &[WriteRequest]) -> Result<Vec<WriteOutcome>> {
         let mut client = self.client().await?;
         ops::write(&mut client, lease, batch).await
@@ -121,11 +118,6 @@ impl Storage for PostgresStorage {
         ops::channel_stats(&client).await
     }
 
-    async fn expired_streams(&self, limit: usize) -> Result<Vec<ChannelName>> {
-        let client = self.client().await?;
-        streams::expired_streams(&client, limit).await
-    }
-
     async fn trim(
         &self,
         lease: &Lease,
@@ -137,6 +129,89 @@ impl Storage for PostgresStorage {
         ops::trim(&mut client, lease, channel, limits, max_rows).await
     }
 
+    async fn channel_page(
+        &self,
+        search: &str,
+        after: Option<&ChannelName>,
+        limit: usize,
+    ) -> Result<Vec<ChannelSummary>> {
+        let client = self.client().await?;
+        ops::channel_page(&client, search, after, limit).await
+    }
+
+    async fn channel_epoch(&self, channel: &ChannelName) -> Result<String> {
+        let client = self.client().await?;
+        epoch::read(&client, channel).await
+    }
+
+    async fn record_deletion(
+        &self,
+        lease: &Lease,
+        channel: &ChannelName,
+        head: Offset,
+    ) -> Result<u64> {
+        let mut client = self.client().await?;
+        ops::record_deletion(&mut client, lease, channel, head).await
+    }
+}
+
+#[async_trait]
+impl ChangeFeedReader for PostgresStorage {
+    async fn changes_since(&self, cursor: u64) -> Result<ChangeFeed> {
+        let client = self.client().await?;
+        ops::changes_since(&client, cursor).await
+    }
+
+    async fn change_cursor(&self) -> Result<u64> {
+        let client = self.client().await?;
+        ops::change_cursor(&client).await
+    }
+
+    async fn deletions_since(&self, cursor: u64) -> Result<Deletions> {
+        let client = self.client().await?;
+        ops::deletions_since(&client, cursor).await
+    }
+
+    async fn deletion_cursor(&self) -> Result<u64> {
+        let client = self.client().await?;
+        ops::deletion_cursor(&client).await
+    }
+
+    fn watch_changes(&self) -> Option<broadcast::Receiver<ChangeSignal>> {
+        Some(self.inner.changes.subscribe())
+    }
+}
+
+#[async_trait]
+impl StreamStore for PostgresStorage {
+    async fn expired_streams(&self, limit: usize) -> Result<Vec<ChannelName>> {
+        let client = self.client().await?;
+        streams::expired_streams(&client, limit).await
+    }
+
+    async fn stream_info(&self, channel: &ChannelName) -> Result<Option<StreamInfo>> {
+        let client = self.client().await?;
+        streams::stream_info(&client, channel).await
+    }
+
+    async fn create_stream(&self, lease: &Lease, create: &StreamCreate) -> Result<StreamCreated> {
+        let mut client = self.client().await?;
+        streams::create_stream(&mut client, lease, create).await
+    }
+
+    async fn renew_streams(&self, lease: &Lease, channels: &[ChannelName]) -> Result<u64> {
+        let mut client = self.client().await?;
+        streams::renew_streams(&mut client, lease, channels).await
+    }
+
+    async fn soft_delete_stream(&self, lease: &Lease, channel: &ChannelName) -> Result<bool> {
+        let mut client = self.client().await?;
+        streams::soft_delete_stream(&mut client, lease, channel).await
+    }
+}
+
+#[async_trait]
+impl PresenceStore for PostgresStorage {
     async fn presence_add(
         &self,
         session: &str,
@@ -157,113 +232,9 @@ impl Storage for PostgresStorage {
         presence::touch(&client, session, ttl).await
     }
 
-    async fn report_node(
-        &self,
-        report: &NodeReport,
-        channels: &[ChannelClients],
-        ttl: Duration,
-    ) -> Result<()> {
-        let mut client = self.client().await?;
-        nodes::report(&mut client, report, channels, ttl).await
-    }
-
-    async fn lease_history(&self, name: &str, limit: usize) -> Result<Vec<LeaseTakeover>> {
-        let client = self.client().await?;
-        ops::lease_history(&client, name, limit).await
-    }
-
-    async fn channel_page(
-        &self,
-        search: &str,
-        after: Option<&ChannelName>,
-        limit: usize,
-    ) -> Result<Vec<ChannelSummary>> {
-        let client = self.client().await?;
-        ops::channel_page(&client, search, after, limit).await
-    }
-
-    async fn node_reports(&self) -> Result<Vec<NodeReport>> {
-        let client = self.client().await?;
-        nodes::list(&client).await
-    }
-
-    async fn cluster_channels(&self, except_node: &str) -> Result<Vec<ChannelClients>> {
-        let client = self.client().await?;
-        nodes::channels(&client, except_node).await
-    }
-
     async fn presence(&self, channel: &ChannelName) -> Result<Vec<PresenceEntry>> {
         let client = self.client().await?;
         presence::list(&client, channel).await
-    }
-
-    async fn channel_epoch(&self, channel: &ChannelName) -> Result<String> {
-        let client = self.client().await?;
-        epoch::read(&client, channel).await
-    }
-
-    async fn changes_since(&self, cursor: u64) -> Result<ChangeFeed> {
-        let client = self.client().await?;
-        ops::changes_since(&client, cursor).await
-    }
-
-    async fn change_cursor(&self) -> Result<u64> {
-        let client = self.client().await?;
-        ops::change_cursor(&client).await
-    }
-
-    async fn stream_info(&self, channel: &ChannelName) -> Result<Option<StreamInfo>> {
-        let client = self.client().await?;
-        streams::stream_info(&client, channel).await
-    }
-
-    async fn create_stream(&self, lease: &Lease, create: &StreamCreate) -> Result<StreamCreated> {
-        let mut client = self.client().await?;
-        streams::create_stream(&mut client, lease, create).await
-    }
-
-    async fn soft_delete_stream(&self, lease: &Lease, channel: &ChannelName) -> Result<bool> {
-        let mut client = self.client().await?;
-        streams::soft_delete_stream(&mut client, lease, channel).await
-    }
-
-    async fn record_deletion(
-        &self,
-        lease: &Lease,
-        channel: &ChannelName,
-        head: Offset,
-    ) -> Result<u64> {
-        let mut client = self.client().await?;
-        ops::record_deletion(&mut client, lease, channel, head).await
-    }
-
-    async fn deletions_since(&self, cursor: u64) -> Result<Deletions> {
-        let client = self.client().await?;
-        ops::deletions_since(&client, cursor).await
-    }
-
-    async fn deletion_cursor(&self) -> Result<u64> {
-        let client = self.client().await?;
-        ops::deletion_cursor(&client).await
-    }
-
-    async fn send_cluster_event(&self, event: &ClusterEvent) -> Result<()> {
-        event.check_size()?;
-        let client = self.client().await?;
-        cluster::send(&client, self.inner.session_key, event).await
-    }
-
-    fn watch_cluster_events(&self) -> Option<broadcast::Receiver<ClusterEvent>> {
-        Some(self.inner.cluster.subscribe())
-    }
-
-    async fn ping(&self) -> Result<()> {
-        let client = self.client().await?;
-        ops::ping(&client).await
-    }
-
-    fn watch_changes(&self) -> Option<broadcast::Receiver<ChangeSignal>> {
-        Some(self.inner.changes.subscribe())
     }
 
     async fn send_presence_events(&self, events: &[PresenceEvent]) -> Result<()> {
@@ -282,5 +253,55 @@ impl Storage for PostgresStorage {
 
     fn watch_presence_events(&self) -> Option<broadcast::Receiver<PresenceEvent>> {
         Some(self.inner.presence_inbox.subscribe())
+    }
+}
+
+#[async_trait]
+impl ClusterView for PostgresStorage {
+    async fn report_node(
+        &self,
+        report: &NodeReport,
+        channels: &[ChannelClients],
+        ttl: Duration,
+    ) -> Result<()> {
+        let mut client = self.client().await?;
+        nodes::report(&mut client, report, channels, ttl).await
+    }
+
+    async fn lease_history(&self, name: &str, limit: usize) -> Result<Vec<LeaseTakeover>> {
+        let client = self.client().await?;
+        ops::lease_history(&client, name, limit).await
+    }
+
+    async fn node_reports(&self) -> Result<Vec<NodeReport>> {
+        let client = self.client().await?;
+        nodes::list(&client).await
+    }
+
+    async fn cluster_channels(&self, except_node: &str) -> Result<Vec<ChannelClients>> {
+        let client = self.client().await?;
+        nodes::channels(&client, except_node).await
+    }
+
+    async fn send_cluster_event(&self, event: &ClusterEvent) -> Result<()> {
+        event.check_size()?;
+        let client = self.client().await?;
+        cluster::send(&client, self.inner.session_key, event).await
+    }
+
+    fn watch_cluster_events(&self) -> Option<broadcast::Receiver<ClusterEvent>> {
+        Some(self.inner.cluster.subscribe())
+    }
+}
+
+#[async_trait]
+impl Storage for PostgresStorage {
+    fn backend(&self) -> &'static str {
+        "postgres"
+    }
+
+    async fn ping(&self) -> Result<()> {
+        let client = self.client().await?;
+        ops::ping(&client).await
     }
 }

@@ -574,6 +574,35 @@ pub(super) async fn soft_delete_stream(
     Ok(marked > 0)
 }
 
+/// `Storage::renew_streams`: restarts the TTL of every live stream of
+/// `channels` that has one, a fenced write. It takes the fenced-write
+/// lock (as an append does) so that its row locks, taken in no set order,
+/// never wait in a circle with an append's.
+pub(super) async fn renew_streams(
+    client: &mut Object,
+    lease: &Lease,
+    channels: &[ChannelName],
+) -> Result<u64> {
+    let Fenced { tx, fence, .. } = fenced(client, lease, Serialized::Yes, None).await?;
+    let renew = tx
+        .prepare_cached(
+            "UPDATE channels SET touched_at = GREATEST(touched_at, $2) \
+             WHERE name = ANY($1::text[]) AND content_type IS NOT NULL AND NOT soft_deleted \
+               AND ttl_s IS NOT NULL AND touched_at IS NOT NULL \
+               AND touched_at + ttl_s * interval '1 second' > $2 \
+               AND (expires_at IS NULL OR expires_at > $2)",
+        )
+        .await?;
+    let names: Vec<&str> = channels.iter().map(ChannelName::as_str).collect();
+    let renewed = tx.execute(&renew, &[&names, &fence.now]).await?;
+    match fence.decide(&tx, lease).await? {
+        Decision::Commit(_) => {}
+        Decision::Refuse => return Err(refuse(tx, lease).await),
+    }
+    tx.commit().await?;
+    Ok(renewed)
+}
+
 /// `Storage::expired_streams`: the streams whose expiry passed on the
 /// database's clock, by name in byte order, at most `limit`.
 pub(super) async fn expired_streams(client: &Object, limit: usize) -> Result<Vec<ChannelName>> {

@@ -454,6 +454,37 @@ pub(super) fn soft_delete_stream(
     Ok(marked > 0)
 }
 
+/// `Storage::renew_streams`: restarts the TTL of every live stream of
+/// `channels` that has one, in a fenced `BEGIN IMMEDIATE` transaction;
+/// an expired or soft-deleted stream is left as it is.
+pub(super) fn renew_streams(
+    conn: &mut Connection,
+    lease: &Lease,
+    channels: &[ChannelName],
+) -> Result<u64> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let (now, _) = fenced_now(&tx, lease, "fenced stream renewal refused")?;
+    let mut renewed = 0u64;
+    {
+        let mut renew = tx.prepare_cached(
+            "UPDATE channels SET touched_at_ms = max(touched_at_ms, ?2) \
+             WHERE name = ?1 AND content_type IS NOT NULL AND soft_deleted = 0 \
+               AND ttl_s IS NOT NULL AND touched_at_ms IS NOT NULL \
+               AND touched_at_ms + ttl_s * 1000 > ?2 \
+               AND (expires_at_ms IS NULL OR expires_at_ms > ?2)",
+        )?;
+        let mut seen = std::collections::HashSet::with_capacity(channels.len());
+        for channel in channels {
+            if seen.insert(channel.as_str()) {
+                renewed += u64::try_from(renew.execute(params![channel.as_str(), now])?)
+                    .unwrap_or(u64::MAX);
+            }
+        }
+    }
+    tx.commit()?;
+    Ok(renewed)
+}
+
 /// `Storage::expired_streams`: the streams whose expiry passed on
 /// SQLite's clock, by name in byte order, at most `limit`.
 pub(super) fn expired_streams(conn: &mut Connection, limit: usize) -> Result<Vec<ChannelName>> {
