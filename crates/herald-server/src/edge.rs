@@ -55,7 +55,7 @@ pub(crate) fn websocket_origin_refusal(state: &Shared, request: &Request) -> Opt
         origin_allowed(
             origin,
             request_authority(request),
-            &state.config.cors.allowed_origins,
+            &state.settings.allowed_origins,
         )
     });
     if allowed {
@@ -89,7 +89,7 @@ pub(crate) fn cross_origin_write_refusal(
     };
     let allowed = origin
         .to_str()
-        .is_ok_and(|origin| origin_allowed(origin, authority, &state.config.cors.allowed_origins));
+        .is_ok_and(|origin| origin_allowed(origin, authority, &state.settings.allowed_origins));
     if allowed {
         return Ok(());
     }
@@ -114,7 +114,7 @@ pub(crate) fn json_refusal(request: &Request) -> Option<Response> {
 /// when the node serves loopback only without access control (see the
 /// module's documentation); `None` when it may go on.
 pub(crate) fn loopback_host_refusal(state: &Shared, request: &Request) -> Option<Response> {
-    if !state.config.loopback_hosts_only
+    if !state.settings.loopback_hosts_only
         || request_authority(request).is_some_and(|authority| is_loopback_name(host_of(authority)))
     {
         return None;

@@ -128,7 +128,7 @@ where
         // formatted) unless DEBUG is on.
         let span = tracing::debug_span!(
             "request",
-            node_id = %self.layer.shared.config.node_id,
+            node_id = %self.layer.shared.settings.node_id,
             method = %request.method(),
             path = %request.uri().path(),
         );

@@ -266,7 +266,7 @@ impl Session {
     pub(crate) async fn handle_frame(&mut self, text: &str, writer: &mut Writer) -> Handled {
         let mut handled = Handled::default();
         let lines = text.split('\n').map(str::trim).filter(|l| !l.is_empty());
-        let cap = max_commands_per_frame(self.state.config().centrifugo.channel_limit);
+        let cap = max_commands_per_frame(self.state.config().channel_limit);
         if lines.clone().count() > cap {
             tracing::debug!(client = %self.client, max_commands = cap, "too many commands in a frame");
             handled.end = Some(Stop::Close(codes::TOO_MANY_REQUESTS));
@@ -492,7 +492,7 @@ impl Session {
             // allows it (or nothing is checked); else Centrifugo's answer
             // to a connect without credentials.
             let state = &self.state;
-            if state.shared.auth().enabled() && !state.config().centrifugo.anonymous_connect {
+            if state.shared.auth().enabled() && !state.config().anonymous_connect {
                 tracing::debug!(client = %self.client, "connect without a token refused");
                 return Answer::Close(codes::BAD_REQUEST);
             }
@@ -512,7 +512,7 @@ impl Session {
                     .collect()
             })
             .unwrap_or_default();
-        if server_subs.len() > self.state.config().centrifugo.channel_limit {
+        if server_subs.len() > self.state.config().channel_limit {
             return Answer::Close(codes::CHANNEL_LIMIT);
         }
         for (channel, _) in &server_subs {
@@ -531,7 +531,7 @@ impl Session {
         self.who = Some(who);
         let mut started = Vec::with_capacity(server_subs.len());
         // One budget for every recovery of the reply.
-        let mut budget = Budget::of(self.state.config());
+        let mut budget = Budget::of(self.state.settings());
         for (channel, data) in server_subs {
             let recover =
                 req.subs
@@ -566,7 +566,7 @@ impl Session {
             }
         }
         self.server_subs = started.iter().map(|(c, ..)| c.clone()).collect();
-        let config = &self.state.config().centrifugo;
+        let config = &self.state.config();
         Answer::Reply(reply(
             id,
             "connect",
@@ -581,7 +581,7 @@ impl Session {
                 node: self
                     .emulation
                     .is_some()
-                    .then_some(self.state.config().node_id.as_str()),
+                    .then_some(self.state.settings().node_id.as_str()),
                 subs: started
                     .iter()
                     .map(|(c, data, s)| (c.as_str(), s.result(&Expiry::NONE, data.as_deref())))
@@ -603,7 +603,7 @@ impl Session {
         }
         // Centrifugo checks its channel limit after "already subscribed"
         // and before the token: 106, nothing started.
-        if self.subs.len() >= self.state.config().centrifugo.channel_limit {
+        if self.subs.len() >= self.state.config().channel_limit {
             return Answer::Reply(error_reply(id, &ReplyError::limit_exceeded()));
         }
         let (who, sub_token) = if req.token.is_empty() {
@@ -639,7 +639,7 @@ impl Session {
             live_only: self.state.shared.auth().live_only_window(&who, &channel),
             reject_unrecovered: req.flag & SUBSCRIPTION_FLAG_REJECT_UNRECOVERED != 0,
         });
-        let budget = Budget::of(self.state.config());
+        let budget = Budget::of(self.state.settings());
         let filter = req.tf.map(Arc::new);
         let delta = (req.delta == "fossil"
             && ChannelOptions::of(&self.state, &channel).fossil_delta)
@@ -799,7 +799,7 @@ impl Session {
             channel.clone(),
             StartAt::After(position),
             "centrifugo",
-            shared.config.read_page_messages(),
+            shared.settings.read_page_messages(),
         )
         .await?;
         let started = Started {
@@ -964,7 +964,7 @@ impl Session {
             since: req.since,
             reverse: req.reverse,
         };
-        let budget = Budget::of(self.state.config());
+        let budget = Budget::of(self.state.settings());
         match history(
             shared.node.storage().as_ref(),
             &channel,

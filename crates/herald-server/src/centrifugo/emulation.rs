@@ -121,7 +121,7 @@ pub(crate) async fn http_stream(
     body: Body,
 ) -> Result<Response> {
     from_a_page_allowed(&state, &headers, &uri, true)?;
-    let limit = session::max_frame_bytes(state.config());
+    let limit = session::max_frame_bytes(state.settings());
     let body = read_limited(&headers, body, limit).await?;
     let first = frame(&headers, &body)?;
     let framing = if is_protobuf(&headers) {
@@ -178,7 +178,7 @@ pub(crate) async fn sse(
 ) -> Result<Response> {
     let first = if method == Method::POST {
         from_a_page_allowed(&state, &headers, &uri, false)?;
-        let limit = session::max_frame_bytes(state.config());
+        let limit = session::max_frame_bytes(state.settings());
         let body = read_limited(&headers, body, limit).await?;
         frame(&headers, &body)?
     } else {
@@ -227,7 +227,7 @@ fn start(
             body: body_tx,
         },
     };
-    let span = tracing::debug_span!("centrifugo", node_id = %state.config().node_id);
+    let span = tracing::debug_span!("centrifugo", node_id = %state.settings().node_id);
     let sessions = state.centrifugo.sessions.clone();
     let slot = slot.map(|Extension(slot)| slot);
     tokio::spawn(sessions.track_future(session::run(connection, state, slot).instrument(span)));
@@ -285,14 +285,14 @@ pub(crate) async fn emulate(
     body: Body,
 ) -> Result<Response> {
     from_a_page_allowed(&state, &headers, &uri, true)?;
-    let limit = session::max_frame_bytes(state.config());
+    let limit = session::max_frame_bytes(state.settings());
     // The frame arrives as a JSON string: escaping may double it.
     let body = read_limited(&headers, body, 2 * limit + 1024).await?;
     let request = if is_protobuf(&headers) {
         use prost::Message as _;
         let binary = super::protobuf::EmulationRequest::decode(body.as_ref())
             .map_err(|e| Error::InvalidBody(e.to_string()))?;
-        let data = if binary.node.is_empty() || binary.node == state.config().node_id {
+        let data = if binary.node.is_empty() || binary.node == state.settings().node_id {
             super::protobuf::commands_to_json(&binary.data)
                 .map_err(|e| Error::InvalidBody(e.to_string()))?
         } else {
@@ -307,7 +307,7 @@ pub(crate) async fn emulate(
     } else {
         serde_json::from_slice(&body).map_err(|e| Error::InvalidJson(e.to_string()))?
     };
-    let own = &state.config().node_id;
+    let own = &state.settings().node_id;
     if !request.node.is_empty() && request.node != *own {
         return forward(&state, &request.node, &headers, body).await;
     }
@@ -317,7 +317,7 @@ pub(crate) async fn emulate(
     let Some(queue) = state.centrifugo.emulation.get(&request.session) else {
         return Err(Error::SessionNotFound);
     };
-    let timeout = state.config().centrifugo.write_timeout;
+    let timeout = state.config().write_timeout;
     match tokio::time::timeout(timeout, queue.send(request.data)).await {
         Ok(Ok(())) => Ok(StatusCode::NO_CONTENT.into_response()),
         // The session ended meanwhile.

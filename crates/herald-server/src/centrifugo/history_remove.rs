@@ -68,7 +68,7 @@ pub(crate) async fn history_remove(
     let removed = retention::remove_history(
         shared.node.storage().as_ref(),
         shared.node.lease().as_ref(),
-        shared.config.trim_pacing.batch,
+        shared.settings.delete_batch,
         &channel,
     )
     .await;

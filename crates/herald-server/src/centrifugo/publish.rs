@@ -33,7 +33,7 @@ pub(crate) async fn publish(
     idempotency_key: Option<IdempotencyKey>,
 ) -> Result<Offset, ReplyError> {
     let shared = &state.shared;
-    if data.get().len() + tags.byte_len() > shared.config.max_message_bytes {
+    if data.get().len() + tags.byte_len() > shared.settings.max_message_bytes {
         return Err(ReplyError::limit_exceeded());
     }
     if state.draining() {

@@ -323,7 +323,7 @@ async fn view(state: &ConsoleState) -> Result<ClusterView> {
         .as_ref()
         .filter(|r| r.is_held())
         .and_then(|r| r.holder.clone());
-    let config = &shared.config;
+    let config = &shared.settings;
     let own_at_ms = wall_clock_ms();
     let own = NodeReport {
         node_id: config.node_id.clone(),
@@ -387,7 +387,7 @@ async fn view(state: &ConsoleState) -> Result<ClusterView> {
 /// figures when the row names this node with the token it holds.
 fn lease_view(state: &ConsoleState, row: LeaseInfo) -> LeaseView {
     let lease = state.shared.node.lease();
-    let console = &state.shared.config.console;
+    let console = &state.config;
     let own = lease
         .writable_lease()
         .filter(|own| row.holder.as_deref() == Some(own.holder.as_str()) && row.token == own.token);

@@ -20,8 +20,8 @@ use axum::routing::get;
 use axum::Router;
 
 use crate::centrifugo::registry::Registry;
-use crate::config::ServerConfig;
 use crate::shared::Shared;
+use config::ConsoleConfig;
 use rates::Rates;
 
 /// The console's state: what every wing shares, the node's rates and its
@@ -36,6 +36,8 @@ pub(crate) struct ConsoleState {
     pub(crate) registry: Arc<Registry>,
     /// The cluster view its event streams share.
     pub(crate) views: Arc<cluster::ViewCache>,
+    /// The console's own settings (`[console]`).
+    pub(crate) config: Arc<ConsoleConfig>,
 }
 
 impl FromRef<ConsoleState> for crate::auth_extract::AuthState {
@@ -45,13 +47,13 @@ impl FromRef<ConsoleState> for crate::auth_extract::AuthState {
 }
 
 /// The admin routes, and the pages when the console is enabled.
-pub(crate) fn routes(config: &ServerConfig) -> Router<ConsoleState> {
+pub(crate) fn routes(config: &ConsoleConfig) -> Router<ConsoleState> {
     let admin = Router::new()
         .route("/v1/admin/cluster", get(cluster::cluster))
         .route("/v1/admin/cluster/events", get(cluster::events))
         .route("/v1/admin/channels", get(channels::channels))
         .route("/v1/admin/rates", get(rates::rates));
-    if !config.console.enabled {
+    if !config.enabled {
         return admin;
     }
     admin.merge(assets::routes())

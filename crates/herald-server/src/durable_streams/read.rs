@@ -228,7 +228,7 @@ async fn long_poll(
     // announced, so none is missed between the read and the wait.
     let mut notices = state.shared.node.hub().subscribe(&channel);
     let after = start(&info, from)?;
-    let timeout = state.shared.config.durable_streams.long_poll_timeout;
+    let timeout = state.config.long_poll_timeout;
     let deadline = Instant::now() + timeout;
     let token_expired = || expires.is_some_and(|at| Instant::now() >= at);
     let mut info = info;

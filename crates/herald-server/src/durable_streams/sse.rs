@@ -168,7 +168,7 @@ async fn follow(
     };
     let channel = info.channel.clone();
     let mut notices = state.shared.node.hub().subscribe(&channel);
-    let keep_alive = state.shared.config.durable_streams.long_poll_timeout;
+    let keep_alive = state.config.long_poll_timeout;
     // The offset of the last control sent: an idle stream is announced
     // once, not at every wake.
     let mut announced: Option<Offset> = None;
