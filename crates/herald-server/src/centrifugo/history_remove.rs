@@ -20,8 +20,8 @@ use serde_json::value::RawValue;
 
 use super::codes::ReplyError;
 use super::context::CentrifugoState;
-use crate::error::Error;
 use herald_node::forward::{Forwarded, HolderAnswer};
+use herald_node::node_error::NodeError;
 use herald_node::retention;
 
 /// Largest holder answer read back from a forwarded call, in bytes.
@@ -61,7 +61,7 @@ pub(crate) async fn history_remove(
             // This node holds the lease now: it removes the history itself
             // (removing it twice removes nothing more).
             Ok(Forwarded::TakenOver) => {}
-            Err(e) => return Err(logged(&Error::from(e))),
+            Err(e) => return Err(logged(&e)),
         }
     }
     let shared = &state.shared;
@@ -77,14 +77,14 @@ pub(crate) async fn history_remove(
             tracing::info!(channel = %channel, head, "history removed");
             Ok(())
         }
-        Err(e) => Err(logged(&Error::from(e))),
+        Err(e) => Err(logged(&e)),
     }
 }
 
 /// Logs `e` where it ends, and maps it.
-fn logged(e: &Error) -> ReplyError {
+fn logged(e: &NodeError) -> ReplyError {
     e.log();
-    ReplyError::from_error(e)
+    ReplyError::from_node_error(e)
 }
 
 /// The outcome of the holder's answer to a forwarded call (`{"result":
