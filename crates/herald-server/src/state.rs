@@ -67,6 +67,8 @@ struct Running {
     rates: Arc<Rates>,
     /// The cluster view the console's event streams share.
     views: Arc<ViewCache>,
+    /// When this state started (the node's uptime on the console).
+    started: std::time::Instant,
     /// Connections open per client address (`max_connections_per_ip`).
     conn_limits: Arc<ConnectionLimits>,
     /// The server's own tasks (metrics upkeep), awaited by
@@ -170,6 +172,7 @@ impl AppState {
                 centrifugo,
                 rates,
                 views: Arc::default(),
+                started: std::time::Instant::now(),
                 conn_limits,
                 tasks: Mutex::new(tasks),
             }),
@@ -241,7 +244,7 @@ impl FromRef<AppState> for ConsoleState {
         ConsoleState {
             shared: Arc::clone(&state.shared),
             rates: Arc::clone(&state.running.rates),
-            registry: Arc::clone(&state.running.centrifugo.registry),
+            started: state.running.started,
             views: Arc::clone(&state.running.views),
             config: Arc::clone(&state.running.console),
         }

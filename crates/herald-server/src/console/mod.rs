@@ -19,21 +19,21 @@ use axum::extract::FromRef;
 use axum::routing::get;
 use axum::Router;
 
-use crate::centrifugo::registry::Registry;
 use crate::shared::Shared;
 use config::ConsoleConfig;
 use rates::Rates;
 
-/// The console's state: what every wing shares, the node's rates and its
-/// Centrifugo connections. Cheap to clone.
+/// The console's state: what every wing shares, the node's rates, its
+/// start and the cluster view. Connection counts, its own included, come
+/// from the node reports in the storage, not from a wing. Cheap to clone.
 #[derive(Clone)]
 pub(crate) struct ConsoleState {
     /// What every wing shares (`shared.rs`).
     pub(crate) shared: Arc<Shared>,
     /// The node's rates of the last minutes.
     pub(crate) rates: Arc<Rates>,
-    /// The node's Centrifugo connections (their count).
-    pub(crate) registry: Arc<Registry>,
+    /// When the node's state started (its uptime).
+    pub(crate) started: std::time::Instant,
     /// The cluster view its event streams share.
     pub(crate) views: Arc<cluster::ViewCache>,
     /// The console's own settings (`[console]`).
