@@ -1,9 +1,9 @@
 //! Herald's crates, bottom to top: `herald-core` (the domain, no I/O),
 //! `herald-storage` (all SQL), `herald-lease` (the lease's timing),
-//! `herald-node` (the core, no route), `herald-server` (HTTP: API v1,
-//! Centrifugo and Durable Streams) and `herald` (the binary); `herald-auth`
-//! (access control, no HTTP) stands beside them on `herald-core`.
-//! `ARCHITECTURE.md` is the map.
+//! `herald-node` (the core, no route), `herald-http` (the HTTP edge every
+//! wing shares), `herald-server` (HTTP: API v1, Centrifugo and Durable
+//! Streams) and `herald` (the binary); `herald-auth` (access control, no
+//! HTTP) stands beside them on `herald-core`. `ARCHITECTURE.md` is the map.
 //!
 //! Herald's HTTP adapters: Herald's API v1 (with SSE and WebSocket),
 //! Centrifugo's client protocol and server API, and the connections they
@@ -17,9 +17,10 @@
 //! limits, the request span, CORS, the edge checks) and the fallbacks;
 //! `state.rs` holds `AppState`, from which each wing takes its own
 //! sub-state (API v1's `api/state.rs`, Centrifugo's `centrifugo/context.rs`,
-//! which starts Centrifugo's own tasks), both over `shared.rs`. `extract.rs` is the request parsing both wings share,
-//! `error.rs` the HTTP `Error` (one JSON shape, with `From<NodeError>`),
-//! `auth_extract.rs` and `jwks_fetch.rs` the HTTP side of access control,
+//! which starts Centrifugo's own tasks), both over `shared.rs`. The request
+//! parsing, the HTTP `Error` (one JSON shape, with `From<NodeError>`), the
+//! WebSocket close, CORS, TLS and the JWKS fetcher are herald-http's;
+//! `auth_extract.rs` is the HTTP side of access control,
 //! `listener.rs` the accept loop (HTTP/1 and HTTP/2, over TLS when
 //! configured).
 //!
@@ -37,20 +38,15 @@
 //! feed.
 
 mod api;
-mod audit;
 mod auth_extract;
 mod centrifugo;
 mod config;
 mod conn_limit;
 mod console;
-mod cors;
 mod durable_streams;
 mod edge;
-mod error;
-mod extract;
 #[cfg(test)]
 mod fuzz;
-mod jwks_fetch;
 mod layers;
 mod listener;
 mod metrics;
@@ -58,8 +54,10 @@ mod router;
 mod shared;
 mod sse_connection;
 mod state;
-mod tls;
-mod websocket;
+
+// The HTTP edge every wing shares (herald-http), under the names the
+// wings use.
+use herald_http::{audit, cors, error, extract, jwks_fetch, tls, websocket};
 
 use std::sync::Arc;
 
