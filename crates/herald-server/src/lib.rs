@@ -13,16 +13,18 @@
 //!
 //! A node runs [`serve`] with a listener, a storage, the lease supervisor's
 //! [`LeaseHandle`] and a [`ServerConfig`]. `router.rs` merges the wings'
-//! routes (`api/`, `centrifugo/`) with the layers they share (connection
-//! limits, the request span, CORS, the edge checks) and the fallbacks;
-//! `state.rs` holds `AppState`, from which each wing takes its own
-//! sub-state (API v1's `api/state.rs`, Centrifugo's `centrifugo/context.rs`,
-//! which starts Centrifugo's own tasks), both over `shared.rs`. The request
-//! parsing, the HTTP `Error` (one JSON shape, with `From<NodeError>`), the
-//! WebSocket close, CORS, TLS and the JWKS fetcher are herald-http's;
-//! `auth_extract.rs` is the HTTP side of access control,
-//! `listener.rs` the accept loop (HTTP/1 and HTTP/2, over TLS when
-//! configured).
+//! routes (`api/`, `centrifugo/`, `durable_streams/`, `console/`) with the
+//! layers they share (connection limits, the request span, CORS, the edge
+//! checks) and the fallbacks; `state.rs` holds `AppState`, from which each
+//! wing takes its own state (API v1's `api/state.rs`, Centrifugo's
+//! `centrifugo/context.rs`, which starts Centrifugo's own tasks, Durable
+//! Streams' `durable_streams/state.rs`), each over herald-http's `Shared`.
+//! The HTTP edge the wings share is herald-http's, used here under the
+//! same module names: the accept loop (`listener`), the shared layers and
+//! edge checks, connection limits, the HTTP `Error` (one JSON shape, with
+//! `From<NodeError>`), request parsing, WebSocket close, CORS, TLS, the
+//! JWKS fetcher and the metrics recorder. `auth_extract.rs` is the HTTP
+//! side of access control.
 //!
 //! Invariants:
 //! - no core logic here: a publish goes through the core's one publish
@@ -41,23 +43,19 @@ mod api;
 mod auth_extract;
 mod centrifugo;
 mod config;
-mod conn_limit;
 mod console;
 mod durable_streams;
-mod edge;
 #[cfg(test)]
 mod fuzz;
-mod layers;
-mod listener;
-mod metrics;
 mod router;
-mod shared;
-mod sse_connection;
 mod state;
 
 // The HTTP edge every wing shares (herald-http), under the names the
 // wings use.
-use herald_http::{audit, cors, error, extract, jwks_fetch, tls, websocket};
+use herald_http::{
+    audit, conn_limit, cors, edge, error, extract, jwks_fetch, layers, listener, metrics, shared,
+    tls, websocket,
+};
 
 use std::sync::Arc;
 

@@ -16,33 +16,33 @@ use herald_node::publish::Publisher;
 use tokio_util::sync::CancellationToken;
 
 /// The node's state that every wing reads. Shared behind an `Arc`.
-pub(crate) struct Shared {
+pub struct Shared {
     /// The node's core (herald-node): storage, lease view, writer queue,
     /// hub and forwarder.
-    pub(crate) node: Arc<Node>,
+    pub node: Arc<Node>,
     /// The settings every wing reads.
-    pub(crate) settings: Settings,
+    pub settings: Settings,
     /// Access control, replaced whole on a reload: read it with
     /// [`Shared::auth`].
-    pub(crate) auth_slot: Arc<AuthSlot>,
+    pub auth_slot: Arc<AuthSlot>,
     /// Cancelled when the node drains.
-    pub(crate) shutdown: CancellationToken,
+    pub shutdown: CancellationToken,
 }
 
 impl Shared {
     /// What the publish routine needs of this node (herald-node's
     /// `publish.rs`).
-    pub(crate) fn publisher(&self) -> Publisher<'_> {
+    pub fn publisher(&self) -> Publisher<'_> {
         self.node.publisher()
     }
 
     /// The access control in force now; a request reads it once.
-    pub(crate) fn auth(&self) -> Arc<Auth> {
+    pub fn auth(&self) -> Arc<Auth> {
         self.auth_slot.load()
     }
 
     /// `true` once the node drains (its `shutdown` token is cancelled).
-    pub(crate) fn draining(&self) -> bool {
+    pub fn draining(&self) -> bool {
         self.shutdown.is_cancelled()
     }
 }
@@ -53,45 +53,45 @@ impl Shared {
 /// settings (Centrifugo's, Durable Streams', the console's) are in the
 /// wing's own state.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Settings {
+pub struct Settings {
     /// This node's id, in `/v1/status`, Centrifugo's replies and every log
     /// record.
-    pub(crate) node_id: String,
+    pub node_id: String,
     /// The URL at which clients reach this node.
-    pub(crate) advertise_url: String,
+    pub advertise_url: String,
     /// Largest stored message, in bytes, whatever protocol writes it.
-    pub(crate) max_message_bytes: usize,
+    pub max_message_bytes: usize,
     /// Largest batch request body (API v1's batch publish, Centrifugo's
     /// server API), in bytes.
-    pub(crate) max_batch_body_bytes: usize,
+    pub max_batch_body_bytes: usize,
     /// Most message bytes one read of the storage may bring into memory,
     /// in bytes.
-    pub(crate) read_budget_bytes: usize,
+    pub read_budget_bytes: usize,
     /// Most bytes of pushes queued for one connection and not yet written
     /// to it, in bytes.
-    pub(crate) subscriber_queue_bytes: usize,
+    pub subscriber_queue_bytes: usize,
     /// Interval between SSE heartbeats and WebSocket pings.
-    pub(crate) heartbeat: Duration,
+    pub heartbeat: Duration,
     /// Largest message (and frame) a WebSocket client may send, in bytes.
-    pub(crate) ws_max_message_bytes: usize,
+    pub ws_max_message_bytes: usize,
     /// Web origins allowed to call the node from a browser (`*`: all).
-    pub(crate) allowed_origins: Vec<String>,
+    pub allowed_origins: Vec<String>,
     /// Answer only requests for a loopback host name (DNS rebinding
     /// defence of a loopback node without access control).
-    pub(crate) loopback_hosts_only: bool,
+    pub loopback_hosts_only: bool,
     /// `true` when the node serves HTTPS itself (the scheme of the URLs it
     /// builds).
-    pub(crate) tls: bool,
+    pub tls: bool,
     /// Rows per deletion transaction (retention's trim pacing), used by
     /// the wings' deletions too.
-    pub(crate) delete_batch: usize,
+    pub delete_batch: usize,
 }
 
 impl Settings {
     /// Messages per storage read of a history or catch-up page: as many
     /// messages of `max_message_bytes` as fit in `read_budget_bytes`, at
     /// least one.
-    pub(crate) fn read_page_messages(&self) -> usize {
+    pub fn read_page_messages(&self) -> usize {
         (self.read_budget_bytes / self.max_message_bytes.max(1)).max(1)
     }
 }
