@@ -4,6 +4,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use crate::cors::CorsConfig;
+use crate::shared::Settings;
 use crate::tls::TlsCertificates;
 use herald_auth::{AuthConfig, AuthReload, NamespacesConfig};
 use herald_node::node::NodeConfig;
@@ -215,7 +216,25 @@ impl ServerConfig {
     /// messages of `max_message_bytes` as fit in `read_budget_bytes`, at
     /// least one.
     pub fn read_page_messages(&self) -> usize {
-        (self.read_budget_bytes / self.max_message_bytes.max(1)).max(1)
+        self.settings().read_page_messages()
+    }
+
+    /// The settings every wing reads, among these (`shared.rs`).
+    pub(crate) fn settings(&self) -> Settings {
+        Settings {
+            node_id: self.node_id.clone(),
+            advertise_url: self.advertise_url.clone(),
+            max_message_bytes: self.max_message_bytes,
+            max_batch_body_bytes: self.max_batch_body_bytes,
+            read_budget_bytes: self.read_budget_bytes,
+            subscriber_queue_bytes: self.subscriber_queue_bytes,
+            heartbeat: self.heartbeat,
+            ws_max_message_bytes: self.ws_max_message_bytes,
+            allowed_origins: self.cors.allowed_origins.clone(),
+            loopback_hosts_only: self.loopback_hosts_only,
+            tls: self.tls.is_some(),
+            delete_batch: self.trim_pacing.batch,
+        }
     }
 
     /// Checks that every size and period is usable.

@@ -1,9 +1,9 @@
 //! Herald's crates, bottom to top: `herald-core` (the domain, no I/O),
 //! `herald-storage` (all SQL), `herald-lease` (the lease's timing),
-//! `herald-node` (the core, no route), `herald-server` (HTTP: API v1,
-//! Centrifugo and Durable Streams) and `herald` (the binary); `herald-auth`
-//! (access control, no HTTP) stands beside them on `herald-core`.
-//! `ARCHITECTURE.md` is the map.
+//! `herald-node` (the core, no route), `herald-http` (the HTTP edge every
+//! wing shares), `herald-server` (HTTP: API v1, Centrifugo and Durable
+//! Streams) and `herald` (the binary); `herald-auth` (access control, no
+//! HTTP) stands beside them on `herald-core`. `ARCHITECTURE.md` is the map.
 //!
 //! Herald's HTTP adapters: Herald's API v1 (with SSE and WebSocket),
 //! Centrifugo's client protocol and server API, and the connections they
@@ -13,15 +13,18 @@
 //!
 //! A node runs [`serve`] with a listener, a storage, the lease supervisor's
 //! [`LeaseHandle`] and a [`ServerConfig`]. `router.rs` merges the wings'
-//! routes (`api/`, `centrifugo/`) with the layers they share (connection
-//! limits, the request span, CORS, the edge checks) and the fallbacks;
-//! `state.rs` holds `AppState`, from which each wing takes its own
-//! sub-state (API v1's `api/state.rs`, Centrifugo's `centrifugo/context.rs`,
-//! which starts Centrifugo's own tasks), both over `shared.rs`. `extract.rs` is the request parsing both wings share,
-//! `error.rs` the HTTP `Error` (one JSON shape, with `From<NodeError>`),
-//! `auth_extract.rs` and `jwks_fetch.rs` the HTTP side of access control,
-//! `listener.rs` the accept loop (HTTP/1 and HTTP/2, over TLS when
-//! configured).
+//! routes (`api/`, `centrifugo/`, `durable_streams/`, `console/`) with the
+//! layers they share (connection limits, the request span, CORS, the edge
+//! checks) and the fallbacks; `state.rs` holds `AppState`, from which each
+//! wing takes its own state (API v1's `api/state.rs`, Centrifugo's
+//! `centrifugo/context.rs`, which starts Centrifugo's own tasks, Durable
+//! Streams' `durable_streams/state.rs`), each over herald-http's `Shared`.
+//! The HTTP edge the wings share is herald-http's, used here under the
+//! same module names: the accept loop (`listener`), the shared layers and
+//! edge checks, connection limits, the HTTP `Error` (one JSON shape, with
+//! `From<NodeError>`), request parsing, WebSocket close, CORS, TLS, the
+//! JWKS fetcher and the metrics recorder. `auth_extract.rs` is the HTTP
+//! side of access control.
 //!
 //! Invariants:
 //! - no core logic here: a publish goes through the core's one publish
@@ -37,29 +40,22 @@
 //! feed.
 
 mod api;
-mod audit;
 mod auth_extract;
 mod centrifugo;
 mod config;
-mod conn_limit;
 mod console;
-mod cors;
 mod durable_streams;
-mod edge;
-mod error;
-mod extract;
 #[cfg(test)]
 mod fuzz;
-mod jwks_fetch;
-mod layers;
-mod listener;
-mod metrics;
 mod router;
-mod shared;
-mod sse_connection;
 mod state;
-mod tls;
-mod websocket;
+
+// The HTTP edge every wing shares (herald-http), under the names the
+// wings use.
+use herald_http::{
+    audit, conn_limit, cors, edge, error, extract, jwks_fetch, layers, listener, metrics, shared,
+    tls, websocket,
+};
 
 use std::sync::Arc;
 

@@ -26,14 +26,16 @@ use crate::state::AppState;
 pub(crate) fn router(state: AppState) -> Router {
     let config = state.config();
     let routes = Router::new()
-        .merge(api_routes(config).with_state(ApiState::from_ref(&state)))
+        .merge(api_routes(&state.shared.settings).with_state(ApiState::from_ref(&state)))
         // Centrifugo's client protocol and server API (`docs/centrifugo.md`).
-        .merge(centrifugo_routes(config).with_state(CentrifugoState::from_ref(&state)))
+        .merge(
+            centrifugo_routes(&state.shared.settings).with_state(CentrifugoState::from_ref(&state)),
+        )
         // The admin routes and, when enabled, the web console's pages
         // (`docs/console.md`).
-        .merge(console_routes(config).with_state(ConsoleState::from_ref(&state)))
+        .merge(console_routes(&config.console).with_state(ConsoleState::from_ref(&state)))
         // The Durable Streams protocol under its prefix (`docs/durable-streams.md`).
-        .merge(streams_routes(config).with_state(StreamsState::from_ref(&state)))
+        .merge(streams_routes(&config.durable_streams).with_state(StreamsState::from_ref(&state)))
         // After every route: it applies to the routes already added.
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found);

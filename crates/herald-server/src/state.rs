@@ -24,8 +24,10 @@ use crate::centrifugo::node_info::ReportedNode;
 use crate::config::ServerConfig;
 use crate::conn_limit::ConnectionLimits;
 use crate::console::cluster::ViewCache;
+use crate::console::config::ConsoleConfig;
 use crate::console::rates::Rates;
 use crate::console::ConsoleState;
+use crate::durable_streams::StreamsState;
 use crate::jwks_fetch::HttpJwksFetch;
 use crate::metrics::install_metrics_recorder;
 use crate::shared::Shared;
@@ -51,14 +53,22 @@ pub struct AppState {
 
 /// The part of [`AppState`] that is not shared with the wings whole.
 struct Running {
+    /// The node's whole settings, as given to [`AppState::start`].
+    config: ServerConfig,
     /// API v1's state.
     api: ApiState,
+    /// The Durable Streams wing's state.
+    streams: StreamsState,
+    /// The console's own settings.
+    console: Arc<ConsoleConfig>,
     /// Centrifugo's context.
     centrifugo: Arc<Centrifugo>,
     /// The node's rates of the last minutes (the console's charts).
     rates: Arc<Rates>,
     /// The cluster view the console's event streams share.
     views: Arc<ViewCache>,
+    /// When this state started (the node's uptime on the console).
+    started: std::time::Instant,
     /// Connections open per client address (`max_connections_per_ip`).
     conn_limits: Arc<ConnectionLimits>,
     /// The server's own tasks (metrics upkeep), awaited by
@@ -119,7 +129,13 @@ impl AppState {
             url: config.advertise_url.clone(),
             hub: Arc::clone(node.hub()),
         };
-        let centrifugo = Arc::new(Centrifugo::start(&storage, &reported, &shutdown, &span));
+        let centrifugo = Arc::new(Centrifugo::start(
+            config.centrifugo.clone(),
+            &storage,
+            &reported,
+            &shutdown,
+            &span,
+        ));
         let rates = Arc::new(Rates::default());
         let tasks = vec![
             tokio::spawn(upkeep(metrics.clone(), shutdown.clone())),
@@ -143,17 +159,20 @@ impl AppState {
         );
         let shared = Arc::new(Shared {
             node,
-            config,
+            settings: config.settings(),
             auth_slot: auth,
             shutdown,
-            stream_producer_waits: Arc::default(),
         });
         Ok(Self {
             running: Arc::new(Running {
                 api: ApiState::new(Arc::clone(&shared), metrics),
+                streams: StreamsState::new(Arc::clone(&shared), config.durable_streams.clone()),
+                console: Arc::new(config.console.clone()),
+                config,
                 centrifugo,
                 rates,
                 views: Arc::default(),
+                started: std::time::Instant::now(),
                 conn_limits,
                 tasks: Mutex::new(tasks),
             }),
@@ -163,7 +182,7 @@ impl AppState {
 
     /// The settings this state was started with.
     pub fn config(&self) -> &ServerConfig {
-        &self.shared.config
+        &self.running.config
     }
 
     /// `true` once the node drains (its `shutdown` token is cancelled).
@@ -214,7 +233,7 @@ impl AppState {
 impl std::fmt::Debug for AppState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AppState")
-            .field("node_id", &self.shared.config.node_id)
+            .field("node_id", &self.shared.settings.node_id)
             .field("draining", &self.draining())
             .finish_non_exhaustive()
     }
@@ -225,8 +244,9 @@ impl FromRef<AppState> for ConsoleState {
         ConsoleState {
             shared: Arc::clone(&state.shared),
             rates: Arc::clone(&state.running.rates),
-            registry: Arc::clone(&state.running.centrifugo.registry),
+            started: state.running.started,
             views: Arc::clone(&state.running.views),
+            config: Arc::clone(&state.running.console),
         }
     }
 }
@@ -234,6 +254,12 @@ impl FromRef<AppState> for ConsoleState {
 impl FromRef<AppState> for ApiState {
     fn from_ref(state: &AppState) -> Self {
         state.running.api.clone()
+    }
+}
+
+impl FromRef<AppState> for StreamsState {
+    fn from_ref(state: &AppState) -> Self {
+        state.running.streams.clone()
     }
 }
 

@@ -4,13 +4,16 @@
 //! cluster as JSON and as an event stream, the rates). The pages in a
 //! browser against a cluster: `crates/herald/tests/console.rs`.
 
+use futures::SinkExt;
 use herald_server::{ConsoleConfig, ServerConfig};
 use herald_testkit::node::{Node, Role};
 use herald_testkit::place::{Backend, Place};
 use herald_testkit::sse::{SseClient, SseItem};
+use herald_testkit::ws::ws_next;
 use herald_testkit::{within, NODE_WAIT, POLL, WAIT};
 use serde_json::{json, Value};
 use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::Message as Frame;
 
 fn enabled() -> ServerConfig {
     ServerConfig {
@@ -235,9 +238,66 @@ async fn rates_count_the_nodes_subscribers(backend: Backend) {
     wait_subscribers(0).await;
 }
 
+/// The `connections` of every node, the one that answers included, are
+/// those of its node report (the report Centrifugo's `info` reads): a
+/// Centrifugo connection shows on both nodes once reported, and goes once
+/// it closed and the next report is written.
+async fn connections_come_from_the_node_reports(backend: Backend) {
+    let place = Place::new(backend).await;
+    let holder = Node::start(&place, "node-a", Role::Holder, ServerConfig::default()).await;
+    let standby = Node::start(&place, "node-b", Role::Standby, ServerConfig::default()).await;
+    let connections = |view: &Value, node_id: &str| {
+        view["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["node_id"] == node_id)
+            .and_then(|n| n["connections"].as_u64())
+    };
+    let wait_connections = |n: u64| {
+        let (holder, standby) = (&holder, &standby);
+        async move {
+            let deadline = Instant::now() + NODE_WAIT;
+            loop {
+                let (_, own) = holder.get("/v1/admin/cluster").await;
+                let (_, other) = standby.get("/v1/admin/cluster").await;
+                if connections(&own, "node-a") == Some(n)
+                    && connections(&other, "node-a") == Some(n)
+                {
+                    return;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "node-a never showed {n} connections: {own} / {other}"
+                );
+                // Pacing between two reads; a node reports every 3 s.
+                tokio::time::sleep(POLL).await;
+            }
+        }
+    };
+    wait_connections(0).await;
+    let mut ws = holder.ws("/connection/websocket", &[]).await.unwrap();
+    ws.send(Frame::text(r#"{"id":1,"connect":{}}"#))
+        .await
+        .unwrap();
+    let mut closed = None;
+    let reply = within("the connect reply", WAIT, ws_next(&mut ws, &mut closed))
+        .await
+        .expect("a connect reply");
+    assert!(reply["connect"].is_object(), "{reply}");
+    wait_connections(1).await;
+    ws.close(None).await.unwrap();
+    while ws_next(&mut ws, &mut closed).await.is_some() {}
+    wait_connections(0).await;
+}
+
 use herald_testkit::on_both_backends;
 
 on_both_backends!(pages_are_served_only_when_enabled: pages_sqlite, pages_postgres);
 on_both_backends!(channels_are_paged_searched_and_checked: channels_sqlite, channels_postgres);
 on_both_backends!(the_cluster_is_shown_and_streamed: cluster_sqlite, cluster_postgres);
 on_both_backends!(rates_count_the_nodes_subscribers: rates_sqlite, rates_postgres);
+on_both_backends!(
+    connections_come_from_the_node_reports: connections_sqlite,
+    connections_postgres
+);

@@ -110,8 +110,8 @@ pub(crate) async fn publish_batch(State(state): State<ApiState>, req: Request) -
 async fn append(state: &ApiState, parts: &mut Parts, body: Body) -> Result<BatchPublished> {
     let Caller(who) = Caller::from_request_parts(parts, state).await?;
     let headers = &parts.headers;
-    let raw = read_limited(headers, body, state.config().max_batch_body_bytes).await?;
-    let messages = parse_batch(&raw, state.config().max_message_bytes)?;
+    let raw = read_limited(headers, body, state.settings().max_batch_body_bytes).await?;
+    let messages = parse_batch(&raw, state.settings().max_message_bytes)?;
     let shared = &state.shared;
     // Every entry's channel must be allowed; the first that is not is
     // named, and nothing of the batch is stored.

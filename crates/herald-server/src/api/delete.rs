@@ -63,7 +63,7 @@ pub(crate) async fn delete_channel(
             shared.node.storage().as_ref(),
             shared.node.lease().as_ref(),
             shared.node.hub(),
-            shared.config.trim_pacing.batch,
+            shared.settings.delete_batch,
             &channel,
         )
     })

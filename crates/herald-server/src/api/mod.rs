@@ -16,14 +16,14 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
 
-use crate::config::ServerConfig;
 use crate::layers::{CheckLayer, RequireJson};
+use crate::shared::Settings;
 use state::ApiState;
 
 /// API v1's routes and the operational ones (`/v1/status`, `/healthz`,
-/// `/readyz`, `/metrics`), with their body limits from `config`.
-pub(crate) fn routes(config: &ServerConfig) -> Router<ApiState> {
-    let limit = config.max_message_bytes;
+/// `/readyz`, `/metrics`), with their body limits from `settings`.
+pub(crate) fn routes(settings: &Settings) -> Router<ApiState> {
+    let limit = settings.max_message_bytes;
     Router::new()
         // The publish body extractor enforces `max_message_bytes` itself
         // (and reads an oversize body to its end before answering 413);
@@ -40,7 +40,7 @@ pub(crate) fn routes(config: &ServerConfig) -> Router<ApiState> {
         .route(
             "/v1/messages",
             post(batch::publish_batch)
-                .layer(DefaultBodyLimit::max(config.max_batch_body_bytes))
+                .layer(DefaultBodyLimit::max(settings.max_batch_body_bytes))
                 .layer(CheckLayer(RequireJson)),
         )
         .route(

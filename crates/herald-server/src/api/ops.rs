@@ -93,7 +93,7 @@ pub(crate) async fn status(State(state): State<ApiState>, Caller(who): Caller) -
     let role = if is_holder { "holder" } else { "standby" };
     if shared.auth().may_admin(&who).is_err() {
         return Json(StatusSummary {
-            node_id: shared.config.node_id.clone(),
+            node_id: shared.settings.node_id.clone(),
             role,
             draining: state.draining(),
         })
@@ -101,8 +101,8 @@ pub(crate) async fn status(State(state): State<ApiState>, Caller(who): Caller) -
     }
     let holder = if is_holder {
         Some(HolderView::this_node(
-            &shared.config.node_id,
-            &shared.config.advertise_url,
+            &shared.settings.node_id,
+            &shared.settings.advertise_url,
         ))
     } else {
         HolderView::from_lease_row(&lease_state)
@@ -112,7 +112,7 @@ pub(crate) async fn status(State(state): State<ApiState>, Caller(who): Caller) -
         url: h.url,
     });
     Json(Status {
-        node_id: shared.config.node_id.clone(),
+        node_id: shared.settings.node_id.clone(),
         role,
         draining: state.draining(),
         backend: shared.node.storage().backend(),

@@ -100,7 +100,7 @@ async fn append(
     shared.auth().may_publish(&who, &channel)?;
     let idempotency_key = idempotency_key(headers)?;
     let PublishBody { data, tags, raw } =
-        PublishBody::read(headers, body, state.config().max_message_bytes).await?;
+        PublishBody::read(headers, body, state.settings().max_message_bytes).await?;
     if state.draining() {
         return Err(Error::Draining);
     }

@@ -65,7 +65,7 @@ pub(crate) async fn history(
 ) -> Result<Json<History>> {
     state.shared.auth().may_read_history(&who, &channel)?;
     let after = query.after.unwrap_or(0);
-    let config = state.config();
+    let config = state.settings();
     let limit = query.limit.unwrap_or(DEFAULT_LIMIT);
     let storage = state.shared.node.storage();
     // Each read asks for no more messages of `max_message_bytes` than fit

@@ -95,7 +95,7 @@ pub(crate) async fn events(
         channel,
         start,
         "sse",
-        shared.config.read_page_messages(),
+        shared.settings.read_page_messages(),
     )
     .await?;
     let stream = futures::stream::unfold(Some((sub, expiry)), |open| async move {
@@ -134,7 +134,7 @@ pub(crate) async fn events(
     .take_until(shared.shutdown.clone().cancelled_owned());
     let retry = Event::default().retry(RECONNECT_DELAY);
     let stream = futures::stream::once(async move { Ok(retry) }).chain(stream);
-    let sse = Sse::new(stream).keep_alive(KeepAlive::new().interval(shared.config.heartbeat));
+    let sse = Sse::new(stream).keep_alive(KeepAlive::new().interval(shared.settings.heartbeat));
     Ok((
         [
             (X_ACCEL_BUFFERING, HeaderValue::from_static("no")),

@@ -9,8 +9,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio_util::task::TaskTracker;
 
 use crate::auth_extract::AuthState;
-use crate::config::ServerConfig;
-use crate::shared::Shared;
+use crate::shared::{Settings, Shared};
 
 /// API v1's state. Cheap to clone.
 #[derive(Clone)]
@@ -35,9 +34,9 @@ impl ApiState {
         }
     }
 
-    /// The node's settings.
-    pub(crate) fn config(&self) -> &ServerConfig {
-        &self.shared.config
+    /// The settings every wing reads.
+    pub(crate) fn settings(&self) -> &Settings {
+        &self.shared.settings
     }
 
     /// `true` once the node drains.

@@ -110,14 +110,14 @@ pub(crate) async fn upgrade(
 ) -> Result<Response> {
     // Client messages (the server ignores them) and frames are held to
     // `ws_max_message_bytes`: a larger one closes the session with 1009.
-    let max = state.config().ws_max_message_bytes;
+    let max = state.settings().ws_max_message_bytes;
     let upgrade = upgrade?;
     let resume = resume_point(&headers, &query)?;
     let shared = &state.shared;
     let sessions = state.sessions.clone();
     let span = tracing::debug_span!(
         "ws",
-        node_id = %shared.config.node_id,
+        node_id = %shared.settings.node_id,
         channel = %channel,
         after = resume,
     );
@@ -148,11 +148,11 @@ pub(crate) async fn upgrade(
         channel,
         start,
         "ws",
-        shared.config.read_page_messages(),
+        shared.settings.read_page_messages(),
     )
     .await?;
     let shutdown = shared.shutdown.clone();
-    let heartbeat = shared.config.heartbeat;
+    let heartbeat = shared.settings.heartbeat;
     // A proxied client's connection slot lasts as long as the session.
     let slot = slot.map(|Extension(slot)| slot);
     Ok(
@@ -236,7 +236,7 @@ async fn authenticate_then_serve(
         channel,
         start,
         "ws",
-        shared.config.read_page_messages(),
+        shared.settings.read_page_messages(),
     )
     .await
     {
@@ -250,7 +250,7 @@ async fn authenticate_then_serve(
         tx,
         rx,
         sub,
-        heartbeat: shared.config.heartbeat,
+        heartbeat: shared.settings.heartbeat,
         shutdown: shared.shutdown.clone(),
         expires: expiry(&who),
         slot,

@@ -31,10 +31,7 @@ impl ChannelOptions {
     /// The options of `channel` on this node.
     pub(crate) fn of(state: &CentrifugoState, channel: &ChannelName) -> Self {
         let shared = &state.shared;
-        Self::resolve(
-            shared.auth().namespace_rule(channel),
-            &shared.config.centrifugo,
-        )
+        Self::resolve(shared.auth().namespace_rule(channel), state.config())
     }
 
     /// `rule`'s options, `defaults`' where it has none.

@@ -5,6 +5,7 @@
 //! codes Herald sends are here: 102 "unknown channel" never applies (a
 //! channel in a namespace without rules follows the default namespace).
 
+use herald_node::node_error::NodeError;
 use serde::{Deserialize, Serialize};
 
 /// An error in a reply: `{"code":N,"message":"..."}`, plus
@@ -49,21 +50,30 @@ reply_errors! {
 }
 
 impl ReplyError {
-    /// Maps a Herald error to the nearest Centrifugo code: credentials →
-    /// 101 (109 for an expired token), not allowed → 103, rate limited →
-    /// 111, bad input → 107, a message too large → 106, everything the
-    /// client cannot fix (storage down, no holder, draining) → 100.
-    pub(crate) fn from_error(e: &crate::error::Error) -> Self {
-        use crate::error::Error;
-        use herald_auth::AuthError;
+    /// Maps an error of the node's core to the nearest Centrifugo code,
+    /// by Centrifugo's own meanings (not through an HTTP status): what the
+    /// request asked that the channel refuses (a reused idempotency key, a
+    /// closed or expired stream, a stream of another content type, a
+    /// resume point beyond the head) → 107 "bad request"; everything the
+    /// client cannot fix (no holder, a full queue, a lost lease, the
+    /// storage down, draining, a bug) → 100 "internal server error"
+    /// (temporary); an entry of a batch → its own error's code.
+    pub(crate) fn from_node_error(e: &NodeError) -> Self {
         match e {
-            Error::Auth(AuthError::TokenExpired) => Self::token_expired(),
-            Error::Auth(AuthError::Forbidden(_)) => Self::permission_denied(),
-            Error::Auth(AuthError::RateLimited { .. }) => Self::too_many_requests(),
-            Error::Auth(_) => Self::unauthorized(),
-            Error::PayloadTooLarge { .. } => Self::limit_exceeded(),
-            e if e.status().is_client_error() => Self::bad_request(),
-            _ => Self::internal(),
+            NodeError::IdempotencyKeyReused
+            | NodeError::ChannelClosed
+            | NodeError::ContentTypeMismatch
+            | NodeError::StreamExpired
+            | NodeError::OffsetBeyondHead { .. } => Self::bad_request(),
+            NodeError::NotHolder { .. }
+            | NodeError::NoHolder
+            | NodeError::QueueFull
+            | NodeError::LeaseLost
+            | NodeError::Storage(_)
+            | NodeError::StorageUnavailable
+            | NodeError::Draining
+            | NodeError::Internal(_) => Self::internal(),
+            NodeError::InBatchEntry { error, .. } => Self::from_node_error(error),
         }
     }
 }
@@ -102,4 +112,47 @@ disconnects! {
     FORCE_NO_RECONNECT = 3503, "force disconnect";
     CHANNEL_LIMIT = 3505, "channel limit";
     NOT_AVAILABLE = 3508, "not available";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each error of the node's core has the Centrifugo code its meaning
+    /// calls for, also inside a batch entry.
+    #[test]
+    fn node_errors_have_centrifugo_codes() {
+        let cases = [
+            (NodeError::IdempotencyKeyReused, 107),
+            (NodeError::ChannelClosed, 107),
+            (NodeError::ContentTypeMismatch, 107),
+            (NodeError::StreamExpired, 107),
+            (NodeError::OffsetBeyondHead { after: 5, head: 1 }, 107),
+            (
+                NodeError::NotHolder {
+                    request: None,
+                    holder_url: None,
+                },
+                100,
+            ),
+            (NodeError::NoHolder, 100),
+            (NodeError::QueueFull, 100),
+            (NodeError::LeaseLost, 100),
+            (NodeError::StorageUnavailable, 100),
+            (NodeError::Draining, 100),
+            (NodeError::Internal("x".to_owned()), 100),
+            (
+                NodeError::InBatchEntry {
+                    index: 1,
+                    error: Box::new(NodeError::ChannelClosed),
+                },
+                107,
+            ),
+        ];
+        for (e, code) in cases {
+            let reply = ReplyError::from_node_error(&e);
+            assert_eq!(reply.code, code, "{e:?}");
+            assert_eq!(reply.temporary, code == 100, "{e:?}");
+        }
+    }
 }

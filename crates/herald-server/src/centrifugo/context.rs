@@ -15,16 +15,18 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
+use super::config::CentrifugoConfig;
 use super::registry::Registry;
 use super::{cluster, node_info};
 use crate::auth_extract::AuthState;
-use crate::config::ServerConfig;
-use crate::shared::Shared;
+use crate::shared::{Settings, Shared};
 
 /// Centrifugo's context on this node. Built and started by
 /// [`Centrifugo::start`]; its tasks run until the `shutdown` token passed
 /// there is cancelled.
 pub(crate) struct Centrifugo {
+    /// Centrifugo's own settings (`[centrifugo]`).
+    pub(crate) config: CentrifugoConfig,
     /// This node's Centrifugo connections (`registry.rs`).
     pub(crate) registry: Arc<Registry>,
     /// The client protocol's WebSocket sessions, which outlive their HTTP
@@ -50,7 +52,9 @@ impl Centrifugo {
     /// and the task that reports this node (`node`: its connections for
     /// Centrifugo's `info`, its URL and subscriptions for the console).
     /// Every task runs in `span` and stops when `shutdown` is cancelled.
+    /// `config` is Centrifugo's own settings.
     pub(crate) fn start(
+        config: CentrifugoConfig,
         storage: &Arc<dyn Storage>,
         node: &node_info::ReportedNode,
         shutdown: &CancellationToken,
@@ -77,6 +81,7 @@ impl Centrifugo {
             tokio::spawn(report.instrument(span.clone())),
         ];
         Self {
+            config,
             registry,
             sessions: TaskTracker::new(),
             emulation: Arc::default(),
@@ -115,9 +120,14 @@ pub(crate) struct CentrifugoState {
 }
 
 impl CentrifugoState {
-    /// The node's settings.
-    pub(crate) fn config(&self) -> &ServerConfig {
-        &self.shared.config
+    /// Centrifugo's own settings.
+    pub(crate) fn config(&self) -> &CentrifugoConfig {
+        &self.centrifugo.config
+    }
+
+    /// The settings every wing reads.
+    pub(crate) fn settings(&self) -> &Settings {
+        &self.shared.settings
     }
 
     /// `true` once the node drains.

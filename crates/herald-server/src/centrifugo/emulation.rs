@@ -123,7 +123,7 @@ pub(crate) async fn http_stream(
     body: Body,
 ) -> Result<Response> {
     from_a_page_allowed(&state, &headers, &uri, true)?;
-    let limit = session::max_frame_bytes(state.config());
+    let limit = session::max_frame_bytes(state.settings());
     let body = read_limited(&headers, body, limit).await?;
     let first = frame(&headers, &body)?;
     let framing = if is_protobuf(&headers) {
@@ -183,7 +183,7 @@ pub(crate) async fn sse(
 ) -> Result<Response> {
     let first: ClientFrame = if method == Method::POST {
         from_a_page_allowed(&state, &headers, &uri, false)?;
-        let limit = session::max_frame_bytes(state.config());
+        let limit = session::max_frame_bytes(state.settings());
         let body = read_limited(&headers, body, limit).await?;
         frame(&headers, &body)?
     } else {
@@ -233,7 +233,7 @@ fn start(
             body: body_tx,
         },
     };
-    let span = tracing::debug_span!("centrifugo", node_id = %state.config().node_id);
+    let span = tracing::debug_span!("centrifugo", node_id = %state.settings().node_id);
     let sessions = state.centrifugo.sessions.clone();
     let slot = slot.map(|Extension(slot)| slot);
     tokio::spawn(sessions.track_future(session::run(connection, state, slot).instrument(span)));
@@ -291,15 +291,15 @@ pub(crate) async fn emulate(
     body: Body,
 ) -> Result<Response> {
     from_a_page_allowed(&state, &headers, &uri, true)?;
-    let limit = session::max_frame_bytes(state.config());
+    let limit = session::max_frame_bytes(state.settings());
     // The frame arrives as a JSON string: escaping may double it.
     let body = read_limited(&headers, body, 2 * limit + 1024).await?;
-    let own = &state.config().node_id;
+    let own = &state.settings().node_id;
     let request = if is_protobuf(&headers) {
         use prost::Message as _;
         let binary = super::protocol::EmulationRequest::decode(body.as_ref())
             .map_err(|e| Error::InvalidBody(e.to_string()))?;
-        let data = if binary.node.is_empty() || binary.node == state.config().node_id {
+        let data = if binary.node.is_empty() || binary.node == state.settings().node_id {
             if binary.data.len() > limit {
                 return Err(Error::PayloadTooLarge { limit });
             }
@@ -326,7 +326,7 @@ pub(crate) async fn emulate(
     let Some(queue) = state.centrifugo.emulation.get(&session) else {
         return Err(Error::SessionNotFound);
     };
-    let timeout = state.config().centrifugo.write_timeout;
+    let timeout = state.config().write_timeout;
     match tokio::time::timeout(timeout, queue.send(data)).await {
         Ok(Ok(())) => Ok(StatusCode::NO_CONTENT.into_response()),
         // The session ended meanwhile.

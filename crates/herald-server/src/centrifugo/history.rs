@@ -47,8 +47,8 @@ impl Budget {
     /// The budget of one answer (a `history` reply, a subscribe's or
     /// connect's recovery) on this node: `read_budget_bytes` (8 MiB by
     /// default).
-    pub(crate) fn of(config: &crate::config::ServerConfig) -> Self {
-        Self::new(config.read_budget_bytes, config.max_message_bytes)
+    pub(crate) fn of(settings: &crate::shared::Settings) -> Self {
+        Self::new(settings.read_budget_bytes, settings.max_message_bytes)
     }
 }
 

@@ -20,9 +20,9 @@ use serde_json::value::RawValue;
 
 use super::codes::ReplyError;
 use super::context::CentrifugoState;
-use crate::error::Error;
 use herald_node::forward::{CarriedHeaders, HolderAnswer};
 use herald_node::holder_write::{on_holder, HolderRequest, Routed};
+use herald_node::node_error::NodeError;
 use herald_node::retention;
 
 /// Largest holder answer read back from a forwarded call, in bytes.
@@ -63,7 +63,7 @@ pub(crate) async fn history_remove(
         retention::remove_history(
             shared.node.storage().as_ref(),
             shared.node.lease().as_ref(),
-            shared.config.trim_pacing.batch,
+            shared.settings.delete_batch,
             &channel,
         )
     })
@@ -74,14 +74,14 @@ pub(crate) async fn history_remove(
             tracing::info!(channel = %channel, head, "history removed");
             Ok(())
         }
-        Err(e) => Err(logged(&Error::from(e))),
+        Err(e) => Err(logged(&e)),
     }
 }
 
 /// Logs `e` where it ends, and maps it.
-fn logged(e: &Error) -> ReplyError {
+fn logged(e: &NodeError) -> ReplyError {
     e.log();
-    ReplyError::from_error(e)
+    ReplyError::from_node_error(e)
 }
 
 /// The outcome of the holder's answer to a forwarded call (`{"result":

@@ -81,14 +81,14 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
 
-use crate::config::ServerConfig;
+use crate::shared::Settings;
 use context::CentrifugoState;
 
 pub use config::CentrifugoConfig;
 
 /// Centrifugo's routes: the client protocol's WebSocket and the server
-/// API, whose body limit is `config`'s `max_batch_body_bytes`.
-pub(crate) fn routes(config: &ServerConfig) -> Router<CentrifugoState> {
+/// API, whose body limit is `settings`' `max_batch_body_bytes`.
+pub(crate) fn routes(settings: &Settings) -> Router<CentrifugoState> {
     Router::new()
         .route("/connection/websocket", get(session::upgrade))
         // Their bodies are read within the frame limit by the handlers.
@@ -97,6 +97,6 @@ pub(crate) fn routes(config: &ServerConfig) -> Router<CentrifugoState> {
         .route("/emulation", post(emulation::emulate))
         .route(
             "/api/{method}",
-            post(server_api::call).layer(DefaultBodyLimit::max(config.max_batch_body_bytes)),
+            post(server_api::call).layer(DefaultBodyLimit::max(settings.max_batch_body_bytes)),
         )
 }

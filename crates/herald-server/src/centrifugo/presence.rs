@@ -45,7 +45,7 @@ pub(crate) async fn join(
         return Ok(());
     }
     let shared = &state.shared;
-    let config = &shared.config.centrifugo;
+    let config = state.config();
     let session = &state.centrifugo.registry.presence;
     session.ensure_heartbeat(
         Arc::clone(shared.node.storage()),

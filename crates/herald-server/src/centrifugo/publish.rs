@@ -12,8 +12,8 @@ use serde_json::value::RawValue;
 
 use super::codes::ReplyError;
 use super::context::CentrifugoState;
-use crate::error::Error;
 use herald_node::forward::HolderRefusal;
+use herald_node::node_error::NodeError;
 use herald_node::publish::{self, Published, Received};
 
 /// Publishes `data` with `tags` to `channel` and returns its offset once
@@ -33,7 +33,7 @@ pub(crate) async fn publish(
     idempotency_key: Option<IdempotencyKey>,
 ) -> Result<Offset, ReplyError> {
     let shared = &state.shared;
-    if data.get().len() + tags.byte_len() > shared.config.max_message_bytes {
+    if data.get().len() + tags.byte_len() > shared.settings.max_message_bytes {
         return Err(ReplyError::limit_exceeded());
     }
     if state.draining() {
@@ -48,14 +48,14 @@ pub(crate) async fn publish(
     match publish::publish(&shared.publisher(), message, Received::Message).await {
         Ok(Published::Created(appended) | Published::Duplicate(appended)) => Ok(appended.offset),
         Ok(Published::Forwarded(answer)) => answer.published().map_err(refused),
-        Err(e) => Err(logged(&Error::from(e))),
+        Err(e) => Err(logged(&e)),
     }
 }
 
 /// Logs `e` where it ends, and maps it.
-fn logged(e: &Error) -> ReplyError {
+fn logged(e: &NodeError) -> ReplyError {
     e.log();
-    ReplyError::from_error(e)
+    ReplyError::from_node_error(e)
 }
 
 /// The Centrifugo error for the holder's refusal of a forwarded publish.

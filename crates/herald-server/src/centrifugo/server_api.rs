@@ -94,7 +94,7 @@ pub(crate) async fn call(
             &ReplyError::bad_request(),
         );
     }
-    let limit = state.config().max_batch_body_bytes;
+    let limit = state.settings().max_batch_body_bytes;
     let body = match read_limited(&parts.headers, body, limit).await {
         Ok(body) => body,
         Err(Error::PayloadTooLarge { .. }) => {
@@ -117,7 +117,7 @@ pub(crate) async fn call(
             .await
             .unwrap_or_else(|_| bad_request());
     }
-    let budget = Budget::of(state.config());
+    let budget = Budget::of(state.settings());
     match run(&state, &who, &parts.headers, &method, &params, budget).await {
         Ok(outcome) => answer(&outcome),
         Err(Undecodable) => bad_request(),
@@ -242,7 +242,7 @@ async fn batch(
             &ReplyError::limit_exceeded(),
         ));
     }
-    let mut budget = Budget::of(state.config());
+    let mut budget = Budget::of(state.settings());
     let mut replies = Vec::with_capacity(commands.len());
     for command in commands {
         let Some(command) = command else {
@@ -254,7 +254,7 @@ async fn batch(
             .filter(|m| **m != "batch")
             .find_map(|m| command.get(*m).filter(|p| !p.is_null()).map(|p| (*m, p)));
         let reply = match chosen {
-            Some(("history", _)) if budget.bytes < state.config().max_message_bytes => {
+            Some(("history", _)) if budget.bytes < state.settings().max_message_bytes => {
                 json!({ "error": ReplyError::limit_exceeded() }).to_string()
             }
             Some((method, params)) => match to_raw_value(params) {
@@ -513,7 +513,7 @@ async fn channels(state: &CentrifugoState, who: &Principal, p: ChannelsParams) -
     let counts = super::node_info::channel_counts(
         shared.node.storage().as_ref(),
         &state.centrifugo.registry,
-        &shared.config.node_id,
+        &shared.settings.node_id,
     )
     .await?;
     let pattern = p.pattern.filter(|p| !p.is_empty()).map(Pattern::new);
@@ -534,7 +534,7 @@ async fn info(state: &CentrifugoState, who: &Principal) -> Outcome {
     raw(&super::node_info::info(
         shared.node.storage().as_ref(),
         &state.centrifugo.registry,
-        &shared.config.node_id,
+        &shared.settings.node_id,
     )
     .await?)
 }

@@ -307,7 +307,7 @@ pub(crate) async fn upgrade(
     headers: HeaderMap,
     upgrade: std::result::Result<Upgrade, Error>,
 ) -> Result<Response> {
-    let max = max_frame_bytes(state.config());
+    let max = max_frame_bytes(state.settings());
     let upgrade = upgrade?;
     let listed = subprotocols(&headers);
     let (encoding, named) = if listed.contains(&PROTOBUF) && !listed.contains(&JSON) {
@@ -316,7 +316,7 @@ pub(crate) async fn upgrade(
         (Encoding::Json, listed.contains(&JSON).then_some(JSON))
     };
     let sessions = state.centrifugo.sessions.clone();
-    let span = tracing::debug_span!("centrifugo", node_id = %state.config().node_id);
+    let span = tracing::debug_span!("centrifugo", node_id = %state.settings().node_id);
     let slot = slot.map(|Extension(slot)| slot);
     let mut response = upgrade.on_upgrade(READ_BUFFER_BYTES, max, move |socket| {
         let (tx, rx) = socket.split();
@@ -356,8 +356,8 @@ fn subprotocols(headers: &HeaderMap) -> Vec<&str> {
 
 /// The most bytes of client commands one frame may hold: the largest
 /// message and room for the command around it.
-pub(crate) fn max_frame_bytes(config: &crate::config::ServerConfig) -> usize {
-    config.max_message_bytes + COMMAND_OVERHEAD_BYTES
+pub(crate) fn max_frame_bytes(settings: &crate::shared::Settings) -> usize {
+    settings.max_message_bytes + COMMAND_OVERHEAD_BYTES
 }
 
 /// A random client id in the UUID v4 text form (RFC 9562 §5.4).
@@ -385,9 +385,9 @@ pub(crate) async fn run(connection: Connection, state: CentrifugoState, _slot: O
         encoding,
     } = connection;
     let (out, mut out_rx) = mpsc::channel(OUT_CAPACITY);
-    let config = state.config().centrifugo.clone();
+    let config = state.config().clone();
     let shutdown = state.shared.shutdown.clone();
-    let queue = Arc::new(QueueBudget::new(state.config().subscriber_queue_bytes));
+    let queue = Arc::new(QueueBudget::new(state.settings().subscriber_queue_bytes));
     let mut writer = Writer {
         sink,
         shutdown: shutdown.clone(),

@@ -121,7 +121,7 @@ pub(crate) async fn channels(
     let next_after = (page.len() == query.limit)
         .then(|| page.last().map(|c| c.name.clone()))
         .flatten();
-    let retention = state.shared.config.retention.current();
+    let retention = state.shared.node.config().retention.current();
     let channels = page
         .into_iter()
         .map(|c| {

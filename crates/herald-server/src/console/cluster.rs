@@ -106,7 +106,8 @@ struct NodeView {
     draining: Option<bool>,
     version: String,
     uptime_s: u64,
-    /// Centrifugo connections.
+    /// Centrifugo connections, as of the node's last report (up to 3 s
+    /// old, also for the node that answered).
     connections: u64,
     /// Live subscriptions, every protocol.
     subscriptions: u64,
@@ -323,13 +324,19 @@ async fn view(state: &ConsoleState) -> Result<ClusterView> {
         .as_ref()
         .filter(|r| r.is_held())
         .and_then(|r| r.holder.clone());
-    let config = &shared.config;
+    let config = &shared.settings;
     let own_at_ms = wall_clock_ms();
+    // This node's connections as of its own last report (the same figure
+    // the other nodes read); none before its first report.
+    let own_clients = reports
+        .iter()
+        .find(|r| r.node_id == config.node_id)
+        .map_or(0, |r| r.clients);
     let own = NodeReport {
         node_id: config.node_id.clone(),
         version: env!("CARGO_PKG_VERSION").to_owned(),
-        uptime_s: state.registry.uptime_s(),
-        clients: state.registry.counts().clients as u64,
+        uptime_s: state.started.elapsed().as_secs(),
+        clients: own_clients,
         users: 0,
         subs: 0,
         channels: 0,
@@ -387,7 +394,7 @@ async fn view(state: &ConsoleState) -> Result<ClusterView> {
 /// figures when the row names this node with the token it holds.
 fn lease_view(state: &ConsoleState, row: LeaseInfo) -> LeaseView {
     let lease = state.shared.node.lease();
-    let console = &state.shared.config.console;
+    let console = &state.config;
     let own = lease
         .writable_lease()
         .filter(|own| row.holder.as_deref() == Some(own.holder.as_str()) && row.token == own.token);

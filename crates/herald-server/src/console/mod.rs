@@ -19,23 +19,25 @@ use axum::extract::FromRef;
 use axum::routing::get;
 use axum::Router;
 
-use crate::centrifugo::registry::Registry;
-use crate::config::ServerConfig;
 use crate::shared::Shared;
+use config::ConsoleConfig;
 use rates::Rates;
 
-/// The console's state: what every wing shares, the node's rates and its
-/// Centrifugo connections. Cheap to clone.
+/// The console's state: what every wing shares, the node's rates, its
+/// start and the cluster view. Connection counts, its own included, come
+/// from the node reports in the storage, not from a wing. Cheap to clone.
 #[derive(Clone)]
 pub(crate) struct ConsoleState {
     /// What every wing shares (`shared.rs`).
     pub(crate) shared: Arc<Shared>,
     /// The node's rates of the last minutes.
     pub(crate) rates: Arc<Rates>,
-    /// The node's Centrifugo connections (their count).
-    pub(crate) registry: Arc<Registry>,
+    /// When the node's state started (its uptime).
+    pub(crate) started: std::time::Instant,
     /// The cluster view its event streams share.
     pub(crate) views: Arc<cluster::ViewCache>,
+    /// The console's own settings (`[console]`).
+    pub(crate) config: Arc<ConsoleConfig>,
 }
 
 impl FromRef<ConsoleState> for crate::auth_extract::AuthState {
@@ -45,13 +47,13 @@ impl FromRef<ConsoleState> for crate::auth_extract::AuthState {
 }
 
 /// The admin routes, and the pages when the console is enabled.
-pub(crate) fn routes(config: &ServerConfig) -> Router<ConsoleState> {
+pub(crate) fn routes(config: &ConsoleConfig) -> Router<ConsoleState> {
     let admin = Router::new()
         .route("/v1/admin/cluster", get(cluster::cluster))
         .route("/v1/admin/cluster/events", get(cluster::events))
         .route("/v1/admin/channels", get(channels::channels))
         .route("/v1/admin/rates", get(rates::rates));
-    if !config.console.enabled {
+    if !config.enabled {
         return admin;
     }
     admin.merge(assets::routes())

@@ -17,7 +17,7 @@ impl FromRequest<StreamsState> for AppendBody {
     type Rejection = Error;
 
     async fn from_request(request: Request, state: &StreamsState) -> Result<Self, Error> {
-        let limit = state.shared.config.durable_streams.max_append_bytes;
+        let limit = state.config.max_append_bytes;
         Bytes::from_request(request, state)
             .await
             .map(Self)

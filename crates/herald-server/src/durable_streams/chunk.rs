@@ -73,7 +73,7 @@ pub(crate) async fn read_chunk(
     let mut bytes = 0usize;
     // Never more messages per read than fit in the read budget: a page
     // of messages of `max_message_bytes` holds at most that much.
-    let most = PAGE_MESSAGES.min(state.shared.config.read_page_messages());
+    let most = PAGE_MESSAGES.min(state.shared.settings.read_page_messages());
     let mut limit = FIRST_PAGE_MESSAGES.min(most);
     loop {
         let page = storage

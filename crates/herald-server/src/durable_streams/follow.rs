@@ -97,7 +97,7 @@ impl Follower {
             info.channel.clone(),
             StartAt::After(after),
             TRANSPORT,
-            shared.config.read_page_messages(),
+            shared.settings.read_page_messages(),
         )
         .await?;
         sub.end_at_closure(info.closed.then_some(info.head));

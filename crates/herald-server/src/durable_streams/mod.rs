@@ -32,42 +32,18 @@ mod renewals;
 mod request;
 mod response;
 mod sse;
+pub(crate) mod state;
 mod write;
 
-use std::sync::Arc;
-
-use axum::extract::{DefaultBodyLimit, FromRef};
+use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
 
-use crate::config::ServerConfig;
-use crate::shared::Shared;
-use crate::state::AppState;
-
-/// The wing's state: what every wing shares. Cheap to clone.
-#[derive(Clone)]
-pub(crate) struct StreamsState {
-    /// What every wing shares (`shared.rs`).
-    pub(crate) shared: Arc<Shared>,
-}
-
-impl FromRef<AppState> for StreamsState {
-    fn from_ref(state: &AppState) -> Self {
-        Self {
-            shared: Arc::clone(&state.shared),
-        }
-    }
-}
-
-impl FromRef<StreamsState> for crate::auth_extract::AuthState {
-    fn from_ref(state: &StreamsState) -> Self {
-        Self(Arc::clone(&state.shared.auth_slot))
-    }
-}
+use config::DurableStreamsConfig;
+pub(crate) use state::StreamsState;
 
 /// The wing's routes (none when it is off): every path under the prefix.
-pub(crate) fn routes(config: &ServerConfig) -> Router<StreamsState> {
-    let ds = &config.durable_streams;
+pub(crate) fn routes(ds: &DurableStreamsConfig) -> Router<StreamsState> {
     if !ds.enabled {
         return Router::new();
     }

@@ -20,8 +20,9 @@ use herald_core::ChannelName;
 use metrics::gauge;
 use tokio::sync::Notify;
 
-/// The gauge of appends waiting for their turn on this node.
-pub(crate) const APPENDS_WAITING: &str = "herald_stream_appends_waiting";
+/// The gauge of appends waiting for their turn on this node (named with
+/// every other metric family, in herald-http's `metrics.rs`).
+pub(crate) use crate::metrics::APPENDS_WAITING;
 
 /// Most appends that wait for their turn at once on one node.
 const MAX_WAITING: usize = 10_000;

@@ -238,7 +238,7 @@ async fn long_poll(
     // Subscribed before the first read: a message committed after it is
     // announced, so none is missed between the read and the wait.
     let mut follower = Follower::start(state, &info, after).await?;
-    let timeout = state.shared.config.durable_streams.long_poll_timeout;
+    let timeout = state.config.long_poll_timeout;
     let deadline = Instant::now() + timeout;
     // The wait ends at the token's expiry if that comes first.
     let wait_until = expires.map_or(deadline, |at| at.min(deadline));

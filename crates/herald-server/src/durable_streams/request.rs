@@ -36,11 +36,14 @@ pub(crate) struct AppendLimits {
 }
 
 impl AppendLimits {
-    /// The limits of `config`.
-    pub(crate) fn of(config: &crate::config::ServerConfig) -> Self {
+    /// The limits of `settings` and the wing's `config`.
+    pub(crate) fn of(
+        settings: &crate::shared::Settings,
+        config: &super::config::DurableStreamsConfig,
+    ) -> Self {
         Self {
-            message_bytes: config.max_message_bytes,
-            append_bytes: config.durable_streams.max_append_bytes,
+            message_bytes: settings.max_message_bytes,
+            append_bytes: config.max_append_bytes,
         }
     }
 

@@ -179,7 +179,7 @@ async fn follow(
             .send(Ok(Bytes::from_static(TOKEN_EXPIRED_EVENT.as_bytes())))
             .await;
     };
-    let keep_alive = state.shared.config.durable_streams.long_poll_timeout;
+    let keep_alive = state.config.long_poll_timeout;
     loop {
         let batch = tokio::select! {
             // Expiry first: a busy stream does not keep the reader on.

@@ -141,7 +141,7 @@ async fn fork(
             )))
         }
     };
-    let prefix = &state.shared.config.durable_streams.prefix;
+    let prefix = &state.config.prefix;
     let path = from
         .strip_prefix(prefix.as_str())
         .filter(|rest| rest.starts_with('/'))
@@ -183,7 +183,7 @@ async fn fork(
             "Stream-Fork-Offset is beyond the source's tail".to_owned(),
         ));
     }
-    let ds = &state.shared.config.durable_streams;
+    let ds = &state.config;
     Ok(Some((
         Fork {
             source,
@@ -271,7 +271,7 @@ pub(crate) async fn put(
         is_json_media(&content_type),
         &body,
         true,
-        request::AppendLimits::of(&state.shared.config),
+        request::AppendLimits::of(&state.shared.settings, &state.config),
     )?;
     // A creation counts against the caller's publish rate as appends do:
     // one per message it writes, its fork's copies included (at least
@@ -297,7 +297,7 @@ pub(crate) async fn put(
         may_convert,
     };
     let location = headers.get(HOST).and_then(|h| h.to_str().ok()).map(|host| {
-        let scheme = if state.shared.config.tls.is_some() {
+        let scheme = if state.shared.settings.tls {
             "https"
         } else {
             "http"
@@ -366,7 +366,7 @@ pub(crate) async fn put(
                 .to_owned(),
         )),
         Routed::Here(StreamCreated::ForkTooLarge { messages, bytes }) => {
-            let ds = &state.shared.config.durable_streams;
+            let ds = &state.config;
             Err(Error::ForkTooLarge(format!(
                 "the fork would copy {messages} messages of {bytes} bytes from its source; \
                  a fork copies at most durable_streams.max_fork_messages = {} messages and \
@@ -377,7 +377,7 @@ pub(crate) async fn put(
         Routed::Here(StreamCreated::TooManyForks { forks }) => Err(Error::StreamConflict(format!(
             "the source has {forks} live forks: durable_streams.max_forks_per_source = {} \
              allows no more",
-            state.shared.config.durable_streams.max_forks_per_source
+            state.config.max_forks_per_source
         ))),
         Routed::Here(StreamCreated::ChannelHasMessages) => {
             Err(Error::Auth(herald_auth::AuthError::Forbidden(
@@ -432,7 +432,7 @@ pub(crate) async fn post(
             is_json_media(content_type),
             &body,
             false,
-            request::AppendLimits::of(&state.shared.config),
+            request::AppendLimits::of(&state.shared.settings, &state.config),
         )?
     };
     // Appends count against the caller's publish rate, one per message
@@ -441,7 +441,7 @@ pub(crate) async fn post(
         .shared
         .auth()
         .take_publishes(&who, messages.len().max(1))?;
-    let settings = &state.shared.config.durable_streams;
+    let settings = &state.config;
     let append = StreamAppend {
         channel: channel.clone(),
         content_type: if close_only { None } else { content_type },
@@ -473,7 +473,7 @@ pub(crate) async fn post(
         }
         let Some(woken) = woken else {
             // Registered, then tried again: a commit in between is seen.
-            waiting = state.shared.stream_producer_waits.wait(&channel, &p.id);
+            waiting = state.producer_waits.wait(&channel, &p.id);
             if waiting.is_none() {
                 break appended;
             }
@@ -485,10 +485,7 @@ pub(crate) async fn post(
     };
     drop(waiting);
     if let (StreamAppended::Appended { .. }, Some(p)) = (&appended, &producer) {
-        state
-            .shared
-            .stream_producer_waits
-            .committed(&channel, &p.id);
+        state.producer_waits.committed(&channel, &p.id);
     }
     let producer_headers = |answer: &mut Response, seq: u64| {
         if let Some(p) = &producer {

@@ -38,7 +38,7 @@ impl Session {
             // allows it (or nothing is checked); else Centrifugo's answer
             // to a connect without credentials.
             let state = &self.state;
-            if state.shared.auth().enabled() && !state.config().centrifugo.anonymous_connect {
+            if state.shared.auth().enabled() && !state.config().anonymous_connect {
                 tracing::debug!(client = %self.client, "connect without a token refused");
                 return Answer::Close(codes::BAD_REQUEST);
             }
@@ -58,7 +58,7 @@ impl Session {
                     .collect()
             })
             .unwrap_or_default();
-        if server_subs.len() > self.state.config().centrifugo.channel_limit {
+        if server_subs.len() > self.state.config().channel_limit {
             return Answer::Close(codes::CHANNEL_LIMIT);
         }
         for (channel, _) in &server_subs {
@@ -78,7 +78,7 @@ impl Session {
         let mut subs = BTreeMap::new();
         let mut started = Vec::with_capacity(server_subs.len());
         // One budget for every recovery of the reply.
-        let mut budget = Budget::of(self.state.config());
+        let mut budget = Budget::of(self.state.settings());
         for (channel, data) in server_subs {
             let recover =
                 req.subs
@@ -117,9 +117,9 @@ impl Session {
             }
         }
         self.server_subs = started.into_iter().collect();
-        let config = &self.state.config().centrifugo;
+        let config = self.state.config();
         let node = if self.emulation.is_some() {
-            self.state.config().node_id.clone()
+            self.state.settings().node_id.clone()
         } else {
             String::new()
         };

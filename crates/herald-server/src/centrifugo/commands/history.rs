@@ -35,7 +35,7 @@ impl Session {
             since: req.since,
             reverse: req.reverse,
         };
-        let budget = Budget::of(self.state.config());
+        let budget = Budget::of(self.state.settings());
         match history(
             shared.node.storage().as_ref(),
             &channel,

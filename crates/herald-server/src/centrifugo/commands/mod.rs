@@ -132,7 +132,7 @@ impl Session {
         writer: &mut Writer,
     ) -> Handled {
         let mut handled = Handled::default();
-        let cap = max_commands_per_frame(self.state.config().centrifugo.channel_limit);
+        let cap = max_commands_per_frame(self.state.config().channel_limit);
         if frame.len() > cap {
             tracing::debug!(client = %self.client, max_commands = cap, "too many commands in a frame");
             handled.end = Some(Stop::Close(codes::TOO_MANY_REQUESTS));

@@ -135,7 +135,7 @@ impl Session {
         }
         // Centrifugo checks its channel limit after "already subscribed"
         // and before the token: 106, nothing started.
-        if self.subs.len() >= self.state.config().centrifugo.channel_limit {
+        if self.subs.len() >= self.state.config().channel_limit {
             return Answer::error(id, &ReplyError::limit_exceeded());
         }
         let (who, sub_token) = if req.token.is_empty() {
@@ -168,7 +168,7 @@ impl Session {
             live_only: self.state.shared.auth().live_only_window(&who, &channel),
             reject_unrecovered: req.flag & SUBSCRIPTION_FLAG_REJECT_UNRECOVERED != 0,
         });
-        let budget = Budget::of(self.state.config());
+        let budget = Budget::of(self.state.settings());
         let filter = req.tf.map(Arc::new);
         let delta = (req.delta == "fossil"
             && ChannelOptions::of(&self.state, &channel).fossil_delta)
@@ -339,7 +339,7 @@ impl Session {
             channel.clone(),
             StartAt::After(position),
             "centrifugo",
-            shared.config.read_page_messages(),
+            shared.settings.read_page_messages(),
         )
         .await?;
         let started = Started {

@@ -434,7 +434,7 @@ impl Error {
     /// failure of an [`Error::Storage`] (see [`StorageFailure`]). The other
     /// errors are logged where they happen, if a human needs them. Call it
     /// once, where the error ends; `into_response` does.
-    pub(crate) fn log(&self) {
+    pub fn log(&self) {
         if let Self::Storage(failure) = self {
             failure.log();
         }

@@ -8,7 +8,7 @@
 //! - [`websocket_origin_refusal`]: a WebSocket handshake is not subject to
 //!   CORS (a page opens one to any host without a preflight), so every
 //!   upgrade's `Origin` is checked against the CORS allow-list
-//!   ([`crate::CorsConfig::allowed_origins`]): the node's own origin, a
+//!   ([`crate::cors::CorsConfig::allowed_origins`]): the node's own origin, a
 //!   listed one, or any with `*`; `null` (a sandboxed frame, a `file:`
 //!   page) is never allowed. A request without `Origin` is not a
 //!   browser's and passes. Refused: `403 origin_not_allowed`.
@@ -23,7 +23,8 @@
 //!   CORS allow-list does not allow (as for WebSockets) is refused.
 //!   Refused: `403 origin_not_allowed`.
 //! - [`loopback_host_refusal`]: on a node without access control serving
-//!   loopback only ([`crate::config::ServerConfig::loopback_hosts_only`]), a
+//!   loopback only (herald-server's `ServerConfig::loopback_hosts_only`, here
+//!   [`crate::shared::Settings::loopback_hosts_only`]), a
 //!   request whose `Host` is not a loopback name (`localhost`,
 //!   `*.localhost`, `127.0.0.0/8`, `::1`) came through a name that
 //!   resolved to loopback for the page's sake (DNS rebinding). Refused:
@@ -46,7 +47,7 @@ use crate::shared::Shared;
 /// The answer that refuses a WebSocket upgrade whose `Origin` the CORS
 /// allow-list does not allow (see the module's documentation); `None`
 /// for every other request.
-pub(crate) fn websocket_origin_refusal(state: &Shared, request: &Request) -> Option<Response> {
+pub fn websocket_origin_refusal(state: &Shared, request: &Request) -> Option<Response> {
     if !is_websocket_upgrade(request) {
         return None;
     }
@@ -55,7 +56,7 @@ pub(crate) fn websocket_origin_refusal(state: &Shared, request: &Request) -> Opt
         origin_allowed(
             origin,
             request_authority(request),
-            &state.config.cors.allowed_origins,
+            &state.settings.allowed_origins,
         )
     });
     if allowed {
@@ -75,7 +76,7 @@ pub(crate) fn websocket_origin_refusal(state: &Shared, request: &Request) -> Opt
 ///
 /// # Errors
 /// [`Error::OriginNotAllowed`].
-pub(crate) fn cross_origin_write_refusal(
+pub fn cross_origin_write_refusal(
     state: &Shared,
     headers: &HeaderMap,
     uri: &axum::http::Uri,
@@ -89,7 +90,7 @@ pub(crate) fn cross_origin_write_refusal(
     };
     let allowed = origin
         .to_str()
-        .is_ok_and(|origin| origin_allowed(origin, authority, &state.config.cors.allowed_origins));
+        .is_ok_and(|origin| origin_allowed(origin, authority, &state.settings.allowed_origins));
     if allowed {
         return Ok(());
     }
@@ -103,7 +104,7 @@ pub(crate) fn cross_origin_write_refusal(
 
 /// The answer that refuses a `POST` without a JSON `Content-Type` (see the
 /// module's documentation); `None` for other methods.
-pub(crate) fn json_refusal(request: &Request) -> Option<Response> {
+pub fn json_refusal(request: &Request) -> Option<Response> {
     if request.method() == Method::POST && !is_json(request.headers()) {
         return Some(Error::UnsupportedMediaType.into_response());
     }
@@ -113,8 +114,8 @@ pub(crate) fn json_refusal(request: &Request) -> Option<Response> {
 /// The answer that refuses a request whose `Host` is not a loopback name
 /// when the node serves loopback only without access control (see the
 /// module's documentation); `None` when it may go on.
-pub(crate) fn loopback_host_refusal(state: &Shared, request: &Request) -> Option<Response> {
-    if !state.config.loopback_hosts_only
+pub fn loopback_host_refusal(state: &Shared, request: &Request) -> Option<Response> {
+    if !state.settings.loopback_hosts_only
         || request_authority(request).is_some_and(|authority| is_loopback_name(host_of(authority)))
     {
         return None;
@@ -128,7 +129,7 @@ pub(crate) fn loopback_host_refusal(state: &Shared, request: &Request) -> Option
 
 /// The answer that refuses a request with more than one `Host` header
 /// field (see the module's documentation); `None` for one or none.
-pub(crate) fn duplicate_host_refusal(request: &Request) -> Option<Response> {
+pub fn duplicate_host_refusal(request: &Request) -> Option<Response> {
     let mut hosts = request.headers().get_all(HOST).iter();
     hosts.next()?;
     hosts.next()?;
@@ -165,7 +166,7 @@ fn request_authority(request: &Request) -> Option<&str> {
 
 /// Whether a `Content-Type` is JSON: `application/json` or
 /// `application/<x>+json`, in any case, with any parameters.
-pub(crate) fn is_json(headers: &HeaderMap) -> bool {
+pub fn is_json(headers: &HeaderMap) -> bool {
     let Some(value) = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
         return false;
     };

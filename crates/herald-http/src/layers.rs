@@ -24,14 +24,14 @@ use crate::error::Error;
 use crate::shared::Shared;
 
 /// A check of a request's head: `Some` is the answer that refuses it.
-pub(crate) trait Check: Clone + Send + Sync + 'static {
+pub trait Check: Clone + Send + Sync + 'static {
     /// The answer that refuses `request`, or `None` when it may go on.
     fn refusal(&self, request: &Request) -> Option<Response>;
 }
 
 /// Runs a [`Check`] before the inner service.
 #[derive(Clone)]
-pub(crate) struct CheckLayer<C>(pub(crate) C);
+pub struct CheckLayer<C>(pub C);
 
 impl<S, C: Check> Layer<S> for CheckLayer<C> {
     type Service = Checked<S, C>;
@@ -46,7 +46,7 @@ impl<S, C: Check> Layer<S> for CheckLayer<C> {
 
 /// The service of a [`CheckLayer`].
 #[derive(Clone)]
-pub(crate) struct Checked<S, C> {
+pub struct Checked<S, C> {
     inner: S,
     check: C,
 }
@@ -80,11 +80,11 @@ where
 /// through a trusted proxy (`conn_limit.rs`), and the `Origin` check of a
 /// WebSocket upgrade (`edge.rs`).
 #[derive(Clone)]
-pub(crate) struct RequestLayer {
+pub struct RequestLayer {
     /// The node's state (its id, the CORS allow-list).
-    pub(crate) shared: Arc<Shared>,
+    pub shared: Arc<Shared>,
     /// Connections per client address.
-    pub(crate) limits: Arc<ConnectionLimits>,
+    pub limits: Arc<ConnectionLimits>,
 }
 
 impl<S> Layer<S> for RequestLayer {
@@ -100,7 +100,7 @@ impl<S> Layer<S> for RequestLayer {
 
 /// The service of a [`RequestLayer`].
 #[derive(Clone)]
-pub(crate) struct RequestService<S> {
+pub struct RequestService<S> {
     inner: S,
     layer: RequestLayer,
 }
@@ -128,7 +128,7 @@ where
         // formatted) unless DEBUG is on.
         let span = tracing::debug_span!(
             "request",
-            node_id = %self.layer.shared.config.node_id,
+            node_id = %self.layer.shared.settings.node_id,
             method = %request.method(),
             path = %request.uri().path(),
         );
@@ -161,7 +161,7 @@ where
 /// `invalid_host`), then, on a loopback node without access control, one
 /// for a host name that is not loopback (`edge.rs`).
 #[derive(Clone)]
-pub(crate) struct LoopbackHost(pub(crate) Arc<Shared>);
+pub struct LoopbackHost(pub Arc<Shared>);
 
 impl Check for LoopbackHost {
     fn refusal(&self, request: &Request) -> Option<Response> {
@@ -171,7 +171,7 @@ impl Check for LoopbackHost {
 
 /// Refuses a `POST` without a JSON `Content-Type` (`edge.rs`).
 #[derive(Clone)]
-pub(crate) struct RequireJson;
+pub struct RequireJson;
 
 impl Check for RequireJson {
     fn refusal(&self, request: &Request) -> Option<Response> {

@@ -3,7 +3,7 @@
 //!
 //! A direct client is counted per TCP connection (the accept loop in
 //! `listener.rs` takes a [`Slot`] for each). A reverse proxy listed in
-//! [`crate::config::ServerConfig::trusted_proxies`] multiplexes many clients over
+//! herald-server's `ServerConfig::trusted_proxies` multiplexes many clients over
 //! its connections, so its connections are not counted; each request it
 //! carries is counted instead, by the client address in its
 //! `X-Forwarded-For` header, for as long as its answer lasts (the router's
@@ -36,11 +36,11 @@ use crate::metrics;
 /// The address a connection was accepted from, in each request's
 /// extensions (set by the accept loop).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Peer(pub(crate) SocketAddr);
+pub struct Peer(pub SocketAddr);
 
 /// How many connections each client address has open, against a limit.
 #[derive(Debug)]
-pub(crate) struct ConnectionLimits {
+pub struct ConnectionLimits {
     /// Most open at once per address.
     per_ip: usize,
     /// Peers whose `X-Forwarded-For` is believed.
@@ -55,7 +55,7 @@ pub(crate) struct ConnectionLimits {
 
 /// Each address's refusals are logged at most once per this interval (one
 /// minute).
-pub(crate) const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(60);
+pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(60);
 
 /// At most this many addresses are remembered as logged within the last
 /// [`REFUSAL_LOG_INTERVAL`]; while that many were logged, a new address's
@@ -102,7 +102,7 @@ impl RefusalLog {
 impl ConnectionLimits {
     /// Limits of `per_ip` open per address; `trusted` are the proxies whose
     /// `X-Forwarded-For` is believed; `node_id` names the node in the log.
-    pub(crate) fn new(per_ip: usize, trusted: Vec<IpAddr>, node_id: &str) -> Arc<Self> {
+    pub fn new(per_ip: usize, trusted: Vec<IpAddr>, node_id: &str) -> Arc<Self> {
         Arc::new(Self {
             per_ip,
             trusted,
@@ -137,7 +137,7 @@ impl ConnectionLimits {
     }
 
     /// Whether `ip` is a trusted proxy.
-    pub(crate) fn is_trusted(&self, ip: IpAddr) -> bool {
+    pub fn is_trusted(&self, ip: IpAddr) -> bool {
         self.trusted.contains(&canonical(ip))
     }
 
@@ -145,7 +145,7 @@ impl ConnectionLimits {
     /// `herald_connections_refused_total`, and logged as
     /// [`ConnectionLimits::log_refusal`] says) when it has the limit open
     /// already. The count drops when the [`Slot`] is dropped.
-    pub(crate) fn try_acquire(self: &Arc<Self>, ip: IpAddr) -> Option<Slot> {
+    pub fn try_acquire(self: &Arc<Self>, ip: IpAddr) -> Option<Slot> {
         let ip = canonical(ip);
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         let count = open.entry(ip).or_insert(0);
@@ -167,7 +167,7 @@ impl ConnectionLimits {
     /// that is not itself a trusted proxy (each proxy appends the address
     /// it got the request from; those left of a trusted one are only what
     /// the client wrote); otherwise, or without a usable header, `peer`.
-    pub(crate) fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+    pub fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
         if !self.is_trusted(peer) {
             return canonical(peer);
         }
@@ -192,7 +192,7 @@ impl ConnectionLimits {
 
     /// Open connections of `ip` now (for tests).
     #[cfg(test)]
-    pub(crate) fn open(&self, ip: IpAddr) -> usize {
+    pub fn open(&self, ip: IpAddr) -> usize {
         let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         open.get(&canonical(ip)).copied().unwrap_or(0)
     }
@@ -211,14 +211,14 @@ fn canonical(ip: IpAddr) -> IpAddr {
 /// A proxied request's [`Slot`], in its extensions, shared with whatever
 /// outlives the request (a WebSocket session).
 #[derive(Debug, Clone)]
-pub(crate) struct ClientSlot {
+pub struct ClientSlot {
     /// Held, never read: dropping the last clone frees the place.
     _slot: Arc<Slot>,
 }
 
 /// What [`ConnectionLimits::admit_proxied`] decided of a request.
 #[derive(Debug)]
-pub(crate) enum Admission {
+pub enum Admission {
     /// Not from a trusted proxy: its connection holds a slot already.
     Direct,
     /// From a trusted proxy: the slot counted against its client's
@@ -236,7 +236,7 @@ impl ConnectionLimits {
     /// ([`hold_slot`]: an SSE stream holds it to its end), and put in the
     /// request's extensions as a [`ClientSlot`], for a WebSocket session.
     /// Requests from other peers pass untouched ([`Admission::Direct`]).
-    pub(crate) fn admit_proxied(self: &Arc<Self>, request: &mut Request) -> Admission {
+    pub fn admit_proxied(self: &Arc<Self>, request: &mut Request) -> Admission {
         let Some(Peer(peer)) = request.extensions().get::<Peer>().copied() else {
             return Admission::Direct;
         };
@@ -256,7 +256,7 @@ impl ConnectionLimits {
 }
 
 /// `response`, its body holding `slot` until the body is dropped.
-pub(crate) fn hold_slot(response: Response, slot: Arc<Slot>) -> Response {
+pub fn hold_slot(response: Response, slot: Arc<Slot>) -> Response {
     response.map(|inner| Body::new(HeldBody { inner, _slot: slot }))
 }
 
@@ -289,7 +289,7 @@ impl http_body::Body for HeldBody {
 /// One open connection (or proxied request) of an address; dropping it
 /// frees its place.
 #[derive(Debug)]
-pub(crate) struct Slot {
+pub struct Slot {
     limits: Arc<ConnectionLimits>,
     ip: IpAddr,
 }

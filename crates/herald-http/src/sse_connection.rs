@@ -56,7 +56,7 @@ const PATH_PREFIX: &str = "/v1/channels/";
 const PATH_SUFFIX: &str = "/events";
 
 /// What a connection's first bytes are.
-pub(crate) enum Opening {
+pub enum Opening {
     /// A complete SSE subscription request, its head already taken off the
     /// socket.
     Subscription(Box<Request<Body>>),
@@ -76,7 +76,7 @@ pub(crate) enum Opening {
 ///
 /// # Errors
 /// An I/O error of the socket (the connection is then dropped).
-pub(crate) async fn open(
+pub async fn open(
     stream: &mut TcpStream,
     header_read_timeout: Duration,
     stop: &CancellationToken,
@@ -147,7 +147,7 @@ fn subscription_request(bytes: &[u8]) -> Option<(Request<Body>, usize)> {
 }
 
 /// The answer to a subscription request, ready to be written.
-pub(crate) enum Answer {
+pub enum Answer {
     /// An event stream: its head, then its body, chunk by chunk.
     Stream {
         /// The status line and header fields.
@@ -164,7 +164,7 @@ pub(crate) enum Answer {
 /// the same layers and handler as any request. Returns `None` when the
 /// answer is not an event stream and its body fails or is larger than
 /// [`MAX_ANSWER_BYTES`] (the connection is then dropped).
-pub(crate) async fn answer(
+pub async fn answer(
     request: Box<Request<Body>>,
     router: Router,
     peer: SocketAddr,
@@ -201,7 +201,7 @@ pub(crate) async fn answer(
 /// Writes `answer` on `stream`, an event stream as it comes (see the
 /// module docs), then closes the connection. Returns when the answer
 /// ended, the client left, or writing to it failed.
-pub(crate) async fn write(mut stream: TcpStream, answer: Answer, peer: SocketAddr) {
+pub async fn write(mut stream: TcpStream, answer: Answer, peer: SocketAddr) {
     let outcome = match answer {
         Answer::Stream { head, body } => stream_events(&mut stream, head, body).await,
         Answer::Whole(whole) => stream.write_all(&whole).await,

@@ -40,19 +40,19 @@ use crate::error::Error;
 
 /// How long the server waits for a client to answer its Close frame, or to
 /// take a frame, while closing.
-pub(crate) const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
+pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Bytes taken from the connection by one read of [`OnDemandIo`], into a
 /// buffer on the stack.
 const READ_CHUNK_BYTES: usize = 8192;
 
 /// A WebSocket session's socket (after the upgrade).
-pub(crate) type Socket = WebSocketStream<OnDemandIo<TokioIo<Upgraded>>>;
+pub type Socket = WebSocketStream<OnDemandIo<TokioIo<Upgraded>>>;
 
 /// A valid WebSocket upgrade request (RFC 6455 §4.2.1, or RFC 8441 over
 /// HTTP/2), checked exactly as axum's `WebSocketUpgrade` checks it; the
 /// session is started by [`Upgrade::on_upgrade`].
-pub(crate) struct Upgrade {
+pub struct Upgrade {
     /// `Sec-WebSocket-Key` (HTTP/1.1), whose digest the `101` answer
     /// carries; `None` over HTTP/2.
     key: Option<HeaderValue>,
@@ -92,7 +92,7 @@ impl Upgrade {
     /// see [`is_too_big`]); the library's read buffer starts at
     /// `read_buffer_bytes`. A connection that fails before the upgrade
     /// completes ends without a session (logged at debug level).
-    pub(crate) fn on_upgrade<F, Fut>(
+    pub fn on_upgrade<F, Fut>(
         self,
         read_buffer_bytes: usize,
         max_message_bytes: usize,
@@ -151,7 +151,7 @@ impl Upgrade {
 /// the heap only until the library takes it. An idle session thus holds
 /// no read buffer here, and the library may read in small steps without a
 /// system call for each. Writes pass through.
-pub(crate) struct OnDemandIo<T> {
+pub struct OnDemandIo<T> {
     inner: T,
     /// Bytes read from the connection and not taken yet; `None` (nothing
     /// allocated) when there are none.
@@ -160,7 +160,7 @@ pub(crate) struct OnDemandIo<T> {
 
 impl<T> OnDemandIo<T> {
     /// Wraps `inner`.
-    pub(crate) fn new(inner: T) -> Self {
+    pub fn new(inner: T) -> Self {
         Self {
             inner,
             pending: None,
@@ -231,14 +231,14 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for OnDemandIo<T> {
 }
 
 /// Whether a read error is a client message or frame over the size limit.
-pub(crate) fn is_too_big(error: &tokio_tungstenite::tungstenite::Error) -> bool {
+pub fn is_too_big(error: &tokio_tungstenite::tungstenite::Error) -> bool {
     matches!(error, tokio_tungstenite::tungstenite::Error::Capacity(_))
 }
 
 /// Sends a Close frame and waits (bounded, [`CLOSE_TIMEOUT`] each way)
 /// for the client's Close reply: ends API v1's WebSocket sessions and
 /// Centrifugo's.
-pub(crate) async fn close(
+pub async fn close(
     mut tx: SplitSink<Socket, Frame>,
     mut rx: SplitStream<Socket>,
     code: u16,

@@ -81,7 +81,7 @@ const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// was accepted is skipped, and any other error (such as running out of
 /// file descriptors) is logged and retried after a pause that doubles from
 /// [`ACCEPT_BACKOFF_MIN`] up to [`ACCEPT_BACKOFF_MAX`].
-pub(crate) async fn serve_connections(
+pub async fn serve_connections(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
     app: Router,

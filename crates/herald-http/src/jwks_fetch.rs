@@ -10,15 +10,15 @@ use std::time::Duration;
 use herald_auth::JwksFetch;
 
 /// Longest a JWKS fetch may take, connection and body included.
-pub(crate) const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+pub const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest JWKS document accepted from a URL, bytes (a set of a few dozen
 /// RSA keys is about 20 KB).
-pub(crate) const MAX_JWKS_BYTES: usize = 256 * 1024;
+pub const MAX_JWKS_BYTES: usize = 256 * 1024;
 
 /// Fetches a JWKS with one HTTP client, shared by every fetch of a node's
 /// access control (and of the ones a reload builds).
 #[derive(Debug, Clone)]
-pub(crate) struct HttpJwksFetch {
+pub struct HttpJwksFetch {
     client: reqwest::Client,
 }
 
@@ -28,7 +28,7 @@ impl HttpJwksFetch {
     ///
     /// # Errors
     /// The HTTP client cannot be built (the message names `jwks_url`).
-    pub(crate) fn new() -> Result<Self, String> {
+    pub fn new() -> Result<Self, String> {
         let client = reqwest::Client::builder()
             .timeout(FETCH_TIMEOUT)
             .connect_timeout(FETCH_TIMEOUT)

@@ -106,7 +106,7 @@ impl CorsConfig {
 
     /// The layer for the router. Invalid origins are left out (the
     /// config is validated at start).
-    pub(crate) fn layer(&self) -> CorsLayer {
+    pub fn layer(&self) -> CorsLayer {
         let origins = if self.allowed_origins.iter().any(|o| o == "*") {
             AllowOrigin::any()
         } else {

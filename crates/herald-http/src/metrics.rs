@@ -38,7 +38,6 @@
 
 use std::sync::OnceLock;
 
-use crate::durable_streams::producer_wait::APPENDS_WAITING;
 use herald_auth::metrics::RATE_LIMITED;
 use herald_node::metrics::register_publish_handles;
 use herald_node::metrics::{
@@ -51,10 +50,16 @@ use metrics::Unit;
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-pub(crate) const CONNECTIONS_REFUSED: &str = "herald_connections_refused_total";
-pub(crate) const IDLE_CONNECTIONS_CLOSED: &str = "herald_idle_connections_closed_total";
-pub(crate) const WS_MESSAGES_TOO_BIG: &str = "herald_ws_messages_too_big_total";
-pub(crate) const CHANNELS_UNREPORTED: &str = "herald_centrifugo_channels_unreported";
+/// Counter: connections (or proxied requests) refused over the per-IP limit.
+pub const CONNECTIONS_REFUSED: &str = "herald_connections_refused_total";
+/// Counter: connections closed for no request head within the timeout.
+pub const IDLE_CONNECTIONS_CLOSED: &str = "herald_idle_connections_closed_total";
+/// Counter: WebSocket sessions closed with 1009 for a message over the limit.
+pub const WS_MESSAGES_TOO_BIG: &str = "herald_ws_messages_too_big_total";
+/// Gauge: subscribed channels left out of this node's last report.
+pub const CHANNELS_UNREPORTED: &str = "herald_centrifugo_channels_unreported";
+/// Gauge: Durable Streams appends waiting for their turn on this node.
+pub const APPENDS_WAITING: &str = "herald_stream_appends_waiting";
 /// Emitted by the lease supervisor (herald-lease).
 const LEASE_RENEWALS: &str = "herald_lease_renewals_total";
 const LEASE_RENEWAL_DURATION: &str = "herald_lease_renewal_duration_seconds";
@@ -116,7 +121,7 @@ pub fn record_build_info(version: &str, commit: &str) {
 /// client libraries name them: "Writing client libraries", "Process
 /// metrics"), read from the OS by the `metrics-process` crate. Called
 /// before each `/metrics` render.
-pub(crate) fn collect_process() {
+pub fn collect_process() {
     metrics_process::Collector::default().collect();
 }
 
@@ -352,23 +357,23 @@ fn register_at_zero() {
 }
 
 /// Sets how many subscribed channels the last node report left out.
-pub(crate) fn channels_unreported(channels: u64) {
+pub fn channels_unreported(channels: u64) {
     gauge!(CHANNELS_UNREPORTED).set(channels as f64);
 }
 
 /// Counts one connection (or proxied request) refused for `reason`
 /// (`per_ip`).
-pub(crate) fn connection_refused(reason: &'static str) {
+pub fn connection_refused(reason: &'static str) {
     counter!(CONNECTIONS_REFUSED, "reason" => reason).increment(1);
 }
 
 /// Counts one connection closed for sending no request head in time.
-pub(crate) fn idle_connection_closed() {
+pub fn idle_connection_closed() {
     counter!(IDLE_CONNECTIONS_CLOSED).increment(1);
 }
 
 /// Counts one WebSocket session closed with 1009.
-pub(crate) fn ws_message_too_big() {
+pub fn ws_message_too_big() {
     counter!(WS_MESSAGES_TOO_BIG).increment(1);
 }
 

@@ -12,10 +12,10 @@ use herald_auth::Principal;
 
 /// The log target of the audit log, for filters such as
 /// `RUST_LOG=herald::audit=info`.
-pub(crate) const TARGET: &str = "herald::audit";
+pub const TARGET: &str = "herald::audit";
 
 /// Logs the admin action `action` by `who` on `channel` or `user`.
-pub(crate) fn admin_action(
+pub fn admin_action(
     who: &Principal,
     action: &'static str,
     channel: Option<&str>,

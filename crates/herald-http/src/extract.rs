@@ -21,7 +21,7 @@ use crate::error::Error;
 
 /// The `{channel}` path segment, validated.
 #[derive(Debug)]
-pub(crate) struct ChannelPath(pub(crate) ChannelName);
+pub struct ChannelPath(pub ChannelName);
 
 impl<S: Send + Sync> FromRequestParts<S> for ChannelPath {
     type Rejection = Error;
@@ -46,7 +46,7 @@ impl<S: Send + Sync> FromRequestParts<S> for ChannelPath {
 /// Query parameters parsed into `T` by [`FromQuery`]; any failure is
 /// `invalid_query`, in Herald's words (which parameter, what it takes).
 #[derive(Debug)]
-pub(crate) struct ValidQuery<T>(pub(crate) T);
+pub struct ValidQuery<T>(pub T);
 
 impl<T: FromQuery, S: Send + Sync> FromRequestParts<S> for ValidQuery<T> {
     type Rejection = Error;
@@ -65,7 +65,7 @@ impl<T: FromQuery, S: Send + Sync> FromRequestParts<S> for ValidQuery<T> {
 }
 
 /// A route's query parameters, parsed from the decoded `name=value` pairs.
-pub(crate) trait FromQuery: Sized {
+pub trait FromQuery: Sized {
     /// Reads the parameters the route knows; others are ignored.
     ///
     /// # Errors
@@ -75,7 +75,7 @@ pub(crate) trait FromQuery: Sized {
 
 /// The decoded `name=value` pairs of a query string, in order.
 #[derive(Debug)]
-pub(crate) struct QueryParams(Vec<(String, String)>);
+pub struct QueryParams(Vec<(String, String)>);
 
 /// Longest part of a refused value quoted back in an error message, in
 /// characters.
@@ -83,7 +83,7 @@ const MAX_QUOTED_VALUE_CHARS: usize = 40;
 
 impl QueryParams {
     /// The value of `name`, if given; given more than once is an error.
-    pub(crate) fn get(&self, name: &str) -> Result<Option<&str>, Error> {
+    pub fn get(&self, name: &str) -> Result<Option<&str>, Error> {
         let mut values = self.0.iter().filter(|(n, _)| n == name);
         let first = values.next().map(|(_, v)| v.as_str());
         if values.next().is_some() {
@@ -95,7 +95,7 @@ impl QueryParams {
     }
 
     /// `name` as an integer from `min` to `max`, if given.
-    pub(crate) fn integer(&self, name: &str, min: u64, max: u64) -> Result<Option<u64>, Error> {
+    pub fn integer(&self, name: &str, min: u64, max: u64) -> Result<Option<u64>, Error> {
         let Some(text) = self.get(name)? else {
             return Ok(None);
         };
@@ -109,7 +109,7 @@ impl QueryParams {
     }
 
     /// `name` as one of `allowed` (exact, case-sensitive), if given.
-    pub(crate) fn one_of(
+    pub fn one_of(
         &self,
         name: &str,
         allowed: &[&'static str],
@@ -136,7 +136,7 @@ impl QueryParams {
 /// nothing else (no sign, no space), at most `u64::MAX`. Rust's
 /// `u64::from_str` would also take a leading `+`, which Herald's documented
 /// syntax does not have.
-pub(crate) fn parse_decimal(text: &str) -> Option<u64> {
+pub fn parse_decimal(text: &str) -> Option<u64> {
     if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
@@ -159,13 +159,13 @@ fn quoted(text: &str) -> String {
 /// whole body before reading the answer would otherwise see a reset
 /// connection instead of the 413.
 #[derive(Debug)]
-pub(crate) struct PublishBody {
+pub struct PublishBody {
     /// The text of `data`.
-    pub(crate) data: Arc<RawValue>,
+    pub data: Arc<RawValue>,
     /// The message's tags (none without `tags`).
-    pub(crate) tags: Tags,
+    pub tags: Tags,
     /// The whole body exactly as received (what a standby forwards).
-    pub(crate) raw: Bytes,
+    pub raw: Bytes,
 }
 
 /// Exactly the object `{"data": <value>}` or `{"data": <value>, "tags":
@@ -227,11 +227,7 @@ impl PublishBody {
     ///
     /// # Errors
     /// As [`read_limited`] and [`parse_publish_body`].
-    pub(crate) async fn read(
-        headers: &HeaderMap,
-        body: Body,
-        limit_bytes: usize,
-    ) -> Result<Self, Error> {
+    pub async fn read(headers: &HeaderMap, body: Body, limit_bytes: usize) -> Result<Self, Error> {
         let raw = read_limited(headers, body, limit_bytes).await?;
         let (data, tags) = parse_publish_body(&raw)?;
         Ok(Self { data, tags, raw })
@@ -253,7 +249,7 @@ impl PublishBody {
 /// # Errors
 /// [`Error::PayloadTooLarge`]; [`Error::InvalidBody`] when the body cannot
 /// be read.
-pub(crate) async fn read_limited(
+pub async fn read_limited(
     headers: &HeaderMap,
     body: Body,
     limit_bytes: usize,
@@ -297,7 +293,7 @@ pub(crate) async fn read_limited(
 
 /// Whether the client waits for `100 Continue` before it sends the body
 /// (`Expect: 100-continue`, case-insensitive, RFC 9110 §10.1.1).
-pub(crate) fn expects_continue(headers: &HeaderMap) -> bool {
+pub fn expects_continue(headers: &HeaderMap) -> bool {
     headers
         .get(EXPECT)
         .and_then(|v| v.to_str().ok())
@@ -317,13 +313,13 @@ fn declared_length(headers: &HeaderMap) -> Option<u64> {
 /// Deepest nesting of arrays and objects accepted in `data`: 128 levels,
 /// the recursion limit of serde_json and of many clients' parsers, so every
 /// subscriber can read what it is sent.
-pub(crate) const MAX_DATA_DEPTH: usize = 128;
+pub const MAX_DATA_DEPTH: usize = 128;
 
 /// Parses `{"data": <value>}` (with optional `"tags"`) into the data and
 /// the tags: not JSON, or `data` nested deeper than [`MAX_DATA_DEPTH`] →
 /// `invalid_json`; JSON of another shape (tags that are not an object of
 /// strings included) → `invalid_body`.
-pub(crate) fn parse_publish_body(bytes: &[u8]) -> Result<(Arc<RawValue>, Tags), Error> {
+pub fn parse_publish_body(bytes: &[u8]) -> Result<(Arc<RawValue>, Tags), Error> {
     let invalid_json = |e: serde_json::Error| Error::InvalidJson(e.to_string());
     match serde_json::from_slice::<Envelope>(bytes) {
         Ok(envelope) => {
@@ -346,7 +342,7 @@ pub(crate) fn parse_publish_body(bytes: &[u8]) -> Result<(Arc<RawValue>, Tags), 
 ///
 /// # Errors
 /// [`Error::InvalidJson`] naming the limit.
-pub(crate) fn check_depth(json: &str) -> Result<(), Error> {
+pub fn check_depth(json: &str) -> Result<(), Error> {
     // The depth is at most the number of `[` and `{` (those inside strings
     // included); counting them is a much cheaper loop than the scan that
     // tracks strings, and settles the common case.
@@ -387,7 +383,7 @@ fn nesting_depth(json: &str) -> usize {
 }
 
 /// The optional `Idempotency-Key` header, validated.
-pub(crate) fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, Error> {
+pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, Error> {
     let mut values = headers.get_all("idempotency-key").iter();
     let Some(value) = values.next() else {
         return Ok(None);
@@ -407,9 +403,9 @@ pub(crate) fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyK
 
 /// `?after=N` of the subscription routes.
 #[derive(Debug)]
-pub(crate) struct AfterQuery {
+pub struct AfterQuery {
     /// Deliver messages with offsets above this one (default 0: all).
-    pub(crate) after: Option<Offset>,
+    pub after: Option<Offset>,
 }
 
 impl FromQuery for AfterQuery {
@@ -431,10 +427,7 @@ impl FromQuery for AfterQuery {
 /// # Errors
 /// [`Error::InvalidLastEventId`] for any other value, or a header given
 /// more than once.
-pub(crate) fn resume_point(
-    headers: &HeaderMap,
-    query: &AfterQuery,
-) -> Result<Option<Offset>, Error> {
+pub fn resume_point(headers: &HeaderMap, query: &AfterQuery) -> Result<Option<Offset>, Error> {
     let mut values = headers.get_all("last-event-id").iter();
     match values.next() {
         Some(_) if values.next().is_some() => Err(Error::InvalidLastEventId),

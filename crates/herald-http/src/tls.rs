@@ -88,7 +88,7 @@ impl TlsCertificates {
     /// # Errors
     /// [`StartError::Tls`] when rustls refuses the protocol versions (not
     /// expected with its own provider).
-    pub(crate) fn acceptor(&self) -> Result<TlsAcceptor, StartError> {
+    pub fn acceptor(&self) -> Result<TlsAcceptor, StartError> {
         let mut config =
             RustlsConfig::builder_with_provider(Arc::new(aws_lc_rs::default_provider()))
                 .with_safe_default_protocol_versions()
