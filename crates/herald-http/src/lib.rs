@@ -12,7 +12,8 @@
 //! WebSocket upgrades and their close (`websocket.rs`, RFC 6455), the CORS
 //! layer and its settings (`cors.rs`), the HTTPS certificates (`tls.rs`),
 //! the JWKS fetcher of access control (`jwks_fetch.rs`), the audit log
-//! of admin actions (`audit.rs`); the connections (the accept loop,
+//! of admin actions (`audit.rs`), the credentials of a request
+//! (`auth_extract.rs`: the `Caller` and `Subscriber` extractors); the connections (the accept loop,
 //! `listener.rs`, HTTP/1 and HTTP/2 over TLS when configured; SSE
 //! connections served outside hyper, `sse_connection.rs`; limits per
 //! client address, `conn_limit.rs`), the checks of what a web page can
@@ -26,6 +27,7 @@
 //! access control `herald-auth`.
 
 pub mod audit;
+pub mod auth_extract;
 pub mod conn_limit;
 pub mod cors;
 pub mod edge;

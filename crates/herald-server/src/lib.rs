@@ -1,9 +1,10 @@
 //! Herald's crates, bottom to top: `herald-core` (the domain, no I/O),
 //! `herald-storage` (all SQL), `herald-lease` (the lease's timing),
 //! `herald-node` (the core, no route), `herald-http` (the HTTP edge every
-//! wing shares), `herald-server` (HTTP: API v1, Centrifugo and Durable
-//! Streams) and `herald` (the binary); `herald-auth` (access control, no
-//! HTTP) stands beside them on `herald-core`. `ARCHITECTURE.md` is the map.
+//! wing shares), `herald-durable-streams` (a wing), `herald-server` (the
+//! wings composed: API v1, Centrifugo, the console and Durable Streams) and
+//! `herald` (the binary); `herald-auth` (access control, no HTTP) stands
+//! beside them on `herald-core`. `ARCHITECTURE.md` is the map.
 //!
 //! Herald's HTTP adapters: Herald's API v1 (with SSE and WebSocket),
 //! Centrifugo's client protocol and server API, and the connections they
@@ -13,18 +14,18 @@
 //!
 //! A node runs [`serve`] with a listener, a storage, the lease supervisor's
 //! [`LeaseHandle`] and a [`ServerConfig`]. `router.rs` merges the wings'
-//! routes (`api/`, `centrifugo/`, `durable_streams/`, `console/`) with the
+//! routes (`api/`, `centrifugo/`, herald-durable-streams, `console/`) with the
 //! layers they share (connection limits, the request span, CORS, the edge
 //! checks) and the fallbacks; `state.rs` holds `AppState`, from which each
 //! wing takes its own state (API v1's `api/state.rs`, Centrifugo's
 //! `centrifugo/context.rs`, which starts Centrifugo's own tasks, Durable
-//! Streams' `durable_streams/state.rs`), each over herald-http's `Shared`.
+//! Streams' `StreamsState`), each over herald-http's `Shared`.
 //! The HTTP edge the wings share is herald-http's, used here under the
 //! same module names: the accept loop (`listener`), the shared layers and
 //! edge checks, connection limits, the HTTP `Error` (one JSON shape, with
 //! `From<NodeError>`), request parsing, WebSocket close, CORS, TLS, the
-//! JWKS fetcher and the metrics recorder. `auth_extract.rs` is the HTTP
-//! side of access control.
+//! JWKS fetcher, the metrics recorder and the HTTP side of access control
+//! (`auth_extract`).
 //!
 //! Invariants:
 //! - no core logic here: a publish goes through the core's one publish
@@ -40,11 +41,11 @@
 //! feed.
 
 mod api;
-mod auth_extract;
+#[cfg(test)]
+mod auth_extract_proptests;
 mod centrifugo;
 mod config;
 mod console;
-mod durable_streams;
 #[cfg(test)]
 mod fuzz;
 mod router;
@@ -53,9 +54,11 @@ mod state;
 // The HTTP edge every wing shares (herald-http), under the names the
 // wings use.
 use herald_http::{
-    audit, conn_limit, cors, edge, error, extract, jwks_fetch, layers, listener, metrics, shared,
-    tls, websocket,
+    audit, auth_extract, conn_limit, cors, edge, error, extract, jwks_fetch, layers, listener,
+    metrics, shared, tls, websocket,
 };
+// The Durable Streams wing (herald-durable-streams), under its module name.
+use herald_durable_streams as durable_streams;
 
 use std::sync::Arc;
 

@@ -28,14 +28,11 @@ use herald_auth::{Auth, AuthError, AuthSlot, Credential, Principal};
 use crate::error::Error;
 use herald_node::forward::{was_forwarded, CLUSTER_SECRET, FORWARDED_BY};
 
-#[cfg(test)]
-mod proptests;
-
 /// What the extractors need of a wing's state: the node's access control.
 /// A wing's state gives it to them through axum's [`FromRef`], so
 /// [`Caller`] and [`Subscriber`] work with any state that can.
 #[derive(Clone)]
-pub(crate) struct AuthState(pub(crate) Arc<AuthSlot>);
+pub struct AuthState(pub Arc<AuthSlot>);
 
 impl AuthState {
     /// The access control in force now; a request reads it once.
@@ -53,7 +50,7 @@ const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 /// [`AuthError::InvalidCredentials`] for an `Authorization` that is not
 /// `Bearer <credential>`, a header that is not visible ASCII, or both
 /// headers at once.
-pub(crate) fn from_headers(headers: &HeaderMap) -> Result<Option<Credential<'_>>, AuthError> {
+pub fn from_headers(headers: &HeaderMap) -> Result<Option<Credential<'_>>, AuthError> {
     let bad = |why: &str| AuthError::InvalidCredentials(why.to_owned());
     let bearer = match headers.get(AUTHORIZATION) {
         None => None,
@@ -92,7 +89,10 @@ pub(crate) fn from_headers(headers: &HeaderMap) -> Result<Option<Credential<'_>>
 
 /// The principal of a request, read from its headers (and `?token=`
 /// where a route takes it) by [`Auth`].
-pub(crate) trait RequestPrincipal {
+// Implemented and awaited only by Herald's own wings, inside handlers
+// whose futures are checked `Send` where they are spawned.
+#[allow(async_fn_in_trait)]
+pub trait RequestPrincipal {
     /// The principal of a request with `headers` and, if allowed here,
     /// `query_token` (`?token=`).
     ///
@@ -141,7 +141,7 @@ impl RequestPrincipal for Auth {
 }
 
 /// Where `?token=` is taken, as a refusal elsewhere says.
-pub(crate) const QUERY_TOKEN_ROUTES: &str = "?token= is taken only by the SSE and WebSocket \
+pub const QUERY_TOKEN_ROUTES: &str = "?token= is taken only by the SSE and WebSocket \
      routes (/v1/channels/{channel}/events, /v1/channels/{channel}/ws), where a browser cannot \
      set a header; send the token to this route as Authorization: Bearer <token>";
 
@@ -154,7 +154,7 @@ pub(crate) const QUERY_TOKEN_ROUTES: &str = "?token= is taken only by the SSE an
 /// that asks for a token. A token stays out of URLs wherever a header
 /// can carry it (`docs/security.md`).
 #[derive(Debug)]
-pub(crate) struct Caller(pub(crate) Principal);
+pub struct Caller(pub Principal);
 
 impl<S> FromRequestParts<S> for Caller
 where
@@ -182,7 +182,7 @@ fn has_query_token(parts: &Parts) -> bool {
 /// The checked principal of a subscription request: from its headers, or
 /// `?token=`. Rejects with the JSON 401 answer.
 #[derive(Debug)]
-pub(crate) struct Subscriber(pub(crate) Principal);
+pub struct Subscriber(pub Principal);
 
 impl<S> FromRequestParts<S> for Subscriber
 where

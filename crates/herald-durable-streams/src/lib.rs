@@ -18,32 +18,39 @@
 //! TTL through herald-node's `stream_renewals.rs` (a standby's batches
 //! reach the holder at `renewals.rs`' route).
 //!
-//! Like the other wings, it knows no SQL and no lease timing.
+//! Like the other wings, it knows no SQL and no lease timing, and no
+//! other wing: among Herald's crates it depends on the core
+//! (herald-core, herald-node), access control (herald-auth) and the HTTP
+//! edge (herald-http) only (`scripts/test`'s `check_layers`).
 
 mod body;
 mod chunk;
-pub(crate) mod config;
+pub mod config;
 mod follow;
 mod naming;
 mod offset;
-pub(crate) mod producer_wait;
+mod producer_wait;
 mod read;
 mod renewals;
 mod request;
 mod response;
 mod sse;
-pub(crate) mod state;
+mod state;
 mod write;
+
+// The HTTP edge every wing shares (herald-http), under the names the
+// wing's modules use.
+use herald_http::{audit, auth_extract, edge, error, extract, metrics, shared};
 
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
 
 use config::DurableStreamsConfig;
-pub(crate) use state::StreamsState;
+pub use state::StreamsState;
 
 /// The wing's routes (none when it is off): every path under the prefix.
-pub(crate) fn routes(ds: &DurableStreamsConfig) -> Router<StreamsState> {
+pub fn routes(ds: &DurableStreamsConfig) -> Router<StreamsState> {
     if !ds.enabled {
         return Router::new();
     }

@@ -12,7 +12,7 @@ use crate::shared::Shared;
 
 /// The wing's state. Cheap to clone.
 #[derive(Clone)]
-pub(crate) struct StreamsState {
+pub struct StreamsState {
     /// What every wing shares (`shared.rs`).
     pub(crate) shared: Arc<Shared>,
     /// The wing's own settings (`[durable_streams]`).
@@ -24,7 +24,7 @@ pub(crate) struct StreamsState {
 impl StreamsState {
     /// The wing's state over `shared`, with its own `config` and no append
     /// waiting yet.
-    pub(crate) fn new(shared: Arc<Shared>, config: DurableStreamsConfig) -> Self {
+    pub fn new(shared: Arc<Shared>, config: DurableStreamsConfig) -> Self {
         Self {
             shared,
             config: Arc::new(config),
