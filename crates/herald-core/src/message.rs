@@ -2,7 +2,11 @@ use serde::ser::SerializeStruct;
 use serde::{Serialize, Serializer};
 use serde_json::value::RawValue;
 
-use crate::{format_rfc3339_ms, ChannelName, IdempotencyKey, Payload, Tags};
+use crate::channel::ChannelName;
+use crate::idempotency::IdempotencyKey;
+use crate::payload::Payload;
+use crate::tags::Tags;
+use crate::time::format_rfc3339_ms;
 
 /// A message's position in its channel: 1 for the first message, then
 /// contiguous, never reused.

@@ -14,7 +14,9 @@
 //! durable-streams/durable-streams, mapped in `docs/durable-streams.md`):
 //! a "stream" is such a channel, a "producer" a writer session.
 
-use crate::{ChannelName, Offset, Payload};
+use crate::channel::ChannelName;
+use crate::message::Offset;
+use crate::payload::Payload;
 
 /// The media type of a `Content-Type` value as streams compare it: the
 /// part before any `;` parameter, trimmed, in ASCII lowercase

@@ -1,9 +1,10 @@
 //! A write of the holder's writer: one entry of a group commit. A group
 //! mixes a publish's messages and appends to streams (channels with
-//! properties, see [`crate::StreamAppend`]); the storage commits the whole
+//! properties, see [`crate::stream::StreamAppend`]); the storage commits the whole
 //! group in one fenced transaction and answers each entry.
 
-use crate::{Appended, NewMessage, StreamAppend, StreamAppended};
+use crate::message::{Appended, NewMessage};
+use crate::stream::{StreamAppend, StreamAppended};
 
 /// One entry of a group commit (`Storage::write`).
 #[derive(Debug, Clone)]

@@ -6,8 +6,8 @@
 use axum::extract::{FromRequest, Request};
 use bytes::Bytes;
 
-use super::StreamsState;
-use crate::error::Error;
+use crate::state::StreamsState;
+use herald_http::error::Error;
 
 /// The request body, at most `durable_streams.max_append_bytes` long.
 #[derive(Debug)]

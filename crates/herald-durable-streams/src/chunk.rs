@@ -6,8 +6,8 @@ use herald_core::{is_json_media, ChannelName, Message, Offset, Payload, StreamIn
 use herald_node::node_error::StorageContext;
 
 use super::offset::ReadFrom;
-use super::StreamsState;
-use crate::error::{Error, Result};
+use crate::state::StreamsState;
+use herald_http::error::{Error, Result};
 
 /// Most messages read from the storage per call (fewer when
 /// `ServerConfig::read_page_messages` is smaller).

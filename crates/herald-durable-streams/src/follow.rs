@@ -15,8 +15,8 @@ use herald_core::{Message, Offset, StreamInfo};
 use herald_node::node_error::NodeResult;
 use herald_node::subscription::{Item, StartAt, Subscription};
 
-use super::StreamsState;
-use crate::error::Result;
+use crate::state::StreamsState;
+use herald_http::error::Result;
 
 /// A batch stops taking messages once their bytes reach this (1 MiB), as a
 /// catch-up chunk does (`chunk.rs`); it always holds at least one whole
@@ -83,7 +83,7 @@ impl Follower {
     /// waited out later, in [`Follower::next_batch`]).
     ///
     /// # Errors
-    /// [`crate::error::Error::StorageUnavailable`] when that read fails
+    /// [`herald_http::error::Error::StorageUnavailable`] when that read fails
     /// with an error that is not transient.
     pub(crate) async fn start(
         state: &StreamsState,

@@ -38,10 +38,6 @@ mod sse;
 mod state;
 mod write;
 
-// The HTTP edge every wing shares (herald-http), under the names the
-// wing's modules use.
-use herald_http::{audit, auth_extract, edge, error, extract, metrics, shared};
-
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;

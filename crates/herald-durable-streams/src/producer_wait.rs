@@ -22,7 +22,7 @@ use tokio::sync::Notify;
 
 /// The gauge of appends waiting for their turn on this node (named with
 /// every other metric family, in herald-http's `metrics.rs`).
-pub(crate) use crate::metrics::APPENDS_WAITING;
+pub(crate) use herald_http::metrics::APPENDS_WAITING;
 
 /// Most appends that wait for their turn at once on one node.
 const MAX_WAITING: usize = 10_000;

@@ -20,9 +20,10 @@ use super::chunk::{body, info, read_chunk, start};
 use super::follow::{End, Follower};
 use super::offset::{self, ReadFrom};
 use super::response::{self, set};
-use super::{naming, request, sse, StreamsState};
-use crate::auth_extract::Subscriber;
-use crate::error::{Error, Result};
+use super::{naming, request, sse};
+use crate::state::StreamsState;
+use herald_http::auth_extract::Subscriber;
+use herald_http::error::{Error, Result};
 
 /// How a `GET` reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,9 +15,9 @@ use herald_core::ChannelName;
 use herald_node::forward::was_forwarded;
 use herald_node::stream_renewals::{RenewalBatch, MAX_PENDING_RENEWALS};
 
-use super::StreamsState;
-use crate::auth_extract::Caller;
-use crate::error::{Error, Result};
+use crate::state::StreamsState;
+use herald_http::auth_extract::Caller;
+use herald_http::error::{Error, Result};
 
 /// The answer: how many streams had their TTL restarted.
 #[derive(Debug, serde::Serialize)]

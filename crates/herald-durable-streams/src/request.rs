@@ -13,7 +13,7 @@ use bytes::Bytes;
 use herald_core::{Payload, Producer};
 use serde_json::value::RawValue;
 
-use crate::error::Error;
+use herald_http::error::Error;
 
 /// What one message of an append weighs beyond its bytes, in bytes: about
 /// what the node holds for it besides its text while the append is parsed,
@@ -38,7 +38,7 @@ pub(crate) struct AppendLimits {
 impl AppendLimits {
     /// The limits of `settings` and the wing's `config`.
     pub(crate) fn of(
-        settings: &crate::shared::Settings,
+        settings: &herald_http::shared::Settings,
         config: &super::config::DurableStreamsConfig,
     ) -> Self {
         Self {
@@ -273,7 +273,7 @@ pub(crate) fn messages(
         return Ok(Vec::new());
     }
     let text = std::str::from_utf8(body).map_err(|_| invalid("a JSON stream takes UTF-8 JSON"))?;
-    crate::extract::check_depth(text).map_err(|e| invalid(e.to_string()))?;
+    herald_http::extract::check_depth(text).map_err(|e| invalid(e.to_string()))?;
     let value: &RawValue =
         serde_json::from_str(text).map_err(|e| invalid(format!("the body is not JSON: {e}")))?;
     if value.get().starts_with('[') {

@@ -43,9 +43,10 @@ use tokio_stream::wrappers::ReceiverStream;
 use super::chunk::{body, start};
 use super::follow::{End, Follower};
 use super::offset::{self, ReadFrom};
+use super::request;
 use super::response::set;
-use super::{request, StreamsState};
-use crate::error::Result;
+use crate::state::StreamsState;
+use herald_http::error::Result;
 
 /// Events written ahead of a slow client before the task waits.
 const QUEUED_EVENTS: usize = 8;

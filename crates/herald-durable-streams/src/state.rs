@@ -8,7 +8,7 @@ use axum::extract::FromRef;
 
 use super::config::DurableStreamsConfig;
 use super::producer_wait::ProducerWaits;
-use crate::shared::Shared;
+use herald_http::shared::Shared;
 
 /// The wing's state. Cheap to clone.
 #[derive(Clone)]
@@ -33,7 +33,7 @@ impl StreamsState {
     }
 }
 
-impl FromRef<StreamsState> for crate::auth_extract::AuthState {
+impl FromRef<StreamsState> for herald_http::auth_extract::AuthState {
     fn from_ref(state: &StreamsState) -> Self {
         Self(Arc::clone(&state.shared.auth_slot))
     }

@@ -21,9 +21,10 @@ use herald_node::streams::{self, StreamDeleted, StreamRequest};
 
 use super::body::AppendBody;
 use super::response::{self, set};
-use super::{naming, offset, producer_wait, request, StreamsState};
-use crate::auth_extract::Caller;
-use crate::error::{Error, Result};
+use super::{naming, offset, producer_wait, request};
+use crate::state::StreamsState;
+use herald_http::auth_extract::Caller;
+use herald_http::error::{Error, Result};
 
 /// The type of a stream created without one (PROTOCOL.md, "Create").
 const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";
@@ -58,7 +59,7 @@ fn channel(
     headers: &HeaderMap,
     uri: &Uri,
 ) -> Result<ChannelName> {
-    crate::edge::cross_origin_write_refusal(&state.shared, headers, uri)?;
+    herald_http::edge::cross_origin_write_refusal(&state.shared, headers, uri)?;
     let channel = naming::channel_of(path).map_err(Error::InvalidStreamRequest)?;
     state.shared.auth().may_publish(who, &channel)?;
     if state.shared.draining() {
@@ -325,7 +326,7 @@ pub(crate) async fn put(
         Routed::Here(StreamCreated::Created { info, .. }) => {
             if !forking && info.earliest + written <= info.head {
                 // The channel held messages before: it was converted.
-                crate::audit::admin_action(
+                herald_http::audit::admin_action(
                     &who,
                     "stream_from_channel",
                     Some(channel.as_str()),

@@ -13,10 +13,25 @@ use std::future::Future;
 
 use bytes::Bytes;
 use http::HeaderMap;
+use tokio_util::sync::CancellationToken;
 
-use crate::forward::{after_takeover_error, CarriedHeaders, Forwarded, HolderAnswer};
+use crate::forward::{after_takeover_error, CarriedHeaders, Forwarded, Forwarder, HolderAnswer};
 use crate::node_error::{HolderWrite, NodeError, NodeResult};
-use crate::publish::Publisher;
+use crate::role::LeaseView;
+use crate::writer::WriterHandle;
+
+/// What a holder-only write (a publish among them) needs of the node: its writer, its role, its way to the
+/// holder, and whether it drains.
+pub struct Publisher<'a> {
+    /// This node's writer queue.
+    pub writer: &'a WriterHandle,
+    /// This node's role.
+    pub lease: &'a dyn LeaseView,
+    /// Forwards to the holder on a standby.
+    pub forwarder: &'a Forwarder,
+    /// Cancelled when the node drains.
+    pub shutdown: &'a CancellationToken,
+}
 
 /// A holder-only write as it reached this node: what a standby forwards.
 #[derive(Debug)]

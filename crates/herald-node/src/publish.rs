@@ -14,27 +14,11 @@ use std::future::Future;
 use bytes::Bytes;
 use herald_core::{Appended, NewMessage};
 use http::HeaderMap;
-use tokio_util::sync::CancellationToken;
 
-use crate::forward::{self, CarriedHeaders, Forwarder, HolderAnswer};
-pub use crate::holder_write::Routed;
+use crate::forward::{self, CarriedHeaders, HolderAnswer};
 use crate::holder_write::{self, HolderRequest};
+pub use crate::holder_write::{Publisher, Routed};
 use crate::node_error::{HolderWrite, NodeError, NodeResult};
-use crate::role::LeaseView;
-use crate::writer::WriterHandle;
-
-/// What a publish needs of the node: its writer, its role, its way to the
-/// holder, and whether it drains.
-pub struct Publisher<'a> {
-    /// This node's writer queue.
-    pub writer: &'a WriterHandle,
-    /// This node's role.
-    pub lease: &'a dyn LeaseView,
-    /// Forwards to the holder on a standby.
-    pub forwarder: &'a Forwarder,
-    /// Cancelled when the node drains.
-    pub shutdown: &'a CancellationToken,
-}
 
 /// How a publish reached this node, which decides what a standby forwards.
 #[derive(Debug)]

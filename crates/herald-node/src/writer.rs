@@ -520,7 +520,7 @@ impl Writer {
                 fail_all(replies, || NodeError::LeaseLost);
             }
             Err(e) => {
-                StorageFailure::new("write", None, e).log();
+                StorageFailure::new("append", None, e).log();
                 fail_all(replies, || NodeError::StorageUnavailable);
             }
         }

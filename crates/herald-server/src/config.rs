@@ -3,10 +3,10 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use crate::cors::CorsConfig;
-use crate::shared::Settings;
-use crate::tls::TlsCertificates;
 use herald_auth::{AuthConfig, AuthReload, NamespacesConfig};
+use herald_http::cors::CorsConfig;
+use herald_http::shared::Settings;
+use herald_http::tls::TlsCertificates;
 use herald_node::node::NodeConfig;
 use herald_node::node_error::StartError;
 use herald_node::retention::policy::RetentionHandle;
@@ -138,7 +138,7 @@ pub struct ServerConfig {
     /// period, pong timeout, connect timeout. See `docs/centrifugo.md`.
     pub centrifugo: crate::centrifugo::config::CentrifugoConfig,
     /// The Durable Streams wing's settings (`docs/durable-streams.md`).
-    pub durable_streams: crate::durable_streams::config::DurableStreamsConfig,
+    pub durable_streams: herald_durable_streams::config::DurableStreamsConfig,
     /// The web console's settings (`docs/console.md`).
     pub console: crate::console::config::ConsoleConfig,
     /// Reloads the node's access control (`[auth]`, `[namespaces]`) or
@@ -182,7 +182,7 @@ impl Default for ServerConfig {
             retention: RetentionHandle::default(),
             trim_pacing: TrimPacing::default(),
             centrifugo: crate::centrifugo::config::CentrifugoConfig::default(),
-            durable_streams: crate::durable_streams::config::DurableStreamsConfig::default(),
+            durable_streams: herald_durable_streams::config::DurableStreamsConfig::default(),
             console: crate::console::config::ConsoleConfig::default(),
             auth_reload: AuthReload::default(),
             loopback_hosts_only: false,

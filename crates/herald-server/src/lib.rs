@@ -51,14 +51,7 @@ mod fuzz;
 mod router;
 mod state;
 
-// The HTTP edge every wing shares (herald-http), under the names the
-// wings use.
-use herald_http::{
-    audit, auth_extract, conn_limit, cors, edge, error, extract, jwks_fetch, layers, listener,
-    metrics, shared, tls, websocket,
-};
-// The Durable Streams wing (herald-durable-streams), under its module name.
-use herald_durable_streams as durable_streams;
+use herald_http::{cors, error, listener, metrics, tls};
 
 use std::sync::Arc;
 
@@ -71,8 +64,8 @@ pub use centrifugo::CentrifugoConfig;
 pub use config::ServerConfig;
 pub use console::config::ConsoleConfig;
 pub use cors::CorsConfig;
-pub use durable_streams::config::DurableStreamsConfig;
 pub use error::{Error, Result};
+pub use herald_durable_streams::config::DurableStreamsConfig;
 pub use herald_node::node_error::{HolderWrite, NodeError, StartError, StorageFailure};
 pub use herald_node::retention::{
     duration_text, RetentionConfig, RetentionHandle, RetentionPolicy, TrimPacing,

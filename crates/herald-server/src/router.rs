@@ -16,11 +16,11 @@ use crate::centrifugo::context::CentrifugoState;
 use crate::centrifugo::routes as centrifugo_routes;
 use crate::console::routes as console_routes;
 use crate::console::ConsoleState;
-use crate::durable_streams::routes as streams_routes;
-use crate::durable_streams::StreamsState;
-use crate::error::Error;
-use crate::layers::{CheckLayer, LoopbackHost, RequestLayer};
 use crate::state::AppState;
+use herald_durable_streams::routes as streams_routes;
+use herald_durable_streams::StreamsState;
+use herald_http::error::Error;
+use herald_http::layers::{CheckLayer, LoopbackHost, RequestLayer};
 
 /// Builds the router over `state`.
 pub(crate) fn router(state: AppState) -> Router {

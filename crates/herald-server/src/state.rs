@@ -22,15 +22,15 @@ use crate::api::state::ApiState;
 use crate::centrifugo::context::{Centrifugo, CentrifugoState};
 use crate::centrifugo::node_info::ReportedNode;
 use crate::config::ServerConfig;
-use crate::conn_limit::ConnectionLimits;
 use crate::console::cluster::ViewCache;
 use crate::console::config::ConsoleConfig;
 use crate::console::rates::Rates;
 use crate::console::ConsoleState;
-use crate::durable_streams::StreamsState;
-use crate::jwks_fetch::HttpJwksFetch;
-use crate::metrics::install_metrics_recorder;
-use crate::shared::Shared;
+use herald_durable_streams::StreamsState;
+use herald_http::conn_limit::ConnectionLimits;
+use herald_http::jwks_fetch::HttpJwksFetch;
+use herald_http::metrics::install_metrics_recorder;
+use herald_http::shared::Shared;
 
 /// Interval of the metrics recorder's upkeep (draining histogram samples
 /// when nobody scrapes).

@@ -42,6 +42,7 @@ mod session;
 mod storage;
 mod streams;
 mod takeover;
+mod write;
 
 pub use connect::{
     check_connection_string, PostgresSettings, PostgresStorage, CHANGE_SIGNAL_CAPACITY,

@@ -31,6 +31,7 @@ mod presence;
 mod session;
 mod streams;
 mod worker;
+mod write;
 
 use std::fmt;
 use std::fs::{self, File, OpenOptions, TryLockError};
@@ -571,7 +572,7 @@ impl MessageLog for SqliteStorage {
         let batch = batch.to_vec();
         self.inner
             .writer
-            .call(move |conn| ops::write(conn, &lease, &batch))
+            .call(move |conn| write::write(conn, &lease, &batch))
             .await
     }
 

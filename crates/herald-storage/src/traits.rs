@@ -117,7 +117,7 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// The decision is taken after every lock it waits on is held.
     ///
     /// # Errors
-    /// [`crate::Error::Unavailable`] when the storage cannot be reached or a
+    /// [`crate::error::Error::Unavailable`] when the storage cannot be reached or a
     /// lock wait timed out; the caller retries on its acquire period.
     async fn acquire(&self, candidate: &Candidate, ttl: Duration) -> Result<Acquire>;
 
@@ -126,21 +126,21 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// lock wait. Never waits behind a fenced write.
     ///
     /// # Errors
-    /// [`crate::Error::LeaseLost`] when zero rows matched (other token, other
-    /// holder, or expired); [`crate::Error::Unavailable`] on timeouts.
+    /// [`crate::error::Error::LeaseLost`] when zero rows matched (other token, other
+    /// holder, or expired); [`crate::error::Error::Unavailable`] on timeouts.
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<()>;
 
     /// Gives the lease up so that another node can acquire it at once.
     /// Does nothing when `lease` is no longer current.
     ///
     /// # Errors
-    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    /// [`crate::error::Error::Unavailable`] when the storage cannot be reached.
     async fn release(&self, lease: &Lease) -> Result<()>;
 
     /// The lease as the storage sees it now; `None` if it was never acquired.
     ///
     /// # Errors
-    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    /// [`crate::error::Error::Unavailable`] when the storage cannot be reached.
     async fn lease_info(&self, name: &str) -> Result<Option<LeaseInfo>>;
 
     /// The acquisitions of lease `name` recorded so far, one entry per
@@ -150,7 +150,7 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// database migrated from before schema version 10 counts from then on.
     ///
     /// # Errors
-    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    /// [`crate::error::Error::Unavailable`] when the storage cannot be reached.
     async fn takeover_counts(&self, name: &str) -> Result<Vec<TakeoverCount>>;
 
     /// Resolves when a takeover of `held` (the lease as the last
@@ -421,10 +421,10 @@ pub trait MessageLog: Send + Sync + 'static {
     /// idempotency key is already used on its channel (earlier, or in
     /// the same batch) adds nothing and reports the original offset with
     /// `duplicate: true`, provided it is the same message: a keyed
-    /// message is stored with its [`crate::idempotency_digest`], and one
+    /// message is stored with its [`crate::digest::idempotency_digest`], and one
     /// whose digest differs from the digest stored with its key (a key
     /// reused for another message) fails the whole batch with
-    /// [`crate::Error::IdempotencyKeyReused`]. A key stored without a
+    /// [`crate::error::Error::IdempotencyKeyReused`]. A key stored without a
     /// digest (schema version 1) matches any message.
     ///
     /// A stream append is decided against its stream's row and its
@@ -440,14 +440,14 @@ pub trait MessageLog: Send + Sync + 'static {
     /// batch's stream appends their offsets before its messages'.
     ///
     /// # Errors
-    /// [`crate::Error::IdempotencyKeyReused`] naming the first entry
+    /// [`crate::error::Error::IdempotencyKeyReused`] naming the first entry
     /// that reuses a key for another message (nothing was committed; the
     /// caller may write the batch again without it);
-    /// [`crate::Error::ChannelRefuses`] naming the first message entry
+    /// [`crate::error::Error::ChannelRefuses`] naming the first message entry
     /// whose channel is a closed stream, an expired one or a stream of
     /// another kind of payload (JSON or bytes), the same way;
-    /// [`crate::Error::LeaseLost`] when the fencing check fails;
-    /// [`crate::Error::Unavailable`] on timeouts. After `LeaseLost` nothing of
+    /// [`crate::error::Error::LeaseLost`] when the fencing check fails;
+    /// [`crate::error::Error::Unavailable`] on timeouts. After `LeaseLost` nothing of
     /// the batch was committed. After `Unavailable` the outcome is unknown
     /// when the connection broke while the commit was in flight (the batch
     /// may be stored; a retry with the same idempotency keys or producer
@@ -467,7 +467,7 @@ pub trait MessageLog: Send + Sync + 'static {
             .into_iter()
             .map(|outcome| match outcome {
                 WriteOutcome::Message(appended) => Ok(appended),
-                WriteOutcome::Stream(_) => Err(crate::Error::corrupt(
+                WriteOutcome::Stream(_) => Err(crate::error::Error::corrupt(
                     "a message was answered as a stream append",
                 )),
             })
@@ -478,15 +478,15 @@ pub trait MessageLog: Send + Sync + 'static {
     /// a [`MessageLog::write`] of the one entry [`WriteRequest::Stream`].
     ///
     /// # Errors
-    /// As [`MessageLog::write`]: [`crate::Error::LeaseLost`] when the fencing
-    /// check fails (nothing written); [`crate::Error::Unavailable`] on
+    /// As [`MessageLog::write`]: [`crate::error::Error::LeaseLost`] when the fencing
+    /// check fails (nothing written); [`crate::error::Error::Unavailable`] on
     /// timeouts (the outcome is unknown if the connection broke during the
     /// commit: a producer's retry finds out).
     async fn append_stream(&self, lease: &Lease, append: &StreamAppend) -> Result<StreamAppended> {
         let entries = [WriteRequest::Stream(append.clone())];
         match self.write(lease, &entries).await?.pop() {
             Some(WriteOutcome::Stream(appended)) => Ok(appended),
-            _ => Err(crate::Error::corrupt(
+            _ => Err(crate::error::Error::corrupt(
                 "a stream append was answered as a message",
             )),
         }
@@ -499,7 +499,7 @@ pub trait MessageLog: Send + Sync + 'static {
     /// ([`StreamStore::expired_streams`]): no message, earliest `head + 1`.
     ///
     /// # Errors
-    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    /// [`crate::error::Error::Unavailable`] when the storage cannot be reached.
     async fn read(&self, channel: &ChannelName, after: Offset, limit: usize) -> Result<Page>;
 
     /// The epoch of `channel`: a short text (16 lowercase hex digits)
@@ -516,7 +516,7 @@ pub trait MessageLog: Send + Sync + 'static {
     /// (Centrifugo's `epoch`, see `docs/centrifugo.md`).
     ///
     /// # Errors
-    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    /// [`crate::error::Error::Unavailable`] when the storage cannot be reached.
     async fn channel_epoch(&self, channel: &ChannelName) -> Result<String>;
 
     /// Up to `limit` channels (capped at [`MAX_CHANNEL_PAGE`]) whose name
@@ -527,7 +527,7 @@ pub trait MessageLog: Send + Sync + 'static {
     /// channels as with ten when the search matches often.
     ///
     /// # Errors
-    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    /// [`crate::error::Error::Unavailable`] when the storage cannot be reached.
     async fn channel_page(
         &self,
         search: &str,
@@ -538,14 +538,14 @@ pub trait MessageLog: Send + Sync + 'static {
     /// Every channel with its head, ordered by name.
     ///
     /// # Errors
-    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    /// [`crate::error::Error::Unavailable`] when the storage cannot be reached.
     async fn channels(&self) -> Result<Vec<ChannelHead>>;
 
     /// Every channel with its head, earliest offset, message count and
     /// bytes stored, ordered by name (one snapshot; no message is read).
     ///
     /// # Errors
-    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    /// [`crate::error::Error::Unavailable`] when the storage cannot be reached.
     async fn channel_stats(&self) -> Result<Vec<ChannelStats>>;
 
     /// Removes the oldest messages of `channel` beyond `limits`, with
@@ -562,8 +562,8 @@ pub trait MessageLog: Send + Sync + 'static {
     /// trims nothing (earliest 1, head 0).
     ///
     /// # Errors
-    /// [`crate::Error::LeaseLost`] when the fencing check fails (nothing
-    /// removed); [`crate::Error::Unavailable`] on timeouts.
+    /// [`crate::error::Error::LeaseLost`] when the fencing check fails (nothing
+    /// removed); [`crate::error::Error::Unavailable`] on timeouts.
     async fn trim(
         &self,
         lease: &Lease,
@@ -591,8 +591,8 @@ pub trait MessageLog: Send + Sync + 'static {
     /// messages and never had any can be deleted too.
     ///
     /// # Errors
-    /// [`crate::Error::LeaseLost`] when the fencing check fails (nothing
-    /// recorded); [`crate::Error::Unavailable`] on timeouts.
+    /// [`crate::error::Error::LeaseLost`] when the fencing check fails (nothing
+    /// recorded); [`crate::error::Error::Unavailable`] on timeouts.
     async fn record_deletion(
         &self,
         lease: &Lease,
@@ -610,14 +610,14 @@ pub trait ChangeFeedReader: Send + Sync + 'static {
     /// `cursor` (0 = every one), and the new position.
     ///
     /// # Errors
-    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    /// [`crate::error::Error::Unavailable`] when the storage cannot be reached.
     async fn deletions_since(&self, cursor: u64) -> Result<Deletions>;
 
     /// The number of the latest deletion recorded (0 when none), for a
     /// node that starts following deletions now.
     ///
     /// # Errors
-    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    /// [`crate::error::Error::Unavailable`] when the storage cannot be reached.
     async fn deletion_cursor(&self) -> Result<u64>;
 
     /// The channels whose head moved after position `cursor` of the global
@@ -628,14 +628,14 @@ pub trait ChangeFeedReader: Send + Sync + 'static {
     /// position it returns, and the next call carries on from there.
     ///
     /// # Errors
-    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    /// [`crate::error::Error::Unavailable`] when the storage cannot be reached.
     async fn changes_since(&self, cursor: u64) -> Result<ChangeFeed>;
 
     /// The current end of the global commit order, for a node that starts
     /// following changes now.
     ///
     /// # Errors
-    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    /// [`crate::error::Error::Unavailable`] when the storage cannot be reached.
     async fn change_cursor(&self) -> Result<u64>;
 
     /// Push notices of commits, for nodes that follow other nodes' writes;
@@ -664,7 +664,7 @@ pub trait StreamStore: Send + Sync + 'static {
     /// `None` otherwise.
     ///
     /// # Errors
-    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    /// [`crate::error::Error::Unavailable`] when the storage cannot be reached.
     async fn stream_info(&self, channel: &ChannelName) -> Result<Option<StreamInfo>>;
 
     /// Up to `limit` streams that have expired on the storage's clock
@@ -674,7 +674,7 @@ pub trait StreamStore: Send + Sync + 'static {
     /// expired stream already reads as deleted ([`MessageLog::read`]).
     ///
     /// # Errors
-    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    /// [`crate::error::Error::Unavailable`] when the storage cannot be reached.
     async fn expired_streams(&self, limit: usize) -> Result<Vec<ChannelName>>;
 
     /// Makes `create.channel` a stream with `create.config`, closed if
@@ -694,8 +694,8 @@ pub trait StreamStore: Send + Sync + 'static {
     /// nothing.
     ///
     /// # Errors
-    /// [`crate::Error::LeaseLost`] when the fencing check fails (nothing
-    /// written); [`crate::Error::Unavailable`] on timeouts.
+    /// [`crate::error::Error::LeaseLost`] when the fencing check fails (nothing
+    /// written); [`crate::error::Error::Unavailable`] on timeouts.
     async fn create_stream(&self, lease: &Lease, create: &StreamCreate) -> Result<StreamCreated>;
 
     /// Restarts the TTL (`Stream-TTL`) of each live stream of `channels`
@@ -712,8 +712,8 @@ pub trait StreamStore: Send + Sync + 'static {
     /// notice.
     ///
     /// # Errors
-    /// [`crate::Error::LeaseLost`] when the fencing check fails (nothing
-    /// written); [`crate::Error::Unavailable`] on timeouts.
+    /// [`crate::error::Error::LeaseLost`] when the fencing check fails (nothing
+    /// written); [`crate::error::Error::Unavailable`] on timeouts.
     async fn renew_streams(&self, lease: &Lease, channels: &[ChannelName]) -> Result<u64>;
 
     /// Marks the stream `channel` as being deleted
@@ -723,8 +723,8 @@ pub trait StreamStore: Send + Sync + 'static {
     /// stream was marked.
     ///
     /// # Errors
-    /// [`crate::Error::LeaseLost`] when the fencing check fails;
-    /// [`crate::Error::Unavailable`] on timeouts.
+    /// [`crate::error::Error::LeaseLost`] when the fencing check fails;
+    /// [`crate::error::Error::Unavailable`] on timeouts.
     async fn soft_delete_stream(&self, lease: &Lease, channel: &ChannelName) -> Result<bool>;
 }
 
@@ -739,28 +739,28 @@ pub trait PresenceStore: Send + Sync + 'static {
     /// records its own clients.
     ///
     /// # Errors
-    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    /// [`crate::error::Error::Unavailable`] when the storage cannot be reached.
     async fn presence_add(&self, session: &str, entry: &PresenceEntry, ttl: Duration)
         -> Result<()>;
 
     /// Removes the entry of `client` in `channel`, if any.
     ///
     /// # Errors
-    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    /// [`crate::error::Error::Unavailable`] when the storage cannot be reached.
     async fn presence_remove(&self, channel: &ChannelName, client: &str) -> Result<()>;
 
     /// Renews every entry of node process `session` to expire `ttl` from
     /// now (the node's heartbeat).
     ///
     /// # Errors
-    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    /// [`crate::error::Error::Unavailable`] when the storage cannot be reached.
     async fn presence_touch(&self, session: &str, ttl: Duration) -> Result<()>;
 
     /// The unexpired entries of `channel`, from every node, ordered by
     /// client.
     ///
     /// # Errors
-    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    /// [`crate::error::Error::Unavailable`] when the storage cannot be reached.
     async fn presence(&self, channel: &ChannelName) -> Result<Vec<PresenceEntry>>;
 
     /// Tells the other nodes of the same database (their storages'
@@ -780,7 +780,7 @@ pub trait PresenceStore: Send + Sync + 'static {
     /// `Ok`.
     ///
     /// # Errors
-    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    /// [`crate::error::Error::Unavailable`] when the storage cannot be reached.
     async fn send_presence_events(&self, events: &[PresenceEvent]) -> Result<()> {
         let _ = events;
         Ok(())
@@ -814,7 +814,7 @@ pub trait ClusterView: Send + Sync + 'static {
     /// itself.
     ///
     /// # Errors
-    /// [`crate::Error::Unavailable`] when the storage cannot be reached;
+    /// [`crate::error::Error::Unavailable`] when the storage cannot be reached;
     /// then nothing of the report was recorded.
     async fn report_node(
         &self,
@@ -826,7 +826,7 @@ pub trait ClusterView: Send + Sync + 'static {
     /// The unexpired reports of every node, ordered by node id.
     ///
     /// # Errors
-    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    /// [`crate::error::Error::Unavailable`] when the storage cannot be reached.
     async fn node_reports(&self) -> Result<Vec<NodeReport>>;
 
     /// Every channel in the unexpired reports of the nodes other than
@@ -835,7 +835,7 @@ pub trait ClusterView: Send + Sync + 'static {
     /// node adds its own counts of now).
     ///
     /// # Errors
-    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    /// [`crate::error::Error::Unavailable`] when the storage cannot be reached.
     async fn cluster_channels(&self, except_node: &str) -> Result<Vec<ChannelClients>>;
 
     /// The latest acquisitions of lease `name`, newest first, at most
@@ -845,7 +845,7 @@ pub trait ClusterView: Send + Sync + 'static {
     /// on every node.
     ///
     /// # Errors
-    /// [`crate::Error::Unavailable`] when the storage cannot be reached.
+    /// [`crate::error::Error::Unavailable`] when the storage cannot be reached.
     async fn lease_history(&self, name: &str, limit: usize) -> Result<Vec<LeaseTakeover>>;
 
     /// Sends `event` to every other node that shares this storage and
@@ -854,8 +854,8 @@ pub trait ClusterView: Send + Sync + 'static {
     /// (SQLite).
     ///
     /// # Errors
-    /// [`crate::Error::ClusterEventTooLarge`] when the event does not fit
-    /// in one notification (nothing sent); [`crate::Error::Unavailable`]
+    /// [`crate::error::Error::ClusterEventTooLarge`] when the event does not fit
+    /// in one notification (nothing sent); [`crate::error::Error::Unavailable`]
     /// when the storage cannot be reached.
     async fn send_cluster_event(&self, event: &ClusterEvent) -> Result<()>;
 
@@ -891,6 +891,6 @@ pub trait Storage:
     /// Checks that the storage answers (for `/readyz`).
     ///
     /// # Errors
-    /// [`crate::Error::Unavailable`] when it does not.
+    /// [`crate::error::Error::Unavailable`] when it does not.
     async fn ping(&self) -> Result<()>;
 }

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::auth_extract::Caller;
 use axum::body::Body;
 use axum::extract::{FromRequestParts, Request, State};
 use axum::http::request::Parts;
@@ -14,13 +13,14 @@ use axum::Json;
 use bytes::Bytes;
 use herald_auth::AuthError;
 use herald_core::{format_rfc3339_ms, ChannelName, IdempotencyKey, NewMessage, Tags};
+use herald_http::auth_extract::Caller;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use super::state::ApiState;
 use crate::api::publish::holder_response;
-use crate::error::{Error, Result};
-use crate::extract::{check_depth, read_limited};
+use herald_http::error::{Error, Result};
+use herald_http::extract::{check_depth, read_limited};
 use herald_node::metrics;
 use herald_node::publish::{self, BatchPublished};
 

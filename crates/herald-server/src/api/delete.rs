@@ -16,9 +16,9 @@ use serde::Serialize;
 
 use super::state::ApiState;
 use crate::api::publish::holder_response;
-use crate::auth_extract::Caller;
-use crate::error::Result;
-use crate::extract::ChannelPath;
+use herald_http::auth_extract::Caller;
+use herald_http::error::Result;
+use herald_http::extract::ChannelPath;
 use herald_node::forward::CarriedHeaders;
 use herald_node::holder_write::{on_holder, HolderRequest, Routed};
 use herald_node::node_error::HolderWrite;
@@ -47,7 +47,7 @@ pub(crate) async fn delete_channel(
     if !matches!(who, Principal::Cluster) {
         state.shared.auth().may_admin(&who)?;
     }
-    crate::audit::admin_action(&who, "delete_channel", Some(channel.as_str()), None);
+    herald_http::audit::admin_action(&who, "delete_channel", Some(channel.as_str()), None);
     let shared = &state.shared;
     // After a takeover that ended the forward, this node deletes the
     // channel itself, as the client's retry would.

@@ -16,8 +16,8 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
 
-use crate::layers::{CheckLayer, RequireJson};
-use crate::shared::Settings;
+use herald_http::layers::{CheckLayer, RequireJson};
+use herald_http::shared::Settings;
 use state::ApiState;
 
 /// API v1's routes and the operational ones (`/v1/status`, `/healthz`,

@@ -13,10 +13,10 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::state::ApiState;
-use crate::auth_extract::Caller;
-use crate::error::{Error, Result};
-use crate::extract::{FromQuery, QueryParams, ValidQuery};
-use crate::metrics;
+use herald_http::auth_extract::Caller;
+use herald_http::error::{Error, Result};
+use herald_http::extract::{FromQuery, QueryParams, ValidQuery};
+use herald_http::metrics;
 use herald_node::forward::HolderView;
 use herald_node::node_error::{StorageContext, StorageFailure};
 

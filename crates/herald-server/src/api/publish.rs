@@ -12,9 +12,9 @@ use herald_core::{format_rfc3339_ms, ChannelName, NewMessage};
 use serde::Serialize;
 
 use super::state::ApiState;
-use crate::auth_extract::Caller;
-use crate::error::{Error, Result};
-use crate::extract::{idempotency_key, ChannelPath, PublishBody};
+use herald_http::auth_extract::Caller;
+use herald_http::error::{Error, Result};
+use herald_http::extract::{idempotency_key, ChannelPath, PublishBody};
 use herald_node::forward::HolderAnswer;
 use herald_node::metrics;
 use herald_node::publish::{self, Published, Received};

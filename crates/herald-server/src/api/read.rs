@@ -6,9 +6,9 @@ use herald_core::{ChannelName, Message, Offset};
 use serde::Serialize;
 
 use super::state::ApiState;
-use crate::auth_extract::Caller;
-use crate::error::{Error, Result};
-use crate::extract::{ChannelPath, FromQuery, QueryParams, ValidQuery};
+use herald_http::auth_extract::Caller;
+use herald_http::error::{Error, Result};
+use herald_http::extract::{ChannelPath, FromQuery, QueryParams, ValidQuery};
 use herald_node::node_error::StorageContext;
 
 /// `limit` of a history read when the query has none, in messages.

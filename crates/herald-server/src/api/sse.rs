@@ -49,9 +49,9 @@ use futures::StreamExt;
 use herald_core::Message;
 
 use super::state::ApiState;
-use crate::auth_extract::Subscriber;
-use crate::error::Result;
-use crate::extract::{resume_point, AfterQuery, ChannelPath, ValidQuery};
+use herald_http::auth_extract::Subscriber;
+use herald_http::error::Result;
+use herald_http::extract::{resume_point, AfterQuery, ChannelPath, ValidQuery};
 use herald_node::subscription::{Item, StartAt, Subscription};
 
 /// Tells nginx-style proxies not to buffer the stream.

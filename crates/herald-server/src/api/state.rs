@@ -8,8 +8,8 @@ use axum::extract::FromRef;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio_util::task::TaskTracker;
 
-use crate::auth_extract::AuthState;
-use crate::shared::{Settings, Shared};
+use herald_http::auth_extract::AuthState;
+use herald_http::shared::{Settings, Shared};
 
 /// API v1's state. Cheap to clone.
 #[derive(Clone)]

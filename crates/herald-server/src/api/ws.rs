@@ -60,12 +60,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::state::ApiState;
-use crate::auth_extract::Subscriber;
-use crate::conn_limit::ClientSlot;
-use crate::error::{Error, Result};
-use crate::extract::{resume_point, AfterQuery, ChannelPath, ValidQuery};
-use crate::metrics;
-use crate::websocket::{close, is_too_big, Socket, Upgrade, CLOSE_TIMEOUT};
+use herald_http::auth_extract::Subscriber;
+use herald_http::conn_limit::ClientSlot;
+use herald_http::error::{Error, Result};
+use herald_http::extract::{resume_point, AfterQuery, ChannelPath, ValidQuery};
+use herald_http::metrics;
+use herald_http::websocket::{close, is_too_big, Socket, Upgrade, CLOSE_TIMEOUT};
 use herald_node::node_error::NodeError;
 use herald_node::subscription::{Item, StartAt, Subscription};
 

@@ -18,7 +18,15 @@ use prost::Message as _;
 
 use super::protocol::{Command, Shape};
 use super::replies::Reply;
-use super::transport::Encoding;
+
+/// The form of the protocol a connection speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Encoding {
+    /// JSON (text frames).
+    Json,
+    /// Protobuf (binary frames, decoded here).
+    Protobuf,
+}
 
 /// A client's frame of commands, as its transport delivered it.
 #[derive(Debug)]

@@ -18,8 +18,8 @@ use tracing::Instrument;
 use super::config::CentrifugoConfig;
 use super::registry::Registry;
 use super::{cluster, node_info};
-use crate::auth_extract::AuthState;
-use crate::shared::{Settings, Shared};
+use herald_http::auth_extract::AuthState;
+use herald_http::shared::{Settings, Shared};
 
 /// Centrifugo's context on this node. Built and started by
 /// [`Centrifugo::start`]; its tasks run until the `shutdown` token passed

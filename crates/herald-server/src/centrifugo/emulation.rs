@@ -39,13 +39,14 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::Instrument;
 
+use super::codec::Encoding;
 use super::codec::{decode_protobuf, ClientFrame};
 use super::context::CentrifugoState;
 use super::session::{self, client_id};
-use super::transport::{Connection, Encoding, Framing, Sink, Source};
-use crate::conn_limit::ClientSlot;
-use crate::error::{Error, Result};
-use crate::extract::{read_limited, FromQuery, QueryParams, ValidQuery};
+use super::transport::{Connection, Framing, Sink, Source};
+use herald_http::conn_limit::ClientSlot;
+use herald_http::error::{Error, Result};
+use herald_http::extract::{read_limited, FromQuery, QueryParams, ValidQuery};
 use herald_node::forward::ForwardRequest;
 
 /// Chunks of a response body queued before the session's writes wait
@@ -73,8 +74,8 @@ fn from_a_page_allowed(
     uri: &Uri,
     binary: bool,
 ) -> Result<()> {
-    crate::edge::cross_origin_write_refusal(&state.shared, headers, uri)?;
-    if crate::edge::is_json(headers) || (binary && is_protobuf(headers)) {
+    herald_http::edge::cross_origin_write_refusal(&state.shared, headers, uri)?;
+    if herald_http::edge::is_json(headers) || (binary && is_protobuf(headers)) {
         Ok(())
     } else {
         Err(Error::UnsupportedMediaType)
@@ -187,7 +188,7 @@ pub(crate) async fn sse(
         let body = read_limited(&headers, body, limit).await?;
         frame(&headers, &body)?
     } else {
-        crate::edge::cross_origin_write_refusal(&state.shared, &headers, &uri)?;
+        herald_http::edge::cross_origin_write_refusal(&state.shared, &headers, &uri)?;
         query
             .cf_connect
             .filter(|c| !c.trim().is_empty())

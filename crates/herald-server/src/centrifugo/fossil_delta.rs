@@ -25,9 +25,9 @@ use std::sync::Arc;
 
 use herald_core::{ChannelName, Message, Payload};
 
+use super::codec::Encoding;
 use super::delta_cache::{DeltaCache, Registration, Sent, MAX_DELTA_BYTES};
 use super::replies::{publication_push, DataForm, Publication, Reply};
-use super::transport::Encoding;
 
 /// The delta state of one subscription.
 #[derive(Debug)]

@@ -47,7 +47,7 @@ impl Budget {
     /// The budget of one answer (a `history` reply, a subscribe's or
     /// connect's recovery) on this node: `read_budget_bytes` (8 MiB by
     /// default).
-    pub(crate) fn of(settings: &crate::shared::Settings) -> Self {
+    pub(crate) fn of(settings: &herald_http::shared::Settings) -> Self {
         Self::new(settings.read_budget_bytes, settings.max_message_bytes)
     }
 }

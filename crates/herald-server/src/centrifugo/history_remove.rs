@@ -46,7 +46,7 @@ pub(crate) async fn history_remove(
         return Err(ReplyError::permission_denied());
     }
     if !forwarded_by_a_node {
-        crate::audit::admin_action(who, "history_remove", Some(channel.as_str()), None);
+        herald_http::audit::admin_action(who, "history_remove", Some(channel.as_str()), None);
     }
     let shared = &state.shared;
     let body = serde_json::json!({ "channel": channel.as_str() }).to_string();

@@ -30,9 +30,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::codec::Encoded;
+use super::codec::Encoding;
 use super::mailbox::{Out, Push};
 use super::replies::join_leave_push;
-use super::transport::Encoding;
 
 /// Events the relay may have queued before new ones are dropped.
 const OUTBOX_CAPACITY: usize = 4096;

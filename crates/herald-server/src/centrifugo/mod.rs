@@ -81,8 +81,8 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
 
-use crate::shared::Settings;
 use context::CentrifugoState;
+use herald_http::shared::Settings;
 
 pub use config::CentrifugoConfig;
 

@@ -131,7 +131,7 @@ pub(crate) async fn report_task(
         let subscriptions = wide(node.hub.subscriber_total());
         let (channels, left_out) =
             reported_channels(registry.subscribers(), all, MAX_REPORTED_CHANNELS);
-        crate::metrics::channels_unreported(wide(left_out));
+        herald_http::metrics::channels_unreported(wide(left_out));
         if left_out > 0 && !capped {
             tracing::warn!(
                 left_out,

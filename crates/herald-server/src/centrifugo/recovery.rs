@@ -16,7 +16,7 @@ use herald_core::{ChannelName, Message, Offset};
 use herald_storage::{Page, Storage};
 
 use super::history::{cost, Budget};
-use crate::error::Result;
+use herald_http::error::Result;
 use herald_node::node_error::StorageContext;
 use herald_node::subscription::LiveOnly;
 
@@ -101,7 +101,7 @@ pub(crate) fn decide(
 /// there, so that a recovery never holds more than the budget and a page.
 ///
 /// # Errors
-/// [`crate::error::Error::Storage`] when a read fails.
+/// [`herald_http::error::Error::Storage`] when a read fails.
 pub(crate) async fn recover(
     storage: &dyn Storage,
     channel: &ChannelName,

@@ -35,9 +35,9 @@ use super::context::CentrifugoState;
 use super::history::{history, Budget, HistoryQuery};
 use super::protocol::{object, StreamPosition};
 use super::replies::publications;
-use crate::auth_extract::RequestPrincipal;
-use crate::error::Error;
-use crate::extract::read_limited;
+use herald_http::auth_extract::RequestPrincipal;
+use herald_http::error::Error;
+use herald_http::extract::read_limited;
 
 /// A method's result, kept as JSON text (publication data stays byte
 /// for byte what was published).
@@ -88,7 +88,7 @@ pub(crate) async fn call(
     };
     // A JSON body only: a web page can send another type to any host
     // without a CORS preflight (`edge.rs`).
-    if !crate::edge::is_json(&parts.headers) {
+    if !herald_http::edge::is_json(&parts.headers) {
         return failure(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             &ReplyError::bad_request(),
@@ -574,7 +574,7 @@ async fn unsubscribe(state: &CentrifugoState, who: &Principal, p: UserChannel) -
         return Err(ReplyError::permission_denied());
     }
     let channel = channel(&p.channel)?;
-    crate::audit::admin_action(
+    herald_http::audit::admin_action(
         who,
         "unsubscribe",
         Some(channel.as_str()),
@@ -618,7 +618,7 @@ async fn disconnect(state: &CentrifugoState, who: &Principal, p: DisconnectParam
         Some(CustomDisconnect { code }) if (3000..3500).contains(&code) => codes::FORCE_RECONNECT,
         _ => codes::FORCE_NO_RECONNECT,
     };
-    crate::audit::admin_action(who, "disconnect", None, Some(p.user.as_str()));
+    herald_http::audit::admin_action(who, "disconnect", None, Some(p.user.as_str()));
     tell_cluster(
         state,
         ClusterEvent::Disconnect {

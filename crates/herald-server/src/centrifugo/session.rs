@@ -36,13 +36,14 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::codec::Batch;
+use super::codec::Encoding;
 use super::codes::{self, Disconnect};
 use super::context::CentrifugoState;
 use super::mailbox::{Control, Mailbox, Out, Push, QueueBudget};
-use super::transport::{Connection, Encoding, Incoming, Sink, Source};
-use crate::conn_limit::ClientSlot;
-use crate::error::{Error, Result};
-use crate::websocket::Upgrade;
+use super::transport::{Connection, Incoming, Sink, Source};
+use herald_http::conn_limit::ClientSlot;
+use herald_http::error::{Error, Result};
+use herald_http::websocket::Upgrade;
 
 /// Frames a session's subscriptions may queue before their tasks wait
 /// (and at most `subscriber_queue_bytes` of them, [`QueueBudget`]).
@@ -356,7 +357,7 @@ fn subprotocols(headers: &HeaderMap) -> Vec<&str> {
 
 /// The most bytes of client commands one frame may hold: the largest
 /// message and room for the command around it.
-pub(crate) fn max_frame_bytes(settings: &crate::shared::Settings) -> usize {
+pub(crate) fn max_frame_bytes(settings: &herald_http::shared::Settings) -> usize {
     settings.max_message_bytes + COMMAND_OVERHEAD_BYTES
 }
 

@@ -26,10 +26,10 @@ use futures::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message as Frame;
 
-use super::codec::{decode_protobuf, Batch, ClientFrame};
+use super::codec::{decode_protobuf, Batch, ClientFrame, Encoding};
 use super::codes::Disconnect;
 use super::emulation_sessions::Registration;
-use crate::websocket::Socket;
+use herald_http::websocket::Socket;
 
 /// One client connection as the session gets it.
 pub(crate) struct Connection {
@@ -42,15 +42,6 @@ pub(crate) struct Connection {
     /// The session id of an emulation transport (see
     /// [`super::session::Session::emulation`]).
     pub(crate) emulation: Option<String>,
-}
-
-/// The form of the protocol a connection speaks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Encoding {
-    /// JSON (text frames).
-    Json,
-    /// Protobuf (binary frames, `codec.rs`).
-    Protobuf,
 }
 
 /// How a body-streaming transport frames the session's replies.
@@ -159,7 +150,7 @@ impl Sink {
     pub(crate) async fn disconnect(self, source: Source, d: Disconnect, timeout: Duration) {
         match (self, source) {
             (Self::WebSocket(tx, _), Source::WebSocket(rx, _)) => {
-                crate::websocket::close(tx, rx, d.code, d.reason).await;
+                herald_http::websocket::close(tx, rx, d.code, d.reason).await;
             }
             (Self::Body { tx, framing }, _) => {
                 let push = super::replies::disconnect_push(d.code, d.reason);

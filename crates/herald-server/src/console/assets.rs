@@ -20,7 +20,7 @@ use axum::routing::get;
 use axum::Router;
 
 use super::ConsoleState;
-use crate::error::Error;
+use herald_http::error::Error;
 
 /// The Content Security Policy of every page and file: only the node's
 /// own origin, for scripts, styles, images and connections alike; no

@@ -10,9 +10,9 @@ use herald_storage::MAX_CHANNEL_PAGE;
 use serde::Serialize;
 
 use super::ConsoleState;
-use crate::auth_extract::Caller;
-use crate::error::{Error, Result};
-use crate::extract::{FromQuery, QueryParams, ValidQuery};
+use herald_http::auth_extract::Caller;
+use herald_http::error::{Error, Result};
+use herald_http::extract::{FromQuery, QueryParams, ValidQuery};
 use herald_node::node_error::StorageContext;
 
 /// Channels per page when the query names no `limit`.

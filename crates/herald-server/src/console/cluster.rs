@@ -20,9 +20,9 @@ use serde::Serialize;
 
 use super::rates::Sample;
 use super::ConsoleState;
-use crate::auth_extract::Caller;
 use crate::centrifugo::node_info::REPORT_INTERVAL;
-use crate::error::{Error, Result};
+use herald_http::auth_extract::Caller;
+use herald_http::error::{Error, Result};
 use herald_node::node_error::StorageContext;
 use herald_node::subscription::wall_clock_ms;
 

@@ -19,8 +19,8 @@ use axum::extract::FromRef;
 use axum::routing::get;
 use axum::Router;
 
-use crate::shared::Shared;
 use config::ConsoleConfig;
+use herald_http::shared::Shared;
 use rates::Rates;
 
 /// The console's state: what every wing shares, the node's rates, its
@@ -40,7 +40,7 @@ pub(crate) struct ConsoleState {
     pub(crate) config: Arc<ConsoleConfig>,
 }
 
-impl FromRef<ConsoleState> for crate::auth_extract::AuthState {
+impl FromRef<ConsoleState> for herald_http::auth_extract::AuthState {
     fn from_ref(state: &ConsoleState) -> Self {
         Self(Arc::clone(&state.shared.auth_slot))
     }

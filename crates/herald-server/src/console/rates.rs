@@ -19,8 +19,8 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use super::ConsoleState;
-use crate::auth_extract::Caller;
-use crate::error::Result;
+use herald_http::auth_extract::Caller;
+use herald_http::error::Result;
 
 /// One sample per this interval.
 pub(crate) const INTERVAL: Duration = Duration::from_secs(1);

@@ -14,7 +14,7 @@ use tokio::sync::broadcast;
 
 use super::connect::PostgresStorage;
 use super::session::setting_ms;
-use super::{cluster, epoch, nodes, ops, presence, presence_events, streams};
+use super::{cluster, epoch, nodes, ops, presence, presence_events, streams, write};
 use crate::cluster::ClusterEvent;
 use crate::decode::ttl_ms;
 use crate::error::Result;
@@ -100,7 +100,7 @@ impl LeaseStore for PostgresStorage {
 impl MessageLog for PostgresStorage {
     async fn write(&self, lease: &Lease, batch: &[WriteRequest]) -> Result<Vec<WriteOutcome>> {
         let mut client = self.client().await?;
-        ops::write(&mut client, lease, batch).await
+        write::write(&mut client, lease, batch).await
     }
 
     async fn read(&self, channel: &ChannelName, after: Offset, limit: usize) -> Result<Page> {

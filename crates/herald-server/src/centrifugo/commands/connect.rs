@@ -8,7 +8,8 @@ use herald_auth::Principal;
 use herald_core::ChannelName;
 use serde_json::value::RawValue;
 
-use super::subscribe::{Follow, JoinLeave, RecoverFrom};
+use super::follow::Follow;
+use super::subscribe::{JoinLeave, RecoverFrom};
 use super::{expiry_instant, Answer, Expiry, VERSION};
 use crate::centrifugo::codes;
 use crate::centrifugo::history::{cost, Budget};

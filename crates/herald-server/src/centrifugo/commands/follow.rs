@@ -5,12 +5,21 @@ use std::sync::Arc;
 
 use herald_node::subscription::{Item, Subscription};
 
-use super::subscribe::Follow;
 use crate::centrifugo::codec::Encoded;
+use crate::centrifugo::codec::Encoding;
 use crate::centrifugo::codes;
+use crate::centrifugo::fossil_delta::FossilDelta;
 use crate::centrifugo::mailbox::{Out, Push, QueueBudget};
 use crate::centrifugo::replies::{publication_push, Publication};
-use crate::centrifugo::transport::Encoding;
+use crate::centrifugo::tags_filter::FilterNode;
+
+/// How a subscription hands its publications out: only those its tags
+/// `filter` passes; as Fossil deltas when `delta` is on.
+#[derive(Debug, Default)]
+pub(super) struct Follow {
+    pub(super) filter: Option<Arc<FilterNode>>,
+    pub(super) delta: Option<FossilDelta>,
+}
 
 /// Follows one subscription: queues a push per publication (encoded
 /// in `encoding`), in offset order, until the session drops it (the

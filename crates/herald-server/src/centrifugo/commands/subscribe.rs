@@ -12,7 +12,7 @@ use herald_storage::PresenceEventKind;
 use serde_json::value::RawValue;
 use tokio::time::Instant;
 
-use super::follow::follow;
+use super::follow::{follow, Follow};
 use super::{channel, expiry_instant, Answer, Expiry};
 use crate::centrifugo::channel_options::ChannelOptions;
 use crate::centrifugo::codes::{self, ReplyError};
@@ -67,14 +67,6 @@ impl Started {
             data: data.unwrap_or_default(),
         }
     }
-}
-
-/// How a subscription hands its publications out: only those its tags
-/// `filter` passes; as Fossil deltas when `delta` is on.
-#[derive(Debug, Default)]
-pub(super) struct Follow {
-    pub(super) filter: Option<Arc<FilterNode>>,
-    pub(super) delta: Option<FossilDelta>,
 }
 
 /// Where a client asks to recover from: the epoch and offset it saw, and
@@ -290,7 +282,7 @@ impl Session {
         recover: Option<&RecoverFrom<'_>>,
         budget: Budget,
         filter: Option<&FilterNode>,
-    ) -> crate::error::Result<Option<(Started, Subscription)>> {
+    ) -> herald_http::error::Result<Option<(Started, Subscription)>> {
         let shared = &self.state.shared;
         let storage = shared.node.storage().as_ref();
         let epoch = storage
