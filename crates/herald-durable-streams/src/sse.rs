@@ -181,11 +181,22 @@ async fn follow(
             .await;
     };
     let keep_alive = state.config.long_poll_timeout;
+    // A reader that stays connected keeps reading: its stream's TTL is
+    // restarted every half TTL while it does (the renewals are coalesced
+    // per node, `stream_renewals.rs`).
+    let mut renewals = info.config.ttl_s.map(|ttl_s| {
+        let every = std::time::Duration::from_millis((ttl_s.saturating_mul(1000) / 2).max(250));
+        tokio::time::interval_at(tokio::time::Instant::now() + every, every)
+    });
     loop {
         let batch = tokio::select! {
             // Expiry first: a busy stream does not keep the reader on.
             biased;
             () = until(expires) => return token_expired(tx).await,
+            Some(_) = async { Some(renewals.as_mut()?.tick().await) } => {
+                state.shared.node.stream_renewals().note_read(&info);
+                continue;
+            }
             batch = follower.next_batch() => batch,
             () = tokio::time::sleep(keep_alive) => {
                 if tx.send(Ok(Bytes::from_static(b":\n\n"))).await.is_err() {

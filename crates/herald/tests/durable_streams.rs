@@ -210,7 +210,7 @@ async fn reads_on_a_standby_keep_a_stream_alive_past_its_ttl() {
     let nodes = cluster(&db, dir.path()).await;
     let standby = format!("{}/ds", nodes[1].url);
     let http = reqwest::Client::new();
-    for name in ["read", "idle"] {
+    for name in ["read", "idle", "sse"] {
         let created = http
             .put(format!("{standby}/ttl-{name}"))
             .header("content-type", "text/plain")
@@ -226,6 +226,14 @@ async fn reads_on_a_standby_keep_a_stream_alive_past_its_ttl() {
         let url = format!("{standby}/{path}");
         async move { http.head(url).send().await.unwrap().status().as_u16() }
     };
+    // An SSE reader that stays connected keeps reading its stream, though
+    // nothing is appended to it.
+    let sse = http
+        .get(format!("{standby}/ttl-sse?offset=-1&live=sse"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sse.status(), 200);
     // Read every 500 ms, a quarter of the TTL, for three TTLs; the idle
     // stream must be gone meanwhile, the one read never.
     let start = std::time::Instant::now();
@@ -246,6 +254,12 @@ async fn reads_on_a_standby_keep_a_stream_alive_past_its_ttl() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     assert_eq!(status("ttl-read").await, 200);
+    assert_eq!(
+        status("ttl-sse").await,
+        200,
+        "a stream followed over SSE for three TTLs expired"
+    );
+    drop(sse);
     // The idle one expired after its 2 s (polled; the storage's clock).
     let deadline = std::time::Instant::now() + WAIT;
     while !idle_gone {

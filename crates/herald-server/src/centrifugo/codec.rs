@@ -38,6 +38,10 @@ pub(crate) enum ClientFrame {
     /// Delimited protobuf commands, decoded; `None` at the place of one
     /// that is not a command Herald runs (see [`decode_protobuf`]).
     Protobuf(Vec<Option<Command>>),
+    /// Delimited protobuf commands, more of them than a frame may hold:
+    /// counted, never decoded, so that a frame refused for its count
+    /// (3013) costs no more than reading it.
+    TooMany(usize),
 }
 
 impl ClientFrame {
@@ -47,6 +51,7 @@ impl ClientFrame {
         match self {
             Self::Json(text) => json_lines(text).count(),
             Self::Protobuf(commands) => commands.len(),
+            Self::TooMany(count) => *count,
         }
     }
 
@@ -56,6 +61,7 @@ impl ClientFrame {
         match self {
             Self::Json(text) => Box::new(json_lines(text).map(decode_json_line)),
             Self::Protobuf(commands) => Box::new(commands.drain(..)),
+            Self::TooMany(_) => Box::new(std::iter::empty()),
         }
     }
 }
@@ -86,25 +92,60 @@ pub(crate) struct NotTheProtocol(String);
 /// more than one request (and runs: its `id` is not 0), or a `publish`
 /// without `data`, is `None`: not a command, which closes the connection
 /// with 3501 when its turn comes, as a JSON line that does not decode.
+/// A frame of more than `max_commands` commands is only counted
+/// ([`ClientFrame::TooMany`]): its length prefixes are walked, nothing of
+/// it is decoded.
 ///
 /// # Errors
 /// [`NotTheProtocol`] when `frame` does not decode, or a `data` field
-/// holds bytes that are not JSON text (Herald's channels hold JSON):
-/// nothing of the frame runs.
-pub(crate) fn decode_protobuf(mut frame: &[u8]) -> Result<Vec<Option<Command>>, NotTheProtocol> {
-    let mut commands = Vec::new();
+/// holds bytes that are not JSON text (Herald's channels hold JSON) or
+/// JSON nested deeper than the JSON form allows (herald-http's
+/// `extract::check_depth`): nothing of the frame runs.
+pub(crate) fn decode_protobuf(
+    mut frame: &[u8],
+    max_commands: usize,
+) -> Result<ClientFrame, NotTheProtocol> {
+    let count = count_delimited(frame)?;
+    if count > max_commands {
+        return Ok(ClientFrame::TooMany(count));
+    }
+    let mut commands = Vec::with_capacity(count);
     while !frame.is_empty() {
         let command = Command::decode_length_delimited(&mut frame)
             .map_err(|e| NotTheProtocol(e.to_string()))?;
         for data in command.data_fields().filter(|d| !d.is_empty()) {
-            serde_json::from_slice::<&serde_json::value::RawValue>(data)
+            let text = serde_json::from_slice::<&serde_json::value::RawValue>(data)
                 .map_err(|e| NotTheProtocol(format!("data is not JSON text: {e}")))?;
+            herald_http::extract::check_depth(text.get())
+                .map_err(|e| NotTheProtocol(e.to_string()))?;
         }
         let runs = command.id == 0 || command.requests() <= 1;
         let has_data = command.publish.as_ref().is_none_or(|p| !p.data.is_empty());
         commands.push((runs && has_data).then_some(command));
     }
-    Ok(commands)
+    Ok(ClientFrame::Protobuf(commands))
+}
+
+/// How many length-delimited messages `frame` holds, read from their
+/// length prefixes alone (varints, as protobuf's delimited form writes
+/// them).
+///
+/// # Errors
+/// [`NotTheProtocol`] when a prefix is not a varint or a message is cut
+/// short.
+fn count_delimited(mut frame: &[u8]) -> Result<usize, NotTheProtocol> {
+    let mut count = 0;
+    while !frame.is_empty() {
+        let len = prost::encoding::decode_varint(&mut frame)
+            .map_err(|e| NotTheProtocol(e.to_string()))?;
+        let len = usize::try_from(len)
+            .ok()
+            .filter(|len| *len <= frame.len())
+            .ok_or_else(|| NotTheProtocol("a command is cut short".to_owned()))?;
+        frame = &frame[len..];
+        count += 1;
+    }
+    Ok(count)
 }
 
 /// One reply or push encoded for a connection's encoding: a JSON object
@@ -226,6 +267,15 @@ mod tests {
     use serde_json::value::RawValue;
 
     use super::*;
+
+    /// The commands of `frame` as a session sees them (no count limit
+    /// reached).
+    fn decoded(frame: &[u8]) -> Result<Vec<Option<Command>>, NotTheProtocol> {
+        match decode_protobuf(frame, usize::MAX)? {
+            ClientFrame::Protobuf(commands) => Ok(commands),
+            other => panic!("not decoded: {} commands", other.len()),
+        }
+    }
     use crate::centrifugo::protocol::{ConnectRequest, PublishRequest, SubscribeRequest};
     use crate::centrifugo::replies::{
         self, ConnectResult, Data, DataForm, Publication, SubscribeResult,
@@ -298,7 +348,7 @@ mod tests {
             },
             Command::default(),
         ]);
-        let commands: Vec<Command> = decode_protobuf(&frame)
+        let commands: Vec<Command> = decoded(&frame)
             .unwrap()
             .into_iter()
             .map(Option::unwrap)
@@ -323,7 +373,7 @@ mod tests {
 
     #[test]
     fn frames_that_are_not_commands_are_refused() {
-        assert!(decode_protobuf(&[0x05, 0x01]).is_err(), "cut short");
+        assert!(decoded(&[0x05, 0x01]).is_err(), "cut short");
         let publish = |data: &[u8]| Command {
             id: 1,
             publish: Some(PublishRequest {
@@ -334,11 +384,11 @@ mod tests {
             ..Command::default()
         };
         assert!(
-            decode_protobuf(&delimited(&[publish(b"\x00\x01")])).is_err(),
+            decoded(&delimited(&[publish(b"\x00\x01")])).is_err(),
             "data that is not JSON"
         );
         assert_eq!(
-            decode_protobuf(&delimited(&[publish(b"")])).unwrap(),
+            decoded(&delimited(&[publish(b"")])).unwrap(),
             vec![None],
             "a publish without data"
         );
@@ -347,9 +397,48 @@ mod tests {
             ..publish(b"1")
         };
         assert_eq!(
-            decode_protobuf(&delimited(&[two])).unwrap(),
+            decoded(&delimited(&[two])).unwrap(),
             vec![None],
             "two requests"
+        );
+        // Data the JSON form refuses (nested deeper than its limit) is
+        // refused here too, before anything of the frame runs.
+        let deep = format!("{}{}", "[".repeat(3000), "]".repeat(3000));
+        assert!(
+            decoded(&delimited(&[publish(deep.as_bytes())])).is_err(),
+            "data nested 3000 levels deep"
+        );
+        let shallow = format!("{}{}", "[".repeat(100), "]".repeat(100));
+        assert!(decoded(&delimited(&[publish(shallow.as_bytes())])).is_ok());
+    }
+
+    /// A frame of more commands than allowed is counted from its length
+    /// prefixes, not decoded: 81,000 empty commands (an 80 KiB frame)
+    /// become a count, not 81,000 decoded commands.
+    #[test]
+    fn a_frame_of_too_many_commands_is_counted_not_decoded() {
+        let frame = vec![0u8; 81_000];
+        match decode_protobuf(&frame, 256).unwrap() {
+            ClientFrame::TooMany(count) => assert_eq!(count, 81_000),
+            ClientFrame::Protobuf(commands) => {
+                panic!("{} commands decoded", commands.len())
+            }
+            ClientFrame::Json(_) => unreachable!(),
+        }
+        let mut at_the_limit = decode_protobuf(&frame[..256], 256).unwrap();
+        assert_eq!(at_the_limit.len(), 256);
+        assert_eq!(at_the_limit.commands().count(), 256);
+        assert!(
+            decode_protobuf(
+                &[0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01],
+                256
+            )
+            .is_err(),
+            "a length prefix that is not a varint"
+        );
+        assert!(
+            decode_protobuf(&[0x7f, 0x00], 256).is_err(),
+            "a command cut short"
         );
     }
 

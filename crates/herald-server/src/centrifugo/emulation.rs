@@ -88,16 +88,14 @@ fn from_a_page_allowed(
 /// # Errors
 /// 400 `invalid_body` when it is empty, not UTF-8 JSON text or, in the
 /// binary form, not delimited `Command`s.
-fn frame(headers: &HeaderMap, body: &[u8]) -> Result<ClientFrame> {
+fn frame(headers: &HeaderMap, body: &[u8], max_commands: usize) -> Result<ClientFrame> {
     if is_protobuf(headers) {
         if body.is_empty() {
             return Err(Error::InvalidBody(
                 "the body must hold the connect command".to_owned(),
             ));
         }
-        return decode_protobuf(body)
-            .map(ClientFrame::Protobuf)
-            .map_err(|e| Error::InvalidBody(e.to_string()));
+        return decode_protobuf(body, max_commands).map_err(|e| Error::InvalidBody(e.to_string()));
     }
     let text = std::str::from_utf8(body)
         .map_err(|_| Error::InvalidBody("the commands must be UTF-8 JSON".to_owned()))?;
@@ -126,7 +124,11 @@ pub(crate) async fn http_stream(
     from_a_page_allowed(&state, &headers, &uri, true)?;
     let limit = session::max_frame_bytes(state.settings());
     let body = read_limited(&headers, body, limit).await?;
-    let first = frame(&headers, &body)?;
+    let first = frame(
+        &headers,
+        &body,
+        session::max_commands_per_frame(state.config().channel_limit),
+    )?;
     let framing = if is_protobuf(&headers) {
         Framing::Protobuf
     } else {
@@ -186,7 +188,11 @@ pub(crate) async fn sse(
         from_a_page_allowed(&state, &headers, &uri, false)?;
         let limit = session::max_frame_bytes(state.settings());
         let body = read_limited(&headers, body, limit).await?;
-        frame(&headers, &body)?
+        frame(
+            &headers,
+            &body,
+            session::max_commands_per_frame(state.config().channel_limit),
+        )?
     } else {
         herald_http::edge::cross_origin_write_refusal(&state.shared, &headers, &uri)?;
         query
@@ -304,9 +310,11 @@ pub(crate) async fn emulate(
             if binary.data.len() > limit {
                 return Err(Error::PayloadTooLarge { limit });
             }
-            ClientFrame::Protobuf(
-                decode_protobuf(&binary.data).map_err(|e| Error::InvalidBody(e.to_string()))?,
+            decode_protobuf(
+                &binary.data,
+                session::max_commands_per_frame(state.config().channel_limit),
             )
+            .map_err(|e| Error::InvalidBody(e.to_string()))?
         } else {
             // Read where the session runs.
             ClientFrame::Protobuf(Vec::new())
@@ -400,15 +408,15 @@ mod tests {
     fn frames_come_from_utf8_json_bodies_only() {
         let mut headers = HeaderMap::new();
         assert!(matches!(
-            frame(&headers, b"{\"id\":1}").unwrap(),
+            frame(&headers, b"{\"id\":1}", 256).unwrap(),
             ClientFrame::Json(text) if text == "{\"id\":1}"
         ));
         assert!(matches!(
-            frame(&headers, b"  \n"),
+            frame(&headers, b"  \n", 256),
             Err(Error::InvalidBody(_))
         ));
         assert!(matches!(
-            frame(&headers, b"\xff"),
+            frame(&headers, b"\xff", 256),
             Err(Error::InvalidBody(_))
         ));
         headers.insert(
@@ -416,12 +424,15 @@ mod tests {
             HeaderValue::from_static("application/octet-stream"),
         );
         assert!(
-            matches!(frame(&headers, b"\x0a\x02"), Err(Error::InvalidBody(_))),
+            matches!(
+                frame(&headers, b"\x0a\x02", 256),
+                Err(Error::InvalidBody(_))
+            ),
             "a delimited command cut short"
         );
         // id 1, an empty connect: `{"id":1,"connect":{}}`.
         let ClientFrame::Protobuf(commands) =
-            frame(&headers, &[0x04, 0x08, 0x01, 0x22, 0x00]).unwrap()
+            frame(&headers, &[0x04, 0x08, 0x01, 0x22, 0x00], 256).unwrap()
         else {
             panic!("a protobuf frame")
         };

@@ -490,11 +490,21 @@ async fn history_method(
         budget,
     )
     .await?;
-    raw(&json!({
-        "publications": to_raw_value(&publications(&h.publications)).map_err(|_| ReplyError::internal())?,
-        "epoch": h.epoch,
-        "offset": h.offset,
-    }))
+    // Written as is, never parsed into a `Value`: a stored publication
+    // nested deeper than serde_json's recursion limit must not fail the
+    // reply.
+    #[derive(serde::Serialize)]
+    struct HistoryReply<'a> {
+        publications: Box<serde_json::value::RawValue>,
+        epoch: &'a str,
+        offset: u64,
+    }
+    raw(&HistoryReply {
+        publications: to_raw_value(&publications(&h.publications))
+            .map_err(|_| ReplyError::internal())?,
+        epoch: &h.epoch,
+        offset: h.offset,
+    })
 }
 
 #[derive(Deserialize)]

@@ -309,6 +309,7 @@ pub(crate) async fn upgrade(
     upgrade: std::result::Result<Upgrade, Error>,
 ) -> Result<Response> {
     let max = max_frame_bytes(state.settings());
+    let max_commands = max_commands_per_frame(state.config().channel_limit);
     let upgrade = upgrade?;
     let listed = subprotocols(&headers);
     let (encoding, named) = if listed.contains(&PROTOBUF) && !listed.contains(&JSON) {
@@ -323,7 +324,7 @@ pub(crate) async fn upgrade(
         let (tx, rx) = socket.split();
         let connection = Connection {
             sink: Sink::WebSocket(tx, encoding),
-            source: Source::WebSocket(rx, encoding),
+            source: Source::WebSocket(rx, encoding, max_commands),
             encoding,
             emulation: None,
         };

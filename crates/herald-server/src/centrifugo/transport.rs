@@ -149,7 +149,7 @@ impl Sink {
     /// and the end of the body; each step waits at most `timeout`.
     pub(crate) async fn disconnect(self, source: Source, d: Disconnect, timeout: Duration) {
         match (self, source) {
-            (Self::WebSocket(tx, _), Source::WebSocket(rx, _)) => {
+            (Self::WebSocket(tx, _), Source::WebSocket(rx, _, _)) => {
                 herald_http::websocket::close(tx, rx, d.code, d.reason).await;
             }
             (Self::Body { tx, framing }, _) => {
@@ -186,8 +186,9 @@ pub(crate) enum Incoming {
 
 /// The reading half of a connection.
 pub(crate) enum Source {
-    /// A WebSocket's, in its encoding.
-    WebSocket(SplitStream<Socket>, Encoding),
+    /// A WebSocket's, in its encoding, with the most commands one frame
+    /// may hold (`session::max_commands_per_frame`).
+    WebSocket(SplitStream<Socket>, Encoding, usize),
     /// An emulation transport's: frames of commands posted to
     /// `/emulation` for this session; the client is gone when the body's
     /// reader (the HTTP response) is dropped.
@@ -204,13 +205,13 @@ impl Source {
     /// The client's next frame.
     pub(crate) async fn next(&mut self) -> Incoming {
         match self {
-            Self::WebSocket(rx, encoding) => match (rx.next().await, *encoding) {
+            Self::WebSocket(rx, encoding, max_commands) => match (rx.next().await, *encoding) {
                 (Some(Ok(Frame::Text(text))), Encoding::Json) => {
                     Incoming::Frame(ClientFrame::Json(text.as_str().to_owned()))
                 }
                 (Some(Ok(Frame::Binary(bytes))), Encoding::Protobuf) => {
-                    match decode_protobuf(&bytes) {
-                        Ok(commands) => Incoming::Frame(ClientFrame::Protobuf(commands)),
+                    match decode_protobuf(&bytes, *max_commands) {
+                        Ok(frame) => Incoming::Frame(frame),
                         Err(_) => Incoming::NotTheProtocol,
                     }
                 }
